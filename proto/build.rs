@@ -1,0 +1,45 @@
+//! Compiles `dpu/v1/*.proto` into tonic/prost code, the encoded file
+//! descriptor set (for gRPC server reflection) and pbjson serde impls (the
+//! canonical proto3 JSON mapping used by `dpuctl --output json`).
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &[
+    "dpu/v1/info.proto",
+    "dpu/v1/tenant.proto",
+    "dpu/v1/port.proto",
+    "dpu/v1/filter.proto",
+    "dpu/v1/storage.proto",
+    "dpu/v1/telemetry.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // A protoc from the environment wins; otherwise use the vendored one so a
+    // fresh machine needs no package for it.
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        std::env::set_var("PROTOC", protoc);
+    }
+    let include = protoc_bin_vendored::include_path()?;
+    let include = include.to_str().ok_or("protoc include path is not UTF-8")?;
+    let includes = [".", include];
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("dpu_v1_descriptor.bin");
+
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptor_path)
+        .compile_well_known_types(true)
+        .extern_path(".google.protobuf", "::pbjson_types")
+        .compile_protos(PROTOS, &includes)?;
+
+    let descriptors = std::fs::read(&descriptor_path)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .emit_fields()
+        .build(&[".dpu.v1"])?;
+
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    Ok(())
+}

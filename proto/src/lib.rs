@@ -1,0 +1,29 @@
+//! The `dpu.v1` gRPC contract of dpu-service.
+//!
+//! This crate holds the protobuf sources (`dpu/v1/*.proto`, the product's
+//! public API) and the code tonic and prost generate from them: message
+//! types, server traits and client stubs, plus serde implementations that
+//! follow the canonical proto3 JSON mapping. It contains no logic.
+//!
+//! Compatibility: `dpu.v1` only grows. Fields and RPCs are added, never
+//! renumbered, retyped or removed; a breaking change means a new package.
+
+#![forbid(unsafe_code)]
+
+/// Messages, enums, clients and servers of package `dpu.v1`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("dpu.v1");
+    include!(concat!(env!("OUT_DIR"), "/dpu.v1.serde.rs"));
+}
+
+/// The encoded `FileDescriptorSet` of `dpu.v1` and its imports, for gRPC
+/// server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/dpu_v1_descriptor.bin"));
+
+/// The API package this crate implements.
+pub const API_VERSION: &str = "dpu.v1";
+
+/// Well-known protobuf types used by the contract (Timestamp, FieldMask).
+pub use pbjson_types;
