@@ -1,1 +1,287 @@
-fn main(){}
+//! The dpu-service daemon.
+//!
+//! Wires the pieces together: configuration, logging, the persisted state
+//! store, the `dpu.v1` gRPC services (with health checking and reflection,
+//! optionally behind mutual TLS), the Prometheus endpoint, and a graceful
+//! shutdown on SIGINT/SIGTERM.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use dpu_control::model::{State, Timestamp};
+use dpu_control::service::{Api, Control, ServiceFacts};
+use dpu_control::state::Limits;
+use dpu_control::store::StateHandle;
+use dpu_control::telemetry::Telemetry;
+use dpu_proto::v1::filter_service_server::FilterServiceServer;
+use dpu_proto::v1::info_service_server::InfoServiceServer;
+use dpu_proto::v1::port_service_server::PortServiceServer;
+use dpu_proto::v1::storage_service_server::StorageServiceServer;
+use dpu_proto::v1::telemetry_service_server::TelemetryServiceServer;
+use dpu_proto::v1::tenant_service_server::TenantServiceServer;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::config::{Cli, Config, LogFormat};
+
+/// Largest gRPC message accepted: a full 64K-rule `ReplaceRules` fits.
+const MAX_MESSAGE: usize = 64 << 20;
+/// How long in-flight calls and open streams get to finish at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match load_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dpu-service: error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = init_logging(&config) {
+        eprintln!("dpu-service: error: {e:#}");
+        return ExitCode::from(2);
+    }
+    if cli.check_config {
+        return match StateHandle::open(config.state.dir.as_deref()) {
+            Ok(h) => {
+                let s = h.snapshot();
+                println!(
+                    "configuration OK; state: {} tenants, {} subsystems",
+                    s.tenants.len(),
+                    s.subsystems.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("dpu-service: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("dpu-control")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("dpu-service: error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("dpu-service: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    config.apply(cli)?;
+    config.validate()?;
+    Ok(config)
+}
+
+fn init_logging(config: &Config) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+        .with_context(|| format!("log.level {:?} is not a valid filter", config.log.level))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Logs configuration the state refers to but this configuration lacks. It
+/// is kept, never dropped, and applies again once the port is back.
+fn warn_dangling(state: &State, config: &Config) {
+    for t in state.tenants.values() {
+        for a in &t.attachments {
+            if !config.ports.iter().any(|p| p.id == a.port()) {
+                tracing::warn!(tenant = %t.id, attachment = %a, "attachment names a port the configuration does not declare; kept");
+            }
+        }
+    }
+}
+
+fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
+    let g = &config.grpc;
+    let (Some(cert), Some(key)) = (&g.tls_cert, &g.tls_key) else {
+        return Ok(None);
+    };
+    let read =
+        |p: &std::path::Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &g.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(tls))
+}
+
+async fn shutdown_signal() -> Result<&'static str> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => { r.context("waiting for SIGINT")?; Ok("SIGINT") }
+        _ = term.recv() => Ok("SIGTERM"),
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    let state = StateHandle::open(config.state.dir.as_deref())?;
+    {
+        let s = state.snapshot();
+        tracing::info!(
+            state_dir = ?config.state.dir,
+            tenants = s.tenants.len(),
+            subsystems = s.subsystems.len(),
+            "state loaded"
+        );
+        warn_dangling(&s, &config);
+    }
+    let ctl = Arc::new(Control {
+        state,
+        ports: config
+            .port_specs()
+            .into_iter()
+            .map(|p| (p.id.clone(), p))
+            .collect(),
+        telemetry: Arc::new(Telemetry::default()),
+        limits: Limits {
+            ram_bytes: config.ram_limit(),
+        },
+        facts: ServiceFacts {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            target_triple: env!("DPU_TARGET_TRIPLE").to_string(),
+            dpdk_version: String::new(),
+            dataplane_driver: "none".to_string(),
+            capabilities: ["tenants", "ports", "filter", "storage", "telemetry"]
+                .map(String::from)
+                .to_vec(),
+            start_time: Timestamp::now(),
+            hostname: hostname(),
+        },
+    });
+    let api = Api::new(ctl.clone());
+
+    let tls = tls_config(&config)?;
+    let grpc_addr = config.grpc.listen;
+    let grpc_listener = tokio::net::TcpListener::bind(grpc_addr)
+        .await
+        .with_context(|| format!("binding the gRPC listener on {grpc_addr}"))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let metrics_task = match config.metrics.listen {
+        Some(addr) => {
+            let l = metrics::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener on {addr}"))?;
+            tracing::info!(%addr, "metrics listening on http://{addr}/metrics");
+            Some(tokio::spawn(metrics::serve(
+                l,
+                ctl.clone(),
+                stop_rx.clone(),
+            )))
+        }
+        None => None,
+    };
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<InfoServiceServer<Api>>().await;
+    health.set_serving::<TenantServiceServer<Api>>().await;
+    health.set_serving::<PortServiceServer<Api>>().await;
+    health.set_serving::<FilterServiceServer<Api>>().await;
+    health.set_serving::<StorageServiceServer<Api>>().await;
+    health.set_serving::<TelemetryServiceServer<Api>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the reflection service")?;
+
+    let mut builder = Server::builder();
+    let secure = tls.is_some();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).context("TLS configuration")?;
+    }
+    let mut grpc_stop = stop_rx.clone();
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(InfoServiceServer::new(api.clone()))
+        .add_service(TenantServiceServer::new(api.clone()))
+        .add_service(PortServiceServer::new(api.clone()))
+        .add_service(FilterServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE))
+        .add_service(StorageServiceServer::new(api.clone()))
+        .add_service(TelemetryServiceServer::new(api));
+    let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = grpc_stop.changed().await;
+    }));
+    tracing::info!(
+        addr = %bound,
+        tls = secure,
+        mtls = config.grpc.tls_client_ca.is_some(),
+        "gRPC listening"
+    );
+
+    let reason = tokio::select! {
+        r = shutdown_signal() => r?,
+        r = &mut server => {
+            r.context("gRPC server task")?.context("gRPC server")?;
+            "server stopped"
+        }
+    };
+    tracing::info!(reason, "shutting down");
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let _ = stop_tx.send(true);
+    if !server.is_finished()
+        && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+            .await
+            .is_err()
+    {
+        tracing::warn!("open calls did not finish within {SHUTDOWN_GRACE:?}; closing them");
+        server.abort();
+    }
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! Domain values to `dpu.v1` messages (the direction that cannot fail).
+
+use dpu_proto::pbjson_types::Timestamp as PbTimestamp;
+use dpu_proto::v1 as pb;
+
+use crate::model::{
+    Action, Attachment, Backend, Listener, Namespace, PortRole, PortSpec, Rule, State, Subsystem,
+    Tenant, Timestamp, Transport,
+};
+
+/// A timestamp as a protobuf `Timestamp`.
+pub fn timestamp(t: Timestamp) -> PbTimestamp {
+    PbTimestamp {
+        seconds: t.secs,
+        nanos: i32::try_from(t.nanos).unwrap_or(0),
+    }
+}
+
+/// An attachment as a protobuf message.
+pub fn attachment(a: &Attachment) -> pb::Attachment {
+    let kind = match a {
+        Attachment::Port { port, vlan } => pb::attachment::Kind::Port(pb::PortAttachment {
+            port: format!("ports/{port}"),
+            vlan_id: u32::from(*vlan),
+        }),
+        Attachment::Vxlan { uplink, vni } => pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+            uplink: format!("ports/{uplink}"),
+            vni: *vni,
+        }),
+    };
+    pb::Attachment { kind: Some(kind) }
+}
+
+/// A tenant as a protobuf message.
+pub fn tenant(t: &Tenant) -> pb::Tenant {
+    pb::Tenant {
+        name: format!("tenants/{}", t.id),
+        display_name: t.display_name.clone(),
+        attachments: t.attachments.iter().map(attachment).collect(),
+        default_policy: match t.default_policy {
+            Action::Allow => pb::DefaultPolicy::Allow,
+            Action::Deny => pb::DefaultPolicy::Deny,
+        } as i32,
+        create_time: Some(timestamp(t.create_time)),
+        rule_set_version: t.rules.version,
+        rule_count: u32::try_from(t.rules.rules.len()).unwrap_or(u32::MAX),
+    }
+}
+
+/// A rule of tenant `tenant_id` as a protobuf message.
+pub fn rule(tenant_id: &str, r: &Rule) -> pb::FilterRule {
+    let range = |p: Option<crate::model::PortRange>| {
+        p.map(|p| pb::PortRange {
+            first: u32::from(p.first),
+            last: u32::from(p.last),
+        })
+    };
+    pb::FilterRule {
+        name: format!("tenants/{tenant_id}/rules/{}", r.id),
+        priority: r.priority,
+        src_prefix: r.src.map(|p| p.to_string()).unwrap_or_default(),
+        dst_prefix: r.dst.map(|p| p.to_string()).unwrap_or_default(),
+        src_ports: range(r.src_ports),
+        dst_ports: range(r.dst_ports),
+        ip_protocol: r.protocol.map(u32::from),
+        icmp_type: r.icmp_type.map(u32::from),
+        icmp_code: r.icmp_code.map(u32::from),
+        action: match r.action {
+            Action::Allow => pb::RuleAction::Allow,
+            Action::Deny => pb::RuleAction::Deny,
+        } as i32,
+        stateful: r.stateful,
+        description: r.description.clone(),
+    }
+}
+
+/// A port role as the protobuf enum value.
+pub fn port_role(r: PortRole) -> pb::PortRole {
+    match r {
+        PortRole::Unspecified => pb::PortRole::Unspecified,
+        PortRole::Uplink => pb::PortRole::Uplink,
+        PortRole::HostPf => pb::PortRole::HostPf,
+        PortRole::Vf => pb::PortRole::Vf,
+        PortRole::Sf => pb::PortRole::Sf,
+        PortRole::Software => pb::PortRole::Software,
+    }
+}
+
+/// A configured port, with the tenants bound to it in `state`, as a
+/// protobuf message. Live fields (link, counters) are filled by the caller.
+pub fn port(p: &PortSpec, state: &State) -> pb::Port {
+    let bindings = state
+        .tenants
+        .values()
+        .flat_map(|t| t.attachments.iter().map(move |a| (t, a)))
+        .filter(|(_, a)| a.port() == p.id)
+        .map(|(t, a)| {
+            let (vlan_id, vni) = match a {
+                Attachment::Port { vlan, .. } => (u32::from(*vlan), 0),
+                Attachment::Vxlan { vni, .. } => (0, *vni),
+            };
+            pb::PortBinding {
+                vlan_id,
+                vni,
+                tenant: format!("tenants/{}", t.id),
+            }
+        })
+        .collect();
+    pb::Port {
+        name: format!("ports/{}", p.id),
+        driver: p.driver.clone(),
+        device: p.device.clone(),
+        role: port_role(p.role) as i32,
+        link_state: pb::LinkState::Unspecified as i32,
+        speed_mbps: 0,
+        mac_address: String::new(),
+        mtu: 0,
+        bindings,
+        counters: Some(pb::PortCounters::default()),
+    }
+}
+
+/// A subsystem as a protobuf message.
+pub fn subsystem(s: &Subsystem) -> pb::Subsystem {
+    pb::Subsystem {
+        name: format!("subsystems/{}", s.id),
+        nqn: s.nqn.clone(),
+        serial_number: s.serial_number.clone(),
+        model_number: s.model_number.clone(),
+        allow_any_host: s.allow_any_host,
+        allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
+        max_namespaces: s.max_namespaces,
+        create_time: Some(timestamp(s.create_time)),
+        namespace_count: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
+        listener_count: u32::try_from(s.listeners.len()).unwrap_or(u32::MAX),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A UUID in RFC 4122 text form.
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h = hex(u);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// A namespace of subsystem `sid` as a protobuf message.
+pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
+    let (backend, size) = match &n.backend {
+        Backend::Ram { size_bytes } => (
+            pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: *size_bytes,
+            }),
+            *size_bytes,
+        ),
+        Backend::File { path, size_bytes } => (
+            pb::namespace::Backend::File(pb::FileBackend {
+                path: path.clone(),
+                size_bytes: *size_bytes,
+            }),
+            *size_bytes,
+        ),
+        Backend::BlockDevice { path } => (
+            pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: path.clone() }),
+            0,
+        ),
+    };
+    pb::Namespace {
+        name: format!("subsystems/{sid}/namespaces/{}", n.nsid),
+        nsid: n.nsid,
+        backend: Some(backend),
+        block_size: n.block_size,
+        uuid: uuid_text(&n.uuid),
+        nguid: hex(&n.nguid),
+        size_bytes: size,
+    }
+}
+
+/// A listener of subsystem `sid` as a protobuf message.
+pub fn listener(sid: &str, l: &Listener) -> pb::Listener {
+    pb::Listener {
+        name: format!("subsystems/{sid}/listeners/{}", l.id),
+        transport: match l.transport {
+            Transport::Tcp => pb::Transport::Tcp,
+        } as i32,
+        address: l.address.to_string(),
+        port: u32::from(l.port),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_text_form() {
+        let u = [
+            0xf8, 0x1d, 0x4f, 0xae, 0x7d, 0xec, 0x11, 0xd0, 0xa7, 0x65, 0x00, 0xa0, 0xc9, 0x1e,
+            0x6b, 0xf6,
+        ];
+        assert_eq!(uuid_text(&u), "f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
+        assert_eq!(crate::validate::uuid("u", &uuid_text(&u)).unwrap(), u);
+    }
+
+    #[test]
+    fn rule_round_trips_through_validation() {
+        let pbr = pb::FilterRule {
+            name: String::new(),
+            priority: 7,
+            src_prefix: "2001:db8::/48".into(),
+            dst_prefix: String::new(),
+            src_ports: Some(pb::PortRange {
+                first: 1024,
+                last: 65535,
+            }),
+            dst_ports: None,
+            ip_protocol: Some(17),
+            icmp_type: None,
+            icmp_code: None,
+            action: pb::RuleAction::Allow as i32,
+            stateful: true,
+            description: "dns".into(),
+        };
+        let r = crate::validate::rule("rule", "r", &pbr).unwrap();
+        let back = rule("t", &r);
+        assert_eq!(
+            back,
+            pb::FilterRule {
+                name: "tenants/t/rules/r".into(),
+                ..pbr
+            }
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! The control plane's error type and its mapping onto gRPC status codes.
+
+use tonic::{Code, Status};
+
+/// Why a control-plane request was refused or failed.
+///
+/// Each variant maps onto exactly one gRPC status code, so clients (and
+/// `dpuctl`'s exit codes) can tell a bad request from a conflict from a
+/// fault of the service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// A request field is malformed or out of range (`INVALID_ARGUMENT`).
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// Path of the offending field, e.g. `tenant.attachments[0].port.vlan_id`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A named resource does not exist (`NOT_FOUND`).
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The resource, or something it claims, is already taken (`ALREADY_EXISTS`).
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The request conflicts with the current state, e.g. a stale rule-set
+    /// version or a non-empty parent (`FAILED_PRECONDITION`).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The accepted change could not be persisted; nothing was applied (`UNAVAILABLE`).
+    #[error("state store: {0}")]
+    Storage(String),
+}
+
+impl ControlError {
+    /// Builds an [`ControlError::InvalidArgument`] for `field`.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The gRPC status code this error maps onto.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument { .. } => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::AlreadyExists(_) => Code::AlreadyExists,
+            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::Storage(_) => Code::Unavailable,
+        }
+    }
+}
+
+impl From<ControlError> for Status {
+    fn from(e: ControlError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+/// Result type of the control plane.
+pub type Result<T, E = ControlError> = std::result::Result<T, E>;

@@ -1,0 +1,532 @@
+//! The validated domain model: what the service has accepted and persisted.
+//!
+//! Values of these types are only built by [`crate::validate`] (from
+//! requests) or read back from the state file, so code that consumes them
+//! (the data plane, the NVMe-oF target) can trust every field: IDs are well
+//! formed, prefixes have no host bits, port ranges are ordered, rule
+//! priorities are unique and sorted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Wall-clock time as seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Whole seconds since 1970-01-01T00:00:00Z.
+    pub secs: i64,
+    /// Nanoseconds within the second, 0..1e9.
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Self {
+            secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: d.subsec_nanos(),
+        }
+    }
+}
+
+/// An IPv4 or IPv6 prefix whose host bits are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct IpPrefix {
+    addr: IpAddr,
+    len: u8,
+}
+
+/// Why a string is not a valid [`IpPrefix`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// The address part is not an IPv4 or IPv6 literal.
+    #[error("'{0}' is not an IP address")]
+    BadAddress(String),
+    /// The length part is not a number within the family's range.
+    #[error("prefix length '{0}' is not in 0..={1}")]
+    BadLength(String, u8),
+    /// Bits beyond the prefix length are set.
+    #[error("host bits are set in {given} (did you mean {masked}?)")]
+    HostBits {
+        /// The prefix as given.
+        given: String,
+        /// The prefix with its host bits cleared.
+        masked: String,
+    },
+}
+
+impl IpPrefix {
+    /// Builds a prefix, refusing a length beyond the family's width or set host bits.
+    pub fn new(addr: IpAddr, len: u8) -> Result<Self, PrefixError> {
+        let width = if addr.is_ipv4() { 32 } else { 128 };
+        if len > width {
+            return Err(PrefixError::BadLength(len.to_string(), width));
+        }
+        let p = Self { addr, len };
+        let masked = p.masked();
+        if masked.addr != addr {
+            return Err(PrefixError::HostBits {
+                given: p.to_string(),
+                masked: masked.to_string(),
+            });
+        }
+        Ok(p)
+    }
+
+    fn masked(self) -> Self {
+        let addr = match self.addr {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
+                IpAddr::V4((u32::from(a) & mask).into())
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.len))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(a) & mask).into())
+            }
+        };
+        Self {
+            addr,
+            len: self.len,
+        }
+    }
+
+    /// The network address.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The prefix length in bits.
+    pub fn len(&self) -> u8 {
+        self.len
+    }
+
+    /// True for the zero-length prefix, which matches every address of its family.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True if the prefix is IPv4.
+    pub fn is_ipv4(&self) -> bool {
+        self.addr.is_ipv4()
+    }
+
+    /// True if `ip` lies within the prefix (always false across families).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => {
+                Self {
+                    addr: ip,
+                    len: self.len,
+                }
+                .masked()
+                .addr
+                    == self.addr
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for IpPrefix {
+    type Err = PrefixError;
+
+    /// Parses "addr/len"; a bare address is a host prefix (/32 or /128).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| PrefixError::BadAddress(a.to_string()))?;
+        let width = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => width,
+            Some(l) => match l.parse::<u8>() {
+                Ok(n) if n <= width && !l.starts_with('+') => n,
+                _ => return Err(PrefixError::BadLength(l.to_string(), width)),
+            },
+        };
+        Self::new(addr, len)
+    }
+}
+
+impl fmt::Display for IpPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl TryFrom<String> for IpPrefix {
+    type Error = PrefixError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<IpPrefix> for String {
+    fn from(p: IpPrefix) -> String {
+        p.to_string()
+    }
+}
+
+/// An inclusive range of transport-layer ports, `first <= last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PortRange {
+    /// First port of the range.
+    pub first: u16,
+    /// Last port of the range.
+    pub last: u16,
+}
+
+impl PortRange {
+    /// True if `port` lies within the range.
+    pub fn contains(&self, port: u16) -> bool {
+        self.first <= port && port <= self.last
+    }
+}
+
+/// Verdict of a filter rule or a default policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Forward the packet.
+    Allow,
+    /// Drop the packet.
+    Deny,
+}
+
+/// One filter rule of a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rule {
+    /// Rule ID, unique within the tenant.
+    pub id: String,
+    /// Evaluation order, lower first; unique within the tenant.
+    pub priority: u32,
+    /// Source prefix; `None` matches any source.
+    pub src: Option<IpPrefix>,
+    /// Destination prefix; `None` matches any destination.
+    pub dst: Option<IpPrefix>,
+    /// Source port range (TCP/UDP/SCTP only); `None` matches any.
+    pub src_ports: Option<PortRange>,
+    /// Destination port range (TCP/UDP/SCTP only); `None` matches any.
+    pub dst_ports: Option<PortRange>,
+    /// IP protocol number; `None` matches any.
+    pub protocol: Option<u8>,
+    /// ICMP/ICMPv6 type; `None` matches any.
+    pub icmp_type: Option<u8>,
+    /// ICMP/ICMPv6 code; `None` matches any.
+    pub icmp_code: Option<u8>,
+    /// What a match does.
+    pub action: Action,
+    /// Track connections this rule allows, so replies pass.
+    pub stateful: bool,
+    /// Free-form description.
+    pub description: String,
+}
+
+/// A tenant's rule set: rules sorted by ascending priority, and a version
+/// that grows with every change.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RuleSet {
+    /// Version of the rule set; 0 for a new tenant.
+    pub version: u64,
+    /// Rules in evaluation order. Shared, so snapshots of the state are cheap.
+    pub rules: Arc<Vec<Rule>>,
+}
+
+/// A source of tenant traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Attachment {
+    /// A whole port (`vlan` 0) or one VLAN of it.
+    Port {
+        /// Port ID.
+        port: String,
+        /// VLAN ID, 0 for the whole port.
+        vlan: u16,
+    },
+    /// One VXLAN network on an uplink.
+    Vxlan {
+        /// Uplink port ID.
+        uplink: String,
+        /// VXLAN network identifier.
+        vni: u32,
+    },
+}
+
+impl Attachment {
+    /// The port this attachment lives on.
+    pub fn port(&self) -> &str {
+        match self {
+            Self::Port { port, .. } => port,
+            Self::Vxlan { uplink, .. } => uplink,
+        }
+    }
+
+    /// True if `self` and `other` claim overlapping traffic.
+    pub fn conflicts_with(&self, other: &Attachment) -> bool {
+        if self.port() != other.port() {
+            return false;
+        }
+        match (self, other) {
+            (Self::Port { vlan: 0, .. }, _) | (_, Self::Port { vlan: 0, .. }) => true,
+            (Self::Port { vlan: a, .. }, Self::Port { vlan: b, .. }) => a == b,
+            (Self::Vxlan { vni: a, .. }, Self::Vxlan { vni: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Attachment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Port { port, vlan: 0 } => write!(f, "ports/{port}"),
+            Self::Port { port, vlan } => write!(f, "ports/{port} vlan {vlan}"),
+            Self::Vxlan { uplink, vni } => write!(f, "ports/{uplink} vni {vni}"),
+        }
+    }
+}
+
+/// A tenant: an isolation domain of the virtual switch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenant {
+    /// Tenant ID.
+    pub id: String,
+    /// Human-readable name.
+    pub display_name: String,
+    /// Traffic that belongs to the tenant.
+    pub attachments: Vec<Attachment>,
+    /// Verdict for packets no rule matches.
+    pub default_policy: Action,
+    /// When the tenant was created.
+    pub create_time: Timestamp,
+    /// The tenant's filter rules.
+    pub rules: RuleSet,
+}
+
+/// Where a namespace's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Backend {
+    /// Memory of the given size.
+    Ram {
+        /// Size in bytes.
+        size_bytes: u64,
+    },
+    /// A regular file, created with `size_bytes` if missing.
+    File {
+        /// Absolute path.
+        path: String,
+        /// Size in bytes.
+        size_bytes: u64,
+    },
+    /// A block device, size taken from the device.
+    BlockDevice {
+        /// Absolute path.
+        path: String,
+    },
+}
+
+/// A namespace of a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespace {
+    /// Namespace ID, 1..=max_namespaces.
+    pub nsid: u32,
+    /// Backend.
+    pub backend: Backend,
+    /// Logical block size, 512 or 4096.
+    pub block_size: u32,
+    /// Namespace UUID.
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+}
+
+/// NVMe-oF transport of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+}
+
+/// A transport address a subsystem accepts connections on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listener {
+    /// Listener ID, unique within the subsystem.
+    pub id: String,
+    /// Transport.
+    pub transport: Transport,
+    /// Address to listen on.
+    pub address: IpAddr,
+    /// TCP port.
+    pub port: u16,
+}
+
+/// An NVM subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subsystem {
+    /// Subsystem ID.
+    pub id: String,
+    /// NVMe Qualified Name, unique across subsystems.
+    pub nqn: String,
+    /// Serial number, 1..=20 printable ASCII characters.
+    pub serial_number: String,
+    /// Model number, 1..=40 printable ASCII characters.
+    pub model_number: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    pub allowed_hosts: BTreeSet<String>,
+    /// Largest namespace ID accepted.
+    pub max_namespaces: u32,
+    /// When the subsystem was created.
+    pub create_time: Timestamp,
+    /// Namespaces by NSID.
+    pub namespaces: BTreeMap<u32, Namespace>,
+    /// Listeners by ID.
+    pub listeners: BTreeMap<String, Listener>,
+}
+
+impl Subsystem {
+    /// True if `host_nqn` may connect to this subsystem.
+    pub fn allows_host(&self, host_nqn: &str) -> bool {
+        self.allow_any_host || self.allowed_hosts.contains(host_nqn)
+    }
+}
+
+/// Everything the service has accepted: the content of the state file.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct State {
+    /// Tenants by ID.
+    pub tenants: BTreeMap<String, Tenant>,
+    /// Subsystems by ID.
+    pub subsystems: BTreeMap<String, Subsystem>,
+    /// Counter for service-assigned IDs; never reused.
+    pub id_seq: u64,
+}
+
+/// What a data-plane port is connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PortRole {
+    /// Not known.
+    #[default]
+    Unspecified,
+    /// Physical uplink.
+    Uplink,
+    /// Host physical function representor.
+    HostPf,
+    /// Virtual function representor.
+    Vf,
+    /// Scalable function representor.
+    Sf,
+    /// Software port for development and tests.
+    Software,
+}
+
+/// A data-plane port as the configuration declares it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    /// Port ID, e.g. "p0", "pf0vf1".
+    pub id: String,
+    /// Packet-I/O driver name.
+    pub driver: String,
+    /// Device the driver opens (devargs or interface name).
+    pub device: String,
+    /// What the port is connected to.
+    pub role: PortRole,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_parse_and_display() {
+        let p: IpPrefix = "10.1.0.0/16".parse().unwrap();
+        assert_eq!(p.to_string(), "10.1.0.0/16");
+        assert!(p.contains("10.1.255.3".parse().unwrap()));
+        assert!(!p.contains("10.2.0.1".parse().unwrap()));
+        assert!(!p.contains("::1".parse().unwrap()));
+        let h: IpPrefix = "192.0.2.7".parse().unwrap();
+        assert_eq!(h.len(), 32);
+        let v6: IpPrefix = "2001:db8::/32".parse().unwrap();
+        assert!(v6.contains("2001:db8:1::5".parse().unwrap()));
+        let any: IpPrefix = "0.0.0.0/0".parse().unwrap();
+        assert!(any.contains("255.255.255.255".parse().unwrap()));
+    }
+
+    #[test]
+    fn prefix_rejects_bad_input() {
+        assert!(matches!(
+            "10.0.0.1/8".parse::<IpPrefix>(),
+            Err(PrefixError::HostBits { masked, .. }) if masked == "10.0.0.0/8"
+        ));
+        assert!(matches!(
+            "10.0.0.0/33".parse::<IpPrefix>(),
+            Err(PrefixError::BadLength(..))
+        ));
+        assert!(matches!(
+            "10.0.0.0/+8".parse::<IpPrefix>(),
+            Err(PrefixError::BadLength(..))
+        ));
+        assert!(matches!(
+            "::/129".parse::<IpPrefix>(),
+            Err(PrefixError::BadLength(..))
+        ));
+        assert!(matches!(
+            "nope/8".parse::<IpPrefix>(),
+            Err(PrefixError::BadAddress(..))
+        ));
+        assert!(matches!(
+            "".parse::<IpPrefix>(),
+            Err(PrefixError::BadAddress(..))
+        ));
+    }
+
+    #[test]
+    fn attachment_conflicts() {
+        let whole = Attachment::Port {
+            port: "p0".into(),
+            vlan: 0,
+        };
+        let v10 = Attachment::Port {
+            port: "p0".into(),
+            vlan: 10,
+        };
+        let v20 = Attachment::Port {
+            port: "p0".into(),
+            vlan: 20,
+        };
+        let other = Attachment::Port {
+            port: "p1".into(),
+            vlan: 0,
+        };
+        let vx = Attachment::Vxlan {
+            uplink: "p0".into(),
+            vni: 10,
+        };
+        assert!(whole.conflicts_with(&v10));
+        assert!(v10.conflicts_with(&whole));
+        assert!(!v10.conflicts_with(&v20));
+        assert!(v10.conflicts_with(&v10.clone()));
+        assert!(!whole.conflicts_with(&other));
+        assert!(whole.conflicts_with(&vx));
+        assert!(
+            !v10.conflicts_with(&vx),
+            "VLAN 10 and VNI 10 are different traffic"
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! `dpu.v1.FilterService`.
+
+use dpu_proto::v1 as pb;
+use dpu_proto::v1::filter_service_server::FilterService;
+use tonic::{Request, Response, Status};
+
+use super::{num_key, paginate, required, Api, PageLimits};
+use crate::convert;
+use crate::error::ControlError;
+use crate::validate;
+
+const RULE_PAGES: PageLimits = PageLimits {
+    default: 1000,
+    max: 10_000,
+};
+
+#[tonic::async_trait]
+impl FilterService for Api {
+    async fn add_rule(
+        &self,
+        req: Request<pb::AddRuleRequest>,
+    ) -> Result<Response<pb::AddRuleResponse>, Status> {
+        self.write("/dpu.v1.FilterService/AddRule", async {
+            let req = req.into_inner();
+            let tid = validate::name("parent", &req.parent, "tenants")?.to_string();
+            if !req.rule_id.is_empty() {
+                validate::id("rule_id", &req.rule_id)?;
+            }
+            let pbr = required("rule", req.rule)?;
+            let rule = validate::rule("rule", &req.rule_id, &pbr)?;
+            let expected = req.expected_version;
+            let (rule, version) = self
+                .ctl
+                .state
+                .mutate(move |s| {
+                    let mut rule = rule;
+                    if rule.id.is_empty() {
+                        let taken: Vec<String> = s
+                            .tenant(&tid)?
+                            .rules
+                            .rules
+                            .iter()
+                            .map(|r| r.id.clone())
+                            .collect();
+                        rule.id = s.next_id("rule", |c| taken.iter().any(|t| t == c));
+                    }
+                    let v = s.add_rule(&tid, rule.clone(), expected)?;
+                    Ok((convert::rule(&tid, &rule), v))
+                })
+                .await?;
+            Ok(pb::AddRuleResponse {
+                rule: Some(rule),
+                rule_set_version: version,
+            })
+        })
+        .await
+    }
+
+    async fn get_rule(
+        &self,
+        req: Request<pb::GetRuleRequest>,
+    ) -> Result<Response<pb::FilterRule>, Status> {
+        self.read("/dpu.v1.FilterService/GetRule", async {
+            let (tid, rid) = validate::rule_name("name", &req.get_ref().name)?;
+            let state = self.ctl.state.snapshot();
+            let t = state.tenant(tid)?;
+            let r = t
+                .rules
+                .rules
+                .iter()
+                .find(|r| r.id == rid)
+                .ok_or_else(|| ControlError::NotFound(format!("tenants/{tid}/rules/{rid}")))?;
+            Ok(convert::rule(tid, r))
+        })
+        .await
+    }
+
+    async fn delete_rule(
+        &self,
+        req: Request<pb::DeleteRuleRequest>,
+    ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
+        self.write("/dpu.v1.FilterService/DeleteRule", async {
+            let req = req.into_inner();
+            let (tid, rid) = validate::rule_name("name", &req.name)?;
+            let (tid, rid) = (tid.to_string(), rid.to_string());
+            let v = self
+                .ctl
+                .state
+                .mutate(move |s| s.delete_rule(&tid, &rid, req.expected_version))
+                .await?;
+            Ok(pb::DeleteRuleResponse {
+                rule_set_version: v,
+            })
+        })
+        .await
+    }
+
+    async fn list_rules(
+        &self,
+        req: Request<pb::ListRulesRequest>,
+    ) -> Result<Response<pb::ListRulesResponse>, Status> {
+        self.read("/dpu.v1.FilterService/ListRules", async {
+            let req = req.into_inner();
+            let tid = validate::name("parent", &req.parent, "tenants")?;
+            let state = self.ctl.state.snapshot();
+            let t = state.tenant(tid)?;
+            let items = t
+                .rules
+                .rules
+                .iter()
+                .map(|r| (num_key(r.priority), convert::rule(tid, r)));
+            let (rules, next_page_token) =
+                paginate(items, req.page_size, &req.page_token, RULE_PAGES)?;
+            Ok(pb::ListRulesResponse {
+                rules,
+                next_page_token,
+                rule_set_version: t.rules.version,
+            })
+        })
+        .await
+    }
+
+    async fn replace_rules(
+        &self,
+        req: Request<pb::ReplaceRulesRequest>,
+    ) -> Result<Response<pb::ReplaceRulesResponse>, Status> {
+        self.write("/dpu.v1.FilterService/ReplaceRules", async {
+            let req = req.into_inner();
+            let tid = validate::name("parent", &req.parent, "tenants")?.to_string();
+            let mut rules = Vec::with_capacity(req.rules.len());
+            for (i, r) in req.rules.iter().enumerate() {
+                let field = format!("rules[{i}]");
+                let rid = if r.name.is_empty() {
+                    None
+                } else {
+                    let (owner, rid) = validate::rule_name(&format!("{field}.name"), &r.name)?;
+                    if owner != tid {
+                        return Err(ControlError::invalid(
+                            format!("{field}.name"),
+                            format!("names a rule of tenants/{owner}, not of tenants/{tid}"),
+                        ));
+                    }
+                    Some(rid.to_string())
+                };
+                let rule = validate::rule(&field, rid.as_deref().unwrap_or(""), r)?;
+                rules.push((rid, rule));
+            }
+            let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
+            let v = self
+                .ctl
+                .state
+                .mutate(move |s| s.replace_rules(&tid, rules, req.expected_version))
+                .await?;
+            Ok(pb::ReplaceRulesResponse {
+                rule_set_version: v,
+                rule_count: count,
+            })
+        })
+        .await
+    }
+}

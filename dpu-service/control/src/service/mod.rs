@@ -1,0 +1,257 @@
+//! The `dpu.v1` gRPC services: thin adapters from requests to
+//! [`crate::validate`] and [`crate::state`], and from domain values back to
+//! messages through [`crate::convert`].
+//!
+//! One [`Api`] value implements every service trait; the binary wraps it in
+//! each generated server type.
+
+mod filter;
+mod info;
+mod port;
+mod storage;
+mod telemetry;
+mod tenant;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tonic::{Code, Response, Status};
+
+use crate::error::{ControlError, Result};
+use crate::model::Timestamp;
+use crate::state::{Limits, PortRegistry};
+use crate::store::StateHandle;
+use crate::telemetry::Telemetry;
+
+/// Static facts about the running service, for `GetServiceInfo`.
+#[derive(Debug, Clone)]
+pub struct ServiceFacts {
+    /// Version of the service.
+    pub version: String,
+    /// Target triple of the build.
+    pub target_triple: String,
+    /// DPDK version, empty without DPDK.
+    pub dpdk_version: String,
+    /// Data-plane driver name.
+    pub dataplane_driver: String,
+    /// Capability names.
+    pub capabilities: Vec<String>,
+    /// Process start time.
+    pub start_time: Timestamp,
+    /// Host name.
+    pub hostname: String,
+}
+
+/// Everything the services share.
+#[derive(Debug)]
+pub struct Control {
+    /// The persisted state.
+    pub state: StateHandle,
+    /// Configured ports.
+    pub ports: PortRegistry,
+    /// Counter sources and request counters.
+    pub telemetry: Arc<Telemetry>,
+    /// Machine-dependent limits.
+    pub limits: Limits,
+    /// Facts for `GetServiceInfo`.
+    pub facts: ServiceFacts,
+}
+
+/// Implements every `dpu.v1` service over one [`Control`].
+#[derive(Debug, Clone)]
+pub struct Api {
+    ctl: Arc<Control>,
+}
+
+impl Api {
+    /// Wraps the shared control state.
+    pub fn new(ctl: Arc<Control>) -> Self {
+        Self { ctl }
+    }
+
+    /// Runs a read-only request: counts it and maps its error.
+    async fn read<T>(
+        &self,
+        method: &'static str,
+        f: impl Future<Output = Result<T>>,
+    ) -> Result<Response<T>, Status> {
+        let r = f.await;
+        self.finish(method, r, false)
+    }
+
+    /// Runs a mutating request: counts it, logs its outcome and maps its error.
+    async fn write<T>(
+        &self,
+        method: &'static str,
+        f: impl Future<Output = Result<T>>,
+    ) -> Result<Response<T>, Status> {
+        let r = f.await;
+        self.finish(method, r, true)
+    }
+
+    fn finish<T>(
+        &self,
+        method: &'static str,
+        r: Result<T>,
+        mutating: bool,
+    ) -> Result<Response<T>, Status> {
+        let code = r.as_ref().map_or_else(ControlError::code, |_| Code::Ok);
+        self.ctl.telemetry.observe_request(method, code);
+        match &r {
+            Ok(_) if mutating => tracing::info!(method, "applied"),
+            Ok(_) => {}
+            Err(ControlError::Storage(e)) => {
+                tracing::error!(method, error = %e, "refused: state not persisted")
+            }
+            Err(e) => tracing::debug!(method, error = %e, "refused"),
+        }
+        r.map(Response::new).map_err(Status::from)
+    }
+}
+
+/// Default and maximum page sizes of a list call.
+#[derive(Debug, Clone, Copy)]
+struct PageLimits {
+    default: usize,
+    max: usize,
+}
+
+const PAGES: PageLimits = PageLimits {
+    default: 100,
+    max: 1000,
+};
+
+/// Cuts one page out of `items`, which must come in ascending `key` order.
+/// The page token is the hex-encoded key of the last item returned, so a
+/// listing stays correct while items are added or removed between pages.
+fn paginate<T>(
+    items: impl Iterator<Item = (String, T)>,
+    page_size: i32,
+    token: &str,
+    limits: PageLimits,
+) -> Result<(Vec<T>, String)> {
+    let size = match usize::try_from(page_size) {
+        Err(_) => return Err(ControlError::invalid("page_size", "must not be negative")),
+        Ok(0) => limits.default,
+        Ok(n) => n.min(limits.max),
+    };
+    let after = if token.is_empty() {
+        None
+    } else {
+        Some(decode_token(token).ok_or_else(|| {
+            ControlError::invalid("page_token", "not a token this service issued")
+        })?)
+    };
+    let mut out = Vec::new();
+    let mut last = String::new();
+    let mut more = false;
+    for (key, item) in items {
+        if after.as_ref().is_some_and(|a| key.as_str() <= a.as_str()) {
+            continue;
+        }
+        if out.len() == size {
+            more = true;
+            break;
+        }
+        last = key;
+        out.push(item);
+    }
+    let next = if more {
+        encode_token(&last)
+    } else {
+        String::new()
+    };
+    Ok((out, next))
+}
+
+fn encode_token(key: &str) -> String {
+    key.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_token(t: &str) -> Option<String> {
+    if !t.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..t.len())
+        .step_by(2)
+        .map(|i| t.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// A sort key for numbers that orders like the numbers themselves.
+fn num_key(n: u32) -> String {
+    format!("{n:010}")
+}
+
+/// Checks an update mask against the allowed paths and returns the paths.
+fn mask_paths(
+    mask: Option<&dpu_proto::pbjson_types::FieldMask>,
+    allowed: &[&str],
+) -> Result<Vec<String>> {
+    let paths = mask.map(|m| m.paths.clone()).unwrap_or_default();
+    if paths.is_empty() {
+        return Err(ControlError::invalid(
+            "update_mask",
+            format!("name at least one field to update: {}", allowed.join(", ")),
+        ));
+    }
+    for p in &paths {
+        if !allowed.contains(&p.as_str()) {
+            return Err(ControlError::invalid(
+                "update_mask",
+                format!(
+                    "{p:?} cannot be updated; updatable fields: {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(paths)
+}
+
+/// Takes a required sub-message out of a request.
+fn required<T>(field: &str, v: Option<T>) -> Result<T> {
+    v.ok_or_else(|| ControlError::invalid(field, "is required"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: u32) -> impl Iterator<Item = (String, u32)> {
+        (1..=n).map(|i| (num_key(i), i))
+    }
+
+    #[test]
+    fn pages_cover_everything_once() {
+        let mut token = String::new();
+        let mut seen = vec![];
+        loop {
+            let (page, next) = paginate(keys(25), 10, &token, PAGES).unwrap();
+            assert!(page.len() <= 10);
+            seen.extend(page);
+            if next.is_empty() {
+                break;
+            }
+            token = next;
+        }
+        assert_eq!(seen, (1..=25).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn exact_multiple_has_no_empty_trailing_page() {
+        let (page, next) = paginate(keys(10), 10, "", PAGES).unwrap();
+        assert_eq!(page.len(), 10);
+        assert!(next.is_empty());
+    }
+
+    #[test]
+    fn bad_page_arguments() {
+        assert!(paginate(keys(1), -1, "", PAGES).is_err());
+        assert!(paginate(keys(1), 0, "zz", PAGES).is_err());
+        assert!(paginate(keys(1), 0, "abc", PAGES).is_err());
+        let (page, _) = paginate(keys(5000), 100_000, "", PAGES).unwrap();
+        assert_eq!(page.len(), PAGES.max);
+    }
+}

@@ -1,0 +1,280 @@
+//! The persisted state store.
+//!
+//! Every accepted change runs on a copy of the state, is written to disk
+//! (temporary file, fsync, rename, fsync of the directory) and only then
+//! becomes the current state and is published to subscribers (the data
+//! plane and the NVMe-oF target). A crash at any point leaves either the
+//! old or the new state on disk, never a mix, and a change is acknowledged
+//! to the client only after it is durable.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::{ControlError, Result};
+use crate::model::State;
+
+/// Name of the state file inside the state directory.
+pub const STATE_FILE: &str = "state.json";
+/// Version of the state file format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Why the state could not be loaded at start.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The state directory or file could not be read or created.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The state file is not valid; it is left untouched for inspection.
+    #[error("{path}: not a valid state file: {reason}")]
+    Corrupt {
+        /// The state file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+#[derive(Serialize)]
+struct FileOut<'a> {
+    format: u32,
+    state: &'a State,
+}
+
+#[derive(Deserialize)]
+struct FileIn {
+    format: u32,
+    state: State,
+}
+
+/// The state store: the current state, where it is persisted, and its subscribers.
+#[derive(Debug)]
+struct Store {
+    file: Option<PathBuf>,
+    tx: watch::Sender<Arc<State>>,
+}
+
+impl Store {
+    fn persist(&self, state: &State) -> std::io::Result<()> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let bytes = serde_json::to_vec(&FileOut {
+            format: FORMAT_VERSION,
+            state,
+        })?;
+        let tmp = file.with_extension("json.tmp");
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, file)?;
+        if let Some(dir) = file.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// A cloneable handle to the state store.
+///
+/// Reads ([`StateHandle::snapshot`]) never wait for a writer; writes
+/// ([`StateHandle::mutate`]) are serialized and run off the async executor.
+#[derive(Debug, Clone)]
+pub struct StateHandle {
+    store: Arc<Mutex<Store>>,
+    rx: watch::Receiver<Arc<State>>,
+}
+
+impl StateHandle {
+    /// Opens the store in `dir` (created if missing), loading its state
+    /// file if there is one. `None` keeps the state in memory only.
+    ///
+    /// # Errors
+    /// [`LoadError`] if the directory cannot be created or the state file
+    /// cannot be read or parsed. A corrupt file is never overwritten.
+    pub fn open(dir: Option<&Path>) -> std::result::Result<Self, LoadError> {
+        let (file, state) = match dir {
+            None => (None, State::default()),
+            Some(dir) => {
+                fs::create_dir_all(dir).map_err(|source| LoadError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+                let file = dir.join(STATE_FILE);
+                (Some(file.clone()), load(&file)?)
+            }
+        };
+        let (tx, rx) = watch::channel(Arc::new(state));
+        Ok(Self {
+            store: Arc::new(Mutex::new(Store { file, tx })),
+            rx,
+        })
+    }
+
+    /// The current state.
+    pub fn snapshot(&self) -> Arc<State> {
+        self.rx.borrow().clone()
+    }
+
+    /// A receiver that sees every new state after it is persisted.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<State>> {
+        self.rx.clone()
+    }
+
+    /// Applies `change` to a copy of the state, persists the result and
+    /// publishes it. If `change` fails, or persisting fails, nothing changes.
+    ///
+    /// # Errors
+    /// The error of `change`, or [`ControlError::Storage`] if the new state
+    /// could not be written.
+    pub fn mutate_blocking<T>(&self, change: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
+        let store = self
+            .store
+            .lock()
+            .map_err(|_| ControlError::Storage("store lock poisoned by an earlier panic".into()))?;
+        let mut next = State::clone(&store.tx.borrow());
+        let out = change(&mut next)?;
+        store.persist(&next).map_err(|e| {
+            tracing::error!(error = %e, "persisting state failed; change refused");
+            ControlError::Storage(e.to_string())
+        })?;
+        store.tx.send_replace(Arc::new(next));
+        Ok(out)
+    }
+
+    /// [`StateHandle::mutate_blocking`] on a blocking thread, for async callers.
+    ///
+    /// # Errors
+    /// As [`StateHandle::mutate_blocking`].
+    pub async fn mutate<T, F>(&self, change: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<T> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.mutate_blocking(change))
+            .await
+            .map_err(|e| ControlError::Storage(format!("state update task failed: {e}")))?
+    }
+}
+
+fn load(file: &Path) -> std::result::Result<State, LoadError> {
+    let bytes = match fs::read(file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+        Err(source) => {
+            return Err(LoadError::Io {
+                path: file.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let corrupt = |reason: String| LoadError::Corrupt {
+        path: file.to_path_buf(),
+        reason,
+    };
+    let parsed: FileIn = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if parsed.format != FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "format version {} (this build reads {FORMAT_VERSION})",
+            parsed.format
+        )));
+    }
+    Ok(parsed.state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Action, RuleSet, Tenant, Timestamp};
+
+    fn add_tenant(h: &StateHandle, id: &str) -> Result<()> {
+        let t = Tenant {
+            id: id.into(),
+            display_name: format!("tenant {id}"),
+            attachments: vec![],
+            default_policy: Action::Deny,
+            create_time: Timestamp::now(),
+            rules: RuleSet::default(),
+        };
+        h.mutate_blocking(|s| s.create_tenant(&Default::default(), t))
+    }
+
+    #[test]
+    fn round_trip_through_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = StateHandle::open(Some(dir.path())).unwrap();
+        add_tenant(&h, "a").unwrap();
+        add_tenant(&h, "b").unwrap();
+        let before = h.snapshot();
+        drop(h);
+        let h2 = StateHandle::open(Some(dir.path())).unwrap();
+        assert_eq!(*h2.snapshot(), *before);
+        assert!(!dir.path().join("state.json.tmp").exists());
+    }
+
+    #[test]
+    fn refused_change_is_not_applied_or_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = StateHandle::open(Some(dir.path())).unwrap();
+        add_tenant(&h, "a").unwrap();
+        let on_disk = fs::read(dir.path().join(STATE_FILE)).unwrap();
+        assert!(matches!(
+            add_tenant(&h, "a"),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(fs::read(dir.path().join(STATE_FILE)).unwrap(), on_disk);
+        assert_eq!(h.snapshot().tenants.len(), 1);
+    }
+
+    #[test]
+    fn subscribers_see_published_states() {
+        let h = StateHandle::open(None).unwrap();
+        let mut rx = h.subscribe();
+        add_tenant(&h, "a").unwrap();
+        assert!(rx.has_changed().unwrap());
+        assert!(rx.borrow_and_update().tenants.contains_key("a"));
+    }
+
+    #[test]
+    fn failed_persist_refuses_the_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = StateHandle::open(Some(dir.path())).unwrap();
+        add_tenant(&h, "a").unwrap();
+        // A directory where the temp file should go makes the write fail.
+        fs::create_dir(dir.path().join("state.json.tmp")).unwrap();
+        assert!(matches!(add_tenant(&h, "b"), Err(ControlError::Storage(_))));
+        assert!(!h.snapshot().tenants.contains_key("b"));
+        fs::remove_dir(dir.path().join("state.json.tmp")).unwrap();
+        add_tenant(&h, "b").unwrap();
+    }
+
+    #[test]
+    fn corrupt_or_foreign_files_are_refused_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(STATE_FILE);
+        fs::write(&file, b"{not json").unwrap();
+        assert!(matches!(
+            StateHandle::open(Some(dir.path())),
+            Err(LoadError::Corrupt { .. })
+        ));
+        assert_eq!(fs::read(&file).unwrap(), b"{not json");
+        fs::write(
+            &file,
+            br#"{"format": 99, "state": {"tenants": {}, "subsystems": {}, "id_seq": 0}}"#,
+        )
+        .unwrap();
+        let err = StateHandle::open(Some(dir.path())).unwrap_err().to_string();
+        assert!(err.contains("format version 99"), "{err}");
+    }
+}

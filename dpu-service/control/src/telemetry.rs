@@ -1,0 +1,693 @@
+//! Counters: where they come from, and how they are read.
+//!
+//! The data plane and the NVMe-oF target own their counters (per worker,
+//! lock-free) and register a [`CounterSource`]; a read asks every source to
+//! add its figures into one [`Counters`] value, which the telemetry gRPC
+//! service and the Prometheus endpoint turn into their formats. Every
+//! configured port, tenant, rule and subsystem appears in a snapshot, at
+//! zero until a source counts something for it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, RwLock};
+
+use dpu_proto::v1 as pb;
+
+use crate::convert;
+use crate::model::{State, Timestamp};
+use crate::state::PortRegistry;
+
+/// Why the data plane dropped a packet (mirrors `dpu.v1.DropReason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropReason {
+    /// No tenant attachment matched.
+    NoTenant,
+    /// Anti-spoofing refused the source.
+    Spoofed,
+    /// A deny rule or the default policy.
+    AclDeny,
+    /// Connection tracking found the packet invalid.
+    ConntrackInvalid,
+    /// The tenant's connection table was full.
+    TableFull,
+    /// A rule's rate limit.
+    RateLimited,
+    /// The packet could not be parsed.
+    Malformed,
+    /// The output queue was full.
+    TxFull,
+}
+
+impl DropReason {
+    /// Every reason, in `dpu.v1.DropReason` order.
+    pub const ALL: [DropReason; 8] = [
+        Self::NoTenant,
+        Self::Spoofed,
+        Self::AclDeny,
+        Self::ConntrackInvalid,
+        Self::TableFull,
+        Self::RateLimited,
+        Self::Malformed,
+        Self::TxFull,
+    ];
+
+    fn to_pb(self) -> pb::DropReason {
+        match self {
+            Self::NoTenant => pb::DropReason::NoTenant,
+            Self::Spoofed => pb::DropReason::Spoofed,
+            Self::AclDeny => pb::DropReason::AclDeny,
+            Self::ConntrackInvalid => pb::DropReason::ConntrackInvalid,
+            Self::TableFull => pb::DropReason::TableFull,
+            Self::RateLimited => pb::DropReason::RateLimited,
+            Self::Malformed => pb::DropReason::Malformed,
+            Self::TxFull => pb::DropReason::TxFull,
+        }
+    }
+
+    /// Lower-case label used in metrics, e.g. `acl_deny`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoTenant => "no_tenant",
+            Self::Spoofed => "spoofed",
+            Self::AclDeny => "acl_deny",
+            Self::ConntrackInvalid => "conntrack_invalid",
+            Self::TableFull => "table_full",
+            Self::RateLimited => "rate_limited",
+            Self::Malformed => "malformed",
+            Self::TxFull => "tx_full",
+        }
+    }
+}
+
+/// Live state of a port as its driver reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortStatus {
+    /// `Some(true)` up, `Some(false)` down, `None` unknown.
+    pub link_up: Option<bool>,
+    /// Speed in Mbit/s, 0 if unknown.
+    pub speed_mbps: u32,
+    /// MAC address, empty if unknown.
+    pub mac_address: String,
+    /// MTU, 0 if unknown.
+    pub mtu: u32,
+}
+
+/// Counters of one port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets transmitted.
+    pub tx_packets: u64,
+    /// Bytes transmitted.
+    pub tx_bytes: u64,
+    /// Packets the driver could not receive.
+    pub rx_missed: u64,
+    /// Receive errors.
+    pub rx_errors: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+/// Counters of one tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantCounters {
+    /// Packets received on the tenant's attachments.
+    pub rx_packets: u64,
+    /// Bytes received on the tenant's attachments.
+    pub rx_bytes: u64,
+    /// Packets forwarded.
+    pub forwarded_packets: u64,
+    /// Packets dropped.
+    pub dropped_packets: u64,
+    /// Connection-tracking entries in use.
+    pub conntrack_entries: u64,
+}
+
+/// Counters of one rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCounters {
+    /// Packets matched.
+    pub packets: u64,
+    /// Bytes matched.
+    pub bytes: u64,
+    /// Last match, if any.
+    pub last_hit: Option<Timestamp>,
+}
+
+/// Counters of one subsystem.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubsystemCounters {
+    /// Open host connections.
+    pub connections: u64,
+    /// Reads completed.
+    pub read_ops: u64,
+    /// Writes completed.
+    pub write_ops: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Commands completed with an error.
+    pub errors: u64,
+}
+
+/// Everything counted, keyed by resource ID.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Port status by port ID.
+    pub port_status: BTreeMap<String, PortStatus>,
+    /// Port counters by port ID.
+    pub ports: BTreeMap<String, PortCounters>,
+    /// Tenant counters by tenant ID.
+    pub tenants: BTreeMap<String, TenantCounters>,
+    /// Rule counters by (tenant ID, rule ID).
+    pub rules: BTreeMap<(String, String), RuleCounters>,
+    /// Drops by reason.
+    pub drops: BTreeMap<DropReason, u64>,
+    /// Subsystem counters by subsystem ID.
+    pub subsystems: BTreeMap<String, SubsystemCounters>,
+}
+
+/// Something that counts: the data plane, the NVMe-oF target.
+pub trait CounterSource: Send + Sync {
+    /// Adds this source's current figures into `out`.
+    fn collect(&self, out: &mut Counters);
+}
+
+/// The registry of counter sources plus the control plane's own request counters.
+#[derive(Default)]
+pub struct Telemetry {
+    sources: RwLock<Vec<Arc<dyn CounterSource>>>,
+    requests: Mutex<BTreeMap<(&'static str, i32), u64>>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
+}
+
+impl Telemetry {
+    /// Registers a counter source.
+    pub fn register(&self, source: Arc<dyn CounterSource>) {
+        if let Ok(mut s) = self.sources.write() {
+            s.push(source);
+        }
+    }
+
+    /// Counts one gRPC request to `method` that ended with `code`.
+    pub fn observe_request(&self, method: &'static str, code: tonic::Code) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry((method, code as i32)).or_default() += 1;
+        }
+    }
+
+    /// Collects every source into one [`Counters`] value.
+    pub fn collect(&self) -> Counters {
+        let mut c = Counters::default();
+        if let Ok(sources) = self.sources.read() {
+            for s in sources.iter() {
+                s.collect(&mut c);
+            }
+        }
+        c
+    }
+
+    /// A snapshot for the telemetry API: every configured object, its
+    /// counters (zero if nothing counted it), tenants and rules optionally
+    /// restricted to `tenant`.
+    pub fn snapshot(
+        &self,
+        state: &State,
+        ports: &PortRegistry,
+        tenant: Option<&str>,
+    ) -> pb::CounterSnapshot {
+        let c = self.collect();
+        let keep = |t: &str| tenant.is_none_or(|want| want == t);
+        pb::CounterSnapshot {
+            time: Some(convert::timestamp(Timestamp::now())),
+            ports: ports
+                .keys()
+                .map(|id| pb::PortCounterEntry {
+                    port: format!("ports/{id}"),
+                    counters: Some(port_counters(c.ports.get(id).copied().unwrap_or_default())),
+                })
+                .collect(),
+            tenants: state
+                .tenants
+                .keys()
+                .filter(|t| keep(t))
+                .map(|id| {
+                    let t = c.tenants.get(id).copied().unwrap_or_default();
+                    pb::TenantCounters {
+                        tenant: format!("tenants/{id}"),
+                        rx_packets: t.rx_packets,
+                        rx_bytes: t.rx_bytes,
+                        forwarded_packets: t.forwarded_packets,
+                        dropped_packets: t.dropped_packets,
+                        conntrack_entries: t.conntrack_entries,
+                    }
+                })
+                .collect(),
+            rules: state
+                .tenants
+                .values()
+                .filter(|t| keep(&t.id))
+                .flat_map(|t| t.rules.rules.iter().map(move |r| (&t.id, r)))
+                .map(|(tid, r)| {
+                    let rc = c
+                        .rules
+                        .get(&(tid.clone(), r.id.clone()))
+                        .copied()
+                        .unwrap_or_default();
+                    pb::RuleCounters {
+                        rule: format!("tenants/{tid}/rules/{}", r.id),
+                        packets: rc.packets,
+                        bytes: rc.bytes,
+                        last_hit_time: rc.last_hit.map(convert::timestamp),
+                    }
+                })
+                .collect(),
+            drops: DropReason::ALL
+                .iter()
+                .map(|r| pb::DropCounter {
+                    reason: r.to_pb() as i32,
+                    packets: c.drops.get(r).copied().unwrap_or(0),
+                })
+                .collect(),
+            subsystems: state
+                .subsystems
+                .keys()
+                .map(|id| {
+                    let s = c.subsystems.get(id).copied().unwrap_or_default();
+                    pb::SubsystemCounters {
+                        subsystem: format!("subsystems/{id}"),
+                        connections: s.connections,
+                        read_ops: s.read_ops,
+                        write_ops: s.write_ops,
+                        read_bytes: s.read_bytes,
+                        write_bytes: s.write_bytes,
+                        errors: s.errors,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Renders all counters and state gauges in the Prometheus text
+    /// exposition format (version 0.0.4).
+    pub fn render_prometheus(&self, state: &State, ports: &PortRegistry) -> String {
+        let snap = self.snapshot(state, ports, None);
+        let mut m = Metrics::default();
+        m.family("dpu_up", "gauge", "1 while the service runs.");
+        m.sample("dpu_up", &[], 1);
+        m.family("dpu_build_info", "gauge", "Build of the running service.");
+        m.sample(
+            "dpu_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1,
+        );
+
+        let gauges: [(&str, &str, usize); 5] = [
+            ("dpu_tenants", "Tenants configured.", state.tenants.len()),
+            (
+                "dpu_rules",
+                "Filter rules configured, all tenants.",
+                state.tenants.values().map(|t| t.rules.rules.len()).sum(),
+            ),
+            (
+                "dpu_subsystems",
+                "NVMe-oF subsystems configured.",
+                state.subsystems.len(),
+            ),
+            (
+                "dpu_namespaces",
+                "NVMe-oF namespaces configured.",
+                state.subsystems.values().map(|s| s.namespaces.len()).sum(),
+            ),
+            (
+                "dpu_listeners",
+                "NVMe-oF listeners configured.",
+                state.subsystems.values().map(|s| s.listeners.len()).sum(),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            m.family(name, "gauge", help);
+            m.sample(name, &[], v as u64);
+        }
+
+        let port_fields: [Field<pb::PortCounters>; 7] = [
+            (
+                "dpu_port_rx_packets_total",
+                "counter",
+                "Packets received on the port.",
+                |c| c.rx_packets,
+            ),
+            (
+                "dpu_port_rx_bytes_total",
+                "counter",
+                "Bytes received on the port.",
+                |c| c.rx_bytes,
+            ),
+            (
+                "dpu_port_tx_packets_total",
+                "counter",
+                "Packets transmitted on the port.",
+                |c| c.tx_packets,
+            ),
+            (
+                "dpu_port_tx_bytes_total",
+                "counter",
+                "Bytes transmitted on the port.",
+                |c| c.tx_bytes,
+            ),
+            (
+                "dpu_port_rx_missed_total",
+                "counter",
+                "Packets the port's driver could not receive.",
+                |c| c.rx_missed,
+            ),
+            (
+                "dpu_port_rx_errors_total",
+                "counter",
+                "Receive errors on the port.",
+                |c| c.rx_errors,
+            ),
+            (
+                "dpu_port_tx_errors_total",
+                "counter",
+                "Transmit errors on the port.",
+                |c| c.tx_errors,
+            ),
+        ];
+        for (name, kind, help, get) in port_fields {
+            m.family(name, kind, help);
+            for p in &snap.ports {
+                let v = p.counters.as_ref().map(get).unwrap_or(0);
+                m.sample(name, &[("port", strip(&p.port))], v);
+            }
+        }
+        let status = self.collect().port_status;
+        m.family(
+            "dpu_port_link_up",
+            "gauge",
+            "1 if the port's link is up, 0 if down or unknown.",
+        );
+        for id in ports.keys() {
+            let up = status.get(id).and_then(|s| s.link_up).unwrap_or(false);
+            m.sample("dpu_port_link_up", &[("port", id)], u64::from(up));
+        }
+
+        let tenant_fields: [Field<pb::TenantCounters>; 5] = [
+            (
+                "dpu_tenant_rx_packets_total",
+                "counter",
+                "Packets received on the tenant's attachments.",
+                |c| c.rx_packets,
+            ),
+            (
+                "dpu_tenant_rx_bytes_total",
+                "counter",
+                "Bytes received on the tenant's attachments.",
+                |c| c.rx_bytes,
+            ),
+            (
+                "dpu_tenant_forwarded_packets_total",
+                "counter",
+                "Packets of the tenant forwarded.",
+                |c| c.forwarded_packets,
+            ),
+            (
+                "dpu_tenant_dropped_packets_total",
+                "counter",
+                "Packets of the tenant dropped.",
+                |c| c.dropped_packets,
+            ),
+            (
+                "dpu_tenant_conntrack_entries",
+                "gauge",
+                "Connection-tracking entries of the tenant in use.",
+                |c| c.conntrack_entries,
+            ),
+        ];
+        for (name, kind, help, get) in tenant_fields {
+            m.family(name, kind, help);
+            for t in &snap.tenants {
+                m.sample(name, &[("tenant", strip(&t.tenant))], get(t));
+            }
+        }
+
+        m.family(
+            "dpu_rule_packets_total",
+            "counter",
+            "Packets that matched the filter rule.",
+        );
+        for r in &snap.rules {
+            m.sample("dpu_rule_packets_total", &rule_labels(&r.rule), r.packets);
+        }
+        m.family(
+            "dpu_rule_bytes_total",
+            "counter",
+            "Bytes that matched the filter rule.",
+        );
+        for r in &snap.rules {
+            m.sample("dpu_rule_bytes_total", &rule_labels(&r.rule), r.bytes);
+        }
+
+        m.family(
+            "dpu_dropped_packets_total",
+            "counter",
+            "Packets dropped by the data plane, by reason.",
+        );
+        for (reason, d) in DropReason::ALL.iter().zip(&snap.drops) {
+            m.sample(
+                "dpu_dropped_packets_total",
+                &[("reason", reason.label())],
+                d.packets,
+            );
+        }
+
+        let ss_fields: [Field<pb::SubsystemCounters>; 6] = [
+            (
+                "dpu_nvmf_connections",
+                "gauge",
+                "Open host queue connections of the subsystem.",
+                |c| c.connections,
+            ),
+            (
+                "dpu_nvmf_read_ops_total",
+                "counter",
+                "Read commands completed.",
+                |c| c.read_ops,
+            ),
+            (
+                "dpu_nvmf_write_ops_total",
+                "counter",
+                "Write commands completed.",
+                |c| c.write_ops,
+            ),
+            (
+                "dpu_nvmf_read_bytes_total",
+                "counter",
+                "Bytes read by hosts.",
+                |c| c.read_bytes,
+            ),
+            (
+                "dpu_nvmf_write_bytes_total",
+                "counter",
+                "Bytes written by hosts.",
+                |c| c.write_bytes,
+            ),
+            (
+                "dpu_nvmf_errors_total",
+                "counter",
+                "Commands completed with an error status.",
+                |c| c.errors,
+            ),
+        ];
+        for (name, kind, help, get) in ss_fields {
+            m.family(name, kind, help);
+            for s in &snap.subsystems {
+                m.sample(name, &[("subsystem", strip(&s.subsystem))], get(s));
+            }
+        }
+
+        m.family(
+            "dpu_grpc_requests_total",
+            "counter",
+            "gRPC requests handled, by method and status code.",
+        );
+        if let Ok(reqs) = self.requests.lock() {
+            for ((method, code), n) in reqs.iter() {
+                let code = format!("{:?}", tonic::Code::from_i32(*code));
+                m.sample(
+                    "dpu_grpc_requests_total",
+                    &[("method", method), ("code", &code)],
+                    *n,
+                );
+            }
+        }
+        m.out
+    }
+}
+
+/// A metric family fed from one field of a counter message: name, type, help, getter.
+type Field<C> = (&'static str, &'static str, &'static str, fn(&C) -> u64);
+
+fn port_counters(c: PortCounters) -> pb::PortCounters {
+    pb::PortCounters {
+        rx_packets: c.rx_packets,
+        rx_bytes: c.rx_bytes,
+        tx_packets: c.tx_packets,
+        tx_bytes: c.tx_bytes,
+        rx_missed: c.rx_missed,
+        rx_errors: c.rx_errors,
+        tx_errors: c.tx_errors,
+    }
+}
+
+/// The ID part of a resource name (`"ports/p0"` → `"p0"`).
+fn strip(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+fn rule_labels(name: &str) -> [(&str, &str); 2] {
+    let mut parts = name.split('/');
+    let tenant = parts.nth(1).unwrap_or("");
+    let rule = parts.nth(1).unwrap_or("");
+    [("tenant", tenant), ("rule", rule)]
+}
+
+#[derive(Default)]
+struct Metrics {
+    out: String,
+}
+
+impl Metrics {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"");
+                for ch in v.chars() {
+                    match ch {
+                        '\\' => self.out.push_str("\\\\"),
+                        '"' => self.out.push_str("\\\""),
+                        '\n' => self.out.push_str("\\n"),
+                        c => self.out.push(c),
+                    }
+                }
+                self.out.push('"');
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Action, PortRole, PortSpec, RuleSet, Tenant};
+
+    struct Fixed;
+    impl CounterSource for Fixed {
+        fn collect(&self, out: &mut Counters) {
+            out.ports.entry("p0".into()).or_default().rx_packets += 5;
+            *out.drops.entry(DropReason::AclDeny).or_default() += 3;
+            out.tenants.entry("a".into()).or_default().forwarded_packets += 2;
+        }
+    }
+
+    fn fixture() -> (State, PortRegistry) {
+        let mut s = State::default();
+        for id in ["a", "b"] {
+            s.tenants.insert(
+                id.into(),
+                Tenant {
+                    id: id.into(),
+                    display_name: "quote\" and \\ here".into(),
+                    attachments: vec![],
+                    default_policy: Action::Deny,
+                    create_time: Timestamp::now(),
+                    rules: RuleSet::default(),
+                },
+            );
+        }
+        let ports = [(
+            "p0".to_string(),
+            PortSpec {
+                id: "p0".into(),
+                driver: "x".into(),
+                device: String::new(),
+                role: PortRole::Uplink,
+            },
+        )]
+        .into_iter()
+        .collect();
+        (s, ports)
+    }
+
+    #[test]
+    fn snapshot_lists_everything_and_sums_sources() {
+        let (state, ports) = fixture();
+        let t = Telemetry::default();
+        t.register(Arc::new(Fixed));
+        t.register(Arc::new(Fixed));
+        let snap = t.snapshot(&state, &ports, None);
+        assert_eq!(snap.ports[0].counters.as_ref().unwrap().rx_packets, 10);
+        assert_eq!(snap.tenants.len(), 2);
+        assert_eq!(snap.drops.len(), DropReason::ALL.len());
+        assert_eq!(snap.drops[2].packets, 6);
+        let only_b = t.snapshot(&state, &ports, Some("b"));
+        assert_eq!(only_b.tenants.len(), 1);
+        assert_eq!(only_b.tenants[0].forwarded_packets, 0);
+    }
+
+    #[test]
+    fn prometheus_text() {
+        let (state, ports) = fixture();
+        let t = Telemetry::default();
+        t.register(Arc::new(Fixed));
+        t.observe_request("/dpu.v1.TenantService/CreateTenant", tonic::Code::Ok);
+        t.observe_request("/dpu.v1.TenantService/CreateTenant", tonic::Code::Ok);
+        let text = t.render_prometheus(&state, &ports);
+        assert!(
+            text.contains("dpu_port_rx_packets_total{port=\"p0\"} 5\n"),
+            "{text}"
+        );
+        assert!(text.contains("dpu_dropped_packets_total{reason=\"acl_deny\"} 3\n"));
+        assert!(text.contains("dpu_tenants 2\n"));
+        assert!(text.contains(
+            "dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/CreateTenant\",code=\"Ok\"} 2\n"
+        ));
+        // Every sample line belongs to a family announced before it.
+        let mut typed = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                typed.insert(rest.split(' ').next().unwrap().to_string());
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert!(typed.contains(name), "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut m = Metrics::default();
+        m.sample("x", &[("l", "a\"b\\c\nd")], 1);
+        assert_eq!(m.out, "x{l=\"a\\\"b\\\\c\\nd\"} 1\n");
+    }
+}

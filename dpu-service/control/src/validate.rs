@@ -1,0 +1,910 @@
+//! Request validation: turns `dpu.v1` messages into domain values, or into
+//! an `INVALID_ARGUMENT` error that names the offending field.
+//!
+//! Only syntax and ranges are checked here. Checks against the current
+//! state (does the port exist, is the priority taken) belong to
+//! [`crate::state`], which sees the whole state.
+
+use std::net::IpAddr;
+
+use dpu_proto::v1 as pb;
+
+use crate::error::{ControlError, Result};
+use crate::model::{
+    Action, Attachment, Backend, IpPrefix, Listener, Namespace, PortRange, Rule, Transport,
+};
+
+/// Longest accepted display name or description, in bytes.
+pub const MAX_TEXT_LEN: usize = 256;
+/// Longest NQN, in bytes (NVMe base specification).
+pub const MAX_NQN_LEN: usize = 223;
+/// Most rules one tenant may hold.
+pub const MAX_RULES_PER_TENANT: usize = 65_536;
+/// Most attachments one tenant may hold.
+pub const MAX_ATTACHMENTS_PER_TENANT: usize = 4_096;
+/// Most namespaces per subsystem.
+pub const MAX_NAMESPACES: u32 = 1_024;
+/// Default largest NSID of a subsystem.
+pub const DEFAULT_MAX_NAMESPACES: u32 = 32;
+/// Most allowed host NQNs per subsystem.
+pub const MAX_HOSTS_PER_SUBSYSTEM: usize = 1_024;
+/// The well-known NQN of the discovery subsystem, which cannot be created.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// Default NVMe/TCP port (IANA).
+pub const DEFAULT_NVME_TCP_PORT: u16 = 4420;
+
+/// Checks a resource ID: 1..=63 characters of `[a-z0-9-]`, starting with a
+/// letter and not ending with `-`.
+pub fn id(field: &str, id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ControlError::invalid(
+            field,
+            format!(
+                "{id:?} is not a valid ID: use 1 to 63 characters of a-z, 0-9 and '-', \
+                 starting with a letter and not ending with '-'"
+            ),
+        ))
+    }
+}
+
+/// Parses `"{collection}/{id}"` and returns the ID.
+pub fn name<'a>(field: &str, name: &'a str, collection: &str) -> Result<&'a str> {
+    match name.split_once('/') {
+        Some((c, rest)) if c == collection && !rest.contains('/') => {
+            id(field, rest)?;
+            Ok(rest)
+        }
+        _ => Err(ControlError::invalid(
+            field,
+            format!("expected \"{collection}/{{id}}\", got {name:?}"),
+        )),
+    }
+}
+
+/// Parses `"{collection}/{parent}/{child_collection}/{child}"`.
+pub fn child_name<'a>(
+    field: &str,
+    name: &'a str,
+    collection: &str,
+    child_collection: &str,
+) -> Result<(&'a str, &'a str)> {
+    let parts: Vec<&str> = name.split('/').collect();
+    match parts.as_slice() {
+        [c, parent, cc, child] if *c == collection && *cc == child_collection => {
+            Ok((parent, child))
+        }
+        _ => Err(ControlError::invalid(
+            field,
+            format!("expected \"{collection}/{{id}}/{child_collection}/{{id}}\", got {name:?}"),
+        )),
+    }
+}
+
+/// Parses a rule name `tenants/{tenant}/rules/{rule}`.
+pub fn rule_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, &'a str)> {
+    let (t, r) = child_name(field, n, "tenants", "rules")?;
+    id(field, t)?;
+    id(field, r)?;
+    Ok((t, r))
+}
+
+/// Parses a namespace name `subsystems/{subsystem}/namespaces/{nsid}`.
+pub fn namespace_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, u32)> {
+    let (s, ns) = child_name(field, n, "subsystems", "namespaces")?;
+    id(field, s)?;
+    let nsid = ns
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_NAMESPACES).contains(n) && !ns.starts_with(['+', '0']))
+        .ok_or_else(|| {
+            ControlError::invalid(
+                field,
+                format!("namespace ID {ns:?} is not in 1..={MAX_NAMESPACES}"),
+            )
+        })?;
+    Ok((s, nsid))
+}
+
+/// Parses a listener name `subsystems/{subsystem}/listeners/{listener}`.
+pub fn listener_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, &'a str)> {
+    let (s, l) = child_name(field, n, "subsystems", "listeners")?;
+    id(field, s)?;
+    id(field, l)?;
+    Ok((s, l))
+}
+
+/// Checks free text: at most [`MAX_TEXT_LEN`] bytes, no control characters.
+pub fn text(field: &str, s: &str) -> Result<()> {
+    if s.len() > MAX_TEXT_LEN {
+        return Err(ControlError::invalid(
+            field,
+            format!("{} bytes, at most {MAX_TEXT_LEN} allowed", s.len()),
+        ));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(ControlError::invalid(
+            field,
+            "control characters are not allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// Converts a default policy; UNSPECIFIED means deny.
+pub fn default_policy(field: &str, v: i32) -> Result<Action> {
+    match pb::DefaultPolicy::try_from(v) {
+        Ok(pb::DefaultPolicy::Unspecified | pb::DefaultPolicy::Deny) => Ok(Action::Deny),
+        Ok(pb::DefaultPolicy::Allow) => Ok(Action::Allow),
+        Err(_) => Err(ControlError::invalid(
+            field,
+            format!("unknown policy value {v}"),
+        )),
+    }
+}
+
+/// Converts the attachments of a tenant (syntax only; ports and conflicts
+/// with other tenants are checked against the state).
+pub fn attachments(field: &str, list: &[pb::Attachment]) -> Result<Vec<Attachment>> {
+    if list.len() > MAX_ATTACHMENTS_PER_TENANT {
+        return Err(ControlError::invalid(
+            field,
+            format!(
+                "{} attachments, at most {MAX_ATTACHMENTS_PER_TENANT}",
+                list.len()
+            ),
+        ));
+    }
+    let mut out: Vec<Attachment> = Vec::with_capacity(list.len());
+    for (i, a) in list.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        let att = attachment(&f, a)?;
+        if let Some(j) = out.iter().position(|o| o.conflicts_with(&att)) {
+            return Err(ControlError::invalid(
+                f,
+                format!("{att} overlaps {field}[{j}] ({})", out[j]),
+            ));
+        }
+        out.push(att);
+    }
+    Ok(out)
+}
+
+/// Converts one attachment.
+pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
+    match &a.kind {
+        Some(pb::attachment::Kind::Port(p)) => {
+            let port = name(&format!("{field}.port.port"), &p.port, "ports")?;
+            Ok(Attachment::Port {
+                port: port.to_string(),
+                vlan: vlan(&format!("{field}.port.vlan_id"), p.vlan_id)?,
+            })
+        }
+        Some(pb::attachment::Kind::Vxlan(v)) => {
+            let uplink = name(&format!("{field}.vxlan.uplink"), &v.uplink, "ports")?;
+            if !(1..=0x00FF_FFFF).contains(&v.vni) {
+                return Err(ControlError::invalid(
+                    format!("{field}.vxlan.vni"),
+                    format!("{} is not in 1..=16777215", v.vni),
+                ));
+            }
+            Ok(Attachment::Vxlan {
+                uplink: uplink.to_string(),
+                vni: v.vni,
+            })
+        }
+        None => Err(ControlError::invalid(
+            field,
+            "one of port, vxlan is required",
+        )),
+    }
+}
+
+/// Checks a VLAN ID: 0 (whole port) or 1..=4094.
+pub fn vlan(field: &str, v: u32) -> Result<u16> {
+    u16::try_from(v)
+        .ok()
+        .filter(|v| *v <= 4094)
+        .ok_or_else(|| ControlError::invalid(field, format!("{v} is not in 0..=4094")))
+}
+
+fn byte(field: &str, v: u32) -> Result<u8> {
+    u8::try_from(v).map_err(|_| ControlError::invalid(field, format!("{v} is not in 0..=255")))
+}
+
+fn prefix(field: &str, s: &str) -> Result<Option<IpPrefix>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| ControlError::invalid(field, format!("{e}")))
+}
+
+fn port_range(field: &str, r: Option<&pb::PortRange>) -> Result<Option<PortRange>> {
+    let Some(r) = r else { return Ok(None) };
+    let first = u16::try_from(r.first).map_err(|_| {
+        ControlError::invalid(
+            format!("{field}.first"),
+            format!("{} is not in 0..=65535", r.first),
+        )
+    })?;
+    let last = u16::try_from(r.last).map_err(|_| {
+        ControlError::invalid(
+            format!("{field}.last"),
+            format!("{} is not in 0..=65535", r.last),
+        )
+    })?;
+    if first > last {
+        return Err(ControlError::invalid(
+            field,
+            format!("first ({first}) is greater than last ({last})"),
+        ));
+    }
+    Ok(Some(PortRange { first, last }))
+}
+
+const PROTO_ICMP: u8 = 1;
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+const PROTO_ICMPV6: u8 = 58;
+const PROTO_SCTP: u8 = 132;
+
+/// Converts a filter rule. `rule_id` is the already-checked ID to give it.
+pub fn rule(field: &str, rule_id: &str, r: &pb::FilterRule) -> Result<Rule> {
+    let f = |s: &str| format!("{field}.{s}");
+    let src = prefix(&f("src_prefix"), &r.src_prefix)?;
+    let dst = prefix(&f("dst_prefix"), &r.dst_prefix)?;
+    if let (Some(s), Some(d)) = (src, dst) {
+        if s.is_ipv4() != d.is_ipv4() {
+            return Err(ControlError::invalid(
+                f("dst_prefix"),
+                format!("{d} and src_prefix {s} are of different IP families"),
+            ));
+        }
+    }
+    let family_v4 = src.or(dst).map(|p| p.is_ipv4());
+    let protocol = r
+        .ip_protocol
+        .map(|p| byte(&f("ip_protocol"), p))
+        .transpose()?;
+    let src_ports = port_range(&f("src_ports"), r.src_ports.as_ref())?;
+    let dst_ports = port_range(&f("dst_ports"), r.dst_ports.as_ref())?;
+    for (name, set) in [
+        ("src_ports", src_ports.is_some()),
+        ("dst_ports", dst_ports.is_some()),
+    ] {
+        if set && !matches!(protocol, Some(PROTO_TCP | PROTO_UDP | PROTO_SCTP)) {
+            return Err(ControlError::invalid(
+                f(name),
+                "port ranges need ip_protocol 6 (TCP), 17 (UDP) or 132 (SCTP)",
+            ));
+        }
+    }
+    let icmp_type = r.icmp_type.map(|t| byte(&f("icmp_type"), t)).transpose()?;
+    let icmp_code = r.icmp_code.map(|c| byte(&f("icmp_code"), c)).transpose()?;
+    if icmp_code.is_some() && icmp_type.is_none() {
+        return Err(ControlError::invalid(f("icmp_code"), "requires icmp_type"));
+    }
+    if icmp_type.is_some() {
+        match (protocol, family_v4) {
+            (Some(PROTO_ICMP), Some(false)) => {
+                return Err(ControlError::invalid(
+                    f("ip_protocol"),
+                    "ICMP (1) with IPv6 prefixes; use 58 (ICMPv6)",
+                ))
+            }
+            (Some(PROTO_ICMPV6), Some(true)) => {
+                return Err(ControlError::invalid(
+                    f("ip_protocol"),
+                    "ICMPv6 (58) with IPv4 prefixes; use 1 (ICMP)",
+                ))
+            }
+            (Some(PROTO_ICMP | PROTO_ICMPV6), _) => {}
+            _ => {
+                return Err(ControlError::invalid(
+                    f("icmp_type"),
+                    "needs ip_protocol 1 (ICMP) or 58 (ICMPv6)",
+                ))
+            }
+        }
+    }
+    let action = match pb::RuleAction::try_from(r.action) {
+        Ok(pb::RuleAction::Allow) => Action::Allow,
+        Ok(pb::RuleAction::Deny) => Action::Deny,
+        Ok(pb::RuleAction::Unspecified) => {
+            return Err(ControlError::invalid(
+                f("action"),
+                "is required (ALLOW or DENY)",
+            ))
+        }
+        Err(_) => {
+            return Err(ControlError::invalid(
+                f("action"),
+                format!("unknown action value {}", r.action),
+            ))
+        }
+    };
+    if r.stateful && action == Action::Deny {
+        return Err(ControlError::invalid(
+            f("stateful"),
+            "only ALLOW rules can be stateful",
+        ));
+    }
+    text(&f("description"), &r.description)?;
+    Ok(Rule {
+        id: rule_id.to_string(),
+        priority: r.priority,
+        src,
+        dst,
+        src_ports,
+        dst_ports,
+        protocol,
+        icmp_type,
+        icmp_code,
+        action,
+        stateful: r.stateful,
+        description: r.description.clone(),
+    })
+}
+
+/// Checks an NVMe Qualified Name (NVMe base spec, "NVMe Qualified Names"):
+/// `nqn.yyyy-mm.reverse.domain[:anything]`, or the UUID form
+/// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`; at most 223 bytes, printable ASCII.
+pub fn nqn(field: &str, s: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not a valid NQN: {why}"),
+        ))
+    };
+    if s.is_empty() {
+        return bad("empty");
+    }
+    if s.len() > MAX_NQN_LEN {
+        return bad("longer than 223 bytes");
+    }
+    if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return bad("only printable ASCII without spaces is allowed");
+    }
+    let Some(rest) = s.strip_prefix("nqn.") else {
+        return bad("must start with \"nqn.\"");
+    };
+    let date = rest.get(..7).unwrap_or("");
+    let db = date.as_bytes();
+    let date_ok = db.len() == 7
+        && db[..4].iter().all(u8::is_ascii_digit)
+        && db[4] == b'-'
+        && db[5..].iter().all(u8::is_ascii_digit)
+        && matches!(
+            &date[5..],
+            "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
+        );
+    if !date_ok {
+        return bad("expected a yyyy-mm date after \"nqn.\"");
+    }
+    let after = &rest[7..];
+    let Some(domain_and_more) = after.strip_prefix('.') else {
+        return bad("expected '.' and a reverse domain name after the date");
+    };
+    let domain = domain_and_more.split(':').next().unwrap_or("");
+    if domain.is_empty()
+        || !domain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    {
+        return bad("the reverse domain name may hold only letters, digits, '.' and '-'");
+    }
+    Ok(())
+}
+
+/// Checks an ASCII identity string of 1..=`max` printable characters.
+pub fn ascii_id(field: &str, s: &str, max: usize) -> Result<()> {
+    if s.is_empty() || s.len() > max || !s.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} must be 1 to {max} printable ASCII characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Converts the `max_namespaces` field; 0 means the default.
+pub fn max_namespaces(field: &str, v: u32) -> Result<u32> {
+    match v {
+        0 => Ok(DEFAULT_MAX_NAMESPACES),
+        1..=MAX_NAMESPACES => Ok(v),
+        _ => Err(ControlError::invalid(
+            field,
+            format!("{v} is not in 1..={MAX_NAMESPACES}"),
+        )),
+    }
+}
+
+fn block_size(field: &str, v: u32) -> Result<u32> {
+    match v {
+        0 => Ok(512),
+        512 | 4096 => Ok(v),
+        _ => Err(ControlError::invalid(
+            field,
+            format!("{v} is not 512 or 4096"),
+        )),
+    }
+}
+
+fn size(field: &str, size: u64, block: u32) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(u64::from(block)) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{size} is not a non-zero multiple of the block size {block}"),
+        ));
+    }
+    Ok(())
+}
+
+fn abs_path(field: &str, p: &str) -> Result<()> {
+    if !p.starts_with('/') || p.contains('\0') || p.len() > 4096 {
+        return Err(ControlError::invalid(
+            field,
+            format!("{p:?} is not an absolute path"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a UUID in RFC 4122 text form.
+pub fn uuid(field: &str, s: &str) -> Result<[u8; 16]> {
+    let groups: Vec<&str> = s.split('-').collect();
+    let shape_ok = groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
+    let hex: String = groups.concat();
+    if !shape_ok {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not a UUID (8-4-4-4-12 hex digits)"),
+        ));
+    }
+    hex16(field, &hex)
+}
+
+/// Parses 32 hex digits into 16 bytes.
+pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
+    let bytes = s.as_bytes();
+    let mut out = [0u8; 16];
+    if bytes.len() != 32 {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not 32 hex digits"),
+        ));
+    }
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let digits = std::str::from_utf8(pair).ok();
+        out[i] = digits
+            .and_then(|d| u8::from_str_radix(d, 16).ok())
+            .ok_or_else(|| ControlError::invalid(field, format!("{s:?} is not hexadecimal")))?;
+    }
+    Ok(out)
+}
+
+/// Converts a namespace to create. `uuid`/`nguid` come back as given or
+/// `None` when the caller left them empty (the state generates them).
+pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, bool)> {
+    let f = |s: &str| format!("{field}.{s}");
+    let block_size = block_size(&f("block_size"), n.block_size)?;
+    let backend = match &n.backend {
+        Some(pb::namespace::Backend::Ram(r)) => {
+            size(&f("ram.size_bytes"), r.size_bytes, block_size)?;
+            Backend::Ram {
+                size_bytes: r.size_bytes,
+            }
+        }
+        Some(pb::namespace::Backend::File(fb)) => {
+            abs_path(&f("file.path"), &fb.path)?;
+            if fb.size_bytes != 0 {
+                size(&f("file.size_bytes"), fb.size_bytes, block_size)?;
+            }
+            Backend::File {
+                path: fb.path.clone(),
+                size_bytes: fb.size_bytes,
+            }
+        }
+        Some(pb::namespace::Backend::BlockDevice(b)) => {
+            abs_path(&f("block_device.path"), &b.path)?;
+            Backend::BlockDevice {
+                path: b.path.clone(),
+            }
+        }
+        None => {
+            return Err(ControlError::invalid(
+                f("backend"),
+                "one of ram, file, block_device is required",
+            ))
+        }
+    };
+    if n.nsid > MAX_NAMESPACES {
+        return Err(ControlError::invalid(
+            f("nsid"),
+            format!("{} is not in 0..={MAX_NAMESPACES}", n.nsid),
+        ));
+    }
+    let (uuid, has_uuid) = if n.uuid.is_empty() {
+        ([0; 16], false)
+    } else {
+        (uuid(&f("uuid"), &n.uuid)?, true)
+    };
+    let (nguid, has_nguid) = if n.nguid.is_empty() {
+        ([0; 16], false)
+    } else {
+        (hex16(&f("nguid"), &n.nguid)?, true)
+    };
+    Ok((
+        Namespace {
+            nsid: n.nsid,
+            backend,
+            block_size,
+            uuid,
+            nguid,
+        },
+        has_uuid,
+        has_nguid,
+    ))
+}
+
+/// Converts a listener to create, deriving its ID when `listener_id` is empty.
+pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<Listener> {
+    let f = |s: &str| format!("{field}.{s}");
+    let transport = match pb::Transport::try_from(l.transport) {
+        Ok(pb::Transport::Unspecified | pb::Transport::Tcp) => Transport::Tcp,
+        Err(_) => {
+            return Err(ControlError::invalid(
+                f("transport"),
+                format!("unknown transport value {}", l.transport),
+            ))
+        }
+    };
+    let address: IpAddr = l.address.parse().map_err(|_| {
+        ControlError::invalid(
+            f("address"),
+            format!("{:?} is not an IP address", l.address),
+        )
+    })?;
+    let port = match l.port {
+        0 => DEFAULT_NVME_TCP_PORT,
+        p => u16::try_from(p)
+            .map_err(|_| ControlError::invalid(f("port"), format!("{p} is not in 1..=65535")))?,
+    };
+    let id_str = if listener_id.is_empty() {
+        let addr: String = address
+            .to_string()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let derived = format!("tcp-{addr}-{port}").replace("--", "-");
+        derived.trim_end_matches('-').to_string()
+    } else {
+        id("listener_id", listener_id)?;
+        listener_id.to_string()
+    };
+    Ok(Listener {
+        id: id_str,
+        transport,
+        address,
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: ControlError) -> String {
+        match e {
+            ControlError::InvalidArgument { field, .. } => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids() {
+        for good in ["a", "t1", "tenant-a", "a-b-c", &"a".repeat(63)] {
+            id("x", good).unwrap();
+        }
+        for bad in [
+            "",
+            "1a",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a b",
+            "é",
+            &"a".repeat(64),
+        ] {
+            assert!(id("x", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(name("n", "tenants/t1", "tenants").unwrap(), "t1");
+        assert!(name("n", "tenants/t1/x", "tenants").is_err());
+        assert!(name("n", "ports/t1", "tenants").is_err());
+        assert!(name("n", "t1", "tenants").is_err());
+        assert_eq!(rule_name("n", "tenants/a/rules/r1").unwrap(), ("a", "r1"));
+        assert!(rule_name("n", "tenants/a/rules/").is_err());
+        assert_eq!(
+            namespace_name("n", "subsystems/s/namespaces/7").unwrap(),
+            ("s", 7)
+        );
+        for bad in [
+            "subsystems/s/namespaces/0",
+            "subsystems/s/namespaces/07",
+            "subsystems/s/namespaces/x",
+            "subsystems/s/namespaces/1025",
+        ] {
+            assert!(namespace_name("n", bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            listener_name("n", "subsystems/s/listeners/l").unwrap(),
+            ("s", "l")
+        );
+    }
+
+    fn tcp_rule() -> pb::FilterRule {
+        pb::FilterRule {
+            priority: 10,
+            src_prefix: "10.0.0.0/8".into(),
+            dst_prefix: "192.168.1.0/24".into(),
+            dst_ports: Some(pb::PortRange {
+                first: 80,
+                last: 443,
+            }),
+            ip_protocol: Some(6),
+            action: pb::RuleAction::Allow as i32,
+            stateful: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rule_ok() {
+        let r = rule("rule", "r1", &tcp_rule()).unwrap();
+        assert_eq!(
+            r.dst_ports,
+            Some(PortRange {
+                first: 80,
+                last: 443
+            })
+        );
+        assert_eq!(r.protocol, Some(6));
+        assert!(r.stateful);
+    }
+
+    #[test]
+    fn rule_errors_name_the_field() {
+        type Mutate = Box<dyn Fn(&mut pb::FilterRule)>;
+        let cases: Vec<(&str, Mutate)> = vec![
+            (
+                "rule.src_prefix",
+                Box::new(|r| r.src_prefix = "10.0.0.1/8".into()),
+            ),
+            (
+                "rule.dst_prefix",
+                Box::new(|r| r.dst_prefix = "2001:db8::/32".into()),
+            ),
+            (
+                "rule.dst_ports",
+                Box::new(|r| r.dst_ports = Some(pb::PortRange { first: 9, last: 8 })),
+            ),
+            (
+                "rule.dst_ports.last",
+                Box::new(|r| {
+                    r.dst_ports = Some(pb::PortRange {
+                        first: 9,
+                        last: 70000,
+                    })
+                }),
+            ),
+            ("rule.dst_ports", Box::new(|r| r.ip_protocol = Some(1))),
+            ("rule.ip_protocol", Box::new(|r| r.ip_protocol = Some(256))),
+            ("rule.icmp_type", Box::new(|r| r.icmp_type = Some(8))),
+            (
+                "rule.icmp_code",
+                Box::new(|r| {
+                    r.dst_ports = None;
+                    r.ip_protocol = Some(1);
+                    r.icmp_code = Some(0)
+                }),
+            ),
+            ("rule.action", Box::new(|r| r.action = 0)),
+            ("rule.action", Box::new(|r| r.action = 99)),
+            (
+                "rule.stateful",
+                Box::new(|r| r.action = pb::RuleAction::Deny as i32),
+            ),
+            (
+                "rule.description",
+                Box::new(|r| r.description = "x".repeat(300)),
+            ),
+        ];
+        for (want, mutate) in cases {
+            let mut r = tcp_rule();
+            mutate(&mut r);
+            assert_eq!(field_of(rule("rule", "r1", &r).unwrap_err()), want);
+        }
+    }
+
+    #[test]
+    fn icmp_family_must_match() {
+        let mut r = pb::FilterRule {
+            priority: 1,
+            src_prefix: "2001:db8::/32".into(),
+            ip_protocol: Some(1),
+            icmp_type: Some(128),
+            action: pb::RuleAction::Allow as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(rule("rule", "r", &r).unwrap_err()),
+            "rule.ip_protocol"
+        );
+        r.ip_protocol = Some(58);
+        rule("rule", "r", &r).unwrap();
+    }
+
+    #[test]
+    fn nqns() {
+        for good in [
+            "nqn.2024-01.io.example:vol1",
+            "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+            "nqn.2016-06.io.spdk:cnode1",
+            "nqn.2024-12.com.example",
+        ] {
+            nqn("nqn", good).unwrap();
+        }
+        for bad in [
+            "",
+            "iqn.2024-01.io.example",
+            "nqn.2024-13.io.example",
+            "nqn.24-01.io.example",
+            "nqn.2024-01",
+            "nqn.2024-01.:x",
+            "nqn.2024-01.io example",
+            &format!("nqn.2024-01.io.example:{}", "x".repeat(220)),
+        ] {
+            assert!(nqn("nqn", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn namespaces() {
+        let mut n = pb::Namespace {
+            backend: Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 1 << 20,
+            })),
+            ..Default::default()
+        };
+        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        assert_eq!(ns.block_size, 512);
+        assert!(!has_uuid);
+        n.block_size = 4096;
+        n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
+            size_bytes: 512,
+        }));
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.ram.size_bytes"
+        );
+        n.backend = Some(pb::namespace::Backend::File(pb::FileBackend {
+            path: "rel".into(),
+            size_bytes: 0,
+        }));
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.file.path"
+        );
+        n.backend = None;
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.backend"
+        );
+        n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
+            size_bytes: 4096,
+        }));
+        n.uuid = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6".into();
+        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        assert!(has_uuid);
+        assert_eq!(ns.uuid[0], 0xf8);
+        n.uuid = "f81d4fae7dec11d0a76500a0c91e6bf6".into();
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.uuid"
+        );
+        n.uuid.clear();
+        n.block_size = 1024;
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.block_size"
+        );
+    }
+
+    #[test]
+    fn listeners() {
+        let l = listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "127.0.0.1".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(l.port, 4420);
+        assert_eq!(l.id, "tcp-127-0-0-1-4420");
+        id("x", &l.id).unwrap();
+        let l6 = listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "::1".into(),
+                port: 4421,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        id("x", &l6.id).unwrap();
+        assert!(listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "localhost".into(),
+                ..Default::default()
+            }
+        )
+        .is_err());
+        assert!(listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "::1".into(),
+                port: 70000,
+                ..Default::default()
+            }
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn attachments_overlap_within_request() {
+        let p = |port: &str, vlan| pb::Attachment {
+            kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+                port: port.into(),
+                vlan_id: vlan,
+            })),
+        };
+        attachments(
+            "a",
+            &[p("ports/p0", 10), p("ports/p0", 20), p("ports/p1", 0)],
+        )
+        .unwrap();
+        assert_eq!(
+            field_of(attachments("a", &[p("ports/p0", 10), p("ports/p0", 0)]).unwrap_err()),
+            "a[1]"
+        );
+        assert_eq!(
+            field_of(attachments("a", &[p("ports/p0", 4095)]).unwrap_err()),
+            "a[0].port.vlan_id"
+        );
+        assert_eq!(
+            field_of(attachments("a", &[p("p0", 1)]).unwrap_err()),
+            "a[0].port.port"
+        );
+    }
+}
