@@ -383,13 +383,13 @@ impl Telemetry {
                 |c| c.tx_errors,
             ),
         ];
-        for (name, kind, help, get) in port_fields {
-            m.family(name, kind, help);
-            for p in &snap.ports {
-                let v = p.counters.as_ref().map(get).unwrap_or(0);
-                m.sample(name, &[("port", strip(&p.port))], v);
-            }
-        }
+        let zero = pb::PortCounters::default();
+        let port_rows: Vec<(&str, &pb::PortCounters)> = snap
+            .ports
+            .iter()
+            .map(|p| (strip(&p.port), p.counters.as_ref().unwrap_or(&zero)))
+            .collect();
+        m.fields(&port_fields, "port", &port_rows);
         let status = self.collect().port_status;
         m.family(
             "dpu_port_link_up",
@@ -433,12 +433,8 @@ impl Telemetry {
                 |c| c.conntrack_entries,
             ),
         ];
-        for (name, kind, help, get) in tenant_fields {
-            m.family(name, kind, help);
-            for t in &snap.tenants {
-                m.sample(name, &[("tenant", strip(&t.tenant))], get(t));
-            }
-        }
+        let tenant_rows: Vec<_> = snap.tenants.iter().map(|t| (strip(&t.tenant), t)).collect();
+        m.fields(&tenant_fields, "tenant", &tenant_rows);
 
         m.family(
             "dpu_rule_packets_total",
@@ -508,12 +504,12 @@ impl Telemetry {
                 |c| c.errors,
             ),
         ];
-        for (name, kind, help, get) in ss_fields {
-            m.family(name, kind, help);
-            for s in &snap.subsystems {
-                m.sample(name, &[("subsystem", strip(&s.subsystem))], get(s));
-            }
-        }
+        let ss_rows: Vec<_> = snap
+            .subsystems
+            .iter()
+            .map(|s| (strip(&s.subsystem), s))
+            .collect();
+        m.fields(&ss_fields, "subsystem", &ss_rows);
 
         m.family(
             "dpu_grpc_requests_total",
@@ -569,6 +565,16 @@ struct Metrics {
 impl Metrics {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// One family per field, one sample per row labelled `label="{row id}"`.
+    fn fields<C>(&mut self, fields: &[Field<C>], label: &str, rows: &[(&str, &C)]) {
+        for (name, kind, help, get) in fields {
+            self.family(name, kind, help);
+            for (id, c) in rows {
+                self.sample(name, &[(label, id)], get(c));
+            }
+        }
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {

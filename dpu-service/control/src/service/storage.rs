@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::{mask_paths, num_key, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
-use crate::model::{Subsystem, Timestamp};
+use crate::model::{State, Subsystem, Timestamp};
 use crate::state::SubsystemUpdate;
 use crate::validate::{self, DISCOVERY_NQN};
 
@@ -43,6 +43,23 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
         ));
     }
     Ok(out)
+}
+
+impl Api {
+    /// Validates a (subsystem, host NQN) pair and applies `change` to it.
+    async fn change_host(
+        &self,
+        subsystem: &str,
+        host: String,
+        change: for<'a> fn(&'a mut State, &str, &str) -> Result<&'a Subsystem>,
+    ) -> Result<pb::Subsystem> {
+        let id = validate::name("subsystem", subsystem, "subsystems")?.to_string();
+        validate::nqn("host_nqn", &host)?;
+        self.ctl
+            .state
+            .mutate(move |st| change(st, &id, &host).map(convert::subsystem))
+            .await
+    }
 }
 
 #[tonic::async_trait]
@@ -188,14 +205,8 @@ impl StorageService for Api {
     ) -> Result<Response<pb::Subsystem>, Status> {
         self.write("/dpu.v1.StorageService/AddHost", async {
             let req = req.into_inner();
-            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
-            validate::nqn("host_nqn", &req.host_nqn)?;
-            let out = self
-                .ctl
-                .state
-                .mutate(move |st| st.add_host(&id, &req.host_nqn).map(convert::subsystem))
-                .await?;
-            Ok(out)
+            self.change_host(&req.subsystem, req.host_nqn, State::add_host)
+                .await
         })
         .await
     }
@@ -206,14 +217,8 @@ impl StorageService for Api {
     ) -> Result<Response<pb::Subsystem>, Status> {
         self.write("/dpu.v1.StorageService/RemoveHost", async {
             let req = req.into_inner();
-            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
-            validate::nqn("host_nqn", &req.host_nqn)?;
-            let out = self
-                .ctl
-                .state
-                .mutate(move |st| st.remove_host(&id, &req.host_nqn).map(convert::subsystem))
-                .await?;
-            Ok(out)
+            self.change_host(&req.subsystem, req.host_nqn, State::remove_host)
+                .await
         })
         .await
     }
