@@ -1,1 +1,266 @@
-//! x
+//! End-to-end test harness: starts the real `dpu-service` binary and drives
+//! it the way users do, through `dpuctl`, the client library, HTTP and
+//! foreign gRPC clients.
+//!
+//! The binaries must be built before the tests run (`cargo build --bins`;
+//! the README's test command does it). Each [`Service`] gets its own state
+//! directory and free loopback ports, so tests run in parallel.
+
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Directory holding the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    // Test executables live in target/<profile>/deps/.
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Path of a workspace binary; fails with a hint if it was not built.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let p = bin_dir().join(name);
+    if !p.exists() {
+        bail!("{} does not exist: run `cargo build --bins` before the end-to-end tests", p.display());
+    }
+    Ok(p)
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A running `dpu-service` process.
+pub struct Service {
+    child: Option<Child>,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// Metrics address.
+    pub metrics: SocketAddr,
+    /// State directory (kept across restarts of the same `Service`).
+    pub state_dir: PathBuf,
+    /// Extra command-line arguments, reused on restart.
+    pub args: Vec<String>,
+    log: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// The ports a test service uses, as `dpu-service` config.
+pub const TEST_CONFIG: &str = r#"
+[log]
+level = "info,dpu_control=debug"
+
+[storage]
+ram_limit = "256MiB"
+
+[[ports]]
+id = "p0"
+role = "uplink"
+
+[[ports]]
+id = "pf0vf0"
+role = "vf"
+
+[[ports]]
+id = "pf0vf1"
+role = "vf"
+"#;
+
+impl Service {
+    /// Starts a service with a fresh state directory and [`TEST_CONFIG`].
+    pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a service with extra arguments.
+    pub fn start_with(args: &[&str]) -> Result<Self> {
+        let tmp = tempfile::tempdir()?;
+        let config = tmp.path().join("config.toml");
+        std::fs::write(&config, TEST_CONFIG)?;
+        let mut all = vec!["--config".to_string(), config.display().to_string()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let mut s = Self {
+            child: None,
+            grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+            state_dir: tmp.path().join("state"),
+            args: all,
+            log: tmp.path().join("service.log"),
+            _tmp: Some(tmp),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// Endpoint URL for clients.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        // Fresh ports on every start: a just-killed process may still hold the old ones.
+        for _attempt in 0..5 {
+            self.grpc.set_port(free_port());
+            self.metrics.set_port(free_port());
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+            let child = Command::new(binary("dpu-service")?)
+                .args(&self.args)
+                .arg("--grpc-listen")
+                .arg(self.grpc.to_string())
+                .arg("--metrics-listen")
+                .arg(self.metrics.to_string())
+                .arg("--state-dir")
+                .arg(&self.state_dir)
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("spawning dpu-service")?;
+            self.child = Some(child);
+            match self.wait_ready(Duration::from_secs(20)) {
+                Ok(()) => return Ok(()),
+                Err(e) if self.log_text().contains("Address already in use") => {
+                    let _ = e;
+                    continue;
+                }
+                Err(e) => return Err(e.context(format!("service log:\n{}", self.log_text()))),
+            }
+        }
+        bail!("could not find free ports; log:\n{}", self.log_text())
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("dpu-service exited during start: {status}");
+            }
+            if TcpStream::connect(self.grpc).is_ok() && TcpStream::connect(self.metrics).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("dpu-service did not listen within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything the service logged so far (all runs).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// PID of the running process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (e.g. "TERM", "KILL") and waits for the exit.
+    pub fn signal(&mut self, signal: &str) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("service not running")?;
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()?
+            .success();
+        if !ok {
+            bail!("kill -{signal} {} failed", child.id());
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(st) = child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("dpu-service did not exit within 15 s of SIG{signal}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the service with SIGTERM and starts it again on the same state.
+    pub fn restart(&mut self) -> Result<ExitStatus> {
+        let st = self.signal("TERM")?;
+        self.spawn()?;
+        Ok(st)
+    }
+
+    /// Starts the service again after it was stopped with [`Service::signal`].
+    pub fn start_again(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            bail!("service is still running");
+        }
+        self.spawn()
+    }
+
+    /// Kills the service with SIGKILL and starts it again on the same state.
+    pub fn crash_and_restart(&mut self) -> Result<()> {
+        self.signal("KILL")?;
+        self.spawn()
+    }
+
+    /// Runs `dpuctl` against this service.
+    pub fn dpuctl(&self, args: &[&str]) -> Result<Output> {
+        Command::new(binary("dpuctl")?)
+            .arg("--endpoint")
+            .arg(self.endpoint())
+            .args(args)
+            .output()
+            .context("running dpuctl")
+    }
+
+    /// Runs `dpuctl --output json`, requires success and parses the output.
+    pub fn dpuctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let mut all = vec!["--output", "json"];
+        all.extend_from_slice(args);
+        let out = self.dpuctl(&all)?;
+        if !out.status.success() {
+            bail!(
+                "dpuctl {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("dpuctl {args:?} printed no JSON: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// Fetches a path from the metrics endpoint; returns (status line, body).
+    pub fn http_get(&self, path: &str) -> Result<(String, String)> {
+        let mut s = TcpStream::connect(self.metrics)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        let (head, body) = resp.split_once("\r\n\r\n").context("no HTTP header end")?;
+        Ok((head.lines().next().unwrap_or("").to_string(), body.to_string()))
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

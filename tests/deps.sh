@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing dpu-service needs on Debian,
+# skipping what is already there. Safe to run repeatedly.
+set -euo pipefail
+
+need_apt=()
+have() { command -v "$1" >/dev/null 2>&1; }
+
+have cc || need_apt+=(build-essential)
+have pkg-config || need_apt+=(pkg-config)
+have openssl || need_apt+=(openssl)
+have curl || need_apt+=(curl)
+have python3 || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+# DPDK development files (dpdk-sys binds them) and libclang (bindgen).
+pkg-config --exists libdpdk 2>/dev/null || need_apt+=(libdpdk-dev)
+compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || need_apt+=(libclang-dev)
+
+if ((${#need_apt[@]})); then
+  echo "deps: installing ${need_apt[*]}" >&2
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! have cargo; then
+  cat >&2 <<'MSG'
+deps: cargo is not installed. Install a current Rust toolchain (1.88 or newer)
+with rustup (https://rustup.rs), then run this again. Debian's own cargo
+package is too old for this workspace.
+MSG
+  exit 1
+fi

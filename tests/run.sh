@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit and property tests of every crate, and the
+# end-to-end tests that start the real dpu-service binary and drive it with
+# dpuctl, the client library, HTTP and a foreign (Python grpcio) client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tests/deps.sh
+# The end-to-end tests start the binaries, so build them first.
+cargo build --workspace --bins --locked
+cargo test --workspace --locked "$@"
