@@ -103,7 +103,12 @@ fn missing() -> ! {
 }
 
 fn main() {
-    for v in ["PKG_CONFIG", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR"] {
+    for v in [
+        "PKG_CONFIG",
+        "PKG_CONFIG_PATH",
+        "PKG_CONFIG_LIBDIR",
+        "PKG_CONFIG_SYSROOT_DIR",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     for f in ["wrapper.h", "shim/shim.h", "shim/shim.c"] {

@@ -23,3 +23,6 @@ uint32_t dpdk_shim_rte_mbuf_rss_hash(const struct rte_mbuf *m) { return m->hash.
 unsigned int dpdk_shim_rte_lcore_id(void) { return rte_lcore_id(); }
 int dpdk_shim_rte_errno(void) { return rte_errno; }
 void dpdk_shim_rte_prefetch0(const volatile void *p) { rte_prefetch0(p); }
+uint64_t dpdk_shim_RTE_ETH_RSS_IP(void) { return RTE_ETH_RSS_IP; }
+uint64_t dpdk_shim_RTE_ETH_RSS_TCP(void) { return RTE_ETH_RSS_TCP; }
+uint64_t dpdk_shim_RTE_ETH_RSS_UDP(void) { return RTE_ETH_RSS_UDP; }

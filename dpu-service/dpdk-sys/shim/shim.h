@@ -28,5 +28,9 @@ uint32_t dpdk_shim_rte_mbuf_rss_hash(const struct rte_mbuf *m);
 unsigned int dpdk_shim_rte_lcore_id(void);
 int dpdk_shim_rte_errno(void);
 void dpdk_shim_rte_prefetch0(const volatile void *p);
+/* RSS hash-function flags are macros built from RTE_BIT64(); export their values. */
+uint64_t dpdk_shim_RTE_ETH_RSS_IP(void);
+uint64_t dpdk_shim_RTE_ETH_RSS_TCP(void);
+uint64_t dpdk_shim_RTE_ETH_RSS_UDP(void);
 
 #endif
