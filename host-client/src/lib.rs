@@ -1,1 +1,519 @@
-//! x
+//! `dpu_client`: the host-side client of the dpu-service gRPC API (`dpu.v1`).
+//!
+//! A thin, typed, async layer over the generated stubs: one method per RPC,
+//! taking the request message and returning the response message. It adds
+//! what every caller needs and nothing else:
+//!
+//! - plain or TLS/mTLS connections ([`ClientConfig`], [`TlsConfig`]);
+//! - a deadline on every call (sent as `grpc-timeout` and enforced locally);
+//! - retries with backoff on `UNAVAILABLE`, for idempotent calls only (reads);
+//!   a mutation is never sent twice;
+//! - errors that carry the server's status code and message ([`ClientError`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dpu_client::ClientError> {
+//! use dpu_client::{pb, ClientConfig, DpuClient};
+//! let client = DpuClient::connect(ClientConfig::default()).await?;
+//! let tenants = client.list_tenants(pb::ListTenantsRequest::default()).await?;
+//! println!("{} tenants", tenants.tenants.len());
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use dpu_proto::v1::filter_service_client::FilterServiceClient;
+use dpu_proto::v1::info_service_client::InfoServiceClient;
+use dpu_proto::v1::port_service_client::PortServiceClient;
+use dpu_proto::v1::storage_service_client::StorageServiceClient;
+use dpu_proto::v1::telemetry_service_client::TelemetryServiceClient;
+use dpu_proto::v1::tenant_service_client::TenantServiceClient;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Response, Status};
+
+/// The `dpu.v1` messages and enums.
+pub use dpu_proto::v1 as pb;
+
+/// Largest message sent or accepted (a 64K-rule `ReplaceRules` fits).
+const MAX_MESSAGE: usize = 64 << 20;
+
+/// TLS settings of a connection.
+#[derive(Debug, Clone, Default)]
+pub struct TlsConfig {
+    /// PEM CA bundle that signed the server's certificate; `None` uses the
+    /// system roots.
+    pub ca_cert_pem: Option<Vec<u8>>,
+    /// PEM client certificate, for mutual TLS.
+    pub client_cert_pem: Option<Vec<u8>>,
+    /// PEM private key of the client certificate.
+    pub client_key_pem: Option<Vec<u8>>,
+    /// Name to verify the server certificate against, if not the endpoint's host.
+    pub server_name: Option<String>,
+}
+
+/// How to reach the service.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Endpoint URL: `http://host:port`, or `https://host:port` with `tls`.
+    pub endpoint: String,
+    /// TLS settings; required for `https` endpoints.
+    pub tls: Option<TlsConfig>,
+    /// Deadline of each call.
+    pub timeout: Duration,
+    /// Deadline of establishing the connection.
+    pub connect_timeout: Duration,
+    /// Extra attempts of an idempotent call that failed with `UNAVAILABLE`.
+    pub retries: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "http://127.0.0.1:50051".into(),
+            tls: None,
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            retries: 3,
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The configuration cannot work (bad URL, key without certificate).
+    #[error("invalid client configuration: {0}")]
+    InvalidConfig(String),
+    /// The service could not be reached.
+    #[error("cannot connect to {endpoint}: {reason}")]
+    Connect {
+        /// The endpoint tried.
+        endpoint: String,
+        /// What the transport reported.
+        reason: String,
+    },
+    /// The service answered with an error status.
+    #[error("{}: {message}", code_name(*.code))]
+    Status {
+        /// gRPC status code.
+        code: Code,
+        /// The server's message.
+        message: String,
+    },
+    /// The call did not complete within its deadline.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ClientError {
+    /// The gRPC status code, for errors the service (or transport) returned.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Self::Status { code, .. } => Some(*code),
+            Self::Connect { .. } => Some(Code::Unavailable),
+            Self::Timeout(_) => Some(Code::DeadlineExceeded),
+            Self::InvalidConfig(_) => None,
+        }
+    }
+}
+
+impl From<Status> for ClientError {
+    fn from(s: Status) -> Self {
+        Self::Status {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+/// The canonical upper-case name of a status code, e.g. `NOT_FOUND`.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Process exit code for an error, as `dpuctl` documents it: 1 other, 3
+/// NOT_FOUND, 4 ALREADY_EXISTS, 5 INVALID_ARGUMENT, 6 FAILED_PRECONDITION
+/// or ABORTED, 7 unreachable, 8 timeout, 9 UNAUTHENTICATED or PERMISSION_DENIED.
+pub fn exit_code(err: &ClientError) -> u8 {
+    match err.code() {
+        Some(Code::NotFound) => 3,
+        Some(Code::AlreadyExists) => 4,
+        Some(Code::InvalidArgument | Code::OutOfRange) => 5,
+        Some(Code::FailedPrecondition | Code::Aborted) => 6,
+        Some(Code::Unavailable) => 7,
+        Some(Code::DeadlineExceeded) => 8,
+        Some(Code::Unauthenticated | Code::PermissionDenied) => 9,
+        _ => 1,
+    }
+}
+
+/// True for failures worth another attempt of an idempotent call.
+fn retryable(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Status {
+            code: Code::Unavailable,
+            ..
+        }
+    )
+}
+
+/// A connection to dpu-service. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct DpuClient {
+    channel: Channel,
+    timeout: Duration,
+    retries: u32,
+}
+
+macro_rules! rpcs {
+    ($( $(#[$doc:meta])* $method:ident($client:ident, $req:ident) -> $resp:ident, $idem:expr; )*) => {
+        $(
+            $(#[$doc])*
+            ///
+            /// # Errors
+            /// [`ClientError::Status`] with the service's code and message,
+            /// [`ClientError::Timeout`] past the deadline.
+            pub async fn $method(&self, req: pb::$req) -> Result<pb::$resp, ClientError> {
+                self.call($idem, req, |ch, r| async move {
+                    $client::new(ch)
+                        .max_decoding_message_size(MAX_MESSAGE)
+                        .max_encoding_message_size(MAX_MESSAGE)
+                        .$method(r)
+                        .await
+                })
+                .await
+            }
+        )*
+    };
+}
+
+const READ: bool = true;
+const WRITE: bool = false;
+
+impl DpuClient {
+    /// Connects to the service.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidConfig`] for a malformed endpoint or TLS
+    /// settings, [`ClientError::Connect`] if the service cannot be reached.
+    pub async fn connect(config: ClientConfig) -> Result<DpuClient, ClientError> {
+        let mut ep = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|e| {
+                ClientError::InvalidConfig(format!("endpoint {:?}: {e}", config.endpoint))
+            })?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true);
+        if let Some(tls) = &config.tls {
+            let mut t = ClientTlsConfig::new();
+            match &tls.ca_cert_pem {
+                Some(ca) => t = t.ca_certificate(Certificate::from_pem(ca)),
+                None => t = t.with_enabled_roots(),
+            }
+            match (&tls.client_cert_pem, &tls.client_key_pem) {
+                (Some(c), Some(k)) => t = t.identity(Identity::from_pem(c, k)),
+                (None, None) => {}
+                _ => {
+                    return Err(ClientError::InvalidConfig(
+                        "a client certificate needs its key, and a key its certificate".into(),
+                    ))
+                }
+            }
+            if let Some(n) = &tls.server_name {
+                t = t.domain_name(n.clone());
+            }
+            ep = ep
+                .tls_config(t)
+                .map_err(|e| ClientError::InvalidConfig(format!("TLS: {e}")))?;
+        } else if config.endpoint.starts_with("https:") {
+            return Err(ClientError::InvalidConfig(
+                "an https endpoint needs TLS settings".into(),
+            ));
+        }
+        let channel = ep.connect().await.map_err(|e| ClientError::Connect {
+            endpoint: config.endpoint.clone(),
+            reason: error_chain(&e),
+        })?;
+        Ok(DpuClient {
+            channel,
+            timeout: config.timeout,
+            retries: config.retries,
+        })
+    }
+
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        idempotent: bool,
+        req: Req,
+        f: F,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let mut attempt = 0u32;
+        loop {
+            let mut r = Request::new(req.clone());
+            r.set_timeout(self.timeout);
+            let outcome = match tokio::time::timeout(self.timeout, f(self.channel.clone(), r)).await
+            {
+                Err(_) => Err(ClientError::Timeout(self.timeout)),
+                Ok(Ok(resp)) => return Ok(resp.into_inner()),
+                Ok(Err(status)) => Err(ClientError::from(status)),
+            };
+            match outcome {
+                Err(e) if idempotent && attempt < self.retries && retryable(&e) => {
+                    tokio::time::sleep(Duration::from_millis(50) * 2u32.pow(attempt)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    rpcs! {
+        /// Version, build and capabilities of the service.
+        get_service_info(InfoServiceClient, GetServiceInfoRequest) -> ServiceInfo, READ;
+        /// Creates a tenant.
+        create_tenant(TenantServiceClient, CreateTenantRequest) -> Tenant, WRITE;
+        /// Returns one tenant.
+        get_tenant(TenantServiceClient, GetTenantRequest) -> Tenant, READ;
+        /// Lists one page of tenants.
+        list_tenants(TenantServiceClient, ListTenantsRequest) -> ListTenantsResponse, READ;
+        /// Updates the masked fields of a tenant.
+        update_tenant(TenantServiceClient, UpdateTenantRequest) -> Tenant, WRITE;
+        /// Deletes a tenant.
+        delete_tenant(TenantServiceClient, DeleteTenantRequest) -> DeleteTenantResponse, WRITE;
+        /// Lists one page of ports.
+        list_ports(PortServiceClient, ListPortsRequest) -> ListPortsResponse, READ;
+        /// Returns one port.
+        get_port(PortServiceClient, GetPortRequest) -> Port, READ;
+        /// Attaches a port (or VLAN) to a tenant.
+        attach_port(PortServiceClient, AttachPortRequest) -> Tenant, WRITE;
+        /// Detaches a port (or VLAN) from its tenant.
+        detach_port(PortServiceClient, DetachPortRequest) -> Tenant, WRITE;
+        /// Adds a filter rule.
+        add_rule(FilterServiceClient, AddRuleRequest) -> AddRuleResponse, WRITE;
+        /// Returns one filter rule.
+        get_rule(FilterServiceClient, GetRuleRequest) -> FilterRule, READ;
+        /// Deletes a filter rule.
+        delete_rule(FilterServiceClient, DeleteRuleRequest) -> DeleteRuleResponse, WRITE;
+        /// Lists one page of a tenant's rules.
+        list_rules(FilterServiceClient, ListRulesRequest) -> ListRulesResponse, READ;
+        /// Replaces a tenant's whole rule set.
+        replace_rules(FilterServiceClient, ReplaceRulesRequest) -> ReplaceRulesResponse, WRITE;
+        /// Creates a subsystem.
+        create_subsystem(StorageServiceClient, CreateSubsystemRequest) -> Subsystem, WRITE;
+        /// Returns one subsystem.
+        get_subsystem(StorageServiceClient, GetSubsystemRequest) -> Subsystem, READ;
+        /// Lists one page of subsystems.
+        list_subsystems(StorageServiceClient, ListSubsystemsRequest) -> ListSubsystemsResponse, READ;
+        /// Updates the masked fields of a subsystem.
+        update_subsystem(StorageServiceClient, UpdateSubsystemRequest) -> Subsystem, WRITE;
+        /// Deletes a subsystem.
+        delete_subsystem(StorageServiceClient, DeleteSubsystemRequest) -> DeleteSubsystemResponse, WRITE;
+        /// Allows a host NQN on a subsystem.
+        add_host(StorageServiceClient, AddHostRequest) -> Subsystem, WRITE;
+        /// Removes a host NQN from a subsystem's allow list.
+        remove_host(StorageServiceClient, RemoveHostRequest) -> Subsystem, WRITE;
+        /// Creates a namespace.
+        create_namespace(StorageServiceClient, CreateNamespaceRequest) -> Namespace, WRITE;
+        /// Returns one namespace.
+        get_namespace(StorageServiceClient, GetNamespaceRequest) -> Namespace, READ;
+        /// Lists one page of a subsystem's namespaces.
+        list_namespaces(StorageServiceClient, ListNamespacesRequest) -> ListNamespacesResponse, READ;
+        /// Resizes a namespace.
+        resize_namespace(StorageServiceClient, ResizeNamespaceRequest) -> Namespace, WRITE;
+        /// Deletes a namespace.
+        delete_namespace(StorageServiceClient, DeleteNamespaceRequest) -> DeleteNamespaceResponse, WRITE;
+        /// Creates a listener.
+        create_listener(StorageServiceClient, CreateListenerRequest) -> Listener, WRITE;
+        /// Lists one page of a subsystem's listeners.
+        list_listeners(StorageServiceClient, ListListenersRequest) -> ListListenersResponse, READ;
+        /// Deletes a listener.
+        delete_listener(StorageServiceClient, DeleteListenerRequest) -> DeleteListenerResponse, WRITE;
+        /// A snapshot of all counters.
+        get_counters(TelemetryServiceClient, GetCountersRequest) -> CounterSnapshot, READ;
+    }
+
+    /// Streams counter snapshots until the stream is dropped. The deadline
+    /// applies to opening the stream only.
+    ///
+    /// # Errors
+    /// As for any call, when the stream cannot be opened.
+    pub async fn watch_counters(
+        &self,
+        req: pb::WatchCountersRequest,
+    ) -> Result<tonic::Streaming<pb::CounterSnapshot>, ClientError> {
+        let mut client = TelemetryServiceClient::new(self.channel.clone());
+        match tokio::time::timeout(self.timeout, client.watch_counters(Request::new(req))).await {
+            Err(_) => Err(ClientError::Timeout(self.timeout)),
+            Ok(r) => Ok(r?.into_inner()),
+        }
+    }
+}
+
+/// The transport error and its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn named(collection: &str, id: &str) -> String {
+    if id.starts_with(&format!("{collection}/")) {
+        id.to_string()
+    } else {
+        format!("{collection}/{id}")
+    }
+}
+
+/// `"t1"` → `"tenants/t1"`; a full name passes through.
+pub fn tenant_name(id: &str) -> String {
+    named("tenants", id)
+}
+
+/// `"p0"` → `"ports/p0"`; a full name passes through.
+pub fn port_name(id: &str) -> String {
+    named("ports", id)
+}
+
+/// `"s1"` → `"subsystems/s1"`; a full name passes through.
+pub fn subsystem_name(id: &str) -> String {
+    named("subsystems", id)
+}
+
+/// Rule `rule` of tenant `tenant`; a full rule name in `rule` passes through.
+pub fn rule_name(tenant: &str, rule: &str) -> String {
+    if rule.starts_with("tenants/") {
+        rule.to_string()
+    } else {
+        format!("{}/rules/{rule}", tenant_name(tenant))
+    }
+}
+
+/// Namespace `nsid` of subsystem `subsystem`.
+pub fn namespace_name(subsystem: &str, nsid: u32) -> String {
+    format!("{}/namespaces/{nsid}", subsystem_name(subsystem))
+}
+
+/// Listener `listener` of subsystem `subsystem`; a full name passes through.
+pub fn listener_name(subsystem: &str, listener: &str) -> String {
+    if listener.starts_with("subsystems/") {
+        listener.to_string()
+    } else {
+        format!("{}/listeners/{listener}", subsystem_name(subsystem))
+    }
+}
+
+/// Parses a size: bytes, or a number with K, M, G, T (powers of 1024, also
+/// KiB, MiB, GiB, TiB).
+///
+/// # Errors
+/// A message naming the problem.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (use K, M, G, T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(tenant_name("t1"), "tenants/t1");
+        assert_eq!(tenant_name("tenants/t1"), "tenants/t1");
+        assert_eq!(rule_name("t1", "r"), "tenants/t1/rules/r");
+        assert_eq!(rule_name("x", "tenants/t1/rules/r"), "tenants/t1/rules/r");
+        assert_eq!(namespace_name("s", 3), "subsystems/s/namespaces/3");
+        assert_eq!(
+            listener_name("subsystems/s", "l"),
+            "subsystems/s/listeners/l"
+        );
+        assert_eq!(port_name("p0"), "ports/p0");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("5X").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn exit_codes() {
+        let st = |code| ClientError::Status {
+            code,
+            message: String::new(),
+        };
+        assert_eq!(exit_code(&st(Code::NotFound)), 3);
+        assert_eq!(exit_code(&st(Code::AlreadyExists)), 4);
+        assert_eq!(exit_code(&st(Code::InvalidArgument)), 5);
+        assert_eq!(exit_code(&st(Code::FailedPrecondition)), 6);
+        assert_eq!(exit_code(&st(Code::Unavailable)), 7);
+        assert_eq!(
+            exit_code(&ClientError::Connect {
+                endpoint: String::new(),
+                reason: String::new()
+            }),
+            7
+        );
+        assert_eq!(exit_code(&ClientError::Timeout(Duration::from_secs(1))), 8);
+        assert_eq!(exit_code(&st(Code::PermissionDenied)), 9);
+        assert_eq!(exit_code(&st(Code::Internal)), 1);
+        assert_eq!(exit_code(&ClientError::InvalidConfig(String::new())), 1);
+    }
+
+    #[test]
+    fn only_unavailable_is_retried() {
+        let st = |code| ClientError::Status {
+            code,
+            message: String::new(),
+        };
+        assert!(retryable(&st(Code::Unavailable)));
+        assert!(!retryable(&st(Code::InvalidArgument)));
+        assert!(!retryable(&ClientError::Timeout(Duration::from_secs(1))));
+    }
+}

@@ -30,14 +30,20 @@ pub fn bin_dir() -> PathBuf {
 pub fn binary(name: &str) -> Result<PathBuf> {
     let p = bin_dir().join(name);
     if !p.exists() {
-        bail!("{} does not exist: run `cargo build --bins` before the end-to-end tests", p.display());
+        bail!(
+            "{} does not exist: run `cargo build --bins` before the end-to-end tests",
+            p.display()
+        );
     }
     Ok(p)
 }
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
@@ -120,7 +126,10 @@ impl Service {
         for _attempt in 0..5 {
             self.grpc.set_port(free_port());
             self.metrics.set_port(free_port());
-            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)?;
             let child = Command::new(binary("dpu-service")?)
                 .args(&self.args)
                 .arg("--grpc-listen")
@@ -150,7 +159,11 @@ impl Service {
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 bail!("dpu-service exited during start: {status}");
             }
             if TcpStream::connect(self.grpc).is_ok() && TcpStream::connect(self.metrics).is_ok() {
@@ -240,8 +253,12 @@ impl Service {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("dpuctl {args:?} printed no JSON: {}", String::from_utf8_lossy(&out.stdout)))
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "dpuctl {args:?} printed no JSON: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
     }
 
     /// Fetches a path from the metrics endpoint; returns (status line, body).
@@ -252,7 +269,10 @@ impl Service {
         let mut resp = String::new();
         s.read_to_string(&mut resp)?;
         let (head, body) = resp.split_once("\r\n\r\n").context("no HTTP header end")?;
-        Ok((head.lines().next().unwrap_or("").to_string(), body.to_string()))
+        Ok((
+            head.lines().next().unwrap_or("").to_string(),
+            body.to_string(),
+        ))
     }
 }
 

@@ -1,0 +1,423 @@
+//! Text renderings of `dpu.v1` messages for `--output table`.
+
+use dpu_client::pb;
+
+use crate::table::{fields, Table};
+
+/// The enum value's name without its prefix, lower-case (`DEFAULT_POLICY_DENY` → `deny`).
+fn enum_name(full: &str, prefix: &str) -> String {
+    full.strip_prefix(prefix)
+        .unwrap_or(full)
+        .to_ascii_lowercase()
+}
+
+/// The last segment of a resource name.
+fn id(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+fn or_any(s: &str) -> String {
+    if s.is_empty() {
+        "any".into()
+    } else {
+        s.to_string()
+    }
+}
+
+fn time(t: Option<&dpu_proto::pbjson_types::Timestamp>) -> String {
+    t.and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn attachment(a: &pb::Attachment) -> String {
+    match &a.kind {
+        Some(pb::attachment::Kind::Port(p)) if p.vlan_id == 0 => id(&p.port).to_string(),
+        Some(pb::attachment::Kind::Port(p)) => format!("{}.{}", id(&p.port), p.vlan_id),
+        Some(pb::attachment::Kind::Vxlan(v)) => format!("{}:vni{}", id(&v.uplink), v.vni),
+        None => "?".into(),
+    }
+}
+
+/// Service information as key/value lines.
+pub fn info(i: &pb::ServiceInfo) -> String {
+    fields(&[
+        ("version", i.version.clone()),
+        ("api", i.api_version.clone()),
+        ("target", i.target_triple.clone()),
+        ("dpdk", or_none(&i.dpdk_version)),
+        ("dataplane", i.dataplane_driver.clone()),
+        ("capabilities", i.capabilities.join(", ")),
+        ("started", time(i.start_time.as_ref())),
+        ("hostname", i.hostname.clone()),
+    ])
+}
+
+fn or_none(s: &str) -> String {
+    if s.is_empty() {
+        "none".into()
+    } else {
+        s.to_string()
+    }
+}
+
+/// Tenants, one row each.
+pub fn tenants(list: &[pb::Tenant]) -> String {
+    let mut t = Table::new(&[
+        "TENANT",
+        "POLICY",
+        "RULES",
+        "VERSION",
+        "ATTACHMENTS",
+        "DISPLAY NAME",
+    ]);
+    for x in list {
+        let policy = pb::DefaultPolicy::try_from(x.default_policy)
+            .map(|p| enum_name(p.as_str_name(), "DEFAULT_POLICY_"))
+            .unwrap_or_default();
+        let atts: Vec<String> = x.attachments.iter().map(attachment).collect();
+        t.row(vec![
+            id(&x.name).into(),
+            policy,
+            x.rule_count.to_string(),
+            x.rule_set_version.to_string(),
+            if atts.is_empty() {
+                "-".into()
+            } else {
+                atts.join(",")
+            },
+            x.display_name.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// Ports, one row each.
+pub fn ports(list: &[pb::Port]) -> String {
+    let mut t = Table::new(&[
+        "PORT", "ROLE", "DRIVER", "LINK", "RX PKTS", "TX PKTS", "TENANTS",
+    ]);
+    for p in list {
+        let role = pb::PortRole::try_from(p.role)
+            .map(|r| enum_name(r.as_str_name(), "PORT_ROLE_"))
+            .unwrap_or_default();
+        let link = pb::LinkState::try_from(p.link_state)
+            .map(|l| enum_name(l.as_str_name(), "LINK_STATE_"))
+            .unwrap_or_default()
+            .replace("unspecified", "unknown");
+        let c = p.counters.unwrap_or_default();
+        let bindings: Vec<String> = p
+            .bindings
+            .iter()
+            .map(|b| match (b.vlan_id, b.vni) {
+                (0, 0) => id(&b.tenant).to_string(),
+                (v, 0) => format!("{}@vlan{v}", id(&b.tenant)),
+                (_, n) => format!("{}@vni{n}", id(&b.tenant)),
+            })
+            .collect();
+        t.row(vec![
+            id(&p.name).into(),
+            role,
+            p.driver.clone(),
+            link,
+            c.rx_packets.to_string(),
+            c.tx_packets.to_string(),
+            if bindings.is_empty() {
+                "-".into()
+            } else {
+                bindings.join(",")
+            },
+        ]);
+    }
+    t.render()
+}
+
+fn range(r: Option<&pb::PortRange>) -> String {
+    match r {
+        None => "any".into(),
+        Some(r) if r.first == r.last => r.first.to_string(),
+        Some(r) => format!("{}-{}", r.first, r.last),
+    }
+}
+
+fn proto_name(p: Option<u32>) -> String {
+    match p {
+        None => "any".into(),
+        Some(1) => "icmp".into(),
+        Some(6) => "tcp".into(),
+        Some(17) => "udp".into(),
+        Some(58) => "icmpv6".into(),
+        Some(132) => "sctp".into(),
+        Some(n) => n.to_string(),
+    }
+}
+
+/// Rules in evaluation order, one row each.
+pub fn rules(list: &[pb::FilterRule]) -> String {
+    let mut t = Table::new(&[
+        "PRIO",
+        "RULE",
+        "ACTION",
+        "PROTO",
+        "SRC",
+        "SPORT",
+        "DST",
+        "DPORT",
+        "ICMP",
+        "STATEFUL",
+        "DESCRIPTION",
+    ]);
+    for r in list {
+        let action = pb::RuleAction::try_from(r.action)
+            .map(|a| enum_name(a.as_str_name(), "RULE_ACTION_"))
+            .unwrap_or_default();
+        let icmp = match (r.icmp_type, r.icmp_code) {
+            (None, _) => "-".to_string(),
+            (Some(t), None) => t.to_string(),
+            (Some(t), Some(c)) => format!("{t}/{c}"),
+        };
+        t.row(vec![
+            r.priority.to_string(),
+            id(&r.name).into(),
+            action,
+            proto_name(r.ip_protocol),
+            or_any(&r.src_prefix),
+            range(r.src_ports.as_ref()),
+            or_any(&r.dst_prefix),
+            range(r.dst_ports.as_ref()),
+            icmp,
+            if r.stateful {
+                "yes".into()
+            } else {
+                "no".into()
+            },
+            r.description.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// Subsystems, one row each.
+pub fn subsystems(list: &[pb::Subsystem]) -> String {
+    let mut t = Table::new(&[
+        "SUBSYSTEM",
+        "NQN",
+        "SERIAL",
+        "HOSTS",
+        "NAMESPACES",
+        "LISTENERS",
+    ]);
+    for s in list {
+        let hosts = if s.allow_any_host {
+            "any".to_string()
+        } else if s.allowed_hosts.is_empty() {
+            "none".to_string()
+        } else {
+            s.allowed_hosts.join(",")
+        };
+        t.row(vec![
+            id(&s.name).into(),
+            s.nqn.clone(),
+            s.serial_number.clone(),
+            hosts,
+            s.namespace_count.to_string(),
+            s.listener_count.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+/// A byte count with a binary unit.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut u = 0;
+    while v >= 1024 && v.is_multiple_of(1024) && u + 1 < UNITS.len() {
+        v /= 1024;
+        u += 1;
+    }
+    format!("{v} {}", UNITS[u])
+}
+
+/// Namespaces, one row each.
+pub fn namespaces(list: &[pb::Namespace]) -> String {
+    let mut t = Table::new(&["NSID", "BACKEND", "SIZE", "BLOCK", "UUID"]);
+    for n in list {
+        let backend = match &n.backend {
+            Some(pb::namespace::Backend::Ram(_)) => "ram".to_string(),
+            Some(pb::namespace::Backend::File(f)) => format!("file:{}", f.path),
+            Some(pb::namespace::Backend::BlockDevice(b)) => format!("bdev:{}", b.path),
+            None => "?".into(),
+        };
+        t.row(vec![
+            n.nsid.to_string(),
+            backend,
+            bytes(n.size_bytes),
+            n.block_size.to_string(),
+            n.uuid.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// Listeners, one row each.
+pub fn listeners(list: &[pb::Listener]) -> String {
+    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT"]);
+    for l in list {
+        let tr = pb::Transport::try_from(l.transport)
+            .map(|x| enum_name(x.as_str_name(), "TRANSPORT_"))
+            .unwrap_or_default();
+        t.row(vec![
+            id(&l.name).into(),
+            tr,
+            l.address.clone(),
+            l.port.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+/// A counter snapshot: one table per kind of object.
+pub fn counters(s: &pb::CounterSnapshot) -> String {
+    let mut out = format!("counters at {}\n\n", time(s.time.as_ref()));
+    let mut p = Table::new(&[
+        "PORT",
+        "RX PKTS",
+        "RX BYTES",
+        "TX PKTS",
+        "TX BYTES",
+        "RX MISSED",
+        "RX ERR",
+        "TX ERR",
+    ]);
+    for e in &s.ports {
+        let c = e.counters.unwrap_or_default();
+        p.row(
+            [
+                c.rx_packets,
+                c.rx_bytes,
+                c.tx_packets,
+                c.tx_bytes,
+                c.rx_missed,
+                c.rx_errors,
+                c.tx_errors,
+            ]
+            .iter()
+            .map(u64::to_string)
+            .fold(vec![id(&e.port).to_string()], |mut v, x| {
+                v.push(x);
+                v
+            }),
+        );
+    }
+    out.push_str(&p.render());
+    let mut t = Table::new(&[
+        "TENANT",
+        "RX PKTS",
+        "RX BYTES",
+        "FORWARDED",
+        "DROPPED",
+        "CONNTRACK",
+    ]);
+    for x in &s.tenants {
+        t.row(vec![
+            id(&x.tenant).into(),
+            x.rx_packets.to_string(),
+            x.rx_bytes.to_string(),
+            x.forwarded_packets.to_string(),
+            x.dropped_packets.to_string(),
+            x.conntrack_entries.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render());
+    let mut r = Table::new(&["RULE", "PACKETS", "BYTES", "LAST HIT"]);
+    for x in &s.rules {
+        let name = x
+            .rule
+            .strip_prefix("tenants/")
+            .unwrap_or(&x.rule)
+            .replace("/rules/", "/");
+        let last = time(x.last_hit_time.as_ref());
+        r.row(vec![
+            name,
+            x.packets.to_string(),
+            x.bytes.to_string(),
+            if last.is_empty() {
+                "never".into()
+            } else {
+                last
+            },
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&r.render());
+    let mut d = Table::new(&["DROP REASON", "PACKETS"]);
+    for x in &s.drops {
+        let reason = pb::DropReason::try_from(x.reason)
+            .map(|r| enum_name(r.as_str_name(), "DROP_REASON_"))
+            .unwrap_or_default();
+        d.row(vec![reason, x.packets.to_string()]);
+    }
+    out.push('\n');
+    out.push_str(&d.render());
+    let mut ss = Table::new(&[
+        "SUBSYSTEM",
+        "CONNECTIONS",
+        "READS",
+        "WRITES",
+        "READ BYTES",
+        "WRITE BYTES",
+        "ERRORS",
+    ]);
+    for x in &s.subsystems {
+        ss.row(vec![
+            id(&x.subsystem).into(),
+            x.connections.to_string(),
+            x.read_ops.to_string(),
+            x.write_ops.to_string(),
+            x.read_bytes.to_string(),
+            x.write_bytes.to_string(),
+            x.errors.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&ss.render());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_names() {
+        assert_eq!(bytes(64 << 20), "64 MiB");
+        assert_eq!(bytes(1000), "1000 B");
+        assert_eq!(bytes(1536), "1536 B");
+        assert_eq!(enum_name("RULE_ACTION_ALLOW", "RULE_ACTION_"), "allow");
+        assert_eq!(id("tenants/a/rules/r"), "r");
+    }
+
+    #[test]
+    fn rule_rows() {
+        let r = pb::FilterRule {
+            name: "tenants/a/rules/web".into(),
+            priority: 10,
+            dst_prefix: "10.0.0.0/8".into(),
+            dst_ports: Some(pb::PortRange {
+                first: 80,
+                last: 443,
+            }),
+            ip_protocol: Some(6),
+            action: pb::RuleAction::Allow as i32,
+            stateful: true,
+            ..Default::default()
+        };
+        let text = rules(&[r]);
+        let row = text.lines().nth(1).unwrap();
+        for want in ["10", "web", "allow", "tcp", "10.0.0.0/8", "80-443", "yes"] {
+            assert!(row.contains(want), "{row}");
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! `dpuctl` against the real service: the objects a user creates come back,
+//! bad requests get the documented exit codes, state survives restarts.
+
+use anyhow::Result;
+use dpu_e2e::Service;
+use serde_json::Value;
+
+fn code(svc: &Service, args: &[&str]) -> (i32, String) {
+    let out = svc.dpuctl(args).expect("dpuctl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn populate(svc: &Service) -> Result<()> {
+    svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        "blue",
+        "--display-name",
+        "Blue team",
+        "--default-policy",
+        "deny",
+        "--port",
+        "pf0vf0",
+        "--port",
+        "p0.100",
+    ])?;
+    svc.dpuctl_json(&["tenant", "create", "green", "--vxlan", "p0:5001"])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--id",
+        "web",
+        "--priority",
+        "10",
+        "--action",
+        "allow",
+        "--proto",
+        "tcp",
+        "--dst",
+        "10.1.0.0/16",
+        "--dport",
+        "80-443",
+        "--stateful",
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--priority",
+        "20",
+        "--action",
+        "allow",
+        "--proto",
+        "icmp",
+        "--icmp-type",
+        "8",
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--priority",
+        "30",
+        "--action",
+        "deny",
+        "--src",
+        "2001:db8::/32",
+    ])?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol",
+        "--nqn",
+        "nqn.2024-01.io.example:vol",
+        "--host",
+        "nqn.2024-01.io.example:host-a",
+    ])?;
+    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "64M"])?;
+    svc.dpuctl_json(&[
+        "namespace",
+        "create",
+        "vol",
+        "--nsid",
+        "5",
+        "--ram",
+        "1M",
+        "--block-size",
+        "4096",
+    ])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        "vol",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        "4420",
+    ])?;
+    Ok(())
+}
+
+/// Everything `dpuctl` can list, as one JSON value.
+fn everything(svc: &Service) -> Result<Value> {
+    Ok(serde_json::json!({
+        "tenants": svc.dpuctl_json(&["tenant", "list"])?,
+        "rules": svc.dpuctl_json(&["rule", "list", "blue"])?,
+        "ports": svc.dpuctl_json(&["port", "list"])?,
+        "subsystems": svc.dpuctl_json(&["subsystem", "list"])?,
+        "namespaces": svc.dpuctl_json(&["namespace", "list", "vol"])?,
+        "listeners": svc.dpuctl_json(&["listener", "list", "vol"])?,
+    }))
+}
+
+#[test]
+fn objects_created_with_dpuctl_come_back() -> Result<()> {
+    let svc = Service::start()?;
+    populate(&svc)?;
+    let all = everything(&svc)?;
+
+    let tenants = all["tenants"].as_array().unwrap();
+    assert_eq!(tenants.len(), 2);
+    assert_eq!(tenants[0]["name"], "tenants/blue");
+    assert_eq!(tenants[0]["displayName"], "Blue team");
+    assert_eq!(tenants[0]["defaultPolicy"], "DEFAULT_POLICY_DENY");
+    assert_eq!(tenants[0]["ruleCount"], 3);
+    assert_eq!(tenants[1]["attachments"][0]["vxlan"]["vni"], 5001);
+
+    let rules = all["rules"].as_array().unwrap();
+    let prios: Vec<u64> = rules
+        .iter()
+        .map(|r| r["priority"].as_u64().unwrap())
+        .collect();
+    assert_eq!(prios, [10, 20, 30]);
+    assert_eq!(rules[0]["name"], "tenants/blue/rules/web");
+    assert_eq!(rules[0]["dstPorts"]["first"], 80);
+    assert_eq!(rules[0]["dstPorts"]["last"], 443);
+    assert_eq!(rules[0]["ipProtocol"], 6);
+    assert_eq!(rules[0]["stateful"], true);
+    assert_eq!(rules[1]["icmpType"], 8);
+    assert_eq!(rules[2]["action"], "RULE_ACTION_DENY");
+
+    let p0 = all["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "ports/p0")
+        .unwrap()
+        .clone();
+    let bindings = p0["bindings"].as_array().unwrap();
+    assert_eq!(bindings.len(), 2, "{p0}");
+
+    let ss = &all["subsystems"][0];
+    assert_eq!(ss["nqn"], "nqn.2024-01.io.example:vol");
+    assert_eq!(ss["allowedHosts"][0], "nqn.2024-01.io.example:host-a");
+    assert_eq!(ss["namespaceCount"], 2);
+    let ns = all["namespaces"].as_array().unwrap();
+    assert_eq!(ns[0]["nsid"], 1);
+    assert_eq!(ns[0]["ram"]["sizeBytes"], (64u64 << 20).to_string());
+    assert_eq!(ns[1]["nsid"], 5);
+    assert_eq!(ns[1]["blockSize"], 4096);
+    assert_eq!(all["listeners"][0]["port"], 4420);
+
+    // Table output is for people: a header and one row per item.
+    let out = svc.dpuctl(&["rule", "list", "blue"])?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    assert!(text.lines().count() >= 4, "{text}");
+    assert!(text.contains("10.1.0.0/16"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_exit_codes() -> Result<()> {
+    let svc = Service::start()?;
+    populate(&svc)?;
+
+    let (c, err) = code(&svc, &["tenant", "create", "Bad_ID"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("tenant_id"), "{err}");
+
+    let (c, err) = code(&svc, &["tenant", "get", "nobody"]);
+    assert_eq!(c, 3, "{err}");
+    assert!(err.contains("tenants/nobody"), "{err}");
+
+    let (c, err) = code(&svc, &["tenant", "create", "blue"]);
+    assert_eq!(c, 4, "{err}");
+
+    // Another tenant cannot take traffic that blue owns.
+    let (c, err) = code(&svc, &["tenant", "create", "red", "--port", "pf0vf0"]);
+    assert_eq!(c, 4, "{err}");
+    let (c, err) = code(&svc, &["tenant", "create", "red", "--port", "nope"]);
+    assert_eq!(c, 3, "{err}");
+
+    let (c, err) = code(
+        &svc,
+        &[
+            "rule",
+            "add",
+            "blue",
+            "--priority",
+            "40",
+            "--action",
+            "allow",
+            "--dst",
+            "10.0.0.1/8",
+        ],
+    );
+    assert_eq!(c, 5, "{err}");
+    assert!(
+        err.contains("rule.dst_prefix") && err.contains("10.0.0.0/8"),
+        "{err}"
+    );
+
+    let (c, err) = code(
+        &svc,
+        &[
+            "rule",
+            "add",
+            "blue",
+            "--priority",
+            "41",
+            "--action",
+            "allow",
+            "--dport",
+            "80",
+        ],
+    );
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("rule.dst_ports"), "{err}");
+
+    let (c, err) = code(
+        &svc,
+        &[
+            "rule",
+            "add",
+            "blue",
+            "--priority",
+            "10",
+            "--action",
+            "deny",
+        ],
+    );
+    assert_eq!(c, 4, "{err}");
+    assert!(err.contains("priority 10"), "{err}");
+
+    // Optimistic concurrency: a stale version is refused and changes nothing.
+    let (c, err) = code(
+        &svc,
+        &[
+            "rule",
+            "add",
+            "blue",
+            "--priority",
+            "50",
+            "--action",
+            "deny",
+            "--expect-version",
+            "1",
+        ],
+    );
+    assert_eq!(c, 6, "{err}");
+    assert!(err.contains("version 3"), "{err}");
+    assert_eq!(
+        svc.dpuctl_json(&["rule", "list", "blue"])?
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--priority",
+        "50",
+        "--action",
+        "deny",
+        "--expect-version",
+        "3",
+    ])?;
+
+    let (c, err) = code(&svc, &["tenant", "delete", "blue"]);
+    assert_eq!(c, 6, "{err}");
+
+    let (c, err) = code(&svc, &["subsystem", "create", "x", "--nqn", "not-an-nqn"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("subsystem.nqn"), "{err}");
+    let (c, err) = code(&svc, &["namespace", "create", "vol", "--ram", "1000"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("namespace.ram.size_bytes"), "{err}");
+    let (c, err) = code(&svc, &["namespace", "create", "vol", "--ram", "1G"]);
+    assert_eq!(c, 6, "RAM beyond storage.ram_limit: {err}");
+
+    // Usage errors are the CLI's own.
+    let (c, _) = code(&svc, &["tenant", "frobnicate"]);
+    assert_eq!(c, 2);
+
+    // Nothing above changed what was there.
+    assert_eq!(
+        svc.dpuctl_json(&["tenant", "list"])?
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    Ok(())
+}
+
+#[test]
+fn unreachable_service_is_exit_code_7() -> Result<()> {
+    let out = std::process::Command::new(dpu_e2e::binary("dpuctl")?)
+        .args([
+            "--endpoint",
+            &format!("http://127.0.0.1:{}", dpu_e2e::free_port()),
+            "--timeout",
+            "2",
+            "tenant",
+            "list",
+        ])
+        .output()?;
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn state_survives_restart_and_kill_9() -> Result<()> {
+    let mut svc = Service::start()?;
+    populate(&svc)?;
+    let before = everything(&svc)?;
+
+    let status = svc.restart()?;
+    assert!(status.success(), "SIGTERM shutdown exits 0, got {status}");
+    assert!(svc.log_text().contains("stopped"));
+    assert_eq!(everything(&svc)?, before);
+
+    svc.dpuctl_json(&["rule", "delete", "blue", "web"])?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "add-host",
+        "vol",
+        "nqn.2024-01.io.example:host-b",
+    ])?;
+    let after_changes = everything(&svc)?;
+    svc.crash_and_restart()?;
+    assert_eq!(everything(&svc)?, after_changes);
+    Ok(())
+}
+
+#[test]
+fn replace_rules_from_a_file() -> Result<()> {
+    let svc = Service::start()?;
+    populate(&svc)?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("rules.json");
+    let rules: Vec<Value> = (0..2000)
+        .map(|i| {
+            serde_json::json!({
+                "priority": i,
+                "srcPrefix": format!("10.{}.{}.0/24", i / 256, i % 256),
+                "ipProtocol": 17,
+                "dstPorts": {"first": 53, "last": 53},
+                "action": "RULE_ACTION_ALLOW",
+            })
+        })
+        .collect();
+    std::fs::write(&file, serde_json::to_vec(&rules)?)?;
+    let path = file.display().to_string();
+    let (c, err) = code(
+        &svc,
+        &[
+            "rule",
+            "replace",
+            "blue",
+            "--file",
+            &path,
+            "--expect-version",
+            "2",
+        ],
+    );
+    assert_eq!(c, 6, "stale version refused: {err}");
+    svc.dpuctl_json(&[
+        "rule",
+        "replace",
+        "blue",
+        "--file",
+        &path,
+        "--expect-version",
+        "3",
+    ])?;
+    let listed = svc.dpuctl_json(&["rule", "list", "blue"])?;
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        2000,
+        "listing follows page tokens"
+    );
+    assert_eq!(listed[1999]["srcPrefix"], "10.7.207.0/24");
+    let t = svc.dpuctl_json(&["tenant", "get", "blue"])?;
+    assert_eq!(t["ruleSetVersion"], "4");
+    Ok(())
+}
+
+#[test]
+fn metrics_endpoint_reports_state_and_requests() -> Result<()> {
+    let svc = Service::start()?;
+    populate(&svc)?;
+    let _ = svc.dpuctl(&["tenant", "get", "nobody"])?;
+    let (status, body) = svc.http_get("/metrics")?;
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("dpu_tenants 2\n"), "{body}");
+    assert!(body.contains("dpu_rules 3\n"), "{body}");
+    assert!(body.contains("dpu_namespaces 2\n"), "{body}");
+    assert!(
+        body.contains("dpu_port_rx_packets_total{port=\"p0\"} 0\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("dpu_rule_packets_total{tenant=\"blue\",rule=\"web\"} 0\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("dpu_dropped_packets_total{reason=\"acl_deny\"}"),
+        "{body}"
+    );
+    assert!(
+        body.contains("dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/CreateTenant\",code=\"Ok\"} 2\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/GetTenant\",code=\"NotFound\"} 1\n"),
+        "{body}"
+    );
+    let (status, _) = svc.http_get("/nope")?;
+    assert!(status.contains("404"), "{status}");
+    Ok(())
+}
+
+#[test]
+fn counters_and_info() -> Result<()> {
+    let svc = Service::start()?;
+    populate(&svc)?;
+    let info = svc.dpuctl_json(&["info"])?;
+    assert_eq!(info["apiVersion"], "dpu.v1");
+    assert_eq!(info["version"], env!("CARGO_PKG_VERSION"));
+    assert!(info["targetTriple"].as_str().unwrap().contains("linux"));
+    let c = svc.dpuctl_json(&["counters", "--tenant", "blue"])?;
+    assert_eq!(c["tenants"].as_array().unwrap().len(), 1);
+    assert_eq!(c["rules"].as_array().unwrap().len(), 3);
+    assert_eq!(c["drops"].as_array().unwrap().len(), 8);
+    assert_eq!(c["ports"].as_array().unwrap().len(), 3);
+    let out = svc.dpuctl(&[
+        "--output",
+        "json",
+        "watch",
+        "--interval-ms",
+        "100",
+        "--count",
+        "3",
+    ])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 3);
+    assert_ne!(lines[0]["time"], lines[2]["time"]);
+    Ok(())
+}
+
+#[test]
+fn refuses_plain_text_on_a_remote_address() -> Result<()> {
+    let out = std::process::Command::new(dpu_e2e::binary("dpu-service")?)
+        .args([
+            "--grpc-listen",
+            "0.0.0.0:0",
+            "--metrics-listen",
+            "off",
+            "--state-dir",
+        ])
+        .arg(tempfile::tempdir()?.path())
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing plain-text gRPC"), "{err}");
+    Ok(())
+}

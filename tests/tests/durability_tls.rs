@@ -1,0 +1,254 @@
+//! Durability under `kill -9` while changes are in flight, and mutual TLS.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{ensure, Context, Result};
+use dpu_e2e::{binary, Service};
+
+/// Writers create tenants as fast as they can; the service is killed with
+/// SIGKILL in the middle. Every creation `dpuctl` saw acknowledged must be
+/// there after the restart.
+#[test]
+fn kill_9_loses_no_acknowledged_change() -> Result<()> {
+    let mut svc = Service::start()?;
+    let endpoint = svc.endpoint();
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let dpuctl = binary("dpuctl")?;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (acked, endpoint, dpuctl) = (acked.clone(), endpoint.clone(), dpuctl.clone());
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let id = format!("w{w}-t{i}");
+                    let out = Command::new(&dpuctl)
+                        .args([
+                            "--endpoint",
+                            &endpoint,
+                            "--timeout",
+                            "5",
+                            "tenant",
+                            "create",
+                            &id,
+                        ])
+                        .output();
+                    match out {
+                        Ok(o) if o.status.success() => acked.lock().unwrap().push(id),
+                        // Unreachable after the kill: stop writing.
+                        Ok(o) if o.status.code() == Some(7) => break,
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let some changes land, then kill without warning.
+    let start = std::time::Instant::now();
+    while acked.lock().unwrap().len() < 20 && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    svc.signal("KILL")?;
+    for w in writers {
+        let _ = w.join();
+    }
+    let acked = acked.lock().unwrap().clone();
+    ensure!(
+        acked.len() >= 20,
+        "only {} changes were acknowledged before the kill",
+        acked.len()
+    );
+
+    svc.start_again()?;
+    let listed = svc.dpuctl_json(&["tenant", "list"])?;
+    let names: Vec<&str> = listed
+        .as_array()
+        .context("list")?
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for id in &acked {
+        let name = format!("tenants/{id}");
+        ensure!(
+            names.contains(&name.as_str()),
+            "acknowledged {name} lost after kill -9"
+        );
+    }
+    Ok(())
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .context("running openssl")?;
+    ensure!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A CA, a server certificate for localhost/127.0.0.1 and a client certificate.
+fn make_pki(dir: &Path) -> Result<()> {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=dpu-test-ca",
+        ],
+    )?;
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext)?;
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        )?;
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn mutual_tls() -> Result<()> {
+    let pki = tempfile::tempdir()?;
+    make_pki(pki.path())?;
+    let p = |f: &str| pki.path().join(f).display().to_string();
+    let svc = Service::start_with(&[
+        "--tls-cert",
+        &p("server.crt"),
+        "--tls-key",
+        &p("server.key"),
+        "--tls-client-ca",
+        &p("ca.crt"),
+    ])?;
+    let endpoint = format!("https://localhost:{}", svc.grpc.port());
+    let run = |extra: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(binary("dpuctl")?)
+            .args(["--endpoint", &endpoint, "--timeout", "5"])
+            .args(extra)
+            .args(["tenant", "list"])
+            .output()?)
+    };
+    let ok = run(&[
+        "--ca-cert",
+        &p("ca.crt"),
+        "--cert",
+        &p("client.crt"),
+        "--key",
+        &p("client.key"),
+    ])?;
+    ensure!(
+        ok.status.success(),
+        "with a client certificate: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    let no_cert = run(&["--ca-cert", &p("ca.crt")])?;
+    ensure!(
+        !no_cert.status.success(),
+        "a client without a certificate was let in"
+    );
+
+    let wrong_ca = run(&[
+        "--ca-cert",
+        &p("client.crt"),
+        "--cert",
+        &p("client.crt"),
+        "--key",
+        &p("client.key"),
+    ])?;
+    ensure!(
+        !wrong_ca.status.success(),
+        "a server certificate from an untrusted CA was accepted"
+    );
+
+    let plain = Command::new(binary("dpuctl")?)
+        .args([
+            "--endpoint",
+            &format!("http://127.0.0.1:{}", svc.grpc.port()),
+            "--timeout",
+            "5",
+            "tenant",
+            "list",
+        ])
+        .output()?;
+    ensure!(
+        !plain.status.success(),
+        "plain text was accepted by a TLS listener"
+    );
+    Ok(())
+}
+
+/// Python grpcio, grpcio-reflection and grpcio-health-checking from PyPI,
+/// driving the service through reflection and the health service only.
+#[test]
+fn foreign_python_client() -> Result<()> {
+    let svc = Service::start()?;
+    let script = dpu_e2e::repo_root().join("tests/python/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--target", &svc.grpc.to_string()])
+        .output()
+        .context("running tests/python/run.sh")?;
+    ensure!(
+        out.status.success(),
+        "foreign client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
