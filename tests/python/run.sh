@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the foreign Python gRPC client in its own virtual environment
+# (tests/python/.venv, created on first use). Arguments go to the client.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="$here/.venv"
+if [ ! -x "$venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$venv/.requirements"; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+  cp "$here/requirements.txt" "$venv/.requirements"
+fi
+exec "$venv/bin/python" "$here/foreign_client.py" "$@"
