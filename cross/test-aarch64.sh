@@ -19,3 +19,26 @@ sysroot=$(cross/sysroot.sh)
 # shellcheck source=cross/env.sh
 source cross/env.sh "$sysroot"
 cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-control "$@"
+
+# Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
+cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service --bins
+cargo build --locked -p dpu-client --bins
+state=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+qemu-aarch64-static -L "$SYSROOT" target/aarch64-unknown-linux-gnu/debug/dpu-service --grpc-listen "127.0.0.1:$port" \
+  --metrics-listen off --state-dir "$state" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$state"' EXIT
+ok=0
+for _ in $(seq 1 100); do
+  if info=$(target/debug/dpuctl --endpoint "http://127.0.0.1:$port" --timeout 5 -o json info 2>/dev/null); then
+    ok=1
+    break
+  fi
+  sleep 0.2
+done
+[ "$ok" = 1 ] || { echo "aarch64 smoke: the daemon did not answer" >&2; exit 1; }
+echo "$info" | grep -q '"targetTriple": "aarch64-unknown-linux-gnu"' || { echo "aarch64 smoke: unexpected info: $info" >&2; exit 1; }
+kill -TERM "$pid"
+wait "$pid"
+echo "aarch64 smoke: daemon answered under qemu and stopped cleanly"
