@@ -103,9 +103,13 @@ fn load_config(cli: &Cli) -> Result<Config> {
 fn init_logging(config: &Config) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
         .with_context(|| format!("log.level {:?} is not a valid filter", config.log.level))?;
+    // Colours only for a person at a terminal, and never when NO_COLOR is set.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match config.log.format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
