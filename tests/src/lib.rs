@@ -69,6 +69,9 @@ pub struct Service {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// What the service logs once both listeners are bound.
+const READY_LINE: &str = "gRPC listening";
+
 /// The ports a test service uses, as `dpu-service` config.
 pub const TEST_CONFIG: &str = r#"
 [log]
@@ -126,6 +129,7 @@ impl Service {
         for _attempt in 0..5 {
             self.grpc.set_port(free_port());
             self.metrics.set_port(free_port());
+            let log_start = self.log_text().len();
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -144,19 +148,20 @@ impl Service {
                 .spawn()
                 .context("spawning dpu-service")?;
             self.child = Some(child);
-            match self.wait_ready(Duration::from_secs(20)) {
+            match self.wait_ready(log_start, Duration::from_secs(20)) {
                 Ok(()) => return Ok(()),
-                Err(e) if self.log_text().contains("Address already in use") => {
-                    let _ = e;
-                    continue;
-                }
+                // Another process took one of the ports between free_port() and bind.
+                Err(_) if self.log_since(log_start).contains("Address already in use") => continue,
                 Err(e) => return Err(e.context(format!("service log:\n{}", self.log_text()))),
             }
         }
         bail!("could not find free ports; log:\n{}", self.log_text())
     }
 
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+    /// Waits for this run's "gRPC listening" line: the service logs it only
+    /// after both listeners are bound, so a port held by another process
+    /// cannot pass for ours.
+    fn wait_ready(&mut self, log_start: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self
@@ -166,14 +171,18 @@ impl Service {
             {
                 bail!("dpu-service exited during start: {status}");
             }
-            if TcpStream::connect(self.grpc).is_ok() && TcpStream::connect(self.metrics).is_ok() {
+            if self.log_since(log_start).contains(READY_LINE) {
                 return Ok(());
             }
             if Instant::now() > deadline {
                 bail!("dpu-service did not listen within {timeout:?}");
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    fn log_since(&self, start: usize) -> String {
+        self.log_text().get(start..).unwrap_or_default().to_string()
     }
 
     /// Everything the service logged so far (all runs).
