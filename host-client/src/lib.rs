@@ -42,9 +42,9 @@ const MAX_MESSAGE: usize = 64 << 20;
 /// TLS settings of a connection.
 #[derive(Debug, Clone, Default)]
 pub struct TlsConfig {
-    /// PEM CA bundle that signed the server's certificate; `None` uses the
-    /// system roots.
-    pub ca_cert_pem: Option<Vec<u8>>,
+    /// PEM CA bundle that signed the server's certificate (required: this
+    /// build trusts no system roots).
+    pub ca_cert_pem: Vec<u8>,
     /// PEM client certificate, for mutual TLS.
     pub client_cert_pem: Option<Vec<u8>>,
     /// PEM private key of the client certificate.
@@ -86,7 +86,8 @@ pub enum ClientError {
     /// The configuration cannot work (bad URL, key without certificate).
     #[error("invalid client configuration: {0}")]
     InvalidConfig(String),
-    /// The service could not be reached.
+    /// The service could not be reached, or the connection to it failed
+    /// (TLS refused, connection lost) before it answered.
     #[error("cannot connect to {endpoint}: {reason}")]
     Connect {
         /// The endpoint tried.
@@ -121,9 +122,20 @@ impl ClientError {
 
 impl From<Status> for ClientError {
     fn from(s: Status) -> Self {
+        let mut message = s.message().to_string();
+        // A status made up locally (not sent by the service) says why in
+        // its source.
+        if let Some(src) = std::error::Error::source(&s) {
+            let chain = error_chain(src);
+            message = if chain.starts_with(&message) {
+                chain
+            } else {
+                format!("{message}: {chain}")
+            };
+        }
         Self::Status {
             code: s.code(),
-            message: s.message().to_string(),
+            message,
         }
     }
 }
@@ -167,14 +179,15 @@ pub fn exit_code(err: &ClientError) -> u8 {
     }
 }
 
-/// True for failures worth another attempt of an idempotent call.
+/// True for failures worth another attempt of an idempotent call: the
+/// service is unavailable, or the connection to it failed.
 fn retryable(e: &ClientError) -> bool {
     matches!(
         e,
         ClientError::Status {
             code: Code::Unavailable,
             ..
-        }
+        } | ClientError::Connect { .. }
     )
 }
 
@@ -182,6 +195,7 @@ fn retryable(e: &ClientError) -> bool {
 #[derive(Debug, Clone)]
 pub struct DpuClient {
     channel: Channel,
+    endpoint: String,
     timeout: Duration,
     retries: u32,
 }
@@ -224,12 +238,23 @@ impl DpuClient {
             })?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true);
+        let is_https = ep.uri().scheme_str() == Some("https");
         if let Some(tls) = &config.tls {
-            let mut t = ClientTlsConfig::new();
-            match &tls.ca_cert_pem {
-                Some(ca) => t = t.ca_certificate(Certificate::from_pem(ca)),
-                None => t = t.with_enabled_roots(),
+            if !is_https {
+                // tonic would silently speak plain text to an http:// URL
+                // even with TLS settings; refuse rather than leak.
+                return Err(ClientError::InvalidConfig(format!(
+                    "TLS settings need an https:// endpoint, not {:?}",
+                    config.endpoint
+                )));
             }
+            if tls.ca_cert_pem.iter().all(u8::is_ascii_whitespace) {
+                return Err(ClientError::InvalidConfig(
+                    "TLS needs the CA certificate that signed the server's".into(),
+                ));
+            }
+            let mut t =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_cert_pem));
             match (&tls.client_cert_pem, &tls.client_key_pem) {
                 (Some(c), Some(k)) => t = t.identity(Identity::from_pem(c, k)),
                 (None, None) => {}
@@ -245,7 +270,7 @@ impl DpuClient {
             ep = ep
                 .tls_config(t)
                 .map_err(|e| ClientError::InvalidConfig(format!("TLS: {e}")))?;
-        } else if config.endpoint.starts_with("https:") {
+        } else if is_https {
             return Err(ClientError::InvalidConfig(
                 "an https endpoint needs TLS settings".into(),
             ));
@@ -256,6 +281,7 @@ impl DpuClient {
         })?;
         Ok(DpuClient {
             channel,
+            endpoint: config.endpoint,
             timeout: config.timeout,
             retries: config.retries,
         })
@@ -280,7 +306,7 @@ impl DpuClient {
             {
                 Err(_) => Err(ClientError::Timeout(self.timeout)),
                 Ok(Ok(resp)) => return Ok(resp.into_inner()),
-                Ok(Err(status)) => Err(ClientError::from(status)),
+                Ok(Err(status)) => Err(self.failure(status)),
             };
             match outcome {
                 Err(e) if idempotent && attempt < self.retries && retryable(&e) => {
@@ -369,7 +395,21 @@ impl DpuClient {
         let mut client = TelemetryServiceClient::new(self.channel.clone());
         match tokio::time::timeout(self.timeout, client.watch_counters(Request::new(req))).await {
             Err(_) => Err(ClientError::Timeout(self.timeout)),
-            Ok(r) => Ok(r?.into_inner()),
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(self.failure(status)),
+        }
+    }
+
+    /// The error for a failed call: [`ClientError::Connect`] when the
+    /// transport failed (the service sent nothing; e.g. the connection broke
+    /// or TLS was refused), else the service's status.
+    fn failure(&self, status: Status) -> ClientError {
+        match std::error::Error::source(&status) {
+            Some(src) if src.is::<tonic::transport::Error>() => ClientError::Connect {
+                endpoint: self.endpoint.clone(),
+                reason: error_chain(src),
+            },
+            _ => ClientError::from(status),
         }
     }
 }
@@ -433,7 +473,7 @@ pub fn listener_name(subsystem: &str, listener: &str) -> String {
 }
 
 /// Parses a size: bytes, or a number with K, M, G, T (powers of 1024, also
-/// KiB, MiB, GiB, TiB).
+/// KiB, MiB, GiB, TiB; any case).
 ///
 /// # Errors
 /// A message naming the problem.
@@ -442,12 +482,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size"))?;
-    let shift = match unit.trim() {
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
-        "K" | "KiB" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
+        "K" | "KIB" => 10,
+        "M" | "MIB" => 20,
+        "G" | "GIB" => 30,
+        "T" | "TIB" => 40,
         u => return Err(format!("unknown size unit {u:?} in {s:?} (use K, M, G, T)")),
     };
     n.checked_mul(1u64 << shift)
@@ -477,6 +517,13 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64M"), Ok(64 << 20));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2t"), Ok(2 << 40));
+        assert_eq!(parse_size("8 KiB"), Ok(8 << 10));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("1KB").is_err(), "KB could mean 1000");
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("5X").is_err());
         assert!(parse_size("99999999T").is_err());
@@ -506,6 +553,116 @@ mod tests {
         assert_eq!(exit_code(&ClientError::InvalidConfig(String::new())), 1);
     }
 
+    /// A client whose channel is never used by the fake calls below.
+    fn offline(timeout: Duration, retries: u32) -> DpuClient {
+        DpuClient {
+            channel: Endpoint::from_static("http://127.0.0.1:9").connect_lazy(),
+            endpoint: "http://127.0.0.1:9".into(),
+            timeout,
+            retries,
+        }
+    }
+
+    /// Runs `client.call` with a fake RPC that answers `answers` in turn
+    /// (the last one repeating); returns the outcome and how many attempts
+    /// were made.
+    async fn attempts(
+        client: &DpuClient,
+        idempotent: bool,
+        answers: &[Result<u32, Code>],
+    ) -> (Result<u32, ClientError>, usize) {
+        let n = std::sync::atomic::AtomicUsize::new(0);
+        let r = client
+            .call(idempotent, (), |_, req: Request<()>| {
+                assert!(req.metadata().get("grpc-timeout").is_some());
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let a = answers[i.min(answers.len() - 1)];
+                std::future::ready(a.map(Response::new).map_err(|c| Status::new(c, "fake")))
+            })
+            .await;
+        (r, n.into_inner())
+    }
+
+    #[tokio::test]
+    async fn retries_reads_on_unavailable_only() {
+        let c = offline(Duration::from_secs(5), 3);
+        let (r, n) = attempts(&c, READ, &[Err(Code::Unavailable)]).await;
+        assert_eq!(r.unwrap_err().code(), Some(Code::Unavailable));
+        assert_eq!(n, 4, "one attempt and three retries");
+
+        let (r, n) = attempts(&c, READ, &[Err(Code::Unavailable), Ok(7)]).await;
+        assert_eq!((r.ok(), n), (Some(7), 2));
+
+        let (r, n) = attempts(&c, READ, &[Err(Code::NotFound)]).await;
+        assert_eq!((r.unwrap_err().code(), n), (Some(Code::NotFound), 1));
+
+        let (r, n) = attempts(&c, WRITE, &[Err(Code::Unavailable), Ok(7)]).await;
+        assert_eq!((r.unwrap_err().code(), n), (Some(Code::Unavailable), 1));
+
+        let none = offline(Duration::from_secs(5), 0);
+        let (_, n) = attempts(&none, READ, &[Err(Code::Unavailable)]).await;
+        assert_eq!(n, 1);
+    }
+
+    #[tokio::test]
+    async fn service_statuses_stay_statuses() {
+        let c = offline(Duration::from_secs(1), 0);
+        let e = c.failure(Status::not_found("tenants/x not found"));
+        assert!(
+            matches!(&e, ClientError::Status { code: Code::NotFound, message } if message == "tenants/x not found"),
+            "{e:?}"
+        );
+        // A local failure that is not the transport's keeps its code and
+        // gains its cause.
+        let io = std::io::Error::other("boom");
+        let e = c.failure(Status::from_error(Box::new(io)));
+        assert!(
+            matches!(&e, ClientError::Status { code: Code::Unknown, message } if message.contains("boom")),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn deadline_is_enforced_locally() {
+        let c = offline(Duration::from_millis(50), 3);
+        let r: Result<(), _> = c
+            .call(READ, (), |_, _: Request<()>| std::future::pending())
+            .await;
+        assert!(matches!(r, Err(ClientError::Timeout(_))), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn tls_settings_are_checked_before_connecting() {
+        let tls = TlsConfig {
+            ca_cert_pem: b"-----BEGIN CERTIFICATE-----\n".to_vec(),
+            ..TlsConfig::default()
+        };
+        let cfg = |endpoint: &str, tls: Option<TlsConfig>| ClientConfig {
+            endpoint: endpoint.into(),
+            tls,
+            ..ClientConfig::default()
+        };
+        let invalid =
+            |r: Result<DpuClient, ClientError>| matches!(r, Err(ClientError::InvalidConfig(_)));
+        // TLS settings with http:// would silently send plain text.
+        assert!(invalid(
+            DpuClient::connect(cfg("http://127.0.0.1:9", Some(tls.clone()))).await
+        ));
+        assert!(invalid(
+            DpuClient::connect(cfg("https://127.0.0.1:9", None)).await
+        ));
+        assert!(invalid(
+            DpuClient::connect(cfg("https://127.0.0.1:9", Some(TlsConfig::default()))).await
+        ));
+        let half = TlsConfig {
+            client_key_pem: Some(b"key".to_vec()),
+            ..tls
+        };
+        assert!(invalid(
+            DpuClient::connect(cfg("https://127.0.0.1:9", Some(half))).await
+        ));
+    }
+
     #[test]
     fn only_unavailable_is_retried() {
         let st = |code| ClientError::Status {
@@ -515,5 +672,9 @@ mod tests {
         assert!(retryable(&st(Code::Unavailable)));
         assert!(!retryable(&st(Code::InvalidArgument)));
         assert!(!retryable(&ClientError::Timeout(Duration::from_secs(1))));
+        assert!(retryable(&ClientError::Connect {
+            endpoint: String::new(),
+            reason: String::new()
+        }));
     }
 }

@@ -1,10 +1,9 @@
 //! `dpuctl`: the command-line client of dpu-service.
 //!
 //! Every RPC of `dpu.v1` is a subcommand. Output is a table for people, or
-//! the canonical proto3 JSON with `--output json`. Exit codes:
-//! 0 success, 1 other error, 2 usage error, 3 NOT_FOUND, 4 ALREADY_EXISTS,
-//! 5 INVALID_ARGUMENT, 6 FAILED_PRECONDITION/ABORTED, 7 unreachable,
-//! 8 timeout, 9 UNAUTHENTICATED/PERMISSION_DENIED.
+//! the canonical proto3 JSON with `--output json`. Exit codes are those of
+//! [`dpu_client::exit_code`], plus 2 for a malformed command line and 5 for
+//! a value `dpuctl` cannot parse (see [`EXIT_CODES`]).
 
 #![forbid(unsafe_code)]
 
@@ -15,20 +14,42 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use dpu_client::{
-    exit_code, listener_name, namespace_name, parse_size, pb, port_name, rule_name, subsystem_name,
-    tenant_name, ClientConfig, ClientError, DpuClient, TlsConfig,
+    code_name, exit_code, listener_name, namespace_name, parse_size, pb, port_name, rule_name,
+    subsystem_name, tenant_name, ClientConfig, ClientError, DpuClient, TlsConfig,
 };
 use dpu_proto::pbjson_types::FieldMask;
 use serde_json::Value;
 
-const EXIT_CODES: &str = "Exit codes: 0 success, 1 other error, 2 usage error, 3 NOT_FOUND, \
-4 ALREADY_EXISTS, 5 INVALID_ARGUMENT, 6 FAILED_PRECONDITION or ABORTED, 7 service unreachable, \
-8 timeout, 9 UNAUTHENTICATED or PERMISSION_DENIED.";
+/// Exit codes, as `--help` shows them.
+const EXIT_CODES: &str = "\
+Resource IDs may be bare (blue) or full names (tenants/blue). List commands show every page.
+Errors go to stderr as `dpuctl: error: CODE: message`.
+
+Exit codes:
+  0  success
+  1  other error
+  2  usage error (unknown command or flag, missing argument)
+  3  NOT_FOUND
+  4  ALREADY_EXISTS
+  5  INVALID_ARGUMENT, also a value dpuctl cannot parse (SIZE, port range, number...)
+  6  FAILED_PRECONDITION or ABORTED (e.g. a stale --expect-version)
+  7  UNAVAILABLE: service unreachable
+  8  DEADLINE_EXCEEDED: no answer within --timeout
+  9  UNAUTHENTICATED or PERMISSION_DENIED";
+
+/// Exit code of a value `dpuctl` cannot parse.
+const EXIT_INVALID: u8 = 5;
 
 #[derive(Debug, Parser)]
-#[command(name = "dpuctl", version, about = "Command-line client of dpu-service (gRPC API dpu.v1).", after_help = EXIT_CODES)]
+#[command(
+    name = "dpuctl",
+    version,
+    about = "Command-line client of dpu-service (gRPC API dpu.v1).",
+    after_long_help = EXIT_CODES
+)]
 struct Cli {
     /// Service endpoint.
     #[arg(
@@ -42,16 +63,16 @@ struct Cli {
     #[arg(long, env = "DPU_CA_CERT", global = true)]
     ca_cert: Option<PathBuf>,
     /// PEM client certificate (mutual TLS).
-    #[arg(long, env = "DPU_CERT", global = true)]
+    #[arg(long, env = "DPU_CERT", global = true, requires = "key")]
     cert: Option<PathBuf>,
     /// PEM key of the client certificate.
-    #[arg(long, env = "DPU_KEY", global = true)]
+    #[arg(long, env = "DPU_KEY", global = true, requires = "cert")]
     key: Option<PathBuf>,
     /// Server name to verify, if not the endpoint's host.
     #[arg(long, global = true)]
     tls_server_name: Option<String>,
     /// Seconds to wait for each call.
-    #[arg(long, default_value_t = 10, global = true)]
+    #[arg(long, default_value_t = 10, global = true, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Output format.
     #[arg(long, short, env = "DPU_OUTPUT", value_enum, default_value_t = Format::Table, global = true)]
@@ -123,11 +144,19 @@ struct TenantFields {
     #[arg(long, value_enum)]
     default_policy: Option<Policy>,
     /// Attach a port, or one VLAN of it: PORT or PORT.VLAN (repeatable).
-    #[arg(long = "port")]
-    ports: Vec<String>,
+    #[arg(long = "port", value_name = "PORT[.VLAN]", value_parser = port_attachment)]
+    ports: Vec<pb::Attachment>,
     /// Attach a VXLAN network on an uplink: UPLINK:VNI (repeatable).
-    #[arg(long = "vxlan")]
-    vxlans: Vec<String>,
+    #[arg(long = "vxlan", value_name = "UPLINK:VNI", value_parser = vxlan_attachment)]
+    vxlans: Vec<pb::Attachment>,
+}
+
+/// Paging of a list command; every page is fetched either way.
+#[derive(Debug, Args)]
+struct Paging {
+    /// Items per request (0: the service's default).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    page_size: i32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,8 +174,14 @@ enum TenantCmd {
         id: String,
     },
     /// Lists tenants.
-    List,
+    List(Paging),
     /// Changes a tenant; only the fields given change.
+    #[command(group(
+        ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments"])
+    ))]
     Update {
         /// Tenant ID.
         id: String,
@@ -169,7 +204,7 @@ enum TenantCmd {
 #[derive(Debug, Subcommand)]
 enum PortCmd {
     /// Lists ports.
-    List,
+    List(Paging),
     /// Shows a port.
     Get {
         /// Port ID.
@@ -224,14 +259,14 @@ enum RuleCmd {
         #[arg(long)]
         dst: Option<String>,
         /// Source ports: PORT or FIRST-LAST.
-        #[arg(long)]
-        sport: Option<String>,
+        #[arg(long, value_name = "A[-B]", value_parser = port_range)]
+        sport: Option<pb::PortRange>,
         /// Destination ports: PORT or FIRST-LAST.
-        #[arg(long)]
-        dport: Option<String>,
+        #[arg(long, value_name = "A[-B]", value_parser = port_range)]
+        dport: Option<pb::PortRange>,
         /// IP protocol: tcp, udp, icmp, icmpv6, sctp or a number.
-        #[arg(long)]
-        proto: Option<String>,
+        #[arg(long, value_parser = protocol)]
+        proto: Option<u32>,
         /// ICMP type.
         #[arg(long)]
         icmp_type: Option<u32>,
@@ -269,6 +304,8 @@ enum RuleCmd {
     List {
         /// Tenant ID.
         tenant: String,
+        #[command(flatten)]
+        paging: Paging,
     },
     /// Replaces a tenant's whole rule set from a JSON file.
     Replace {
@@ -314,8 +351,14 @@ enum SubsystemCmd {
         id: String,
     },
     /// Lists subsystems.
-    List,
+    List(Paging),
     /// Changes a subsystem; only the fields given change.
+    #[command(group(
+        ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["allow_any_host", "model", "hosts", "clear_hosts"])
+    ))]
     Update {
         /// Subsystem ID.
         id: String,
@@ -358,7 +401,8 @@ enum SubsystemCmd {
 
 #[derive(Debug, Subcommand)]
 enum NamespaceCmd {
-    /// Creates a namespace.
+    /// Creates a namespace backed by RAM, a file or a block device.
+    #[command(group(ArgGroup::new("backend").required(true)))]
     Create {
         /// Subsystem ID.
         subsystem: String,
@@ -366,16 +410,16 @@ enum NamespaceCmd {
         #[arg(long)]
         nsid: Option<u32>,
         /// Memory-backed, of this size (e.g. 256M).
-        #[arg(long, group = "backend", value_parser = parse_size)]
+        #[arg(long, group = "backend", value_name = "SIZE", value_parser = parse_size)]
         ram: Option<u64>,
         /// File-backed, at this absolute path.
-        #[arg(long, group = "backend")]
+        #[arg(long, group = "backend", value_name = "PATH")]
         file: Option<String>,
         /// Size of a file backend (default: the existing file's size).
-        #[arg(long, value_parser = parse_size, requires = "file")]
+        #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "file")]
         size: Option<u64>,
         /// Block-device-backed, at this path.
-        #[arg(long, group = "backend")]
+        #[arg(long, group = "backend", value_name = "PATH")]
         block_device: Option<String>,
         /// Logical block size, 512 or 4096.
         #[arg(long)]
@@ -395,6 +439,8 @@ enum NamespaceCmd {
     List {
         /// Subsystem ID.
         subsystem: String,
+        #[command(flatten)]
+        paging: Paging,
     },
     /// Resizes a RAM- or file-backed namespace.
     Resize {
@@ -403,7 +449,7 @@ enum NamespaceCmd {
         /// Namespace ID.
         nsid: u32,
         /// New size (e.g. 1G).
-        #[arg(value_parser = parse_size)]
+        #[arg(value_name = "SIZE", value_parser = parse_size)]
         size: u64,
     },
     /// Deletes a namespace.
@@ -435,6 +481,8 @@ enum ListenerCmd {
     List {
         /// Subsystem ID.
         subsystem: String,
+        #[command(flatten)]
+        paging: Paging,
     },
     /// Deletes a listener.
     Delete {
@@ -448,7 +496,7 @@ enum ListenerCmd {
 /// A failure of the command: from the service, or from the user's input.
 #[derive(Debug, thiserror::Error)]
 enum Failure {
-    #[error("{0}")]
+    #[error("{}", client_message(.0))]
     Client(#[from] ClientError),
     #[error("INVALID_ARGUMENT: {0}")]
     Input(String),
@@ -460,9 +508,18 @@ impl Failure {
     fn exit(&self) -> u8 {
         match self {
             Failure::Client(e) => exit_code(e),
-            Failure::Input(_) => 5,
+            Failure::Input(_) => EXIT_INVALID,
             Failure::Other(_) => 1,
         }
+    }
+}
+
+/// `CODE: message`, also for failures the transport rather than the
+/// service reported.
+fn client_message(e: &ClientError) -> String {
+    match (e, e.code()) {
+        (ClientError::Status { .. }, _) | (_, None) => e.to_string(),
+        (_, Some(code)) => format!("{}: {e}", code_name(code)),
     }
 }
 
@@ -477,7 +534,10 @@ fn json<T: serde::Serialize>(v: &T) -> Value {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return bad_command_line(e),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -497,14 +557,55 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reports a command line clap refused: a value that does not parse is
+/// INVALID_ARGUMENT (exit 5), anything else a usage error (exit 2); `--help`
+/// and `--version` print and succeed.
+fn bad_command_line(e: clap::Error) -> ExitCode {
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        let code = e.exit_code();
+        // Nothing sensible is left to do if the terminal is gone.
+        let _ = e.print();
+        return ExitCode::from(u8::try_from(code).unwrap_or(2));
+    }
+    let text = e.render().to_string();
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    eprintln!(
+        "dpuctl: error: INVALID_ARGUMENT: {}",
+        first.strip_prefix("error: ").unwrap_or(first)
+    );
+    for line in lines {
+        eprintln!("{line}");
+    }
+    ExitCode::from(EXIT_INVALID)
+}
+
 fn read(path: &PathBuf) -> Result<Vec<u8>, Failure> {
     std::fs::read(path).map_err(|e| Failure::Other(format!("reading {}: {e}", path.display())))
 }
 
 async fn connect(cli: &Cli) -> Result<DpuClient, Failure> {
-    let tls = if cli.ca_cert.is_some() || cli.cert.is_some() || cli.endpoint.starts_with("https:") {
+    let wants_tls = cli.ca_cert.is_some()
+        || cli.cert.is_some()
+        || cli.key.is_some()
+        || cli.endpoint.starts_with("https:");
+    let tls = if wants_tls {
+        let ca = cli.ca_cert.as_ref().ok_or_else(|| {
+            Failure::Other(
+                "TLS needs --ca-cert (the CA that signed the service's certificate)".into(),
+            )
+        })?;
+        if !cli.endpoint.starts_with("https:") {
+            return Err(Failure::Other(format!(
+                "TLS flags need an https:// --endpoint, not {:?}",
+                cli.endpoint
+            )));
+        }
         Some(TlsConfig {
-            ca_cert_pem: cli.ca_cert.as_ref().map(read).transpose()?,
+            ca_cert_pem: read(ca)?,
             client_cert_pem: cli.cert.as_ref().map(read).transpose()?,
             client_key_pem: cli.key.as_ref().map(read).transpose()?,
             server_name: cli.tls_server_name.clone(),
@@ -512,7 +613,7 @@ async fn connect(cli: &Cli) -> Result<DpuClient, Failure> {
     } else {
         None
     };
-    let timeout = Duration::from_secs(cli.timeout.max(1));
+    let timeout = Duration::from_secs(cli.timeout);
     let cfg = ClientConfig {
         endpoint: cli.endpoint.clone(),
         tls,
@@ -574,40 +675,47 @@ async fn watch(
     Ok(())
 }
 
-fn attachments(f: &TenantFields) -> Result<Vec<pb::Attachment>, Failure> {
-    let mut out = Vec::new();
-    for p in &f.ports {
-        let (port, vlan) = match p.rsplit_once('.') {
-            Some((port, v)) => {
-                let vlan = v.parse().map_err(|_| {
-                    Failure::Input(format!("--port {p:?}: VLAN {v:?} is not a number"))
-                })?;
-                (port, vlan)
-            }
-            None => (p.as_str(), 0),
-        };
-        out.push(pb::Attachment {
-            kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
-                port: port_name(port),
-                vlan_id: vlan,
-            })),
-        });
+/// `--port PORT[.VLAN]`.
+fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
+    let (port, vlan) = match s.rsplit_once('.') {
+        Some((port, v)) => (
+            port,
+            v.parse()
+                .map_err(|_| format!("VLAN {v:?} is not a number (expected PORT[.VLAN])"))?,
+        ),
+        None => (s, 0),
+    };
+    if port.is_empty() {
+        return Err("expected PORT[.VLAN]".into());
     }
-    for v in &f.vxlans {
-        let (uplink, vni) = v
-            .split_once(':')
-            .ok_or_else(|| Failure::Input(format!("--vxlan {v:?}: expected UPLINK:VNI")))?;
-        let vni = vni
-            .parse()
-            .map_err(|_| Failure::Input(format!("--vxlan {v:?}: VNI {vni:?} is not a number")))?;
-        out.push(pb::Attachment {
-            kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
-                uplink: port_name(uplink),
-                vni,
-            })),
-        });
-    }
-    Ok(out)
+    Ok(pb::Attachment {
+        kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+            port: port_name(port),
+            vlan_id: vlan,
+        })),
+    })
+}
+
+/// `--vxlan UPLINK:VNI`.
+fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
+    let (uplink, vni) = s
+        .split_once(':')
+        .filter(|(u, _)| !u.is_empty())
+        .ok_or("expected UPLINK:VNI")?;
+    let vni = vni
+        .parse()
+        .map_err(|_| format!("VNI {vni:?} is not a number"))?;
+    Ok(pb::Attachment {
+        kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+            uplink: port_name(uplink),
+            vni,
+        })),
+    })
+}
+
+/// Every attachment given, ports first.
+fn attachments(f: &TenantFields) -> Vec<pb::Attachment> {
+    f.ports.iter().chain(&f.vxlans).cloned().collect()
 }
 
 fn policy(p: Option<Policy>) -> i32 {
@@ -618,23 +726,23 @@ fn policy(p: Option<Policy>) -> i32 {
     }
 }
 
-fn port_range(flag: &str, s: Option<&str>) -> Result<Option<pb::PortRange>, Failure> {
-    let Some(s) = s else { return Ok(None) };
+/// `--sport`/`--dport`: `PORT` or `FIRST-LAST` (the service checks the order).
+fn port_range(s: &str) -> Result<pb::PortRange, String> {
     let num = |t: &str| {
         t.trim()
             .parse::<u32>()
-            .map_err(|_| Failure::Input(format!("{flag} {s:?}: {t:?} is not a port")))
+            .map_err(|_| format!("{t:?} is not a port (expected PORT or FIRST-LAST)"))
     };
     let (first, last) = match s.split_once('-') {
         Some((a, b)) => (num(a)?, num(b)?),
         None => (num(s)?, num(s)?),
     };
-    Ok(Some(pb::PortRange { first, last }))
+    Ok(pb::PortRange { first, last })
 }
 
-fn protocol(s: Option<&str>) -> Result<Option<u32>, Failure> {
-    let Some(s) = s else { return Ok(None) };
-    Ok(Some(match s.to_ascii_lowercase().as_str() {
+/// `--proto`: a protocol name or an IP protocol number.
+fn protocol(s: &str) -> Result<u32, String> {
+    Ok(match s.to_ascii_lowercase().as_str() {
         "icmp" => 1,
         "tcp" => 6,
         "udp" => 17,
@@ -642,8 +750,8 @@ fn protocol(s: Option<&str>) -> Result<Option<u32>, Failure> {
         "sctp" => 132,
         n => n
             .parse()
-            .map_err(|_| Failure::Input(format!("--proto {s:?}: not a protocol name or number")))?,
-    }))
+            .map_err(|_| "not tcp, udp, icmp, icmpv6, sctp or a protocol number".to_string())?,
+    })
 }
 
 fn deleted(what: String) -> Shown {
@@ -731,7 +839,7 @@ async fn tenant(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
         TenantCmd::Create { id, fields } => {
             let t = pb::Tenant {
                 display_name: fields.display_name.clone().unwrap_or_default(),
-                attachments: attachments(fields)?,
+                attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
                 ..Default::default()
             };
@@ -747,11 +855,11 @@ async fn tenant(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 name: tenant_name(id),
             })
             .await?),
-        TenantCmd::List => {
+        TenantCmd::List(Paging { page_size }) => {
             let all = all_pages(|page_token| async move {
                 let r = c
                     .list_tenants(pb::ListTenantsRequest {
-                        page_size: 0,
+                        page_size: *page_size,
                         page_token,
                     })
                     .await?;
@@ -786,7 +894,7 @@ async fn tenant(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
             let t = pb::Tenant {
                 name: tenant_name(id),
                 display_name: fields.display_name.clone().unwrap_or_default(),
-                attachments: attachments(fields)?,
+                attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
                 ..Default::default()
             };
@@ -810,11 +918,11 @@ async fn tenant(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
 
 async fn port(c: &DpuClient, cmd: &PortCmd) -> Result<Shown, Failure> {
     Ok(match cmd {
-        PortCmd::List => {
+        PortCmd::List(Paging { page_size }) => {
             let all = all_pages(|page_token| async move {
                 let r = c
                     .list_ports(pb::ListPortsRequest {
-                        page_size: 0,
+                        page_size: *page_size,
                         page_token,
                     })
                     .await?;
@@ -887,9 +995,9 @@ async fn rule(c: &DpuClient, cmd: &RuleCmd) -> Result<Shown, Failure> {
                 priority: *priority,
                 src_prefix: src.clone().unwrap_or_default(),
                 dst_prefix: dst.clone().unwrap_or_default(),
-                src_ports: port_range("--sport", sport.as_deref())?,
-                dst_ports: port_range("--dport", dport.as_deref())?,
-                ip_protocol: protocol(proto.as_deref())?,
+                src_ports: *sport,
+                dst_ports: *dport,
+                ip_protocol: *proto,
                 icmp_type: *icmp_type,
                 icmp_code: *icmp_code,
                 action: match action {
@@ -939,7 +1047,7 @@ async fn rule(c: &DpuClient, cmd: &RuleCmd) -> Result<Shown, Failure> {
                 r.rule_set_version,
             )
         }
-        RuleCmd::List { tenant } => {
+        RuleCmd::List { tenant, paging } => {
             let parent = tenant_name(tenant);
             let all = all_pages(|page_token| {
                 let parent = parent.clone();
@@ -947,7 +1055,7 @@ async fn rule(c: &DpuClient, cmd: &RuleCmd) -> Result<Shown, Failure> {
                     let r = c
                         .list_rules(pb::ListRulesRequest {
                             parent,
-                            page_size: 0,
+                            page_size: paging.page_size,
                             page_token,
                         })
                         .await?;
@@ -1035,11 +1143,11 @@ async fn subsystem(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure> 
                 name: subsystem_name(id),
             })
             .await?),
-        SubsystemCmd::List => {
+        SubsystemCmd::List(Paging { page_size }) => {
             let all = all_pages(|page_token| async move {
                 let r = c
                     .list_subsystems(pb::ListSubsystemsRequest {
-                        page_size: 0,
+                        page_size: *page_size,
                         page_token,
                     })
                     .await?;
@@ -1163,7 +1271,7 @@ async fn namespace(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure> 
                 name: namespace_name(subsystem, *nsid),
             })
             .await?),
-        NamespaceCmd::List { subsystem } => {
+        NamespaceCmd::List { subsystem, paging } => {
             let parent = subsystem_name(subsystem);
             let all = all_pages(|page_token| {
                 let parent = parent.clone();
@@ -1171,7 +1279,7 @@ async fn namespace(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure> 
                     let r = c
                         .list_namespaces(pb::ListNamespacesRequest {
                             parent,
-                            page_size: 0,
+                            page_size: paging.page_size,
                             page_token,
                         })
                         .await?;
@@ -1230,7 +1338,7 @@ async fn listener(c: &DpuClient, cmd: &ListenerCmd) -> Result<Shown, Failure> {
                 text: render::listeners(std::slice::from_ref(&l)),
             }
         }
-        ListenerCmd::List { subsystem } => {
+        ListenerCmd::List { subsystem, paging } => {
             let parent = subsystem_name(subsystem);
             let all = all_pages(|page_token| {
                 let parent = parent.clone();
@@ -1238,7 +1346,7 @@ async fn listener(c: &DpuClient, cmd: &ListenerCmd) -> Result<Shown, Failure> {
                     let r = c
                         .list_listeners(pb::ListListenersRequest {
                             parent,
-                            page_size: 0,
+                            page_size: paging.page_size,
                             page_token,
                         })
                         .await?;
@@ -1271,44 +1379,120 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("dpuctl").chain(args.iter().copied()))
+    }
+
     #[test]
-    fn flags_parse() {
+    fn values_parse() {
         assert_eq!(
-            port_range("--dport", Some("80-443")).unwrap(),
-            Some(pb::PortRange {
+            port_range("80-443"),
+            Ok(pb::PortRange {
                 first: 80,
                 last: 443
             })
         );
         assert_eq!(
-            port_range("--dport", Some("22")).unwrap(),
-            Some(pb::PortRange {
+            port_range("22"),
+            Ok(pb::PortRange {
                 first: 22,
                 last: 22
             })
         );
-        assert!(port_range("--dport", Some("x")).is_err());
-        assert_eq!(protocol(Some("TCP")).unwrap(), Some(6));
-        assert_eq!(protocol(Some("47")).unwrap(), Some(47));
-        assert!(protocol(Some("gre")).is_err());
-        let f = TenantFields {
-            display_name: None,
-            default_policy: None,
-            ports: vec!["p0.100".into(), "pf0vf0".into()],
-            vxlans: vec!["p0:5001".into()],
-        };
-        let a = attachments(&f).unwrap();
-        assert_eq!(a.len(), 3);
+        assert!(port_range("x").is_err());
+        assert!(port_range("1-").is_err());
+        assert_eq!(protocol("TCP"), Ok(6));
+        assert_eq!(protocol("47"), Ok(47));
+        assert!(protocol("gre").is_err());
         assert!(
-            matches!(&a[0].kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/p0" && p.vlan_id == 100)
+            matches!(port_attachment("p0.100").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/p0" && p.vlan_id == 100)
         );
-        assert!(matches!(&a[2].kind, Some(pb::attachment::Kind::Vxlan(v)) if v.vni == 5001));
-        let bad = TenantFields {
-            vxlans: vec!["p0".into()],
-            ports: vec![],
-            display_name: None,
-            default_policy: None,
+        assert!(
+            matches!(port_attachment("ports/pf0vf0").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0" && p.vlan_id == 0)
+        );
+        assert!(port_attachment("p0.x").is_err());
+        assert!(
+            matches!(vxlan_attachment("p0:5001").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.uplink == "ports/p0" && v.vni == 5001)
+        );
+        assert!(vxlan_attachment("p0").is_err());
+        assert!(vxlan_attachment(":5").is_err());
+    }
+
+    #[test]
+    fn command_lines() {
+        let cli = parse(&[
+            "tenant", "create", "blue", "--port", "pf0vf0", "--vxlan", "p0:7", "--port", "p0.100",
+        ])
+        .unwrap();
+        let Command::Tenant(TenantCmd::Create { fields, .. }) = &cli.command else {
+            panic!("{cli:?}")
         };
-        assert!(matches!(attachments(&bad), Err(Failure::Input(_))));
+        assert_eq!(attachments(fields).len(), 3);
+        assert_eq!(cli.output, Format::Table);
+        assert_eq!(cli.timeout, 10);
+
+        let cli = parse(&["-o", "json", "tenant", "list", "--page-size", "2"]).unwrap();
+        assert_eq!(cli.output, Format::Json);
+        assert!(matches!(
+            cli.command,
+            Command::Tenant(TenantCmd::List(Paging { page_size: 2 }))
+        ));
+
+        let cli = parse(&["namespace", "create", "vol", "--ram", "64M"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Namespace(NamespaceCmd::Create { ram: Some(n), .. }) if n == 64 << 20
+        ));
+    }
+
+    #[test]
+    fn bad_values_are_invalid_argument_and_bad_usage_is_2() {
+        let kind = |args: &[&str]| parse(args).map(|_| ()).unwrap_err().kind();
+        let value = [ErrorKind::ValueValidation, ErrorKind::InvalidValue];
+        // Exit 5: values the CLI must parse.
+        for args in [
+            &["namespace", "create", "vol", "--ram", "12X"][..],
+            &["namespace", "resize", "vol", "1", "lots"],
+            &[
+                "rule",
+                "add",
+                "t",
+                "--priority",
+                "1",
+                "--action",
+                "allow",
+                "--dport",
+                "http",
+            ],
+            &["rule", "add", "t", "--priority", "1", "--action", "maybe"],
+            &["tenant", "create", "t", "--vxlan", "p0"],
+            &["tenant", "list", "--page-size=-1"],
+        ] {
+            assert!(value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
+        }
+        // Exit 2: malformed command lines.
+        for args in [
+            &["tenant", "frobnicate"][..],
+            &["namespace", "create", "vol"],
+            &["namespace", "create", "vol", "--ram", "1M", "--file", "/x"],
+            &["tenant", "update", "t"],
+            &["subsystem", "update", "s"],
+            &["--cert", "c.pem", "info"],
+        ] {
+            assert!(!value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
+        }
+    }
+
+    #[test]
+    fn transport_failures_name_their_code() {
+        let e = Failure::from(ClientError::Timeout(Duration::from_secs(3)));
+        assert!(e.to_string().starts_with("DEADLINE_EXCEEDED: "), "{e}");
+        assert_eq!(e.exit(), 8);
+        let e = Failure::from(ClientError::Status {
+            code: tonic::Code::NotFound,
+            message: "tenants/x not found".into(),
+        });
+        assert_eq!(e.to_string(), "NOT_FOUND: tenants/x not found");
+        assert_eq!(e.exit(), 3);
     }
 }
