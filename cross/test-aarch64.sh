@@ -18,7 +18,7 @@ rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup ta
 sysroot=$(cross/sysroot.sh)
 # shellcheck source=cross/env.sh
 source cross/env.sh "$sysroot"
-cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-control "$@"
+cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control "$@"
 
 # Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
 cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service --bins

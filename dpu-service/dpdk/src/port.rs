@@ -8,7 +8,7 @@ use dpdk_sys as sys;
 
 use crate::eal::Eal;
 use crate::error::DpdkError;
-use crate::mbuf::MbufBatch;
+use crate::mbuf::{Mbuf, MbufBatch};
 use crate::mempool::Mempool;
 
 /// A symmetric Toeplitz key: the hash of (a, b) equals the hash of (b, a),
@@ -398,6 +398,33 @@ impl RxQueue {
     }
 }
 
+impl RxQueue {
+    /// Receives up to `max` packets (at most the vector's spare capacity)
+    /// and appends them to `out`; returns how many arrived. Allocates
+    /// nothing: reserve the capacity once, outside the packet loop.
+    pub fn recv_into(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        let room = (out.capacity() - out.len()).min(max);
+        let Ok(room) = u16::try_from(room) else {
+            return 0;
+        };
+        if room == 0 {
+            return 0;
+        }
+        let len = out.len();
+        // SAFETY: Mbuf is repr(transparent) over NonNull<rte_mbuf>, so the
+        // spare capacity is an array of `room` writable pointer slots; this
+        // handle is the only user of (port, queue). rx_burst writes exactly
+        // `n` valid, non-null mbufs that nobody else owns into the first
+        // `n` slots, which set_len then hands to the vector.
+        unsafe {
+            let slots = out.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
+            let n = sys::dpdk_shim_rte_eth_rx_burst(self.port.id, self.q, slots, room);
+            out.set_len(len + usize::from(n));
+            usize::from(n)
+        }
+    }
+}
+
 impl Drop for RxQueue {
     fn drop(&mut self) {
         release(&self.port.rx_taken, self.q);
@@ -427,6 +454,37 @@ impl TxQueue {
         let sent = unsafe { sys::dpdk_shim_rte_eth_tx_burst(self.port.id, self.q, ptr, n) };
         batch.consumed(sent);
         usize::from(sent)
+    }
+}
+
+impl TxQueue {
+    /// Sends from the front of `pkts`; the packets the driver took are
+    /// removed, the rest stay in order (to retry, or to free by dropping
+    /// them). Returns the number sent.
+    pub fn send_from(&mut self, pkts: &mut Vec<Mbuf>) -> usize {
+        let n = u16::try_from(pkts.len()).unwrap_or(u16::MAX);
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: Mbuf is repr(transparent) over NonNull<rte_mbuf>, so the
+        // vector's buffer is an array of n valid mbuf pointers. The driver
+        // takes ownership of the first `sent`; they are moved out of the
+        // vector without running Drop (set_len(0), then the unsent tail is
+        // copied to the front), so none is freed twice or leaked.
+        unsafe {
+            let base = pkts.as_mut_ptr();
+            let sent = usize::from(sys::dpdk_shim_rte_eth_tx_burst(
+                self.port.id,
+                self.q,
+                base.cast(),
+                n,
+            ));
+            let total = pkts.len();
+            pkts.set_len(0);
+            std::ptr::copy(base.add(sent), base, total - sent);
+            pkts.set_len(total - sent);
+            sent
+        }
     }
 }
 

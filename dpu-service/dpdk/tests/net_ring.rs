@@ -173,3 +173,31 @@ fn unknown_port_and_second_init() {
     ));
     assert!(dpdk::version().starts_with("DPDK "));
 }
+
+#[test]
+fn vec_bursts_are_zero_copy_and_exact() {
+    let pool = pool("t-vec");
+    let port = Port::open(eal(), "net_ring3", &PortConfig::default(), pool.clone()).unwrap();
+    let mut tx = port.tx_queue(0).unwrap();
+    let mut rx = port.rx_queue(0).unwrap();
+    let mut out: Vec<Mbuf> = Vec::with_capacity(64);
+    for i in 0..40 {
+        out.push(packet(&pool, i));
+    }
+    assert_eq!(tx.send_from(&mut out), 40);
+    assert!(out.is_empty());
+    let mut inb: Vec<Mbuf> = Vec::with_capacity(32);
+    assert_eq!(rx.recv_into(&mut inb, 64), 32, "bounded by spare capacity");
+    assert_eq!(rx.recv_into(&mut inb, 64), 0, "no capacity left");
+    inb.reserve(8);
+    assert_eq!(rx.recv_into(&mut inb, 5), 5, "bounded by max");
+    assert!(inb
+        .iter()
+        .enumerate()
+        .all(|(i, m)| usize::from(m.data()[0]) == i));
+    drop(inb);
+    let mut rest = Vec::with_capacity(64);
+    assert_eq!(rx.recv_into(&mut rest, 64), 3);
+    drop(rest);
+    assert_eq!(pool.in_use(), 0);
+}

@@ -1,0 +1,93 @@
+//! The packet-I/O seam: drivers, their queues and their packets.
+
+pub mod memory;
+
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
+
+/// A packet buffer owned by a driver. Dropping it returns it to its pool.
+pub trait Packet: Send {
+    /// The packet's bytes.
+    fn data(&self) -> &[u8];
+    /// The packet's bytes, writable in place.
+    fn data_mut(&mut self) -> &mut [u8];
+}
+
+/// A receive queue, polled by the thread that opened it.
+pub trait RxQueue {
+    /// The driver's packet type.
+    type Packet: Packet;
+    /// Appends at most `max` received packets to `out` (never beyond its
+    /// spare capacity, so nothing allocates); returns how many.
+    fn recv(&mut self, out: &mut Vec<Self::Packet>, max: usize) -> usize;
+}
+
+/// A transmit queue, used by the thread that opened it.
+pub trait TxQueue {
+    /// The driver's packet type.
+    type Packet: Packet;
+    /// Sends from the front of `pkts`, removing what was sent; what the
+    /// queue did not take stays, in order. Returns how many were sent.
+    fn send(&mut self, pkts: &mut Vec<Self::Packet>) -> usize;
+}
+
+/// Counters a driver keeps for one port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Packets the device dropped on receive.
+    pub rx_missed: u64,
+    /// Receive errors.
+    pub rx_errors: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+/// Why a driver could not hand out a queue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IoError {
+    /// The port index is not one of the driver's ports.
+    #[error("no port {0}")]
+    NoSuchPort(usize),
+    /// The queue does not exist or is already taken.
+    #[error("port {port}: {reason}")]
+    Queue {
+        /// Port index.
+        port: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// A set of ports with their queues. Cloned into every worker thread,
+/// which opens the queues it polls on that thread.
+pub trait Driver: Clone + Send + Sync + 'static {
+    /// The packet type of every queue.
+    type Packet: Packet;
+    /// Receive queue handle.
+    type Rx: RxQueue<Packet = Self::Packet>;
+    /// Transmit queue handle.
+    type Tx: TxQueue<Packet = Self::Packet>;
+
+    /// Number of ports; ports are indexed 0..port_count().
+    fn port_count(&self) -> usize;
+    /// Opens RX queue `queue` of `port` for the calling thread.
+    ///
+    /// # Errors
+    /// If the port or queue does not exist or the queue is taken.
+    fn rx_queue(&self, port: usize, queue: u16) -> Result<Self::Rx, IoError>;
+    /// Opens TX queue `queue` of `port` for the calling thread.
+    ///
+    /// # Errors
+    /// If the port or queue does not exist or the queue is taken.
+    fn tx_queue(&self, port: usize, queue: u16) -> Result<Self::Tx, IoError>;
+    /// The port's driver-level counters.
+    fn stats(&self, port: usize) -> PortStats;
+}

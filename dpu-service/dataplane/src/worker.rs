@@ -1,0 +1,496 @@
+//! Poll-mode, run-to-completion workers.
+//!
+//! A worker owns its RX queues and one TX queue per port, all opened on its
+//! own thread. Each turn it receives a burst from every RX queue, runs the
+//! pipeline on each packet, queues forwarded packets per output port and
+//! transmits them; what a full TX queue refuses is dropped and counted.
+//! Buffers are reserved once before the loop: the packet path allocates
+//! nothing, takes no lock and makes no syscall (an idle worker may sleep).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::io::{Driver, IoError, Packet, RxQueue, TxQueue};
+
+/// Packets per receive burst.
+pub const BURST: usize = 32;
+
+/// Why the data plane dropped a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The pipeline chose an output port that does not exist.
+    NoRoute,
+    /// The output port's TX queue was full.
+    TxFull,
+    /// The packet could not be parsed.
+    Malformed,
+    /// The pipeline's policy refused it.
+    Policy,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 4] = [Self::NoRoute, Self::TxFull, Self::Malformed, Self::Policy];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What to do with one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send it out of this port.
+    Forward(usize),
+    /// Drop it, counting the reason.
+    Drop(DropReason),
+}
+
+/// Per-packet processing: a function of the input port and the packet's
+/// bytes (which it may rewrite in place) to a verdict.
+pub trait Pipeline: Send + 'static {
+    /// Decides the packet's fate.
+    fn process(&mut self, in_port: usize, packet: &mut [u8]) -> Verdict;
+}
+
+/// The empty pipeline: each input port is wired to one output port (like a
+/// patch panel, or testpmd's io forwarding).
+#[derive(Debug, Clone)]
+pub struct CrossConnect {
+    out: Vec<Option<usize>>,
+}
+
+impl CrossConnect {
+    /// Wires each `(in, out)` pair; unwired inputs drop with NoRoute.
+    pub fn new(pairs: &[(usize, usize)]) -> Self {
+        let n = pairs.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
+        let mut out = vec![None; n];
+        for &(i, o) in pairs {
+            out[i] = Some(o);
+        }
+        Self { out }
+    }
+}
+
+impl Pipeline for CrossConnect {
+    fn process(&mut self, in_port: usize, _packet: &mut [u8]) -> Verdict {
+        match self.out.get(in_port).copied().flatten() {
+            Some(o) => Verdict::Forward(o),
+            None => Verdict::Drop(DropReason::NoRoute),
+        }
+    }
+}
+
+/// What a worker does when a turn found no packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// Keep polling (a dedicated core, as on a DPU).
+    BusyPoll,
+    /// After `spins` empty turns, sleep between polls, doubling up to `max`
+    /// (laptops and CI); the first packet resets it.
+    Backoff {
+        /// Empty turns before sleeping.
+        spins: u32,
+        /// Longest sleep.
+        max: Duration,
+    },
+}
+
+/// Counters of one worker. Only the worker writes them (relaxed load and
+/// store, no read-modify-write); readers sum all workers' counters.
+#[derive(Debug)]
+pub struct WorkerCounters {
+    rx_packets: Vec<AtomicU64>,
+    rx_bytes: Vec<AtomicU64>,
+    tx_packets: Vec<AtomicU64>,
+    tx_bytes: Vec<AtomicU64>,
+    drops: [AtomicU64; DropReason::ALL.len()],
+    turns: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+fn zeros(n: usize) -> Vec<AtomicU64> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl WorkerCounters {
+    fn new(ports: usize) -> Self {
+        Self {
+            rx_packets: zeros(ports),
+            rx_bytes: zeros(ports),
+            tx_packets: zeros(ports),
+            tx_bytes: zeros(ports),
+            drops: Default::default(),
+            turns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Counters summed over workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Packets received, per port.
+    pub rx_packets: Vec<u64>,
+    /// Bytes received, per port.
+    pub rx_bytes: Vec<u64>,
+    /// Packets transmitted, per port.
+    pub tx_packets: Vec<u64>,
+    /// Bytes transmitted, per port.
+    pub tx_bytes: Vec<u64>,
+    /// Drops, indexed like [`DropReason::ALL`].
+    pub drops: [u64; DropReason::ALL.len()],
+    /// Loop turns of all workers.
+    pub turns: u64,
+}
+
+impl Totals {
+    /// Packets dropped for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()]
+    }
+}
+
+/// What one worker polls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// `(port, queue)` pairs this worker receives from.
+    pub rx: Vec<(usize, u16)>,
+    /// The TX queue this worker uses on every port (one per worker).
+    pub tx_queue: u16,
+    /// Idle behaviour.
+    pub idle: Idle,
+}
+
+struct Loop<D: Driver, P: Pipeline> {
+    rx: Vec<(usize, D::Rx)>,
+    tx: Vec<D::Tx>,
+    pipeline: P,
+    counters: Arc<WorkerCounters>,
+}
+
+impl<D: Driver, P: Pipeline> Loop<D, P> {
+    fn run(mut self, stop: &AtomicBool, idle: Idle) {
+        let ports = self.tx.len();
+        let mut burst: Vec<D::Packet> = Vec::with_capacity(BURST);
+        // Every RX queue may forward a whole burst to one port in a turn.
+        let per_port = BURST * self.rx.len().max(1);
+        let mut out: Vec<Vec<D::Packet>> =
+            (0..ports).map(|_| Vec::with_capacity(per_port)).collect();
+        let c = self.counters.clone();
+        let mut empty_turns = 0u32;
+        let mut nap = Duration::from_micros(1);
+        while !stop.load(Ordering::Relaxed) {
+            let mut got = 0;
+            for (port, rx) in &mut self.rx {
+                let n = rx.recv(&mut burst, BURST);
+                if n == 0 {
+                    continue;
+                }
+                got += n;
+                let mut bytes = 0u64;
+                for mut pkt in burst.drain(..) {
+                    bytes += pkt.data().len() as u64;
+                    match self.pipeline.process(*port, pkt.data_mut()) {
+                        Verdict::Forward(o) if o < ports => out[o].push(pkt),
+                        Verdict::Forward(_) => bump(&c.drops[DropReason::NoRoute.index()], 1),
+                        Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
+                    }
+                }
+                bump(&c.rx_packets[*port], n as u64);
+                bump(&c.rx_bytes[*port], bytes);
+            }
+            for (o, pkts) in out.iter_mut().enumerate() {
+                if pkts.is_empty() {
+                    continue;
+                }
+                let before: u64 = pkts.iter().map(|p| p.data().len() as u64).sum();
+                let sent = self.tx[o].send(pkts);
+                let left: u64 = pkts.iter().map(|p| p.data().len() as u64).sum();
+                bump(&c.tx_packets[o], sent as u64);
+                bump(&c.tx_bytes[o], before - left);
+                if !pkts.is_empty() {
+                    bump(&c.drops[DropReason::TxFull.index()], pkts.len() as u64);
+                    pkts.clear();
+                }
+            }
+            bump(&c.turns, 1);
+            match idle {
+                Idle::BusyPoll => {}
+                Idle::Backoff { spins, max } => {
+                    if got > 0 {
+                        empty_turns = 0;
+                        nap = Duration::from_micros(1);
+                    } else {
+                        empty_turns = empty_turns.saturating_add(1);
+                        if empty_turns > spins {
+                            std::thread::sleep(nap);
+                            nap = (nap * 2).min(max);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Running workers: stop them with [`Workers::stop`] (also on drop).
+#[derive(Debug)]
+pub struct Workers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Vec<Arc<WorkerCounters>>,
+    ports: usize,
+}
+
+/// Why workers could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A worker could not open a queue.
+    #[error("worker {worker}: {source}")]
+    Queue {
+        /// Worker index.
+        worker: usize,
+        /// The driver's error.
+        source: IoError,
+    },
+    /// The OS refused to start a thread.
+    #[error("starting worker {worker}: {source}")]
+    Thread {
+        /// Worker index.
+        worker: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl Workers {
+    /// Starts one thread per config, in order. Each opens its queues on its
+    /// own thread; if one cannot, the workers already running are stopped
+    /// and the error returned.
+    ///
+    /// # Errors
+    /// [`StartError`] naming the worker that failed.
+    pub fn start<D: Driver, P: Pipeline>(
+        driver: &D,
+        configs: Vec<WorkerConfig>,
+        mut pipeline: impl FnMut(usize) -> P,
+    ) -> Result<Workers, StartError> {
+        let ports = driver.port_count();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut w = Workers {
+            stop: stop.clone(),
+            threads: Vec::new(),
+            counters: Vec::new(),
+            ports,
+        };
+        for (i, cfg) in configs.into_iter().enumerate() {
+            let counters = Arc::new(WorkerCounters::new(ports));
+            let (tx_ready, rx_ready) = std::sync::mpsc::channel::<Result<(), IoError>>();
+            let (d, p, c, s) = (driver.clone(), pipeline(i), counters.clone(), stop.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("dp-worker-{i}"))
+                .spawn(move || {
+                    let opened = (|| -> Result<Loop<D, P>, IoError> {
+                        let rx = cfg
+                            .rx
+                            .iter()
+                            .map(|&(port, q)| d.rx_queue(port, q).map(|h| (port, h)))
+                            .collect::<Result<_, _>>()?;
+                        let tx = (0..d.port_count())
+                            .map(|port| d.tx_queue(port, cfg.tx_queue))
+                            .collect::<Result<_, _>>()?;
+                        Ok(Loop {
+                            rx,
+                            tx,
+                            pipeline: p,
+                            counters: c,
+                        })
+                    })();
+                    match opened {
+                        Ok(l) => {
+                            let _ = tx_ready.send(Ok(()));
+                            l.run(&s, cfg.idle);
+                        }
+                        Err(e) => {
+                            let _ = tx_ready.send(Err(e));
+                        }
+                    }
+                })
+                .map_err(|source| StartError::Thread { worker: i, source })?;
+            w.threads.push(t);
+            w.counters.push(counters);
+            // One at a time: a failure names the worker that hit it, and
+            // dropping `w` stops the ones already running.
+            match rx_ready.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(source)) => return Err(StartError::Queue { worker: i, source }),
+                Err(_) => {
+                    return Err(StartError::Queue {
+                        worker: i,
+                        source: IoError::Queue {
+                            port: 0,
+                            reason: "worker thread ended during start".into(),
+                        },
+                    })
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// Counters summed over all workers.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals {
+            rx_packets: vec![0; self.ports],
+            rx_bytes: vec![0; self.ports],
+            tx_packets: vec![0; self.ports],
+            tx_bytes: vec![0; self.ports],
+            ..Totals::default()
+        };
+        let add = |dst: &mut Vec<u64>, src: &[AtomicU64]| {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d += s.load(Ordering::Relaxed);
+            }
+        };
+        for c in &self.counters {
+            add(&mut t.rx_packets, &c.rx_packets);
+            add(&mut t.rx_bytes, &c.rx_bytes);
+            add(&mut t.tx_packets, &c.tx_packets);
+            add(&mut t.tx_bytes, &c.tx_bytes);
+            for (d, s) in t.drops.iter_mut().zip(&c.drops) {
+                *d += s.load(Ordering::Relaxed);
+            }
+            t.turns += c.turns.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    /// Stops every worker after its current turn and waits for it.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::memory::MemoryDriver;
+
+    fn wait_for(mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    const BACKOFF: Idle = Idle::Backoff {
+        spins: 100,
+        max: Duration::from_millis(1),
+    };
+
+    #[test]
+    fn cross_connect_forwards_in_order_and_counts() {
+        let d = MemoryDriver::new(3);
+        for i in 0..100u8 {
+            d.inject(0, vec![i; 60]).unwrap();
+            d.inject(2, vec![i; 10]).unwrap();
+        }
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0), (2, 0)],
+            tx_queue: 0,
+            idle: BACKOFF,
+        };
+        let mut w = Workers::start(&d, vec![cfg], |_| CrossConnect::new(&[(0, 1)])).unwrap();
+        wait_for(|| w.totals().rx_packets[0] == 100 && w.totals().rx_packets[2] == 100);
+        w.stop();
+        let sent = d.take_sent(1);
+        assert_eq!(sent.len(), 100);
+        assert!(
+            sent.iter()
+                .enumerate()
+                .all(|(i, p)| p[0] as usize == i && p.len() == 60),
+            "order kept"
+        );
+        let t = w.totals();
+        assert_eq!(t.tx_packets[1], 100);
+        assert_eq!(t.tx_bytes[1], 6000);
+        assert_eq!(t.rx_bytes[0], 6000);
+        assert_eq!(t.dropped(DropReason::NoRoute), 100, "port 2 is not wired");
+    }
+
+    #[test]
+    fn full_tx_queue_drops_and_counts() {
+        let d = MemoryDriver::with_tx_limit(2, Some(10));
+        for i in 0..50u8 {
+            d.inject(0, vec![i]).unwrap();
+        }
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 0,
+            idle: BACKOFF,
+        };
+        let mut w = Workers::start(&d, vec![cfg], |_| CrossConnect::new(&[(0, 1)])).unwrap();
+        wait_for(|| w.totals().rx_packets[0] == 50);
+        w.stop();
+        let t = w.totals();
+        assert_eq!(t.tx_packets[1], 10);
+        assert_eq!(t.dropped(DropReason::TxFull), 40);
+        assert_eq!(d.take_sent(1).len(), 10);
+    }
+
+    #[test]
+    fn a_worker_that_cannot_open_its_queues_fails_the_start() {
+        let d = MemoryDriver::new(2);
+        let a = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 0,
+            idle: BACKOFF,
+        };
+        let clash = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 1,
+            idle: BACKOFF,
+        };
+        let err = Workers::start(&d, vec![a.clone(), clash], |_| CrossConnect::new(&[(0, 1)]))
+            .unwrap_err();
+        assert!(matches!(err, StartError::Queue { worker: 1, .. }), "{err}");
+        // The failed start stopped the first worker and released its queues.
+        let mut w = Workers::start(&d, vec![a], |_| CrossConnect::new(&[(0, 1)])).unwrap();
+        w.stop();
+    }
+
+    #[test]
+    fn idle_workers_back_off_and_stop_promptly() {
+        let d = MemoryDriver::new(2);
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 0,
+            idle: Idle::Backoff {
+                spins: 10,
+                max: Duration::from_millis(5),
+            },
+        };
+        let mut w = Workers::start(&d, vec![cfg], |_| CrossConnect::new(&[(0, 1)])).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let turns = w.totals().turns;
+        assert!(turns < 1000, "{turns} turns in 100 ms: not backing off");
+        let t0 = std::time::Instant::now();
+        w.stop();
+        assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+}
