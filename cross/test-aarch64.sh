@@ -18,7 +18,10 @@ rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup ta
 sysroot=$(cross/sysroot.sh)
 # shellcheck source=cross/env.sh
 source cross/env.sh "$sysroot"
-cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control "$@"
+# qemu-user does not emulate setsockopt(SOL_PACKET, PACKET_VERSION), so the
+# net_af_packet veth test cannot open its ports here; it runs natively.
+cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control \
+  -- --skip ping_crosses_the_worker_between_two_namespaces
 
 # Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
 cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service --bins

@@ -10,6 +10,9 @@ have cc || need_apt+=(build-essential)
 have pkg-config || need_apt+=(pkg-config)
 have openssl || need_apt+=(openssl)
 have curl || need_apt+=(curl)
+# Traffic tests: network namespaces, veth pairs and ping.
+have ip || need_apt+=(iproute2)
+have ping || need_apt+=(iputils-ping)
 have python3 || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).
