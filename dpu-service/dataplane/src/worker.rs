@@ -17,22 +17,40 @@ use crate::io::{Driver, IoError, Packet, RxQueue, TxQueue};
 /// Packets per receive burst.
 pub const BURST: usize = 32;
 
-/// Why the data plane dropped a packet.
+/// Why the data plane dropped a packet (the reasons of `dpu.v1.DropReason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
-    /// The pipeline chose an output port that does not exist.
-    NoRoute,
-    /// The output port's TX queue was full.
-    TxFull,
+    /// The packet's input matches no tenant attachment.
+    NoTenant,
+    /// Source MAC or IP not allowed on the attachment.
+    Spoofed,
+    /// A deny rule or the default policy.
+    AclDeny,
+    /// Connection tracking found it invalid.
+    ConntrackInvalid,
+    /// The tenant's connection table was full.
+    TableFull,
+    /// A rule's rate limit.
+    RateLimited,
     /// The packet could not be parsed.
     Malformed,
-    /// The pipeline's policy refused it.
-    Policy,
+    /// The output could not take it: its TX queue was full, or the
+    /// pipeline named a port the driver does not have.
+    TxFull,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 4] = [Self::NoRoute, Self::TxFull, Self::Malformed, Self::Policy];
+    pub const ALL: [DropReason; 8] = [
+        Self::NoTenant,
+        Self::Spoofed,
+        Self::AclDeny,
+        Self::ConntrackInvalid,
+        Self::TableFull,
+        Self::RateLimited,
+        Self::Malformed,
+        Self::TxFull,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -63,7 +81,7 @@ pub struct CrossConnect {
 }
 
 impl CrossConnect {
-    /// Wires each `(in, out)` pair; unwired inputs drop with NoRoute.
+    /// Wires each `(in, out)` pair; unwired inputs drop as NoTenant.
     pub fn new(pairs: &[(usize, usize)]) -> Self {
         let n = pairs.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
         let mut out = vec![None; n];
@@ -78,7 +96,7 @@ impl Pipeline for CrossConnect {
     fn process(&mut self, in_port: usize, _packet: &mut [u8]) -> Verdict {
         match self.out.get(in_port).copied().flatten() {
             Some(o) => Verdict::Forward(o),
-            None => Verdict::Drop(DropReason::NoRoute),
+            None => Verdict::Drop(DropReason::NoTenant),
         }
     }
 }
@@ -197,7 +215,7 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                     bytes += pkt.data().len() as u64;
                     match self.pipeline.process(*port, pkt.data_mut()) {
                         Verdict::Forward(o) if o < ports => out[o].push(pkt),
-                        Verdict::Forward(_) => bump(&c.drops[DropReason::NoRoute.index()], 1),
+                        Verdict::Forward(_) => bump(&c.drops[DropReason::TxFull.index()], 1),
                         Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
                     }
                 }
@@ -236,6 +254,14 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
             }
         }
     }
+}
+
+/// Reads the summed counters of a set of workers; cheap to clone, usable
+/// from any thread while the workers run.
+#[derive(Debug, Clone)]
+pub struct CounterReader {
+    counters: Arc<Vec<Arc<WorkerCounters>>>,
+    ports: usize,
 }
 
 /// Running workers: stop them with [`Workers::stop`] (also on drop).
@@ -345,6 +371,29 @@ impl Workers {
 
     /// Counters summed over all workers.
     pub fn totals(&self) -> Totals {
+        self.reader().totals()
+    }
+
+    /// A reader of the workers' counters for other threads.
+    pub fn reader(&self) -> CounterReader {
+        CounterReader {
+            counters: Arc::new(self.counters.clone()),
+            ports: self.ports,
+        }
+    }
+
+    /// Stops every worker after its current turn and waits for it.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl CounterReader {
+    /// Counters summed over all workers.
+    pub fn totals(&self) -> Totals {
         let mut t = Totals {
             rx_packets: vec![0; self.ports],
             rx_bytes: vec![0; self.ports],
@@ -357,7 +406,7 @@ impl Workers {
                 *d += s.load(Ordering::Relaxed);
             }
         };
-        for c in &self.counters {
+        for c in self.counters.iter() {
             add(&mut t.rx_packets, &c.rx_packets);
             add(&mut t.rx_bytes, &c.rx_bytes);
             add(&mut t.tx_packets, &c.tx_packets);
@@ -368,14 +417,6 @@ impl Workers {
             t.turns += c.turns.load(Ordering::Relaxed);
         }
         t
-    }
-
-    /// Stops every worker after its current turn and waits for it.
-    pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
     }
 }
 
@@ -430,7 +471,7 @@ mod tests {
         assert_eq!(t.tx_packets[1], 100);
         assert_eq!(t.tx_bytes[1], 6000);
         assert_eq!(t.rx_bytes[0], 6000);
-        assert_eq!(t.dropped(DropReason::NoRoute), 100, "port 2 is not wired");
+        assert_eq!(t.dropped(DropReason::NoTenant), 100, "port 2 is not wired");
     }
 
     #[test]
