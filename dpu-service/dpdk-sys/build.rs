@@ -18,6 +18,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_version",
     "rte_socket_id",
     "rte_lcore_count",
+    "rte_thread_register",
+    "rte_thread_unregister",
     "rte_pktmbuf_pool_create",
     "rte_pktmbuf_free_bulk",
     "rte_mempool_free",

@@ -199,6 +199,7 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
         let per_port = BURST * self.rx.len().max(1);
         let mut out: Vec<Vec<D::Packet>> =
             (0..ports).map(|_| Vec::with_capacity(per_port)).collect();
+        let mut out_bytes = vec![0u64; ports];
         let c = self.counters.clone();
         let mut empty_turns = 0u32;
         let mut nap = Duration::from_micros(1);
@@ -212,9 +213,13 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 got += n;
                 let mut bytes = 0u64;
                 for mut pkt in burst.drain(..) {
-                    bytes += pkt.data().len() as u64;
+                    let len = pkt.len() as u64;
+                    bytes += len;
                     match self.pipeline.process(*port, pkt.data_mut()) {
-                        Verdict::Forward(o) if o < ports => out[o].push(pkt),
+                        Verdict::Forward(o) if o < ports => {
+                            out_bytes[o] += len;
+                            out[o].push(pkt);
+                        }
                         Verdict::Forward(_) => bump(&c.drops[DropReason::TxFull.index()], 1),
                         Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
                     }
@@ -226,15 +231,16 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 if pkts.is_empty() {
                     continue;
                 }
-                let before: u64 = pkts.iter().map(|p| p.data().len() as u64).sum();
                 let sent = self.tx[o].send(pkts);
-                let left: u64 = pkts.iter().map(|p| p.data().len() as u64).sum();
-                bump(&c.tx_packets[o], sent as u64);
-                bump(&c.tx_bytes[o], before - left);
+                let mut sent_bytes = std::mem::take(&mut out_bytes[o]);
                 if !pkts.is_empty() {
+                    // Rare: the queue was full. Only then walk the leftovers.
+                    sent_bytes -= pkts.iter().map(|p| p.len() as u64).sum::<u64>();
                     bump(&c.drops[DropReason::TxFull.index()], pkts.len() as u64);
                     pkts.clear();
                 }
+                bump(&c.tx_packets[o], sent as u64);
+                bump(&c.tx_bytes[o], sent_bytes);
             }
             bump(&c.turns, 1);
             match idle {
@@ -321,7 +327,8 @@ impl Workers {
             let t = std::thread::Builder::new()
                 .name(format!("dp-worker-{i}"))
                 .spawn(move || {
-                    let opened = (|| -> Result<Loop<D, P>, IoError> {
+                    let opened = (|| -> Result<(D::ThreadGuard, Loop<D, P>), IoError> {
+                        let guard = d.enter_worker()?;
                         let rx = cfg
                             .rx
                             .iter()
@@ -330,17 +337,20 @@ impl Workers {
                         let tx = (0..d.port_count())
                             .map(|port| d.tx_queue(port, cfg.tx_queue))
                             .collect::<Result<_, _>>()?;
-                        Ok(Loop {
+                        let l = Loop {
                             rx,
                             tx,
                             pipeline: p,
                             counters: c,
-                        })
+                        };
+                        Ok((guard, l))
                     })();
                     match opened {
-                        Ok(l) => {
+                        // The guard (EAL registration) outlives the queues.
+                        Ok((guard, l)) => {
                             let _ = tx_ready.send(Ok(()));
                             l.run(&s, cfg.idle);
+                            drop(guard);
                         }
                         Err(e) => {
                             let _ = tx_ready.send(Err(e));

@@ -110,7 +110,7 @@ fn pcap_in_equals_pcap_out_and_nothing_leaks() {
         dpdk::Port::open(&eal, "net_pcap0", &cfg, pool.clone()).unwrap(),
         dpdk::Port::open(&eal, "net_pcap1", &cfg, pool.clone()).unwrap(),
     ];
-    let driver = DpdkDriver::new(ports);
+    let driver = DpdkDriver::new(&eal, ports);
     let worker = WorkerConfig {
         rx: vec![(0, 0), (1, 0)],
         tx_queue: 0,

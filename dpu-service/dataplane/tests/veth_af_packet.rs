@@ -97,7 +97,7 @@ fn ping_crosses_the_worker_between_two_namespaces() {
         dpdk::Port::open(&eal, "net_af_packet0", &cfg, pool.clone()).unwrap(),
         dpdk::Port::open(&eal, "net_af_packet1", &cfg, pool.clone()).unwrap(),
     ];
-    let driver = DpdkDriver::new(ports);
+    let driver = DpdkDriver::new(&eal, ports);
     let worker = WorkerConfig {
         rx: vec![(0, 0), (1, 0)],
         tx_queue: 0,

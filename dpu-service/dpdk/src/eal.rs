@@ -219,3 +219,51 @@ mod tests {
         );
     }
 }
+
+/// Registers the calling thread with EAL for as long as the guard lives,
+/// giving it an lcore ID: mempool per-lcore caches then serve its buffer
+/// allocations and frees instead of the shared ring.
+#[derive(Debug)]
+pub struct ThreadRegistration {
+    _eal: Eal,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Eal {
+    /// Registers the calling (non-EAL) thread; see [`ThreadRegistration`].
+    ///
+    /// # Errors
+    /// [`DpdkError::EalInit`] if EAL has no free lcore ID left.
+    pub fn register_thread(&self) -> Result<ThreadRegistration, DpdkError> {
+        // SAFETY: EAL is initialised (self proves it); registering the
+        // calling thread has no other precondition.
+        let rc = unsafe { dpdk_sys::rte_thread_register() };
+        if rc != 0 {
+            let (code, message) = crate::last_error();
+            return Err(DpdkError::EalInit {
+                code,
+                message,
+                args: "rte_thread_register".into(),
+            });
+        }
+        Ok(ThreadRegistration {
+            _eal: self.clone(),
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for ThreadRegistration {
+    fn drop(&mut self) {
+        // SAFETY: this thread registered itself (the guard is !Send, so this
+        // runs on the same thread) and unregisters once.
+        unsafe { dpdk_sys::rte_thread_unregister() };
+    }
+}
+
+/// The calling thread's lcore ID, or `None` for a thread EAL does not know.
+pub fn lcore_id() -> Option<u32> {
+    // SAFETY: rte_lcore_id reads a thread-local variable.
+    let id = unsafe { dpdk_sys::dpdk_shim_rte_lcore_id() };
+    (id != u32::MAX).then_some(id)
+}

@@ -20,7 +20,7 @@ mod mbuf;
 mod mempool;
 mod port;
 
-pub use eal::{Eal, EalConfig};
+pub use eal::{lcore_id, Eal, EalConfig, ThreadRegistration};
 pub use error::DpdkError;
 pub use mbuf::{Drain, Mbuf, MbufBatch};
 pub use mempool::Mempool;

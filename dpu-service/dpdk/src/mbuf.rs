@@ -50,26 +50,36 @@ impl Mbuf {
         p
     }
 
+    /// Start of the first segment's data: `rte_pktmbuf_mtod`, as a field
+    /// read (buf_addr + data_off) rather than a call into the shim.
+    fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the mbuf is valid and owned by self; buf_addr and data_off
+        // are plain fields of struct rte_mbuf whose offsets bindgen's layout
+        // assertions check at compile time against the headers in use; the
+        // sum stays inside the mbuf's buffer by DPDK's own invariant.
+        unsafe {
+            let m = self.ptr.as_ptr();
+            (*m).buf_addr.cast::<u8>().add(usize::from((*m).data_off))
+        }
+    }
+
+    /// Length of the first segment's data (`rte_pktmbuf_data_len`).
+    pub fn data_len(&self) -> usize {
+        // SAFETY: valid, owned mbuf; data_len is a plain, layout-checked field.
+        usize::from(unsafe { (*self.ptr.as_ptr()).data_len })
+    }
+
     /// The packet bytes of the first segment.
     pub fn data(&self) -> &[u8] {
-        // SAFETY: the mbuf is valid and owned by self; mtod points at
-        // data_len initialised bytes inside the buffer, which live as long
-        // as the borrow of self.
-        unsafe {
-            let p = sys::dpdk_shim_rte_pktmbuf_mtod(self.ptr.as_ptr()).cast::<u8>();
-            let len = usize::from(sys::dpdk_shim_rte_pktmbuf_data_len(self.ptr.as_ptr()));
-            std::slice::from_raw_parts(p, len)
-        }
+        // SAFETY: data_ptr points at data_len initialised bytes inside the
+        // mbuf's buffer, which live as long as the borrow of self.
+        unsafe { std::slice::from_raw_parts(self.data_ptr(), self.data_len()) }
     }
 
     /// The packet bytes of the first segment, writable.
     pub fn data_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `data`, and &mut self guarantees exclusive access.
-        unsafe {
-            let p = sys::dpdk_shim_rte_pktmbuf_mtod(self.ptr.as_ptr()).cast::<u8>();
-            let len = usize::from(sys::dpdk_shim_rte_pktmbuf_data_len(self.ptr.as_ptr()));
-            std::slice::from_raw_parts_mut(p, len)
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.data_ptr(), self.data_len()) }
     }
 
     /// Grows the packet by `len` bytes at the end and returns them.
@@ -101,20 +111,20 @@ impl Mbuf {
 
     /// Total packet length over all segments.
     pub fn pkt_len(&self) -> u32 {
-        // SAFETY: the mbuf is valid and owned by self.
-        unsafe { sys::dpdk_shim_rte_pktmbuf_pkt_len(self.ptr.as_ptr()) }
+        // SAFETY: valid, owned mbuf; pkt_len is a plain, layout-checked field.
+        unsafe { (*self.ptr.as_ptr()).pkt_len }
     }
 
     /// Number of segments.
     pub fn segments(&self) -> u16 {
-        // SAFETY: the mbuf is valid and owned by self.
-        unsafe { sys::dpdk_shim_rte_pktmbuf_nb_segs(self.ptr.as_ptr()) }
+        // SAFETY: valid, owned mbuf; nb_segs is a plain, layout-checked field.
+        unsafe { (*self.ptr.as_ptr()).nb_segs }
     }
 
     /// The input port the packet arrived on.
     pub fn port(&self) -> u16 {
-        // SAFETY: the mbuf is valid and owned by self.
-        unsafe { sys::dpdk_shim_rte_mbuf_port(self.ptr.as_ptr()) }
+        // SAFETY: valid, owned mbuf; port is a plain, layout-checked field.
+        unsafe { (*self.ptr.as_ptr()).port }
     }
 
     /// The RSS hash the NIC computed (0 if none).

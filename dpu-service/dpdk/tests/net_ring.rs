@@ -201,3 +201,17 @@ fn vec_bursts_are_zero_copy_and_exact() {
     drop(rest);
     assert_eq!(pool.in_use(), 0);
 }
+
+#[test]
+fn registered_threads_get_an_lcore_until_the_guard_drops() {
+    let eal = eal().clone();
+    std::thread::spawn(move || {
+        assert_eq!(dpdk::lcore_id(), None, "a plain thread is not an lcore");
+        let guard = eal.register_thread().expect("a free lcore ID");
+        assert!(dpdk::lcore_id().is_some());
+        drop(guard);
+        assert_eq!(dpdk::lcore_id(), None);
+    })
+    .join()
+    .unwrap();
+}

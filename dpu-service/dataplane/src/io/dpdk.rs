@@ -6,6 +6,9 @@ use std::sync::Arc;
 use super::{Driver, IoError, Packet, PortStats, RxQueue, TxQueue};
 
 impl Packet for dpdk::Mbuf {
+    fn len(&self) -> usize {
+        self.data_len()
+    }
     fn data(&self) -> &[u8] {
         dpdk::Mbuf::data(self)
     }
@@ -39,13 +42,15 @@ impl TxQueue for DpdkTx {
 /// Started DPDK ports, indexed in the order given.
 #[derive(Debug, Clone)]
 pub struct DpdkDriver {
+    eal: dpdk::Eal,
     ports: Arc<Vec<dpdk::Port>>,
 }
 
 impl DpdkDriver {
     /// A driver over already opened ports.
-    pub fn new(ports: Vec<dpdk::Port>) -> Self {
+    pub fn new(eal: &dpdk::Eal, ports: Vec<dpdk::Port>) -> Self {
         Self {
+            eal: eal.clone(),
             ports: Arc::new(ports),
         }
     }
@@ -100,5 +105,15 @@ impl Driver for DpdkDriver {
             rx_errors: s.rx_errors,
             tx_errors: s.tx_errors,
         }
+    }
+
+    type ThreadGuard = dpdk::ThreadRegistration;
+
+    /// Registers the worker thread with EAL, so mempool caches serve it.
+    fn enter_worker(&self) -> Result<dpdk::ThreadRegistration, IoError> {
+        self.eal.register_thread().map_err(|e| IoError::Queue {
+            port: 0,
+            reason: format!("registering the worker with EAL: {e}"),
+        })
     }
 }

@@ -220,6 +220,12 @@ impl Driver for MemoryDriver {
             .and_then(|p| p.stats.lock().ok().map(|s| *s))
             .unwrap_or_default()
     }
+
+    type ThreadGuard = ();
+
+    fn enter_worker(&self) -> Result<(), IoError> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

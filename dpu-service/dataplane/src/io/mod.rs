@@ -7,6 +7,14 @@ pub mod dpdk;
 
 /// A packet buffer owned by a driver. Dropping it returns it to its pool.
 pub trait Packet: Send {
+    /// The packet's length in bytes (cheaper than `data().len()` for some drivers).
+    fn len(&self) -> usize {
+        self.data().len()
+    }
+    /// True for an empty packet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// The packet's bytes.
     fn data(&self) -> &[u8];
     /// The packet's bytes, writable in place.
@@ -90,4 +98,14 @@ pub trait Driver: Clone + Send + Sync + 'static {
     fn tx_queue(&self, port: usize, queue: u16) -> Result<Self::Tx, IoError>;
     /// The port's driver-level counters.
     fn stats(&self, port: usize) -> PortStats;
+
+    /// Per-thread state a worker holds while it runs (e.g. its EAL lcore
+    /// registration); made on the worker's thread before it opens queues.
+    type ThreadGuard;
+
+    /// Prepares the calling worker thread.
+    ///
+    /// # Errors
+    /// If the thread cannot be prepared.
+    fn enter_worker(&self) -> Result<Self::ThreadGuard, IoError>;
 }
