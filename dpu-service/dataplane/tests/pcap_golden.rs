@@ -3,13 +3,12 @@
 //! port 1; the output capture must equal the input, packet for packet.
 #![cfg(feature = "dpdk")]
 
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dpu_dataplane::io::dpdk::DpdkDriver;
 use dpu_dataplane::io::Driver;
-use dpu_dataplane::worker::{CrossConnect, Idle, WorkerConfig, Workers};
 
 fn write_pcap(path: &Path, packets: &[Vec<u8>]) {
     let mut f = Vec::new();
@@ -90,36 +89,14 @@ fn pcap_in_equals_pcap_out_and_nothing_leaks() {
             d.join(tx).display()
         )
     };
-    let eal = dpdk::Eal::init(&dpdk::EalConfig {
-        lcores: Some("0".into()),
-        no_huge: true,
-        no_pci: true,
-        memory_mb: Some(256),
-        file_prefix: Some(format!("dp-golden-{}", std::process::id())),
-        vdevs: vec![
+    let rig = common::rig(
+        "golden",
+        vec![
             vdev(0, "in.pcap", "discard.pcap"),
             vdev(1, "empty.pcap", "out.pcap"),
         ],
-        log_level: Some("lib.eal:error".into()),
-        ..Default::default()
-    })
-    .expect("EAL");
-    let pool = Arc::new(dpdk::Mempool::new(&eal, "golden", 4095, 0, 2176).unwrap());
-    let cfg = dpdk::PortConfig::default();
-    let ports = vec![
-        dpdk::Port::open(&eal, "net_pcap0", &cfg, pool.clone()).unwrap(),
-        dpdk::Port::open(&eal, "net_pcap1", &cfg, pool.clone()).unwrap(),
-    ];
-    let driver = DpdkDriver::new(&eal, ports);
-    let worker = WorkerConfig {
-        rx: vec![(0, 0), (1, 0)],
-        tx_queue: 0,
-        idle: Idle::Backoff {
-            spins: 1000,
-            max: Duration::from_millis(1),
-        },
-    };
-    let mut w = Workers::start(&driver, vec![worker], |_| CrossConnect::new(&[(0, 1)])).unwrap();
+    );
+    let mut w = common::worker(&rig, &[(0, 1)]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while w.totals().tx_packets[1] < input.len() as u64 {
         assert!(Instant::now() < deadline, "forwarded only {:?}", w.totals());
@@ -134,12 +111,13 @@ fn pcap_in_equals_pcap_out_and_nothing_leaks() {
         input.iter().map(|p| p.len() as u64).sum::<u64>()
     );
     assert_eq!(
-        driver.stats(1).tx_packets,
+        rig.driver.stats(1).tx_packets,
         input.len() as u64,
         "the port agrees"
     );
     drop(w);
-    drop(driver); // closes the ports: net_pcap flushes out.pcap
+    let pool = rig.pool.clone();
+    drop(rig); // closes the ports: net_pcap flushes out.pcap
     assert_eq!(pool.in_use(), 0, "every mbuf went back to the pool");
     let output = read_pcap(&d.join("out.pcap"));
     assert_eq!(output.len(), input.len());

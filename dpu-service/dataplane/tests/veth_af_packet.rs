@@ -4,12 +4,9 @@
 //! creates namespaces); everything it creates is removed on exit.
 #![cfg(feature = "dpdk")]
 
-use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use dpu_dataplane::io::dpdk::DpdkDriver;
-use dpu_dataplane::worker::{CrossConnect, Idle, WorkerConfig, Workers};
+use std::process::Command;
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("running ip");
@@ -77,39 +74,14 @@ impl Drop for Host {
 fn ping_crosses_the_worker_between_two_namespaces() {
     let a = Host::new("a", "10.201.0.1/24");
     let b = Host::new("b", "10.201.0.2/24");
-    let eal = dpdk::Eal::init(&dpdk::EalConfig {
-        lcores: Some("0".into()),
-        no_huge: true,
-        no_pci: true,
-        memory_mb: Some(256),
-        file_prefix: Some(format!("dp-veth-{}", std::process::id())),
-        vdevs: vec![
+    let rig = common::rig(
+        "veth",
+        vec![
             format!("net_af_packet0,iface={}", a.host_if),
             format!("net_af_packet1,iface={}", b.host_if),
         ],
-        log_level: Some("lib.eal:error".into()),
-        ..Default::default()
-    })
-    .expect("EAL");
-    let pool = Arc::new(dpdk::Mempool::new(&eal, "veth", 4095, 0, 2176).unwrap());
-    let cfg = dpdk::PortConfig::default();
-    let ports = vec![
-        dpdk::Port::open(&eal, "net_af_packet0", &cfg, pool.clone()).unwrap(),
-        dpdk::Port::open(&eal, "net_af_packet1", &cfg, pool.clone()).unwrap(),
-    ];
-    let driver = DpdkDriver::new(&eal, ports);
-    let worker = WorkerConfig {
-        rx: vec![(0, 0), (1, 0)],
-        tx_queue: 0,
-        idle: Idle::Backoff {
-            spins: 1000,
-            max: Duration::from_micros(200),
-        },
-    };
-    let mut w = Workers::start(&driver, vec![worker], |_| {
-        CrossConnect::new(&[(0, 1), (1, 0)])
-    })
-    .unwrap();
+    );
+    let mut w = common::worker(&rig, &[(0, 1), (1, 0)]);
 
     // Without the worker the namespaces share no link at all; with it:
     assert!(a.ping("10.201.0.2"), "a cannot ping b through the worker");
@@ -125,6 +97,7 @@ fn ping_crosses_the_worker_between_two_namespaces() {
         "traffic crossed with the workers stopped"
     );
     drop(w);
-    drop(driver);
+    let pool = rig.pool.clone();
+    drop(rig);
     assert_eq!(pool.in_use(), 0, "every mbuf went back to the pool");
 }
