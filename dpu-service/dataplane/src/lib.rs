@@ -1,4 +1,5 @@
-//! Data plane of dpu-service: packet I/O and the workers that move packets.
+//! Data plane of dpu-service: packet I/O, the workers that move packets,
+//! and the per-tenant switch they run.
 //!
 //! - [`io`]: one seam for every packet source and sink. A [`io::Driver`]
 //!   hands out per-queue [`io::RxQueue`]/[`io::TxQueue`] handles whose
@@ -9,12 +10,13 @@
 //!   run the [`worker::Pipeline`] on each packet, queue it for its output
 //!   port, transmit, count. No locks, no allocation, no syscalls on that
 //!   path; counters are per worker, single-writer, summed on read.
-//!
-//! What it does not do yet: tenant lookup, ACLs, connection tracking and L2
-//! forwarding are pipelines to come; this crate provides the engine they
-//! plug into.
+//! - [`parse`]: the headers a decision needs, read in place, bounds-checked.
+//! - [`classify`]: first-match packet classification with a decision tree
+//!   and incremental changes.
 
 #![forbid(unsafe_code)]
 
+pub mod classify;
 pub mod io;
+pub mod parse;
 pub mod worker;

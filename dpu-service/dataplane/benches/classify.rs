@@ -1,0 +1,160 @@
+//! The classifier alone on ClassBench rules and a 5-tuple trace: build
+//! time, table memory, lookups per second on one core, and the cost of a
+//! single-rule insert and delete. Reads the `dpdk-test-acl` files that
+//! ../shared/bench/gen_data.py writes, so `dpdk-test-acl` can run on the
+//! same rules and trace side by side. Every lookup is first checked
+//! against a plain first-match scan of the rules.
+//!
+//! ```text
+//! cargo bench -p dpu-dataplane --bench classify --no-run
+//! flock /tmp/bench.lock taskset -c 1 target/release/deps/classify-* \
+//!     --data /tmp/vswitch-bench/data --sets acl1_1k,acl1_10k --runs 3
+//! ```
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use dpu_dataplane::classify::{AclRule, Classifier, Family};
+use dpu_dataplane::parse::FlowKey;
+
+fn ip(s: &str) -> (u128, u8) {
+    let (a, len) = s.split_once('/').expect("prefix");
+    let a: std::net::Ipv4Addr = a.parse().expect("address");
+    (u128::from(u32::from(a)), len.parse().expect("length"))
+}
+
+fn range(s: &str) -> (u16, u16) {
+    let (a, b) = s.split_once(':').expect("range");
+    (
+        a.trim().parse().expect("port"),
+        b.trim().parse().expect("port"),
+    )
+}
+
+/// `@src/len <tab> dst/len <tab> lo : hi <tab> lo : hi <tab> proto/mask`.
+fn load_rules(path: &str) -> Vec<AclRule> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (run ../shared/bench/gen_data.py)"));
+    text.lines()
+        .filter(|l| l.starts_with('@'))
+        .enumerate()
+        .map(|(i, l)| {
+            let f: Vec<&str> = l[1..].split('\t').collect();
+            let (s, sl) = ip(f[0]);
+            let (d, dl) = ip(f[1]);
+            let (p, m) = f[4].split_once('/').expect("proto");
+            let p = u8::from_str_radix(p.trim_start_matches("0x"), 16).expect("proto");
+            let m = u8::from_str_radix(m.trim_start_matches("0x"), 16).expect("mask");
+            AclRule {
+                // Even orders leave room to insert between two rules.
+                order: 2 * i as u32,
+                tag: i as u32,
+                family: Family::V4,
+                src: AclRule::prefix_range(s, sl, 32),
+                dst: AclRule::prefix_range(d, dl, 32),
+                src_port: range(f[2]),
+                dst_port: range(f[3]),
+                proto: if m == 0 { (0, 255) } else { (p, p) },
+            }
+        })
+        .collect()
+}
+
+fn load_trace(path: &str) -> Vec<FlowKey> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .map(|l| {
+            let f: Vec<u64> = l
+                .split_whitespace()
+                .map(|x| x.parse().expect("trace field"))
+                .collect();
+            FlowKey {
+                src: u128::from(f[0]),
+                dst: u128::from(f[1]),
+                src_port: f[2] as u16,
+                dst_port: f[3] as u16,
+                proto: f[4] as u8,
+                v6: false,
+            }
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut data = "/tmp/vswitch-bench/data".to_string();
+    let mut sets = "acl1_1k,acl1_10k".to_string();
+    let mut runs = 3usize;
+    let mut secs = 3.0f64;
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--data" => data = val(),
+            "--sets" => sets = val(),
+            "--runs" => runs = val().parse().expect("--runs"),
+            "--secs" => secs = val().parse().expect("--secs"),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    for set in sets.split(',') {
+        let rules = load_rules(&format!("{data}/{set}/testacl.rules"));
+        let trace = load_trace(&format!("{data}/{set}/testacl.trace"));
+        let builds: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                black_box(Classifier::build(&rules));
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        let c = Classifier::build(&rules);
+        for k in &trace {
+            let want = rules.iter().find(|r| r.matches(k)).map(|r| r.tag);
+            assert_eq!(c.lookup(k).map(|r| r.tag), want, "{set}: key {k:?}");
+        }
+        let rates: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                let mut n = 0u64;
+                while t.elapsed() < Duration::from_secs_f64(secs) {
+                    for k in &trace {
+                        black_box(c.lookup(black_box(k)));
+                    }
+                    n += trace.len() as u64;
+                }
+                n as f64 / t.elapsed().as_secs_f64() / 1e6
+            })
+            .collect();
+        // One rule in, one rule out, off a fresh build: what a single
+        // gRPC rule change costs the control plane.
+        let mid = rules[rules.len() / 2];
+        let mid = rules[rules.len() / 2];
+        let inserted = AclRule {
+            order: mid.order + 1,
+            tag: u32::MAX,
+            ..mid
+        };
+        let changes: Vec<f64> = (0..runs.max(5))
+            .map(|_| {
+                let t = Instant::now();
+                black_box(c.with_changes(&[], &[inserted]).expect("insert"));
+                black_box(c.with_changes(&[mid.order], &[]).expect("delete"));
+                t.elapsed().as_secs_f64() / 2.0
+            })
+            .collect();
+        println!(
+            "{set}: {} rules, build {:.1} ms, {:.2} MB, lookups {:.2} M/s (runs: {}), single-rule change {:.1} us",
+            rules.len(),
+            median(builds) * 1e3,
+            c.memory_bytes() as f64 / 1e6,
+            median(rates.clone()),
+            rates.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+            median(changes) * 1e6,
+        );
+    }
+}

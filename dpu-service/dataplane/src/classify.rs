@@ -1,0 +1,974 @@
+//! Packet classification: first matching rule of an ordered list, found
+//! with decision trees instead of a scan.
+//!
+//! Rules are grouped by shape first (EffiCuts-style): per dimension a rule
+//! is "large" if it covers a big share of the field, and rules large in
+//! the same dimensions share a tree, at most a handful of trees per
+//! address family. Within a group, wide rules rarely have to be copied
+//! into many narrow slices, which is what makes a single cut tree blow up.
+//!
+//! Each tree cuts the 5-dimensional key space (source address, destination
+//! address, source port, destination port, protocol) into aligned
+//! power-of-two slices, one dimension per node, HiCuts-style: a node tries
+//! the dimensions in which its rules differ most, with as many cuts as
+//! keep rule replication within a budget, and takes the first cut that
+//! leaves every slice with fewer rules; otherwise it is a leaf listing its
+//! rules in order. Because boxes are aligned, a child is found by a shift
+//! and a mask. Rules behind one that covers a whole box are cut from that
+//! box, so a catch-all rule costs nothing below it. A node budget per rule
+//! bounds build time and memory whatever the rules look like.
+//!
+//! A lookup walks the trees in order of their first rule and stops as soon
+//! as no later tree can hold an earlier match. IPv4 and IPv6 have separate
+//! trees; a rule without addresses is in both.
+//!
+//! Changes: [`Classifier::with_changes`] removes rules by marking them in a
+//! bit set and puts added rules in a small second set of trees, so one
+//! insert or delete costs a rebuild of at most [`OVERLAY_MAX`] rules,
+//! never of the whole set. Past that size, or when a removed rule hid
+//! others from the trees, the caller builds from scratch
+//! ([`ChangeError::needs_rebuild`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::parse::FlowKey;
+
+/// Rules a leaf holds before the builder tries to cut it.
+const LEAF_RULES: usize = 8;
+/// Most cut bits (2^n children) at one node.
+const MAX_CUT_BITS: u32 = 8;
+/// Child-list entries a cut may create per rule of the node (space budget).
+const SPACE_FACTOR: usize = 4;
+/// Depth beyond which the builder makes a leaf whatever its size.
+const MAX_DEPTH: usize = 48;
+/// Nodes a tree may have per rule before the builder stops cutting.
+const NODES_PER_RULE: usize = 8;
+/// Trees per address family (rule groups by shape).
+const MAX_TREES: usize = 8;
+/// Added rules kept in the overlay tree before a full rebuild is needed.
+pub const OVERLAY_MAX: usize = 256;
+
+/// Address family a rule applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// IPv4 and IPv6 (a rule without addresses).
+    Any,
+    /// IPv4 only.
+    V4,
+    /// IPv6 only.
+    V6,
+}
+
+/// One classification rule: inclusive ranges per dimension.
+///
+/// For IPv4 the address ranges lie within `0..=u32::MAX`. ICMP type and
+/// code use the port ranges (see [`FlowKey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AclRule {
+    /// Evaluation order: the smallest matching `order` wins. Unique.
+    pub order: u32,
+    /// The caller's handle for the rule, returned by lookups.
+    pub tag: u32,
+    /// Address family.
+    pub family: Family,
+    /// Source address range.
+    pub src: (u128, u128),
+    /// Destination address range.
+    pub dst: (u128, u128),
+    /// Source port range.
+    pub src_port: (u16, u16),
+    /// Destination port range.
+    pub dst_port: (u16, u16),
+    /// Protocol range: one value, or `(0, 255)` for any.
+    pub proto: (u8, u8),
+}
+
+impl AclRule {
+    /// A rule matching every packet of `family`.
+    pub fn any(order: u32, tag: u32, family: Family) -> AclRule {
+        let top = if family == Family::V6 {
+            u128::MAX
+        } else {
+            u128::from(u32::MAX)
+        };
+        AclRule {
+            order,
+            tag,
+            family,
+            src: (0, top),
+            dst: (0, top),
+            src_port: (0, u16::MAX),
+            dst_port: (0, u16::MAX),
+            proto: (0, u8::MAX),
+        }
+    }
+
+    /// The range of `prefix/len` in a field `width` bits wide.
+    pub fn prefix_range(addr: u128, len: u8, width: u32) -> (u128, u128) {
+        let host_bits = width.saturating_sub(u32::from(len));
+        let host = if host_bits >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << host_bits) - 1
+        };
+        (addr & !host, addr | host)
+    }
+
+    /// True if the rule matches `key` (the reference semantics).
+    pub fn matches(&self, key: &FlowKey) -> bool {
+        let fam = match self.family {
+            Family::Any => true,
+            Family::V4 => !key.v6,
+            Family::V6 => key.v6,
+        };
+        fam && self.dims_match(key)
+    }
+
+    fn dims_match(&self, key: &FlowKey) -> bool {
+        let (src, dst) = if self.family == Family::Any {
+            // A family-less rule has no addresses: any address matches.
+            ((0, u128::MAX), (0, u128::MAX))
+        } else {
+            (self.src, self.dst)
+        };
+        src.0 <= key.src
+            && key.src <= src.1
+            && dst.0 <= key.dst
+            && key.dst <= dst.1
+            && self.src_port.0 <= key.src_port
+            && key.src_port <= self.src_port.1
+            && self.dst_port.0 <= key.dst_port
+            && key.dst_port <= self.dst_port.1
+            && self.proto.0 <= key.proto
+            && key.proto <= self.proto.1
+    }
+
+    fn range(&self, dim: usize) -> (u128, u128) {
+        match dim {
+            0 => self.src,
+            1 => self.dst,
+            2 => (u128::from(self.src_port.0), u128::from(self.src_port.1)),
+            3 => (u128::from(self.dst_port.0), u128::from(self.dst_port.1)),
+            _ => (u128::from(self.proto.0), u128::from(self.proto.1)),
+        }
+    }
+}
+
+const DIMS: usize = 5;
+
+fn key_value(key: &FlowKey, dim: usize) -> u128 {
+    match dim {
+        0 => key.src,
+        1 => key.dst,
+        2 => u128::from(key.src_port),
+        3 => u128::from(key.dst_port),
+        _ => u128::from(key.proto),
+    }
+}
+
+/// A node: a cut (`bits` > 0) or a leaf.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// Cut dimension.
+    dim: u8,
+    /// Right shift that brings the cut bits down.
+    shift: u8,
+    /// Number of cut bits; 0 for a leaf.
+    bits: u8,
+    /// Cut: first child in `children`. Leaf: first rule in `leaf_rules`.
+    first: u32,
+    /// Leaf: number of rules.
+    len: u32,
+}
+
+const LEAF: Node = Node {
+    dim: 0,
+    shift: 0,
+    bits: 0,
+    first: 0,
+    len: 0,
+};
+
+/// An aligned box: per dimension, its lowest value and its width in bits.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    lo: [u128; DIMS],
+    bits: [u32; DIMS],
+}
+
+impl Region {
+    fn whole(addr_bits: u32) -> Region {
+        Region {
+            lo: [0; DIMS],
+            bits: [addr_bits, addr_bits, 16, 16, 8],
+        }
+    }
+
+    fn hi(&self, d: usize) -> u128 {
+        if self.bits[d] >= 128 {
+            u128::MAX
+        } else {
+            self.lo[d] + ((1u128 << self.bits[d]) - 1)
+        }
+    }
+
+    fn covered_by(&self, r: &AclRule) -> bool {
+        (0..DIMS).all(|d| {
+            let (a, b) = r.range(d);
+            a <= self.lo[d] && self.hi(d) <= b
+        })
+    }
+}
+
+/// One decision tree over a subset of a family's rules. Leaves hold
+/// positions in the family's rule list, ascending (so in rule order).
+#[derive(Debug, Default)]
+struct Tree {
+    /// Smallest rule position in the tree.
+    min_pos: u32,
+    nodes: Vec<Node>,
+    children: Vec<u32>,
+    leaf_rules: Vec<u32>,
+}
+
+impl Tree {
+    /// First live rule position below `bound` in the leaf `key` falls in.
+    #[inline]
+    fn lookup(
+        &self,
+        rules: &[AclRule],
+        key: &FlowKey,
+        dead: Option<&[u64]>,
+        bound: usize,
+    ) -> Option<usize> {
+        let mut n = self.nodes[0];
+        while n.bits > 0 {
+            let v = key_value(key, usize::from(n.dim));
+            let c = ((v >> n.shift) as usize) & ((1usize << n.bits) - 1);
+            n = self.nodes[self.children[n.first as usize + c] as usize];
+        }
+        let ids = &self.leaf_rules[n.first as usize..(n.first + n.len) as usize];
+        ids.iter()
+            .map(|&i| i as usize)
+            .take_while(|&i| i < bound)
+            .find(|&i| {
+                let alive = dead.is_none_or(|d| d[i / 64] & (1 << (i % 64)) == 0);
+                alive && rules[i].dims_match(key)
+            })
+    }
+
+    fn memory(&self) -> usize {
+        self.nodes.len() * std::mem::size_of::<Node>()
+            + (self.children.len() + self.leaf_rules.len()) * 4
+    }
+}
+
+/// Builds one [`Tree`], HiCuts-style, within a node budget.
+struct Builder<'a> {
+    rules: &'a [AclRule],
+    tree: Tree,
+    node_budget: usize,
+    /// Positions of rules that hid later rules from some region.
+    pruners: &'a mut Vec<u64>,
+}
+
+impl<'a> Builder<'a> {
+    fn build(
+        rules: &'a [AclRule],
+        ids: Vec<u32>,
+        addr_bits: u32,
+        pruners: &'a mut Vec<u64>,
+    ) -> Tree {
+        let mut b = Builder {
+            rules,
+            pruners,
+            tree: Tree {
+                min_pos: ids.first().copied().unwrap_or(u32::MAX),
+                nodes: vec![LEAF],
+                ..Tree::default()
+            },
+            node_budget: NODES_PER_RULE * ids.len() + 256,
+        };
+        let root = Region::whole(addr_bits);
+        let ids = b.prune(&root, ids);
+        b.grow(0, root, ids, 0);
+        b.tree
+    }
+
+    /// Drops the rules behind the first one that covers the whole region
+    /// (and remembers that rule: removing it needs a rebuild).
+    fn prune(&mut self, region: &Region, mut ids: Vec<u32>) -> Vec<u32> {
+        if let Some(p) = ids
+            .iter()
+            .position(|&i| region.covered_by(&self.rules[i as usize]))
+        {
+            if p + 1 < ids.len() {
+                let i = ids[p] as usize;
+                self.pruners[i / 64] |= 1 << (i % 64);
+            }
+            ids.truncate(p + 1);
+        }
+        ids
+    }
+
+    fn leaf(&mut self, at: usize, ids: &[u32]) {
+        let t = &mut self.tree;
+        t.nodes[at] = Node {
+            first: t.leaf_rules.len() as u32,
+            len: ids.len() as u32,
+            ..LEAF
+        };
+        t.leaf_rules.extend_from_slice(ids);
+    }
+
+    /// Number of distinct ranges the rules have in `dim`, clipped to `region`.
+    fn distinct(&self, region: &Region, ids: &[u32], dim: usize) -> usize {
+        let mut ranges: Vec<(u128, u128)> = ids
+            .iter()
+            .map(|&i| {
+                let (a, b) = self.rules[i as usize].range(dim);
+                (a.max(region.lo[dim]), b.min(region.hi(dim)))
+            })
+            .collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        ranges.len()
+    }
+
+    /// Child index range `[first, last]` a rule covers when `dim` of
+    /// `region` is cut into `2^k` slices.
+    fn span(region: &Region, r: &AclRule, dim: usize, k: u32) -> (usize, usize) {
+        let shift = region.bits[dim] - k;
+        let (a, b) = r.range(dim);
+        let a = a.max(region.lo[dim]) - region.lo[dim];
+        let b = b.min(region.hi(dim)) - region.lo[dim];
+        ((a >> shift) as usize, (b >> shift) as usize)
+    }
+
+    /// Cuts `dim` into as many slices as the space budget allows; `None`
+    /// if the budget allows no cut or no slice gets fewer rules.
+    fn cut(&mut self, region: &Region, ids: &[u32], dim: usize) -> Option<(u32, Vec<Vec<u32>>)> {
+        let budget = SPACE_FACTOR * ids.len();
+        let entries = |k: u32| -> usize {
+            ids.iter()
+                .map(|&i| {
+                    let (a, b) = Self::span(region, &self.rules[i as usize], dim, k);
+                    b - a + 1
+                })
+                .sum::<usize>()
+                + (1 << k)
+        };
+        let max_k = region.bits[dim].min(MAX_CUT_BITS);
+        let mut k = 0;
+        while k < max_k && entries(k + 1) <= budget {
+            k += 1;
+        }
+        if k == 0 {
+            return None;
+        }
+        let shift = region.bits[dim] - k;
+        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); 1 << k];
+        for &i in ids {
+            let (a, b) = Self::span(region, &self.rules[i as usize], dim, k);
+            for l in &mut lists[a..=b] {
+                l.push(i);
+            }
+        }
+        for (c, l) in lists.iter_mut().enumerate() {
+            let mut child = *region;
+            child.bits[dim] = shift;
+            child.lo[dim] = region.lo[dim] + ((c as u128) << shift);
+            *l = self.prune(&child, std::mem::take(l));
+        }
+        let progress = lists.iter().all(|l| l.len() < ids.len());
+        progress.then_some((k, lists))
+    }
+
+    fn grow(&mut self, at: usize, region: Region, ids: Vec<u32>, depth: usize) {
+        if ids.len() <= LEAF_RULES
+            || depth >= MAX_DEPTH
+            || self.tree.nodes.len() >= self.node_budget
+        {
+            return self.leaf(at, &ids);
+        }
+        // Try the dimensions in which the rules differ most first.
+        let mut dims: Vec<(usize, usize)> = (0..DIMS)
+            .filter(|&d| region.bits[d] > 0)
+            .map(|d| (self.distinct(&region, &ids, d), d))
+            .filter(|&(n, _)| n > 1)
+            .collect();
+        dims.sort_unstable_by_key(|&(n, _)| std::cmp::Reverse(n));
+        let Some((dim, k, lists)) = dims
+            .iter()
+            .find_map(|&(_, d)| self.cut(&region, &ids, d).map(|(k, l)| (d, k, l)))
+        else {
+            return self.leaf(at, &ids);
+        };
+        let shift = region.bits[dim] - k;
+        let first = self.tree.children.len();
+        self.tree.children.resize(first + lists.len(), 0);
+        self.tree.nodes[at] = Node {
+            dim: dim as u8,
+            shift: shift as u8,
+            bits: k as u8,
+            first: first as u32,
+            len: 0,
+        };
+        // Siblings with the same rules, each covering the whole slice in
+        // the cut dimension, are the same subtree: build it once.
+        let mut shared: HashMap<Vec<u32>, u32> = HashMap::new();
+        for (c, list) in lists.into_iter().enumerate() {
+            let mut child = region;
+            child.bits[dim] = shift;
+            child.lo[dim] = region.lo[dim] + ((c as u128) << shift);
+            let spans_slice = list.iter().all(|&i| {
+                let (a, b) = self.rules[i as usize].range(dim);
+                a <= region.lo[dim] && region.hi(dim) <= b
+            });
+            if spans_slice {
+                if let Some(&node) = shared.get(&list) {
+                    self.tree.children[first + c] = node;
+                    continue;
+                }
+            }
+            let node = self.tree.nodes.len() as u32;
+            self.tree.nodes.push(LEAF);
+            self.tree.children[first + c] = node;
+            if spans_slice {
+                shared.insert(list.clone(), node);
+            }
+            self.grow(node as usize, child, list, depth + 1);
+        }
+    }
+}
+
+/// Which dimensions of a rule are "large" (cover a big share of the
+/// field): rules large in the same dimensions go to the same tree, so a
+/// tree rarely has to copy a wide rule into many narrow slices.
+fn large_mask(r: &AclRule, addr_bits: u32) -> usize {
+    let full = [addr_bits, addr_bits, 16, 16, 8];
+    (0..DIMS)
+        .filter(|&d| {
+            let (a, b) = r.range(d);
+            // Addresses: a /8 or shorter prefix. Ports, protocol: half the field.
+            let share = if d < 2 { 8 } else { 1 };
+            b - a >= (1u128 << (full[d] - share)) - 1
+        })
+        .fold(0, |m, d| m | 1 << d)
+}
+
+/// One address family's rules (sorted by order) and the trees over them.
+#[derive(Debug, Default)]
+struct Set {
+    rules: Vec<AclRule>,
+    /// Bit per position: the rule hides later rules somewhere, so
+    /// removing it incrementally would expose nothing behind it.
+    pruners: Vec<u64>,
+    /// Sorted by their first rule, so a lookup can stop early.
+    trees: Vec<Tree>,
+}
+
+impl Set {
+    fn build(mut rules: Vec<AclRule>, addr_bits: u32) -> Set {
+        rules.sort_by_key(|r| r.order);
+        let mut pruners = vec![0u64; rules.len().div_ceil(64)];
+        // Nothing behind a rule that matches everything is ever reached.
+        let whole = Region::whole(addr_bits);
+        let live = match rules.iter().position(|r| whole.covered_by(r)) {
+            Some(p) if p + 1 < rules.len() => {
+                pruners[p / 64] |= 1 << (p % 64);
+                p + 1
+            }
+            _ => rules.len(),
+        };
+        // Group rules by large-dimension mask; small groups join the
+        // kept group whose mask adds the fewest large dimensions to
+        // theirs, or a last mixed tree.
+        let mut groups: Vec<Vec<u32>> = vec![Vec::new(); 1 << DIMS];
+        for (i, r) in rules[..live].iter().enumerate() {
+            groups[large_mask(r, addr_bits)].push(i as u32);
+        }
+        let min_group = (live / 32).max(4 * LEAF_RULES);
+        let mut by_size: Vec<usize> = (0..groups.len())
+            .filter(|&m| !groups[m].is_empty())
+            .collect();
+        by_size.sort_by_key(|&m| std::cmp::Reverse(groups[m].len()));
+        let kept: Vec<usize> = by_size
+            .iter()
+            .copied()
+            .filter(|&m| groups[m].len() >= min_group)
+            .take(MAX_TREES - 1)
+            .collect();
+        let mut rest = Vec::new();
+        for &m in &by_size {
+            if kept.contains(&m) {
+                continue;
+            }
+            let home = kept
+                .iter()
+                .copied()
+                .filter(|&k| k & m == m)
+                .min_by_key(|&k| (k & !m).count_ones());
+            let moved = std::mem::take(&mut groups[m]);
+            match home {
+                Some(k) => groups[k].extend(moved),
+                None => rest.extend(moved),
+            }
+        }
+        let mut lists: Vec<Vec<u32>> = kept
+            .into_iter()
+            .map(|m| std::mem::take(&mut groups[m]))
+            .collect();
+        lists.push(rest);
+        let mut trees: Vec<Tree> = lists
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .map(|mut l| {
+                l.sort_unstable();
+                Builder::build(&rules, l, addr_bits, &mut pruners)
+            })
+            .collect();
+        trees.sort_by_key(|t| t.min_pos);
+        Set {
+            rules,
+            pruners,
+            trees,
+        }
+    }
+
+    /// Position of the first rule (in order) matching `key` and not in `dead`.
+    #[inline]
+    fn lookup(&self, key: &FlowKey, dead: Option<&[u64]>) -> Option<usize> {
+        let mut best = usize::MAX;
+        for t in &self.trees {
+            if t.min_pos as usize >= best {
+                break;
+            }
+            if let Some(i) = t.lookup(&self.rules, key, dead, best) {
+                best = i;
+            }
+        }
+        (best != usize::MAX).then_some(best)
+    }
+
+    fn position(&self, order: u32) -> Option<usize> {
+        self.rules.binary_search_by_key(&order, |r| r.order).ok()
+    }
+
+    fn memory(&self) -> usize {
+        self.rules.len() * std::mem::size_of::<AclRule>()
+            + self.trees.iter().map(Tree::memory).sum::<usize>()
+    }
+}
+
+/// Both families' rule sets.
+#[derive(Debug, Default)]
+struct Trees {
+    v4: Set,
+    v6: Set,
+}
+
+impl Trees {
+    fn build(rules: &[AclRule]) -> Trees {
+        let v4 = rules
+            .iter()
+            .filter(|r| r.family != Family::V6)
+            .copied()
+            .collect();
+        let v6 = rules
+            .iter()
+            .filter(|r| r.family != Family::V4)
+            .map(|r| {
+                let mut r = *r;
+                if r.family == Family::Any {
+                    r.src = (0, u128::MAX);
+                    r.dst = (0, u128::MAX);
+                }
+                r
+            })
+            .collect();
+        Trees {
+            v4: Set::build(v4, 32),
+            v6: Set::build(v6, 128),
+        }
+    }
+
+    fn tree(&self, v6: bool) -> &Set {
+        if v6 {
+            &self.v6
+        } else {
+            &self.v4
+        }
+    }
+}
+
+/// Why a change could not be applied incrementally.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChangeError {
+    /// A removed rule is not in the classifier.
+    #[error("no rule with order {0}")]
+    NoSuchRule(u32),
+    /// An added rule's order is already taken.
+    #[error("order {0} is already used")]
+    DuplicateOrder(u32),
+    /// The overlay would exceed [`OVERLAY_MAX`]; rebuild instead.
+    #[error("too many added rules for an incremental change")]
+    OverlayFull,
+    /// The removed rule covers a whole region of the tree, which holds
+    /// nothing behind it there; rebuild instead.
+    #[error("rule {0} shadows others; removing it needs a rebuild")]
+    Shadows(u32),
+}
+
+impl ChangeError {
+    /// True if the change is valid but must be made by a full build.
+    pub fn needs_rebuild(&self) -> bool {
+        matches!(self, ChangeError::OverlayFull | ChangeError::Shadows(_))
+    }
+}
+
+/// An immutable classifier: build it off the packet path, share it (it is
+/// `Send + Sync`), look up from any number of threads.
+#[derive(Debug, Clone, Default)]
+pub struct Classifier {
+    main: Arc<Trees>,
+    /// Per family, main-tree positions removed since the build.
+    dead_v4: Arc<Vec<u64>>,
+    dead_v6: Arc<Vec<u64>>,
+    removed: usize,
+    overlay: Arc<Trees>,
+    overlay_rules: Arc<Vec<AclRule>>,
+}
+
+impl Classifier {
+    /// Builds a classifier for `rules` (any order; `order` decides).
+    pub fn build(rules: &[AclRule]) -> Classifier {
+        let main = Trees::build(rules);
+        Classifier {
+            dead_v4: Arc::new(vec![0; main.v4.rules.len().div_ceil(64)]),
+            dead_v6: Arc::new(vec![0; main.v6.rules.len().div_ceil(64)]),
+            main: Arc::new(main),
+            ..Classifier::default()
+        }
+    }
+
+    /// The first rule (smallest order) matching `key`, if any.
+    #[inline]
+    pub fn lookup(&self, key: &FlowKey) -> Option<&AclRule> {
+        let main = self.main.tree(key.v6);
+        let dead = if key.v6 { &self.dead_v6 } else { &self.dead_v4 };
+        let dead = (self.removed > 0).then_some(dead.as_slice());
+        let a = main.lookup(key, dead).map(|i| &main.rules[i]);
+        if self.overlay_rules.is_empty() {
+            return a;
+        }
+        let o = self.overlay.tree(key.v6);
+        let b = o.lookup(key, None).map(|i| &o.rules[i]);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if a.order <= b.order { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Number of live rules.
+    pub fn len(&self) -> usize {
+        self.live_main() + self.overlay_rules.len()
+    }
+
+    /// True if no rule is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn live_main(&self) -> usize {
+        let any = self
+            .main
+            .v4
+            .rules
+            .iter()
+            .filter(|r| r.family == Family::Any)
+            .count();
+        self.main.v4.rules.len() + self.main.v6.rules.len() - any - self.removed
+    }
+
+    /// Bytes of tables (rules, nodes, child and leaf lists).
+    pub fn memory_bytes(&self) -> usize {
+        self.main.v4.memory()
+            + self.main.v6.memory()
+            + self.overlay.v4.memory()
+            + self.overlay.v6.memory()
+    }
+
+    /// A classifier that no longer has the rules whose order is in `remove`
+    /// and has the rules in `add`, sharing this one's main trees: the cost
+    /// is a bit set copy and a rebuild of the small overlay.
+    ///
+    /// # Errors
+    /// [`ChangeError`] if a removed rule is missing, an added order is
+    /// taken, or the overlay would grow past [`OVERLAY_MAX`] (the caller
+    /// then builds from scratch).
+    pub fn with_changes(&self, remove: &[u32], add: &[AclRule]) -> Result<Classifier, ChangeError> {
+        let mut dead_v4 = (*self.dead_v4).clone();
+        let mut dead_v6 = (*self.dead_v6).clone();
+        let mut overlay: Vec<AclRule> = (*self.overlay_rules).clone();
+        let mut removed = self.removed;
+        for &order in remove {
+            if let Some(p) = overlay.iter().position(|r| r.order == order) {
+                overlay.swap_remove(p);
+                continue;
+            }
+            let mut found = false;
+            for (set, dead) in [(&self.main.v4, &mut dead_v4), (&self.main.v6, &mut dead_v6)] {
+                if let Some(i) = set.position(order) {
+                    if set.pruners[i / 64] & (1 << (i % 64)) != 0 {
+                        return Err(ChangeError::Shadows(order));
+                    }
+                    if dead[i / 64] & (1 << (i % 64)) == 0 {
+                        dead[i / 64] |= 1 << (i % 64);
+                        found = true;
+                    }
+                }
+            }
+            if !found {
+                return Err(ChangeError::NoSuchRule(order));
+            }
+            removed += 1;
+        }
+        for r in add {
+            let taken_main = [(&self.main.v4, &dead_v4), (&self.main.v6, &dead_v6)]
+                .iter()
+                .any(|(t, d)| {
+                    t.position(r.order)
+                        .is_some_and(|i| d[i / 64] & (1 << (i % 64)) == 0)
+                });
+            if taken_main || overlay.iter().any(|o| o.order == r.order) {
+                return Err(ChangeError::DuplicateOrder(r.order));
+            }
+            overlay.push(*r);
+        }
+        if overlay.len() > OVERLAY_MAX {
+            return Err(ChangeError::OverlayFull);
+        }
+        Ok(Classifier {
+            main: self.main.clone(),
+            dead_v4: Arc::new(dead_v4),
+            dead_v6: Arc::new(dead_v6),
+            removed,
+            overlay: Arc::new(Trees::build(&overlay)),
+            overlay_rules: Arc::new(overlay),
+        })
+    }
+
+    /// Rules added since the last full build.
+    pub fn overlay_len(&self) -> usize {
+        self.overlay_rules.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift), so failures reproduce.
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.0 = x;
+            x
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn reference<'a>(rules: &'a [AclRule], key: &FlowKey) -> Option<&'a AclRule> {
+        rules
+            .iter()
+            .filter(|r| r.matches(key))
+            .min_by_key(|r| r.order)
+    }
+
+    /// Rules shaped like ClassBench ACLs: a few address pools, prefixes of
+    /// varied length, exact or ranged ports, TCP/UDP/any.
+    fn random_rules(rng: &mut Rng, n: usize, v6_share: u64) -> Vec<AclRule> {
+        let pools: Vec<u128> = (0..6).map(|_| u128::from(rng.next() as u32)).collect();
+        (0..n)
+            .map(|i| {
+                let v6 = rng.below(100) < v6_share;
+                let family = match rng.below(10) {
+                    0 => Family::Any,
+                    _ if v6 => Family::V6,
+                    _ => Family::V4,
+                };
+                let mut r = AclRule::any(i as u32 * 3 + 1, i as u32, family);
+                if family != Family::Any {
+                    let width = if family == Family::V6 { 128 } else { 32 };
+                    let pick = |rng: &mut Rng| {
+                        let base = pools[rng.below(6) as usize];
+                        let base = if width == 128 { base << 96 } else { base };
+                        let len = [0u8, 8, 16, 24, 28, 32][rng.below(6) as usize];
+                        let len = if width == 128 { len * 4 } else { len };
+                        AclRule::prefix_range(base, len, width)
+                    };
+                    r.src = pick(rng);
+                    r.dst = pick(rng);
+                }
+                let ports = |rng: &mut Rng| match rng.below(4) {
+                    0 => (0, u16::MAX),
+                    1 => {
+                        let p = [22u16, 53, 80, 443, 8080][rng.below(5) as usize];
+                        (p, p)
+                    }
+                    2 => (1024, u16::MAX),
+                    _ => {
+                        let a = rng.below(60000) as u16;
+                        (a, a.saturating_add(rng.below(5000) as u16))
+                    }
+                };
+                r.src_port = ports(rng);
+                r.dst_port = ports(rng);
+                r.proto = match rng.below(4) {
+                    0 => (0, 255),
+                    1 => (17, 17),
+                    _ => (6, 6),
+                };
+                r
+            })
+            .collect()
+    }
+
+    fn random_key(rng: &mut Rng, rules: &[AclRule]) -> FlowKey {
+        // Half the keys aim inside a rule's box so matches are common.
+        let v6 = rng.below(4) == 0;
+        let mut k = FlowKey {
+            src: u128::from(rng.next() as u32),
+            dst: u128::from(rng.next() as u32),
+            src_port: rng.next() as u16,
+            dst_port: rng.next() as u16,
+            proto: [6u8, 17, 1, 47][rng.below(4) as usize],
+            v6,
+        };
+        if v6 {
+            k.src = (k.src << 96) | u128::from(rng.next());
+            k.dst = (k.dst << 96) | u128::from(rng.next());
+        }
+        if rng.below(2) == 0 && !rules.is_empty() {
+            let r = rules[rng.below(rules.len() as u64) as usize];
+            if (r.family == Family::V6) == v6 || r.family == Family::Any {
+                let pick = |rng: &mut Rng, (a, b): (u128, u128)| match (b - a).checked_add(1) {
+                    Some(n) => a + (rng.next() as u128 % n),
+                    None => (u128::from(rng.next()) << 64) | u128::from(rng.next()),
+                };
+                if r.family != Family::Any {
+                    k.src = pick(rng, r.src);
+                    k.dst = pick(rng, r.dst);
+                }
+                k.src_port = pick(rng, (r.src_port.0.into(), r.src_port.1.into())) as u16;
+                k.dst_port = pick(rng, (r.dst_port.0.into(), r.dst_port.1.into())) as u16;
+                k.proto = pick(rng, (r.proto.0.into(), r.proto.1.into())) as u8;
+            }
+        }
+        k
+    }
+
+    #[test]
+    fn agrees_with_the_reference_on_random_rules_and_keys() {
+        for seed in 1..=20u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let n = [0usize, 1, 5, 50, 500, 3000][seed as usize % 6];
+            let rules = random_rules(&mut rng, n, 30);
+            let c = Classifier::build(&rules);
+            assert_eq!(c.len(), n);
+            for _ in 0..3000 {
+                let k = random_key(&mut rng, &rules);
+                assert_eq!(
+                    c.lookup(&k).map(|r| r.tag),
+                    reference(&rules, &k).map(|r| r.tag),
+                    "seed {seed}, {n} rules, key {k:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn incremental_changes_agree_with_a_rebuild() {
+        let mut rng = Rng(77);
+        let mut rules = random_rules(&mut rng, 2000, 20);
+        let mut c = Classifier::build(&rules);
+        let mut next_order = 1_000_000;
+        for step in 0..60 {
+            // Remove one or two, add one or two (some at the front).
+            let mut remove = Vec::new();
+            for _ in 0..=rng.below(2) {
+                let i = rng.below(rules.len() as u64) as usize;
+                remove.push(rules.swap_remove(i).order);
+            }
+            let k = 1 + rng.below(2) as usize;
+            let mut add = random_rules(&mut rng, k, 20);
+            for a in &mut add {
+                a.order = if rng.below(2) == 0 { 0 } else { next_order };
+                a.order += step * 10 + rng.below(3) as u32;
+                a.tag = next_order + step;
+                next_order += 100;
+            }
+            add.dedup_by_key(|a| a.order);
+            add.retain(|a| rules.iter().all(|r| r.order != a.order));
+            let changed = c.with_changes(&remove, &add);
+            rules.extend_from_slice(&add);
+            c = match changed {
+                Ok(c) => c,
+                Err(e) if e.needs_rebuild() => Classifier::build(&rules),
+                Err(e) => panic!("{e}"),
+            };
+            assert_eq!(c.len(), rules.len(), "step {step}");
+            for _ in 0..500 {
+                let k = random_key(&mut rng, &rules);
+                assert_eq!(
+                    c.lookup(&k).map(|r| r.order),
+                    reference(&rules, &k).map(|r| r.order),
+                    "step {step}, key {k:?}"
+                );
+            }
+        }
+        assert!(c.with_changes(&[u32::MAX - 1], &[]).is_err());
+    }
+
+    #[test]
+    fn a_catch_all_rule_prunes_what_follows_it() {
+        let mut rules = vec![AclRule::any(0, 0, Family::Any)];
+        let mut rng = Rng(5);
+        rules.extend(random_rules(&mut rng, 5000, 0).into_iter().map(|mut r| {
+            r.order += 10;
+            r
+        }));
+        let c = Classifier::build(&rules);
+        let nodes: usize = c.main.v4.trees.iter().map(|t| t.nodes.len()).sum();
+        assert!(nodes <= c.main.v4.trees.len(), "one leaf per tree: {nodes}");
+        let k = random_key(&mut rng, &rules);
+        assert_eq!(c.lookup(&k).map(|r| r.tag), Some(0));
+        // The catch-all hides every other rule: dropping it must rebuild.
+        let err = c.with_changes(&[0], &[]).unwrap_err();
+        assert_eq!(err, ChangeError::Shadows(0));
+        assert!(err.needs_rebuild());
+    }
+
+    #[test]
+    fn prefix_ranges() {
+        assert_eq!(
+            AclRule::prefix_range(0x0a00_0000, 8, 32),
+            (0x0a00_0000, 0x0aff_ffff)
+        );
+        assert_eq!(AclRule::prefix_range(0, 0, 32), (0, 0xffff_ffff));
+        assert_eq!(AclRule::prefix_range(7, 32, 32), (7, 7));
+        assert_eq!(AclRule::prefix_range(0, 0, 128), (0, u128::MAX));
+        assert_eq!(
+            AclRule::prefix_range(1 << 127, 1, 128),
+            (1 << 127, u128::MAX)
+        );
+    }
+}

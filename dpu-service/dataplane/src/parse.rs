@@ -1,0 +1,595 @@
+//! Packet parsing: the headers the switch decides on, read in place.
+//!
+//! [`parse`] walks Ethernet, one optional 802.1Q tag, then IPv4 (options
+//! skipped), IPv6 (extension headers skipped, bounded) or ARP, then the
+//! TCP/UDP/SCTP ports or the ICMP type and code. It never reads out of
+//! bounds and never panics: any length or field that does not add up is a
+//! [`ParseError`], and the packet is dropped as malformed. Nothing is
+//! copied but the fields themselves; the frame is not modified.
+//!
+//! The classification key puts ICMP's type and code where TCP/UDP keep
+//! their ports (source and destination), so one classifier serves both.
+
+/// EtherType of IPv4.
+pub const ETH_IPV4: u16 = 0x0800;
+/// EtherType of ARP.
+pub const ETH_ARP: u16 = 0x0806;
+/// EtherType of an 802.1Q VLAN tag.
+pub const ETH_VLAN: u16 = 0x8100;
+/// EtherType of IPv6.
+pub const ETH_IPV6: u16 = 0x86dd;
+
+/// IP protocol numbers the parser knows.
+pub mod proto {
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+    /// SCTP.
+    pub const SCTP: u8 = 132;
+}
+
+/// Length of an Ethernet header without tags.
+pub const ETH_HLEN: usize = 14;
+/// Length of an 802.1Q tag.
+pub const VLAN_HLEN: usize = 4;
+
+/// The 5-tuple a filter rule matches, for IPv4 or IPv6.
+///
+/// IPv4 addresses sit in the low 32 bits. For ICMP and ICMPv6, `src_port`
+/// holds the type and `dst_port` the code; for other protocols without
+/// ports, and for non-first fragments, both are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    /// Source address.
+    pub src: u128,
+    /// Destination address.
+    pub dst: u128,
+    /// Source port (ICMP type).
+    pub src_port: u16,
+    /// Destination port (ICMP code).
+    pub dst_port: u16,
+    /// IP protocol (the upper-layer protocol for IPv6).
+    pub proto: u8,
+    /// True for IPv6.
+    pub v6: bool,
+}
+
+impl FlowKey {
+    /// The key of the opposite direction of the same flow.
+    pub fn reversed(&self) -> FlowKey {
+        FlowKey {
+            src: self.dst,
+            dst: self.src,
+            src_port: self.dst_port,
+            dst_port: self.src_port,
+            ..*self
+        }
+    }
+}
+
+/// The network layer of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L3 {
+    /// IPv4 or IPv6, with its classification key.
+    Ip {
+        /// The 5-tuple.
+        key: FlowKey,
+        /// TCP flags (0 for other protocols).
+        tcp_flags: u8,
+        /// A fragment other than the first: no transport header.
+        later_fragment: bool,
+    },
+    /// An ARP packet for IPv4 over Ethernet.
+    Arp {
+        /// 1 request, 2 reply.
+        op: u16,
+        /// Sender hardware address.
+        sender_mac: [u8; 6],
+        /// Sender protocol address.
+        sender_ip: u32,
+        /// Target protocol address.
+        target_ip: u32,
+    },
+    /// Another EtherType, carried as opaque L2.
+    Other(u16),
+}
+
+/// The parsed headers of one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Headers {
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// VLAN ID of the outer 802.1Q tag, if the frame has one.
+    pub vlan: Option<u16>,
+    /// Offset of the network-layer header.
+    pub l3_offset: usize,
+    /// The network layer.
+    pub l3: L3,
+}
+
+/// Why a frame could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The frame ends inside the named header.
+    #[error("truncated {0} header")]
+    Truncated(&'static str),
+    /// A header field is impossible (version, header length, total length).
+    #[error("invalid {0} header")]
+    Invalid(&'static str),
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    let s = b.get(at..at + 4)?;
+    Some(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+fn mac(b: &[u8], at: usize) -> [u8; 6] {
+    let mut m = [0u8; 6];
+    if let Some(s) = b.get(at..at + 6) {
+        m.copy_from_slice(s);
+    }
+    m
+}
+
+/// True for a multicast (or broadcast) MAC address.
+pub fn is_multicast(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 == 1
+}
+
+/// Parses a frame's headers.
+///
+/// # Errors
+/// [`ParseError`] if a header is truncated or inconsistent.
+pub fn parse(frame: &[u8]) -> Result<Headers, ParseError> {
+    if frame.len() < ETH_HLEN {
+        return Err(ParseError::Truncated("Ethernet"));
+    }
+    let dst_mac = mac(frame, 0);
+    let src_mac = mac(frame, 6);
+    let mut ethertype = be16(frame, 12).ok_or(ParseError::Truncated("Ethernet"))?;
+    let mut off = ETH_HLEN;
+    let mut vlan = None;
+    if ethertype == ETH_VLAN {
+        let tci = be16(frame, off).ok_or(ParseError::Truncated("802.1Q"))?;
+        ethertype = be16(frame, off + 2).ok_or(ParseError::Truncated("802.1Q"))?;
+        vlan = Some(tci & 0x0fff);
+        off += VLAN_HLEN;
+    }
+    let l3 = match ethertype {
+        ETH_IPV4 => parse_ipv4(&frame[off..])?,
+        ETH_IPV6 => parse_ipv6(&frame[off..])?,
+        ETH_ARP => parse_arp(&frame[off..])?,
+        other => L3::Other(other),
+    };
+    Ok(Headers {
+        dst_mac,
+        src_mac,
+        vlan,
+        l3_offset: off,
+        l3,
+    })
+}
+
+fn parse_arp(b: &[u8]) -> Result<L3, ParseError> {
+    const T: ParseError = ParseError::Truncated("ARP");
+    if b.len() < 28 {
+        return Err(T);
+    }
+    // Ethernet hardware (1), IPv4 protocol, address lengths 6 and 4.
+    if be16(b, 0) != Some(1) || be16(b, 2) != Some(ETH_IPV4) || b[4] != 6 || b[5] != 4 {
+        return Err(ParseError::Invalid("ARP"));
+    }
+    Ok(L3::Arp {
+        op: be16(b, 6).ok_or(T)?,
+        sender_mac: mac(b, 8),
+        sender_ip: be32(b, 14).ok_or(T)?,
+        target_ip: be32(b, 24).ok_or(T)?,
+    })
+}
+
+fn parse_ipv4(b: &[u8]) -> Result<L3, ParseError> {
+    if b.len() < 20 {
+        return Err(ParseError::Truncated("IPv4"));
+    }
+    if b[0] >> 4 != 4 {
+        return Err(ParseError::Invalid("IPv4"));
+    }
+    let ihl = usize::from(b[0] & 0x0f) * 4;
+    let total = usize::from(be16(b, 2).ok_or(ParseError::Truncated("IPv4"))?);
+    // Ethernet padding may follow the datagram; a datagram longer than the
+    // frame may not.
+    if ihl < 20 || total < ihl || total > b.len() {
+        return Err(ParseError::Invalid("IPv4"));
+    }
+    let frag = be16(b, 6).ok_or(ParseError::Truncated("IPv4"))?;
+    let later_fragment = frag & 0x1fff != 0;
+    let proto = b[9];
+    let key = FlowKey {
+        src: u128::from(be32(b, 12).ok_or(ParseError::Truncated("IPv4"))?),
+        dst: u128::from(be32(b, 16).ok_or(ParseError::Truncated("IPv4"))?),
+        proto,
+        ..FlowKey::default()
+    };
+    transport(key, &b[ihl..total], later_fragment)
+}
+
+/// Extension headers walked before giving up on an IPv6 packet.
+const MAX_V6_EXTENSIONS: usize = 8;
+
+fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
+    const T: ParseError = ParseError::Truncated("IPv6");
+    if b.len() < 40 {
+        return Err(T);
+    }
+    if b[0] >> 4 != 6 {
+        return Err(ParseError::Invalid("IPv6"));
+    }
+    let payload = usize::from(be16(b, 4).ok_or(T)?);
+    if 40 + payload > b.len() {
+        return Err(ParseError::Invalid("IPv6"));
+    }
+    let addr = |at: usize| -> u128 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&b[at..at + 16]);
+        u128::from_be_bytes(a)
+    };
+    let (src, dst) = (addr(8), addr(24));
+    let end = 40 + payload;
+    let mut next = b[6];
+    let mut off = 40;
+    let mut later_fragment = false;
+    for _ in 0..MAX_V6_EXTENSIONS {
+        match next {
+            // Hop-by-hop, routing, destination options: (len + 1) * 8 bytes.
+            0 | 43 | 60 => {
+                let h = b.get(off..off + 2).filter(|_| off + 2 <= end).ok_or(T)?;
+                next = h[0];
+                off += (usize::from(h[1]) + 1) * 8;
+            }
+            // Fragment: 8 bytes; offset in the upper 13 bits of bytes 2..4.
+            44 => {
+                let h = b.get(off..off + 8).filter(|_| off + 8 <= end).ok_or(T)?;
+                next = h[0];
+                later_fragment = u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0;
+                off += 8;
+            }
+            // Authentication header: (len + 2) * 4 bytes.
+            51 => {
+                let h = b.get(off..off + 2).filter(|_| off + 2 <= end).ok_or(T)?;
+                next = h[0];
+                off += (usize::from(h[1]) + 2) * 4;
+            }
+            _ => break,
+        }
+        if off > end {
+            return Err(ParseError::Invalid("IPv6 extension header"));
+        }
+    }
+    if matches!(next, 0 | 43 | 44 | 51 | 60) {
+        return Err(ParseError::Invalid("IPv6 extension header chain"));
+    }
+    let key = FlowKey {
+        src,
+        dst,
+        proto: next,
+        v6: true,
+        ..FlowKey::default()
+    };
+    transport(key, &b[off..end], later_fragment)
+}
+
+fn transport(mut key: FlowKey, l4: &[u8], later_fragment: bool) -> Result<L3, ParseError> {
+    let mut tcp_flags = 0;
+    if !later_fragment {
+        match key.proto {
+            proto::TCP => {
+                if l4.len() < 20 {
+                    return Err(ParseError::Truncated("TCP"));
+                }
+                if usize::from(l4[12] >> 4) * 4 < 20 || usize::from(l4[12] >> 4) * 4 > l4.len() {
+                    return Err(ParseError::Invalid("TCP"));
+                }
+                key.src_port = u16::from_be_bytes([l4[0], l4[1]]);
+                key.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
+                tcp_flags = l4[13];
+            }
+            proto::UDP | proto::SCTP => {
+                let need = if key.proto == proto::UDP { 8 } else { 12 };
+                if l4.len() < need {
+                    return Err(ParseError::Truncated(if key.proto == proto::UDP {
+                        "UDP"
+                    } else {
+                        "SCTP"
+                    }));
+                }
+                key.src_port = u16::from_be_bytes([l4[0], l4[1]]);
+                key.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
+            }
+            proto::ICMP | proto::ICMPV6 => {
+                if l4.len() < 4 {
+                    return Err(ParseError::Truncated("ICMP"));
+                }
+                key.src_port = u16::from(l4[0]);
+                key.dst_port = u16::from(l4[1]);
+            }
+            _ => {}
+        }
+    }
+    Ok(L3::Ip {
+        key,
+        tcp_flags,
+        later_fragment,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Builders for test frames (valid lengths; checksums are not checked).
+    pub(crate) mod build {
+        use super::super::*;
+
+        /// Ethernet header, optionally 802.1Q-tagged.
+        pub fn eth(dst: [u8; 6], src: [u8; 6], vlan: Option<u16>, ethertype: u16) -> Vec<u8> {
+            let mut f = Vec::new();
+            f.extend_from_slice(&dst);
+            f.extend_from_slice(&src);
+            if let Some(v) = vlan {
+                f.extend_from_slice(&ETH_VLAN.to_be_bytes());
+                f.extend_from_slice(&v.to_be_bytes());
+            }
+            f.extend_from_slice(&ethertype.to_be_bytes());
+            f
+        }
+
+        /// An IPv4 packet with the given transport header bytes.
+        pub fn ipv4(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
+            let total = (20 + l4.len()) as u16;
+            let mut p = vec![0x45, 0, 0, 0, 0, 1, 0, 0, 64, proto, 0, 0];
+            p[2..4].copy_from_slice(&total.to_be_bytes());
+            p.extend_from_slice(&src);
+            p.extend_from_slice(&dst);
+            p.extend_from_slice(l4);
+            p
+        }
+
+        /// A TCP header.
+        pub fn tcp(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+            let mut t = vec![0u8; 20];
+            t[0..2].copy_from_slice(&sport.to_be_bytes());
+            t[2..4].copy_from_slice(&dport.to_be_bytes());
+            t[12] = 5 << 4;
+            t[13] = flags;
+            t
+        }
+
+        /// A UDP header with `payload` bytes after it.
+        pub fn udp(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
+            let mut u = vec![0u8; 8 + payload];
+            u[0..2].copy_from_slice(&sport.to_be_bytes());
+            u[2..4].copy_from_slice(&dport.to_be_bytes());
+            u[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+            u
+        }
+
+        /// A whole Ethernet/IPv4/UDP frame.
+        pub fn udp4(
+            src_mac: [u8; 6],
+            dst_mac: [u8; 6],
+            vlan: Option<u16>,
+            src: [u8; 4],
+            dst: [u8; 4],
+            sport: u16,
+            dport: u16,
+        ) -> Vec<u8> {
+            let mut f = eth(dst_mac, src_mac, vlan, ETH_IPV4);
+            f.extend(ipv4(src, dst, proto::UDP, &udp(sport, dport, 18)));
+            f
+        }
+
+        /// An ARP frame.
+        pub fn arp(
+            src_mac: [u8; 6],
+            dst_mac: [u8; 6],
+            vlan: Option<u16>,
+            op: u16,
+            sender_ip: [u8; 4],
+            target_ip: [u8; 4],
+        ) -> Vec<u8> {
+            let mut f = eth(dst_mac, src_mac, vlan, ETH_ARP);
+            f.extend_from_slice(&[0, 1, 8, 0, 6, 4]);
+            f.extend_from_slice(&op.to_be_bytes());
+            f.extend_from_slice(&src_mac);
+            f.extend_from_slice(&sender_ip);
+            f.extend_from_slice(&[0; 6]);
+            f.extend_from_slice(&target_ip);
+            f
+        }
+
+        /// An IPv6 packet with the given next header and payload.
+        pub fn ipv6(src: u128, dst: u128, next: u8, payload: &[u8]) -> Vec<u8> {
+            let mut p = vec![0x60, 0, 0, 0];
+            p.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+            p.push(next);
+            p.push(64);
+            p.extend_from_slice(&src.to_be_bytes());
+            p.extend_from_slice(&dst.to_be_bytes());
+            p.extend_from_slice(payload);
+            p
+        }
+    }
+
+    use build::*;
+
+    const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+
+    #[test]
+    fn tagged_udp_over_ipv4() {
+        let f = udp4(A, B, Some(101), [10, 0, 0, 1], [10, 0, 0, 2], 1234, 53);
+        let h = parse(&f).unwrap();
+        assert_eq!(h.src_mac, A);
+        assert_eq!(h.dst_mac, B);
+        assert_eq!(h.vlan, Some(101));
+        assert_eq!(h.l3_offset, 18);
+        let L3::Ip { key, .. } = h.l3 else {
+            panic!("{h:?}")
+        };
+        assert_eq!(key.src, 0x0a00_0001);
+        assert_eq!(key.dst, 0x0a00_0002);
+        assert_eq!((key.src_port, key.dst_port, key.proto), (1234, 53, 17));
+        assert!(!key.v6);
+        assert_eq!(key.reversed().reversed(), key);
+    }
+
+    #[test]
+    fn tcp_flags_and_icmp_type_code() {
+        let mut f = eth(B, A, None, ETH_IPV4);
+        f.extend(ipv4(
+            [1, 1, 1, 1],
+            [2, 2, 2, 2],
+            proto::TCP,
+            &tcp(80, 443, 0x12),
+        ));
+        let L3::Ip { key, tcp_flags, .. } = parse(&f).unwrap().l3 else {
+            panic!()
+        };
+        assert_eq!((key.src_port, key.dst_port, tcp_flags), (80, 443, 0x12));
+
+        let mut f = eth(B, A, None, ETH_IPV4);
+        f.extend(ipv4(
+            [1, 1, 1, 1],
+            [2, 2, 2, 2],
+            proto::ICMP,
+            &[8, 0, 0, 0, 0, 1, 0, 1],
+        ));
+        let L3::Ip { key, .. } = parse(&f).unwrap().l3 else {
+            panic!()
+        };
+        assert_eq!((key.src_port, key.dst_port), (8, 0), "type and code");
+    }
+
+    #[test]
+    fn ipv6_with_extension_headers() {
+        let mut payload = vec![proto::TCP, 0, 0, 0, 0, 0, 0, 0]; // hop-by-hop, 8 bytes
+        payload.extend(tcp(5000, 22, 0x02));
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(ipv6(1, 2, 0, &payload));
+        let L3::Ip { key, tcp_flags, .. } = parse(&f).unwrap().l3 else {
+            panic!()
+        };
+        assert!(key.v6);
+        assert_eq!((key.src, key.dst, key.proto), (1, 2, proto::TCP));
+        assert_eq!((key.src_port, key.dst_port, tcp_flags), (5000, 22, 0x02));
+
+        // A later fragment has no ports.
+        let mut payload = vec![proto::UDP, 0, 0, 8, 0, 0, 0, 1];
+        payload.extend([0u8; 16]);
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(ipv6(1, 2, 44, &payload));
+        let L3::Ip {
+            key,
+            later_fragment,
+            ..
+        } = parse(&f).unwrap().l3
+        else {
+            panic!()
+        };
+        assert!(later_fragment);
+        assert_eq!((key.proto, key.src_port, key.dst_port), (proto::UDP, 0, 0));
+    }
+
+    #[test]
+    fn arp_and_other_ethertypes() {
+        let f = arp(A, [0xff; 6], Some(7), 1, [10, 0, 0, 1], [10, 0, 0, 9]);
+        let h = parse(&f).unwrap();
+        assert_eq!(
+            h.l3,
+            L3::Arp {
+                op: 1,
+                sender_mac: A,
+                sender_ip: 0x0a00_0001,
+                target_ip: 0x0a00_0009
+            }
+        );
+        let mut lldp = eth([0x01, 0x80, 0xc2, 0, 0, 0x0e], A, None, 0x88cc);
+        lldp.extend([0u8; 46]);
+        assert_eq!(parse(&lldp).unwrap().l3, L3::Other(0x88cc));
+        assert!(is_multicast(&[0x01, 0x80, 0xc2, 0, 0, 0x0e]));
+        assert!(!is_multicast(&A));
+    }
+
+    #[test]
+    fn ethernet_padding_is_allowed_but_short_datagrams_are_not() {
+        let mut f = eth(B, A, None, ETH_IPV4);
+        f.extend(ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::UDP, &udp(1, 2, 0)));
+        f.extend([0u8; 18]); // padding to 60 bytes
+        assert!(parse(&f).is_ok());
+
+        let mut bad = f.clone();
+        bad[16..18].copy_from_slice(&200u16.to_be_bytes()); // total length > frame
+        assert_eq!(parse(&bad), Err(ParseError::Invalid("IPv4")));
+        let mut bad = f.clone();
+        bad[14] = 0x44; // IHL 4
+        assert_eq!(parse(&bad), Err(ParseError::Invalid("IPv4")));
+        let mut bad = f.clone();
+        bad[14] = 0x65; // version 6 under EtherType IPv4
+        assert_eq!(parse(&bad), Err(ParseError::Invalid("IPv4")));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_never_a_panic() {
+        let mut frames = vec![udp4(A, B, Some(5), [1, 2, 3, 4], [5, 6, 7, 8], 9, 10)];
+        let mut t = eth(B, A, None, ETH_IPV4);
+        t.extend(ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::TCP, &tcp(1, 2, 0)));
+        frames.push(t);
+        let mut t = eth(B, A, None, ETH_IPV6);
+        let mut payload = vec![proto::TCP, 0, 0, 0, 0, 0, 0, 0];
+        payload.extend(tcp(5000, 22, 0x02));
+        t.extend(ipv6(1, 2, 0, &payload));
+        frames.push(t);
+        frames.push(arp(A, B, None, 2, [1, 1, 1, 1], [2, 2, 2, 2]));
+        for f in frames {
+            assert!(parse(&f).is_ok());
+            for cut in 0..f.len() {
+                // Shorter frames either fail cleanly or (for a cut in the
+                // payload only) parse; none panic.
+                let _ = parse(&f[..cut]);
+            }
+            assert!(parse(&f[..cut_into_headers(&f)]).is_err());
+        }
+    }
+
+    fn cut_into_headers(f: &[u8]) -> usize {
+        f.len().min(20)
+    }
+
+    #[test]
+    fn hostile_ipv6_extension_chains_are_refused() {
+        // Nine hop-by-hop headers: more than the parser walks.
+        let mut payload = Vec::new();
+        for _ in 0..9 {
+            payload.extend([0u8, 0, 0, 0, 0, 0, 0, 0]);
+        }
+        payload.extend(udp(1, 2, 0));
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(ipv6(1, 2, 0, &payload));
+        assert!(parse(&f).is_err());
+        // An extension header claiming more than the payload.
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(ipv6(1, 2, 60, &[proto::UDP, 200, 0, 0, 0, 0, 0, 0]));
+        assert!(parse(&f).is_err());
+    }
+}
