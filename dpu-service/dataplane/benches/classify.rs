@@ -133,7 +133,6 @@ fn main() {
         // One rule in, one rule out, off a fresh build: what a single
         // gRPC rule change costs the control plane.
         let mid = rules[rules.len() / 2];
-        let mid = rules[rules.len() / 2];
         let inserted = AclRule {
             order: mid.order + 1,
             tag: u32::MAX,
