@@ -767,7 +767,7 @@ impl Classifier {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A small deterministic generator (xorshift), so failures reproduce.

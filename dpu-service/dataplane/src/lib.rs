@@ -13,10 +13,13 @@
 //! - [`parse`]: the headers a decision needs, read in place, bounds-checked.
 //! - [`classify`]: first-match packet classification with a decision tree
 //!   and incremental changes.
+//! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
+//!   filtering, MAC learning and flooding only within the tenant.
 
 #![forbid(unsafe_code)]
 
 pub mod classify;
 pub mod io;
 pub mod parse;
+pub mod switch;
 pub mod worker;

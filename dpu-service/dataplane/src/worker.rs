@@ -57,11 +57,47 @@ impl DropReason {
     }
 }
 
+/// What happens to a packet's outer 802.1Q tag on the way out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VlanOp {
+    /// Leave the frame as it is.
+    #[default]
+    Keep,
+    /// Remove the outer tag.
+    Strip,
+    /// Add an outer tag with this VLAN ID (priority 0).
+    Push(u16),
+    /// Change the outer tag's VLAN ID, keeping its priority bits.
+    Set(u16),
+}
+
+/// One way out for a packet: a port and what to do with its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Egress {
+    /// Output port index.
+    pub port: usize,
+    /// Tag operation for this output.
+    pub vlan: VlanOp,
+}
+
+impl Egress {
+    /// Out of `port`, unchanged.
+    pub fn to(port: usize) -> Egress {
+        Egress {
+            port,
+            vlan: VlanOp::Keep,
+        }
+    }
+}
+
 /// What to do with one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Send it out of this port.
-    Forward(usize),
+    /// Send it out one way.
+    Forward(Egress),
+    /// Send a copy out of every egress the pipeline listed (at most one
+    /// per port); none listed drops it uncounted.
+    Flood,
     /// Drop it, counting the reason.
     Drop(DropReason),
 }
@@ -69,8 +105,51 @@ pub enum Verdict {
 /// Per-packet processing: a function of the input port and the packet's
 /// bytes (which it may rewrite in place) to a verdict.
 pub trait Pipeline: Send + 'static {
-    /// Decides the packet's fate.
-    fn process(&mut self, in_port: usize, packet: &mut [u8]) -> Verdict;
+    /// Decides the packet's fate. For [`Verdict::Flood`] it first pushes
+    /// the outputs onto `flood` (empty on entry).
+    fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict;
+
+    /// Called at the start of every turn, between bursts: the place to
+    /// pick up new configuration or read the clock once per burst.
+    fn turn(&mut self) {}
+}
+
+/// Applies `op` to the frame in `pkt`; false if it cannot (no tag to
+/// strip or set, no room to push), in which case the frame may only be
+/// dropped.
+fn apply_vlan<P: Packet>(pkt: &mut P, op: VlanOp) -> bool {
+    const TPID: [u8; 2] = [0x81, 0x00];
+    let tagged = |d: &[u8]| d.len() >= 18 && d[12..14] == TPID;
+    match op {
+        VlanOp::Keep => true,
+        VlanOp::Set(vid) => {
+            let d = pkt.data_mut();
+            if !tagged(d) {
+                return false;
+            }
+            let tci = (u16::from_be_bytes([d[14], d[15]]) & 0xf000) | (vid & 0x0fff);
+            d[14..16].copy_from_slice(&tci.to_be_bytes());
+            true
+        }
+        VlanOp::Strip => {
+            let d = pkt.data_mut();
+            if !tagged(d) {
+                return false;
+            }
+            d.copy_within(0..12, 4);
+            pkt.trim_front(4)
+        }
+        VlanOp::Push(vid) => {
+            if pkt.len() < 14 || !pkt.prepend(4) {
+                return false;
+            }
+            let d = pkt.data_mut();
+            d.copy_within(4..16, 0);
+            d[12..14].copy_from_slice(&TPID);
+            d[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
+            true
+        }
+    }
 }
 
 /// The empty pipeline: each input port is wired to one output port (like a
@@ -93,9 +172,9 @@ impl CrossConnect {
 }
 
 impl Pipeline for CrossConnect {
-    fn process(&mut self, in_port: usize, _packet: &mut [u8]) -> Verdict {
+    fn process(&mut self, in_port: usize, _packet: &mut [u8], _flood: &mut Vec<Egress>) -> Verdict {
         match self.out.get(in_port).copied().flatten() {
-            Some(o) => Verdict::Forward(o),
+            Some(o) => Verdict::Forward(Egress::to(o)),
             None => Verdict::Drop(DropReason::NoTenant),
         }
     }
@@ -200,10 +279,12 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
         let mut out: Vec<Vec<D::Packet>> =
             (0..ports).map(|_| Vec::with_capacity(per_port)).collect();
         let mut out_bytes = vec![0u64; ports];
+        let mut flood: Vec<Egress> = Vec::with_capacity(ports);
         let c = self.counters.clone();
         let mut empty_turns = 0u32;
         let mut nap = Duration::from_micros(1);
         while !stop.load(Ordering::Relaxed) {
+            self.pipeline.turn();
             let mut got = 0;
             for (port, rx) in &mut self.rx {
                 let n = rx.recv(&mut burst, BURST);
@@ -213,14 +294,22 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 got += n;
                 let mut bytes = 0u64;
                 for mut pkt in burst.drain(..) {
-                    let len = pkt.len() as u64;
-                    bytes += len;
-                    match self.pipeline.process(*port, pkt.data_mut()) {
-                        Verdict::Forward(o) if o < ports => {
-                            out_bytes[o] += len;
-                            out[o].push(pkt);
+                    bytes += pkt.len() as u64;
+                    flood.clear();
+                    match self.pipeline.process(*port, pkt.data_mut(), &mut flood) {
+                        Verdict::Forward(e) => emit(pkt, e, &mut out, &mut out_bytes, &c),
+                        Verdict::Flood => {
+                            let Some((last, copies)) = flood.split_last() else {
+                                continue;
+                            };
+                            for &e in copies {
+                                match pkt.try_clone() {
+                                    Some(copy) => emit(copy, e, &mut out, &mut out_bytes, &c),
+                                    None => bump(&c.drops[DropReason::TxFull.index()], 1),
+                                }
+                            }
+                            emit(pkt, *last, &mut out, &mut out_bytes, &c);
                         }
-                        Verdict::Forward(_) => bump(&c.drops[DropReason::TxFull.index()], 1),
                         Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
                     }
                 }
@@ -260,6 +349,22 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
             }
         }
     }
+}
+
+/// Queues `pkt` for output `e` after its tag operation, or counts the drop.
+fn emit<P: Packet>(
+    mut pkt: P,
+    e: Egress,
+    out: &mut [Vec<P>],
+    out_bytes: &mut [u64],
+    c: &WorkerCounters,
+) {
+    if e.port >= out.len() || !apply_vlan(&mut pkt, e.vlan) {
+        bump(&c.drops[DropReason::TxFull.index()], 1);
+        return;
+    }
+    out_bytes[e.port] += pkt.len() as u64;
+    out[e.port].push(pkt);
 }
 
 /// Reads the summed counters of a set of workers; cheap to clone, usable
@@ -453,6 +558,66 @@ mod tests {
         spins: 100,
         max: Duration::from_millis(1),
     };
+
+    /// Floods every packet: port 1 gets it tagged, port 2 untagged.
+    struct Fan;
+    impl Pipeline for Fan {
+        fn process(&mut self, _in: usize, _p: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
+            flood.push(Egress {
+                port: 1,
+                vlan: VlanOp::Push(7),
+            });
+            flood.push(Egress {
+                port: 2,
+                vlan: VlanOp::Strip,
+            });
+            Verdict::Flood
+        }
+    }
+
+    #[test]
+    fn floods_copies_with_their_own_tag_operations() {
+        let d = MemoryDriver::new(3);
+        let mut tagged = vec![0xff; 12];
+        tagged.extend_from_slice(&[0x81, 0x00, 0x20, 0x05, 0x08, 0x00]);
+        tagged.extend_from_slice(&[0xab; 46]);
+        d.inject(0, tagged.clone()).unwrap();
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 0,
+            idle: BACKOFF,
+        };
+        let mut w = Workers::start(&d, vec![cfg], |_| Fan).unwrap();
+        wait_for(|| w.totals().tx_packets[1] == 1 && w.totals().tx_packets[2] == 1);
+        w.stop();
+        // Port 1: a second tag pushed in front of the first (QinQ).
+        let one = d.take_sent(1).remove(0);
+        assert_eq!(&one[12..18], &[0x81, 0x00, 0x00, 0x07, 0x81, 0x00]);
+        assert_eq!(&one[..12], &tagged[..12]);
+        assert_eq!(&one[16..], &tagged[12..]);
+        // Port 2: the tag removed, the rest intact.
+        let two = d.take_sent(2).remove(0);
+        assert_eq!(&two[..12], &tagged[..12]);
+        assert_eq!(&two[12..], &tagged[16..]);
+        assert_eq!(w.totals().tx_bytes[2], tagged.len() as u64 - 4);
+        assert_eq!(w.totals().drops, [0; DropReason::ALL.len()]);
+    }
+
+    #[test]
+    fn tag_operations_refuse_frames_they_do_not_fit() {
+        use crate::io::memory::MemPacket;
+        let mut short = MemPacket(vec![0; 10]);
+        assert!(!apply_vlan(&mut short, VlanOp::Push(1)));
+        let mut untagged = MemPacket(vec![0; 60]);
+        assert!(!apply_vlan(&mut untagged, VlanOp::Strip));
+        assert!(!apply_vlan(&mut untagged, VlanOp::Set(3)));
+        assert!(apply_vlan(&mut untagged, VlanOp::Push(4095)));
+        assert_eq!(&untagged.0[12..16], &[0x81, 0x00, 0x0f, 0xff]);
+        assert!(apply_vlan(&mut untagged, VlanOp::Set(5)));
+        assert_eq!(&untagged.0[12..16], &[0x81, 0x00, 0x00, 0x05]);
+        assert!(apply_vlan(&mut untagged, VlanOp::Strip));
+        assert_eq!(untagged.0, vec![0; 60]);
+    }
 
     #[test]
     fn cross_connect_forwards_in_order_and_counts() {

@@ -13,6 +13,10 @@ int dpdk_shim_rte_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **m
 void dpdk_shim_rte_pktmbuf_free(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
 char *dpdk_shim_rte_pktmbuf_append(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_append(m, len); }
 int dpdk_shim_rte_pktmbuf_trim(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_trim(m, len); }
+char *dpdk_shim_rte_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_prepend(m, len); }
+char *dpdk_shim_rte_pktmbuf_adj(struct rte_mbuf *m, uint16_t len) { return rte_pktmbuf_adj(m, len); }
+uint16_t dpdk_shim_rte_pktmbuf_headroom(const struct rte_mbuf *m) { return rte_pktmbuf_headroom(m); }
+struct rte_mbuf *dpdk_shim_rte_pktmbuf_copy(const struct rte_mbuf *m) { return rte_pktmbuf_copy(m, m->pool, 0, UINT32_MAX); }
 void *dpdk_shim_rte_pktmbuf_mtod(struct rte_mbuf *m) { return rte_pktmbuf_mtod(m, void *); }
 uint16_t dpdk_shim_rte_pktmbuf_data_len(const struct rte_mbuf *m) { return rte_pktmbuf_data_len(m); }
 uint32_t dpdk_shim_rte_pktmbuf_pkt_len(const struct rte_mbuf *m) { return rte_pktmbuf_pkt_len(m); }

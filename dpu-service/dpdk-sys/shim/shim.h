@@ -18,6 +18,11 @@ int dpdk_shim_rte_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **m
 void dpdk_shim_rte_pktmbuf_free(struct rte_mbuf *m);
 char *dpdk_shim_rte_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
 int dpdk_shim_rte_pktmbuf_trim(struct rte_mbuf *m, uint16_t len);
+char *dpdk_shim_rte_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len);
+char *dpdk_shim_rte_pktmbuf_adj(struct rte_mbuf *m, uint16_t len);
+uint16_t dpdk_shim_rte_pktmbuf_headroom(const struct rte_mbuf *m);
+/* rte_pktmbuf_copy of the whole packet into a buffer of the same pool. */
+struct rte_mbuf *dpdk_shim_rte_pktmbuf_copy(const struct rte_mbuf *m);
 void *dpdk_shim_rte_pktmbuf_mtod(struct rte_mbuf *m);
 uint16_t dpdk_shim_rte_pktmbuf_data_len(const struct rte_mbuf *m);
 uint32_t dpdk_shim_rte_pktmbuf_pkt_len(const struct rte_mbuf *m);

@@ -50,12 +50,12 @@ pub enum DpdkError {
         /// DPDK's message.
         message: String,
     },
-    /// Appending data would overflow the buffer.
-    #[error("{len} bytes do not fit in the mbuf's tailroom of {tailroom}")]
+    /// Appending or prepending data would overflow the buffer.
+    #[error("{len} bytes do not fit in the {room} bytes free in the mbuf")]
     NoRoom {
         /// Bytes requested.
         len: usize,
         /// Bytes available.
-        tailroom: usize,
+        room: usize,
     },
 }

@@ -91,16 +91,81 @@ impl Mbuf {
         let n = u16::try_from(len)
             .ok()
             .filter(|n| usize::from(*n) <= tailroom);
-        let n = n.ok_or(DpdkError::NoRoom { len, tailroom })?;
+        let n = n.ok_or(DpdkError::NoRoom {
+            len,
+            room: tailroom,
+        })?;
         // SAFETY: the mbuf is owned and valid; n fits the tailroom, so
         // append succeeds and returns a pointer to n writable bytes.
         unsafe {
             let p = sys::dpdk_shim_rte_pktmbuf_append(self.ptr.as_ptr(), n).cast::<u8>();
             if p.is_null() {
-                return Err(DpdkError::NoRoom { len, tailroom });
+                return Err(DpdkError::NoRoom {
+                    len,
+                    room: tailroom,
+                });
             }
             Ok(std::slice::from_raw_parts_mut(p, len))
         }
+    }
+
+    /// Grows the packet by `len` bytes at the front and returns the whole
+    /// first segment, new bytes first.
+    ///
+    /// # Errors
+    /// [`DpdkError::NoRoom`] if the headroom is smaller than `len`.
+    pub fn prepend(&mut self, len: usize) -> Result<&mut [u8], DpdkError> {
+        let headroom = self.headroom();
+        let n = u16::try_from(len)
+            .ok()
+            .filter(|n| usize::from(*n) <= headroom);
+        let n = n.ok_or(DpdkError::NoRoom {
+            len,
+            room: headroom,
+        })?;
+        // SAFETY: the mbuf is owned and valid; n fits the headroom, so
+        // prepend only moves data_off back and grows the lengths.
+        let p = unsafe { sys::dpdk_shim_rte_pktmbuf_prepend(self.ptr.as_ptr(), n) };
+        if p.is_null() {
+            return Err(DpdkError::NoRoom {
+                len,
+                room: headroom,
+            });
+        }
+        Ok(self.data_mut())
+    }
+
+    /// Removes `len` bytes from the front of the packet. Returns false
+    /// (and changes nothing) if the first segment is shorter.
+    pub fn trim_front(&mut self, len: usize) -> bool {
+        let Ok(n) = u16::try_from(len) else {
+            return false;
+        };
+        if len > self.data_len() {
+            return false;
+        }
+        // SAFETY: the mbuf is owned and valid and n is at most its first
+        // segment's length, the precondition of rte_pktmbuf_adj.
+        !unsafe { sys::dpdk_shim_rte_pktmbuf_adj(self.ptr.as_ptr(), n) }.is_null()
+    }
+
+    /// Bytes free in front of the data.
+    pub fn headroom(&self) -> usize {
+        // SAFETY: the mbuf is valid and owned by self.
+        usize::from(unsafe { sys::dpdk_shim_rte_pktmbuf_headroom(self.ptr.as_ptr()) })
+    }
+
+    /// A copy of the whole packet in a new buffer of the same pool.
+    ///
+    /// # Errors
+    /// [`DpdkError::NoBuffers`] if the pool is empty.
+    pub fn try_clone(&self) -> Result<Mbuf, DpdkError> {
+        // SAFETY: the mbuf is valid; rte_pktmbuf_copy only reads it and
+        // returns a new mbuf (owned by the caller) or NULL.
+        let p = unsafe { sys::dpdk_shim_rte_pktmbuf_copy(self.ptr.as_ptr()) };
+        NonNull::new(p)
+            .map(|ptr| Mbuf { ptr })
+            .ok_or(DpdkError::NoBuffers)
     }
 
     /// Bytes that can still be appended.

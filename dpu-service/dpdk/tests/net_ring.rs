@@ -215,3 +215,29 @@ fn registered_threads_get_an_lcore_until_the_guard_drops() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn prepend_trim_and_copy_keep_bytes_and_buffers_straight() {
+    let pool = pool("edit");
+    let mut m = packet(&pool, 3);
+    let original = m.data().to_vec();
+    let head = m.headroom();
+    assert!(head >= 4, "default headroom is RTE_PKTMBUF_HEADROOM");
+    m.prepend(4).unwrap()[..4].copy_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(&m.data()[..4], &[1, 2, 3, 4]);
+    assert_eq!(&m.data()[4..], &original[..]);
+    assert_eq!(m.pkt_len() as usize, original.len() + 4);
+    assert!(m.prepend(head).is_err(), "more than the headroom left");
+    let copy = m.try_clone().unwrap();
+    assert_eq!(pool.in_use(), 2);
+    assert!(m.trim_front(4));
+    assert_eq!(m.data(), &original[..]);
+    assert!(!m.trim_front(original.len() + 1));
+    assert_eq!(
+        &copy.data()[4..],
+        &original[..],
+        "the copy is its own buffer"
+    );
+    drop((m, copy));
+    assert_eq!(pool.in_use(), 0);
+}

@@ -15,6 +15,15 @@ impl Packet for dpdk::Mbuf {
     fn data_mut(&mut self) -> &mut [u8] {
         dpdk::Mbuf::data_mut(self)
     }
+    fn prepend(&mut self, len: usize) -> bool {
+        dpdk::Mbuf::prepend(self, len).is_ok()
+    }
+    fn trim_front(&mut self, len: usize) -> bool {
+        dpdk::Mbuf::trim_front(self, len)
+    }
+    fn try_clone(&self) -> Option<Self> {
+        dpdk::Mbuf::try_clone(self).ok()
+    }
 }
 
 /// A DPDK RX queue.

@@ -18,6 +18,21 @@ impl Packet for MemPacket {
     fn data_mut(&mut self) -> &mut [u8] {
         &mut self.0
     }
+    fn prepend(&mut self, len: usize) -> bool {
+        // Test driver: growing a Vec at the front may allocate.
+        self.0.splice(0..0, std::iter::repeat_n(0, len));
+        true
+    }
+    fn trim_front(&mut self, len: usize) -> bool {
+        if len > self.0.len() {
+            return false;
+        }
+        self.0.drain(..len);
+        true
+    }
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
 }
 
 #[derive(Debug, Default)]

@@ -19,6 +19,17 @@ pub trait Packet: Send {
     fn data(&self) -> &[u8];
     /// The packet's bytes, writable in place.
     fn data_mut(&mut self) -> &mut [u8];
+    /// Grows the packet by `len` bytes at the front (they come first in
+    /// [`Packet::data_mut`], contents unspecified). False, and nothing
+    /// changed, if the buffer has no room.
+    fn prepend(&mut self, len: usize) -> bool;
+    /// Removes `len` bytes from the front. False, and nothing changed, if
+    /// the packet is shorter.
+    fn trim_front(&mut self, len: usize) -> bool;
+    /// A copy in a new buffer (for flooding); `None` if none is free.
+    fn try_clone(&self) -> Option<Self>
+    where
+        Self: Sized;
 }
 
 /// A receive queue, polled by the thread that opened it.

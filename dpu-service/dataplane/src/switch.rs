@@ -1,0 +1,788 @@
+//! The per-tenant switch: the pipeline that maps every packet to its
+//! tenant, filters it by the tenant's rules and forwards it only to that
+//! tenant's attachments.
+//!
+//! A frame belongs to the tenant attached to its input port and outer VLAN
+//! (a VLAN attachment), else to the tenant owning the whole port (VLAN 0,
+//! where tags pass through untouched), else to nobody and is dropped as
+//! `NoTenant`. Whatever the frame says, it can only leave through an
+//! attachment of the same tenant: MAC tables are per tenant, floods list
+//! only the tenant's attachments, and the ingress attachment is never an
+//! output. Tags are pushed, popped or rewritten per output attachment.
+//!
+//! IP packets go through the tenant's [`Classifier`] (first matching rule
+//! wins; no match takes the default policy). ARP passes; other EtherTypes
+//! take the default policy. Source MACs are learned only from frames that
+//! pass, so a denied frame cannot move a learned address.
+//!
+//! Configuration is compiled off the packet path into an immutable
+//! [`Compiled`] snapshot and published through a [`SwitchHandle`]; each
+//! worker picks up a new snapshot between bursts (one atomic load per
+//! turn) and starts it with an empty MAC table, so no verdict or learned
+//! port of an older configuration survives the switch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::classify::{AclRule, Classifier};
+use crate::parse::{is_multicast, parse, L3};
+use crate::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
+
+/// No tenant: the marker in the attachment tables.
+const NONE: u32 = u32::MAX;
+
+/// One way a tenant is reached: a port, and a VLAN on it (0: the whole port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Attach {
+    /// Port index (the driver's).
+    pub port: usize,
+    /// VLAN ID 1..=4094, or 0 for the whole port.
+    pub vlan: u16,
+}
+
+/// A filter rule: what it matches and whether it lets the packet through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchRule {
+    /// The match; `order` sets precedence (smallest first), `tag` is ignored.
+    pub matches: AclRule,
+    /// Allow (true) or deny.
+    pub allow: bool,
+}
+
+/// One tenant's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantConfig {
+    /// Name, for errors and logs.
+    pub name: String,
+    /// Where the tenant's traffic enters and leaves.
+    pub attachments: Vec<Attach>,
+    /// Verdict for IP packets no rule matches, and for non-IP, non-ARP frames.
+    pub default_allow: bool,
+    /// Filter rules.
+    pub rules: Vec<SwitchRule>,
+}
+
+/// The whole switch configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchConfig {
+    /// Number of ports of the driver.
+    pub ports: usize,
+    /// The tenants.
+    pub tenants: Vec<TenantConfig>,
+    /// Most MAC addresses a worker learns (all tenants together).
+    pub mac_table_size: usize,
+    /// A learned address not seen for this long is forgotten.
+    pub mac_ageing: Duration,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        Self {
+            ports: 0,
+            tenants: Vec::new(),
+            mac_table_size: 16_384,
+            mac_ageing: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why a configuration cannot be compiled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// An attachment names a port the driver does not have.
+    #[error("tenant {tenant}: port {port} does not exist")]
+    NoSuchPort {
+        /// Tenant name.
+        tenant: String,
+        /// Port index.
+        port: usize,
+    },
+    /// A VLAN ID outside 0..=4094.
+    #[error("tenant {tenant}: VLAN {vlan} is not in 0..=4094")]
+    BadVlan {
+        /// Tenant name.
+        tenant: String,
+        /// The VLAN ID.
+        vlan: u16,
+    },
+    /// Two tenants claim the same port and VLAN, or a whole port and a
+    /// VLAN on it.
+    #[error("tenant {tenant}: port {port} VLAN {vlan} is already attached to tenant {other}")]
+    Overlap {
+        /// Tenant name.
+        tenant: String,
+        /// Port index.
+        port: usize,
+        /// VLAN ID.
+        vlan: u16,
+        /// The tenant that has it.
+        other: String,
+    },
+    /// Two rules of a tenant have the same order.
+    #[error("tenant {tenant}: two rules have order {order}")]
+    DuplicateOrder {
+        /// Tenant name.
+        tenant: String,
+        /// The order.
+        order: u32,
+    },
+}
+
+#[derive(Debug)]
+struct CompiledTenant {
+    attachments: Vec<Attach>,
+    default_allow: bool,
+    classifier: Classifier,
+    /// Allow flag by rule tag (the rule's index in the configuration).
+    allow: Vec<bool>,
+}
+
+/// An immutable, compiled switch configuration.
+#[derive(Debug)]
+pub struct Compiled {
+    /// Per port: the tenant owning the whole port, and its attachment index.
+    whole: Vec<(u32, u32)>,
+    /// Per port: 4096 entries (tenant, attachment) by VLAN ID, or empty
+    /// if the port has no VLAN attachment.
+    vlans: Vec<Vec<(u32, u32)>>,
+    tenants: Vec<CompiledTenant>,
+    mac_table_size: usize,
+    mac_ageing: Duration,
+}
+
+impl Compiled {
+    /// Checks and compiles `config` (classifiers included).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first problem.
+    pub fn new(config: &SwitchConfig) -> Result<Compiled, ConfigError> {
+        let mut c = Compiled {
+            whole: vec![(NONE, NONE); config.ports],
+            vlans: vec![Vec::new(); config.ports],
+            tenants: Vec::with_capacity(config.tenants.len()),
+            mac_table_size: config.mac_table_size,
+            mac_ageing: config.mac_ageing,
+        };
+        for (ti, t) in config.tenants.iter().enumerate() {
+            for (ai, a) in t.attachments.iter().enumerate() {
+                let err_overlap = |other: u32| ConfigError::Overlap {
+                    tenant: t.name.clone(),
+                    port: a.port,
+                    vlan: a.vlan,
+                    other: config.tenants[other as usize].name.clone(),
+                };
+                if a.port >= config.ports {
+                    return Err(ConfigError::NoSuchPort {
+                        tenant: t.name.clone(),
+                        port: a.port,
+                    });
+                }
+                if a.vlan > 4094 {
+                    return Err(ConfigError::BadVlan {
+                        tenant: t.name.clone(),
+                        vlan: a.vlan,
+                    });
+                }
+                let whole = c.whole[a.port].0;
+                if whole != NONE {
+                    return Err(err_overlap(whole));
+                }
+                let vl = &mut c.vlans[a.port];
+                if a.vlan == 0 {
+                    if let Some(&(other, _)) = vl.iter().find(|(t, _)| *t != NONE) {
+                        return Err(err_overlap(other));
+                    }
+                    c.whole[a.port] = (ti as u32, ai as u32);
+                } else {
+                    if vl.is_empty() {
+                        vl.resize(4096, (NONE, NONE));
+                    }
+                    let other = vl[usize::from(a.vlan)].0;
+                    if other != NONE {
+                        return Err(err_overlap(other));
+                    }
+                    vl[usize::from(a.vlan)] = (ti as u32, ai as u32);
+                }
+            }
+            let mut rules: Vec<AclRule> = t
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| AclRule {
+                    tag: i as u32,
+                    ..r.matches
+                })
+                .collect();
+            rules.sort_by_key(|r| r.order);
+            if let Some(w) = rules.windows(2).find(|w| w[0].order == w[1].order) {
+                return Err(ConfigError::DuplicateOrder {
+                    tenant: t.name.clone(),
+                    order: w[0].order,
+                });
+            }
+            c.tenants.push(CompiledTenant {
+                attachments: t.attachments.clone(),
+                default_allow: t.default_allow,
+                classifier: Classifier::build(&rules),
+                allow: t.rules.iter().map(|r| r.allow).collect(),
+            });
+        }
+        Ok(c)
+    }
+
+    /// The tenant and attachment a frame on `port` with outer VLAN `vlan`
+    /// belongs to.
+    #[inline]
+    fn tenant_of(&self, port: usize, vlan: Option<u16>) -> Option<(usize, usize)> {
+        if let Some(v) = vlan {
+            if let Some(&(t, a)) = self
+                .vlans
+                .get(port)
+                .and_then(|vl| vl.get(usize::from(v & 0x0fff)))
+            {
+                if t != NONE {
+                    return Some((t as usize, a as usize));
+                }
+            }
+        }
+        match self.whole.get(port) {
+            Some(&(t, a)) if t != NONE => Some((t as usize, a as usize)),
+            _ => None,
+        }
+    }
+}
+
+struct Shared {
+    generation: AtomicU64,
+    current: Mutex<Arc<Compiled>>,
+}
+
+/// Publishes switch configurations to the workers' pipelines.
+#[derive(Clone)]
+pub struct SwitchHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SwitchHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchHandle")
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SwitchHandle {
+    /// A handle publishing `config` first.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if `config` does not compile.
+    pub fn new(config: &SwitchConfig) -> Result<SwitchHandle, ConfigError> {
+        Ok(SwitchHandle {
+            shared: Arc::new(Shared {
+                generation: AtomicU64::new(1),
+                current: Mutex::new(Arc::new(Compiled::new(config)?)),
+            }),
+        })
+    }
+
+    /// Compiles `config` on the calling thread and publishes it; workers
+    /// switch to it at their next turn. On error nothing changes.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if `config` does not compile.
+    pub fn publish(&self, config: &SwitchConfig) -> Result<(), ConfigError> {
+        let compiled = Arc::new(Compiled::new(config)?);
+        let mut cur = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *cur = compiled;
+        self.shared.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// How many configurations have been published.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// A pipeline for one worker.
+    pub fn pipeline(&self) -> SwitchPipeline {
+        let (generation, compiled) = self.load();
+        let macs = hashbrown::HashMap::with_capacity(compiled.mac_table_size);
+        SwitchPipeline {
+            shared: self.shared.clone(),
+            generation,
+            compiled,
+            macs,
+            now: 0,
+            epoch: Instant::now(),
+            last_sweep: 0,
+        }
+    }
+
+    fn load(&self) -> (u64, Arc<Compiled>) {
+        let cur = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Read under the lock: the generation matches the snapshot.
+        (self.shared.generation.load(Ordering::Acquire), cur.clone())
+    }
+}
+
+/// A learned address: where it was seen and when (seconds since the
+/// pipeline started).
+#[derive(Debug, Clone, Copy)]
+struct Learned {
+    attachment: u32,
+    seen: u64,
+}
+
+/// The switch pipeline of one worker: its snapshot, its MAC table.
+pub struct SwitchPipeline {
+    shared: Arc<Shared>,
+    generation: u64,
+    compiled: Arc<Compiled>,
+    macs: hashbrown::HashMap<(u32, [u8; 6]), Learned>,
+    /// Coarse clock, read once per turn.
+    now: u64,
+    epoch: Instant,
+    last_sweep: u64,
+}
+
+impl std::fmt::Debug for SwitchPipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwitchPipeline")
+            .field("generation", &self.generation)
+            .field("learned", &self.macs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tag operation that turns a frame of attachment `from` into one of `to`.
+fn vlan_op(from: Attach, to: Attach) -> VlanOp {
+    match (from.vlan, to.vlan) {
+        (a, b) if a == b => VlanOp::Keep,
+        (_, 0) => VlanOp::Strip,
+        (0, b) => VlanOp::Push(b),
+        (_, b) => VlanOp::Set(b),
+    }
+}
+
+impl SwitchPipeline {
+    fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize) {
+        let key = (tenant as u32, mac);
+        let entry = Learned {
+            attachment: attachment as u32,
+            seen: self.now,
+        };
+        if let Some(e) = self.macs.get_mut(&key) {
+            *e = entry;
+        } else if self.macs.len() < self.compiled.mac_table_size {
+            // Within the reserved capacity: no allocation.
+            self.macs.insert(key, entry);
+        }
+    }
+
+    fn lookup(&self, tenant: usize, mac: [u8; 6]) -> Option<usize> {
+        let e = self.macs.get(&(tenant as u32, mac))?;
+        (self.now.saturating_sub(e.seen) < self.compiled.mac_ageing.as_secs())
+            .then_some(e.attachment as usize)
+    }
+}
+
+impl Pipeline for SwitchPipeline {
+    fn turn(&mut self) {
+        let g = self.shared.generation.load(Ordering::Acquire);
+        if g != self.generation {
+            let cur = self
+                .shared
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.compiled = cur.clone();
+            self.generation = self.shared.generation.load(Ordering::Acquire);
+            drop(cur);
+            // Attachment indices belong to the old snapshot.
+            self.macs.clear();
+        }
+        self.now = self.epoch.elapsed().as_secs();
+        if self.now >= self.last_sweep + 10 {
+            self.last_sweep = self.now;
+            let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
+            self.macs.retain(|_, e| now.saturating_sub(e.seen) < ageing);
+        }
+    }
+
+    fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
+        let h = match parse(packet) {
+            Ok(h) => h,
+            Err(_) => return Verdict::Drop(DropReason::Malformed),
+        };
+        let Some((ti, ai)) = self.compiled.tenant_of(in_port, h.vlan) else {
+            return Verdict::Drop(DropReason::NoTenant);
+        };
+        if is_multicast(&h.src_mac) {
+            return Verdict::Drop(DropReason::Malformed);
+        }
+        let t = &self.compiled.tenants[ti];
+        let allow = match h.l3 {
+            L3::Ip { key, .. } => match t.classifier.lookup(&key) {
+                Some(r) => t.allow[r.tag as usize],
+                None => t.default_allow,
+            },
+            L3::Arp { .. } => true,
+            L3::Other(_) => t.default_allow,
+        };
+        if !allow {
+            return Verdict::Drop(DropReason::AclDeny);
+        }
+        let from = t.attachments[ai];
+        let to = if is_multicast(&h.dst_mac) {
+            None
+        } else {
+            self.lookup(ti, h.dst_mac)
+        };
+        let verdict = match to {
+            Some(o) if o == ai => Verdict::Flood, // same segment: filtered
+            Some(o) => {
+                let to = t.attachments[o];
+                Verdict::Forward(Egress {
+                    port: to.port,
+                    vlan: vlan_op(from, to),
+                })
+            }
+            None => {
+                for (i, &to) in t.attachments.iter().enumerate() {
+                    if i != ai {
+                        flood.push(Egress {
+                            port: to.port,
+                            vlan: vlan_op(from, to),
+                        });
+                    }
+                }
+                Verdict::Flood
+            }
+        };
+        self.learn(ti, h.src_mac, ai);
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Family;
+    use crate::parse::proto;
+    use crate::parse::tests::build;
+
+    const BCAST: [u8; 6] = [0xff; 6];
+
+    fn mac(n: u8) -> [u8; 6] {
+        [2, 0, 0, 0, 0, n]
+    }
+
+    fn tenant(name: &str, attachments: &[(usize, u16)], default_allow: bool) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            attachments: attachments
+                .iter()
+                .map(|&(port, vlan)| Attach { port, vlan })
+                .collect(),
+            default_allow,
+            rules: Vec::new(),
+        }
+    }
+
+    fn switch(ports: usize, tenants: Vec<TenantConfig>) -> (SwitchHandle, SwitchPipeline) {
+        let h = SwitchHandle::new(&SwitchConfig {
+            ports,
+            tenants,
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        let mut p = h.pipeline();
+        p.turn();
+        (h, p)
+    }
+
+    fn run(p: &mut SwitchPipeline, port: usize, mut frame: Vec<u8>) -> (Verdict, Vec<Egress>) {
+        let mut flood = Vec::new();
+        let v = p.process(port, &mut frame, &mut flood);
+        (v, flood)
+    }
+
+    fn udp(src: u8, dst: [u8; 6], vlan: Option<u16>, dport: u16) -> Vec<u8> {
+        build::udp4(
+            mac(src),
+            dst,
+            vlan,
+            [10, 0, 0, src],
+            [10, 0, 0, 99],
+            5000,
+            dport,
+        )
+    }
+
+    #[test]
+    fn floods_within_the_tenant_then_learns() {
+        // t1: ports 0 and 1 whole, VLAN 10 on uplink 3; t2: port 2, VLAN 20 on 3.
+        let (_h, mut p) = switch(
+            4,
+            vec![
+                tenant("t1", &[(0, 0), (1, 0), (3, 10)], true),
+                tenant("t2", &[(2, 0), (3, 20)], true),
+            ],
+        );
+        let (v, flood) = run(&mut p, 0, udp(1, BCAST, None, 53));
+        assert_eq!(v, Verdict::Flood);
+        assert_eq!(
+            flood,
+            vec![
+                Egress {
+                    port: 1,
+                    vlan: VlanOp::Keep
+                },
+                Egress {
+                    port: 3,
+                    vlan: VlanOp::Push(10)
+                }
+            ]
+        );
+        // The reply from the uplink, tagged 10, goes straight back, untagged.
+        let (v, _) = run(&mut p, 3, udp(9, mac(1), Some(10), 53));
+        assert_eq!(
+            v,
+            Verdict::Forward(Egress {
+                port: 0,
+                vlan: VlanOp::Strip
+            })
+        );
+        // The same MAC in t2 is a different station: unknown there.
+        let (v, flood) = run(&mut p, 3, udp(9, mac(1), Some(20), 53));
+        assert_eq!(v, Verdict::Flood);
+        assert_eq!(
+            flood,
+            vec![Egress {
+                port: 2,
+                vlan: VlanOp::Strip
+            }]
+        );
+        // Unattached VLAN: nobody's.
+        assert_eq!(
+            run(&mut p, 3, udp(9, mac(1), Some(30), 53)).0,
+            Verdict::Drop(DropReason::NoTenant)
+        );
+        assert_eq!(
+            run(&mut p, 3, udp(9, mac(1), None, 53)).0,
+            Verdict::Drop(DropReason::NoTenant)
+        );
+        // Garbage and a multicast source.
+        assert_eq!(
+            run(&mut p, 0, vec![1, 2, 3]).0,
+            Verdict::Drop(DropReason::Malformed)
+        );
+        let mut f = udp(1, mac(2), None, 53);
+        f[6] = 1;
+        assert_eq!(run(&mut p, 0, f).0, Verdict::Drop(DropReason::Malformed));
+    }
+
+    #[test]
+    fn rules_first_match_then_default() {
+        let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
+        let mut allow_dns = AclRule::any(10, 0, Family::V4);
+        allow_dns.proto = (proto::UDP, proto::UDP);
+        allow_dns.dst_port = (53, 53);
+        let mut deny_net = AclRule::any(5, 0, Family::V4);
+        deny_net.src = AclRule::prefix_range(0x0a00_0007, 32, 32);
+        t.rules = vec![
+            SwitchRule {
+                matches: allow_dns,
+                allow: true,
+            },
+            SwitchRule {
+                matches: deny_net,
+                allow: false,
+            },
+        ];
+        let (_h, mut p) = switch(2, vec![t]);
+        assert_eq!(run(&mut p, 0, udp(1, mac(2), None, 53)).0, Verdict::Flood);
+        assert_eq!(
+            run(&mut p, 0, udp(1, mac(2), None, 80)).0,
+            Verdict::Drop(DropReason::AclDeny)
+        );
+        // Order 5 (deny 10.0.0.7) comes before order 10 (allow DNS).
+        assert_eq!(
+            run(&mut p, 0, udp(7, mac(2), None, 53)).0,
+            Verdict::Drop(DropReason::AclDeny)
+        );
+        // ARP passes a default-deny tenant; other EtherTypes do not.
+        let arp = build::arp(mac(1), BCAST, None, 1, [10, 0, 0, 1], [10, 0, 0, 2]);
+        assert_eq!(run(&mut p, 0, arp).0, Verdict::Flood);
+        let mut other = build::eth(BCAST, mac(1), None, 0x88b5);
+        other.extend_from_slice(&[0; 46]);
+        assert_eq!(run(&mut p, 0, other).0, Verdict::Drop(DropReason::AclDeny));
+        // A denied frame teaches nothing: mac(7) stays unknown.
+        assert_eq!(run(&mut p, 1, udp(2, mac(7), None, 53)).0, Verdict::Flood);
+    }
+
+    #[test]
+    fn a_new_configuration_applies_at_the_next_turn() {
+        let (h, mut p) = switch(2, vec![tenant("t1", &[(0, 0), (1, 0)], true)]);
+        run(&mut p, 1, udp(2, BCAST, None, 53));
+        assert_eq!(
+            run(&mut p, 0, udp(1, mac(2), None, 53)).0,
+            Verdict::Forward(Egress::to(1))
+        );
+        h.publish(&SwitchConfig {
+            ports: 2,
+            tenants: vec![tenant("t1", &[(0, 0), (1, 0)], false)],
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        // Until the worker's next turn the old snapshot holds.
+        assert_eq!(
+            run(&mut p, 0, udp(1, mac(2), None, 53)).0,
+            Verdict::Forward(Egress::to(1))
+        );
+        p.turn();
+        assert_eq!(
+            run(&mut p, 0, udp(1, mac(2), None, 53)).0,
+            Verdict::Drop(DropReason::AclDeny)
+        );
+        // A bad configuration changes nothing.
+        let bad = SwitchConfig {
+            ports: 2,
+            tenants: vec![tenant("a", &[(0, 0)], true), tenant("b", &[(0, 5)], true)],
+            ..SwitchConfig::default()
+        };
+        assert!(matches!(h.publish(&bad), Err(ConfigError::Overlap { .. })));
+        let g = h.generation();
+        p.turn();
+        assert_eq!(p.generation, g);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        let cfg = |tenants| SwitchConfig {
+            ports: 2,
+            tenants,
+            ..SwitchConfig::default()
+        };
+        let err = |c| Compiled::new(&c).unwrap_err();
+        assert!(matches!(
+            err(cfg(vec![tenant("a", &[(2, 0)], true)])),
+            ConfigError::NoSuchPort { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![tenant("a", &[(0, 4095)], true)])),
+            ConfigError::BadVlan { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![
+                tenant("a", &[(0, 7)], true),
+                tenant("b", &[(0, 7)], true)
+            ])),
+            ConfigError::Overlap { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![
+                tenant("a", &[(0, 7)], true),
+                tenant("b", &[(0, 0)], true)
+            ])),
+            ConfigError::Overlap { .. }
+        ));
+        let mut t = tenant("a", &[(0, 0)], true);
+        let r = SwitchRule {
+            matches: AclRule::any(1, 0, Family::Any),
+            allow: true,
+        };
+        t.rules = vec![r, r];
+        assert!(matches!(
+            err(cfg(vec![t])),
+            ConfigError::DuplicateOrder { .. }
+        ));
+    }
+
+    /// Random tenants on random ports and VLANs, random frames from
+    /// anywhere (forged tags, spoofed and broadcast MACs): every output
+    /// is an attachment of the input's tenant, never the input itself.
+    #[test]
+    fn random_traffic_never_leaves_its_tenant() {
+        let mut rng = crate::classify::tests::Rng(0x5eed);
+        for round in 0..200 {
+            let ports = 1 + rng.below(5) as usize;
+            let mut used = std::collections::HashSet::new();
+            let mut tenants = Vec::new();
+            for t in 0..1 + rng.below(4) {
+                let mut att = Vec::new();
+                for _ in 0..1 + rng.below(4) {
+                    let port = rng.below(ports as u64) as usize;
+                    let vlan = [0u16, 10, 20, 30][rng.below(4) as usize];
+                    let whole_taken = used.contains(&(port, 0));
+                    let any_vlan = (1..4095).any(|v| used.contains(&(port, v)));
+                    let ok =
+                        !used.contains(&(port, vlan)) && !whole_taken && (vlan != 0 || !any_vlan);
+                    if ok {
+                        used.insert((port, vlan));
+                        att.push((port, vlan));
+                    }
+                }
+                tenants.push(tenant(&format!("t{t}"), &att, rng.below(2) == 0));
+            }
+            let (_h, mut p) = switch(ports, tenants.clone());
+            let owner = |port: usize, vlan: Option<u16>| -> Option<(usize, Attach)> {
+                tenants
+                    .iter()
+                    .enumerate()
+                    .find_map(|(ti, t)| {
+                        let a = t.attachments.iter().find(|a| {
+                            a.port == port && vlan.is_some_and(|v| v == a.vlan && a.vlan != 0)
+                        });
+                        a.map(|a| (ti, *a))
+                    })
+                    .or_else(|| {
+                        tenants.iter().enumerate().find_map(|(ti, t)| {
+                            t.attachments
+                                .iter()
+                                .find(|a| a.port == port && a.vlan == 0)
+                                .map(|a| (ti, *a))
+                        })
+                    })
+            };
+            for _ in 0..200 {
+                let port = rng.below(ports as u64) as usize;
+                let vlan = [None, Some(10), Some(20), Some(30), Some(40)][rng.below(5) as usize];
+                let dst = if rng.below(3) == 0 {
+                    BCAST
+                } else {
+                    mac(rng.below(6) as u8)
+                };
+                let src = rng.below(6) as u8;
+                let frame = udp(src, dst, vlan, 53);
+                let (v, flood) = run(&mut p, port, frame);
+                let outs = match v {
+                    Verdict::Forward(e) => vec![e],
+                    Verdict::Flood => flood,
+                    Verdict::Drop(_) => continue,
+                };
+                let (ti, from) = owner(port, vlan)
+                    .unwrap_or_else(|| panic!("round {round}: forwarded from nobody's port"));
+                for e in outs {
+                    let out_tag = match e.vlan {
+                        VlanOp::Keep => vlan,
+                        VlanOp::Strip => None,
+                        VlanOp::Push(v) | VlanOp::Set(v) => Some(v),
+                    };
+                    let (to, at) = owner(e.port, out_tag).expect("output attached to nobody");
+                    assert_eq!(to, ti, "round {round}: tenant {ti} leaked to tenant {to}");
+                    assert_ne!(at, from, "round {round}: sent back where it came from");
+                }
+            }
+        }
+    }
+}
