@@ -101,9 +101,15 @@ impl Service {
 
     /// Starts a service with extra arguments.
     pub fn start_with(args: &[&str]) -> Result<Self> {
+        Self::start_config(TEST_CONFIG, args)
+    }
+
+    /// Starts a service with the configuration `config` (TOML text) and
+    /// extra arguments.
+    pub fn start_config(config_text: &str, args: &[&str]) -> Result<Self> {
         let tmp = tempfile::tempdir()?;
         let config = tmp.path().join("config.toml");
-        std::fs::write(&config, TEST_CONFIG)?;
+        std::fs::write(&config, config_text)?;
         let mut all = vec!["--config".to_string(), config.display().to_string()];
         all.extend(args.iter().map(|s| s.to_string()));
         let mut s = Self {

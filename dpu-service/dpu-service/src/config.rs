@@ -81,8 +81,65 @@ pub struct Config {
     pub log: LogConfig,
     /// Storage limits.
     pub storage: StorageConfig,
+    /// Data-plane engine (EAL, workers).
+    pub dataplane: DataplaneConfig,
     /// Data-plane ports.
     pub ports: Vec<PortConfig>,
+}
+
+/// `[dataplane]`: DPDK's EAL and the worker threads. Used when at least
+/// one port has `driver = "dpdk"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplaneConfig {
+    /// Worker threads; worker `i` polls RX/TX queue `i` of every port.
+    pub workers: u16,
+    /// "busy" (a dedicated core per worker, as on a DPU) or "backoff"
+    /// (sleep when idle: laptops, CI).
+    pub idle: IdleMode,
+    /// EAL cores (`-l`), e.g. "0-3"; unset lets EAL take every core.
+    pub lcores: Option<String>,
+    /// Run without hugepages (`--no-huge`).
+    pub no_huge: bool,
+    /// Memory EAL reserves, MiB (`-m`).
+    pub memory_mb: Option<u32>,
+    /// Prefix of EAL's runtime files (`--file-prefix`), unique per instance.
+    pub file_prefix: String,
+    /// Packet buffers in the pool.
+    pub mbufs: u32,
+    /// Most MAC addresses each worker learns.
+    pub mac_table_size: usize,
+    /// Seconds before an unseen learned MAC address is forgotten.
+    pub mac_ageing_secs: u64,
+    /// Further EAL arguments, passed as they are (e.g. "-d", a PMD path).
+    pub eal_args: Vec<String>,
+}
+
+impl Default for DataplaneConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            idle: IdleMode::Busy,
+            lcores: None,
+            no_huge: false,
+            memory_mb: None,
+            file_prefix: "dpu-service".into(),
+            mbufs: 16_383,
+            mac_table_size: 16_384,
+            mac_ageing_secs: 300,
+            eal_args: Vec::new(),
+        }
+    }
+}
+
+/// What an idle worker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleMode {
+    /// Keep polling.
+    Busy,
+    /// Sleep between polls when there is no traffic.
+    Backoff,
 }
 
 /// `[grpc]`
@@ -182,9 +239,15 @@ pub struct PortConfig {
     /// Packet-I/O driver.
     #[serde(default = "default_driver")]
     pub driver: String,
-    /// Device the driver opens: DPDK devargs or a kernel interface.
+    /// Device the driver opens. For "dpdk": the devargs of a virtual
+    /// device ("net_tap0,iface=pf0vf0", "net_af_packet0,iface=veth0") or of
+    /// a bus device ("0000:03:00.0,representor=vf[0-3]").
     #[serde(default)]
     pub device: String,
+    /// DPDK's name of the port, if it is not the device's first field
+    /// (e.g. an mlx5 representor).
+    #[serde(default)]
+    pub dpdk_name: Option<String>,
     /// What the port is connected to.
     #[serde(default)]
     pub role: PortRole,
@@ -273,6 +336,33 @@ impl Config {
             if !seen.insert(&p.id) {
                 bail!("ports[{i}].id: port {:?} is declared twice", p.id);
             }
+            match p.driver.as_str() {
+                "none" => {}
+                "dpdk" if p.device.trim().is_empty() => {
+                    bail!(
+                        "ports[{i}] ({}): driver \"dpdk\" needs a device (devargs)",
+                        p.id
+                    )
+                }
+                "dpdk" => {}
+                d => bail!(
+                    "ports[{i}] ({}): unknown driver {d:?} (use \"dpdk\" or \"none\")",
+                    p.id
+                ),
+            }
+        }
+        let d = &self.dataplane;
+        if d.workers == 0 || d.workers > 64 {
+            bail!("dataplane.workers must be in 1..=64, not {}", d.workers);
+        }
+        if d.mbufs < 1024 {
+            bail!("dataplane.mbufs must be at least 1024, not {}", d.mbufs);
+        }
+        if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
+            bail!(
+                "dataplane.file_prefix {:?} must be a non-empty name without '/'",
+                d.file_prefix
+            );
         }
         if let Some(r) = &self.storage.ram_limit {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;

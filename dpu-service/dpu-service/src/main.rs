@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod dataplane;
 mod metrics;
 
 use std::net::SocketAddr;
@@ -170,6 +171,30 @@ async fn run(config: Config) -> Result<()> {
         );
         warn_dangling(&s, &config);
     }
+    let telemetry = Arc::new(Telemetry::default());
+    let dp = if dataplane::wanted(&config) {
+        let (cfg, s) = (config.clone(), state.snapshot());
+        let dp = tokio::task::spawn_blocking(move || dataplane::Dataplane::start(&cfg, &s))
+            .await
+            .context("data-plane start task")??;
+        telemetry.register(dp.counters());
+        Some(dp)
+    } else {
+        tracing::info!("no port has a data-plane driver; switching is off");
+        None
+    };
+    let feed_task = dp.as_ref().map(|dp| {
+        let feed = dp.feed();
+        let mut rx = state.subscribe();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let s = rx.borrow_and_update().clone();
+                let feed_ref = &feed;
+                // Compiling large rule sets takes a while: off the runtime's workers.
+                tokio::task::block_in_place(|| feed_ref.apply(&s));
+            }
+        })
+    });
     let ctl = Arc::new(Control {
         state,
         ports: config
@@ -177,15 +202,19 @@ async fn run(config: Config) -> Result<()> {
             .into_iter()
             .map(|p| (p.id.clone(), p))
             .collect(),
-        telemetry: Arc::new(Telemetry::default()),
+        telemetry,
         limits: Limits {
             ram_bytes: config.ram_limit(),
         },
         facts: ServiceFacts {
             version: env!("CARGO_PKG_VERSION").to_string(),
             target_triple: env!("DPU_TARGET_TRIPLE").to_string(),
-            dpdk_version: String::new(),
-            dataplane_driver: "none".to_string(),
+            dpdk_version: if dp.is_some() {
+                dpdk::version()
+            } else {
+                String::new()
+            },
+            dataplane_driver: if dp.is_some() { "dpdk" } else { "none" }.to_string(),
             capabilities: ["tenants", "ports", "filter", "storage", "telemetry"]
                 .map(String::from)
                 .to_vec(),
@@ -285,6 +314,14 @@ async fn run(config: Config) -> Result<()> {
     }
     if let Some(t) = metrics_task {
         let _ = t.await;
+    }
+    if let Some(t) = feed_task {
+        t.abort();
+    }
+    if let Some(dp) = dp {
+        tokio::task::spawn_blocking(move || dp.stop())
+            .await
+            .context("data-plane stop task")?;
     }
     tracing::info!("stopped");
     Ok(())

@@ -1,0 +1,320 @@
+//! The data plane inside the daemon: EAL and the DPDK ports the
+//! configuration declares, worker threads running the per-tenant switch,
+//! the feed from the control plane's state into the switch, and the port
+//! counters for gRPC telemetry and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dpu_control::model::{Action, Attachment, IpPrefix, Rule, State};
+use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
+use dpu_dataplane::classify::{AclRule, Family};
+use dpu_dataplane::io::dpdk::DpdkDriver;
+use dpu_dataplane::io::Driver;
+use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
+
+use crate::config::{Config, IdleMode, PortConfig};
+
+/// The running data plane.
+pub struct Dataplane {
+    workers: Workers,
+    switch: SwitchHandle,
+    driver: DpdkDriver,
+    /// Port IDs by driver index.
+    ids: Arc<Vec<String>>,
+    base: SwitchConfig,
+}
+
+/// True if the configuration asks for DPDK ports.
+pub fn wanted(config: &Config) -> bool {
+    config.ports.iter().any(|p| p.driver == "dpdk")
+}
+
+/// DPDK's name for a port: the configured one, else the devargs' first field.
+fn dpdk_name(p: &PortConfig) -> &str {
+    p.dpdk_name
+        .as_deref()
+        .unwrap_or_else(|| p.device.split(',').next().unwrap_or(&p.device))
+}
+
+/// Virtual devices are named `net_*` (or `eth_*`); anything else is a bus
+/// device (PCI address, auxiliary device) for `-a`.
+fn is_vdev(devargs: &str) -> bool {
+    devargs.starts_with("net_") || devargs.starts_with("eth_")
+}
+
+impl Dataplane {
+    /// Starts EAL with the configured ports, opens them, compiles `state`
+    /// into the switch and starts the workers.
+    ///
+    /// # Errors
+    /// If EAL, a port, the pool or a worker cannot start, naming which.
+    pub fn start(config: &Config, state: &State) -> Result<Dataplane> {
+        let d = &config.dataplane;
+        let ports: Vec<&PortConfig> = config.ports.iter().filter(|p| p.driver == "dpdk").collect();
+        let mut eal_cfg = dpdk::EalConfig {
+            lcores: d.lcores.clone(),
+            no_huge: d.no_huge,
+            memory_mb: d.memory_mb,
+            file_prefix: Some(d.file_prefix.clone()),
+            extra: d.eal_args.clone(),
+            log_level: Some("lib.eal:notice".into()),
+            ..Default::default()
+        };
+        for p in &ports {
+            if is_vdev(&p.device) {
+                eal_cfg.vdevs.push(p.device.clone());
+            } else {
+                eal_cfg.allow.push(p.device.clone());
+            }
+        }
+        // Only named bus devices, never every device EAL can find.
+        eal_cfg.no_pci = eal_cfg.allow.is_empty();
+        tracing::info!(args = ?eal_cfg.args(), "starting DPDK EAL");
+        let eal = dpdk::Eal::init(&eal_cfg).context("starting DPDK's EAL")?;
+        let pool = Arc::new(
+            dpdk::Mempool::new(&eal, "dp-rx", d.mbufs, 256, 2176)
+                .context("creating the packet-buffer pool")?,
+        );
+        let port_cfg = dpdk::PortConfig {
+            rx_queues: d.workers,
+            tx_queues: d.workers,
+            promiscuous: true,
+            ..Default::default()
+        };
+        let mut opened = Vec::new();
+        for p in &ports {
+            let name = dpdk_name(p);
+            let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone())
+                .with_context(|| format!("opening port {} ({name})", p.id))?;
+            tracing::info!(port = %p.id, dpdk = name, mac = %fmt_mac(port.mac()), "port started");
+            opened.push(port);
+        }
+        let driver = DpdkDriver::new(&eal, opened);
+        let ids: Arc<Vec<String>> = Arc::new(ports.iter().map(|p| p.id.clone()).collect());
+        let base = SwitchConfig {
+            ports: ids.len(),
+            mac_table_size: d.mac_table_size,
+            mac_ageing: Duration::from_secs(d.mac_ageing_secs),
+            ..SwitchConfig::default()
+        };
+        let first = switch_config(&base, &ids, state);
+        let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
+        let idle = match d.idle {
+            IdleMode::Busy => Idle::BusyPoll,
+            IdleMode::Backoff => Idle::Backoff {
+                spins: 1000,
+                max: Duration::from_micros(200),
+            },
+        };
+        let configs = (0..d.workers)
+            .map(|q| WorkerConfig {
+                rx: (0..ids.len()).map(|p| (p, q)).collect(),
+                tx_queue: q,
+                idle,
+            })
+            .collect();
+        let workers = Workers::start(&driver, configs, |_| switch.pipeline())
+            .context("starting the workers")?;
+        tracing::info!(workers = d.workers, ports = ids.len(), "data plane running");
+        Ok(Dataplane {
+            workers,
+            switch,
+            driver,
+            ids,
+            base,
+        })
+    }
+
+    /// What turns new states into switch configurations.
+    pub fn feed(&self) -> Feed {
+        Feed {
+            switch: self.switch.clone(),
+            ids: self.ids.clone(),
+            base: self.base.clone(),
+        }
+    }
+
+    /// The counters the data plane contributes to telemetry.
+    pub fn counters(&self) -> Arc<dyn CounterSource> {
+        Arc::new(PortSource {
+            driver: self.driver.clone(),
+            ids: self.ids.clone(),
+            reader: self.workers.reader(),
+        })
+    }
+
+    /// Stops the workers; ports and EAL close when the last handle drops.
+    pub fn stop(mut self) {
+        self.workers.stop();
+        tracing::info!("data plane stopped");
+    }
+}
+
+/// Publishes control-plane states to the running switch.
+pub struct Feed {
+    switch: SwitchHandle,
+    ids: Arc<Vec<String>>,
+    base: SwitchConfig,
+}
+
+impl Feed {
+    /// Compiles `state` into the switch and publishes it to the workers.
+    pub fn apply(&self, state: &State) {
+        let cfg = switch_config(&self.base, &self.ids, state);
+        let t = std::time::Instant::now();
+        match self.switch.publish(&cfg) {
+            Ok(()) => tracing::info!(
+                generation = self.switch.generation(),
+                tenants = cfg.tenants.len(),
+                compile_ms = t.elapsed().as_secs_f64() * 1e3,
+                "switch configuration published"
+            ),
+            // The control plane validated the state; reaching this is a bug
+            // worth a loud log, and the previous configuration stays.
+            Err(e) => tracing::error!("switch configuration refused, previous one kept: {e}"),
+        }
+    }
+}
+
+fn fmt_mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The switch configuration for `state` on the ports `ids`. Attachments
+/// on ports without a data-plane driver are left out (the state keeps
+/// them; they apply once the port is configured).
+pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> SwitchConfig {
+    let index: BTreeMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    let tenants = state
+        .tenants
+        .values()
+        .map(|t| TenantConfig {
+            name: t.id.clone(),
+            attachments: t
+                .attachments
+                .iter()
+                .filter_map(|a| match a {
+                    Attachment::Port { port, vlan } => index
+                        .get(port.as_str())
+                        .map(|&port| Attach { port, vlan: *vlan }),
+                    Attachment::Vxlan { .. } => None,
+                })
+                .collect(),
+            default_allow: t.default_policy == Action::Allow,
+            rules: t.rules.rules.iter().map(switch_rule).collect(),
+        })
+        .collect();
+    SwitchConfig {
+        tenants,
+        ..base.clone()
+    }
+}
+
+fn prefix_range(p: Option<&IpPrefix>, width: u32) -> (u128, u128) {
+    match p {
+        Some(p) => {
+            let addr = match p.addr() {
+                std::net::IpAddr::V4(a) => u128::from(u32::from(a)),
+                std::net::IpAddr::V6(a) => u128::from(a),
+            };
+            AclRule::prefix_range(addr, p.len(), width)
+        }
+        None => AclRule::prefix_range(0, 0, width),
+    }
+}
+
+/// A validated rule as the classifier sees it. ICMP type and code sit
+/// where the ports are (see `FlowKey`).
+pub fn switch_rule(r: &Rule) -> SwitchRule {
+    let family = match (r.src.or(r.dst)).map(|p| p.is_ipv4()) {
+        Some(true) => Family::V4,
+        Some(false) => Family::V6,
+        None => Family::Any,
+    };
+    let width = if family == Family::V6 { 128 } else { 32 };
+    let range =
+        |p: Option<dpu_control::model::PortRange>| p.map_or((0, u16::MAX), |p| (p.first, p.last));
+    let one = |v: Option<u8>| v.map_or((0, u16::MAX), |v| (u16::from(v), u16::from(v)));
+    let (src_port, dst_port) = if r.icmp_type.is_some() || r.icmp_code.is_some() {
+        (one(r.icmp_type), one(r.icmp_code))
+    } else {
+        (range(r.src_ports), range(r.dst_ports))
+    };
+    SwitchRule {
+        matches: AclRule {
+            order: r.priority,
+            tag: 0,
+            family,
+            src: prefix_range(r.src.as_ref(), width),
+            dst: prefix_range(r.dst.as_ref(), width),
+            src_port,
+            dst_port,
+            proto: r.protocol.map_or((0, u8::MAX), |p| (p, p)),
+        },
+        allow: r.action == Action::Allow,
+    }
+}
+
+/// Port counters and status from the NIC, drops from the workers.
+struct PortSource {
+    driver: DpdkDriver,
+    ids: Arc<Vec<String>>,
+    reader: CounterReader,
+}
+
+impl CounterSource for PortSource {
+    fn collect(&self, out: &mut Counters) {
+        for (i, id) in self.ids.iter().enumerate() {
+            let s = self.driver.stats(i);
+            out.ports.insert(
+                id.clone(),
+                PortCounters {
+                    rx_packets: s.rx_packets,
+                    rx_bytes: s.rx_bytes,
+                    tx_packets: s.tx_packets,
+                    tx_bytes: s.tx_bytes,
+                    rx_missed: s.rx_missed,
+                    rx_errors: s.rx_errors,
+                    tx_errors: s.tx_errors,
+                },
+            );
+            if let Some(p) = self.driver.port(i) {
+                let link = p.link();
+                out.port_status.insert(
+                    id.clone(),
+                    PortStatus {
+                        link_up: Some(link.up),
+                        speed_mbps: link.speed_mbps,
+                        mac_address: fmt_mac(p.mac()),
+                        mtu: u32::from(p.mtu()),
+                    },
+                );
+            }
+        }
+        let totals = self.reader.totals();
+        for r in worker::DropReason::ALL {
+            let reason = match r {
+                worker::DropReason::NoTenant => telemetry::DropReason::NoTenant,
+                worker::DropReason::Spoofed => telemetry::DropReason::Spoofed,
+                worker::DropReason::AclDeny => telemetry::DropReason::AclDeny,
+                worker::DropReason::ConntrackInvalid => telemetry::DropReason::ConntrackInvalid,
+                worker::DropReason::TableFull => telemetry::DropReason::TableFull,
+                worker::DropReason::RateLimited => telemetry::DropReason::RateLimited,
+                worker::DropReason::Malformed => telemetry::DropReason::Malformed,
+                worker::DropReason::TxFull => telemetry::DropReason::TxFull,
+            };
+            *out.drops.entry(reason).or_default() += totals.dropped(r);
+        }
+    }
+}
