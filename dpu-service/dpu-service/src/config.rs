@@ -479,6 +479,33 @@ mod tests {
     }
 
     #[test]
+    fn data_plane_settings_are_checked() {
+        let bad = |text: &str, want: &str| {
+            let c: Config = toml::from_str(text).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        };
+        bad(
+            "[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\n",
+            "needs a device",
+        );
+        bad(
+            "[[ports]]\nid = \"p0\"\ndriver = \"xdp\"\n",
+            "unknown driver",
+        );
+        bad("[dataplane]\nworkers = 0\n", "dataplane.workers");
+        bad("[dataplane]\nmbufs = 10\n", "dataplane.mbufs");
+        bad("[dataplane]\nfile_prefix = \"a/b\"\n", "file_prefix");
+        assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
+        let c: Config = toml::from_str(
+            "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\ndevice = \"net_tap0,iface=p0\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.dataplane.idle, IdleMode::Backoff);
+    }
+
+    #[test]
     fn shipped_configs_are_valid() {
         for f in ["config/dev.toml", "config/production.toml"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f);

@@ -318,3 +318,115 @@ impl CounterSource for PortSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpu_control::model::{PortRange, RuleSet, Tenant, Timestamp};
+
+    fn rule(priority: u32) -> Rule {
+        Rule {
+            id: format!("r{priority}"),
+            priority,
+            src: None,
+            dst: None,
+            src_ports: None,
+            dst_ports: None,
+            protocol: None,
+            icmp_type: None,
+            icmp_code: None,
+            action: Action::Deny,
+            stateful: false,
+            description: String::new(),
+        }
+    }
+
+    #[test]
+    fn rules_become_classifier_ranges() {
+        let mut r = rule(7);
+        r.src = Some("10.1.0.0/16".parse().unwrap());
+        r.protocol = Some(6);
+        r.dst_ports = Some(PortRange {
+            first: 80,
+            last: 443,
+        });
+        let s = switch_rule(&r);
+        assert!(!s.allow);
+        assert_eq!(s.matches.order, 7);
+        assert_eq!(s.matches.family, Family::V4);
+        assert_eq!(s.matches.src, (0x0a01_0000, 0x0a01_ffff));
+        assert_eq!(s.matches.dst, (0, u128::from(u32::MAX)));
+        assert_eq!(
+            (s.matches.src_port, s.matches.dst_port),
+            ((0, u16::MAX), (80, 443))
+        );
+        assert_eq!(s.matches.proto, (6, 6));
+
+        let mut icmp = rule(1);
+        icmp.dst = Some("2001:db8::/32".parse().unwrap());
+        icmp.protocol = Some(58);
+        icmp.icmp_type = Some(128);
+        icmp.action = Action::Allow;
+        let s = switch_rule(&icmp);
+        assert!(s.allow);
+        assert_eq!(s.matches.family, Family::V6);
+        assert_eq!(s.matches.src, (0, u128::MAX));
+        // Type where the source port is, any code.
+        assert_eq!(
+            (s.matches.src_port, s.matches.dst_port),
+            ((128, 128), (0, u16::MAX))
+        );
+        assert_eq!(switch_rule(&rule(2)).matches.family, Family::Any);
+    }
+
+    #[test]
+    fn only_ports_with_a_driver_are_attached() {
+        let mut state = State::default();
+        state.tenants.insert(
+            "red".into(),
+            Tenant {
+                id: "red".into(),
+                display_name: String::new(),
+                attachments: vec![
+                    Attachment::Port {
+                        port: "pf0vf1".into(),
+                        vlan: 0,
+                    },
+                    Attachment::Port {
+                        port: "p0".into(),
+                        vlan: 100,
+                    },
+                    Attachment::Port {
+                        port: "pf0vf9".into(),
+                        vlan: 0,
+                    },
+                    Attachment::Vxlan {
+                        uplink: "p0".into(),
+                        vni: 5000,
+                    },
+                ],
+                default_policy: Action::Allow,
+                create_time: Timestamp::now(),
+                rules: RuleSet {
+                    version: 1,
+                    rules: Arc::new(vec![rule(3)]),
+                },
+            },
+        );
+        let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
+        let base = SwitchConfig {
+            ports: 2,
+            ..SwitchConfig::default()
+        };
+        let c = switch_config(&base, &ids, &state);
+        assert_eq!(c.ports, 2);
+        let t = &c.tenants[0];
+        assert_eq!(
+            t.attachments,
+            vec![Attach { port: 1, vlan: 0 }, Attach { port: 0, vlan: 100 }]
+        );
+        assert!(t.default_allow);
+        assert_eq!(t.rules.len(), 1);
+        dpu_dataplane::switch::Compiled::new(&c).unwrap();
+    }
+}
