@@ -205,10 +205,17 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
                 .attachments
                 .iter()
                 .filter_map(|a| match a {
-                    Attachment::Port { port, vlan } => index
-                        .get(port.as_str())
-                        .map(|&port| Attach { port, vlan: *vlan }),
-                    Attachment::Vxlan { .. } => None,
+                    Attachment::Port { port, vlan } => {
+                        let found = index.get(port.as_str()).map(|&port| Attach { port, vlan: *vlan });
+                        if found.is_none() {
+                            tracing::warn!(tenant = %t.id, attachment = %a, "port has no data-plane driver; attachment kept, not forwarded");
+                        }
+                        found
+                    }
+                    Attachment::Vxlan { .. } => {
+                        tracing::warn!(tenant = %t.id, attachment = %a, "VXLAN attachments are not forwarded by this data plane yet; kept");
+                        None
+                    }
                 })
                 .collect(),
             default_allow: t.default_policy == Action::Allow,
