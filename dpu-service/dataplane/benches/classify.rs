@@ -113,6 +113,7 @@ fn main() {
             })
             .collect();
         let c = Classifier::build(&rules);
+        println!("{set}: {}", c.shape());
         for k in &trace {
             let want = rules.iter().find(|r| r.matches(k)).map(|r| r.tag);
             assert_eq!(c.lookup(k).map(|r| r.tag), want, "{set}: key {k:?}");

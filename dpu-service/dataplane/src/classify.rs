@@ -760,6 +760,25 @@ impl Classifier {
         })
     }
 
+    /// A one-line description of the main tables (trees, nodes, leaf
+    /// entries per family), for logs and benchmarks.
+    pub fn shape(&self) -> String {
+        let fam = |s: &Set| {
+            let trees: Vec<String> = s
+                .trees
+                .iter()
+                .map(|t| format!("{}n/{}l", t.nodes.len(), t.leaf_rules.len()))
+                .collect();
+            format!(
+                "{} rules in {} trees [{}]",
+                s.rules.len(),
+                s.trees.len(),
+                trees.join(" ")
+            )
+        };
+        format!("v4: {}; v6: {}", fam(&self.main.v4), fam(&self.main.v6))
+    }
+
     /// Rules added since the last full build.
     pub fn overlay_len(&self) -> usize {
         self.overlay_rules.len()
