@@ -1,0 +1,16 @@
+//! NVMe-over-Fabrics target of dpu-service.
+//!
+//! The protocol is a sans-IO state machine: a [`conn::Connection`] takes the
+//! bytes a host sent and returns the bytes to send back plus the block
+//! requests to run; a transport ([`tcp`]) moves the bytes over kernel TCP
+//! sockets and runs the block requests against a [`backend::Backend`].
+//!
+//! - [`pdu`]: NVMe/TCP PDU framing, header and data digests.
+//! - [`spec`]: submission/completion queue entries, opcodes, status codes.
+//! - [`identify`]: Identify data structures and log pages.
+//! - [`backend`]: block backends (RAM, file or block device, null).
+
+pub mod backend;
+pub mod identify;
+pub mod pdu;
+pub mod spec;
