@@ -9,8 +9,21 @@
 //! - [`spec`]: submission/completion queue entries, opcodes, status codes.
 //! - [`identify`]: Identify data structures and log pages.
 //! - [`backend`]: block backends (RAM, file or block device, null).
+//! - [`target`]: subsystems, namespaces and controllers being served.
+//! - [`conn`]: one connection (queue): fabrics, admin and NVM commands.
 
+#![forbid(unsafe_code)]
+
+mod admin;
 pub mod backend;
+pub mod conn;
+pub mod controller;
 pub mod identify;
 pub mod pdu;
 pub mod spec;
+pub mod target;
+pub mod tcp;
+
+pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
+pub use target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+pub use tcp::TcpTransport;

@@ -1,0 +1,898 @@
+//! One NVMe/TCP connection (one queue) as a sans-IO state machine.
+//!
+//! A transport feeds the bytes it reads to [`Connection::receive`], runs the
+//! block requests it takes from [`Connection::next_request`] and hands their
+//! results back to [`Connection::complete`], calls [`Connection::tick`] now
+//! and then (keep-alive, asynchronous events, controller teardown), and
+//! writes out whatever [`Connection::take_output`] returns. Nothing here
+//! blocks, sleeps or touches a socket.
+//!
+//! A protocol violation ends the connection with a C2HTermReq carrying the
+//! fatal error status; it never affects another connection.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
+use crate::identify::ErrorEntry;
+use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
+use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
+use crate::target::{Namespace, Target};
+
+/// Largest data part of an H2CData PDU we accept (MAXH2CDATA).
+pub const MAX_H2C_DATA: u32 = 128 * 1024;
+/// Largest in-capsule data of a command capsule.
+pub const IN_CAPSULE_DATA: u32 = 8192;
+/// Maximum Data Transfer Size as a power of two of 4 KiB pages.
+pub const MDTS: u8 = 7;
+/// Largest transfer of one command, bytes.
+pub const MAX_TRANSFER: u32 = 4096 << MDTS;
+/// Version reported in VS and Identify (1.3).
+pub const VERSION: u32 = 0x0001_0300;
+
+/// A block operation a transport must run for a connection.
+#[derive(Debug)]
+pub struct BlockRequest {
+    /// Identifies the command; hand it back in the completion.
+    pub cid: u16,
+    /// The namespace's backend.
+    pub backend: Arc<dyn Backend>,
+    /// What to do.
+    pub op: BlockOp,
+}
+
+/// The operations of [`BlockRequest`].
+#[derive(Debug)]
+pub enum BlockOp {
+    /// Read `len` bytes at `offset`.
+    Read {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: usize,
+    },
+    /// Write `data` at `offset`, durable on return with `fua`.
+    Write {
+        /// Byte offset.
+        offset: u64,
+        /// The data.
+        data: Vec<u8>,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Make completed writes durable.
+    Flush,
+    /// Zero `len` bytes at `offset`; also deallocate with `deallocate`.
+    WriteZeroes {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Deallocate the range as well.
+        deallocate: bool,
+    },
+    /// Deallocate (offset, len) byte ranges.
+    Deallocate {
+        /// The ranges.
+        ranges: Vec<(u64, u64)>,
+    },
+}
+
+/// The result of a [`BlockRequest`].
+#[derive(Debug)]
+pub struct BlockCompletion {
+    /// The request's command identifier.
+    pub cid: u16,
+    /// The data read (empty for other operations), or the failure.
+    pub result: io::Result<Vec<u8>>,
+}
+
+impl BlockRequest {
+    /// Runs the request on the calling thread.
+    pub fn execute(self) -> BlockCompletion {
+        let b = &self.backend;
+        let result = match self.op {
+            BlockOp::Read { offset, len } => {
+                let mut buf = vec![0u8; len];
+                b.read_at(offset, &mut buf).map(|()| buf)
+            }
+            BlockOp::Write { offset, data, fua } => {
+                b.write_at(offset, &data, fua).map(|()| Vec::new())
+            }
+            BlockOp::Flush => b.flush().map(|()| Vec::new()),
+            BlockOp::WriteZeroes {
+                offset,
+                len,
+                deallocate,
+            } => if deallocate {
+                b.deallocate(offset, len)
+            } else {
+                b.write_zeroes(offset, len)
+            }
+            .map(|()| Vec::new()),
+            BlockOp::Deallocate { ranges } => ranges
+                .iter()
+                .try_for_each(|&(o, l)| b.deallocate(o, l))
+                .map(|()| Vec::new()),
+        };
+        BlockCompletion {
+            cid: self.cid,
+            result,
+        }
+    }
+}
+
+/// What the connection waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The host's ICReq.
+    IcReq,
+    /// Commands.
+    Ready,
+    /// Nothing: the connection is over once the output is written.
+    Closed,
+}
+
+/// A command between its capsule and its completion.
+#[derive(Debug)]
+enum Pending {
+    /// Write data arriving in H2CData PDUs.
+    Receiving {
+        sqe: Sqe,
+        buf: Vec<u8>,
+        /// Bytes received.
+        got: u32,
+        /// End of the range the current R2T asked for.
+        r2t_end: u32,
+    },
+    /// A block request is out; `read` when data goes back to the host.
+    Executing { sqe: Sqe, read: bool, bytes: u64 },
+}
+
+/// What handling a command produced.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Complete now, with this data for the host (if any).
+    Done(Cqe, Option<Vec<u8>>),
+    /// Run this block request, complete when it is back.
+    Block(BlockRequest, u64),
+    /// Completes later (Asynchronous Event Request).
+    Parked,
+    /// Complete, then close the connection (Disconnect).
+    DoneAndClose(Cqe),
+}
+
+impl Outcome {
+    pub(crate) fn status(sqe: &Sqe, st: Status) -> Self {
+        Self::Done(Cqe::new(sqe.cid(), st), None)
+    }
+    pub(crate) fn ok(sqe: &Sqe) -> Self {
+        Self::status(sqe, Status::SUCCESS)
+    }
+    pub(crate) fn dw0(sqe: &Sqe, dw0: u32) -> Self {
+        let mut c = Cqe::new(sqe.cid(), Status::SUCCESS);
+        c.dw0 = dw0;
+        Self::Done(c, None)
+    }
+    pub(crate) fn data(sqe: &Sqe, data: Vec<u8>) -> Self {
+        Self::Done(Cqe::new(sqe.cid(), Status::SUCCESS), Some(data))
+    }
+}
+
+/// One NVMe/TCP connection: one admin or I/O queue.
+#[derive(Debug)]
+pub struct Connection {
+    pub(crate) target: Target,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+    phase: Phase,
+    digests: Digests,
+    limits: Limits,
+    pub(crate) ctrl: Option<Arc<Controller>>,
+    pub(crate) qid: u16,
+    sqsize: u16,
+    sqhd: u16,
+    sqflow_disabled: bool,
+    pending: HashMap<u16, Pending>,
+    requests: VecDeque<BlockRequest>,
+    pub(crate) aers: Vec<u16>,
+    out: Vec<u8>,
+    close_reason: Option<String>,
+}
+
+impl Connection {
+    /// A connection accepted on `local` from `peer`.
+    pub fn new(target: Target, local: SocketAddr, peer: SocketAddr) -> Self {
+        target.stats().connections.fetch_add(1, Ordering::Relaxed);
+        Self {
+            target,
+            local,
+            peer,
+            phase: Phase::IcReq,
+            digests: Digests::default(),
+            limits: Limits {
+                digests: Digests::default(),
+                max_data: MAX_H2C_DATA.max(IN_CAPSULE_DATA),
+            },
+            ctrl: None,
+            qid: 0,
+            sqsize: 1,
+            sqhd: 0,
+            sqflow_disabled: false,
+            pending: HashMap::new(),
+            requests: VecDeque::new(),
+            aers: Vec::new(),
+            out: Vec::with_capacity(64 * 1024),
+            close_reason: None,
+        }
+    }
+
+    /// Consumes whole PDUs from the front of `input` and returns how many
+    /// bytes it used; the rest must be offered again with more bytes.
+    pub fn receive(&mut self, input: &[u8]) -> usize {
+        let mut used = 0;
+        while self.phase != Phase::Closed {
+            let rest = &input[used..];
+            match pdu::decode_host(rest, &self.limits) {
+                Ok(None) => break,
+                Ok(Some((p, n))) => {
+                    used += n;
+                    self.on_pdu(p, &rest[..n]);
+                }
+                Err(e) => {
+                    let hdr = &rest[..e.header_len.min(rest.len())];
+                    self.fatal(e.fes, e.fei, hdr, &e.to_string());
+                    used = input.len();
+                }
+            }
+        }
+        if self.phase == Phase::Closed {
+            used = input.len();
+        }
+        used
+    }
+
+    /// The next block request to run, if any.
+    pub fn next_request(&mut self) -> Option<BlockRequest> {
+        self.requests.pop_front()
+    }
+
+    /// Bytes to send to the host (the buffer is left empty).
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Appends the bytes to send to `buf` (keeps this side's buffer).
+    pub fn drain_output_into(&mut self, buf: &mut Vec<u8>) {
+        buf.append(&mut self.out);
+    }
+
+    /// True once the connection is over: send what output is left, then
+    /// close the socket.
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<&str> {
+        self.close_reason.as_deref()
+    }
+
+    /// The queue this connection carries (0 = admin), once connected.
+    pub fn queue_id(&self) -> Option<u16> {
+        self.ctrl.as_ref().map(|_| self.qid)
+    }
+
+    /// The controller this connection belongs to, once connected.
+    pub fn controller_id(&self) -> Option<u16> {
+        self.ctrl.as_ref().map(|c| c.cntlid)
+    }
+
+    /// Timers and events: ends the connection when its controller ended or
+    /// its keep-alive timer expired, and completes Asynchronous Event
+    /// Requests with queued events.
+    pub fn tick(&mut self, now: Instant) {
+        let Some(ctrl) = self.ctrl.clone() else {
+            return;
+        };
+        if self.phase == Phase::Closed {
+            return;
+        }
+        if self.qid == 0 && ctrl.keep_alive_expired(now) {
+            tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "keep-alive timeout; ending the controller");
+            self.target
+                .stats()
+                .keep_alive_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            ctrl.kill();
+        }
+        if ctrl.is_dead() {
+            self.close("controller ended");
+            return;
+        }
+        if self.qid == 0 {
+            while !self.aers.is_empty() {
+                let Some(ev) = ctrl.with(|s| s.events.pop_front()) else {
+                    break;
+                };
+                let cid = self.aers.remove(0);
+                let mut c = Cqe::new(cid, Status::SUCCESS);
+                c.dw0 = ev;
+                self.respond(c, None);
+            }
+        }
+    }
+
+    /// Hands back the result of a block request.
+    pub fn complete(&mut self, done: BlockCompletion) {
+        let Some(Pending::Executing { sqe, read, bytes }) = self.pending.remove(&done.cid) else {
+            tracing::error!(
+                cid = done.cid,
+                "completion of a command that is not executing"
+            );
+            return;
+        };
+        match done.result {
+            Ok(data) => {
+                if let Some(c) = &self.ctrl {
+                    let h = &c.health;
+                    if read {
+                        h.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+                        h.reads.fetch_add(1, Ordering::Relaxed);
+                    } else if sqe.opcode() == nvm::WRITE {
+                        h.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                        h.writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let data = read.then_some(data);
+                self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), data);
+            }
+            Err(e) => {
+                tracing::warn!(cid = sqe.cid(), opcode = sqe.opcode(), nsid = sqe.nsid(), error = %e, "block I/O failed");
+                if let Some(c) = &self.ctrl {
+                    c.health.media_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let st = if read {
+                    Status::UNRECOVERED_READ
+                } else {
+                    Status::WRITE_FAULT
+                };
+                self.finish(&sqe, Cqe::new(sqe.cid(), st), None);
+            }
+        }
+    }
+
+    /// Ends the connection (for transports: the peer went away).
+    pub fn close(&mut self, why: &str) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.phase = Phase::Closed;
+        self.close_reason = Some(why.to_string());
+        self.requests.clear();
+        if let Some(c) = &self.ctrl {
+            c.health.connections.fetch_sub(1, Ordering::Relaxed);
+            if self.qid == 0 {
+                self.target.remove_controller(c.cntlid);
+            } else {
+                let q = self.qid;
+                c.with(|s| s.connected.retain(|&x| x != q));
+            }
+        }
+    }
+
+    fn fatal(&mut self, fes: Fes, fei: u32, header: &[u8], why: &str) {
+        tracing::warn!(peer = %self.peer, fes = ?fes, fei, "protocol error: {why}; terminating the connection");
+        self.target
+            .stats()
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+        pdu::encode_c2h_term_req(&mut self.out, fes as u16, fei, header);
+        self.close(why);
+    }
+
+    fn on_pdu(&mut self, p: HostPdu<'_>, raw: &[u8]) {
+        let hdr = &raw[..raw.len().min(usize::from(raw.get(2).copied().unwrap_or(8)))];
+        match (self.phase, p) {
+            (Phase::IcReq, HostPdu::IcReq(r)) => {
+                if r.pfv != 0 {
+                    return self.fatal(
+                        Fes::InvalidHeaderField,
+                        8,
+                        hdr,
+                        "unsupported PDU format version",
+                    );
+                }
+                if r.hpda != 0 {
+                    return self.fatal(
+                        Fes::UnsupportedParameter,
+                        10,
+                        hdr,
+                        "host PDU data alignment is not supported",
+                    );
+                }
+                self.digests = r.digests;
+                pdu::encode_ic_resp(
+                    &mut self.out,
+                    &IcResp {
+                        pfv: 0,
+                        cpda: 0,
+                        digests: r.digests,
+                        maxh2cdata: MAX_H2C_DATA,
+                    },
+                );
+                self.limits.digests = r.digests;
+                self.phase = Phase::Ready;
+            }
+            (_, HostPdu::TermReq { fes, fei }) => {
+                tracing::warn!(peer = %self.peer, fes, fei, "host terminated the connection");
+                self.close("host sent H2CTermReq");
+            }
+            (
+                Phase::Ready,
+                HostPdu::CapsuleCmd {
+                    sqe,
+                    data,
+                    data_digest_ok,
+                },
+            ) => self.on_command(sqe, data, data_digest_ok, hdr),
+            (
+                Phase::Ready,
+                HostPdu::H2CData {
+                    cccid,
+                    ttag,
+                    datao,
+                    data,
+                    last,
+                    data_digest_ok,
+                },
+            ) => self.on_h2c_data(cccid, ttag, datao, data, last, data_digest_ok, hdr),
+            _ => self.fatal(Fes::PduSequence, 0, hdr, "PDU out of sequence"),
+        }
+    }
+
+    fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8]) {
+        let cid = sqe.cid();
+        self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
+        if self.pending.contains_key(&cid) || self.aers.contains(&cid) {
+            return self.fatal(
+                Fes::PduSequence,
+                0,
+                hdr,
+                "command identifier already in use",
+            );
+        }
+        if self.pending.len() + self.aers.len() >= usize::from(self.sqsize.max(1)) {
+            return self.fatal(
+                Fes::PduSequence,
+                0,
+                hdr,
+                "more commands outstanding than the queue holds",
+            );
+        }
+        if !digest_ok {
+            return self.respond(Cqe::new(cid, Status::TRANSIENT_TRANSPORT), None);
+        }
+        // Fabrics transfers describe data with one SGL descriptor.
+        if !(1..=2).contains(&sqe.psdt()) {
+            return self.finish(&sqe, Cqe::new(cid, Status::INVALID_FIELD), None);
+        }
+        let dir = if sqe.opcode() == FABRICS {
+            sqe.fctype() & 3
+        } else {
+            sqe.opcode() & 3
+        };
+        let len = sqe.sgl_len();
+        match sqe.sgl_id() {
+            sgl::IN_CAPSULE => {
+                if dir != 1
+                    || sqe.sgl_addr() != 0
+                    || len as usize != data.len()
+                    || len > IN_CAPSULE_DATA
+                {
+                    return self.finish(&sqe, Cqe::new(cid, Status::SGL_LENGTH_INVALID), None);
+                }
+                self.dispatch(sqe, data.to_vec());
+            }
+            sgl::TRANSPORT => {
+                if !data.is_empty() {
+                    return self.finish(&sqe, Cqe::new(cid, Status::SGL_LENGTH_INVALID), None);
+                }
+                if len > MAX_TRANSFER.max(4096) {
+                    return self.finish(&sqe, Cqe::new(cid, Status::INVALID_FIELD), None);
+                }
+                if dir == 1 && len > 0 {
+                    // Host-to-controller data not in the capsule: ask for it.
+                    let first = len.min(MAX_H2C_DATA);
+                    pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
+                    self.pending.insert(
+                        cid,
+                        Pending::Receiving {
+                            sqe,
+                            buf: vec![0; len as usize],
+                            got: 0,
+                            r2t_end: first,
+                        },
+                    );
+                    return;
+                }
+                self.dispatch(sqe, Vec::new());
+            }
+            // No data at all, whatever the descriptor type.
+            _ if len == 0 => self.dispatch(sqe, Vec::new()),
+            _ => self.finish(&sqe, Cqe::new(cid, Status::SGL_TYPE_INVALID), None),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_h2c_data(
+        &mut self,
+        cccid: u16,
+        ttag: u16,
+        datao: u32,
+        data: &[u8],
+        last: bool,
+        ok: bool,
+        hdr: &[u8],
+    ) {
+        let Some(Pending::Receiving {
+            buf, got, r2t_end, ..
+        }) = self.pending.get_mut(&cccid)
+        else {
+            return self.fatal(
+                Fes::InvalidHeaderField,
+                8,
+                hdr,
+                "H2CData for a command that awaits no data",
+            );
+        };
+        if ttag != cccid {
+            return self.fatal(
+                Fes::InvalidHeaderField,
+                10,
+                hdr,
+                "H2CData with an unknown transfer tag",
+            );
+        }
+        let end = u64::from(datao) + data.len() as u64;
+        if datao != *got || end > u64::from(*r2t_end) {
+            return self.fatal(
+                Fes::DataOutOfRange,
+                12,
+                hdr,
+                "H2CData outside the requested range",
+            );
+        }
+        if last != (end == u64::from(*r2t_end)) {
+            return self.fatal(
+                Fes::InvalidHeaderField,
+                1,
+                hdr,
+                "H2CData LAST_PDU flag does not match the transfer",
+            );
+        }
+        buf[datao as usize..end as usize].copy_from_slice(data);
+        *got = end as u32;
+        let (got, total) = (*got, buf.len() as u32);
+        if !ok {
+            // Keep the stream in step: the command fails once its data is in.
+            if let Some(Pending::Receiving { sqe, .. }) = self.pending.remove(&cccid) {
+                self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None);
+            }
+            return;
+        }
+        if got < *r2t_end {
+            return;
+        }
+        if got < total {
+            let next = (total - got).min(MAX_H2C_DATA);
+            *r2t_end = got + next;
+            pdu::encode_r2t(&mut self.out, self.digests, cccid, cccid, got, next);
+            return;
+        }
+        if let Some(Pending::Receiving { sqe, buf, .. }) = self.pending.remove(&cccid) {
+            self.dispatch(sqe, buf);
+        }
+    }
+
+    /// Runs a command whose data (if any) is all here.
+    fn dispatch(&mut self, sqe: Sqe, data: Vec<u8>) {
+        let outcome = if sqe.opcode() == FABRICS {
+            self.fabrics(&sqe, &data)
+        } else if self.ctrl.is_none() {
+            Outcome::status(&sqe, Status::COMMAND_SEQUENCE)
+        } else if self.qid == 0 {
+            self.admin(&sqe, &data)
+        } else {
+            self.io(&sqe, data)
+        };
+        match outcome {
+            Outcome::Done(cqe, d) => self.finish(&sqe, cqe, d),
+            Outcome::DoneAndClose(cqe) => {
+                self.finish(&sqe, cqe, None);
+                self.close("host disconnected the queue");
+            }
+            Outcome::Block(req, bytes) => {
+                let read = matches!(req.op, BlockOp::Read { .. });
+                self.pending
+                    .insert(sqe.cid(), Pending::Executing { sqe, read, bytes });
+                self.requests.push_back(req);
+            }
+            Outcome::Parked => {}
+        }
+    }
+
+    /// Completes a command: logs failures, sends data and the response.
+    fn finish(&mut self, sqe: &Sqe, cqe: Cqe, data: Option<Vec<u8>>) {
+        let st = cqe.status;
+        if st != 0 {
+            if let Some(c) = &self.ctrl {
+                c.health.errors.fetch_add(1, Ordering::Relaxed);
+                c.log_error(ErrorEntry {
+                    error_count: 0,
+                    sqid: self.qid,
+                    cid: sqe.cid(),
+                    status: st,
+                    param_location: 0xffff,
+                    lba: if self.qid != 0 { sqe.slba() } else { 0 },
+                    nsid: sqe.nsid(),
+                });
+            }
+        }
+        let data = data.map(|mut d| {
+            d.truncate(sqe.sgl_len() as usize);
+            d
+        });
+        self.respond(cqe, data.as_deref());
+    }
+
+    fn respond(&mut self, mut cqe: Cqe, data: Option<&[u8]>) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        let success = cqe.status == 0;
+        if let Some(d) = data.filter(|d| !d.is_empty()) {
+            let skip_resp = success && self.sqflow_disabled;
+            pdu::encode_c2h_data(&mut self.out, self.digests, cqe.cid, 0, d, true, skip_resp);
+            if skip_resp {
+                return;
+            }
+        }
+        cqe.sqhd = self.sqhd;
+        cqe.sqid = self.qid;
+        pdu::encode_capsule_resp(&mut self.out, self.digests, &cqe);
+    }
+
+    /// The namespace `nsid` of this connection's subsystem.
+    pub(crate) fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        let ctrl = self.ctrl.as_ref()?;
+        self.target
+            .subsystem(&ctrl.subnqn)?
+            .namespaces
+            .get(&nsid)
+            .cloned()
+    }
+
+    fn io(&mut self, sqe: &Sqe, data: Vec<u8>) -> Outcome {
+        if !crate::admin::IO_CMDS.contains(&sqe.opcode()) {
+            return Outcome::status(sqe, Status::INVALID_OPCODE);
+        }
+        let Some(ns) = self.namespace(sqe.nsid()) else {
+            return Outcome::status(sqe, Status::INVALID_NS);
+        };
+        let shift = ns.lba_shift;
+        let blocks = ns.blocks();
+        let range = |slba: u64, nlb: u64| -> Result<(u64, u64), Status> {
+            match slba.checked_add(nlb) {
+                Some(end) if end <= blocks => Ok((slba << shift, nlb << shift)),
+                _ => Err(Status::LBA_OUT_OF_RANGE),
+            }
+        };
+        let req = |op| BlockRequest {
+            cid: sqe.cid(),
+            backend: ns.backend.clone(),
+            op,
+        };
+        match sqe.opcode() {
+            nvm::READ | nvm::WRITE => {
+                let (offset, len) = match range(sqe.slba(), u64::from(sqe.nlb())) {
+                    Ok(r) => r,
+                    Err(st) => return Outcome::status(sqe, st),
+                };
+                if len > u64::from(MAX_TRANSFER) {
+                    return Outcome::status(sqe, Status::INVALID_FIELD);
+                }
+                if len != u64::from(sqe.sgl_len()) {
+                    return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
+                }
+                let op = if sqe.opcode() == nvm::READ {
+                    BlockOp::Read {
+                        offset,
+                        len: len as usize,
+                    }
+                } else {
+                    BlockOp::Write {
+                        offset,
+                        data,
+                        fua: sqe.fua(),
+                    }
+                };
+                Outcome::Block(req(op), len)
+            }
+            nvm::FLUSH => Outcome::Block(req(BlockOp::Flush), 0),
+            nvm::WRITE_ZEROES => match range(sqe.slba(), u64::from(sqe.nlb())) {
+                Ok((offset, len)) => {
+                    let deallocate = sqe.cdw(12) & (1 << 25) != 0;
+                    Outcome::Block(
+                        req(BlockOp::WriteZeroes {
+                            offset,
+                            len,
+                            deallocate,
+                        }),
+                        0,
+                    )
+                }
+                Err(st) => Outcome::status(sqe, st),
+            },
+            nvm::DSM => {
+                let nr = (sqe.cdw(10) & 0xff) as usize + 1;
+                if data.len() < nr * 16 {
+                    return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
+                }
+                let mut ranges = Vec::with_capacity(nr);
+                for r in data.chunks_exact(16).take(nr) {
+                    let nlb = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
+                    let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+                    match range(slba, u64::from(nlb)) {
+                        Ok(r) => ranges.push(r),
+                        Err(st) => return Outcome::status(sqe, st),
+                    }
+                }
+                if sqe.cdw(11) & (1 << 2) == 0 {
+                    // Only attribute hints: nothing to do.
+                    return Outcome::ok(sqe);
+                }
+                Outcome::Block(req(BlockOp::Deallocate { ranges }), 0)
+            }
+            _ => Outcome::status(sqe, Status::INVALID_OPCODE),
+        }
+    }
+
+    fn fabrics(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+        match sqe.fctype() {
+            fctype::CONNECT => self.connect(sqe, data),
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET if self.ctrl.is_none() || self.qid != 0 => {
+                Outcome::status(sqe, Status::COMMAND_SEQUENCE)
+            }
+            fctype::PROPERTY_GET => self.property_get(sqe),
+            fctype::PROPERTY_SET => self.property_set(sqe),
+            fctype::DISCONNECT if self.ctrl.is_some() => {
+                Outcome::DoneAndClose(Cqe::new(sqe.cid(), Status::SUCCESS))
+            }
+            fctype::DISCONNECT => Outcome::status(sqe, Status::COMMAND_SEQUENCE),
+            _ => Outcome::status(sqe, Status::INVALID_OPCODE),
+        }
+    }
+
+    fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+        /// Connect: Invalid Parameters, naming the parameter (in the data or
+        /// in the command, at byte offset `at`).
+        fn invalid(sqe: &Sqe, in_data: bool, at: u16) -> Outcome {
+            let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_PARAMETERS);
+            c.dw0 = u32::from(in_data) | (u32::from(at) << 16);
+            Outcome::Done(c, None)
+        }
+        fn nqn(b: &[u8]) -> String {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            String::from_utf8_lossy(&b[..end]).into_owned()
+        }
+        if self.ctrl.is_some() {
+            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
+        }
+        if data.len() < 1024 {
+            return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
+        }
+        let refused = |o: Outcome| {
+            self.target
+                .stats()
+                .connects_refused
+                .fetch_add(1, Ordering::Relaxed);
+            o
+        };
+        if sqe.cdw(10) & 0xffff != 0 {
+            return refused(Outcome::status(sqe, Status::CONNECT_INCOMPATIBLE_FORMAT));
+        }
+        let qid = (sqe.cdw(10) >> 16) as u16;
+        let sqsize = (sqe.cdw(11) & 0xffff) as u16;
+        let cattr = (sqe.cdw(11) >> 16) as u8;
+        let kato = Duration::from_millis(u64::from(sqe.cdw(12)));
+        let hostid: [u8; 16] = data[0..16].try_into().expect("16 bytes");
+        let cntlid = u16::from_le_bytes([data[16], data[17]]);
+        let subnqn = nqn(&data[256..512]);
+        let hostnqn = nqn(&data[512..768]);
+        if sqsize == 0 || sqsize >= MAX_QUEUE_SIZE {
+            return refused(invalid(sqe, false, 44));
+        }
+        let ctrl = if qid == 0 {
+            let kind = if subnqn == spec::DISCOVERY_NQN {
+                ControllerKind::Discovery
+            } else {
+                match self.target.subsystem(&subnqn) {
+                    Some(s) if !s.exported_on(self.local) => {
+                        tracing::warn!(%subnqn, local = %self.local, "connect to a subsystem not exported on this listener");
+                        return refused(invalid(sqe, true, 256));
+                    }
+                    Some(s) if !s.allows_host(&hostnqn) => {
+                        tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "host not allowed");
+                        let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
+                        c.dw0 = 1 | (512 << 16);
+                        return refused(Outcome::Done(c, None));
+                    }
+                    Some(_) => ControllerKind::Io,
+                    None => {
+                        tracing::warn!(%subnqn, %hostnqn, "connect to an unknown subsystem");
+                        return refused(invalid(sqe, true, 256));
+                    }
+                }
+            };
+            if cntlid != 0xffff {
+                return refused(invalid(sqe, true, 16));
+            }
+            let health = self.target.health(&subnqn);
+            let made = self.target.add_controller(|id| {
+                Controller::new(
+                    id,
+                    kind,
+                    subnqn.clone(),
+                    hostnqn.clone(),
+                    hostid,
+                    kato,
+                    sqsize + 1,
+                    health,
+                )
+            });
+            let Some(c) = made else {
+                return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));
+            };
+            tracing::info!(cntlid = c.cntlid, %subnqn, %hostnqn, peer = %self.peer, kato_ms = kato.as_millis() as u64, "controller created");
+            c
+        } else {
+            let Some(c) = self.target.controller(cntlid) else {
+                return refused(invalid(sqe, true, 16));
+            };
+            if c.subnqn != subnqn {
+                return refused(invalid(sqe, true, 256));
+            }
+            if c.hostnqn != hostnqn {
+                return refused(invalid(sqe, true, 512));
+            }
+            if c.kind == ControllerKind::Discovery || !c.ready() {
+                return refused(invalid(sqe, false, 42));
+            }
+            let ok = c.with(|s| {
+                if qid > s.io_queues || s.connected.contains(&qid) {
+                    false
+                } else {
+                    s.connected.push(qid);
+                    true
+                }
+            });
+            if !ok {
+                return refused(invalid(sqe, false, 42));
+            }
+            c
+        };
+        self.qid = qid;
+        self.sqsize = sqsize + 1;
+        self.sqflow_disabled = cattr & 0x04 != 0;
+        let id = ctrl.cntlid;
+        ctrl.health.connections.fetch_add(1, Ordering::Relaxed);
+        self.ctrl = Some(ctrl);
+        Outcome::dw0(sqe, u32::from(id))
+    }
+}

@@ -1,0 +1,274 @@
+//! A controller: what the admin queue and the I/O queues of one host
+//! association share. Created by an admin-queue Connect, ended when its admin
+//! queue goes away, its keep-alive timer expires, or its subsystem is removed.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::identify::{self, ErrorEntry};
+
+/// What a controller serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerKind {
+    /// An I/O controller of an NVM subsystem.
+    Io,
+    /// The discovery controller.
+    Discovery,
+}
+
+/// Most I/O queues a controller grants.
+pub const MAX_IO_QUEUES: u16 = 64;
+/// Largest queue size (0-based SQSIZE is one less), CAP.MQES + 1.
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+/// Outstanding Asynchronous Event Requests accepted (AERL + 1).
+pub const AER_SLOTS: usize = 4;
+/// Error log entries kept (ELPE + 1).
+pub const ERROR_LOG_SLOTS: usize = 64;
+
+/// Controller Configuration register fields.
+pub mod cc {
+    /// Enable.
+    pub const EN: u32 = 1;
+    /// Shutdown Notification (bits 15:14).
+    pub const SHN_MASK: u32 = 3 << 14;
+    /// I/O Submission Queue Entry Size (bits 19:16).
+    pub const IOSQES_SHIFT: u32 = 16;
+    /// I/O Completion Queue Entry Size (bits 23:20).
+    pub const IOCQES_SHIFT: u32 = 20;
+}
+
+/// Controller Status register fields.
+pub mod csts {
+    /// Ready.
+    pub const RDY: u32 = 1;
+    /// Controller Fatal Status.
+    pub const CFS: u32 = 1 << 1;
+    /// Shutdown processing complete (SHST = 10b).
+    pub const SHST_COMPLETE: u32 = 2 << 2;
+}
+
+/// The Asynchronous Event Configuration bit enabling namespace attribute
+/// notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
+/// The AEC bit enabling discovery log page change notices.
+pub const AEC_DISCOVERY: u32 = 1 << 31;
+
+/// Values of the features a host may set.
+#[derive(Debug, Clone)]
+pub struct Features {
+    /// Arbitration (01h).
+    pub arbitration: u32,
+    /// Power Management (02h).
+    pub power_mgmt: u32,
+    /// Temperature Threshold (04h).
+    pub temp_threshold: u32,
+    /// Error Recovery (05h).
+    pub error_recovery: u32,
+    /// Volatile Write Cache enable (06h).
+    pub volatile_wc: u32,
+    /// Interrupt Coalescing (08h).
+    pub irq_coalesce: u32,
+    /// Write Atomicity Normal (0Ah).
+    pub write_atomic: u32,
+    /// Asynchronous Event Configuration (0Bh).
+    pub async_event: u32,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Self {
+            arbitration: 0,
+            power_mgmt: 0,
+            // 70 °C over-temperature threshold, in kelvin.
+            temp_threshold: 343,
+            error_recovery: 0,
+            volatile_wc: 1,
+            irq_coalesce: 0,
+            write_atomic: 0,
+            async_event: 0,
+        }
+    }
+}
+
+/// Mutable controller state, behind the controller's lock.
+#[derive(Debug)]
+pub struct State {
+    /// CC register.
+    pub cc: u32,
+    /// CSTS register.
+    pub csts: u32,
+    /// Keep-alive timeout; zero disables it.
+    pub kato: Duration,
+    /// Last Keep Alive (or other admin command).
+    pub last_keep_alive: Instant,
+    /// I/O queues granted (Set Features, Number of Queues), 1-based count.
+    pub io_queues: u16,
+    /// I/O queue IDs connected.
+    pub connected: Vec<u16>,
+    /// Settable features.
+    pub features: Features,
+    /// Asynchronous events waiting for an AER command (completion dword 0).
+    pub events: VecDeque<u32>,
+    /// A namespace attribute notice was sent and the changed namespace
+    /// log has not been read since (further notices wait).
+    pub ns_notice_masked: bool,
+    /// A discovery notice was sent and the log has not been read since.
+    pub disc_notice_masked: bool,
+    /// Namespaces changed since the changed namespace log was last read.
+    pub changed_ns: Vec<u32>,
+    /// Error log, newest first.
+    pub errors: VecDeque<ErrorEntry>,
+    /// Errors ever logged.
+    pub error_count: u64,
+}
+
+/// Counters of one subsystem, kept across controllers and configuration
+/// changes: the SMART / health log and the service's telemetry.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Connections (queues) open now.
+    pub connections: AtomicU64,
+    /// Commands completed with an error status.
+    pub errors: AtomicU64,
+    /// Bytes read by hosts.
+    pub bytes_read: AtomicU64,
+    /// Bytes written by hosts.
+    pub bytes_written: AtomicU64,
+    /// Read commands.
+    pub reads: AtomicU64,
+    /// Write commands.
+    pub writes: AtomicU64,
+    /// Backend I/O errors.
+    pub media_errors: AtomicU64,
+}
+
+/// A controller.
+#[derive(Debug)]
+pub struct Controller {
+    /// Controller ID.
+    pub cntlid: u16,
+    /// What it serves.
+    pub kind: ControllerKind,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Host NQN.
+    pub hostnqn: String,
+    /// Host identifier.
+    pub hostid: [u8; 16],
+    /// Admin queue size (0-based SQSIZE + 1).
+    pub admin_queue_size: u16,
+    /// The subsystem's counters.
+    pub health: Arc<Health>,
+    dead: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Controller {
+    /// A new, disabled controller.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cntlid: u16,
+        kind: ControllerKind,
+        subnqn: String,
+        hostnqn: String,
+        hostid: [u8; 16],
+        kato: Duration,
+        admin_queue_size: u16,
+        health: Arc<Health>,
+    ) -> Self {
+        Self {
+            cntlid,
+            kind,
+            subnqn,
+            hostnqn,
+            hostid,
+            admin_queue_size,
+            health,
+            dead: AtomicBool::new(false),
+            state: Mutex::new(State {
+                cc: 0,
+                csts: 0,
+                kato,
+                last_keep_alive: Instant::now(),
+                io_queues: MAX_IO_QUEUES,
+                connected: Vec::new(),
+                features: Features::default(),
+                events: VecDeque::new(),
+                ns_notice_masked: false,
+                disc_notice_masked: false,
+                changed_ns: Vec::new(),
+                errors: VecDeque::new(),
+                error_count: 0,
+            }),
+        }
+    }
+
+    /// Runs `f` on the locked state.
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().expect("controller lock"))
+    }
+
+    /// True once the controller has ended; its connections close.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Ends the controller.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+    }
+
+    /// True when CSTS.RDY is set.
+    pub fn ready(&self) -> bool {
+        self.with(|s| s.csts & csts::RDY != 0)
+    }
+
+    /// Records the namespaces `nsids` as changed and queues a namespace
+    /// attribute notice if the host enabled them and none is pending.
+    pub fn namespaces_changed(&self, nsids: &[u32]) {
+        self.with(|s| {
+            for n in nsids {
+                if !s.changed_ns.contains(n) {
+                    s.changed_ns.push(*n);
+                }
+            }
+            if s.features.async_event & AEC_NS_ATTR != 0 && !s.ns_notice_masked {
+                s.ns_notice_masked = true;
+                s.events.push_back(identify::AEN_NS_ATTR_CHANGED);
+            }
+        });
+    }
+
+    /// Queues a discovery log change notice if the host enabled them.
+    pub fn discovery_changed(&self) {
+        self.with(|s| {
+            if s.features.async_event & AEC_DISCOVERY != 0 && !s.disc_notice_masked {
+                s.disc_notice_masked = true;
+                s.events
+                    .push_back(identify::async_event_dw0(2, 0xf0, identify::LID_DISCOVERY));
+            }
+        });
+    }
+
+    /// Adds an entry to the error log.
+    pub fn log_error(&self, mut e: ErrorEntry) {
+        self.with(|s| {
+            s.error_count += 1;
+            e.error_count = s.error_count;
+            s.errors.push_front(e);
+            s.errors.truncate(ERROR_LOG_SLOTS);
+        });
+    }
+
+    /// True when the keep-alive timer has expired at `now`.
+    pub fn keep_alive_expired(&self, now: Instant) -> bool {
+        self.with(|s| !s.kato.is_zero() && now.duration_since(s.last_keep_alive) > s.kato)
+    }
+
+    /// Restarts the keep-alive timer.
+    pub fn keep_alive(&self, now: Instant) {
+        self.with(|s| s.last_keep_alive = now);
+    }
+}

@@ -1,0 +1,502 @@
+//! The target: the subsystems it serves, their namespaces and backends, and
+//! the live controllers. Shared by every connection of every transport.
+//!
+//! Configuration arrives as a whole ([`Target::apply`]): the target keeps the
+//! backend of every namespace whose backing store did not change (so a RAM
+//! namespace keeps its data across unrelated updates), resizes those whose
+//! size changed, opens new ones, and tells the controllers of each changed
+//! subsystem through an asynchronous event.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
+use crate::controller::{Controller, ControllerKind, Health};
+
+/// Where a namespace's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// Memory of `size` bytes (allocated as written).
+    Ram {
+        /// Size in bytes.
+        size: u64,
+    },
+    /// A regular file, created with `size` bytes if missing.
+    File {
+        /// Path of the file.
+        path: PathBuf,
+        /// Size in bytes.
+        size: u64,
+    },
+    /// A block device; its size is the device's.
+    BlockDevice {
+        /// Path of the device node.
+        path: PathBuf,
+    },
+    /// Reads return zeros, writes vanish (benchmarks).
+    Null {
+        /// Size in bytes.
+        size: u64,
+    },
+}
+
+impl BackendSpec {
+    /// True if `other` names the same backing store (possibly resized).
+    fn same_store(&self, other: &BackendSpec) -> bool {
+        match (self, other) {
+            (Self::Ram { .. }, Self::Ram { .. }) | (Self::Null { .. }, Self::Null { .. }) => true,
+            (Self::File { path: a, .. }, Self::File { path: b, .. }) => a == b,
+            (Self::BlockDevice { path: a }, Self::BlockDevice { path: b }) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The configured size, if the spec fixes one.
+    fn size(&self) -> Option<u64> {
+        match self {
+            Self::Ram { size } | Self::File { size, .. } | Self::Null { size } => Some(*size),
+            Self::BlockDevice { .. } => None,
+        }
+    }
+
+    fn open(&self) -> io::Result<Arc<dyn Backend>> {
+        Ok(match self {
+            Self::Ram { size } => Arc::new(RamBackend::new(*size)),
+            Self::File { path, size } => Arc::new(FileBackend::open(path, Some(*size))?),
+            Self::BlockDevice { path } => Arc::new(FileBackend::open(path, None)?),
+            Self::Null { size } => Arc::new(NullBackend::new(*size)),
+        })
+    }
+}
+
+/// A namespace as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Namespace ID (1-based).
+    pub nsid: u32,
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    /// Namespace UUID.
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+    /// Backing store.
+    pub backend: BackendSpec,
+}
+
+/// A subsystem as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    /// NVMe Qualified Name.
+    pub nqn: String,
+    /// Serial number (up to 20 ASCII characters).
+    pub serial: String,
+    /// Model number (up to 40 ASCII characters).
+    pub model: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    pub allowed_hosts: BTreeSet<String>,
+    /// Largest namespace ID.
+    pub max_namespaces: u32,
+    /// Namespaces.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Transport addresses the subsystem is exported on.
+    pub listeners: Vec<SocketAddr>,
+}
+
+/// Everything the target serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// Subsystems.
+    pub subsystems: Vec<SubsystemConfig>,
+    /// The discovery controller's own listener (it also answers on every
+    /// subsystem listener).
+    pub discovery: Option<SocketAddr>,
+}
+
+impl TargetConfig {
+    /// Every address the transport must listen on.
+    pub fn listen_addrs(&self) -> BTreeSet<SocketAddr> {
+        self.subsystems
+            .iter()
+            .flat_map(|s| s.listeners.iter().copied())
+            .chain(self.discovery)
+            .collect()
+    }
+}
+
+/// A namespace being served.
+#[derive(Debug)]
+pub struct Namespace {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// log2 of the logical block size.
+    pub lba_shift: u8,
+    /// Namespace UUID.
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+    /// The backend.
+    pub backend: Arc<dyn Backend>,
+    spec: BackendSpec,
+}
+
+impl Namespace {
+    /// Size in logical blocks (follows the backend while it is resized).
+    pub fn blocks(&self) -> u64 {
+        self.backend.len() >> self.lba_shift
+    }
+}
+
+/// A subsystem being served: an immutable snapshot, replaced as a whole.
+#[derive(Debug)]
+pub struct Subsystem {
+    /// NVMe Qualified Name.
+    pub nqn: String,
+    /// Serial number.
+    pub serial: String,
+    /// Model number.
+    pub model: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    pub allowed_hosts: BTreeSet<String>,
+    /// Largest namespace ID.
+    pub max_namespaces: u32,
+    /// Namespaces by NSID.
+    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    /// Transport addresses.
+    pub listeners: Vec<SocketAddr>,
+}
+
+impl Subsystem {
+    /// True if `host_nqn` may connect.
+    pub fn allows_host(&self, host_nqn: &str) -> bool {
+        self.allow_any_host || self.allowed_hosts.contains(host_nqn)
+    }
+
+    /// True if the subsystem is exported on the listener at `local` (a
+    /// listener on a wildcard address matches any local address).
+    pub fn exported_on(&self, local: SocketAddr) -> bool {
+        self.listeners
+            .iter()
+            .any(|l| l.port() == local.port() && (l.ip().is_unspecified() || l.ip() == local.ip()))
+    }
+}
+
+/// Why a configuration could not be applied in full.
+#[derive(Debug, thiserror::Error)]
+#[error("subsystem {nqn} namespace {nsid}: {source}")]
+pub struct ApplyError {
+    /// Subsystem.
+    pub nqn: String,
+    /// Namespace.
+    pub nsid: u32,
+    /// What went wrong opening or resizing its backend.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Target-wide counters, summed over all controllers.
+#[derive(Debug, Default)]
+pub struct TargetStats {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections closed with a termination request (protocol errors).
+    pub protocol_errors: AtomicU64,
+    /// Connect commands refused.
+    pub connects_refused: AtomicU64,
+    /// Controllers ended by keep-alive timeout.
+    pub keep_alive_timeouts: AtomicU64,
+}
+
+/// The NVMe-oF target. Cheap to clone; every clone is the same target.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    subsystems: RwLock<HashMap<String, Arc<Subsystem>>>,
+    controllers: Mutex<Controllers>,
+    discovery_genctr: AtomicU64,
+    stats: TargetStats,
+    health: Mutex<HashMap<String, Arc<Health>>>,
+}
+
+#[derive(Debug, Default)]
+struct Controllers {
+    by_id: HashMap<u16, Arc<Controller>>,
+    next: u16,
+}
+
+/// Largest dynamic controller ID (0xFFF0.. are reserved).
+const MAX_CNTLID: u16 = 0xffef;
+
+impl Target {
+    /// An empty target.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &TargetStats {
+        &self.inner.stats
+    }
+
+    /// The subsystem with `nqn`, if served.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.inner
+            .subsystems
+            .read()
+            .expect("subsystems lock")
+            .get(nqn)
+            .cloned()
+    }
+
+    /// Every subsystem served, sorted by NQN.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        let mut v: Vec<_> = self
+            .inner
+            .subsystems
+            .read()
+            .expect("subsystems lock")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.nqn.cmp(&b.nqn));
+        v
+    }
+
+    /// The counters of the subsystem `nqn` (kept while the target lives,
+    /// across controllers and configuration changes).
+    pub fn health(&self, nqn: &str) -> Arc<Health> {
+        self.inner
+            .health
+            .lock()
+            .expect("health lock")
+            .entry(nqn.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// The discovery log's generation counter.
+    pub fn discovery_genctr(&self) -> u64 {
+        self.inner.discovery_genctr.load(Ordering::Relaxed)
+    }
+
+    /// Serves `config` from now on. Namespaces whose backend cannot be
+    /// opened or resized are left out (or keep their old size) and reported;
+    /// everything else is applied.
+    pub fn apply(&self, config: &TargetConfig) -> Vec<ApplyError> {
+        let mut errors = Vec::new();
+        let mut changed: Vec<(String, Vec<u32>)> = Vec::new();
+        let mut gone: Vec<String> = Vec::new();
+        let mut discovery_changed = false;
+        {
+            let mut subs = self.inner.subsystems.write().expect("subsystems lock");
+            let mut next = HashMap::new();
+            for sc in &config.subsystems {
+                let old = subs.get(&sc.nqn);
+                let mut namespaces = BTreeMap::new();
+                let mut ns_changed = Vec::new();
+                for nc in &sc.namespaces {
+                    let prev = old.and_then(|o| o.namespaces.get(&nc.nsid));
+                    match Self::namespace(prev, nc) {
+                        Ok((ns, differs)) => {
+                            if differs {
+                                ns_changed.push(nc.nsid);
+                            }
+                            namespaces.insert(nc.nsid, ns);
+                        }
+                        Err(source) => {
+                            errors.push(ApplyError {
+                                nqn: sc.nqn.clone(),
+                                nsid: nc.nsid,
+                                source,
+                            });
+                            // Keep serving what was there.
+                            if let Some(p) = prev {
+                                namespaces.insert(nc.nsid, p.clone());
+                            }
+                        }
+                    }
+                }
+                if let Some(o) = old {
+                    ns_changed.extend(o.namespaces.keys().filter(|n| !namespaces.contains_key(n)));
+                    discovery_changed |= o.listeners != sc.listeners
+                        || o.allow_any_host != sc.allow_any_host
+                        || o.allowed_hosts != sc.allowed_hosts;
+                } else {
+                    discovery_changed = true;
+                }
+                ns_changed.sort_unstable();
+                if !ns_changed.is_empty() {
+                    changed.push((sc.nqn.clone(), ns_changed));
+                }
+                next.insert(
+                    sc.nqn.clone(),
+                    Arc::new(Subsystem {
+                        nqn: sc.nqn.clone(),
+                        serial: sc.serial.clone(),
+                        model: sc.model.clone(),
+                        allow_any_host: sc.allow_any_host,
+                        allowed_hosts: sc.allowed_hosts.clone(),
+                        max_namespaces: sc.max_namespaces,
+                        namespaces,
+                        listeners: sc.listeners.clone(),
+                    }),
+                );
+            }
+            for nqn in subs.keys() {
+                if !next.contains_key(nqn) {
+                    gone.push(nqn.clone());
+                    discovery_changed = true;
+                }
+            }
+            *subs = next;
+        }
+        if discovery_changed {
+            self.inner.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+        }
+        let ctrls: Vec<Arc<Controller>> = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .values()
+            .cloned()
+            .collect();
+        for c in ctrls {
+            if gone.iter().any(|g| *g == c.subnqn) {
+                tracing::info!(cntlid = c.cntlid, subnqn = %c.subnqn, "subsystem removed; ending its controller");
+                c.kill();
+            } else if let Some((_, nsids)) = changed.iter().find(|(n, _)| *n == c.subnqn) {
+                c.namespaces_changed(nsids);
+            } else if discovery_changed && c.kind == ControllerKind::Discovery {
+                c.discovery_changed();
+            }
+        }
+        errors
+    }
+
+    /// The namespace for `nc`, reusing `prev`'s backend when it is the same
+    /// store; the flag says whether hosts must be told (new or resized).
+    fn namespace(
+        prev: Option<&Arc<Namespace>>,
+        nc: &NamespaceConfig,
+    ) -> io::Result<(Arc<Namespace>, bool)> {
+        let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
+        if let Some(p) = prev.filter(|p| p.spec.same_store(&nc.backend)) {
+            let mut differs = false;
+            if let Some(size) = nc.backend.size() {
+                if size != p.backend.len() {
+                    p.backend.resize(size)?;
+                    differs = true;
+                }
+            }
+            if p.lba_shift == lba_shift
+                && p.uuid == nc.uuid
+                && p.nguid == nc.nguid
+                && !differs
+                && p.spec == nc.backend
+            {
+                return Ok((p.clone(), false));
+            }
+            let ns = Namespace {
+                nsid: nc.nsid,
+                lba_shift,
+                uuid: nc.uuid,
+                nguid: nc.nguid,
+                backend: p.backend.clone(),
+                spec: nc.backend.clone(),
+            };
+            let differs =
+                differs || p.lba_shift != lba_shift || p.uuid != nc.uuid || p.nguid != nc.nguid;
+            return Ok((Arc::new(ns), differs));
+        }
+        let ns = Namespace {
+            nsid: nc.nsid,
+            lba_shift,
+            uuid: nc.uuid,
+            nguid: nc.nguid,
+            backend: nc.backend.open()?,
+            spec: nc.backend.clone(),
+        };
+        Ok((Arc::new(ns), true))
+    }
+
+    /// Registers a new controller with a fresh dynamic controller ID.
+    pub(crate) fn add_controller(
+        &self,
+        make: impl FnOnce(u16) -> Controller,
+    ) -> Option<Arc<Controller>> {
+        let mut c = self.inner.controllers.lock().expect("controllers lock");
+        for _ in 0..MAX_CNTLID {
+            c.next = if c.next >= MAX_CNTLID { 1 } else { c.next + 1 };
+            let id = c.next;
+            if let std::collections::hash_map::Entry::Vacant(e) = c.by_id.entry(id) {
+                return Some(e.insert(Arc::new(make(id))).clone());
+            }
+        }
+        None
+    }
+
+    /// The live controller with `cntlid`.
+    pub(crate) fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        self.inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .get(&cntlid)
+            .cloned()
+    }
+
+    /// Forgets a controller (its admin queue went away).
+    pub(crate) fn remove_controller(&self, cntlid: u16) {
+        let c = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .remove(&cntlid);
+        if let Some(c) = c {
+            c.kill();
+        }
+    }
+
+    /// Number of live controllers.
+    pub fn controller_count(&self) -> usize {
+        self.inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .len()
+    }
+
+    /// Ends every controller (service shutdown): their connections close at
+    /// their next tick.
+    pub fn shutdown(&self) {
+        let all: Vec<_> = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .drain()
+            .collect();
+        for (_, c) in all {
+            c.kill();
+        }
+    }
+}

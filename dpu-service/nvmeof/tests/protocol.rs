@@ -1,0 +1,611 @@
+//! The target's protocol state machine driven byte for byte by a small
+//! host written with the crate's own host-side PDU codec: no sockets, no
+//! threads, every step checked on the wire bytes.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use dpu_nvmeof::identify;
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::spec::{self, admin, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
+use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+
+const NQN: &str = "nqn.2024-01.io.example:vol";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-host";
+
+fn listen() -> SocketAddr {
+    "127.0.0.1:4420".parse().unwrap()
+}
+
+fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        block_size: 512,
+        uuid: [nsid as u8; 16],
+        nguid: [0x40 + nsid as u8; 16],
+        backend: BackendSpec::Ram { size },
+    }
+}
+
+fn config(hosts: &[&str]) -> TargetConfig {
+    TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            serial: "SN1".into(),
+            model: "test".into(),
+            allow_any_host: hosts.is_empty(),
+            allowed_hosts: hosts.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
+            max_namespaces: 32,
+            namespaces: vec![namespace(1, 1 << 20)],
+            listeners: vec![listen()],
+        }],
+        discovery: None,
+    }
+}
+
+/// What the controller sent back for one command.
+#[derive(Debug, Default)]
+struct Reply {
+    cqe: Option<Cqe>,
+    data: Vec<u8>,
+}
+
+/// A host on one connection.
+struct Host {
+    conn: Connection,
+    digests: Digests,
+    next_cid: u16,
+    inbox: Vec<u8>,
+}
+
+impl Host {
+    fn new(target: &Target, digests: Digests) -> Host {
+        let peer: SocketAddr = "127.0.0.1:50000".parse().unwrap();
+        let mut h = Host {
+            conn: Connection::new(target.clone(), listen(), peer),
+            digests,
+            next_cid: 1,
+            inbox: Vec::new(),
+        };
+        let mut b = Vec::new();
+        pdu::encode_ic_req(
+            &mut b,
+            &IcReq {
+                pfv: 0,
+                hpda: 0,
+                digests,
+                maxr2t: 0,
+            },
+        );
+        h.send(&b);
+        match h.next_pdu() {
+            Some(Owned::IcResp(r)) => {
+                assert_eq!(r.digests, digests);
+                assert_eq!(r.cpda, 0);
+            }
+            other => panic!("expected ICResp, got {other:?}"),
+        }
+        h
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let used = self.conn.receive(bytes);
+        assert_eq!(used, bytes.len(), "whole PDUs are consumed");
+        while let Some(r) = self.conn.next_request() {
+            let done = r.execute();
+            self.conn.complete(done);
+        }
+        self.inbox.extend(self.conn.take_output());
+    }
+
+    fn next_pdu(&mut self) -> Option<Owned> {
+        let limits = Limits {
+            digests: self.digests,
+            max_data: 1 << 20,
+        };
+        let (p, n) = pdu::decode_controller(&self.inbox, &limits).expect("valid controller PDU")?;
+        let owned = match p {
+            ControllerPdu::IcResp(r) => Owned::IcResp(r),
+            ControllerPdu::CapsuleResp { cqe } => Owned::Resp(cqe),
+            ControllerPdu::C2HData {
+                cccid,
+                datao,
+                data,
+                last,
+                success,
+                data_digest_ok,
+            } => {
+                assert!(data_digest_ok);
+                {
+                    assert!(last || !success);
+                    Owned::Data {
+                        cccid,
+                        datao,
+                        data: data.to_vec(),
+                        success,
+                    }
+                }
+            }
+            ControllerPdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => Owned::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            },
+            ControllerPdu::TermReq { fes, .. } => Owned::Term { fes },
+        };
+        self.inbox.drain(..n);
+        Some(owned)
+    }
+
+    fn sqe(&mut self, opcode: u8) -> Sqe {
+        let mut b = [0u8; 64];
+        b[0] = opcode;
+        b[1] = 0x40; // PSDT: SGL
+        b[2..4].copy_from_slice(&self.next_cid.to_le_bytes());
+        self.next_cid += 1;
+        b[39] = sgl::TRANSPORT;
+        Sqe(b)
+    }
+
+    /// Sends `sqe` with `data` (in the capsule if small, else through
+    /// R2T/H2CData) and collects the reply.
+    fn command(&mut self, mut sqe: Sqe, data: &[u8], read_len: u32) -> Reply {
+        let cid = sqe.cid();
+        let mut b = Vec::new();
+        if !data.is_empty() && data.len() <= 8192 {
+            sqe.0[39] = sgl::IN_CAPSULE;
+            sqe.0[32..36].copy_from_slice(&(data.len() as u32).to_le_bytes());
+            pdu::encode_capsule_cmd(&mut b, self.digests, &sqe, data);
+        } else {
+            let len = if data.is_empty() {
+                read_len
+            } else {
+                data.len() as u32
+            };
+            sqe.0[32..36].copy_from_slice(&len.to_le_bytes());
+            pdu::encode_capsule_cmd(&mut b, self.digests, &sqe, &[]);
+        }
+        self.send(&b);
+        let mut reply = Reply::default();
+        while let Some(p) = self.next_pdu() {
+            match p {
+                Owned::R2T {
+                    cccid,
+                    ttag,
+                    r2to,
+                    r2tl,
+                } => {
+                    assert_eq!(cccid, cid);
+                    let mut b = Vec::new();
+                    let chunk = &data[r2to as usize..(r2to + r2tl) as usize];
+                    // Two PDUs per R2T, the second one LAST.
+                    let half = chunk.len() / 2;
+                    pdu::encode_h2c_data(
+                        &mut b,
+                        self.digests,
+                        cid,
+                        ttag,
+                        r2to,
+                        &chunk[..half],
+                        false,
+                    );
+                    pdu::encode_h2c_data(
+                        &mut b,
+                        self.digests,
+                        cid,
+                        ttag,
+                        r2to + half as u32,
+                        &chunk[half..],
+                        true,
+                    );
+                    self.send(&b);
+                }
+                Owned::Data {
+                    cccid,
+                    datao,
+                    data,
+                    success,
+                    ..
+                } => {
+                    assert_eq!(cccid, cid);
+                    assert_eq!(datao as usize, reply.data.len());
+                    reply.data.extend(data);
+                    if success {
+                        reply.cqe = Some(Cqe::new(cid, Status::SUCCESS));
+                        return reply;
+                    }
+                }
+                Owned::Resp(c) => {
+                    assert_eq!(c.cid, cid);
+                    reply.cqe = Some(c);
+                    return reply;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        reply
+    }
+
+    fn connect(&mut self, qid: u16, cntlid: u16, subnqn: &str, hostnqn: &str, kato_ms: u32) -> Cqe {
+        let mut sqe = self.sqe(FABRICS);
+        sqe.0[4] = fctype::CONNECT;
+        sqe.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
+        sqe.0[44..48].copy_from_slice(&31u32.to_le_bytes());
+        sqe.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
+        let mut data = vec![0u8; 1024];
+        data[16..18].copy_from_slice(&cntlid.to_le_bytes());
+        data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
+        data[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+        self.command(sqe, &data, 0).cqe.expect("connect completes")
+    }
+
+    fn prop_set_cc(&mut self, v: u32) -> Cqe {
+        let mut sqe = self.sqe(FABRICS);
+        sqe.0[4] = fctype::PROPERTY_SET;
+        sqe.0[44..48].copy_from_slice(&spec::prop::CC.to_le_bytes());
+        sqe.0[48..52].copy_from_slice(&v.to_le_bytes());
+        sqe.0[39] = 0;
+        self.command(sqe, &[], 0).cqe.unwrap()
+    }
+
+    fn prop_get(&mut self, ofst: u32, eight: bool) -> Cqe {
+        let mut sqe = self.sqe(FABRICS);
+        sqe.0[4] = fctype::PROPERTY_GET;
+        sqe.0[40] = u8::from(eight);
+        sqe.0[44..48].copy_from_slice(&ofst.to_le_bytes());
+        sqe.0[39] = 0;
+        self.command(sqe, &[], 0).cqe.unwrap()
+    }
+
+    /// Admin queue connected and enabled; returns the controller ID.
+    fn admin(target: &Target, subnqn: &str, kato_ms: u32) -> (Host, u16) {
+        let mut h = Host::new(target, Digests::default());
+        let c = h.connect(0, 0xffff, subnqn, HOST, kato_ms);
+        assert_eq!(c.status, 0, "connect: {c:?}");
+        let cntlid = c.dw0 as u16;
+        assert_eq!(h.prop_set_cc(1 | 6 << 16 | 4 << 20).status, 0);
+        assert_eq!(h.prop_get(spec::prop::CSTS, false).dw0 & 1, 1, "ready");
+        (h, cntlid)
+    }
+
+    fn io_queue(target: &Target, cntlid: u16, digests: Digests) -> Host {
+        let mut h = Host::new(target, digests);
+        let c = h.connect(1, cntlid, NQN, HOST, 0);
+        assert_eq!(c.status, 0, "I/O connect: {c:?}");
+        h
+    }
+
+    fn rw(&mut self, opcode: u8, slba: u64, blocks: u32, data: &[u8]) -> Reply {
+        let mut sqe = self.sqe(opcode);
+        sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+        sqe.0[40..48].copy_from_slice(&slba.to_le_bytes());
+        sqe.0[48..50].copy_from_slice(&((blocks - 1) as u16).to_le_bytes());
+        self.command(sqe, data, blocks * 512)
+    }
+
+    fn identify(&mut self, cns: u8, nsid: u32) -> Reply {
+        let mut sqe = self.sqe(admin::IDENTIFY);
+        sqe.0[4..8].copy_from_slice(&nsid.to_le_bytes());
+        sqe.0[40] = cns;
+        self.command(sqe, &[], 4096)
+    }
+
+    fn log_page(&mut self, lid: u8, len: u32) -> Reply {
+        let mut sqe = self.sqe(admin::GET_LOG_PAGE);
+        let numd = len / 4 - 1;
+        sqe.0[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        sqe.0[40..44].copy_from_slice(&(u32::from(lid) | (numd & 0xffff) << 16).to_le_bytes());
+        self.command(sqe, &[], len)
+    }
+}
+
+#[derive(Debug)]
+enum Owned {
+    IcResp(pdu::IcResp),
+    Resp(Cqe),
+    Data {
+        cccid: u16,
+        datao: u32,
+        data: Vec<u8>,
+        success: bool,
+    },
+    R2T {
+        cccid: u16,
+        ttag: u16,
+        r2to: u32,
+        r2tl: u32,
+    },
+    Term {
+        fes: u16,
+    },
+}
+
+fn status(c: &Cqe) -> u16 {
+    c.status
+}
+
+fn target(hosts: &[&str]) -> Target {
+    let t = Target::new();
+    assert!(t.apply(&config(hosts)).is_empty());
+    t
+}
+
+#[test]
+fn identify_write_read_round_trip_with_and_without_digests() {
+    let t = target(&[]);
+    let (mut a, cntlid) = Host::admin(&t, NQN, 0);
+    let id = a.identify(1, 0);
+    assert_eq!(status(id.cqe.as_ref().unwrap()), 0);
+    assert_eq!(id.data.len(), 4096);
+    assert_eq!(&id.data[768..768 + NQN.len()], NQN.as_bytes());
+    assert_eq!(u16::from_le_bytes([id.data[78], id.data[79]]), cntlid);
+    let ns = a.identify(0, 1);
+    assert_eq!(
+        u64::from_le_bytes(ns.data[0..8].try_into().unwrap()),
+        2048,
+        "1 MiB of 512-byte blocks"
+    );
+    let list = a.identify(2, 0);
+    assert_eq!(&list.data[0..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let mut q = Host::io_queue(&t, cntlid, digests);
+        // In-capsule write, then a large write through R2T/H2CData.
+        let small: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(q.rw(nvm::WRITE, 8, 8, &small).cqe.unwrap().status, 0);
+        let big: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(q.rw(nvm::WRITE, 100, 600, &big).cqe.unwrap().status, 0);
+        let r = q.rw(nvm::READ, 8, 8, &[]);
+        assert_eq!(r.cqe.unwrap().status, 0);
+        assert_eq!(r.data, small);
+        let r = q.rw(nvm::READ, 100, 600, &[]);
+        assert_eq!(r.data, big);
+        // Unwritten blocks read as zeros.
+        assert!(q.rw(nvm::READ, 1500, 8, &[]).data.iter().all(|&b| b == 0));
+        q.conn.close("test done");
+    }
+}
+
+#[test]
+fn bad_commands_get_the_right_status_and_the_queue_goes_on() {
+    let t = target(&[]);
+    let (mut a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    let r = q.rw(nvm::READ, 2047, 2, &[]);
+    assert_eq!(r.cqe.unwrap().status, Status::LBA_OUT_OF_RANGE.to_field());
+    let mut sqe = q.sqe(nvm::READ);
+    sqe.0[4..8].copy_from_slice(&9u32.to_le_bytes());
+    let r = q.command(sqe, &[], 512);
+    assert_eq!(r.cqe.unwrap().status, Status::INVALID_NS.to_field());
+    let sqe = q.sqe(0x7e);
+    assert_eq!(
+        q.command(sqe, &[], 0).cqe.unwrap().status,
+        Status::INVALID_OPCODE.to_field()
+    );
+    // SGL length that does not match the blocks.
+    let mut sqe = q.sqe(nvm::READ);
+    sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(
+        q.command(sqe, &[], 4096).cqe.unwrap().status,
+        Status::SGL_LENGTH_INVALID.to_field()
+    );
+    // Still serving.
+    assert_eq!(q.rw(nvm::READ, 0, 1, &[]).cqe.unwrap().status, 0);
+    // The failures are in the error log, newest first.
+    let log = a.log_page(identify::LID_ERROR, 64 * 4);
+    let count = u64::from_le_bytes(log.data[0..8].try_into().unwrap());
+    assert_eq!(count, 4);
+    assert!(!q.conn.is_closed());
+}
+
+#[test]
+fn connect_refusals() {
+    let t = target(&["nqn.2014-08.org.nvmexpress:uuid:other"]);
+    let mut h = Host::new(&t, Digests::default());
+    let c = h.connect(0, 0xffff, NQN, HOST, 0);
+    assert_eq!(c.status, Status::CONNECT_INVALID_HOST.to_field());
+    let mut h = Host::new(&t, Digests::default());
+    let c = h.connect(0, 0xffff, "nqn.2024-01.io.example:nothing", HOST, 0);
+    assert_eq!(c.status, Status::CONNECT_INVALID_PARAMETERS.to_field());
+    assert_eq!(c.dw0, 1 | 256 << 16, "names SUBNQN in the data");
+    // An I/O queue for a controller that does not exist.
+    let mut h = Host::new(&t, Digests::default());
+    let c = h.connect(1, 77, NQN, HOST, 0);
+    assert_eq!(c.status, Status::CONNECT_INVALID_PARAMETERS.to_field());
+    assert_eq!(t.controller_count(), 0);
+}
+
+#[test]
+fn keep_alive_timeout_ends_the_controller_and_its_queues() {
+    let t = target(&[]);
+    let (mut a, cntlid) = Host::admin(&t, NQN, 500);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    let later = Instant::now() + Duration::from_millis(300);
+    a.conn.tick(later);
+    assert!(!a.conn.is_closed(), "inside the timeout");
+    let sqe = a.sqe(admin::KEEP_ALIVE);
+    assert_eq!(a.command(sqe, &[], 0).cqe.unwrap().status, 0);
+    a.conn.tick(Instant::now() + Duration::from_secs(5));
+    assert!(a.conn.is_closed());
+    q.conn.tick(Instant::now());
+    assert!(q.conn.is_closed(), "I/O queue follows its controller");
+    assert_eq!(t.controller_count(), 0);
+    assert_eq!(
+        t.stats()
+            .keep_alive_timeouts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[test]
+fn namespace_added_at_run_time_raises_an_event() {
+    let t = target(&[]);
+    let (mut a, _) = Host::admin(&t, NQN, 0);
+    // Enable namespace attribute notices, park an AER.
+    let mut sqe = a.sqe(admin::SET_FEATURES);
+    sqe.0[40] = identify::feature::ASYNC_EVENT;
+    sqe.0[44..48].copy_from_slice(&(1u32 << 8).to_le_bytes());
+    sqe.0[39] = 0;
+    assert_eq!(a.command(sqe, &[], 0).cqe.unwrap().status, 0);
+    let mut aer = a.sqe(admin::ASYNC_EVENT);
+    aer.0[39] = 0;
+    let aer_cid = aer.cid();
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &aer, &[]);
+    a.send(&b);
+    assert!(a.next_pdu().is_none(), "AER stays outstanding");
+
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces.push(namespace(2, 1 << 20));
+    assert!(t.apply(&cfg).is_empty());
+    a.conn.tick(Instant::now() + Duration::from_millis(200));
+    a.inbox.extend(a.conn.take_output());
+    match a.next_pdu() {
+        Some(Owned::Resp(c)) => {
+            assert_eq!(c.cid, aer_cid);
+            assert_eq!(c.dw0, identify::AEN_NS_ATTR_CHANGED);
+        }
+        other => panic!("expected the AER completion, got {other:?}"),
+    }
+    let log = a.log_page(identify::LID_CHANGED_NS, 4096);
+    assert_eq!(&log.data[0..8], &[2, 0, 0, 0, 0, 0, 0, 0]);
+    let list = a.identify(2, 0);
+    assert_eq!(&list.data[0..8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+    // RAM contents of namespace 1 survive the change (same backend).
+}
+
+#[test]
+fn ram_data_survives_unrelated_configuration_changes() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    assert_eq!(q.rw(nvm::WRITE, 0, 1, &[0xab; 512]).cqe.unwrap().status, 0);
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].allow_any_host = false;
+    cfg.subsystems[0].allowed_hosts.insert(HOST.into());
+    cfg.subsystems[0].namespaces[0].backend = BackendSpec::Ram { size: 2 << 20 };
+    assert!(t.apply(&cfg).is_empty());
+    assert_eq!(q.rw(nvm::READ, 0, 1, &[]).data, vec![0xab; 512]);
+    assert_eq!(
+        q.rw(nvm::READ, 4000, 1, &[]).cqe.unwrap().status,
+        0,
+        "grown"
+    );
+}
+
+#[test]
+fn discovery_log_lists_what_the_host_may_use() {
+    let t = target(&[]);
+    let (mut a, _) = Host::admin(&t, spec::DISCOVERY_NQN, 0);
+    let id = a.identify(1, 0);
+    assert_eq!(id.data[111], 2, "discovery controller");
+    let log = a.log_page(identify::LID_DISCOVERY, 2048);
+    assert_eq!(
+        u64::from_le_bytes(log.data[8..16].try_into().unwrap()),
+        1,
+        "one record"
+    );
+    let e = &log.data[1024..2048];
+    assert_eq!(e[0], 3, "TCP");
+    assert_eq!(&e[256..256 + NQN.len()], NQN.as_bytes());
+    assert_eq!(&e[512..521], b"127.0.0.1");
+    assert_eq!(&e[32..36], b"4420");
+    // A host not on the allow list sees nothing.
+    let t = target(&["nqn.2014-08.org.nvmexpress:uuid:other"]);
+    let (mut a, _) = Host::admin(&t, spec::DISCOVERY_NQN, 0);
+    let log = a.log_page(identify::LID_DISCOVERY, 1024);
+    assert_eq!(u64::from_le_bytes(log.data[8..16].try_into().unwrap()), 0);
+}
+
+#[test]
+fn malformed_pdus_terminate_only_their_connection() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut good = Host::io_queue(&t, cntlid, Digests::default());
+    let mut bad = Host::new(&t, Digests::default());
+    // A PDU type that never travels host to controller.
+    let mut junk = vec![pdu::pdu_type::C2H_DATA, 0, 24, 24, 24, 0, 0, 0];
+    junk.resize(24, 0);
+    bad.send(&junk);
+    match bad.next_pdu() {
+        Some(Owned::Term { fes, .. }) => assert_eq!(fes, 1),
+        other => panic!("expected C2HTermReq, got {other:?}"),
+    }
+    assert!(bad.conn.is_closed());
+    // A command before ICReq on a fresh connection.
+    let peer: SocketAddr = "127.0.0.1:50001".parse().unwrap();
+    let mut c = Connection::new(t.clone(), listen(), peer);
+    let mut b = Vec::new();
+    let sqe = good.sqe(nvm::READ);
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &[]);
+    c.receive(&b);
+    assert!(c.is_closed());
+    // The other queue is untouched.
+    assert_eq!(good.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
+}
+
+#[test]
+fn data_digest_error_fails_the_command_not_the_connection() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let d = Digests {
+        header: true,
+        data: true,
+    };
+    let mut q = Host::io_queue(&t, cntlid, d);
+    let mut sqe = q.sqe(nvm::WRITE);
+    sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    sqe.0[39] = sgl::IN_CAPSULE;
+    sqe.0[32..36].copy_from_slice(&512u32.to_le_bytes());
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, d, &sqe, &[7; 512]);
+    let n = b.len();
+    b[n - 1] ^= 0xff; // corrupt the data digest
+    q.send(&b);
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => assert_eq!(c.status, Status::TRANSIENT_TRANSPORT.to_field()),
+        other => panic!("expected a failed completion, got {other:?}"),
+    }
+    assert!(!q.conn.is_closed());
+    assert_eq!(q.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
+}
+
+#[test]
+fn deallocate_and_write_zeroes_read_back_zeros() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    assert_eq!(q.rw(nvm::WRITE, 0, 16, &[9; 8192]).cqe.unwrap().status, 0);
+    // Write Zeroes of blocks 0..4.
+    let mut sqe = q.sqe(nvm::WRITE_ZEROES);
+    sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    sqe.0[48..50].copy_from_slice(&3u16.to_le_bytes());
+    sqe.0[39] = 0;
+    assert_eq!(q.command(sqe, &[], 0).cqe.unwrap().status, 0);
+    // Deallocate blocks 8..16.
+    let mut sqe = q.sqe(nvm::DSM);
+    sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    sqe.0[44] = 1 << 2;
+    let mut range = [0u8; 16];
+    range[4..8].copy_from_slice(&8u32.to_le_bytes());
+    range[8..16].copy_from_slice(&8u64.to_le_bytes());
+    assert_eq!(q.command(sqe, &range, 0).cqe.unwrap().status, 0);
+    let r = q.rw(nvm::READ, 0, 16, &[]).data;
+    assert!(r[..2048].iter().all(|&b| b == 0));
+    assert!(r[2048..4096].iter().all(|&b| b == 9));
+    assert!(r[4096..].iter().all(|&b| b == 0));
+}
