@@ -228,6 +228,10 @@ pub struct StorageConfig {
     /// Most memory all RAM namespaces may use, e.g. "4GiB"; default half
     /// of the machine's memory.
     pub ram_limit: Option<String>,
+    /// Address of the NVMe/TCP discovery controller's own listener, e.g.
+    /// "127.0.0.1:8009". The discovery controller also answers on every
+    /// subsystem listener; unset, only there.
+    pub discovery_listen: Option<SocketAddr>,
 }
 
 /// `[[ports]]`

@@ -10,6 +10,7 @@
 mod config;
 mod dataplane;
 mod metrics;
+mod storage;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -195,6 +196,26 @@ async fn run(config: Config) -> Result<()> {
             }
         })
     });
+    let nvmf = {
+        let s = state.snapshot();
+        let discovery = config.storage.discovery_listen;
+        tokio::task::spawn_blocking(move || storage::Storage::start(&s, discovery))
+            .await
+            .context("NVMe/TCP target start task")?
+    };
+    telemetry.register(nvmf.counters(state.clone()));
+    let nvmf_task = {
+        let nvmf = nvmf.clone();
+        let mut rx = state.subscribe();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let s = rx.borrow_and_update().clone();
+                let nvmf = nvmf.clone();
+                // Opening files and binding listeners: off the runtime's workers.
+                let _ = tokio::task::spawn_blocking(move || nvmf.apply(&s)).await;
+            }
+        })
+    };
     let ctl = Arc::new(Control {
         state,
         ports: config
@@ -318,6 +339,10 @@ async fn run(config: Config) -> Result<()> {
     if let Some(t) = feed_task {
         t.abort();
     }
+    nvmf_task.abort();
+    tokio::task::spawn_blocking(move || nvmf.shutdown())
+        .await
+        .context("NVMe/TCP target stop task")?;
     if let Some(dp) = dp {
         tokio::task::spawn_blocking(move || dp.stop())
             .await

@@ -1,0 +1,299 @@
+//! The NVMe/TCP target through the real binary, judged by the real Linux
+//! initiator: `../shared/tools/kernel-nvme/run.sh` boots a small Linux
+//! guest whose kernel NVMe/TCP driver, nvme-cli and fio reach the service on
+//! this host's loopback. Storage objects are made with dpuctl; the guest
+//! discovers (on the I/O port and on the discovery port), connects with and
+//! without digests and with several I/O queues, runs fio with crc32c
+//! verification over a whole namespace and a verify-only pass after
+//! reconnecting, sees a namespace added at run time, is refused by a
+//! subsystem that does not allow it, and finds file-backed data intact after
+//! a restart of the service.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dpu_e2e::{free_port, repo_root, Service};
+
+const NQN_OPEN: &str = "nqn.2024-01.io.dpu-service.test:open";
+const NQN_LOCKED: &str = "nqn.2024-01.io.dpu-service.test:locked";
+const NQN_DISK: &str = "nqn.2024-01.io.dpu-service.test:disk";
+
+/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
+/// beside the repository.
+fn harness() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
+        return Ok(PathBuf::from(p));
+    }
+    let candidates = [
+        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
+        PathBuf::from("/work/shared/tools/kernel-nvme/run.sh"),
+    ];
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
+}
+
+/// A guest run in the background, its console going to a file.
+struct Guest {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Guest {
+    fn start(dir: &std::path::Path, name: &str, targets: &[u16], script: &str) -> Result<Guest> {
+        let script_path = dir.join(format!("{name}.sh"));
+        std::fs::write(&script_path, script)?;
+        let log = dir.join(format!("{name}.log"));
+        let mut cmd = Command::new(harness()?);
+        for p in targets {
+            cmd.arg("--target").arg(format!("127.0.0.1:{p}"));
+        }
+        cmd.arg("--timeout")
+            .arg("900")
+            .arg("--script")
+            .arg(&script_path)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(Stdio::from(
+                std::fs::File::options().append(true).open(&log)?,
+            ));
+        let child = cmd.spawn().context("starting kernel-nvme")?;
+        Ok(Guest { child, log })
+    }
+
+    fn console(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Waits until the console shows `marker`, or the guest ends.
+    fn wait_for(&mut self, marker: &str, limit: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if self.console().lines().any(|l| l.trim() == marker) {
+                return Ok(());
+            }
+            if let Some(st) = self.child.try_wait()? {
+                bail!("guest ended ({st}) before {marker}:\n{}", self.console());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("no {marker} within {limit:?}:\n{}", self.console())
+    }
+
+    /// Waits for the guest and fails unless its commands all succeeded.
+    fn finish(mut self, svc: &Service) -> Result<String> {
+        let st = self.child.wait()?;
+        let console = self.console();
+        if !st.success() {
+            bail!(
+                "guest failed ({st}):\n{console}\n--- service log ---\n{}",
+                svc.log_text()
+            );
+        }
+        // Shown with --nocapture (and by cargo when a later step fails).
+        println!("{console}");
+        Ok(console)
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn ok(svc: &Service, args: &[&str]) -> Result<()> {
+    let out = svc.dpuctl(args)?;
+    if !out.status.success() {
+        bail!("dpuctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// The value of the metric sample `name{subsystem="id"}`.
+fn subsystem_metric(svc: &Service, name: &str, id: &str) -> Result<u64> {
+    let (_, body) = svc.http_get("/metrics")?;
+    let prefix = format!("{name}{{subsystem=\"{id}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .with_context(|| format!("no {prefix} in /metrics"))?
+        .trim()
+        .parse()
+        .context("metric value")
+}
+
+#[test]
+fn kernel_initiator_end_to_end() -> Result<()> {
+    let io_port = free_port();
+    let disc_port = free_port();
+    let work = tempfile::tempdir()?;
+    let disk = work.path().join("disk.img");
+    let config = format!(
+        r#"
+[log]
+level = "info"
+
+[storage]
+ram_limit = "512MiB"
+discovery_listen = "127.0.0.1:{disc_port}"
+"#
+    );
+    let mut svc = Service::start_config(&config, &[])?;
+    let port = io_port.to_string();
+    let listen = ["--address", "127.0.0.1", "--port", &port];
+
+    ok(
+        &svc,
+        &[
+            "subsystem",
+            "create",
+            "open",
+            "--nqn",
+            NQN_OPEN,
+            "--allow-any-host",
+        ],
+    )?;
+    ok(&svc, &["namespace", "create", "open", "--ram", "32M"])?;
+    ok(
+        &svc,
+        &[&["listener", "create", "open"][..], &listen].concat(),
+    )?;
+    ok(
+        &svc,
+        &["subsystem", "create", "locked", "--nqn", NQN_LOCKED],
+    )?;
+    ok(
+        &svc,
+        &[
+            "subsystem",
+            "add-host",
+            "locked",
+            "nqn.2014-08.org.nvmexpress:uuid:someone-else",
+        ],
+    )?;
+    ok(&svc, &["namespace", "create", "locked", "--ram", "8M"])?;
+    ok(
+        &svc,
+        &[&["listener", "create", "locked"][..], &listen].concat(),
+    )?;
+    ok(
+        &svc,
+        &[
+            "subsystem",
+            "create",
+            "disk",
+            "--nqn",
+            NQN_DISK,
+            "--allow-any-host",
+        ],
+    )?;
+    let disk_s = disk.display().to_string();
+    ok(
+        &svc,
+        &[
+            "namespace",
+            "create",
+            "disk",
+            "--file",
+            &disk_s,
+            "--size",
+            "16M",
+        ],
+    )?;
+    ok(
+        &svc,
+        &[&["listener", "create", "disk"][..], &listen].concat(),
+    )?;
+
+    let fio = |name: &str, size: &str, extra: &str| {
+        format!(
+            "fio --name={name} --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite \
+             --bs=4k --iodepth=16 --size={size} --verify=crc32c --verify_fatal=1 \
+             --eta=never {extra}"
+        )
+    };
+    let script = format!(
+        r#"
+P={io_port}; D={disc_port}
+nvme discover -t tcp -a $TARGET_ADDR -s $P | tee /tmp/disc
+grep -q "subnqn: *{NQN_OPEN}" /tmp/disc
+grep -q "subnqn: *{NQN_DISK}" /tmp/disc
+! grep -q "{NQN_LOCKED}" /tmp/disc
+nvme discover -t tcp -a $TARGET_ADDR -s $D | grep -q "subnqn: *{NQN_OPEN}"
+
+nvme connect -t tcp -a $TARGET_ADDR -s $P -n {NQN_OPEN} -i 2
+ns=$(nvme-wait-ns {NQN_OPEN})
+nvme list
+ctrl=${{ns%n1}}
+nvme id-ctrl $ctrl | tee /tmp/idctrl
+grep -q "subnqn *: {NQN_OPEN}" /tmp/idctrl
+nvme id-ns $ns | tee /tmp/idns
+grep -q "nsze *: 0x10000" /tmp/idns
+nvme list-subsys | tee /tmp/subsys
+grep -q "{NQN_OPEN}" /tmp/subsys
+{fio_full}
+nvme smart-log $ctrl
+nvme error-log $ctrl -e 4
+echo NS2-PLEASE
+ns2=$(nvme-wait-ns {NQN_OPEN} 2 120)
+test -b $ns2
+nvme disconnect -n {NQN_OPEN}
+
+nvme connect -t tcp -a $TARGET_ADDR -s $P -n {NQN_OPEN} -i 2 --hdr-digest --data-digest
+ns=$(nvme-wait-ns {NQN_OPEN})
+{fio_verify}
+dd if=/dev/zero of=$ns bs=64k count=16 oflag=direct
+blkdiscard $ns
+nvme flush $ns -n 1
+nvme disconnect -n {NQN_OPEN}
+
+if nvme connect -t tcp -a $TARGET_ADDR -s $P -n {NQN_LOCKED}; then echo "locked subsystem let us in"; exit 1; fi
+
+nvme connect -t tcp -a $TARGET_ADDR -s $P -n {NQN_DISK}
+ns=$(nvme-wait-ns {NQN_DISK})
+{fio_disk}
+nvme disconnect -n {NQN_DISK}
+"#,
+        fio_full = fio("full", "100%", ""),
+        fio_verify = fio("full", "100%", "--verify_only"),
+        fio_disk = fio("disk", "100%", "--do_verify=0"),
+    );
+    let mut guest = Guest::start(work.path(), "first", &[io_port, disc_port], &script)?;
+    guest.wait_for("NS2-PLEASE", Duration::from_secs(600))?;
+    ok(
+        &svc,
+        &["namespace", "create", "open", "--nsid", "2", "--ram", "4M"],
+    )?;
+    let console = guest.finish(&svc)?;
+    assert!(console.contains("nvme nvme0: new ctrl"), "{console}");
+
+    assert!(subsystem_metric(&svc, "dpu_nvmf_write_bytes_total", "open")? >= 32 << 20);
+    assert!(subsystem_metric(&svc, "dpu_nvmf_read_bytes_total", "open")? >= 32 << 20);
+    assert!(subsystem_metric(&svc, "dpu_nvmf_write_bytes_total", "disk")? >= 16 << 20);
+
+    // The file-backed namespace keeps its data across a restart.
+    svc.restart()?;
+    let script = format!(
+        r#"
+nvme connect -t tcp -a $TARGET_ADDR -s {io_port} -n {NQN_DISK}
+ns=$(nvme-wait-ns {NQN_DISK})
+{}
+nvme disconnect -n {NQN_DISK}
+"#,
+        fio("disk", "100%", "--verify_only")
+    );
+    let guest = Guest::start(work.path(), "second", &[io_port], &script)?;
+    guest.finish(&svc)?;
+    Ok(())
+}
