@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dpu_control::model::{Backend, State, Transport};
-use dpu_control::telemetry::{CounterSource, Counters, SubsystemCounters};
+use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig};
 
 /// The running target and its transport.
@@ -72,10 +72,7 @@ impl CounterSource for StorageCounters {
         let s = self.state.snapshot();
         for sub in s.subsystems.values() {
             let h = self.storage.target.health(&sub.nqn);
-            let c = out
-                .subsystems
-                .entry(sub.id.clone())
-                .or_insert_with(SubsystemCounters::default);
+            let c = out.subsystems.entry(sub.id.clone()).or_default();
             c.connections += h.connections.load(Ordering::Relaxed);
             c.read_ops += h.reads.load(Ordering::Relaxed);
             c.write_ops += h.writes.load(Ordering::Relaxed);
