@@ -232,6 +232,75 @@ pub struct StorageConfig {
     /// "127.0.0.1:8009". The discovery controller also answers on every
     /// subsystem listener; unset, only there.
     pub discovery_listen: Option<SocketAddr>,
+    /// Subsystems created at startup when the state has none with their ID
+    /// (`[[storage.subsystems]]`). Once created they live in the state like
+    /// any other: changes made over gRPC survive restarts.
+    pub subsystems: Vec<SeedSubsystem>,
+}
+
+/// `[[storage.subsystems]]`: a subsystem to create at startup.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedSubsystem {
+    /// Subsystem ID.
+    pub id: String,
+    /// NVMe Qualified Name.
+    pub nqn: String,
+    /// Serial number (derived from the NQN if unset).
+    #[serde(default)]
+    pub serial_number: String,
+    /// Model number ("dpu-service" if unset).
+    #[serde(default)]
+    pub model_number: String,
+    /// Any host may connect.
+    #[serde(default)]
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Largest namespace ID (32 if unset).
+    #[serde(default)]
+    pub max_namespaces: u32,
+    /// `[[storage.subsystems.namespaces]]`.
+    #[serde(default)]
+    pub namespaces: Vec<SeedNamespace>,
+    /// `[[storage.subsystems.listeners]]`.
+    #[serde(default)]
+    pub listeners: Vec<SeedListener>,
+}
+
+/// `[[storage.subsystems.namespaces]]`: exactly one of `ram`, `file`,
+/// `block_device`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedNamespace {
+    /// Namespace ID (lowest free if unset).
+    #[serde(default)]
+    pub nsid: u32,
+    /// RAM-backed, of this size ("256MiB").
+    pub ram: Option<String>,
+    /// File-backed, at this absolute path.
+    pub file: Option<String>,
+    /// Size of a file backend (the existing file's if unset).
+    pub size: Option<String>,
+    /// Block-device-backed, at this path.
+    pub block_device: Option<String>,
+    /// Logical block size, 512 or 4096 (512 if unset).
+    #[serde(default)]
+    pub block_size: u32,
+}
+
+/// `[[storage.subsystems.listeners]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedListener {
+    /// Listener ID (derived from the address if unset).
+    #[serde(default)]
+    pub id: String,
+    /// IP address.
+    pub address: std::net::IpAddr,
+    /// TCP port.
+    pub port: u16,
 }
 
 /// `[[ports]]`
@@ -370,6 +439,21 @@ impl Config {
         }
         if let Some(r) = &self.storage.ram_limit {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
+        }
+        for (i, s) in self.storage.subsystems.iter().enumerate() {
+            for (j, n) in s.namespaces.iter().enumerate() {
+                let at = format!("storage.subsystems[{i}].namespaces[{j}]");
+                let given = [n.ram.is_some(), n.file.is_some(), n.block_device.is_some()];
+                if given.iter().filter(|g| **g).count() != 1 {
+                    bail!("{at}: give exactly one of ram, file, block_device");
+                }
+                if n.size.is_some() && n.file.is_none() {
+                    bail!("{at}: size goes with file");
+                }
+                for v in [&n.ram, &n.size].into_iter().flatten() {
+                    parse_size(v).with_context(|| format!("{at}: size {v:?}"))?;
+                }
+            }
         }
         Ok(())
     }

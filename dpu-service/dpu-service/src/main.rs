@@ -10,6 +10,7 @@
 mod config;
 mod dataplane;
 mod metrics;
+mod seed;
 mod storage;
 
 use std::net::SocketAddr;
@@ -244,6 +245,7 @@ async fn run(config: Config) -> Result<()> {
         },
     });
     let api = Api::new(ctl.clone());
+    seed::seed_storage(&api, &config.storage).await?;
 
     let tls = tls_config(&config)?;
     let grpc_addr = config.grpc.listen;
