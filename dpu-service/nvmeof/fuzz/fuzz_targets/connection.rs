@@ -1,0 +1,114 @@
+//! Fuzzes the command decoder behind the framing: arbitrary bytes arrive on
+//! an admin queue and an I/O queue of a live controller (after a valid
+//! ICReq, Connect and enable), split into reads at arbitrary points. The
+//! target must answer or terminate, never panic, and the other queue and
+//! the target must stay usable. Run with `cargo fuzz run connection`.
+
+#![no_main]
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use dpu_nvmeof::pdu::{self, Digests, IcReq};
+use dpu_nvmeof::spec::{fctype, Sqe, FABRICS};
+use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+
+const NQN: &str = "nqn.2024-01.io.example:fuzz";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz";
+
+fn drive(c: &mut Connection, bytes: &[u8], pending: &mut Vec<u8>) {
+    pending.extend_from_slice(bytes);
+    let used = c.receive(pending);
+    pending.drain(..used);
+    while let Some(r) = c.next_request() {
+        let done = r.execute();
+        c.complete(done);
+    }
+    c.tick(Instant::now());
+    let _ = c.take_output();
+}
+
+fn connect(t: &Target, qid: u16, cntlid: u16) -> Connection {
+    let local: SocketAddr = "127.0.0.1:4420".parse().unwrap();
+    let mut c = Connection::new(t.clone(), local, "127.0.0.1:1".parse().unwrap());
+    let mut b = Vec::new();
+    pdu::encode_ic_req(&mut b, &IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 });
+    let mut sqe = Sqe([0; 64]);
+    sqe.0[0] = FABRICS;
+    sqe.0[1] = 0x40;
+    sqe.0[4] = fctype::CONNECT;
+    sqe.0[32..36].copy_from_slice(&1024u32.to_le_bytes());
+    sqe.0[39] = 0x01;
+    sqe.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
+    sqe.0[44..48].copy_from_slice(&63u32.to_le_bytes());
+    let mut data = vec![0u8; 1024];
+    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    data[256..256 + NQN.len()].copy_from_slice(NQN.as_bytes());
+    data[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &data);
+    if qid == 0 {
+        let mut en = Sqe([0; 64]);
+        en.0[0] = FABRICS;
+        en.0[1] = 0x40;
+        en.0[2] = 1;
+        en.0[4] = fctype::PROPERTY_SET;
+        en.0[44] = 0x14;
+        en.0[48..52].copy_from_slice(&(1u32 | 6 << 16 | 4 << 20).to_le_bytes());
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &en, &[]);
+    }
+    let mut p = Vec::new();
+    drive(&mut c, &b, &mut p);
+    c
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let t = Target::new();
+    let errors = t.apply(&TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            serial: "fuzz".into(),
+            model: "fuzz".into(),
+            allow_any_host: true,
+            allowed_hosts: Default::default(),
+            max_namespaces: 4,
+            namespaces: vec![NamespaceConfig {
+                nsid: 1,
+                block_size: 512,
+                uuid: [1; 16],
+                nguid: [2; 16],
+                backend: BackendSpec::Ram { size: 1 << 20 },
+            }],
+            listeners: vec!["127.0.0.1:4420".parse().unwrap()],
+        }],
+        discovery: None,
+    });
+    assert!(errors.is_empty());
+    let mut admin = connect(&t, 0, 0xffff);
+    let cntlid = admin.controller_id().expect("admin queue connected");
+    let mut io = connect(&t, 1, cntlid);
+    assert!(io.queue_id() == Some(1));
+    // First byte: where to split the input between reads; second: which
+    // queue gets it.
+    let (split, to_admin, rest) = match data {
+        [a, b, rest @ ..] => (usize::from(*a).max(1), b & 1 == 1, rest),
+        _ => return,
+    };
+    let (victim, other) = if to_admin { (&mut admin, &mut io) } else { (&mut io, &mut admin) };
+    let mut pending = Vec::new();
+    for chunk in rest.chunks(split) {
+        drive(victim, chunk, &mut pending);
+    }
+    // The other queue answers a Keep Alive / Flush as long as the
+    // controller lives.
+    if !other.is_closed() && !victim.is_closed() {
+        let mut b = Vec::new();
+        let mut sqe = Sqe([0; 64]);
+        sqe.0[0] = if to_admin { 0x00 } else { 0x18 };
+        sqe.0[1] = 0x40;
+        sqe.0[2..4].copy_from_slice(&0xfff0u16.to_le_bytes());
+        sqe.0[4] = 1;
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &[]);
+        let mut p = Vec::new();
+        drive(other, &b, &mut p);
+    }
+});
