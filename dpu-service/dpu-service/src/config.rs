@@ -4,12 +4,15 @@
 //! silently ignored. Relative paths are taken relative to the working
 //! directory.
 
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use dpu_control::model::{PortRole, PortSpec};
+use dpu_control::validate;
+use dpu_proto::v1 as pb;
 use serde::Deserialize;
 
 /// Command line of `dpu-service`. Every flag also reads an environment
@@ -229,38 +232,42 @@ pub struct StorageConfig {
     /// of the machine's memory.
     pub ram_limit: Option<String>,
     /// Address of the NVMe/TCP discovery controller's own listener, e.g.
-    /// "127.0.0.1:8009". The discovery controller also answers on every
-    /// subsystem listener; unset, only there.
+    /// "127.0.0.1:8009". The discovery controller is also reachable on
+    /// every subsystem (I/O) listener; unset, only there.
     pub discovery_listen: Option<SocketAddr>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
-    /// any other: changes made over gRPC survive restarts.
+    /// any other: the stored one is kept at later starts, and changes made
+    /// over gRPC survive restarts.
     pub subsystems: Vec<SeedSubsystem>,
 }
 
-/// `[[storage.subsystems]]`: a subsystem to create at startup.
+/// `[[storage.subsystems]]`: a subsystem to create at startup, with its
+/// namespaces and listeners.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedSubsystem {
-    /// Subsystem ID.
+    /// Subsystem ID, as in the resource name "subsystems/{id}".
     pub id: String,
-    /// NVMe Qualified Name.
+    /// NVMe Qualified Name, unique across subsystems.
     pub nqn: String,
-    /// Serial number (derived from the NQN if unset).
+    /// Serial number, 1..20 printable ASCII characters (derived from the
+    /// NQN if unset).
     #[serde(default)]
-    pub serial_number: String,
-    /// Model number ("dpu-service" if unset).
+    pub serial_number: Option<String>,
+    /// Model number, 1..40 printable ASCII characters ("dpu-service" if
+    /// unset).
     #[serde(default)]
-    pub model_number: String,
-    /// Any host may connect.
+    pub model_number: Option<String>,
+    /// Any host may connect, whatever `allowed_hosts` says.
     #[serde(default)]
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
-    /// Largest namespace ID (32 if unset).
+    /// Largest namespace ID, 1..=1024 (32 if unset).
     #[serde(default)]
-    pub max_namespaces: u32,
+    pub max_namespaces: Option<u32>,
     /// `[[storage.subsystems.namespaces]]`.
     #[serde(default)]
     pub namespaces: Vec<SeedNamespace>,
@@ -269,38 +276,125 @@ pub struct SeedSubsystem {
     pub listeners: Vec<SeedListener>,
 }
 
-/// `[[storage.subsystems.namespaces]]`: exactly one of `ram`, `file`,
-/// `block_device`.
+/// `[[storage.subsystems.namespaces]]`: a namespace of a declared
+/// subsystem, backed by exactly one of `ram`, `file`, `block_device`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedNamespace {
-    /// Namespace ID (lowest free if unset).
+    /// Namespace ID, 1..=max_namespaces (the lowest free one if unset).
     #[serde(default)]
-    pub nsid: u32,
-    /// RAM-backed, of this size ("256MiB").
+    pub nsid: Option<u32>,
+    /// RAM-backed, of this size, e.g. "256MiB".
+    #[serde(default)]
     pub ram: Option<String>,
-    /// File-backed, at this absolute path.
+    /// File-backed, at this absolute path (created if missing).
+    #[serde(default)]
     pub file: Option<String>,
-    /// Size of a file backend (the existing file's if unset).
+    /// Size of a `file` backend, e.g. "1GiB" (the existing file's if unset).
+    #[serde(default)]
     pub size: Option<String>,
-    /// Block-device-backed, at this path.
+    /// Block-device-backed, at this absolute path, e.g. "/dev/nvme0n1".
+    #[serde(default)]
     pub block_device: Option<String>,
     /// Logical block size, 512 or 4096 (512 if unset).
     #[serde(default)]
-    pub block_size: u32,
+    pub block_size: Option<u32>,
+    /// Namespace UUID in RFC 4122 text form (generated if unset).
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Namespace globally unique identifier, 32 hex digits (generated if
+    /// unset).
+    #[serde(default)]
+    pub nguid: Option<String>,
 }
 
-/// `[[storage.subsystems.listeners]]`.
+/// `[[storage.subsystems.listeners]]`: an address a declared subsystem
+/// accepts connections on.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedListener {
-    /// Listener ID (derived from the address if unset).
+    /// Listener ID (derived from transport, address and port if unset).
     #[serde(default)]
-    pub id: String,
-    /// IP address.
-    pub address: std::net::IpAddr,
+    pub id: Option<String>,
+    /// IP address to listen on.
+    pub address: IpAddr,
     /// TCP port.
     pub port: u16,
+    /// Transport.
+    #[serde(default)]
+    pub transport: SeedTransport,
+}
+
+/// Transport of a declared listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SeedTransport {
+    /// NVMe/TCP.
+    #[default]
+    Tcp,
+}
+
+impl SeedSubsystem {
+    /// The subsystem as a `CreateSubsystem` request carries it.
+    pub fn to_proto(&self) -> pb::Subsystem {
+        pb::Subsystem {
+            nqn: self.nqn.clone(),
+            serial_number: self.serial_number.clone().unwrap_or_default(),
+            model_number: self.model_number.clone().unwrap_or_default(),
+            allow_any_host: self.allow_any_host,
+            allowed_hosts: self.allowed_hosts.clone(),
+            max_namespaces: self.max_namespaces.unwrap_or(0),
+            ..Default::default()
+        }
+    }
+}
+
+impl SeedNamespace {
+    /// The namespace as a `CreateNamespace` request carries it.
+    ///
+    /// # Errors
+    /// If not exactly one backend is given, or a size does not parse.
+    pub fn to_proto(&self) -> Result<pb::Namespace> {
+        let size = |key: &str, v: &str| parse_size(v).with_context(|| key.to_string());
+        let backend = match (&self.ram, &self.file, &self.block_device) {
+            (Some(r), None, None) => pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: size("ram", r)?,
+            }),
+            (None, Some(f), None) => pb::namespace::Backend::File(pb::FileBackend {
+                path: f.clone(),
+                size_bytes: match &self.size {
+                    Some(v) => size("size", v)?,
+                    None => 0,
+                },
+            }),
+            (None, None, Some(b)) => {
+                pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: b.clone() })
+            }
+            _ => bail!("give exactly one of ram, file, block_device"),
+        };
+        Ok(pb::Namespace {
+            nsid: self.nsid.unwrap_or(0),
+            backend: Some(backend),
+            block_size: self.block_size.unwrap_or(0),
+            uuid: self.uuid.clone().unwrap_or_default(),
+            nguid: self.nguid.clone().unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+}
+
+impl SeedListener {
+    /// The listener as a `CreateListener` request carries it.
+    pub fn to_proto(&self) -> pb::Listener {
+        pb::Listener {
+            transport: match self.transport {
+                SeedTransport::Tcp => pb::Transport::Tcp,
+            } as i32,
+            address: self.address.to_string(),
+            port: u32::from(self.port),
+            ..Default::default()
+        }
+    }
 }
 
 /// `[[ports]]`
@@ -440,20 +534,102 @@ impl Config {
         if let Some(r) = &self.storage.ram_limit {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
         }
+        self.validate_storage()?;
+        Ok(())
+    }
+
+    /// Checks `[storage]`'s declared subsystems, namespaces and listeners
+    /// with the rules the API applies to them, naming the offending key.
+    fn validate_storage(&self) -> Result<()> {
+        let mut ids = BTreeSet::new();
+        let mut nqns = BTreeMap::new();
+        let mut ram_total: u64 = 0;
         for (i, s) in self.storage.subsystems.iter().enumerate() {
-            for (j, n) in s.namespaces.iter().enumerate() {
-                let at = format!("storage.subsystems[{i}].namespaces[{j}]");
-                let given = [n.ram.is_some(), n.file.is_some(), n.block_device.is_some()];
-                if given.iter().filter(|g| **g).count() != 1 {
-                    bail!("{at}: give exactly one of ram, file, block_device");
-                }
-                if n.size.is_some() && n.file.is_none() {
-                    bail!("{at}: size goes with file");
-                }
-                for v in [&n.ram, &n.size].into_iter().flatten() {
-                    parse_size(v).with_context(|| format!("{at}: size {v:?}"))?;
+            let at = format!("storage.subsystems[{i}]");
+            validate::id(&format!("{at}.id"), &s.id)?;
+            if !ids.insert(s.id.as_str()) {
+                bail!("{at}.id: subsystem {:?} is declared twice", s.id);
+            }
+            validate::nqn(&format!("{at}.nqn"), &s.nqn)?;
+            if s.nqn == validate::DISCOVERY_NQN {
+                bail!("{at}.nqn: the discovery NQN is reserved for the discovery controller");
+            }
+            if let Some(k) = nqns.insert(s.nqn.as_str(), i) {
+                bail!(
+                    "{at}.nqn: {} is also the NQN of storage.subsystems[{k}]",
+                    s.nqn
+                );
+            }
+            if let Some(v) = &s.serial_number {
+                validate::ascii_id(&format!("{at}.serial_number"), v, 20)?;
+            }
+            if let Some(v) = &s.model_number {
+                validate::ascii_id(&format!("{at}.model_number"), v, 40)?;
+            }
+            let mut hosts = BTreeSet::new();
+            for (k, h) in s.allowed_hosts.iter().enumerate() {
+                validate::nqn(&format!("{at}.allowed_hosts[{k}]"), h)?;
+                if !hosts.insert(h) {
+                    bail!("{at}.allowed_hosts[{k}]: {h} is listed twice");
                 }
             }
+            if hosts.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
+                bail!(
+                    "{at}.allowed_hosts: at most {} hosts",
+                    validate::MAX_HOSTS_PER_SUBSYSTEM
+                );
+            }
+            let max = match s.max_namespaces {
+                None => validate::DEFAULT_MAX_NAMESPACES,
+                Some(m @ 1..=validate::MAX_NAMESPACES) => m,
+                Some(m) => bail!(
+                    "{at}.max_namespaces: {m} is not in 1..={}",
+                    validate::MAX_NAMESPACES
+                ),
+            };
+            if s.namespaces.len() > max as usize {
+                bail!(
+                    "{at}.namespaces: {} namespaces do not fit in max_namespaces {max}",
+                    s.namespaces.len()
+                );
+            }
+            let mut nsids = BTreeMap::new();
+            for (j, n) in s.namespaces.iter().enumerate() {
+                ram_total = ram_total.saturating_add(check_namespace(
+                    &format!("{at}.namespaces[{j}]"),
+                    j,
+                    n,
+                    max,
+                    &mut nsids,
+                )?);
+            }
+            let mut lids = BTreeSet::new();
+            let mut addrs = BTreeMap::new();
+            for (j, l) in s.listeners.iter().enumerate() {
+                let at = format!("{at}.listeners[{j}]");
+                if let Some(id) = &l.id {
+                    validate::id(&format!("{at}.id"), id)?;
+                    if !lids.insert(id) {
+                        bail!("{at}.id: listener {id:?} is declared twice");
+                    }
+                }
+                if l.port == 0 {
+                    bail!("{at}.port: 0 is not in 1..=65535");
+                }
+                if let Some(k) = addrs.insert((l.transport, l.address, l.port), j) {
+                    bail!(
+                        "{at}: listeners[{k}] already listens on {}",
+                        SocketAddr::new(l.address, l.port)
+                    );
+                }
+            }
+        }
+        let limit = self.ram_limit();
+        if ram_total > limit {
+            bail!(
+                "storage.subsystems: the RAM namespaces declared total {ram_total} bytes, \
+                 more than storage.ram_limit ({limit} bytes)"
+            );
         }
         Ok(())
     }
@@ -479,6 +655,74 @@ impl Config {
             .and_then(|s| parse_size(s).ok())
             .unwrap_or_else(|| mem_total().unwrap_or(1 << 30) / 2)
     }
+}
+
+/// Checks declared namespace `j` of a subsystem (`at` names it) whose
+/// largest namespace ID is `max`; `nsids` maps the IDs taken so far to the
+/// namespace taking it and whether its nsid was given. Returns the bytes of
+/// memory it takes (0 unless RAM-backed).
+fn check_namespace(
+    at: &str,
+    j: usize,
+    n: &SeedNamespace,
+    max: u32,
+    nsids: &mut BTreeMap<u32, (usize, bool)>,
+) -> Result<u64> {
+    let given = [n.ram.is_some(), n.file.is_some(), n.block_device.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        bail!("{at}: give exactly one of ram, file, block_device");
+    }
+    if n.size.is_some() && n.file.is_none() {
+        bail!("{at}: size goes with file (a RAM namespace's size is the value of ram)");
+    }
+    let block = match n.block_size {
+        None => 512,
+        Some(b @ (512 | 4096)) => b,
+        Some(b) => bail!("{at}.block_size: {b} is not 512 or 4096"),
+    };
+    let mut ram = 0;
+    for (key, v) in [("ram", &n.ram), ("size", &n.size)] {
+        let Some(v) = v else { continue };
+        let bytes = parse_size(v).with_context(|| format!("{at}.{key}"))?;
+        if bytes == 0 || bytes % u64::from(block) != 0 {
+            bail!("{at}.{key}: {v} is not a non-zero multiple of the block size {block}");
+        }
+        if key == "ram" {
+            ram = bytes;
+        }
+    }
+    for (key, p) in [("file", &n.file), ("block_device", &n.block_device)] {
+        let Some(p) = p else { continue };
+        if !p.starts_with('/') || p.contains('\0') || p.len() > 4096 {
+            bail!("{at}.{key}: {p:?} is not an absolute path");
+        }
+    }
+    // The API gives a namespace without an nsid the lowest free one, in
+    // declaration order: mirror that, so a clash shows up here.
+    let id = match n.nsid {
+        Some(id) if id == 0 || id > max => {
+            bail!("{at}.nsid: {id} is not in 1..={max} (the subsystem's max_namespaces)")
+        }
+        Some(id) => id,
+        None => (1..=max)
+            .find(|id| !nsids.contains_key(id))
+            .with_context(|| format!("{at}: no namespace ID is left (max_namespaces {max})"))?,
+    };
+    if let Some((k, explicit)) = nsids.insert(id, (j, n.nsid.is_some())) {
+        let how = if explicit {
+            ""
+        } else {
+            " (the lowest free one: it has no nsid)"
+        };
+        bail!("{at}.nsid: namespace {id} is already namespaces[{k}]'s{how}");
+    }
+    if let Some(u) = &n.uuid {
+        validate::uuid(&format!("{at}.uuid"), u)?;
+    }
+    if let Some(g) = &n.nguid {
+        validate::hex16(&format!("{at}.nguid"), g)?;
+    }
+    Ok(ram)
 }
 
 /// Parses a size: plain bytes, or a number with K/M/G/T (powers of 1024,
@@ -593,11 +837,327 @@ mod tests {
         assert_eq!(c.dataplane.idle, IdleMode::Backoff);
     }
 
+    /// A subsystem "a" with `sub` appended to its table, then `rest`.
+    fn declared(sub: &str, rest: &str) -> String {
+        format!(
+            "[[storage.subsystems]]\nid = \"a\"\nnqn = \"nqn.2024-01.io.example:a\"\n{sub}\n{rest}\n"
+        )
+    }
+
+    #[test]
+    fn storage_declarations_parse() {
+        let c: Config = toml::from_str(
+            r#"
+[storage]
+ram_limit = "1GiB"
+discovery_listen = "127.0.0.1:8009"
+
+[[storage.subsystems]]
+id = "vol1"
+nqn = "nqn.2024-01.io.example:vol1"
+serial_number = "SN1"
+model_number = "M1"
+allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:h"]
+max_namespaces = 8
+
+[[storage.subsystems.namespaces]]
+nsid = 2
+ram = "256MiB"
+block_size = 4096
+uuid = "123e4567-e89b-12d3-a456-426614174000"
+nguid = "00112233445566778899aabbccddeeff"
+
+[[storage.subsystems.namespaces]]
+file = "/var/lib/disk.img"
+size = "1GiB"
+
+[[storage.subsystems.namespaces]]
+block_device = "/dev/nvme0n1"
+
+[[storage.subsystems.listeners]]
+id = "data"
+address = "192.0.2.10"
+port = 4420
+transport = "tcp"
+
+[[storage.subsystems.listeners]]
+address = "::1"
+port = 4421
+
+[[storage.subsystems]]
+id = "vol2"
+nqn = "nqn.2024-01.io.example:vol2"
+allow_any_host = true
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let st = &c.storage;
+        assert_eq!(st.discovery_listen, Some("127.0.0.1:8009".parse().unwrap()));
+        assert_eq!(st.subsystems.len(), 2);
+        let v1 = &st.subsystems[0];
+        assert!(!v1.allow_any_host, "no host unless allowed");
+        assert_eq!(v1.max_namespaces, Some(8));
+        let p = v1.to_proto();
+        assert_eq!(
+            (p.serial_number.as_str(), p.model_number.as_str()),
+            ("SN1", "M1")
+        );
+        assert_eq!(p.allowed_hosts, ["nqn.2014-08.org.nvmexpress:uuid:h"]);
+        let n = v1.namespaces[0].to_proto().unwrap();
+        assert_eq!((n.nsid, n.block_size), (2, 4096));
+        assert_eq!(
+            n.backend,
+            Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 256 << 20
+            }))
+        );
+        assert_eq!(n.uuid, "123e4567-e89b-12d3-a456-426614174000");
+        assert_eq!(
+            v1.namespaces[1].to_proto().unwrap().backend,
+            Some(pb::namespace::Backend::File(pb::FileBackend {
+                path: "/var/lib/disk.img".into(),
+                size_bytes: 1 << 30
+            }))
+        );
+        let n = v1.namespaces[2].to_proto().unwrap();
+        assert_eq!((n.nsid, n.block_size), (0, 0), "left to the API's defaults");
+        assert_eq!(v1.listeners[0].id.as_deref(), Some("data"));
+        let l = v1.listeners[1].to_proto();
+        assert_eq!(l.transport, pb::Transport::Tcp as i32, "tcp by default");
+        assert_eq!((l.address.as_str(), l.port), ("::1", 4421));
+        let v2 = &st.subsystems[1];
+        assert!(v2.allow_any_host);
+        assert!(v2.namespaces.is_empty() && v2.listeners.is_empty());
+        let p = v2.to_proto();
+        assert_eq!((p.serial_number.as_str(), p.max_namespaces), ("", 0));
+
+        let empty: Config = toml::from_str("[storage]\n").unwrap();
+        empty.validate().unwrap();
+        assert!(empty.storage.discovery_listen.is_none());
+        assert!(empty.storage.subsystems.is_empty());
+    }
+
+    #[test]
+    fn storage_declarations_are_checked() {
+        let ns = "[[storage.subsystems.namespaces]]";
+        let ls = "[[storage.subsystems.listeners]]";
+        let b = "[[storage.subsystems]]";
+        for (text, want) in [
+            (
+                format!("{b}\nid = \"A\"\nnqn = \"nqn.2024-01.io.example:a\"\n"),
+                "storage.subsystems[0].id: \"A\" is not a valid ID",
+            ),
+            (
+                declared("", &format!("{b}\nid = \"a\"\nnqn = \"nqn.2024-01.io.example:b\"\n")),
+                "storage.subsystems[1].id: subsystem \"a\" is declared twice",
+            ),
+            (
+                format!("{b}\nid = \"a\"\nnqn = \"vol-a\"\n"),
+                "storage.subsystems[0].nqn: \"vol-a\" is not a valid NQN",
+            ),
+            (
+                format!("{b}\nid = \"a\"\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\n"),
+                "storage.subsystems[0].nqn: the discovery NQN is reserved",
+            ),
+            (
+                declared("", &format!("{b}\nid = \"b\"\nnqn = \"nqn.2024-01.io.example:a\"\n")),
+                "storage.subsystems[1].nqn: nqn.2024-01.io.example:a is also the NQN of storage.subsystems[0]",
+            ),
+            (
+                declared("serial_number = \"\"", ""),
+                "storage.subsystems[0].serial_number: \"\" must be 1 to 20",
+            ),
+            (
+                declared(&format!("model_number = \"{}\"", "m".repeat(41)), ""),
+                "storage.subsystems[0].model_number:",
+            ),
+            (
+                declared("allowed_hosts = [\"host-1\"]", ""),
+                "storage.subsystems[0].allowed_hosts[0]: \"host-1\" is not a valid NQN",
+            ),
+            (
+                declared("allowed_hosts = [\"nqn.2024-01.io.example:h\", \"nqn.2024-01.io.example:h\"]", ""),
+                "storage.subsystems[0].allowed_hosts[1]: nqn.2024-01.io.example:h is listed twice",
+            ),
+            (
+                declared("max_namespaces = 0", ""),
+                "storage.subsystems[0].max_namespaces: 0 is not in 1..=1024",
+            ),
+            (
+                declared("max_namespaces = 1", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces: 2 namespaces do not fit in max_namespaces 1",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nfile = \"/x\"\n")),
+                "storage.subsystems[0].namespaces[0]: give exactly one of ram, file, block_device",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nblock_size = 512\n")),
+                "storage.subsystems[0].namespaces[1]: give exactly one of ram, file, block_device",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nsize = \"2M\"\n")),
+                "storage.subsystems[0].namespaces[0]: size goes with file",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"lots\"\n")),
+                "storage.subsystems[0].namespaces[0].ram: \"lots\" is not a size",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"1.5G\"\n")),
+                "storage.subsystems[0].namespaces[0].size: unknown size unit \".5G\"",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"0\"\n")),
+                "storage.subsystems[0].namespaces[0].ram: 0 is not a non-zero multiple of the block size 512",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"6K\"\nblock_size = 4096\n")),
+                "storage.subsystems[0].namespaces[0].ram: 6K is not a non-zero multiple of the block size 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nblock_size = 1024\n")),
+                "storage.subsystems[0].namespaces[0].block_size: 1024 is not 512 or 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"disk.img\"\n")),
+                "storage.subsystems[0].namespaces[0].file: \"disk.img\" is not an absolute path",
+            ),
+            (
+                declared("", &format!("{ns}\nblock_device = \"nvme0n1\"\n")),
+                "storage.subsystems[0].namespaces[0].block_device: \"nvme0n1\" is not an absolute path",
+            ),
+            (
+                declared("max_namespaces = 4", &format!("{ns}\nnsid = 5\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[0].nsid: 5 is not in 1..=4",
+            ),
+            (
+                declared("", &format!("{ns}\nnsid = 0\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[0].nsid: 0 is not in 1..=32",
+            ),
+            (
+                declared("", &format!("{ns}\nnsid = 2\nram = \"1M\"\n{ns}\nnsid = 2\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[1].nsid: namespace 2 is already namespaces[0]'s",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nnsid = 1\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[1].nsid: namespace 1 is already namespaces[0]'s (the lowest free one",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nuuid = \"not-a-uuid\"\n")),
+                "storage.subsystems[0].namespaces[0].uuid: \"not-a-uuid\" is not a UUID",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nnguid = \"00ff\"\n")),
+                "storage.subsystems[0].namespaces[0].nguid: \"00ff\" is not 32 hex digits",
+            ),
+            (
+                format!(
+                    "[storage]\nram_limit = \"1M\"\n{}",
+                    declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"4K\"\n"))
+                ),
+                "storage.subsystems: the RAM namespaces declared total 1052672 bytes, more than storage.ram_limit (1048576 bytes)",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"Data\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[0].id: \"Data\" is not a valid ID",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4421\n")),
+                "storage.subsystems[0].listeners[1].id: listener \"d\" is declared twice",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 0\n")),
+                "storage.subsystems[0].listeners[0].port: 0 is not in 1..=65535",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"x\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[1]: listeners[0] already listens on 127.0.0.1:4420",
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
+    #[test]
+    fn storage_declarations_have_no_unknown_keys() {
+        let ns = "[[storage.subsystems.namespaces]]";
+        let ls = "[[storage.subsystems.listeners]]";
+        for (text, want) in [
+            (
+                "[storage]\ndiscovery = \"127.0.0.1:8009\"\n".to_string(),
+                "discovery",
+            ),
+            (
+                "[storage]\ndiscovery_listen = \"8009\"\n".to_string(),
+                "discovery_listen",
+            ),
+            (declared("colour = \"red\"", ""), "colour"),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nsize_bytes = 1\n")),
+                "size_bytes",
+            ),
+            (declared("", &format!("{ns}\nram = 1048576\n")), "ram"),
+            (
+                declared(
+                    "",
+                    &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\nhost = \"x\"\n"),
+                ),
+                "host",
+            ),
+            (
+                declared(
+                    "",
+                    &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\ntransport = \"rdma\"\n"),
+                ),
+                "rdma",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"localhost\"\nport = 4420\n")),
+                "address",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\n")),
+                "port",
+            ),
+            ("[[storage.subsystems]]\nid = \"a\"\n".to_string(), "nqn"),
+        ] {
+            let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
     #[test]
     fn shipped_configs_are_valid() {
-        for f in ["config/dev.toml", "config/production.toml"] {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(f);
-            Config::load(&path).unwrap().validate().unwrap();
-        }
+        let load = |f: &str| {
+            let c = Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap();
+            c.validate().unwrap();
+            c
+        };
+        let dev = load("config/dev.toml").storage;
+        assert_eq!(
+            dev.discovery_listen,
+            Some("127.0.0.1:8009".parse().unwrap())
+        );
+        let [s] = &dev.subsystems[..] else {
+            panic!("dev.toml declares one subsystem")
+        };
+        assert_eq!(
+            (s.id.as_str(), s.nqn.as_str()),
+            ("dev", "nqn.2024-01.io.dpu-service:dev")
+        );
+        assert!(s.allow_any_host);
+        assert_eq!(s.namespaces[0].ram.as_deref(), Some("256MiB"));
+        assert_eq!(s.namespaces[0].block_size, Some(512));
+        assert_eq!(
+            (s.listeners[0].address.to_string(), s.listeners[0].port),
+            ("127.0.0.1".to_string(), 4420)
+        );
+        let prod = load("config/production.toml").storage;
+        assert!(prod.subsystems.is_empty(), "production declares no storage");
+        assert!(prod.discovery_listen.is_none());
     }
 }
