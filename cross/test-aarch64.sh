@@ -33,7 +33,7 @@ qemu-aarch64-static -L "$SYSROOT" target/aarch64-unknown-linux-gnu/debug/dpu-ser
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$state"' EXIT
 ok=0
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   if info=$(target/debug/dpuctl --endpoint "http://127.0.0.1:$port" --timeout 5 -o json info 2>/dev/null); then
     ok=1
     break
