@@ -90,8 +90,12 @@ struct Queue {
     sock: TcpStream,
     limits: Limits,
     inbox: Vec<u8>,
+    /// Unread bytes are `inbox[start..filled]`.
+    start: usize,
     filled: usize,
     out: Vec<u8>,
+    /// Copy C2HData payloads out (setup); the measured I/O drops them.
+    keep_data: bool,
 }
 
 impl Queue {
@@ -105,7 +109,9 @@ impl Queue {
                 max_data: 1 << 22,
             },
             inbox: vec![0; 8 << 20],
+            start: 0,
             filled: 0,
+            keep_data: true,
             out: Vec::with_capacity(1 << 20),
         };
         pdu::encode_ic_req(
@@ -133,8 +139,8 @@ impl Queue {
     /// The next controller PDU, reading as needed.
     fn next(&mut self) -> Result<Owned, Error> {
         loop {
-            if let Some((p, n)) = pdu::decode_controller(&self.inbox[..self.filled], &self.limits)?
-            {
+            let unread = &self.inbox[self.start..self.filled];
+            if let Some((p, n)) = pdu::decode_controller(unread, &self.limits)? {
                 let o = match p {
                     ControllerPdu::IcResp(_) => Owned::IcResp,
                     ControllerPdu::CapsuleResp { cqe } => Owned::Resp(cqe),
@@ -145,7 +151,12 @@ impl Queue {
                         ..
                     } => Owned::Data {
                         cccid,
-                        data: data.to_vec(),
+                        // Only setup commands keep the data.
+                        data: if self.keep_data {
+                            data.to_vec()
+                        } else {
+                            Vec::new()
+                        },
                         success,
                     },
                     ControllerPdu::R2T {
@@ -163,9 +174,15 @@ impl Queue {
                         return Err(format!("target terminated: FES {fes}").into())
                     }
                 };
-                self.inbox.copy_within(n..self.filled, 0);
-                self.filled -= n;
+                self.start += n;
+                if self.start == self.filled {
+                    (self.start, self.filled) = (0, 0);
+                }
                 return Ok(o);
+            }
+            if self.filled == self.inbox.len() {
+                self.inbox.copy_within(self.start..self.filled, 0);
+                (self.start, self.filled) = (0, self.filled - self.start);
             }
             let n = self.sock.read(&mut self.inbox[self.filled..])?;
             if n == 0 {
@@ -308,6 +325,7 @@ fn run(
 ) -> Result<Result_, Error> {
     let mut q = Queue::open(addr)?;
     connect(&mut q, qid, cntlid, nqn, job.qd.max(2) + 1)?;
+    q.keep_data = false;
     let per = u64::from(job.bs / lba);
     let span = (blocks / per).max(1);
     let mut rng = 0x2545_f491_4f6c_dd1du64 ^ u64::from(qid);
@@ -389,13 +407,13 @@ fn run(
             sent_at[i] = now;
             issue(&mut q, cid, &mut rng, &mut seq);
             // Send as soon as nothing more is already waiting to be read.
-            if q.filled < pdu::CH_LEN {
+            if q.filled - q.start < pdu::CH_LEN {
                 q.flush()?;
             }
         } else {
             outstanding -= 1;
         }
-        if q.filled < pdu::CH_LEN && !q.out.is_empty() {
+        if q.filled - q.start < pdu::CH_LEN && !q.out.is_empty() {
             q.flush()?;
         }
     }
