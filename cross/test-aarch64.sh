@@ -26,15 +26,16 @@ cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dp
 # Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
 cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service --bins
 cargo build --locked -p dpu-client --bins
+tdir=${CARGO_TARGET_DIR:-target}
 state=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-qemu-aarch64-static -L "$SYSROOT" target/aarch64-unknown-linux-gnu/debug/dpu-service --grpc-listen "127.0.0.1:$port" \
+qemu-aarch64-static -L "$SYSROOT" "$tdir/aarch64-unknown-linux-gnu/debug/dpu-service" --grpc-listen "127.0.0.1:$port" \
   --metrics-listen off --state-dir "$state" &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$state"' EXIT
 ok=0
 for _ in $(seq 1 300); do
-  if info=$(target/debug/dpuctl --endpoint "http://127.0.0.1:$port" --timeout 5 -o json info 2>/dev/null); then
+  if info=$("$tdir/debug/dpuctl" --endpoint "http://127.0.0.1:$port" --timeout 5 -o json info 2>/dev/null); then
     ok=1
     break
   fi
