@@ -20,7 +20,7 @@ sysroot=$(cross/sysroot.sh)
 source cross/env.sh "$sysroot"
 # qemu-user does not emulate setsockopt(SOL_PACKET, PACKET_VERSION), so the
 # net_af_packet veth test cannot open its ports here; it runs natively.
-cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control \
+cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control -p dpu-nvmeof \
   -- --skip ping_crosses_the_worker_between_two_namespaces
 
 # Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
