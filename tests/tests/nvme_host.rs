@@ -1,0 +1,172 @@
+//! The NVMe/TCP target through the real binary, driven by a raw host built
+//! on the crate's own PDU codec: a host that goes silent is cleaned up by
+//! its keep-alive timeout, and a host sending garbage gets a C2HTermReq and
+//! loses only its own connection.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dpu_e2e::{free_port, Service};
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::spec::{fctype, prop, sgl, Sqe, FABRICS};
+
+const NQN: &str = "nqn.2024-01.io.dpu-service.test:ka";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-raw-host";
+
+/// Reads one whole controller PDU; `None` when the target closed.
+fn read_pdu(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<(u8, u16)>> {
+    let limits = Limits {
+        digests: Digests::default(),
+        max_data: 1 << 20,
+    };
+    loop {
+        if let Some((p, n)) = pdu::decode_controller(buf, &limits)? {
+            let out = match p {
+                ControllerPdu::IcResp(_) => (pdu::pdu_type::IC_RESP, 0),
+                ControllerPdu::CapsuleResp { cqe } => (pdu::pdu_type::CAPSULE_RESP, cqe.status),
+                ControllerPdu::TermReq { fes, .. } => (pdu::pdu_type::C2H_TERM_REQ, fes),
+                ControllerPdu::C2HData { .. } => (pdu::pdu_type::C2H_DATA, 0),
+                ControllerPdu::R2T { .. } => (pdu::pdu_type::R2T, 0),
+            };
+            buf.drain(..n);
+            return Ok(Some(out));
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// An admin queue connected and enabled with a keep-alive timeout.
+fn admin_queue(port: u16, kato_ms: u32) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    let mut b = Vec::new();
+    pdu::encode_ic_req(
+        &mut b,
+        &IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: Digests::default(),
+            maxr2t: 0,
+        },
+    );
+    let mut c = Sqe([0; 64]);
+    c.0[0] = FABRICS;
+    c.0[1] = 0x40;
+    c.0[4] = fctype::CONNECT;
+    c.0[32..36].copy_from_slice(&1024u32.to_le_bytes());
+    c.0[39] = sgl::IN_CAPSULE;
+    c.0[44..48].copy_from_slice(&31u32.to_le_bytes());
+    c.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
+    let mut data = vec![0u8; 1024];
+    data[16..18].copy_from_slice(&0xffffu16.to_le_bytes());
+    data[256..256 + NQN.len()].copy_from_slice(NQN.as_bytes());
+    data[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &c, &data);
+    let mut en = Sqe([0; 64]);
+    en.0[0] = FABRICS;
+    en.0[1] = 0x40;
+    en.0[2] = 1;
+    en.0[4] = fctype::PROPERTY_SET;
+    en.0[44..48].copy_from_slice(&prop::CC.to_le_bytes());
+    en.0[48..52].copy_from_slice(&(1u32 | 6 << 16 | 4 << 20).to_le_bytes());
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &en, &[]);
+    s.write_all(&b)?;
+    let mut buf = Vec::new();
+    for want in ["ICResp", "Connect", "Property Set"] {
+        match read_pdu(&mut s, &mut buf)? {
+            Some((_, 0)) => {}
+            other => bail!("{want}: got {other:?}"),
+        }
+    }
+    Ok(s)
+}
+
+fn connections(svc: &Service) -> Result<u64> {
+    let (_, body) = svc.http_get("/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("dpu_nvmf_connections{subsystem=\"ka\"} "))
+        .context("no dpu_nvmf_connections for ka")?
+        .trim()
+        .parse()
+        .context("metric value")
+}
+
+#[test]
+fn silent_hosts_time_out_and_garbage_ends_only_its_connection() -> Result<()> {
+    let port = free_port();
+    let config = format!(
+        r#"
+[storage]
+ram_limit = "64MiB"
+[[storage.subsystems]]
+id = "ka"
+nqn = "{NQN}"
+allow_any_host = true
+[[storage.subsystems.namespaces]]
+ram = "4MiB"
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+"#
+    );
+    let svc = Service::start_config(&config, &[])?;
+
+    // A host that goes silent after connecting with a 1 s keep-alive.
+    let mut silent = admin_queue(port, 1000)?;
+    // Another one that stays: no keep-alive timeout.
+    let mut steady = admin_queue(port, 0)?;
+    assert_eq!(connections(&svc)?, 2);
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let closed = read_pdu(&mut silent, &mut buf)?;
+    assert_eq!(closed, None, "the target closes the silent host's queue");
+    let waited = t0.elapsed();
+    assert!(waited < Duration::from_secs(5), "closed after {waited:?}");
+    assert!(
+        svc.log_text().contains("keep-alive timeout"),
+        "{}",
+        svc.log_text()
+    );
+
+    // Garbage on a fresh connection: C2HTermReq, then close.
+    let mut bad = TcpStream::connect(("127.0.0.1", port))?;
+    bad.set_read_timeout(Some(Duration::from_secs(20)))?;
+    bad.write_all(&[0x07, 0, 24, 24, 24, 0, 0, 0])?;
+    bad.write_all(&[0; 16])?;
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut bad, &mut buf)?,
+        Some((pdu::pdu_type::C2H_TERM_REQ, 1))
+    );
+    assert_eq!(read_pdu(&mut bad, &mut buf)?, None);
+
+    // The steady host is still served: a Keep Alive completes.
+    let mut ka = Sqe([0; 64]);
+    ka.0[0] = 0x18;
+    ka.0[1] = 0x40;
+    ka.0[2] = 9;
+    ka.0[39] = sgl::TRANSPORT;
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &ka, &[]);
+    steady.write_all(&b)?;
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut steady, &mut buf)?,
+        Some((pdu::pdu_type::CAPSULE_RESP, 0))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while connections(&svc)? != 1 {
+        if Instant::now() > deadline {
+            bail!("connections gauge stuck at {}", connections(&svc)?);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
