@@ -149,6 +149,9 @@ enum Pending {
         got: u32,
         /// End of the range the current R2T asked for.
         r2t_end: u32,
+        /// A data digest did not match: the command fails once all its
+        /// data is in, so the stream stays in step.
+        corrupt: bool,
     },
     /// A block request is out; `read` when data goes back to the host.
     Executing { sqe: Sqe, read: bool, bytes: u64 },
@@ -517,6 +520,7 @@ impl Connection {
                             buf: vec![0; len as usize],
                             got: 0,
                             r2t_end: first,
+                            corrupt: false,
                         },
                     );
                     return;
@@ -541,7 +545,11 @@ impl Connection {
         hdr: &[u8],
     ) {
         let Some(Pending::Receiving {
-            buf, got, r2t_end, ..
+            buf,
+            got,
+            r2t_end,
+            corrupt,
+            ..
         }) = self.pending.get_mut(&cccid)
         else {
             return self.fatal(
@@ -579,13 +587,7 @@ impl Connection {
         buf[datao as usize..end as usize].copy_from_slice(data);
         *got = end as u32;
         let (got, total) = (*got, buf.len() as u32);
-        if !ok {
-            // Keep the stream in step: the command fails once its data is in.
-            if let Some(Pending::Receiving { sqe, .. }) = self.pending.remove(&cccid) {
-                self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None);
-            }
-            return;
-        }
+        *corrupt |= !ok;
         if got < *r2t_end {
             return;
         }
@@ -595,8 +597,12 @@ impl Connection {
             pdu::encode_r2t(&mut self.out, self.digests, cccid, cccid, got, next);
             return;
         }
-        if let Some(Pending::Receiving { sqe, buf, .. }) = self.pending.remove(&cccid) {
-            self.dispatch(sqe, buf);
+        match self.pending.remove(&cccid) {
+            Some(Pending::Receiving {
+                sqe, corrupt: true, ..
+            }) => self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None),
+            Some(Pending::Receiving { sqe, buf, .. }) => self.dispatch(sqe, buf),
+            _ => {}
         }
     }
 

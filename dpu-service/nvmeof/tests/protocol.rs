@@ -680,3 +680,46 @@ fn hostile_byte_streams_never_panic() {
     let mut q = Host::io_queue(&t, cntlid, Digests::default());
     assert_eq!(q.rw(nvm::WRITE, 0, 1, &[3; 512]).cqe.unwrap().status, 0);
 }
+
+#[test]
+fn data_digest_error_in_h2c_data_fails_the_write_once_its_data_is_in() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let d = Digests {
+        header: true,
+        data: true,
+    };
+    let mut q = Host::io_queue(&t, cntlid, d);
+    let mut sqe = q.sqe(nvm::WRITE);
+    sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    sqe.0[32..36].copy_from_slice(&16384u32.to_le_bytes());
+    sqe.0[48..50].copy_from_slice(&31u16.to_le_bytes());
+    let cid = sqe.cid();
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, d, &sqe, &[]);
+    q.send(&b);
+    match q.next_pdu() {
+        Some(Owned::R2T {
+            cccid,
+            ttag,
+            r2to: 0,
+            r2tl: 16384,
+        }) => {
+            assert_eq!(cccid, cid);
+            let mut b = Vec::new();
+            pdu::encode_h2c_data(&mut b, d, cid, ttag, 0, &[1; 8192], false);
+            let n = b.len();
+            b[n - 1] ^= 0x55; // corrupt the first PDU's data digest
+            pdu::encode_h2c_data(&mut b, d, cid, ttag, 8192, &[2; 8192], true);
+            q.send(&b);
+        }
+        other => panic!("expected an R2T, got {other:?}"),
+    }
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => assert_eq!(c.status, Status::TRANSIENT_TRANSPORT.to_field()),
+        other => panic!("expected a failed completion, got {other:?}"),
+    }
+    assert!(!q.conn.is_closed(), "the stream stayed in step");
+    // Nothing of the corrupt write reached the namespace.
+    assert!(q.rw(nvm::READ, 0, 32, &[]).data.iter().all(|&b| b == 0));
+}
