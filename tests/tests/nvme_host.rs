@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dpu_e2e::{free_port, Service};
+use dpu_nvmeof::host;
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
-use dpu_nvmeof::spec::{fctype, prop, sgl, Sqe, FABRICS};
+use dpu_nvmeof::spec::admin;
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:ka";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-raw-host";
@@ -56,27 +57,10 @@ fn admin_queue(port: u16, kato_ms: u32) -> Result<TcpStream> {
             maxr2t: 0,
         },
     );
-    let mut c = Sqe([0; 64]);
-    c.0[0] = FABRICS;
-    c.0[1] = 0x40;
-    c.0[4] = fctype::CONNECT;
-    c.0[32..36].copy_from_slice(&1024u32.to_le_bytes());
-    c.0[39] = sgl::IN_CAPSULE;
-    c.0[44..48].copy_from_slice(&31u32.to_le_bytes());
-    c.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
-    let mut data = vec![0u8; 1024];
-    data[16..18].copy_from_slice(&0xffffu16.to_le_bytes());
-    data[256..256 + NQN.len()].copy_from_slice(NQN.as_bytes());
-    data[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
-    pdu::encode_capsule_cmd(&mut b, Digests::default(), &c, &data);
-    let mut en = Sqe([0; 64]);
-    en.0[0] = FABRICS;
-    en.0[1] = 0x40;
-    en.0[2] = 1;
-    en.0[4] = fctype::PROPERTY_SET;
-    en.0[44..48].copy_from_slice(&prop::CC.to_le_bytes());
-    en.0[48..52].copy_from_slice(&(1u32 | 6 << 16 | 4 << 20).to_le_bytes());
-    pdu::encode_capsule_cmd(&mut b, Digests::default(), &en, &[]);
+    let connect = host::connect(0, 0, 32, kato_ms);
+    let data = host::connect_data([0; 16], 0xffff, NQN, HOST);
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &connect, &data);
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &host::enable(1), &[]);
     s.write_all(&b)?;
     let mut buf = Vec::new();
     for want in ["ICResp", "Connect", "Property Set"] {
@@ -148,11 +132,7 @@ port = {port}
     assert_eq!(read_pdu(&mut bad, &mut buf)?, None);
 
     // The steady host is still served: a Keep Alive completes.
-    let mut ka = Sqe([0; 64]);
-    ka.0[0] = 0x18;
-    ka.0[1] = 0x40;
-    ka.0[2] = 9;
-    ka.0[39] = sgl::TRANSPORT;
+    let ka = host::command(admin::KEEP_ALIVE, 9);
     let mut b = Vec::new();
     pdu::encode_capsule_cmd(&mut b, Digests::default(), &ka, &[]);
     steady.write_all(&b)?;

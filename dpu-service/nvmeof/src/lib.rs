@@ -11,6 +11,7 @@
 //! - [`backend`]: block backends (RAM, file or block device, null).
 //! - [`target`]: subsystems, namespaces and controllers being served.
 //! - [`conn`]: one connection (queue): fabrics, admin and NVM commands.
+//! - [`host`]: host-side command capsules (Connect, enable) for initiators.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,7 @@ mod admin;
 pub mod backend;
 pub mod conn;
 pub mod controller;
+pub mod host;
 pub mod identify;
 pub mod pdu;
 pub mod spec;

@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use dpu_nvmeof::identify;
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
-use dpu_nvmeof::spec::{self, admin, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
+use dpu_nvmeof::spec::{self, admin, nvm, sgl, Cqe, Sqe, Status};
+use dpu_nvmeof::{host, identify};
 use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
 
 const NQN: &str = "nqn.2024-01.io.example:vol";
@@ -145,13 +145,13 @@ impl Host {
     }
 
     fn sqe(&mut self, opcode: u8) -> Sqe {
-        let mut b = [0u8; 64];
-        b[0] = opcode;
-        b[1] = 0x40; // PSDT: SGL
-        b[2..4].copy_from_slice(&self.next_cid.to_le_bytes());
         self.next_cid += 1;
-        b[39] = sgl::TRANSPORT;
-        Sqe(b)
+        host::command(opcode, self.next_cid - 1)
+    }
+
+    fn cid(&mut self) -> u16 {
+        self.next_cid += 1;
+        self.next_cid - 1
     }
 
     /// Sends `sqe` with `data` (in the capsule if small, else through
@@ -234,33 +234,21 @@ impl Host {
     }
 
     fn connect(&mut self, qid: u16, cntlid: u16, subnqn: &str, hostnqn: &str, kato_ms: u32) -> Cqe {
-        let mut sqe = self.sqe(FABRICS);
-        sqe.0[4] = fctype::CONNECT;
-        sqe.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
-        sqe.0[44..48].copy_from_slice(&31u32.to_le_bytes());
-        sqe.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
-        let mut data = vec![0u8; 1024];
-        data[16..18].copy_from_slice(&cntlid.to_le_bytes());
-        data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
-        data[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+        let cid = self.cid();
+        let sqe = host::connect(cid, qid, 32, kato_ms);
+        let data = host::connect_data([0; 16], cntlid, subnqn, hostnqn);
         self.command(sqe, &data, 0).cqe.expect("connect completes")
     }
 
     fn prop_set_cc(&mut self, v: u32) -> Cqe {
-        let mut sqe = self.sqe(FABRICS);
-        sqe.0[4] = fctype::PROPERTY_SET;
-        sqe.0[44..48].copy_from_slice(&spec::prop::CC.to_le_bytes());
-        sqe.0[48..52].copy_from_slice(&v.to_le_bytes());
-        sqe.0[39] = 0;
+        let cid = self.cid();
+        let sqe = host::property_set(cid, spec::prop::CC, v);
         self.command(sqe, &[], 0).cqe.unwrap()
     }
 
     fn prop_get(&mut self, ofst: u32, eight: bool) -> Cqe {
-        let mut sqe = self.sqe(FABRICS);
-        sqe.0[4] = fctype::PROPERTY_GET;
-        sqe.0[40] = u8::from(eight);
-        sqe.0[44..48].copy_from_slice(&ofst.to_le_bytes());
-        sqe.0[39] = 0;
+        let cid = self.cid();
+        let sqe = host::property_get(cid, ofst, eight);
         self.command(sqe, &[], 0).cqe.unwrap()
     }
 
@@ -270,7 +258,7 @@ impl Host {
         let c = h.connect(0, 0xffff, subnqn, HOST, kato_ms);
         assert_eq!(c.status, 0, "connect: {c:?}");
         let cntlid = c.dw0 as u16;
-        assert_eq!(h.prop_set_cc(1 | 6 << 16 | 4 << 20).status, 0);
+        assert_eq!(h.prop_set_cc(host::CC_ENABLE).status, 0);
         assert_eq!(h.prop_get(spec::prop::CSTS, false).dw0 & 1, 1, "ready");
         (h, cntlid)
     }

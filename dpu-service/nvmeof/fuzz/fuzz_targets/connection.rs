@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use dpu_nvmeof::host;
 use dpu_nvmeof::pdu::{self, Digests, IcReq};
-use dpu_nvmeof::spec::{fctype, Sqe, FABRICS};
 use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
 
 const NQN: &str = "nqn.2024-01.io.example:fuzz";
@@ -32,29 +32,20 @@ fn connect(t: &Target, qid: u16, cntlid: u16) -> Connection {
     let local: SocketAddr = "127.0.0.1:4420".parse().unwrap();
     let mut c = Connection::new(t.clone(), local, "127.0.0.1:1".parse().unwrap());
     let mut b = Vec::new();
-    pdu::encode_ic_req(&mut b, &IcReq { pfv: 0, hpda: 0, digests: Digests::default(), maxr2t: 0 });
-    let mut sqe = Sqe([0; 64]);
-    sqe.0[0] = FABRICS;
-    sqe.0[1] = 0x40;
-    sqe.0[4] = fctype::CONNECT;
-    sqe.0[32..36].copy_from_slice(&1024u32.to_le_bytes());
-    sqe.0[39] = 0x01;
-    sqe.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
-    sqe.0[44..48].copy_from_slice(&63u32.to_le_bytes());
-    let mut data = vec![0u8; 1024];
-    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    data[256..256 + NQN.len()].copy_from_slice(NQN.as_bytes());
-    data[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
+    pdu::encode_ic_req(
+        &mut b,
+        &IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: Digests::default(),
+            maxr2t: 0,
+        },
+    );
+    let sqe = host::connect(0, qid, 64, 0);
+    let data = host::connect_data([0; 16], cntlid, NQN, HOST);
     pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &data);
     if qid == 0 {
-        let mut en = Sqe([0; 64]);
-        en.0[0] = FABRICS;
-        en.0[1] = 0x40;
-        en.0[2] = 1;
-        en.0[4] = fctype::PROPERTY_SET;
-        en.0[44] = 0x14;
-        en.0[48..52].copy_from_slice(&(1u32 | 6 << 16 | 4 << 20).to_le_bytes());
-        pdu::encode_capsule_cmd(&mut b, Digests::default(), &en, &[]);
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &host::enable(1), &[]);
     }
     let mut p = Vec::new();
     drive(&mut c, &b, &mut p);
@@ -93,7 +84,11 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         [a, b, rest @ ..] => (usize::from(*a).max(1), b & 1 == 1, rest),
         _ => return,
     };
-    let (victim, other) = if to_admin { (&mut admin, &mut io) } else { (&mut io, &mut admin) };
+    let (victim, other) = if to_admin {
+        (&mut admin, &mut io)
+    } else {
+        (&mut io, &mut admin)
+    };
     let mut pending = Vec::new();
     for chunk in rest.chunks(split) {
         drive(victim, chunk, &mut pending);
@@ -102,10 +97,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // controller lives.
     if !other.is_closed() && !victim.is_closed() {
         let mut b = Vec::new();
-        let mut sqe = Sqe([0; 64]);
-        sqe.0[0] = if to_admin { 0x00 } else { 0x18 };
-        sqe.0[1] = 0x40;
-        sqe.0[2..4].copy_from_slice(&0xfff0u16.to_le_bytes());
+        // Flush of namespace 1 on the I/O queue, Keep Alive on the admin queue.
+        let mut sqe = host::command(if to_admin { 0x00 } else { 0x18 }, 0xfff0);
         sqe.0[4] = 1;
         pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &[]);
         let mut p = Vec::new();

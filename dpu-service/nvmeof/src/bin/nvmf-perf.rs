@@ -15,8 +15,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use dpu_nvmeof::host;
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
-use dpu_nvmeof::spec::{admin, fctype, nvm, prop, sgl, Cqe, Sqe, FABRICS};
+use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -246,30 +247,10 @@ enum Owned {
     },
 }
 
-fn sqe(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe([0; 64]);
-    s.0[0] = opcode;
-    s.0[1] = 0x40;
-    s.0[2..4].copy_from_slice(&cid.to_le_bytes());
-    s.0[39] = sgl::TRANSPORT;
-    s
-}
-
-fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, sqsize: u16) -> Result<u16, Error> {
-    let mut s = sqe(FABRICS, 0);
-    s.0[4] = fctype::CONNECT;
-    s.0[32..36].copy_from_slice(&1024u32.to_le_bytes());
-    s.0[39] = sgl::IN_CAPSULE;
-    s.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
-    s.0[44..48].copy_from_slice(&u32::from(sqsize - 1).to_le_bytes());
-    if qid == 0 {
-        s.0[48..52].copy_from_slice(&30_000u32.to_le_bytes());
-    }
-    let mut d = vec![0u8; 1024];
-    d[0..16].copy_from_slice(b"nvmf-perf-hostid");
-    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    d[256..256 + nqn.len()].copy_from_slice(nqn.as_bytes());
-    d[512..512 + HOSTNQN.len()].copy_from_slice(HOSTNQN.as_bytes());
+fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, entries: u16) -> Result<u16, Error> {
+    let kato_ms = if qid == 0 { 30_000 } else { 0 };
+    let s = host::connect(0, qid, entries, kato_ms);
+    let d = host::connect_data(*b"nvmf-perf-hostid", cntlid, nqn, HOSTNQN);
     let (c, _) = q.call(&s, &d)?;
     Ok(c.dw0 as u16)
 }
@@ -278,24 +259,19 @@ fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, sqsize: u16) -> Resu
 /// data the I/O queues accept.
 fn setup(admin_q: &mut Queue, nqn: &str) -> Result<(u16, u64, u32, u32), Error> {
     let cntlid = connect(admin_q, 0, 0xffff, nqn, 32)?;
-    let mut s = sqe(FABRICS, 1);
-    s.0[4] = fctype::PROPERTY_SET;
-    s.0[39] = 0;
-    s.0[44..48].copy_from_slice(&prop::CC.to_le_bytes());
-    s.0[48..52].copy_from_slice(&(1u32 | 6 << 16 | 4 << 20).to_le_bytes());
-    admin_q.call(&s, &[])?;
-    let mut s = sqe(admin::SET_FEATURES, 2);
+    admin_q.call(&host::enable(1), &[])?;
+    let mut s = host::command(admin::SET_FEATURES, 2);
     s.0[39] = 0;
     s.0[40] = 0x07;
     s.0[44..48].copy_from_slice(&(7u32 | 7 << 16).to_le_bytes());
     admin_q.call(&s, &[])?;
-    let mut s = sqe(admin::IDENTIFY, 3);
+    let mut s = host::command(admin::IDENTIFY, 3);
     s.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
     s.0[40] = 1;
     let (_, ctrl) = admin_q.call(&s, &[])?;
     let ioccsz = u32::from_le_bytes(ctrl[1792..1796].try_into()?);
     let in_capsule = (ioccsz * 16).saturating_sub(64);
-    let mut s = sqe(admin::IDENTIFY, 4);
+    let mut s = host::command(admin::IDENTIFY, 4);
     s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
     s.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
     let (_, ns) = admin_q.call(&s, &[])?;
@@ -344,7 +320,7 @@ fn run(
             *seq = (*seq + 1) % span;
             *seq
         };
-        let mut s = sqe(if job.write { nvm::WRITE } else { nvm::READ }, cid);
+        let mut s = host::command(if job.write { nvm::WRITE } else { nvm::READ }, cid);
         s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
         s.0[32..36].copy_from_slice(&job.bs.to_le_bytes());
         s.0[40..48].copy_from_slice(&(slot * per).to_le_bytes());
