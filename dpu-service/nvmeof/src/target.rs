@@ -394,43 +394,33 @@ impl Target {
         nc: &NamespaceConfig,
     ) -> io::Result<(Arc<Namespace>, bool)> {
         let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
-        if let Some(p) = prev.filter(|p| p.spec.same_store(&nc.backend)) {
-            let mut differs = false;
-            if let Some(size) = nc.backend.size() {
-                if size != p.backend.len() {
-                    p.backend.resize(size)?;
-                    differs = true;
+        let (backend, changed) = match prev.filter(|p| p.spec.same_store(&nc.backend)) {
+            Some(p) => {
+                let resized = match nc.backend.size() {
+                    Some(size) if size != p.backend.len() => {
+                        p.backend.resize(size)?;
+                        true
+                    }
+                    _ => false,
+                };
+                let changed =
+                    resized || p.lba_shift != lba_shift || p.uuid != nc.uuid || p.nguid != nc.nguid;
+                if !changed && p.spec == nc.backend {
+                    return Ok((p.clone(), false));
                 }
+                (p.backend.clone(), changed)
             }
-            if p.lba_shift == lba_shift
-                && p.uuid == nc.uuid
-                && p.nguid == nc.nguid
-                && !differs
-                && p.spec == nc.backend
-            {
-                return Ok((p.clone(), false));
-            }
-            let ns = Namespace {
-                nsid: nc.nsid,
-                lba_shift,
-                uuid: nc.uuid,
-                nguid: nc.nguid,
-                backend: p.backend.clone(),
-                spec: nc.backend.clone(),
-            };
-            let differs =
-                differs || p.lba_shift != lba_shift || p.uuid != nc.uuid || p.nguid != nc.nguid;
-            return Ok((Arc::new(ns), differs));
-        }
+            None => (nc.backend.open()?, true),
+        };
         let ns = Namespace {
             nsid: nc.nsid,
             lba_shift,
             uuid: nc.uuid,
             nguid: nc.nguid,
-            backend: nc.backend.open()?,
+            backend,
             spec: nc.backend.clone(),
         };
-        Ok((Arc::new(ns), true))
+        Ok((Arc::new(ns), changed))
     }
 
     /// Registers a new controller with a fresh dynamic controller ID.
