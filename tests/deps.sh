@@ -17,7 +17,7 @@ have python3 || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).
 pkg-config --exists libdpdk 2>/dev/null || need_apt+=(libdpdk-dev)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || need_apt+=(libclang-dev)
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
 
 if ((${#need_apt[@]})); then
   echo "deps: installing ${need_apt[*]}" >&2

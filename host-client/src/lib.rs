@@ -32,9 +32,14 @@ use dpu_proto::v1::telemetry_service_client::TelemetryServiceClient;
 use dpu_proto::v1::tenant_service_client::TenantServiceClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Response, Status};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// The `dpu.v1` messages and enums.
 pub use dpu_proto::v1 as pb;
+
+/// What `grpc.health.v1` says of a service: `Serving`, `NotServing`, ...
+pub use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Largest message sent or accepted (a 64K-rule `ReplaceRules` fits).
 const MAX_MESSAGE: usize = 64 << 20;
@@ -381,6 +386,24 @@ impl DpuClient {
         delete_listener(StorageServiceClient, DeleteListenerRequest) -> DeleteListenerResponse, WRITE;
         /// A snapshot of all counters.
         get_counters(TelemetryServiceClient, GetCountersRequest) -> CounterSnapshot, READ;
+    }
+
+    /// Asks the standard health service (`grpc.health.v1.Health/Check`)
+    /// how `service` is doing; `""` is the server as a whole. The service
+    /// answers `NotServing` from the moment it starts shutting down.
+    ///
+    /// # Errors
+    /// As for any call; `NOT_FOUND` for a service the server does not know.
+    pub async fn health(&self, service: &str) -> Result<ServingStatus, ClientError> {
+        let req = HealthCheckRequest {
+            service: service.to_string(),
+        };
+        let resp = self
+            .call(true, req, |ch, r| async move {
+                HealthClient::new(ch).check(r).await
+            })
+            .await?;
+        Ok(ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown))
     }
 
     /// Streams counter snapshots until the stream is dropped. The deadline

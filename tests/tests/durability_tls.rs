@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::{binary, Service};
+use dpu_e2e::{binary, free_port, Service};
 
 /// Writers create tenants as fast as they can; the service is killed with
 /// SIGKILL in the middle. Every creation `dpuctl` saw acknowledged must be
@@ -167,6 +167,7 @@ fn mutual_tls() -> Result<()> {
     let pki = tempfile::tempdir()?;
     make_pki(pki.path())?;
     let p = |f: &str| pki.path().join(f).display().to_string();
+    let health = format!("127.0.0.1:{}", free_port());
     let svc = Service::start_with(&[
         "--tls-cert",
         &p("server.crt"),
@@ -174,7 +175,33 @@ fn mutual_tls() -> Result<()> {
         &p("server.key"),
         "--tls-client-ca",
         &p("ca.crt"),
+        "--health-listen",
+        &health,
     ])?;
+
+    // Probes that cannot present a certificate use the plain-text,
+    // health-only listener; it serves nothing else.
+    let plain_health = |cmd: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(binary("dpuctl")?)
+            .args(["--endpoint", &format!("http://{health}"), "--timeout", "5"])
+            .args(cmd)
+            .output()?)
+    };
+    let h = plain_health(&["health"])?;
+    ensure!(
+        h.status.success() && String::from_utf8_lossy(&h.stdout).trim() == "SERVING",
+        "health over the health listener: {} {}",
+        String::from_utf8_lossy(&h.stdout),
+        String::from_utf8_lossy(&h.stderr)
+    );
+    let h = plain_health(&["health", "--service", "dpu.v1.StorageService"])?;
+    ensure!(h.status.success(), "{}", String::from_utf8_lossy(&h.stderr));
+    let api = plain_health(&["tenant", "list"])?;
+    ensure!(
+        !api.status.success() && String::from_utf8_lossy(&api.stderr).contains("UNIMPLEMENTED"),
+        "the health listener served the API: {}",
+        String::from_utf8_lossy(&api.stderr)
+    );
     let endpoint = format!("https://localhost:{}", svc.grpc.port());
     let run = |extra: &[&str]| -> Result<std::process::Output> {
         Ok(Command::new(binary("dpuctl")?)

@@ -30,6 +30,9 @@ pub struct Cli {
     /// gRPC listen address (overrides grpc.listen).
     #[arg(long, env = "DPU_GRPC_LISTEN")]
     pub grpc_listen: Option<SocketAddr>,
+    /// Plain-text gRPC health-only listen address (overrides grpc.health_listen); "off" disables it.
+    #[arg(long, env = "DPU_HEALTH_LISTEN")]
+    pub health_listen: Option<String>,
     /// Prometheus metrics listen address (overrides metrics.listen); "off" disables it.
     #[arg(long, env = "DPU_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -159,6 +162,10 @@ pub struct GrpcConfig {
     pub tls_key: Option<PathBuf>,
     /// PEM CA bundle for client certificates (enables mTLS).
     pub tls_client_ca: Option<PathBuf>,
+    /// A second, plain-text listener that serves only `grpc.health.v1`
+    /// (the same statuses as the main listener), for probes that cannot
+    /// speak TLS, such as the kubelet's gRPC probes. `None`: no such listener.
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl Default for GrpcConfig {
@@ -169,6 +176,7 @@ impl Default for GrpcConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            health_listen: None,
         }
     }
 }
@@ -453,6 +461,15 @@ impl Config {
                 })?)
             };
         }
+        if let Some(h) = &cli.health_listen {
+            self.grpc.health_listen = if h == "off" {
+                None
+            } else {
+                Some(h.parse().with_context(|| {
+                    format!("--health-listen {h:?} is not an address or \"off\"")
+                })?)
+            };
+        }
         if let Some(d) = &cli.state_dir {
             self.state.dir = Some(d.clone());
         }
@@ -496,7 +513,14 @@ impl Config {
                 g.listen
             );
         }
+        if let Some(h) = g.health_listen {
+            if h == g.listen {
+                bail!("grpc.health_listen {h} is also grpc.listen: give the health endpoint its own port");
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
+        let mut bus_devices: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+        let mut dpdk_names: BTreeMap<String, usize> = BTreeMap::new();
         for (i, p) in self.ports.iter().enumerate() {
             dpu_control::validate::id(&format!("ports[{i}].id"), &p.id)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -511,7 +535,35 @@ impl Config {
                         p.id
                     )
                 }
-                "dpdk" => {}
+                "dpdk" => {
+                    // EAL probes a bus device once, with one set of devargs;
+                    // every port spawned from it (an mlx5 uplink and its
+                    // representors) must name the same set.
+                    let dev = p.device.trim();
+                    let bus = dev.split(',').next().unwrap_or(dev);
+                    if !(dev.starts_with("net_") || dev.starts_with("eth_")) {
+                        if let Some(&(k, other)) = bus_devices.get(bus) {
+                            if other != dev {
+                                bail!(
+                                    "ports[{i}] ({}): device {dev:?} probes {bus} with other devargs \
+                                     than ports[{k}] ({other:?}); EAL probes a device once, so \
+                                     every port of {bus} must give the same devargs",
+                                    p.id
+                                );
+                            }
+                        } else {
+                            bus_devices.insert(bus, (i, dev));
+                        }
+                    }
+                    let name = p.dpdk_name.clone().unwrap_or_else(|| bus.to_string());
+                    if let Some(k) = dpdk_names.insert(name.clone(), i) {
+                        bail!(
+                            "ports[{i}] ({}): DPDK port {name:?} is also ports[{k}]; give each \
+                             port spawned from one device its own dpdk_name",
+                            p.id
+                        );
+                    }
+                }
                 d => bail!(
                     "ports[{i}] ({}): unknown driver {d:?} (use \"dpdk\" or \"none\")",
                     p.id
@@ -792,6 +844,44 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("tls_key"));
         c.grpc.tls_key = Some("k.pem".into());
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn health_listener_has_its_own_port() {
+        let mut c: Config = toml::from_str(
+            "[grpc]\nlisten = \"127.0.0.1:50051\"\nhealth_listen = \"0.0.0.0:50052\"\n",
+        )
+        .unwrap();
+        // Health only: plain text on any address needs no consent.
+        c.validate().unwrap();
+        c.grpc.health_listen = Some(c.grpc.listen);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("its own port"), "{err}");
+    }
+
+    #[test]
+    fn ports_of_one_bus_device_share_its_devargs() {
+        let port = |id: &str, dev: &str, name: Option<&str>| {
+            let name = name.map_or(String::new(), |n| format!("dpdk_name = \"{n}\"\n"));
+            format!("[[ports]]\nid = \"{id}\"\ndriver = \"dpdk\"\ndevice = \"{dev}\"\n{name}")
+        };
+        let dev = "0000:03:00.0,representor=vf[0-1]";
+        let ok = port("p0", dev, None) + &port("pf0vf0", dev, Some("0000:03:00.0_representor_vf0"));
+        toml::from_str::<Config>(&ok).unwrap().validate().unwrap();
+        let other = ok.clone() + &port("pf0vf1", "0000:03:00.0,representor=vf[1]", Some("x"));
+        let err = toml::from_str::<Config>(&other)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("same devargs"), "{err}");
+        let twice = ok + &port("pf0vf1", dev, Some("0000:03:00.0_representor_vf0"));
+        let err = toml::from_str::<Config>(&twice)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("own dpdk_name"), "{err}");
     }
 
     #[test]
@@ -1156,8 +1246,16 @@ allow_any_host = true
             (s.listeners[0].address.to_string(), s.listeners[0].port),
             ("127.0.0.1".to_string(), 4420)
         );
-        let prod = load("config/production.toml").storage;
-        assert!(prod.subsystems.is_empty(), "production declares no storage");
-        assert!(prod.discovery_listen.is_none());
+        let prod = load("config/production.toml");
+        assert!(
+            prod.storage.subsystems.is_empty(),
+            "production declares no storage"
+        );
+        assert!(prod.storage.discovery_listen.is_none());
+        assert!(prod.grpc.tls_client_ca.is_some(), "production uses mTLS");
+        assert!(prod.grpc.health_listen.is_some());
+        let ids: Vec<&str> = prod.ports.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["p0", "pf0hpf", "pf0vf0", "pf0vf1", "p1", "pf1hpf"]);
+        assert!(prod.ports.iter().all(|p| p.driver == "dpdk"));
     }
 }

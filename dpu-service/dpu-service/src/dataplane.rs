@@ -67,7 +67,8 @@ impl Dataplane {
         for p in &ports {
             if is_vdev(&p.device) {
                 eal_cfg.vdevs.push(p.device.clone());
-            } else {
+            } else if !eal_cfg.allow.contains(&p.device) {
+                // One probe per bus device spawns all its ports.
                 eal_cfg.allow.push(p.device.clone());
             }
         }

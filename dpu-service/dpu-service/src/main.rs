@@ -287,6 +287,25 @@ async fn run(config: Config) -> Result<()> {
         .build_v1alpha()
         .context("building the reflection service")?;
 
+    let health_task = match config.grpc.health_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the gRPC health listener on {addr}"))?;
+            let bound = l.local_addr().unwrap_or(addr);
+            let mut stop = stop_rx.clone();
+            let router = Server::builder().add_service(health_service.clone());
+            tracing::info!(addr = %bound, "gRPC health (plain text, health only) listening");
+            Some(tokio::spawn(router.serve_with_incoming_shutdown(
+                TcpIncoming::from(l).with_nodelay(Some(true)),
+                async move {
+                    let _ = stop.changed().await;
+                },
+            )))
+        }
+        None => None,
+    };
+
     let mut builder = Server::builder();
     let secure = tls.is_some();
     if let Some(tls) = tls {
@@ -337,6 +356,11 @@ async fn run(config: Config) -> Result<()> {
     }
     if let Some(t) = metrics_task {
         let _ = t.await;
+    }
+    if let Some(mut t) = health_task {
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await.is_err() {
+            t.abort();
+        }
     }
     if let Some(t) = feed_task {
         t.abort();

@@ -18,7 +18,7 @@ use clap::error::ErrorKind;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use dpu_client::{
     code_name, exit_code, listener_name, namespace_name, parse_size, pb, port_name, rule_name,
-    subsystem_name, tenant_name, ClientConfig, ClientError, DpuClient, TlsConfig,
+    subsystem_name, tenant_name, ClientConfig, ClientError, DpuClient, ServingStatus, TlsConfig,
 };
 use dpu_proto::pbjson_types::FieldMask;
 use serde_json::Value;
@@ -91,6 +91,13 @@ enum Format {
 enum Command {
     /// Version, build and capabilities of the service.
     Info,
+    /// Asks the gRPC health service; exits non-zero unless SERVING (a
+    /// container health check or a probe).
+    Health {
+        /// A service name such as "dpu.v1.StorageService"; empty: the server.
+        #[arg(long, default_value = "")]
+        service: String,
+    },
     /// Tenants.
     #[command(subcommand)]
     Tenant(TenantCmd),
@@ -799,6 +806,24 @@ async fn execute(c: &DpuClient, cmd: &Command) -> Result<Shown, Failure> {
             Shown {
                 json: json(&i),
                 text: render::info(&i),
+            }
+        }
+        Command::Health { service } => {
+            let status = c.health(service).await?;
+            if status != ServingStatus::Serving {
+                return Err(Failure::Other(format!(
+                    "{}: {}",
+                    if service.is_empty() {
+                        "server"
+                    } else {
+                        service
+                    },
+                    status.as_str_name()
+                )));
+            }
+            Shown {
+                json: serde_json::json!({ "status": status.as_str_name() }),
+                text: format!("{}\n", status.as_str_name()),
             }
         }
         Command::Counters { tenant } => {
