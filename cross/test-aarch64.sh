@@ -4,45 +4,103 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sudo_cmd=()
-[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-need=()
-command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
-if ((${#need[@]})); then
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
-
-sysroot=$(cross/sysroot.sh)
+# The release build of the whole workspace (what ships), which also sets up
+# the toolchain and the arm64 DPDK sysroot.
+cross/build-aarch64.sh
 # shellcheck source=cross/env.sh
-source cross/env.sh "$sysroot"
+source cross/env.sh "$(cross/sysroot.sh)"
 # qemu-user does not emulate setsockopt(SOL_PACKET, PACKET_VERSION), so the
 # net_af_packet veth test cannot open its ports here; it runs natively.
 cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-dataplane -p dpu-control -p dpu-nvmeof \
   -- --skip ping_crosses_the_worker_between_two_namespaces
 
-# Smoke run: the aarch64 daemon under qemu-user answers the native dpuctl.
-cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service --bins
+# Smoke run of the shipped (release) aarch64 daemon under qemu-user: EAL up
+# on --no-huge with net_pcap vdevs, gRPC health SERVING, a tenant created
+# over gRPC by the native dpuctl, a packet forwarded between its two ports,
+# and a clean exit on SIGTERM.
 cargo build --locked -p dpu-client --bins
 tdir=${CARGO_TARGET_DIR:-target}
-state=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-qemu-aarch64-static -L "$SYSROOT" "$tdir/aarch64-unknown-linux-gnu/debug/dpu-service" --grpc-listen "127.0.0.1:$port" \
-  --metrics-listen off --state-dir "$state" &
+daemon="$tdir/aarch64-unknown-linux-gnu/release/dpu-service"
+dpuctl="$tdir/debug/dpuctl"
+work=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+hport=$(free_port)
+# One broadcast ARP request, replayed forever by net_pcap (infinite_rx) so
+# that it keeps arriving once the tenant exists.
+python3 - "$work/in.pcap" <<'PY'
+import struct, sys
+frame = (b"\xff" * 6 + bytes.fromhex("020000000001") + b"\x08\x06"
+         + bytes.fromhex("0001080006040001") + bytes.fromhex("020000000001")
+         + bytes([10, 0, 0, 1]) + b"\x00" * 6 + bytes([10, 0, 0, 2]))
+frame += b"\x00" * (60 - len(frame))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+    f.write(struct.pack("<IIII", 0, 0, len(frame), len(frame)) + frame)
+PY
+cat >"$work/smoke.toml" <<TOML
+[grpc]
+listen = "127.0.0.1:$port"
+health_listen = "127.0.0.1:$hport"
+[metrics]
+listen = "127.0.0.1:0"
+[state]
+dir = "$work/state"
+[dataplane]
+no_huge = true
+memory_mb = 256
+idle = "backoff"
+mbufs = 4095
+file_prefix = "aarch64-smoke-$$"
+[[ports]]
+id = "p0"
+driver = "dpdk"
+device = "net_pcap0,rx_pcap=$work/in.pcap,infinite_rx=1,tx_pcap=$work/p0-out.pcap"
+[[ports]]
+id = "pf0vf0"
+driver = "dpdk"
+device = "net_pcap1,rx_pcap=$work/empty.pcap,tx_pcap=$work/out.pcap"
+TOML
+python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<IHHiIII",0xA1B2C3D4,2,4,0,0,65535,1))' "$work/empty.pcap"
+qemu-aarch64-static -L "$SYSROOT" "$daemon" --config "$work/smoke.toml" --log-format human &
 pid=$!
-trap 'kill "$pid" 2>/dev/null || true; rm -rf "$state"' EXIT
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
 ok=0
 for _ in $(seq 1 300); do
-  if info=$("$tdir/debug/dpuctl" --endpoint "http://127.0.0.1:$port" --timeout 5 -o json info 2>/dev/null); then
+  if "$dpuctl" --endpoint "http://127.0.0.1:$hport" --timeout 5 health >/dev/null 2>&1; then
     ok=1
+    break
+  fi
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.2
+done
+[ "$ok" = 1 ] || { echo "aarch64 smoke: health never became SERVING" >&2; exit 1; }
+ctl=("$dpuctl" --endpoint "http://127.0.0.1:$port" --timeout 20)
+info=$("${ctl[@]}" -o json info)
+for want in '"targetTriple": "aarch64-unknown-linux-gnu"' '"dataplaneDriver": "dpdk"'; do
+  echo "$info" | grep -q "$want" || { echo "aarch64 smoke: info lacks $want: $info" >&2; exit 1; }
+done
+"${ctl[@]}" tenant create smoke --default-policy allow --port p0 --port pf0vf0 >/dev/null
+fwd=0
+for _ in $(seq 1 150); do
+  tx=$("${ctl[@]}" -o json port get pf0vf0 | python3 -c 'import json,sys; p=json.load(sys.stdin); print(int(p.get("counters", {}).get("txPackets", 0)))')
+  if [ "$tx" -gt 0 ]; then
+    fwd=1
     break
   fi
   sleep 0.2
 done
-[ "$ok" = 1 ] || { echo "aarch64 smoke: the daemon did not answer" >&2; exit 1; }
-echo "$info" | grep -q '"targetTriple": "aarch64-unknown-linux-gnu"' || { echo "aarch64 smoke: unexpected info: $info" >&2; exit 1; }
+[ "$fwd" = 1 ] || { echo "aarch64 smoke: nothing was forwarded to pf0vf0" >&2; "${ctl[@]}" counters >&2; exit 1; }
 kill -TERM "$pid"
 wait "$pid"
-echo "aarch64 smoke: daemon answered under qemu and stopped cleanly"
+trap 'rm -rf "$work"' EXIT
+# net_pcap wrote what pf0vf0 sent when the port closed: the ARP request.
+python3 - "$work/out.pcap" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+assert len(data) > 24 + 16, f"out.pcap holds no packet ({len(data)} bytes)"
+incl = struct.unpack_from("<IIII", data, 24)[2]
+frame = data[40:40 + incl]
+assert frame[12:14] == b"\x08\x06" and frame[:6] == b"\xff" * 6, frame.hex()
+PY
+echo "aarch64 smoke: EAL up under qemu, health SERVING, a packet forwarded p0 -> pf0vf0, clean exit"
