@@ -19,6 +19,13 @@ use crate::target::Target;
 
 /// How often an idle connection wakes up.
 const TICK: Duration = Duration::from_millis(100);
+/// How long a queue's thread keeps polling its socket when no bytes are
+/// waiting before it sleeps in the kernel. Waking a sleeping thread costs
+/// tens of microseconds (more in a VM), which at low queue depth is most of
+/// a command's latency; a short poll keeps the next command's bytes on a
+/// running thread, the way a poll-mode target does, without holding the
+/// core when the host has gone quiet.
+const POLL: Duration = Duration::from_micros(50);
 /// Receive buffer: room for the largest PDU plus what follows it.
 const RX_BUF: usize = 4 * (MAX_H2C_DATA as usize + IN_CAPSULE_DATA as usize);
 
@@ -186,6 +193,23 @@ fn stop_listener(l: Listening) {
     let _ = l.thread.join();
 }
 
+/// Reads what has arrived; if nothing has, polls for up to `poll` before
+/// a blocking read (which the socket's read timeout bounds).
+fn read_polling(stream: &mut TcpStream, buf: &mut [u8], poll: Duration) -> io::Result<usize> {
+    let start = Instant::now();
+    loop {
+        match rustix::net::recv(&*stream, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((n, _)) => return Ok(n),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if start.elapsed() >= poll {
+            return stream.read(buf);
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// Drives one connection until it closes or the transport stops.
 fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
@@ -204,7 +228,7 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     let mut out = Vec::with_capacity(256 * 1024);
     let mut last_tick = Instant::now();
     loop {
-        match stream.read(&mut buf[filled..]) {
+        match read_polling(&mut stream, &mut buf[filled..], POLL) {
             Ok(0) => conn.close("host closed the connection"),
             Ok(n) => filled += n,
             Err(e)

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of NVMe/TCP targets with one initiator (nvmf-perf)
+# in one sitting: SPDK's nvmf_tgt (malloc bdev), our bare target
+# (examples/nvmf-target) and the dpu-service daemon itself (RAM namespace
+# from its configuration). Each target runs alone, pinned to CPU 0; the
+# generator runs on CPU 1. Every target gets a fresh 1 GiB RAM namespace,
+# written through once (sequential 128 KiB) before it is measured, so reads
+# copy real memory everywhere. Rounds alternate the targets; the table gives
+# the median IOPS of the rounds, the median p50/p99, and ours/SPDK ratios.
+#
+# Usage: dpu-service/nvmeof/bench/compare-spdk.sh --spdk DIR [--rounds N] [--time SECONDS]
+#   DIR: an SPDK tree built with its TCP transport (build/bin/nvmf_tgt and
+#   scripts/rpc.py). Run as root (hugepages for SPDK, CPU pinning).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+
+spdk=""
+rounds=3
+secs=3
+while (($#)); do
+  case "$1" in
+    --spdk) shift; spdk=$(realpath "$1") ;;
+    --rounds) shift; rounds=$1 ;;
+    --time) shift; secs=$1 ;;
+    *) echo "compare-spdk: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -x "$spdk/build/bin/nvmf_tgt" ] || { echo "compare-spdk: --spdk DIR must hold build/bin/nvmf_tgt" >&2; exit 2; }
+jobs=(randread:4k:1 randread:4k:32 randread:4k:128 randwrite:4k:32 read:128k:16)
+
+cargo build --release --locked -q -p dpu-nvmeof --example nvmf-target --bin nvmf-perf
+cargo build --release --locked -q -p dpu-service
+tdir=${CARGO_TARGET_DIR:-target}
+perf="$tdir/release/nvmf-perf"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# SPDK wants hugepages: 1 GiB for the bdev and its own pools.
+need=1024
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt "$need" ]; then echo "$need" >/proc/sys/vm/nr_hugepages; fi
+mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
+export LD_LIBRARY_PATH="$spdk/build/lib:$spdk/isa-l/.libs:${LD_LIBRARY_PATH:-}"
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "compare-spdk: nothing listens on $1" >&2
+  return 1
+}
+
+start_spdk() {
+  taskset -c 0 "$spdk/build/bin/nvmf_tgt" -m 0x1 -u -r "$work/spdk.sock" >"$work/spdk.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  local rpc=(python3 "$spdk/scripts/rpc.py" -s "$work/spdk.sock" -t 30)
+  for _ in $(seq 1 100); do [ -S "$work/spdk.sock" ] && break; sleep 0.1; done
+  # Queues deep enough for QD 128 (SPDK defaults to 128 entries, QD 127).
+  "${rpc[@]}" nvmf_create_transport -t TCP -q 256 >/dev/null
+  "${rpc[@]}" bdev_malloc_create -b Malloc0 1024 512 >/dev/null
+  "${rpc[@]}" nvmf_create_subsystem "$nqn" -a -s SPDK0001 >/dev/null
+  "${rpc[@]}" nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null
+  "${rpc[@]}" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" >/dev/null
+}
+
+start_ours() {
+  taskset -c 0 "$tdir/release/examples/nvmf-target" --listen "127.0.0.1:$port" --ram 1G --nqn "$nqn" \
+    >"$work/ours.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+}
+
+start_daemon() {
+  cat >"$work/daemon.toml" <<TOML
+[grpc]
+listen = "127.0.0.1:0"
+[metrics]
+listen = "127.0.0.1:0"
+[log]
+level = "warn"
+[storage]
+ram_limit = "2GiB"
+[[storage.subsystems]]
+id = "bench"
+nqn = "$nqn"
+allow_any_host = true
+[[storage.subsystems.namespaces]]
+ram = "1GiB"
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = $port
+TOML
+  rm -rf "$work/state"
+  taskset -c 0 "$tdir/release/dpu-service" --config "$work/daemon.toml" --state-dir "$work/state" >"$work/daemon.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+}
+
+results="$work/results.tsv"
+port=24420
+for round in $(seq 1 "$rounds"); do
+  for target in spdk ours daemon; do
+    port=$((port + 1))
+    nqn="nqn.2016-06.io.dpu-service:bench-$target"
+    "start_$target"
+    wait_port "$port" || { cat "$work/$target.log" >&2; exit 1; }
+    taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --job write:128k:16 --time 2 >/dev/null
+    args=()
+    for j in "${jobs[@]}"; do args+=(--job "$j"); done
+    taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" "${args[@]}" \
+      | awk -v t="$target" -v r="$round" '$3 ~ /^QD/ { print t "\t" r "\t" $1 " " $2 " " $3 "\t" $4 "\t" $5 "\t" $6 "\t" $7 }' >>"$results"
+    kill -TERM "$pid"
+    wait "$pid" 2>/dev/null || true
+    echo "round $round: $target done" >&2
+  done
+done
+
+python3 - "$results" "$rounds" <<'PY'
+import statistics, sys
+from collections import defaultdict
+rows = defaultdict(list)
+order = []
+for line in open(sys.argv[1]):
+    t, r, job, iops, mbs, p50, p99 = line.rstrip("\n").split("\t")
+    if job not in order:
+        order.append(job)
+    rows[(t, job)].append((float(iops), float(mbs), float(p50), float(p99)))
+med = lambda xs: statistics.median(xs)
+print(f"median of {sys.argv[2]} rounds; target on CPU 0, nvmf-perf on CPU 1\n")
+print("| job | SPDK nvmf_tgt IOPS | ours (bare) IOPS | dpu-service IOPS | bare/SPDK | daemon/SPDK | p50 µs SPDK/bare/daemon | p99 µs SPDK/bare/daemon |")
+print("|---|---|---|---|---|---|---|---|")
+for job in order:
+    s, o, d = (rows[(t, job)] for t in ("spdk", "ours", "daemon"))
+    iops = [med([x[0] for x in v]) for v in (s, o, d)]
+    p50 = [med([x[2] for x in v]) for v in (s, o, d)]
+    p99 = [med([x[3] for x in v]) for v in (s, o, d)]
+    runs = lambda v: "/".join(f"{x[0]/1000:.0f}K" for x in v)
+    print(f"| {job} | {iops[0]:,.0f} ({runs(s)}) | {iops[1]:,.0f} ({runs(o)}) | {iops[2]:,.0f} ({runs(d)}) "
+          f"| {iops[1]/iops[0]:.2f}× | {iops[2]/iops[0]:.2f}× "
+          f"| {p50[0]:.0f} / {p50[1]:.0f} / {p50[2]:.0f} | {p99[0]:.0f} / {p99[1]:.0f} / {p99[2]:.0f} |")
+PY
