@@ -31,7 +31,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
     /// What this is, for logs and the API: "ram", "file", "block", "null".
     fn kind(&self) -> &'static str;
-    /// Fills `buf` from `offset`.
+    /// Fills `buf` from `offset`: every byte of it, or fails. Read buffers
+    /// are reused across commands, so a byte left untouched would send
+    /// an earlier command's data.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `data` at `offset`; with `fua`, the data is durable when this
     /// returns.

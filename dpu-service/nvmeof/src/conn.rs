@@ -49,12 +49,15 @@ pub struct BlockRequest {
 /// The operations of [`BlockRequest`].
 #[derive(Debug)]
 pub enum BlockOp {
-    /// Read `len` bytes at `offset`.
+    /// Read `len` bytes at `offset` into `buf`.
     Read {
         /// Byte offset.
         offset: u64,
         /// Bytes.
         len: usize,
+        /// A buffer to read into, reused from an earlier command (its
+        /// contents are overwritten, its allocation kept).
+        buf: Vec<u8>,
     },
     /// Write `data` at `offset`, durable on return with `fua`.
     Write {
@@ -88,7 +91,8 @@ pub enum BlockOp {
 pub struct BlockCompletion {
     /// The request's command identifier.
     pub cid: u16,
-    /// The data read (empty for other operations), or the failure.
+    /// The data read, or for a write the buffer written (returned for
+    /// reuse; empty for other operations), or the failure.
     pub result: io::Result<Vec<u8>>,
 }
 
@@ -97,13 +101,15 @@ impl BlockRequest {
     pub fn execute(self) -> BlockCompletion {
         let b = &self.backend;
         let result = match self.op {
-            BlockOp::Read { offset, len } => {
-                let mut buf = vec![0u8; len];
+            BlockOp::Read {
+                offset,
+                len,
+                mut buf,
+            } => {
+                sized(&mut buf, len);
                 b.read_at(offset, &mut buf).map(|()| buf)
             }
-            BlockOp::Write { offset, data, fua } => {
-                b.write_at(offset, &data, fua).map(|()| Vec::new())
-            }
+            BlockOp::Write { offset, data, fua } => b.write_at(offset, &data, fua).map(|()| data),
             BlockOp::Flush => b.flush().map(|()| Vec::new()),
             BlockOp::WriteZeroes {
                 offset,
@@ -126,6 +132,20 @@ impl BlockRequest {
         }
     }
 }
+
+/// Makes `buf` exactly `len` bytes long, zeroing only bytes it never held.
+fn sized(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() >= len {
+        buf.truncate(len);
+    } else {
+        buf.resize(len, 0);
+    }
+}
+
+/// Most data buffers a connection keeps for reuse (reads, and writes that
+/// arrive through R2T): enough for a deep queue's steady state without
+/// holding more than a few MiB per connection.
+const SPARE_BUFFERS: usize = 16;
 
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +225,7 @@ pub struct Connection {
     requests: VecDeque<BlockRequest>,
     pub(crate) aers: Vec<u16>,
     out: Vec<u8>,
+    spare: Vec<Vec<u8>>,
     close_reason: Option<String>,
 }
 
@@ -231,6 +252,7 @@ impl Connection {
             requests: VecDeque::new(),
             aers: Vec::new(),
             out: Vec::with_capacity(64 * 1024),
+            spare: Vec::new(),
             close_reason: None,
         }
     }
@@ -352,8 +374,12 @@ impl Connection {
                         h.writes.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                let data = read.then_some(data);
-                self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), data);
+                if read {
+                    self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), Some(data));
+                } else {
+                    self.recycle(data);
+                    self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), None);
+                }
             }
             Err(e) => {
                 tracing::warn!(cid = sqe.cid(), opcode = sqe.opcode(), nsid = sqe.nsid(), error = %e, "block I/O failed");
@@ -513,11 +539,12 @@ impl Connection {
                     // Host-to-controller data not in the capsule: ask for it.
                     let first = len.min(MAX_H2C_DATA);
                     pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
+                    let buf = self.take_buffer(len as usize);
                     self.pending.insert(
                         cid,
                         Pending::Receiving {
                             sqe,
-                            buf: vec![0; len as usize],
+                            buf,
                             got: 0,
                             r2t_end: first,
                             corrupt: false,
@@ -655,6 +682,23 @@ impl Connection {
             d
         });
         self.respond(cqe, data.as_deref());
+        if let Some(d) = data {
+            self.recycle(d);
+        }
+    }
+
+    /// A data buffer of `len` bytes, reused when one is spare.
+    fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        sized(&mut buf, len);
+        buf
+    }
+
+    /// Keeps a data buffer for a later command.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && buf.capacity() <= MAX_TRANSFER as usize {
+            self.spare.push(buf);
+        }
     }
 
     fn respond(&mut self, mut cqe: Cqe, data: Option<&[u8]>) {
@@ -720,6 +764,7 @@ impl Connection {
                     BlockOp::Read {
                         offset,
                         len: len as usize,
+                        buf: self.spare.pop().unwrap_or_default(),
                     }
                 } else {
                     BlockOp::Write {

@@ -711,3 +711,35 @@ fn data_digest_error_in_h2c_data_fails_the_write_once_its_data_is_in() {
     // Nothing of the corrupt write reached the namespace.
     assert!(q.rw(nvm::READ, 0, 32, &[]).data.iter().all(|&b| b == 0));
 }
+
+/// Data buffers are reused across commands: a read carries only the
+/// namespace's bytes, never those of an earlier, larger or smaller transfer.
+#[test]
+fn reused_buffers_never_carry_earlier_data() {
+    // 4 MiB: the RAM backend's lazily allocated 1 MiB segments 1-3 are
+    // never written, so their reads come from the backend's zero path.
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces = vec![namespace(1, 4 << 20)];
+    let t = Target::new();
+    assert!(t.apply(&cfg).is_empty());
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    // 64 KiB through R2T/H2CData (more than in-capsule data), read back.
+    let big = vec![0x5a; 65536];
+    assert_eq!(q.rw(nvm::WRITE, 0, 128, &big).cqe.unwrap().status, 0);
+    assert_eq!(q.rw(nvm::READ, 0, 128, &[]).data, big);
+    for round in 0..3 {
+        // Smaller, then larger reads of never-written blocks: zeros only.
+        let r = q.rw(nvm::READ, 4096, 16, &[]).data;
+        assert_eq!(r.len(), 8192);
+        assert!(r.iter().all(|&b| b == 0), "round {round}: small read");
+        let r = q.rw(nvm::READ, 6144, 256, &[]).data;
+        assert_eq!(r.len(), 131072);
+        assert!(r.iter().all(|&b| b == 0), "round {round}: large read");
+        let r = q.rw(nvm::READ, 64, 64, &[]).data;
+        assert!(
+            r.iter().all(|&b| b == 0x5a),
+            "round {round}: written blocks"
+        );
+    }
+}
