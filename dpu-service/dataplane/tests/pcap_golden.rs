@@ -10,26 +10,6 @@ use std::time::{Duration, Instant};
 
 use dpu_dataplane::io::Driver;
 
-fn write_pcap(path: &Path, packets: &[Vec<u8>]) {
-    let mut f = Vec::new();
-    f.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    f.extend_from_slice(&2u16.to_le_bytes());
-    f.extend_from_slice(&4u16.to_le_bytes());
-    f.extend_from_slice(&0i32.to_le_bytes());
-    f.extend_from_slice(&0u32.to_le_bytes());
-    f.extend_from_slice(&65535u32.to_le_bytes());
-    f.extend_from_slice(&1u32.to_le_bytes()); // LINKTYPE_ETHERNET
-    for (i, p) in packets.iter().enumerate() {
-        let len = u32::try_from(p.len()).unwrap();
-        f.extend_from_slice(&u32::try_from(i).unwrap().to_le_bytes());
-        f.extend_from_slice(&0u32.to_le_bytes());
-        f.extend_from_slice(&len.to_le_bytes());
-        f.extend_from_slice(&len.to_le_bytes());
-        f.extend_from_slice(p);
-    }
-    std::fs::write(path, f).unwrap();
-}
-
 fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
     let b = std::fs::read(path).unwrap();
     assert!(b.len() >= 24, "{} is not a capture", path.display());
@@ -80,8 +60,8 @@ fn pcap_in_equals_pcap_out_and_nothing_leaks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let input = frames();
-    write_pcap(&d.join("in.pcap"), &input);
-    write_pcap(&d.join("empty.pcap"), &[]);
+    common::write_pcap(&d.join("in.pcap"), &input);
+    common::write_pcap(&d.join("empty.pcap"), &[]);
     let vdev = |n: u32, rx: &str, tx: &str| {
         format!(
             "net_pcap{n},rx_pcap={},tx_pcap={}",

@@ -2,6 +2,7 @@
 //! given vdevs, one pool, every vdev opened as a port in order, and one
 //! worker polling all ports.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,4 +59,27 @@ pub fn worker(rig: &Rig, pairs: &[(usize, usize)]) -> Workers {
         },
     };
     Workers::start(&rig.driver, vec![cfg], |_| CrossConnect::new(pairs)).expect("worker starts")
+}
+
+/// Writes `packets` as a classic pcap capture (Ethernet link type), the
+/// input format of net_pcap's `rx_pcap`.
+#[allow(dead_code)] // not every test binary feeds captures
+pub fn write_pcap(path: &Path, packets: &[Vec<u8>]) {
+    let mut f = Vec::new();
+    f.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+    f.extend_from_slice(&2u16.to_le_bytes());
+    f.extend_from_slice(&4u16.to_le_bytes());
+    f.extend_from_slice(&0i32.to_le_bytes());
+    f.extend_from_slice(&0u32.to_le_bytes());
+    f.extend_from_slice(&65535u32.to_le_bytes());
+    f.extend_from_slice(&1u32.to_le_bytes()); // LINKTYPE_ETHERNET
+    for (i, p) in packets.iter().enumerate() {
+        let len = u32::try_from(p.len()).unwrap();
+        f.extend_from_slice(&u32::try_from(i).unwrap().to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&len.to_le_bytes());
+        f.extend_from_slice(&len.to_le_bytes());
+        f.extend_from_slice(p);
+    }
+    std::fs::write(path, f).unwrap();
 }
