@@ -187,6 +187,49 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
         drops(&after) >= drops(&before) + 2,
         "ACL drops did not move: {after}"
     );
+    // The rule's own counter and the tenant's moved too, in gRPC and /metrics.
+    let num = |v: &serde_json::Value| -> u64 {
+        v.as_str()
+            .and_then(|p| p.parse().ok())
+            .or(v.as_u64())
+            .unwrap_or(0)
+    };
+    let red = svc.dpuctl_json(&["counters", "--tenant", "red"])?;
+    let rule = red["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["rule"] == "tenants/red/rules/no-icmp")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        num(&rule["packets"]) >= 2
+            && num(&rule["bytes"]) >= 2 * 98
+            && rule["lastHitTime"].is_string(),
+        "rule counters: {red}"
+    );
+    let tenant = red["tenants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["tenant"] == "tenants/red")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        num(&tenant["droppedPackets"]) >= 2
+            && num(&tenant["forwardedPackets"]) >= 2
+            && num(&tenant["rxPackets"])
+                >= num(&tenant["droppedPackets"]) + num(&tenant["forwardedPackets"]),
+        "tenant counters: {red}"
+    );
+    let (_, body) = svc.http_get("/metrics")?;
+    assert!(
+        metric(
+            &body,
+            "dpu_rule_packets_total{tenant=\"red\",rule=\"no-icmp\"}"
+        ) >= 2,
+        "rule counter on /metrics:\n{body}"
+    );
     svc.dpuctl_json(&["rule", "delete", "red", "no-icmp"])?;
     eventually("ICMP to pass again", || a1.ping("10.230.0.2"));
 

@@ -42,8 +42,11 @@ pub struct Attach {
 }
 
 /// A filter rule: what it matches and whether it lets the packet through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SwitchRule {
+    /// The rule's ID within its tenant: its counters follow it across
+    /// configuration changes.
+    pub id: String,
     /// The match; `order` sets precedence (smallest first), `tag` is ignored.
     pub matches: AclRule,
     /// Allow (true) or deny.
@@ -74,6 +77,8 @@ pub struct SwitchConfig {
     pub mac_table_size: usize,
     /// A learned address not seen for this long is forgotten.
     pub mac_ageing: Duration,
+    /// Worker threads: one shard of tenant and rule counters each.
+    pub workers: usize,
 }
 
 impl Default for SwitchConfig {
@@ -83,6 +88,7 @@ impl Default for SwitchConfig {
             tenants: Vec::new(),
             mac_table_size: 16_384,
             mac_ageing: Duration::from_secs(300),
+            workers: 1,
         }
     }
 }
@@ -129,8 +135,112 @@ pub enum ConfigError {
     },
 }
 
+/// One tenant's counters in one worker's shard.
+#[derive(Debug, Default)]
+struct TenantCells {
+    rx_packets: AtomicU64,
+    rx_bytes: AtomicU64,
+    forwarded: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// One rule's counters in one worker's shard.
+#[derive(Debug, Default)]
+struct RuleCells {
+    packets: AtomicU64,
+    bytes: AtomicU64,
+    /// Unix seconds of the last match; 0: never.
+    last_hit: AtomicU64,
+}
+
+/// Adds `n` to a cell only its own worker writes: a plain load and store,
+/// no locked read-modify-write on the packet path.
+#[inline]
+fn bump(cell: &AtomicU64, n: u64) {
+    cell.store(
+        cell.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
+}
+
+/// One worker's tenant and rule counters for one snapshot, on cache lines
+/// of its own.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard {
+    tenants: Box<[TenantCells]>,
+    /// Per tenant, per rule tag.
+    rules: Box<[Box<[RuleCells]>]>,
+}
+
+/// Traffic counters of one tenant, summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantTraffic {
+    /// Packets received on the tenant's attachments.
+    pub rx_packets: u64,
+    /// Bytes received on the tenant's attachments.
+    pub rx_bytes: u64,
+    /// Packets the filter let through (forwarded or flooded).
+    pub forwarded_packets: u64,
+    /// Packets the filter or the default policy dropped.
+    pub dropped_packets: u64,
+}
+
+/// Counters of one rule, summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleTraffic {
+    /// Packets the rule matched (first match).
+    pub packets: u64,
+    /// Bytes of those packets.
+    pub bytes: u64,
+    /// Unix seconds of the last match; 0 if never.
+    pub last_hit: u64,
+}
+
+/// Tenant and rule counters of the switch, by tenant name and (tenant,
+/// rule ID), kept across configuration changes for tenants and rules that
+/// stay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// By tenant name.
+    pub tenants: std::collections::BTreeMap<String, TenantTraffic>,
+    /// By (tenant name, rule ID).
+    pub rules: std::collections::BTreeMap<(String, String), RuleTraffic>,
+}
+
+impl Traffic {
+    fn add_tenant(&mut self, name: &str, t: TenantTraffic) {
+        let e = self.tenants.entry(name.to_string()).or_default();
+        e.rx_packets += t.rx_packets;
+        e.rx_bytes += t.rx_bytes;
+        e.forwarded_packets += t.forwarded_packets;
+        e.dropped_packets += t.dropped_packets;
+    }
+
+    fn add_rule(&mut self, tenant: &str, rule: &str, r: RuleTraffic) {
+        let e = self
+            .rules
+            .entry((tenant.to_string(), rule.to_string()))
+            .or_default();
+        e.packets += r.packets;
+        e.bytes += r.bytes;
+        e.last_hit = e.last_hit.max(r.last_hit);
+    }
+
+    fn merge(&mut self, other: &Traffic) {
+        for (n, t) in &other.tenants {
+            self.add_tenant(n, *t);
+        }
+        for ((t, r), c) in &other.rules {
+            self.add_rule(t, r, *c);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct CompiledTenant {
+    name: String,
+    rule_ids: Vec<String>,
     attachments: Vec<Attach>,
     default_allow: bool,
     classifier: Classifier,
@@ -149,9 +259,37 @@ pub struct Compiled {
     tenants: Vec<CompiledTenant>,
     mac_table_size: usize,
     mac_ageing: Duration,
+    shards: Box<[Shard]>,
 }
 
 impl Compiled {
+    /// This snapshot's counters, summed over its shards.
+    fn traffic(&self) -> Traffic {
+        let mut out = Traffic::default();
+        for (ti, t) in self.tenants.iter().enumerate() {
+            let mut sum = TenantTraffic::default();
+            for sh in self.shards.iter() {
+                let c = &sh.tenants[ti];
+                sum.rx_packets += c.rx_packets.load(Ordering::Relaxed);
+                sum.rx_bytes += c.rx_bytes.load(Ordering::Relaxed);
+                sum.forwarded_packets += c.forwarded.load(Ordering::Relaxed);
+                sum.dropped_packets += c.dropped.load(Ordering::Relaxed);
+            }
+            out.add_tenant(&t.name, sum);
+            for (ri, id) in t.rule_ids.iter().enumerate() {
+                let mut r = RuleTraffic::default();
+                for sh in self.shards.iter() {
+                    let c = &sh.rules[ti][ri];
+                    r.packets += c.packets.load(Ordering::Relaxed);
+                    r.bytes += c.bytes.load(Ordering::Relaxed);
+                    r.last_hit = r.last_hit.max(c.last_hit.load(Ordering::Relaxed));
+                }
+                out.add_rule(&t.name, id, r);
+            }
+        }
+        out
+    }
+
     /// Checks and compiles `config` (classifiers included).
     ///
     /// # Errors
@@ -163,6 +301,20 @@ impl Compiled {
             tenants: Vec::with_capacity(config.tenants.len()),
             mac_table_size: config.mac_table_size,
             mac_ageing: config.mac_ageing,
+            shards: (0..config.workers.max(1))
+                .map(|_| Shard {
+                    tenants: config
+                        .tenants
+                        .iter()
+                        .map(|_| TenantCells::default())
+                        .collect(),
+                    rules: config
+                        .tenants
+                        .iter()
+                        .map(|t| t.rules.iter().map(|_| RuleCells::default()).collect())
+                        .collect(),
+                })
+                .collect(),
         };
         for (ti, t) in config.tenants.iter().enumerate() {
             for (ai, a) in t.attachments.iter().enumerate() {
@@ -222,6 +374,8 @@ impl Compiled {
                 });
             }
             c.tenants.push(CompiledTenant {
+                name: t.name.clone(),
+                rule_ids: t.rules.iter().map(|r| r.id.clone()).collect(),
                 attachments: t.attachments.clone(),
                 default_allow: t.default_allow,
                 classifier: Classifier::build(&rules),
@@ -256,6 +410,17 @@ impl Compiled {
 struct Shared {
     generation: AtomicU64,
     current: Mutex<Arc<Compiled>>,
+    /// Replaced snapshots and the counts of those no worker holds any more.
+    history: Mutex<History>,
+}
+
+/// Counters of snapshots that are no longer current.
+#[derive(Default)]
+struct History {
+    /// Replaced snapshots some worker may still be counting into.
+    retired: Vec<Arc<Compiled>>,
+    /// The totals of retired snapshots every worker has let go of.
+    carried: Traffic,
 }
 
 /// Publishes switch configurations to the workers' pipelines.
@@ -282,6 +447,7 @@ impl SwitchHandle {
             shared: Arc::new(Shared {
                 generation: AtomicU64::new(1),
                 current: Mutex::new(Arc::new(Compiled::new(config)?)),
+                history: Mutex::new(History::default()),
             }),
         })
     }
@@ -298,9 +464,58 @@ impl SwitchHandle {
             .current
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        *cur = compiled;
+        let old = std::mem::replace(&mut *cur, compiled);
         self.shared.generation.fetch_add(1, Ordering::Release);
+        drop(cur);
+        self.shared
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retired
+            .push(old);
         Ok(())
+    }
+
+    /// Tenant and rule counters: the current snapshot's, plus those of
+    /// replaced snapshots for the tenants and rules the current
+    /// configuration still has (by name and rule ID). Counts of a deleted
+    /// rule or tenant are forgotten once no worker uses its last snapshot.
+    pub fn traffic(&self) -> Traffic {
+        let (_, current) = self.load();
+        let mut h = self
+            .shared
+            .history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // A retired snapshot only the history holds gets no more counts:
+        // fold it into the carried totals and let it go.
+        let mut i = 0;
+        while i < h.retired.len() {
+            if Arc::strong_count(&h.retired[i]) == 1 {
+                let done = h.retired.swap_remove(i).traffic();
+                h.carried.merge(&done);
+            } else {
+                i += 1;
+            }
+        }
+        let live = |t: &str| current.tenants.iter().any(|c| c.name == t);
+        let live_rule = |t: &str, r: &str| {
+            current
+                .tenants
+                .iter()
+                .any(|c| c.name == t && c.rule_ids.iter().any(|id| id == r))
+        };
+        h.carried.tenants.retain(|t, _| live(t));
+        h.carried.rules.retain(|(t, r), _| live_rule(t, r));
+        let mut out = h.carried.clone();
+        for r in &h.retired {
+            out.merge(&r.traffic());
+        }
+        drop(h);
+        out.merge(&current.traffic());
+        out.tenants.retain(|t, _| live(t));
+        out.rules.retain(|(t, r), _| live_rule(t, r));
+        out
     }
 
     /// How many configurations have been published.
@@ -308,14 +523,23 @@ impl SwitchHandle {
         self.shared.generation.load(Ordering::Acquire)
     }
 
-    /// A pipeline for one worker.
+    /// A pipeline for worker 0.
     pub fn pipeline(&self) -> SwitchPipeline {
+        self.pipeline_for(0)
+    }
+
+    /// A pipeline for worker `worker`, counting into that worker's shard
+    /// (workers beyond [`SwitchConfig::workers`] share shards, and may
+    /// then undercount).
+    pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
         let macs = hashbrown::HashMap::with_capacity(compiled.mac_table_size);
         SwitchPipeline {
             shared: self.shared.clone(),
             generation,
             compiled,
+            worker,
+            unix_now: 0,
             macs,
             now: 0,
             epoch: Instant::now(),
@@ -347,6 +571,10 @@ pub struct SwitchPipeline {
     shared: Arc<Shared>,
     generation: u64,
     compiled: Arc<Compiled>,
+    /// This worker's index: its counter shard.
+    worker: usize,
+    /// Unix seconds, read once per turn (rule last-hit times).
+    unix_now: u64,
     macs: hashbrown::HashMap<(u32, [u8; 6]), Learned>,
     /// Coarse clock, read once per turn.
     now: u64,
@@ -411,6 +639,9 @@ impl Pipeline for SwitchPipeline {
             self.macs.clear();
         }
         self.now = self.epoch.elapsed().as_secs();
+        self.unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         if self.now >= self.last_sweep + 10 {
             self.last_sweep = self.now;
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
@@ -430,17 +661,30 @@ impl Pipeline for SwitchPipeline {
             return Verdict::Drop(DropReason::Malformed);
         }
         let t = &self.compiled.tenants[ti];
+        let shard = &self.compiled.shards[self.worker % self.compiled.shards.len()];
+        let cells = &shard.tenants[ti];
+        let len = packet.len() as u64;
+        bump(&cells.rx_packets, 1);
+        bump(&cells.rx_bytes, len);
         let allow = match h.l3 {
             L3::Ip { key, .. } => match t.classifier.lookup(&key) {
-                Some(r) => t.allow[r.tag as usize],
+                Some(r) => {
+                    let rc = &shard.rules[ti][r.tag as usize];
+                    bump(&rc.packets, 1);
+                    bump(&rc.bytes, len);
+                    rc.last_hit.store(self.unix_now, Ordering::Relaxed);
+                    t.allow[r.tag as usize]
+                }
                 None => t.default_allow,
             },
             L3::Arp { .. } => true,
             L3::Other(_) => t.default_allow,
         };
         if !allow {
+            bump(&cells.dropped, 1);
             return Verdict::Drop(DropReason::AclDeny);
         }
+        bump(&cells.forwarded, 1);
         let from = t.attachments[ai];
         let to = if is_multicast(&h.dst_mac) {
             None
@@ -591,6 +835,85 @@ mod tests {
         assert_eq!(run(&mut p, 0, f).0, Verdict::Drop(DropReason::Malformed));
     }
 
+    /// Tenant and rule counters count what the filter decided, and keep
+    /// counting across configuration changes for the rules that stay.
+    #[test]
+    fn tenant_and_rule_counters_follow_their_ids() {
+        let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
+        let mut dns = AclRule::any(10, 0, Family::V4);
+        dns.proto = (proto::UDP, proto::UDP);
+        dns.dst_port = (53, 53);
+        let mut deny = AclRule::any(5, 0, Family::V4);
+        deny.src = AclRule::prefix_range(0x0a00_0007, 32, 32);
+        t.rules = vec![
+            SwitchRule {
+                id: "dns".into(),
+                matches: dns,
+                allow: true,
+            },
+            SwitchRule {
+                id: "deny7".into(),
+                matches: deny,
+                allow: false,
+            },
+        ];
+        let (h, mut p) = switch(2, vec![t.clone()]);
+        p.turn();
+        let a = udp(1, mac(2), None, 53);
+        let (len_a, len_b) = (a.len() as u64, udp(7, mac(2), None, 53).len() as u64);
+        run(&mut p, 0, a); // allowed by "dns"
+        run(&mut p, 0, udp(7, mac(2), None, 53)); // denied by "deny7"
+        run(&mut p, 0, udp(1, mac(2), None, 80)); // default deny
+        let c = h.traffic();
+        let tc = c.tenants["t1"];
+        assert_eq!(
+            (tc.rx_packets, tc.forwarded_packets, tc.dropped_packets),
+            (3, 1, 2)
+        );
+        let dns_c = c.rules[&("t1".to_string(), "dns".to_string())];
+        assert_eq!((dns_c.packets, dns_c.bytes), (1, len_a));
+        assert!(dns_c.last_hit > 1_600_000_000, "last hit is a Unix time");
+        let deny_c = c.rules[&("t1".to_string(), "deny7".to_string())];
+        assert_eq!((deny_c.packets, deny_c.bytes), (1, len_b));
+
+        // Drop "deny7", keep "dns" (now at another index): "dns" goes on
+        // from its count, "deny7" is gone once no worker holds the old
+        // snapshot.
+        let mut t2 = t.clone();
+        t2.rules.remove(1);
+        t2.rules.insert(
+            0,
+            SwitchRule {
+                id: "x".into(),
+                matches: AclRule::any(1, 0, Family::V6),
+                allow: true,
+            },
+        );
+        h.publish(&SwitchConfig {
+            ports: 2,
+            tenants: vec![t2],
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        p.turn();
+        run(&mut p, 0, udp(1, mac(2), None, 53));
+        let c = h.traffic();
+        assert_eq!(c.rules[&("t1".to_string(), "dns".to_string())].packets, 2);
+        assert!(!c
+            .rules
+            .contains_key(&("t1".to_string(), "deny7".to_string())));
+        assert_eq!(c.rules[&("t1".to_string(), "x".to_string())].packets, 0);
+        assert_eq!(c.tenants["t1"].rx_packets, 4);
+        // A deleted tenant's counts go with it.
+        h.publish(&SwitchConfig {
+            ports: 2,
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        p.turn();
+        assert!(h.traffic().tenants.is_empty());
+    }
+
     #[test]
     fn rules_first_match_then_default() {
         let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
@@ -601,10 +924,12 @@ mod tests {
         deny_net.src = AclRule::prefix_range(0x0a00_0007, 32, 32);
         t.rules = vec![
             SwitchRule {
+                id: "dns".into(),
                 matches: allow_dns,
                 allow: true,
             },
             SwitchRule {
+                id: "net".into(),
                 matches: deny_net,
                 allow: false,
             },
@@ -698,10 +1023,11 @@ mod tests {
         ));
         let mut t = tenant("a", &[(0, 0)], true);
         let r = SwitchRule {
+            id: "r".into(),
             matches: AclRule::any(1, 0, Family::Any),
             allow: true,
         };
-        t.rules = vec![r, r];
+        t.rules = vec![r.clone(), r];
         assert!(matches!(
             err(cfg(vec![t])),
             ConfigError::DuplicateOrder { .. }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dpu_control::model::{Action, Attachment, IpPrefix, Rule, State};
+use dpu_control::model::{Action, Attachment, IpPrefix, Rule, State, Timestamp};
 use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::DpdkDriver;
@@ -98,6 +98,7 @@ impl Dataplane {
         let ids: Arc<Vec<String>> = Arc::new(ports.iter().map(|p| p.id.clone()).collect());
         let base = SwitchConfig {
             ports: ids.len(),
+            workers: usize::from(d.workers),
             mac_table_size: d.mac_table_size,
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
             ..SwitchConfig::default()
@@ -118,7 +119,7 @@ impl Dataplane {
                 idle,
             })
             .collect();
-        let workers = Workers::start(&driver, configs, |_| switch.pipeline())
+        let workers = Workers::start(&driver, configs, |i| switch.pipeline_for(i))
             .context("starting the workers")?;
         tracing::info!(workers = d.workers, ports = ids.len(), "data plane running");
         Ok(Dataplane {
@@ -145,6 +146,7 @@ impl Dataplane {
             driver: self.driver.clone(),
             ids: self.ids.clone(),
             reader: self.workers.reader(),
+            switch: self.switch.clone(),
         })
     }
 
@@ -260,6 +262,7 @@ pub fn switch_rule(r: &Rule) -> SwitchRule {
         (range(r.src_ports), range(r.dst_ports))
     };
     SwitchRule {
+        id: r.id.clone(),
         matches: AclRule {
             order: r.priority,
             tag: 0,
@@ -274,11 +277,13 @@ pub fn switch_rule(r: &Rule) -> SwitchRule {
     }
 }
 
-/// Port counters and status from the NIC, drops from the workers.
+/// Port counters and status from the NIC, drops from the workers, tenant
+/// and rule counters from the switch.
 struct PortSource {
     driver: DpdkDriver,
     ids: Arc<Vec<String>>,
     reader: CounterReader,
+    switch: SwitchHandle,
 }
 
 impl CounterSource for PortSource {
@@ -323,6 +328,26 @@ impl CounterSource for PortSource {
                 worker::DropReason::TxFull => telemetry::DropReason::TxFull,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
+        }
+        let traffic = self.switch.traffic();
+        for (name, t) in traffic.tenants {
+            let c = out.tenants.entry(name).or_default();
+            c.rx_packets += t.rx_packets;
+            c.rx_bytes += t.rx_bytes;
+            c.forwarded_packets += t.forwarded_packets;
+            c.dropped_packets += t.dropped_packets;
+        }
+        for (key, r) in traffic.rules {
+            let c = out.rules.entry(key).or_default();
+            c.packets += r.packets;
+            c.bytes += r.bytes;
+            if r.last_hit > 0 {
+                let hit = Timestamp {
+                    secs: i64::try_from(r.last_hit).unwrap_or(i64::MAX),
+                    nanos: 0,
+                };
+                c.last_hit = Some(c.last_hit.map_or(hit, |h| h.max(hit)));
+            }
         }
     }
 }
