@@ -6,16 +6,26 @@
 #  - the chart rendered as `helm template` would (images/render-chart: Go's
 #    text/template with sprig and Helm's own functions, built from Debian's
 #    Go packages, since helm is in none of the registries this machine
-#    reaches), twice, under two release names;
+#    reaches): under two release names, with a changed configuration, and
+#    with TLS off;
 #  - kubernetes-validate --strict against Kubernetes 1.30's schemas for the
 #    static pod and every rendered document;
-#  - the properties a DPU deployment needs (images/check_manifests.py);
+#  - the properties a DPU deployment needs (images/check_manifests.py, then
+#    the checks below it): host network, hugepages, Guaranteed QoS with
+#    whole CPUs, the device and state mounts, gRPC probes on the health
+#    port, exactly five capabilities, one DaemonSet on arm64 nodes, names
+#    from the release, checksum/config = sha256 of the rendered ConfigMap,
+#    a configuration that parses as TOML;
 #  - with DPU_SERVICE_BIN set to a dpu-service binary: the chart's
 #    configuration passes that binary's --check-config.
 # Installs what it needs (Debian's golang and sprig, a Python venv with
-# kubernetes-validate and yamllint under target/).
+# kubernetes-validate and yamllint under target/) and is re-runnable.
+# Run from anywhere; paths are relative to the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+step() { echo "check-manifests: $*" >&2; }
+fail() { echo "check-manifests: FAILED: $*" >&2; exit 1; }
 
 tdir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 work="$tdir/manifests"
@@ -27,42 +37,164 @@ need=()
 command -v go >/dev/null || need+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/Masterminds/sprig ] || need+=(golang-github-masterminds-sprig-dev)
 [ -d /usr/share/gocode/src/gopkg.in/yaml.v3 ] || need+=(golang-gopkg-yaml.v3-dev)
-python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# Debian's python3 makes venvs with pip only with python3-venv installed.
+python3 -c 'import ensurepip, tomllib' >/dev/null 2>&1 || need+=(python3-venv)
 if ((${#need[@]})); then
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  step "installing ${need[*]}"
+  { "${sudo_cmd[@]}" apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
+    >"$work/apt.log" 2>&1 || { cat "$work/apt.log" >&2; fail "apt-get install ${need[*]}"; }
 fi
 
 venv="$tdir/manifest-venv"
-if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/yamllint" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate yamllint pyyaml
+if ! "$venv/bin/python" -c 'import kubernetes_validate, yamllint, yaml' >/dev/null 2>&1; then
+  step "making the Python venv $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || fail "python3 -m venv $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate yamllint pyyaml >"$work/pip.log" 2>&1 ||
+    { cat "$work/pip.log" >&2; rm -rf "$venv"; fail "pip install kubernetes-validate yamllint pyyaml"; }
 fi
 
 # The renderer: GOPATH mode over Debian's Go sources, no module downloads.
 render="$work/render-chart"
-(cd images/render-chart && GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS= \
-  GOCACHE="$work/go-cache" go build -o "$render" .)
+(cd images/render-chart && GO111MODULE=off GOPATH=/usr/share/gocode GOPROXY=off GOFLAGS='' \
+  GOCACHE="$work/go-cache" go build -o "$render" .) || fail "building images/render-chart"
 
 chart=images/helm/dpu-service
-"$render" -name dpu "$chart" >"$work/dpu.yaml"
-"$render" -name edge-dpu-service -namespace dpu-system "$chart" >"$work/edge.yaml"
-# Release "dpu" again with one configuration value changed: its pods must roll.
+step "rendering $chart"
 printf 'config: |\n  [log]\n  level = "debug"\n' >"$work/other-config.yaml"
-"$render" -name dpu -values "$work/other-config.yaml" "$chart" >"$work/dpu-other-config.yaml"
+printf 'tls:\n  enabled: false\n' >"$work/no-tls.yaml"
+"$render" -name dpu "$chart" >"$work/dpu.yaml" || fail "rendering the chart (release dpu)"
+"$render" -name edge-dpu-service -namespace dpu-system "$chart" >"$work/edge.yaml" ||
+  fail "rendering the chart (release edge-dpu-service)"
+# Release "dpu" again with one configuration value changed: its pods must roll.
+"$render" -name dpu -values "$work/other-config.yaml" "$chart" >"$work/dpu-other-config.yaml" ||
+  fail "rendering the chart with another config"
+"$render" -name dpu -values "$work/no-tls.yaml" "$chart" >"$work/dpu-no-tls.yaml" ||
+  fail "rendering the chart with tls.enabled=false"
 
-"$venv/bin/yamllint" -d '{extends: default, rules: {line-length: {max: 140}, document-start: disable, comments: {min-spaces-from-content: 1}}}' \
-  images/k8s/dpu-service.yaml "$chart/values.yaml" "$chart/Chart.yaml"
+step "yamllint"
+"$venv/bin/yamllint" -s -d '{extends: default, rules: {line-length: {max: 140}, document-start: disable, comments: {min-spaces-from-content: 1}}}' \
+  images/k8s/dpu-service.yaml "$chart/values.yaml" "$chart/Chart.yaml" || fail "yamllint"
+# The rendered stream: only what templating can break unnoticed by the
+# schemas (a key given twice, the last one winning).
+"$venv/bin/yamllint" -s -d '{rules: {key-duplicates: enable}}' \
+  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" ||
+  fail "yamllint on the rendered chart"
 
-"$venv/bin/kubernetes-validate" --strict -k 1.30.0 images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml"
+step "kubernetes-validate --strict (Kubernetes 1.30)"
+"$venv/bin/kubernetes-validate" --strict --quiet -k 1.30.0 images/k8s/dpu-service.yaml \
+  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" ||
+  fail "kubernetes-validate: a manifest does not match the Kubernetes 1.30 schemas"
 
-"$venv/bin/python" images/check_manifests.py images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" \
-  dpu-service/dpu-service/config/production.toml "$work/config.toml"
+step "DPU properties"
+"$venv/bin/python" images/check_manifests.py images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml" \
+  "$work/dpu-other-config.yaml" dpu-service/dpu-service/config/production.toml "$work/config.toml" ||
+  fail "DPU properties (images/check_manifests.py, messages above)"
+
+"$venv/bin/python" - images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" \
+  "$work/dpu-no-tls.yaml" <<'PY' || fail "DPU properties (messages above)"
+import hashlib, re, sys, tomllib
+import yaml
+
+static_path, a_path, b_path, a2_path, notls_path = sys.argv[1:6]
+failures = []
+def need(ok, what):
+    if not ok:
+        failures.append(what)
+
+def documents(path):
+    """(object, text) per document; text as helm prints it, after # Source."""
+    out = []
+    for part in re.split(r"^---\n", open(path).read(), flags=re.M):
+        if part.strip():
+            body = re.sub(r"\A# Source: [^\n]*\n", "", part).strip()
+            out.append((yaml.safe_load(body), body))
+    return out
+
+def pod_checks(where, spec):
+    # Guaranteed QoS needs requests == limits for cpu and memory in every
+    # container, init containers included; the service's CPUs are whole.
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        r = c.get("resources", {})
+        req, lim = r.get("requests", {}), r.get("limits", {})
+        for k in ("cpu", "memory"):
+            need(k in req and str(req[k]) == str(lim.get(k)), f"{where}: {c['name']}: {k} requests = limits")
+    [svc] = [c for c in spec["containers"] if c["name"] == "dpu-service"]
+    cpu = str(svc["resources"]["requests"].get("cpu", ""))
+    need(re.fullmatch(r"[1-9][0-9]*", cpu) is not None, f"{where}: whole CPUs ({cpu!r})")
+    hp = {v["name"] for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "HugePages"}
+    need(any(m["mountPath"] == "/dev/hugepages" and m["name"] in hp for m in svc["volumeMounts"]),
+         f"{where}: /dev/hugepages is the HugePages emptyDir")
+    sc = svc["securityContext"]
+    need(sc.get("allowPrivilegeEscalation") is True, f"{where}: allowPrivilegeEscalation (file capabilities)")
+    need(sc.get("privileged") is not True, f"{where}: not privileged")
+    for c in spec.get("initContainers", []):
+        need(c.get("securityContext", {}).get("privileged") is not True, f"{where}: {c['name']} not privileged")
+    for p in ("livenessProbe", "readinessProbe", "startupProbe"):
+        g = svc.get(p, {}).get("grpc", {})
+        need(g.get("port") == 50052 and g.get("service", "") == "", f"{where}: {p}: grpc on 50052, overall health")
+    for path in ("/run/dpdk", "/tmp"):
+        need(any(m["mountPath"] == path for m in svc["volumeMounts"]), f"{where}: writable {path}")
+
+pod = yaml.safe_load(open(static_path))
+pod_checks(static_path, pod["spec"])
+need(pod["spec"]["containers"][0]["image"] == "ghcr.io/dpu-service/dpu-service:0.1.0", f"{static_path}: image pinned to 0.1.0")
+
+def chart(path, release, default_config=True):
+    docs = documents(path)
+    byk = {}
+    for d, text in docs:
+        byk.setdefault(d["kind"], []).append((d, text))
+    need(len(byk.get("DaemonSet", [])) == 1, f"{path}: exactly one DaemonSet")
+    need(len(byk.get("ConfigMap", [])) == 1, f"{path}: exactly one ConfigMap")
+    (ds, _), (cm, cm_text) = byk["DaemonSet"][0], byk["ConfigMap"][0]
+    spec = ds["spec"]["template"]["spec"]
+    pod_checks(f"{path} DaemonSet", spec)
+    # Helm hashes the ConfigMap template's output: the printed document
+    # plus its final newline.
+    want = hashlib.sha256((cm_text + "\n").encode()).hexdigest()
+    got = ds["spec"]["template"]["metadata"]["annotations"].get("checksum/config")
+    need(got == want, f"{path}: checksum/config {got} is not the sha256 of the ConfigMap document ({want})")
+    need(ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+         f"{path}: RollingUpdate, maxUnavailable 1")
+    need(ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items(),
+         f"{path}: the selector matches the pod labels")
+    need(ds["metadata"]["labels"].get("app.kubernetes.io/instance") == release, f"{path}: instance label")
+    config = tomllib.loads(cm["data"]["config.toml"])
+    need(not default_config or "listen" in config.get("grpc", {}), f"{path}: the ConfigMap's config.toml has grpc.listen")
+    return docs, ds, spec
+
+a, ds_a, spec_a = chart(a_path, "dpu")
+b, _, _ = chart(b_path, "edge-dpu-service")
+chart(a2_path, "dpu", default_config=False)
+_, _, spec_n = chart(notls_path, "dpu")
+# Names derive from the release: the second release's objects are the
+# first one's with the release's full name swapped.
+names = lambda docs: sorted((d["kind"], d["metadata"]["name"]) for d, _ in docs)
+swap = lambda n: re.sub(r"\Adpu-dpu-service", "edge-dpu-service", n)
+need(names(b) == sorted((k, swap(n)) for k, n in names(a)),
+     f"object names follow the release: {names(a)} vs {names(b)}")
+vols = {v["name"]: v for v in spec_a["volumes"]}
+need(vols.get("tls", {}).get("secret", {}).get("secretName") == "dpu-dpu-service-tls", f"{a_path}: TLS Secret")
+need("tls" not in {v["name"] for v in spec_n["volumes"]}, f"{notls_path}: no TLS volume with tls.enabled=false")
+[svc_n] = spec_n["containers"]
+need(all(m["name"] != "tls" for m in svc_n["volumeMounts"]), f"{notls_path}: no TLS mount")
+
+for f in failures:
+    print("check-manifests:", f, file=sys.stderr)
+sys.exit(1 if failures else 0)
+PY
 
 if [ -n "${DPU_SERVICE_BIN:-}" ]; then
+  step "$DPU_SERVICE_BIN --check-config on the chart's configuration ($work/config.toml)"
   state=$(mktemp -d)
-  "$DPU_SERVICE_BIN" --config "$work/config.toml" --state-dir "$state" --check-config ||
-    { rm -rf "$state"; echo "manifests: the chart's configuration fails dpu-service --check-config" >&2; exit 1; }
+  # The state directory of the configuration (/var/lib/dpu-service) is the
+  # DPU's; --check-config opens a scratch one instead.
+  if ! "$DPU_SERVICE_BIN" --config "$work/config.toml" --state-dir "$state" --check-config; then
+    rm -rf "$state"
+    fail "the chart's configuration (values.yaml \`config\`, written to $work/config.toml) is refused by $DPU_SERVICE_BIN --check-config (error above)"
+  fi
   rm -rf "$state"
 fi
-echo "manifests: static pod and Helm chart valid"
+echo "check-manifests: static pod and Helm chart valid"

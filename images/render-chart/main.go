@@ -4,7 +4,8 @@
 // required, toYaml, fromYaml and toJson, the .Values/.Release/.Chart/.Template
 // objects, and Helm's treatment of missing values. It prints every rendered
 // manifest of templates/ as one multi-document YAML stream with Helm's
-// "# Source:" comments.
+// "# Source:" comments; NOTES.txt is rendered too (errors fail) but not
+// printed, as helm template does.
 //
 // Usage: render-chart [-name RELEASE] [-namespace NS] [-values FILE]... CHART_DIR
 package main
@@ -147,11 +148,9 @@ func render(dir, name, namespace string, extra []string) error {
 	root.Funcs(funcs)
 
 	var names []string
+	notes := "" // rendered as helm install does, to catch its errors, but not printed
 	for _, f := range files {
 		base := filepath.Base(f)
-		if base == "NOTES.txt" {
-			continue
-		}
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return err
@@ -160,7 +159,9 @@ func render(dir, name, namespace string, extra []string) error {
 		if _, err := root.New(n).Parse(string(data)); err != nil {
 			return err
 		}
-		if !strings.HasPrefix(base, "_") && (strings.HasSuffix(base, ".yaml") || strings.HasSuffix(base, ".yml")) {
+		if base == "NOTES.txt" {
+			notes = n
+		} else if !strings.HasPrefix(base, "_") && (strings.HasSuffix(base, ".yaml") || strings.HasSuffix(base, ".yml")) {
 			names = append(names, n)
 		}
 	}
@@ -173,10 +174,13 @@ func render(dir, name, namespace string, extra []string) error {
 		"Description": chart["description"],
 	}
 	var out bytes.Buffer
+	if notes != "" {
+		names = append(names, notes)
+	}
 	for _, n := range names {
 		top := map[string]interface{}{
 			"Values": values, "Release": release, "Chart": chartObj,
-			"Template": map[string]interface{}{"Name": n, "BasePath": chartName + "/templates"},
+			"Template":     map[string]interface{}{"Name": n, "BasePath": chartName + "/templates"},
 			"Capabilities": map[string]interface{}{"KubeVersion": map[string]interface{}{"Version": "v1.30.0"}},
 		}
 		var buf bytes.Buffer
@@ -184,7 +188,7 @@ func render(dir, name, namespace string, extra []string) error {
 			return err
 		}
 		text := strings.ReplaceAll(buf.String(), "<no value>", "")
-		if strings.TrimSpace(text) == "" {
+		if n == notes || strings.TrimSpace(text) == "" {
 			continue
 		}
 		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", n, strings.TrimSpace(text))
