@@ -1,0 +1,106 @@
+//! The switch pipeline alone, no packet I/O: one worker's `process` on
+//! 64-byte UDP/IPv4 frames of 65,536 flows through a tenant with `--rules`
+//! stateless rules (the last one matches), counters included. Prints
+//! nanoseconds and millions of packets per second on one core; under
+//! `valgrind --tool=callgrind` the instruction count per packet is a
+//! load-independent figure for comparing builds.
+//!
+//! ```text
+//! cargo bench -p dpu-dataplane --bench switch -- --rules 1000 --packets 20000000
+//! ```
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use dpu_dataplane::classify::{AclRule, Family};
+use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::worker::Pipeline;
+
+/// A 64-byte Ethernet/IPv4/UDP frame from 10.x.y.z:`sport` to 10.1.0.1:53.
+fn frame(flow: u32) -> Vec<u8> {
+    let mut f = vec![0u8; 64];
+    f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&50u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&(0x0a00_0000 | (flow & 0x00ff_ffff)).to_be_bytes());
+    ip[16..20].copy_from_slice(&0x0a01_0001u32.to_be_bytes());
+    let udp = &mut f[34..42];
+    udp[0..2].copy_from_slice(&(1024 + (flow >> 8) as u16).to_be_bytes());
+    udp[2..4].copy_from_slice(&53u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&30u16.to_be_bytes());
+    f
+}
+
+fn main() {
+    let mut rules = 1000usize;
+    let mut packets = 20_000_000u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--rules" => rules = args.next().and_then(|v| v.parse().ok()).expect("--rules N"),
+            "--packets" => {
+                packets = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--packets N")
+            }
+            _ => {}
+        }
+    }
+    // Rules that match nothing of the traffic (other sources), then one
+    // allowing it: every packet walks the classifier to its last rule.
+    let mut list: Vec<SwitchRule> = (0..rules.saturating_sub(1))
+        .map(|i| {
+            let mut m = AclRule::any(i as u32, 0, Family::V4);
+            m.src = AclRule::prefix_range(u128::from(0xc0a8_0000u32 | i as u32), 32, 32);
+            m.dst_port = (80, 80);
+            SwitchRule {
+                id: format!("r{i}"),
+                matches: m,
+                allow: false,
+            }
+        })
+        .collect();
+    let mut last = AclRule::any(rules as u32, 0, Family::V4);
+    last.dst_port = (53, 53);
+    list.push(SwitchRule {
+        id: "dns".into(),
+        matches: last,
+        allow: true,
+    });
+    let h = SwitchHandle::new(&SwitchConfig {
+        ports: 2,
+        tenants: vec![TenantConfig {
+            name: "bench".into(),
+            attachments: vec![Attach { port: 0, vlan: 0 }, Attach { port: 1, vlan: 0 }],
+            default_allow: false,
+            rules: list,
+        }],
+        ..SwitchConfig::default()
+    })
+    .expect("configuration compiles");
+    let mut p = h.pipeline();
+    let mut frames: Vec<Vec<u8>> = (0..65_536).map(frame).collect();
+    let mut flood = Vec::new();
+    p.turn();
+    let start = Instant::now();
+    for i in 0..packets {
+        if i % 32 == 0 {
+            p.turn();
+        }
+        let f = &mut frames[(i as usize) & 0xffff];
+        black_box(p.process(0, f, &mut flood));
+        flood.clear();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "switch pipeline, {rules} rules, {packets} packets: {:.1} ns/packet, {:.2} Mpps",
+        secs * 1e9 / packets as f64,
+        packets as f64 / secs / 1e6
+    );
+}
