@@ -37,5 +37,6 @@ buildah run --isolation chroot \
   --env PATH=/rust/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   "$c" -- /rust/cargo/bin/cargo build --locked --target aarch64-unknown-linux-gnu -p dpu-service
 bin="$tdir/aarch64-unknown-linux-gnu/debug/dpu-service"
-file -b "$bin" | grep -q 'ARM aarch64' || { echo "cross image: $bin is not an aarch64 executable" >&2; exit 1; }
-echo "cross image: builds the aarch64 daemon ($(file -b "$bin" | cut -d, -f1-2))"
+machine=$(readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
+[ "$machine" = "AArch64" ] || { echo "cross image: $bin is built for '$machine', not AArch64" >&2; exit 1; }
+echo "cross image: builds the aarch64 daemon ($bin, $machine)"

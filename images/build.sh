@@ -69,6 +69,7 @@ need=()
 command -v "$engine" >/dev/null || need+=("$engine")
 [ "$debootstrap_base" = 1 ] && ! command -v debootstrap >/dev/null && need+=(debootstrap)
 [ "$check" = 1 ] && ! command -v getcap >/dev/null && need+=(libcap2-bin)
+[ "$check" = 1 ] && ! command -v pgrep >/dev/null && need+=(procps)
 if ((${#need[@]})); then apt_install "${need[@]}"; fi
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
