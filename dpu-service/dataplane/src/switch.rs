@@ -423,6 +423,22 @@ struct History {
     carried: Traffic,
 }
 
+impl History {
+    /// A retired snapshot only the history holds gets no more counts:
+    /// folds its totals into the carried ones and lets it go.
+    fn fold_released(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            if Arc::strong_count(&self.retired[i]) == 1 {
+                let done = self.retired.swap_remove(i).traffic();
+                self.carried.merge(&done);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 /// Publishes switch configurations to the workers' pipelines.
 #[derive(Clone)]
 pub struct SwitchHandle {
@@ -467,12 +483,15 @@ impl SwitchHandle {
         let old = std::mem::replace(&mut *cur, compiled);
         self.shared.generation.fetch_add(1, Ordering::Release);
         drop(cur);
-        self.shared
+        let mut h = self
+            .shared
             .history
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retired
-            .push(old);
+            .unwrap_or_else(|e| e.into_inner());
+        // Whether or not anybody reads counters, a replaced snapshot (and
+        // its classifiers) is let go once every worker has.
+        h.fold_released();
+        h.retired.push(old);
         Ok(())
     }
 
@@ -487,17 +506,7 @@ impl SwitchHandle {
             .history
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        // A retired snapshot only the history holds gets no more counts:
-        // fold it into the carried totals and let it go.
-        let mut i = 0;
-        while i < h.retired.len() {
-            if Arc::strong_count(&h.retired[i]) == 1 {
-                let done = h.retired.swap_remove(i).traffic();
-                h.carried.merge(&done);
-            } else {
-                i += 1;
-            }
-        }
+        h.fold_released();
         let live = |t: &str| current.tenants.iter().any(|c| c.name == t);
         let live_rule = |t: &str, r: &str| {
             current
@@ -904,6 +913,19 @@ mod tests {
             .contains_key(&("t1".to_string(), "deny7".to_string())));
         assert_eq!(c.rules[&("t1".to_string(), "x".to_string())].packets, 0);
         assert_eq!(c.tenants["t1"].rx_packets, 4);
+        // Replaced snapshots are let go at the next publish even when
+        // nobody reads counters.
+        for _ in 0..5 {
+            h.publish(&SwitchConfig {
+                ports: 2,
+                tenants: vec![t.clone()],
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            p.turn();
+        }
+        let retired = h.shared.history.lock().unwrap().retired.len();
+        assert!(retired <= 1, "{retired} replaced snapshots kept");
         // A deleted tenant's counts go with it.
         h.publish(&SwitchConfig {
             ports: 2,
