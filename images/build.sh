@@ -6,7 +6,8 @@
 #   --arch amd64|arm64|all   which images (default: all)
 #   --engine buildah|podman|docker
 #                            default: buildah if installed (no daemon), else
-#                            podman, else docker
+#                            podman, else docker with a running daemon, else
+#                            buildah (installed from Debian)
 #   --base-from-debootstrap  make the Debian 12 base with debootstrap from the
 #                            Debian mirror instead of pulling debian:bookworm-slim
 #                            from a registry (buildah only; CI uses it)
@@ -53,15 +54,15 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 if [ -z "$engine" ]; then
-  for e in buildah podman docker; do
-    if command -v "$e" >/dev/null; then engine=$e; break; fi
-  done
-  if [ -z "$engine" ]; then
-    apt_install buildah
-    engine=buildah
+  # A docker CLI counts only with a daemon behind it.
+  if command -v buildah >/dev/null; then engine=buildah
+  elif command -v podman >/dev/null; then engine=podman
+  elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then engine=docker
+  else engine=buildah  # installed below
   fi
 fi
-if [ "$engine" != buildah ] && { [ "$debootstrap_base" = 1 ] || [ "$check" = 1 ]; }; then
+# What the offline base and the checks need is buildah's.
+if { [ "$debootstrap_base" = 1 ] || [ "$check" = 1 ]; } && [ "$engine" != buildah ]; then
   echo "images/build.sh: --base-from-debootstrap and --check need --engine buildah" >&2
   exit 2
 fi
