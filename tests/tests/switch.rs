@@ -195,26 +195,24 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
             .unwrap_or(0)
     };
     let red = svc.dpuctl_json(&["counters", "--tenant", "red"])?;
-    let rule = red["rules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| r["rule"] == "tenants/red/rules/no-icmp")
-        .cloned()
-        .unwrap_or_default();
+    // The entry of `list` whose `key` is `name`, or null.
+    let entry = |list: &str, key: &str, name: &str| {
+        red[list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e[key] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let rule = entry("rules", "rule", "tenants/red/rules/no-icmp");
     assert!(
         num(&rule["packets"]) >= 2
             && num(&rule["bytes"]) >= 2 * 98
             && rule["lastHitTime"].is_string(),
         "rule counters: {red}"
     );
-    let tenant = red["tenants"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["tenant"] == "tenants/red")
-        .cloned()
-        .unwrap_or_default();
+    let tenant = entry("tenants", "tenant", "tenants/red");
     assert!(
         num(&tenant["droppedPackets"]) >= 2
             && num(&tenant["forwardedPackets"]) >= 2

@@ -844,17 +844,15 @@ mod tests {
         assert_eq!(run(&mut p, 0, f).0, Verdict::Drop(DropReason::Malformed));
     }
 
-    /// Tenant and rule counters count what the filter decided, and keep
-    /// counting across configuration changes for the rules that stay.
-    #[test]
-    fn tenant_and_rule_counters_follow_their_ids() {
-        let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
+    /// Order 10 "dns" allows UDP to port 53; order 5 "deny7" denies
+    /// everything from 10.0.0.7 (and so comes first).
+    fn dns_and_deny_7() -> Vec<SwitchRule> {
         let mut dns = AclRule::any(10, 0, Family::V4);
         dns.proto = (proto::UDP, proto::UDP);
         dns.dst_port = (53, 53);
         let mut deny = AclRule::any(5, 0, Family::V4);
         deny.src = AclRule::prefix_range(0x0a00_0007, 32, 32);
-        t.rules = vec![
+        vec![
             SwitchRule {
                 id: "dns".into(),
                 matches: dns,
@@ -865,7 +863,15 @@ mod tests {
                 matches: deny,
                 allow: false,
             },
-        ];
+        ]
+    }
+
+    /// Tenant and rule counters count what the filter decided, and keep
+    /// counting across configuration changes for the rules that stay.
+    #[test]
+    fn tenant_and_rule_counters_follow_their_ids() {
+        let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
+        t.rules = dns_and_deny_7();
         let (h, mut p) = switch(2, vec![t.clone()]);
         p.turn();
         let a = udp(1, mac(2), None, 53);
@@ -939,23 +945,7 @@ mod tests {
     #[test]
     fn rules_first_match_then_default() {
         let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
-        let mut allow_dns = AclRule::any(10, 0, Family::V4);
-        allow_dns.proto = (proto::UDP, proto::UDP);
-        allow_dns.dst_port = (53, 53);
-        let mut deny_net = AclRule::any(5, 0, Family::V4);
-        deny_net.src = AclRule::prefix_range(0x0a00_0007, 32, 32);
-        t.rules = vec![
-            SwitchRule {
-                id: "dns".into(),
-                matches: allow_dns,
-                allow: true,
-            },
-            SwitchRule {
-                id: "net".into(),
-                matches: deny_net,
-                allow: false,
-            },
-        ];
+        t.rules = dns_and_deny_7();
         let (_h, mut p) = switch(2, vec![t]);
         assert_eq!(run(&mut p, 0, udp(1, mac(2), None, 53)).0, Verdict::Flood);
         assert_eq!(

@@ -428,6 +428,17 @@ pub struct PortConfig {
     pub role: PortRole,
 }
 
+/// A listener override: a socket address, or "off" for none.
+fn address_or_off(flag: &str, value: &str) -> Result<Option<SocketAddr>> {
+    if value == "off" {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .with_context(|| format!("{flag} {value:?} is not an address or \"off\""))
+}
+
 fn default_driver() -> String {
     "none".into()
 }
@@ -453,22 +464,10 @@ impl Config {
             self.grpc.listen = a;
         }
         if let Some(m) = &cli.metrics_listen {
-            self.metrics.listen = if m == "off" {
-                None
-            } else {
-                Some(m.parse().with_context(|| {
-                    format!("--metrics-listen {m:?} is not an address or \"off\"")
-                })?)
-            };
+            self.metrics.listen = address_or_off("--metrics-listen", m)?;
         }
         if let Some(h) = &cli.health_listen {
-            self.grpc.health_listen = if h == "off" {
-                None
-            } else {
-                Some(h.parse().with_context(|| {
-                    format!("--health-listen {h:?} is not an address or \"off\"")
-                })?)
-            };
+            self.grpc.health_listen = address_or_off("--health-listen", h)?;
         }
         if let Some(d) = &cli.state_dir {
             self.state.dir = Some(d.clone());
