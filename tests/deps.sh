@@ -13,6 +13,8 @@ have curl || need_apt+=(curl)
 # Traffic tests: network namespaces, veth pairs and ping.
 have ip || need_apt+=(iproute2)
 have ping || need_apt+=(iputils-ping)
+# TCP through software ports needs the veths' offloads off (ethtool -K).
+have ethtool || need_apt+=(ethtool)
 have python3 || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).

@@ -63,6 +63,7 @@ fn main() {
                 id: format!("r{i}"),
                 matches: m,
                 allow: false,
+                stateful: false,
             }
         })
         .collect();
@@ -72,6 +73,7 @@ fn main() {
         id: "dns".into(),
         matches: last,
         allow: true,
+        stateful: false,
     });
     let h = SwitchHandle::new(&SwitchConfig {
         ports: 2,

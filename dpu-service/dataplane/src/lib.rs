@@ -13,12 +13,14 @@
 //! - [`parse`]: the headers a decision needs, read in place, bounds-checked.
 //! - [`classify`]: first-match packet classification with a decision tree
 //!   and incremental changes.
+//! - [`conntrack`]: connection tracking for stateful rules, per worker.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
 #![forbid(unsafe_code)]
 
 pub mod classify;
+pub mod conntrack;
 pub mod io;
 pub mod parse;
 pub mod switch;

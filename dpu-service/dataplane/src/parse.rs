@@ -83,6 +83,9 @@ pub enum L3 {
         tcp_flags: u8,
         /// A fragment other than the first: no transport header.
         later_fragment: bool,
+        /// The identifier of an ICMP or ICMPv6 echo request or reply
+        /// (connection tracking tells pings apart by it); 0 otherwise.
+        echo_id: u16,
     },
     /// An ARP packet for IPv4 over Ethernet.
     Arp {
@@ -291,6 +294,7 @@ fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
 
 fn transport(mut key: FlowKey, l4: &[u8], later_fragment: bool) -> Result<L3, ParseError> {
     let mut tcp_flags = 0;
+    let mut echo_id = 0;
     if !later_fragment {
         match key.proto {
             proto::TCP => {
@@ -322,6 +326,9 @@ fn transport(mut key: FlowKey, l4: &[u8], later_fragment: bool) -> Result<L3, Pa
                 }
                 key.src_port = u16::from(l4[0]);
                 key.dst_port = u16::from(l4[1]);
+                if is_echo(key.proto, l4[0]).is_some() && l4.len() >= 6 {
+                    echo_id = u16::from_be_bytes([l4[4], l4[5]]);
+                }
             }
             _ => {}
         }
@@ -330,7 +337,19 @@ fn transport(mut key: FlowKey, l4: &[u8], later_fragment: bool) -> Result<L3, Pa
         key,
         tcp_flags,
         later_fragment,
+        echo_id,
     })
+}
+
+/// For an ICMP (`proto` 1) or ICMPv6 (58) message of type `icmp_type`:
+/// `Some(true)` for an echo request, `Some(false)` for an echo reply,
+/// `None` for any other message or protocol.
+pub fn is_echo(proto: u8, icmp_type: u8) -> Option<bool> {
+    match (proto, icmp_type) {
+        (proto::ICMP, 8) | (proto::ICMPV6, 128) => Some(true),
+        (proto::ICMP, 0) | (proto::ICMPV6, 129) => Some(false),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -473,12 +492,26 @@ pub(crate) mod tests {
             [1, 1, 1, 1],
             [2, 2, 2, 2],
             proto::ICMP,
-            &[8, 0, 0, 0, 0, 1, 0, 1],
+            &[8, 0, 0, 0, 0x12, 0x34, 0, 1],
         ));
-        let L3::Ip { key, .. } = parse(&f).unwrap().l3 else {
+        let L3::Ip { key, echo_id, .. } = parse(&f).unwrap().l3 else {
             panic!()
         };
         assert_eq!((key.src_port, key.dst_port), (8, 0), "type and code");
+        assert_eq!(echo_id, 0x1234, "echo identifier");
+
+        // Not an echo: no identifier, whatever the bytes say.
+        let mut f = eth(B, A, None, ETH_IPV4);
+        f.extend(ipv4(
+            [1, 1, 1, 1],
+            [2, 2, 2, 2],
+            proto::ICMP,
+            &[3, 3, 0, 0, 0x12, 0x34, 0, 1],
+        ));
+        let L3::Ip { echo_id, .. } = parse(&f).unwrap().l3 else {
+            panic!()
+        };
+        assert_eq!(echo_id, 0);
     }
 
     #[test]

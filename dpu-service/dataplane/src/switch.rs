@@ -15,6 +15,15 @@
 //! take the default policy. Source MACs are learned only from frames that
 //! pass, so a denied frame cannot move a learned address.
 //!
+//! A packet a *stateful* allow rule lets through opens a connection in the
+//! worker's [`ConnTable`]; for a tenant with stateful rules, packets of
+//! known connections (both directions) pass on the connection's state
+//! before any rule is looked at, and packets that do not fit it are
+//! dropped as `ConntrackInvalid` (a lone ACK or RST opens nothing). When
+//! the configuration changes, a connection is kept only while the packet
+//! that opened it would still open it under the new rules: it is checked
+//! again when its next packet comes.
+//!
 //! Configuration is compiled off the packet path into an immutable
 //! [`Compiled`] snapshot and published through a [`SwitchHandle`]; each
 //! worker picks up a new snapshot between bursts (one atomic load per
@@ -26,7 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::classify::{AclRule, Classifier};
-use crate::parse::{is_multicast, parse, L3};
+use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
+use crate::parse::{is_multicast, parse, FlowKey, L3};
 use crate::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
 
 /// No tenant: the marker in the attachment tables.
@@ -51,6 +61,9 @@ pub struct SwitchRule {
     pub matches: AclRule,
     /// Allow (true) or deny.
     pub allow: bool,
+    /// For an allow rule: track the connections it lets through, so their
+    /// replies pass without a rule. Ignored on deny rules.
+    pub stateful: bool,
 }
 
 /// One tenant's configuration.
@@ -79,6 +92,13 @@ pub struct SwitchConfig {
     pub mac_ageing: Duration,
     /// Worker threads: one shard of tenant and rule counters each.
     pub workers: usize,
+    /// Most tracked connections, all tenants and workers together (each
+    /// worker gets an even share: symmetric RSS spreads flows evenly).
+    pub conntrack_max: usize,
+    /// Most tracked connections of one tenant, all workers together.
+    pub conntrack_per_tenant: usize,
+    /// How long idle connections live.
+    pub conntrack_timeouts: Timeouts,
 }
 
 impl Default for SwitchConfig {
@@ -89,6 +109,9 @@ impl Default for SwitchConfig {
             mac_table_size: 16_384,
             mac_ageing: Duration::from_secs(300),
             workers: 1,
+            conntrack_max: 262_144,
+            conntrack_per_tenant: 65_536,
+            conntrack_timeouts: Timeouts::default(),
         }
     }
 }
@@ -142,6 +165,8 @@ struct TenantCells {
     rx_bytes: AtomicU64,
     forwarded: AtomicU64,
     dropped: AtomicU64,
+    /// Tracked connections now (a gauge the worker stores).
+    conntrack: AtomicU64,
 }
 
 /// One rule's counters in one worker's shard.
@@ -184,6 +209,8 @@ pub struct TenantTraffic {
     pub forwarded_packets: u64,
     /// Packets the filter or the default policy dropped.
     pub dropped_packets: u64,
+    /// Connections tracked now (a gauge, not a count).
+    pub conntrack_entries: u64,
 }
 
 /// Counters of one rule, summed over workers.
@@ -215,6 +242,7 @@ impl Traffic {
         e.rx_bytes += t.rx_bytes;
         e.forwarded_packets += t.forwarded_packets;
         e.dropped_packets += t.dropped_packets;
+        e.conntrack_entries += t.conntrack_entries;
     }
 
     fn add_rule(&mut self, tenant: &str, rule: &str, r: RuleTraffic) {
@@ -240,6 +268,12 @@ impl Traffic {
 #[derive(Debug)]
 struct CompiledTenant {
     name: String,
+    /// Stable across configurations while the name stays (connection keys).
+    uid: u32,
+    /// Has stateful rules: look packets up in the connection table.
+    tracks: bool,
+    /// Stateful flag by rule tag.
+    stateful: Vec<bool>,
     rule_ids: Vec<String>,
     attachments: Vec<Attach>,
     default_allow: bool,
@@ -259,12 +293,21 @@ pub struct Compiled {
     tenants: Vec<CompiledTenant>,
     mac_table_size: usize,
     mac_ageing: Duration,
+    /// Per worker: connection table size and per-tenant limit.
+    conntrack: (usize, usize),
+    conntrack_timeouts: Timeouts,
+    /// Tenant IDs in use (below `uids`) that track connections.
+    tracking: Vec<bool>,
     shards: Box<[Shard]>,
 }
 
+/// Tenant IDs by name: stable for the life of a [`SwitchHandle`].
+type TenantIds = std::collections::HashMap<String, u32>;
+
 impl Compiled {
-    /// This snapshot's counters, summed over its shards.
-    fn traffic(&self) -> Traffic {
+    /// This snapshot's counters, summed over its shards; with `gauges`,
+    /// also the connection gauges (only the current snapshot's are).
+    fn traffic(&self, gauges: bool) -> Traffic {
         let mut out = Traffic::default();
         for (ti, t) in self.tenants.iter().enumerate() {
             let mut sum = TenantTraffic::default();
@@ -274,6 +317,9 @@ impl Compiled {
                 sum.rx_bytes += c.rx_bytes.load(Ordering::Relaxed);
                 sum.forwarded_packets += c.forwarded.load(Ordering::Relaxed);
                 sum.dropped_packets += c.dropped.load(Ordering::Relaxed);
+                if gauges {
+                    sum.conntrack_entries += c.conntrack.load(Ordering::Relaxed);
+                }
             }
             out.add_tenant(&t.name, sum);
             for (ri, id) in t.rule_ids.iter().enumerate() {
@@ -295,13 +341,24 @@ impl Compiled {
     /// # Errors
     /// [`ConfigError`] naming the first problem.
     pub fn new(config: &SwitchConfig) -> Result<Compiled, ConfigError> {
+        Compiled::compile(config, &mut TenantIds::new())
+    }
+
+    fn compile(config: &SwitchConfig, ids: &mut TenantIds) -> Result<Compiled, ConfigError> {
+        let workers = config.workers.max(1);
         let mut c = Compiled {
             whole: vec![(NONE, NONE); config.ports],
             vlans: vec![Vec::new(); config.ports],
             tenants: Vec::with_capacity(config.tenants.len()),
             mac_table_size: config.mac_table_size,
             mac_ageing: config.mac_ageing,
-            shards: (0..config.workers.max(1))
+            conntrack: (
+                config.conntrack_max.div_ceil(workers),
+                config.conntrack_per_tenant.div_ceil(workers),
+            ),
+            conntrack_timeouts: config.conntrack_timeouts,
+            tracking: Vec::new(),
+            shards: (0..workers)
                 .map(|_| Shard {
                     tenants: config
                         .tenants
@@ -373,8 +430,19 @@ impl Compiled {
                     order: w[0].order,
                 });
             }
+            let next = ids.len() as u32;
+            let uid = *ids.entry(t.name.clone()).or_insert(next);
+            let stateful: Vec<bool> = t.rules.iter().map(|r| r.allow && r.stateful).collect();
+            let tracks = stateful.contains(&true);
+            if c.tracking.len() <= uid as usize {
+                c.tracking.resize(uid as usize + 1, false);
+            }
+            c.tracking[uid as usize] = tracks;
             c.tenants.push(CompiledTenant {
                 name: t.name.clone(),
+                uid,
+                tracks,
+                stateful,
                 rule_ids: t.rules.iter().map(|r| r.id.clone()).collect(),
                 attachments: t.attachments.clone(),
                 default_allow: t.default_allow,
@@ -409,6 +477,8 @@ impl Compiled {
 
 struct Shared {
     generation: AtomicU64,
+    /// Tenant IDs by name, kept across configurations.
+    ids: Mutex<TenantIds>,
     current: Mutex<Arc<Compiled>>,
     /// Replaced snapshots and the counts of those no worker holds any more.
     history: Mutex<History>,
@@ -430,7 +500,7 @@ impl History {
         let mut i = 0;
         while i < self.retired.len() {
             if Arc::strong_count(&self.retired[i]) == 1 {
-                let done = self.retired.swap_remove(i).traffic();
+                let done = self.retired.swap_remove(i).traffic(false);
                 self.carried.merge(&done);
             } else {
                 i += 1;
@@ -459,10 +529,13 @@ impl SwitchHandle {
     /// # Errors
     /// [`ConfigError`] if `config` does not compile.
     pub fn new(config: &SwitchConfig) -> Result<SwitchHandle, ConfigError> {
+        let mut ids = TenantIds::new();
+        let first = Compiled::compile(config, &mut ids)?;
         Ok(SwitchHandle {
             shared: Arc::new(Shared {
                 generation: AtomicU64::new(1),
-                current: Mutex::new(Arc::new(Compiled::new(config)?)),
+                ids: Mutex::new(ids),
+                current: Mutex::new(Arc::new(first)),
                 history: Mutex::new(History::default()),
             }),
         })
@@ -474,7 +547,11 @@ impl SwitchHandle {
     /// # Errors
     /// [`ConfigError`] if `config` does not compile.
     pub fn publish(&self, config: &SwitchConfig) -> Result<(), ConfigError> {
-        let compiled = Arc::new(Compiled::new(config)?);
+        let compiled = {
+            let mut ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
+            // On error the new names stay known: harmless, IDs are only keys.
+            Arc::new(Compiled::compile(config, &mut ids)?)
+        };
         let mut cur = self
             .shared
             .current
@@ -518,10 +595,10 @@ impl SwitchHandle {
         h.carried.rules.retain(|(t, r), _| live_rule(t, r));
         let mut out = h.carried.clone();
         for r in &h.retired {
-            out.merge(&r.traffic());
+            out.merge(&r.traffic(false));
         }
         drop(h);
-        out.merge(&current.traffic());
+        out.merge(&current.traffic(true));
         out.tenants.retain(|t, _| live(t));
         out.rules.retain(|(t, r), _| live_rule(t, r));
         out
@@ -543,7 +620,11 @@ impl SwitchHandle {
     pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
         let macs = hashbrown::HashMap::with_capacity(compiled.mac_table_size);
+        let (max, per_tenant) = compiled.conntrack;
+        let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
+        conns.reserve_tenants(compiled.tracking.len());
         SwitchPipeline {
+            conns,
             shared: self.shared.clone(),
             generation,
             compiled,
@@ -575,8 +656,10 @@ struct Learned {
     seen: u64,
 }
 
-/// The switch pipeline of one worker: its snapshot, its MAC table.
+/// The switch pipeline of one worker: its snapshot, its MAC table, its
+/// connection table.
 pub struct SwitchPipeline {
+    conns: ConnTable,
     shared: Arc<Shared>,
     generation: u64,
     compiled: Arc<Compiled>,
@@ -596,6 +679,7 @@ impl std::fmt::Debug for SwitchPipeline {
         f.debug_struct("SwitchPipeline")
             .field("generation", &self.generation)
             .field("learned", &self.macs.len())
+            .field("connections", &self.conns.len())
             .finish_non_exhaustive()
     }
 }
@@ -610,7 +694,69 @@ fn vlan_op(from: Attach, to: Attach) -> VlanOp {
     }
 }
 
+/// Connection slots a worker looks at per turn for expired connections.
+const SWEEP_SLOTS: usize = 32;
+
+/// The filter's decision on an IP packet of tenant `t` with key `key`
+/// (connection key `conn` if the tenant tracks connections and the packet
+/// can be tracked), at `clock` (seconds, configuration generation): the
+/// tag of the rule that matched, if one was looked up and matched, and
+/// whether the packet passes.
+fn filter_ip(
+    t: &CompiledTenant,
+    conns: &mut ConnTable,
+    (now, generation): (u64, u64),
+    key: &FlowKey,
+    conn: Option<ConnKey>,
+    tcp_flags: u8,
+) -> (Option<u32>, Result<(), DropReason>) {
+    let opens = |r: &AclRule| t.allow[r.tag as usize] && t.stateful[r.tag as usize];
+    if let Some(ck) = conn {
+        if let Some((slot, dir)) = conns.find(&ck, now) {
+            let current = conns.generation(slot) == generation
+                || t.classifier.lookup(conns.orig(slot)).is_some_and(opens);
+            if current {
+                conns.set_generation(slot, generation);
+                let fits = conns.track(slot, dir, tcp_flags, now);
+                return (None, fits.then_some(()).ok_or(DropReason::ConntrackInvalid));
+            }
+            // The rules that let it open no longer do.
+            conns.remove(slot);
+        }
+    }
+    let Some(r) = t.classifier.lookup(key) else {
+        return (
+            None,
+            t.default_allow.then_some(()).ok_or(DropReason::AclDeny),
+        );
+    };
+    let tag = r.tag;
+    if !t.allow[tag as usize] {
+        return (Some(tag), Err(DropReason::AclDeny));
+    }
+    let passed = match conn {
+        Some(ck) if opens(r) => match conns.open(ck, *key, tcp_flags, now, generation) {
+            Ok(_) => Ok(()),
+            Err(Refused::Invalid) => Err(DropReason::ConntrackInvalid),
+            Err(Refused::TenantFull | Refused::TableFull) => Err(DropReason::TableFull),
+        },
+        _ => Ok(()),
+    };
+    (Some(tag), passed)
+}
+
 impl SwitchPipeline {
+    /// Stores this worker's connection counts in its shard's gauges.
+    fn store_gauges(&self) {
+        let shard = &self.compiled.shards[self.worker % self.compiled.shards.len()];
+        for (t, cells) in self.compiled.tenants.iter().zip(shard.tenants.iter()) {
+            let n = u64::from(self.conns.tenant_len(t.uid));
+            if cells.conntrack.load(Ordering::Relaxed) != n {
+                cells.conntrack.store(n, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize) {
         let key = (tenant as u32, mac);
         let entry = Learned {
@@ -646,8 +792,12 @@ impl Pipeline for SwitchPipeline {
             drop(cur);
             // Attachment indices belong to the old snapshot.
             self.macs.clear();
+            self.conns.reserve_tenants(self.compiled.tracking.len());
+            self.store_gauges();
         }
-        self.now = self.epoch.elapsed().as_secs();
+        let now = self.epoch.elapsed().as_secs();
+        let tick = now != self.now;
+        self.now = now;
         self.unix_now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -655,6 +805,15 @@ impl Pipeline for SwitchPipeline {
             self.last_sweep = self.now;
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
             self.macs.retain(|_, e| now.saturating_sub(e.seen) < ageing);
+        }
+        if !self.conns.is_empty() {
+            let tracking = &self.compiled.tracking;
+            self.conns.sweep(self.now, SWEEP_SLOTS, |uid| {
+                tracking.get(uid as usize).copied().unwrap_or(false)
+            });
+        }
+        if tick {
+            self.store_gauges();
         }
     }
 
@@ -675,23 +834,35 @@ impl Pipeline for SwitchPipeline {
         let len = packet.len() as u64;
         bump(&cells.rx_packets, 1);
         bump(&cells.rx_bytes, len);
-        let allow = match h.l3 {
-            L3::Ip { key, .. } => match t.classifier.lookup(&key) {
-                Some(r) => {
-                    let rc = &shard.rules[ti][r.tag as usize];
+        let passed = match h.l3 {
+            L3::Ip {
+                key,
+                tcp_flags,
+                later_fragment,
+                echo_id,
+            } => {
+                let conn = if t.tracks && !later_fragment {
+                    ConnKey::of(t.uid, &key, echo_id)
+                } else {
+                    None
+                };
+                let clock = (self.now, self.generation);
+                let (rule, passed) = filter_ip(t, &mut self.conns, clock, &key, conn, tcp_flags);
+                if let Some(tag) = rule {
+                    let rc = &shard.rules[ti][tag as usize];
                     bump(&rc.packets, 1);
                     bump(&rc.bytes, len);
                     rc.last_hit.store(self.unix_now, Ordering::Relaxed);
-                    t.allow[r.tag as usize]
                 }
-                None => t.default_allow,
-            },
-            L3::Arp { .. } => true,
-            L3::Other(_) => t.default_allow,
+                passed
+            }
+            L3::Arp { .. } => Ok(()),
+            L3::Other(_) if t.default_allow => Ok(()),
+            L3::Other(_) => Err(DropReason::AclDeny),
         };
-        if !allow {
+        if let Err(reason) = passed {
             bump(&cells.dropped, 1);
-            return Verdict::Drop(DropReason::AclDeny);
+            return Verdict::Drop(reason);
         }
         bump(&cells.forwarded, 1);
         let from = t.attachments[ai];
@@ -857,11 +1028,13 @@ mod tests {
                 id: "dns".into(),
                 matches: dns,
                 allow: true,
+                stateful: false,
             },
             SwitchRule {
                 id: "deny7".into(),
                 matches: deny,
                 allow: false,
+                stateful: false,
             },
         ]
     }
@@ -902,6 +1075,7 @@ mod tests {
                 id: "x".into(),
                 matches: AclRule::any(1, 0, Family::V6),
                 allow: true,
+                stateful: false,
             },
         );
         h.publish(&SwitchConfig {
@@ -1038,6 +1212,7 @@ mod tests {
             id: "r".into(),
             matches: AclRule::any(1, 0, Family::Any),
             allow: true,
+            stateful: false,
         };
         t.rules = vec![r.clone(), r];
         assert!(matches!(
@@ -1070,9 +1245,24 @@ mod tests {
                         att.push((port, vlan));
                     }
                 }
-                tenants.push(tenant(&format!("t{t}"), &att, rng.below(2) == 0));
+                let mut t = tenant(&format!("t{t}"), &att, rng.below(2) == 0);
+                if rng.below(2) == 0 {
+                    // Stateful DNS: replies pass only for the tenant that asked.
+                    let mut dns = AclRule::any(1, 0, Family::V4);
+                    dns.proto = (proto::UDP, proto::UDP);
+                    dns.dst_port = (53, 53);
+                    t.rules.push(SwitchRule {
+                        id: "dns".into(),
+                        matches: dns,
+                        allow: true,
+                        stateful: true,
+                    });
+                }
+                tenants.push(t);
             }
             let (_h, mut p) = switch(ports, tenants.clone());
+            // (tenant, client host) pairs that have asked 10.0.0.99.
+            let mut asked = std::collections::HashSet::new();
             let owner = |port: usize, vlan: Option<u16>| -> Option<(usize, Attach)> {
                 tenants
                     .iter()
@@ -1101,8 +1291,39 @@ mod tests {
                     mac(rng.below(6) as u8)
                 };
                 let src = rng.below(6) as u8;
-                let frame = udp(src, dst, vlan, 53);
+                // A question from host `src`, or an answer to host `peer`.
+                let peer = rng.below(6) as u8;
+                let answer = rng.below(2) == 0;
+                let frame = if answer {
+                    build::udp4(
+                        mac(src),
+                        dst,
+                        vlan,
+                        [10, 0, 0, 99],
+                        [10, 0, 0, peer],
+                        53,
+                        5000,
+                    )
+                } else {
+                    udp(src, dst, vlan, 53)
+                };
                 let (v, flood) = run(&mut p, port, frame);
+                if let Some((ti, _)) = owner(port, vlan) {
+                    let t = &tenants[ti];
+                    if !t.default_allow && !t.rules.is_empty() {
+                        let passed = !matches!(v, Verdict::Drop(_));
+                        if answer {
+                            assert_eq!(
+                                passed,
+                                asked.contains(&(ti, peer)),
+                                "round {round}: tenant {ti}'s answer to {peer}"
+                            );
+                        } else {
+                            assert!(passed, "round {round}: tenant {ti}'s question");
+                            asked.insert((ti, src));
+                        }
+                    }
+                }
                 let outs = match v {
                     Verdict::Forward(e) => vec![e],
                     Verdict::Flood => flood,
@@ -1121,6 +1342,251 @@ mod tests {
                     assert_ne!(at, from, "round {round}: sent back where it came from");
                 }
             }
+        }
+    }
+
+    mod stateful {
+        use super::*;
+        use crate::conntrack::{ACK, FIN, RST, SYN};
+        use crate::parse::tests::build::{eth, ipv4, tcp};
+        use crate::parse::ETH_IPV4;
+
+        /// Client 10.0.0.1 (MAC 1) and server 10.0.0.2 (MAC 2).
+        const CLIENT: [u8; 4] = [10, 0, 0, 1];
+        const SERVER: [u8; 4] = [10, 0, 0, 2];
+
+        fn tcp4(from: u8, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+            let (src, dst) = if from == 1 {
+                (CLIENT, SERVER)
+            } else {
+                (SERVER, CLIENT)
+            };
+            let mut f = eth(mac(3 - from), mac(from), None, ETH_IPV4);
+            f.extend(ipv4(src, dst, proto::TCP, &tcp(sport, dport, flags)));
+            f
+        }
+
+        fn udp4(from: u8, sport: u16, dport: u16) -> Vec<u8> {
+            let (src, dst) = if from == 1 {
+                (CLIENT, SERVER)
+            } else {
+                (SERVER, CLIENT)
+            };
+            build::udp4(mac(from), mac(3 - from), None, src, dst, sport, dport)
+        }
+
+        fn ping(from: u8, request: bool, id: u16) -> Vec<u8> {
+            let (src, dst) = if from == 1 {
+                (CLIENT, SERVER)
+            } else {
+                (SERVER, CLIENT)
+            };
+            let [hi, lo] = id.to_be_bytes();
+            let ty = if request { 8 } else { 0 };
+            let mut f = eth(mac(3 - from), mac(from), None, ETH_IPV4);
+            f.extend(ipv4(src, dst, proto::ICMP, &[ty, 0, 0, 0, hi, lo, 0, 1]));
+            f
+        }
+
+        /// Stateful allows from the client (port 0) to the server (port
+        /// 1): TCP to port 80, UDP to port 53, ICMP echo requests.
+        fn rules() -> Vec<SwitchRule> {
+            let client = AclRule::prefix_range(0x0a00_0001, 32, 32);
+            let mut web = AclRule::any(10, 0, Family::V4);
+            web.src = client;
+            web.proto = (proto::TCP, proto::TCP);
+            web.dst_port = (80, 80);
+            let mut dns = AclRule::any(20, 0, Family::V4);
+            dns.src = client;
+            dns.proto = (proto::UDP, proto::UDP);
+            dns.dst_port = (53, 53);
+            let mut echo = AclRule::any(30, 0, Family::V4);
+            echo.src = client;
+            echo.proto = (proto::ICMP, proto::ICMP);
+            echo.src_port = (8, 8);
+            [("web", web), ("dns", dns), ("echo", echo)]
+                .into_iter()
+                .map(|(id, matches)| SwitchRule {
+                    id: id.into(),
+                    matches,
+                    allow: true,
+                    stateful: true,
+                })
+                .collect()
+        }
+
+        fn config(tenants: Vec<TenantConfig>) -> SwitchConfig {
+            SwitchConfig {
+                ports: 4,
+                tenants,
+                ..SwitchConfig::default()
+            }
+        }
+
+        /// Tenant "a" on ports 0 (client) and 1 (server), default deny;
+        /// tenant "b" on ports 2 and 3 with the same addresses, no rules.
+        fn setup() -> (SwitchHandle, SwitchPipeline, TenantConfig) {
+            let mut a = tenant("a", &[(0, 0), (1, 0)], false);
+            a.rules = rules();
+            let b = tenant("b", &[(2, 0), (3, 0)], false);
+            let (h, p) = switch(4, vec![a.clone(), b]);
+            (h, p, a)
+        }
+
+        fn passes(p: &mut SwitchPipeline, port: usize, f: Vec<u8>) -> Result<(), DropReason> {
+            match run(p, port, f).0 {
+                Verdict::Drop(r) => Err(r),
+                _ => Ok(()),
+            }
+        }
+
+        #[test]
+        fn replies_of_allowed_connections_pass_and_nothing_else() {
+            let (h, mut p, _) = setup();
+            use DropReason::{AclDeny, ConntrackInvalid};
+            // Nothing from the server side opens anything.
+            assert_eq!(
+                passes(&mut p, 1, tcp4(2, 80, 40000, SYN | ACK)),
+                Err(AclDeny)
+            );
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, ACK)), Err(AclDeny));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, RST)), Err(AclDeny));
+            // A lone ACK or RST toward the allowed port opens nothing either.
+            assert_eq!(
+                passes(&mut p, 0, tcp4(1, 40000, 80, ACK)),
+                Err(ConntrackInvalid)
+            );
+            assert_eq!(
+                passes(&mut p, 0, tcp4(1, 40000, 80, RST)),
+                Err(ConntrackInvalid)
+            );
+            assert_eq!(p.conns.len(), 0);
+
+            // A handshake, data both ways, a close.
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, SYN)), Ok(()));
+            assert_eq!(
+                passes(&mut p, 1, tcp4(2, 80, 40000, ACK)),
+                Err(ConntrackInvalid)
+            );
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, SYN | ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, FIN | ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, FIN | ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, ACK)), Ok(()));
+            // Another port of the same hosts is not part of it.
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40001, ACK)), Err(AclDeny));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 22, 40000, ACK)), Err(AclDeny));
+
+            // UDP: the reply passes, the server cannot start its own flow.
+            assert_eq!(passes(&mut p, 0, udp4(1, 5353, 53)), Ok(()));
+            assert_eq!(passes(&mut p, 1, udp4(2, 53, 5353)), Ok(()));
+            assert_eq!(passes(&mut p, 1, udp4(2, 53, 5354)), Err(AclDeny));
+            // ICMP echo: the reply with the request's identifier passes.
+            assert_eq!(passes(&mut p, 0, ping(1, true, 7)), Ok(()));
+            assert_eq!(passes(&mut p, 1, ping(2, false, 7)), Ok(()));
+            assert_eq!(passes(&mut p, 1, ping(2, false, 8)), Err(AclDeny));
+            assert_eq!(passes(&mut p, 1, ping(2, true, 7)), Err(AclDeny));
+
+            // Tenant "b" has hosts with the same addresses: a's connections
+            // do nothing for it.
+            assert_eq!(passes(&mut p, 3, udp4(2, 53, 5353)), Err(AclDeny));
+            assert_eq!(passes(&mut p, 3, ping(2, false, 7)), Err(AclDeny));
+
+            p.store_gauges();
+            let t = h.traffic();
+            assert_eq!(t.tenants["a"].conntrack_entries, 3);
+            assert_eq!(t.tenants["b"].conntrack_entries, 0);
+            assert_eq!(t.rules[&("a".to_string(), "web".to_string())].packets, 3);
+        }
+
+        #[test]
+        fn a_rule_change_keeps_only_connections_the_new_rules_open() {
+            let (h, mut p, a) = setup();
+            assert_eq!(passes(&mut p, 0, udp4(1, 5353, 53)), Ok(()));
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, SYN)), Ok(()));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, SYN | ACK)), Ok(()));
+            assert_eq!(passes(&mut p, 0, tcp4(1, 40000, 80, ACK)), Ok(()));
+
+            // A new rule in front that leaves both allowed: both stay.
+            let mut a2 = a.clone();
+            let mut ssh = AclRule::any(1, 0, Family::V4);
+            ssh.proto = (proto::TCP, proto::TCP);
+            ssh.dst_port = (22, 22);
+            a2.rules.push(SwitchRule {
+                id: "no-ssh".into(),
+                matches: ssh,
+                allow: false,
+                stateful: false,
+            });
+            let b = tenant("b", &[(2, 0), (3, 0)], false);
+            h.publish(&config(vec![a2.clone(), b.clone()])).unwrap();
+            p.turn();
+            assert_eq!(passes(&mut p, 1, udp4(2, 53, 5353)), Ok(()));
+            assert_eq!(passes(&mut p, 1, tcp4(2, 80, 40000, ACK)), Ok(()));
+
+            // "web" goes: its connection goes with it, mid-stream, both
+            // ways; DNS stays.
+            a2.rules.retain(|r| r.id != "web");
+            h.publish(&config(vec![a2, b])).unwrap();
+            p.turn();
+            assert_eq!(
+                passes(&mut p, 1, tcp4(2, 80, 40000, ACK)),
+                Err(DropReason::AclDeny)
+            );
+            assert_eq!(
+                passes(&mut p, 0, tcp4(1, 40000, 80, ACK)),
+                Err(DropReason::AclDeny)
+            );
+            assert_eq!(passes(&mut p, 1, udp4(2, 53, 5353)), Ok(()));
+            assert_eq!(p.conns.len(), 1);
+        }
+
+        #[test]
+        fn a_full_tenant_table_refuses_only_that_tenant() {
+            let mut a = tenant("a", &[(0, 0), (1, 0)], false);
+            a.rules = rules();
+            // The same rules, for a tenant on ports 2 and 3.
+            let mut b = tenant("b", &[(2, 0), (3, 0)], false);
+            b.rules = rules();
+            let h = SwitchHandle::new(&SwitchConfig {
+                conntrack_per_tenant: 3,
+                conntrack_max: 100,
+                ..config(vec![a, b])
+            })
+            .unwrap();
+            let mut p = h.pipeline();
+            p.turn();
+            for port in 0..3 {
+                assert_eq!(passes(&mut p, 0, udp4(1, 6000 + port, 53)), Ok(()));
+            }
+            assert_eq!(
+                passes(&mut p, 0, udp4(1, 6003, 53)),
+                Err(DropReason::TableFull)
+            );
+            // Its existing connections still work; tenant "b" still opens.
+            assert_eq!(passes(&mut p, 1, udp4(2, 53, 6000)), Ok(()));
+            assert_eq!(passes(&mut p, 2, udp4(1, 6003, 53)), Ok(()));
+            assert_eq!(passes(&mut p, 3, udp4(2, 53, 6003)), Ok(()));
+        }
+
+        #[test]
+        fn removed_tenants_and_rules_free_their_connections() {
+            let (h, mut p, a) = setup();
+            for port in 0..10 {
+                assert_eq!(passes(&mut p, 0, udp4(1, 6000 + port, 53)), Ok(()));
+            }
+            assert_eq!(p.conns.len(), 10);
+            // Same tenant, no stateful rule left: the sweep frees them.
+            let mut a2 = a.clone();
+            for r in &mut a2.rules {
+                r.stateful = false;
+            }
+            h.publish(&config(vec![a2])).unwrap();
+            p.turn();
+            assert_eq!(p.conns.len(), 0);
+            p.store_gauges();
+            assert_eq!(h.traffic().tenants["a"].conntrack_entries, 0);
         }
     }
 }

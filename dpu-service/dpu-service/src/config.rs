@@ -117,6 +117,12 @@ pub struct DataplaneConfig {
     pub mac_table_size: usize,
     /// Seconds before an unseen learned MAC address is forgotten.
     pub mac_ageing_secs: u64,
+    /// Most connections tracked for stateful rules, all workers together
+    /// (each worker gets an even share, allocated at start).
+    pub conntrack_max: usize,
+    /// Most connections one tenant may have tracked, all workers together;
+    /// past it the tenant's new connections are dropped as `table_full`.
+    pub conntrack_per_tenant: usize,
     /// Further EAL arguments, passed as they are (e.g. "-d", a PMD path).
     pub eal_args: Vec<String>,
 }
@@ -133,6 +139,8 @@ impl Default for DataplaneConfig {
             mbufs: 16_383,
             mac_table_size: 16_384,
             mac_ageing_secs: 300,
+            conntrack_max: 262_144,
+            conntrack_per_tenant: 65_536,
             eal_args: Vec::new(),
         }
     }
@@ -576,6 +584,20 @@ impl Config {
         if d.mbufs < 1024 {
             bail!("dataplane.mbufs must be at least 1024, not {}", d.mbufs);
         }
+        if d.conntrack_max == 0 || d.conntrack_max > 1 << 26 {
+            bail!(
+                "dataplane.conntrack_max must be in 1..={}, not {}",
+                1 << 26,
+                d.conntrack_max
+            );
+        }
+        if d.conntrack_per_tenant == 0 || d.conntrack_per_tenant > d.conntrack_max {
+            bail!(
+                "dataplane.conntrack_per_tenant must be in 1..=conntrack_max ({}), not {}",
+                d.conntrack_max,
+                d.conntrack_per_tenant
+            );
+        }
         if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
             bail!(
                 "dataplane.file_prefix {:?} must be a non-empty name without '/'",
@@ -917,6 +939,14 @@ mod tests {
         bad("[dataplane]\nworkers = 0\n", "dataplane.workers");
         bad("[dataplane]\nmbufs = 10\n", "dataplane.mbufs");
         bad("[dataplane]\nfile_prefix = \"a/b\"\n", "file_prefix");
+        bad(
+            "[dataplane]\nconntrack_max = 0\n",
+            "dataplane.conntrack_max",
+        );
+        bad(
+            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
+            "dataplane.conntrack_per_tenant",
+        );
         assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
         let c: Config = toml::from_str(
             "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\ndevice = \"net_tap0,iface=p0\"\n",

@@ -101,6 +101,8 @@ impl Dataplane {
             workers: usize::from(d.workers),
             mac_table_size: d.mac_table_size,
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
+            conntrack_max: d.conntrack_max,
+            conntrack_per_tenant: d.conntrack_per_tenant,
             ..SwitchConfig::default()
         };
         let first = switch_config(&base, &ids, state);
@@ -274,6 +276,7 @@ pub fn switch_rule(r: &Rule) -> SwitchRule {
             proto: r.protocol.map_or((0, u8::MAX), |p| (p, p)),
         },
         allow: r.action == Action::Allow,
+        stateful: r.stateful,
     }
 }
 
@@ -336,6 +339,7 @@ impl CounterSource for PortSource {
             c.rx_bytes += t.rx_bytes;
             c.forwarded_packets += t.forwarded_packets;
             c.dropped_packets += t.dropped_packets;
+            c.conntrack_entries += t.conntrack_entries;
         }
         for (key, r) in traffic.rules {
             let c = out.rules.entry(key).or_default();
