@@ -42,17 +42,42 @@ pub enum Dir {
     Reply,
 }
 
-/// The key a packet is tracked under: tenant and 5-tuple, with an ICMP
-/// echo's identifier and kind (request or reply) in place of the ports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnKey {
+/// The part of a connection's key that is hashed: the tenant, the two
+/// endpoints in a canonical order (lower address and port first; for ICMP
+/// echo the requester first, with the identifier), protocol and family.
+/// Both directions of a connection have the same canonical key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+struct Canon {
     tenant: u32,
-    src: u128,
-    dst: u128,
-    a: u16,
-    b: u16,
+    lo: [u32; 4],
+    hi: [u32; 4],
+    lo_port: u16,
+    hi_port: u16,
     proto: u8,
     v6: bool,
+}
+
+/// The key a packet is tracked under: its tenant, its 5-tuple (with an
+/// ICMP echo's identifier in place of the ports) in canonical order, and
+/// which end of it the packet comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnKey {
+    canon: Canon,
+    /// The packet comes from the `lo` end.
+    from_lo: bool,
+}
+
+fn words(a: u128) -> [u32; 4] {
+    [
+        (a >> 96) as u32,
+        (a >> 64) as u32,
+        (a >> 32) as u32,
+        a as u32,
+    ]
+}
+
+fn unwords(w: [u32; 4]) -> u128 {
+    w.iter().fold(0, |a, &x| (a << 32) | u128::from(x))
 }
 
 impl ConnKey {
@@ -61,49 +86,43 @@ impl ConnKey {
     /// identifier `echo_id`. `None` for ICMP messages other than echo
     /// requests and replies, which are not tracked.
     pub fn of(tenant: u32, key: &FlowKey, echo_id: u16) -> Option<ConnKey> {
-        let (a, b) = match key.proto {
+        let (src, dst) = (words(key.src), words(key.dst));
+        let (lo, hi, lo_port, hi_port, from_lo) = match key.proto {
             proto::ICMP | proto::ICMPV6 => {
-                // The type sits in `src_port` (see FlowKey).
-                let request = is_echo(key.proto, key.src_port as u8)?;
-                (echo_id, u16::from(!request))
+                // The type sits in `src_port` (see FlowKey). The requester
+                // is `lo`: a request comes from it, a reply goes to it.
+                if is_echo(key.proto, key.src_port as u8)? {
+                    (src, dst, echo_id, 0, true)
+                } else {
+                    (dst, src, echo_id, 0, false)
+                }
             }
-            _ => (key.src_port, key.dst_port),
+            _ if (src, key.src_port) <= (dst, key.dst_port) => {
+                (src, dst, key.src_port, key.dst_port, true)
+            }
+            _ => (dst, src, key.dst_port, key.src_port, false),
         };
         Some(ConnKey {
-            tenant,
-            src: key.src,
-            dst: key.dst,
-            a,
-            b,
-            proto: key.proto,
-            v6: key.v6,
+            canon: Canon {
+                tenant,
+                lo,
+                hi,
+                lo_port,
+                hi_port,
+                proto: key.proto,
+                v6: key.v6,
+            },
+            from_lo,
         })
-    }
-
-    /// The key of the packets going the other way. Applied twice it gives
-    /// the key back.
-    pub fn reply(&self) -> ConnKey {
-        let (a, b) = if self.is_icmp() {
-            (self.a, self.b ^ 1)
-        } else {
-            (self.b, self.a)
-        };
-        ConnKey {
-            src: self.dst,
-            dst: self.src,
-            a,
-            b,
-            ..*self
-        }
-    }
-
-    fn is_icmp(&self) -> bool {
-        self.proto == proto::ICMP || self.proto == proto::ICMPV6
     }
 
     /// The tenant the key belongs to.
     pub fn tenant(&self) -> u32 {
-        self.tenant
+        self.canon.tenant
+    }
+
+    fn is_icmp(&self) -> bool {
+        self.canon.proto == proto::ICMP || self.canon.proto == proto::ICMPV6
     }
 }
 
@@ -177,19 +196,45 @@ pub enum ConnState {
     },
 }
 
+/// One bucket of the table: a whole cache line, so a lookup that finds
+/// its connection at home touches one line.
 #[derive(Debug, Clone, Copy)]
-struct Conn {
-    key: ConnKey,
-    /// The classification key of the opening packet (rules are checked
-    /// again against it when the configuration changes).
-    orig: FlowKey,
-    state: ConnState,
+#[repr(C, align(64))]
+struct Bucket {
+    key: Canon,
+    /// The key's hash, to move entries on removal without rehashing.
+    hash: u32,
     /// Expiry on the caller's clock, seconds.
-    expires: u64,
-    /// Configuration generation the connection was last checked against.
-    generation: u64,
+    expires: u32,
+    /// Low bits of the configuration generation the connection was last
+    /// checked against.
+    generation: u32,
+    /// The opening packet's ports (ICMP type and code), as classified.
+    orig_ports: (u16, u16),
+    state: ConnState,
+    /// The opening packet came from the `lo` end.
+    orig_lo: bool,
     used: bool,
 }
+
+const EMPTY: Bucket = Bucket {
+    key: Canon {
+        tenant: 0,
+        lo: [0; 4],
+        hi: [0; 4],
+        lo_port: 0,
+        hi_port: 0,
+        proto: 0,
+        v6: false,
+    },
+    hash: 0,
+    expires: 0,
+    generation: 0,
+    orig_ports: (0, 0),
+    state: ConnState::Datagram { replied: false },
+    orig_lo: false,
+    used: false,
+};
 
 /// Why a connection was not opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,13 +247,15 @@ pub enum Refused {
     TableFull,
 }
 
-/// One worker's connection table.
+/// One worker's connection table: open addressing with linear probing,
+/// at most half full, one entry per connection, removal by backward shift
+/// (no tombstones). Hashes are keyed per table, so nobody outside can aim
+/// packets at one chain.
 #[derive(Debug)]
 pub struct ConnTable {
-    /// Both keys of every connection: slot << 1 | (1 for the reply key).
-    map: hashbrown::HashMap<ConnKey, u32>,
-    slots: Vec<Conn>,
-    free: Vec<u32>,
+    buckets: Box<[Bucket]>,
+    mask: usize,
+    hasher: hashbrown::DefaultHashBuilder,
     /// Connections per tenant ID.
     per_tenant: Vec<u32>,
     max: usize,
@@ -218,14 +265,22 @@ pub struct ConnTable {
     len: usize,
 }
 
+/// Seconds as stored in a bucket (the worker clock starts at 0, so this
+/// lasts 136 years).
+fn secs(t: u64) -> u32 {
+    u32::try_from(t).unwrap_or(u32::MAX)
+}
+
 impl ConnTable {
     /// A table for at most `max` connections, of which one tenant may hold
-    /// `tenant_max`, allocated now.
+    /// `tenant_max`, allocated now (64 bytes per bucket, two buckets per
+    /// connection).
     pub fn new(max: usize, tenant_max: usize, timeouts: Timeouts) -> ConnTable {
+        let n = (2 * max).next_power_of_two().max(16);
         ConnTable {
-            map: hashbrown::HashMap::with_capacity(2 * max),
-            slots: Vec::with_capacity(max),
-            free: Vec::with_capacity(max),
+            buckets: vec![EMPTY; n].into_boxed_slice(),
+            mask: n - 1,
+            hasher: hashbrown::DefaultHashBuilder::default(),
             per_tenant: Vec::new(),
             max,
             tenant_max: u32::try_from(tenant_max).unwrap_or(u32::MAX),
@@ -258,37 +313,76 @@ impl ConnTable {
         self.per_tenant.get(tenant as usize).copied().unwrap_or(0)
     }
 
+    fn hash(&self, key: &Canon) -> u32 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(key) as u32
+    }
+
+    /// The bucket holding `key`, or the empty one where it would go.
+    fn probe(&self, key: &Canon, hash: u32) -> (usize, bool) {
+        let mut i = hash as usize & self.mask;
+        loop {
+            let b = &self.buckets[i];
+            if !b.used {
+                return (i, false);
+            }
+            if b.hash == hash && b.key == *key {
+                return (i, true);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     /// The live connection `key` belongs to, and the packet's direction in
     /// it. An expired connection is removed and not returned.
     pub fn find(&mut self, key: &ConnKey, now: u64) -> Option<(u32, Dir)> {
-        let v = *self.map.get(key)?;
-        let slot = v >> 1;
-        if self.slots[slot as usize].expires <= now {
-            self.remove(slot);
+        let (i, found) = self.probe(&key.canon, self.hash(&key.canon));
+        if !found {
             return None;
         }
-        Some((slot, if v & 1 == 0 { Dir::Orig } else { Dir::Reply }))
+        if u64::from(self.buckets[i].expires) <= now {
+            self.remove(i as u32);
+            return None;
+        }
+        let dir = if key.from_lo == self.buckets[i].orig_lo {
+            Dir::Orig
+        } else {
+            Dir::Reply
+        };
+        Some((i as u32, dir))
     }
 
     /// The classification key of the packet that opened connection `slot`.
-    pub fn orig(&self, slot: u32) -> &FlowKey {
-        &self.slots[slot as usize].orig
+    pub fn orig(&self, slot: u32) -> FlowKey {
+        let b = &self.buckets[slot as usize];
+        let (src, dst) = if b.orig_lo {
+            (b.key.lo, b.key.hi)
+        } else {
+            (b.key.hi, b.key.lo)
+        };
+        FlowKey {
+            src: unwords(src),
+            dst: unwords(dst),
+            src_port: b.orig_ports.0,
+            dst_port: b.orig_ports.1,
+            proto: b.key.proto,
+            v6: b.key.v6,
+        }
     }
 
-    /// The configuration generation connection `slot` was last checked
-    /// against.
-    pub fn generation(&self, slot: u32) -> u64 {
-        self.slots[slot as usize].generation
+    /// True if connection `slot` was last checked against generation `g`.
+    pub fn checked_at(&self, slot: u32, g: u64) -> bool {
+        self.buckets[slot as usize].generation == g as u32
     }
 
     /// Records that connection `slot` was checked against generation `g`.
     pub fn set_generation(&mut self, slot: u32, g: u64) {
-        self.slots[slot as usize].generation = g;
+        self.buckets[slot as usize].generation = g as u32;
     }
 
     /// The state of connection `slot`.
     pub fn state(&self, slot: u32) -> ConnState {
-        self.slots[slot as usize].state
+        self.buckets[slot as usize].state
     }
 
     /// Moves connection `slot` on with a packet going `dir` (TCP flags
@@ -297,8 +391,8 @@ impl ConnTable {
     /// connection is left as it was.
     pub fn track(&mut self, slot: u32, dir: Dir, flags: u8, now: u64) -> bool {
         let t = self.timeouts;
-        let c = &mut self.slots[slot as usize];
-        let (state, timeout) = match c.state {
+        let b = &mut self.buckets[slot as usize];
+        let (state, timeout) = match b.state {
             ConnState::Tcp(s, fins) => match tcp_step(s, fins, dir, flags) {
                 Some((s, fins)) => {
                     let timeout = match s {
@@ -313,7 +407,7 @@ impl ConnTable {
             },
             ConnState::Datagram { replied } => {
                 let replied = replied || dir == Dir::Reply;
-                let timeout = match (c.key.proto, replied) {
+                let timeout = match (b.key.proto, replied) {
                     (proto::ICMP | proto::ICMPV6, _) => t.icmp,
                     (proto::UDP, false) => t.udp_unreplied,
                     (proto::UDP, true) => t.udp_replied,
@@ -323,14 +417,15 @@ impl ConnTable {
                 (ConnState::Datagram { replied }, timeout)
             }
         };
-        c.state = state;
-        c.expires = now + timeout;
+        b.state = state;
+        b.expires = secs(now + timeout);
         true
     }
 
     /// Opens a connection for the packet with key `key`, classification
     /// key `orig` and TCP flags `flags`, checked against generation
-    /// `generation`. The caller has made sure `key` is not in the table.
+    /// `generation`. A connection already under `key` is refused as
+    /// invalid (callers look it up first).
     pub fn open(
         &mut self,
         key: ConnKey,
@@ -340,82 +435,91 @@ impl ConnTable {
         generation: u64,
     ) -> Result<u32, Refused> {
         let t = self.timeouts;
-        let (state, timeout) = match key.proto {
+        let (state, timeout) = match key.canon.proto {
             proto::TCP if flags & (SYN | ACK | RST | FIN) == SYN => {
                 (ConnState::Tcp(TcpState::SynSent, 0), t.tcp_handshake)
             }
             proto::TCP => return Err(Refused::Invalid),
             // Only a request opens an echo pseudo-connection.
-            proto::ICMP | proto::ICMPV6 if key.b != 0 => return Err(Refused::Invalid),
-            proto::ICMP | proto::ICMPV6 => (ConnState::Datagram { replied: false }, t.icmp),
+            _ if key.is_icmp() && !key.from_lo => return Err(Refused::Invalid),
+            _ if key.is_icmp() => (ConnState::Datagram { replied: false }, t.icmp),
             proto::UDP => (ConnState::Datagram { replied: false }, t.udp_unreplied),
             _ => (ConnState::Datagram { replied: false }, t.other_unreplied),
         };
-        let reply = key.reply();
-        if self.map.contains_key(&reply) {
-            // The reverse belongs to another connection: never two owners.
+        let hash = self.hash(&key.canon);
+        let (i, found) = self.probe(&key.canon, hash);
+        if found {
             return Err(Refused::Invalid);
         }
-        let tenant = key.tenant as usize;
+        let tenant = key.canon.tenant as usize;
         if tenant >= self.per_tenant.len() || self.per_tenant[tenant] >= self.tenant_max {
             return Err(Refused::TenantFull);
         }
-        let conn = Conn {
-            key,
-            orig,
+        if self.len >= self.max {
+            return Err(Refused::TableFull);
+        }
+        self.buckets[i] = Bucket {
+            key: key.canon,
+            hash,
+            expires: secs(now + timeout),
+            generation: generation as u32,
+            orig_ports: (orig.src_port, orig.dst_port),
             state,
-            expires: now + timeout,
-            generation,
+            orig_lo: key.from_lo,
             used: true,
         };
-        let slot = if let Some(s) = self.free.pop() {
-            self.slots[s as usize] = conn;
-            s
-        } else if self.slots.len() < self.max {
-            self.slots.push(conn);
-            (self.slots.len() - 1) as u32
-        } else {
-            return Err(Refused::TableFull);
-        };
-        self.map.insert(key, slot << 1);
-        self.map.insert(reply, slot << 1 | 1);
         self.per_tenant[tenant] += 1;
         self.len += 1;
-        Ok(slot)
+        Ok(i as u32)
     }
 
-    /// Removes connection `slot` (both its keys).
+    /// Removes connection `slot`. Entries of the same probe chain move
+    /// back into the gap, so slot numbers from before are stale after.
     pub fn remove(&mut self, slot: u32) {
-        let c = &mut self.slots[slot as usize];
-        if !c.used {
+        let mut i = slot as usize;
+        if !self.buckets[i].used {
             return;
         }
-        c.used = false;
-        let key = c.key;
-        self.map.remove(&key);
-        self.map.remove(&key.reply());
-        if let Some(n) = self.per_tenant.get_mut(key.tenant as usize) {
+        let tenant = self.buckets[i].key.tenant as usize;
+        if let Some(n) = self.per_tenant.get_mut(tenant) {
             *n = n.saturating_sub(1);
         }
-        self.free.push(slot);
         self.len -= 1;
+        self.buckets[i].used = false;
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            if !self.buckets[j].used {
+                return;
+            }
+            let home = self.buckets[j].hash as usize & self.mask;
+            // An entry stays if its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !stays {
+                self.buckets[i] = self.buckets[j];
+                self.buckets[j].used = false;
+                i = j;
+            }
+        }
     }
 
-    /// Looks at up to `budget` slots from where the last sweep stopped and
-    /// removes connections that expired or whose tenant `keep` refuses.
-    /// Returns how many went.
+    /// Looks at up to `budget` buckets from where the last sweep stopped
+    /// and removes connections that expired or whose tenant `keep`
+    /// refuses. Returns how many went.
     pub fn sweep(&mut self, now: u64, budget: usize, keep: impl Fn(u32) -> bool) -> usize {
         let mut removed = 0;
-        for _ in 0..budget.min(self.slots.len()) {
-            if self.cursor >= self.slots.len() {
-                self.cursor = 0;
-            }
-            let s = self.cursor;
-            self.cursor += 1;
-            let c = &self.slots[s];
-            if c.used && (c.expires <= now || !keep(c.key.tenant)) {
-                self.remove(s as u32);
+        for _ in 0..budget {
+            let b = &self.buckets[self.cursor];
+            if b.used && (u64::from(b.expires) <= now || !keep(b.key.tenant)) {
+                // Look at this bucket again: a later entry may move in.
+                self.remove(self.cursor as u32);
                 removed += 1;
+            } else {
+                self.cursor = (self.cursor + 1) & self.mask;
             }
         }
         removed
@@ -477,21 +581,27 @@ mod tests {
         }
     }
 
+    fn key(tenant: u32, f: &FlowKey) -> ConnKey {
+        ConnKey::of(tenant, f, 0).unwrap()
+    }
+
     fn table() -> ConnTable {
         let mut t = ConnTable::new(8, 4, Timeouts::default());
         t.reserve_tenants(4);
         t
     }
 
-    /// Opens with `first` then runs `rest` ((dir, flags, expected pass)).
-    fn tcp_script(rest: &[(Dir, u8, bool)]) -> ConnTable {
+    /// Opens a TCP connection with a SYN, then runs `rest` ((direction,
+    /// flags, whether it fits)).
+    fn tcp_script(rest: &[(Dir, u8, bool)]) -> (ConnTable, ConnKey) {
         let mut t = table();
         let f = flow(proto::TCP, 40000, 80);
-        let k = ConnKey::of(1, &f, 0).unwrap();
+        let k = key(1, &f);
+        let back = key(1, &f.reversed());
         let slot = t.open(k, f, SYN, 0, 1).unwrap();
         for (i, &(dir, flags, pass)) in rest.iter().enumerate() {
-            let key = if dir == Dir::Orig { k } else { k.reply() };
-            let (s, d) = t.find(&key, 1).expect("connection");
+            let pk = if dir == Dir::Orig { k } else { back };
+            let (s, d) = t.find(&pk, 1).expect("connection");
             assert_eq!((s, d), (slot, dir));
             assert_eq!(
                 t.track(s, d, flags, 1),
@@ -499,18 +609,26 @@ mod tests {
                 "step {i}: {dir:?} {flags:#x}"
             );
         }
-        t
+        (t, k)
     }
 
     #[test]
     fn keys_of_both_directions() {
         let f = flow(proto::UDP, 1000, 53);
-        let k = ConnKey::of(7, &f, 0).unwrap();
-        assert_eq!(k.reply(), ConnKey::of(7, &f.reversed(), 0).unwrap());
-        assert_eq!(k.reply().reply(), k);
-        assert_ne!(k, ConnKey::of(8, &f, 0).unwrap(), "tenant is in the key");
+        let (k, back) = (key(7, &f), key(7, &f.reversed()));
+        assert_eq!(k.canon, back.canon);
+        assert_ne!(k.from_lo, back.from_lo);
+        assert_ne!(k, key(8, &f), "tenant is in the key");
+        // The same hosts with other ports are another connection.
+        assert_ne!(k.canon, key(7, &flow(proto::UDP, 1001, 53)).canon);
+        // Ports alone decide the order between equal addresses.
+        let same_host = FlowKey { dst: f.src, ..f };
+        assert_eq!(
+            key(7, &same_host).canon,
+            key(7, &same_host.reversed()).canon
+        );
 
-        // Echo request (type 8) and its reply (type 0) meet on one key pair.
+        // Echo request (type 8) and its reply (type 0) meet on one key.
         let req = FlowKey {
             src_port: 8,
             dst_port: 0,
@@ -521,14 +639,20 @@ mod tests {
             ..req.reversed()
         };
         let kq = ConnKey::of(1, &req, 77).unwrap();
-        assert_eq!(kq.reply(), ConnKey::of(1, &rep, 77).unwrap());
-        assert_ne!(kq.reply(), ConnKey::of(1, &rep, 78).unwrap(), "identifier");
-        // A request the other way is not a reply.
+        let kr = ConnKey::of(1, &rep, 77).unwrap();
+        assert_eq!(kq.canon, kr.canon);
+        assert!(kq.from_lo && !kr.from_lo);
+        assert_ne!(
+            kq.canon,
+            ConnKey::of(1, &rep, 78).unwrap().canon,
+            "identifier"
+        );
+        // A request the other way is another connection.
         let back = FlowKey {
             src_port: 8,
             ..req.reversed()
         };
-        assert_ne!(kq.reply(), ConnKey::of(1, &back, 77).unwrap());
+        assert_ne!(kq.canon, ConnKey::of(1, &back, 77).unwrap().canon);
         // Other ICMP messages are not tracked.
         let unreach = FlowKey {
             src_port: 3,
@@ -539,8 +663,37 @@ mod tests {
     }
 
     #[test]
+    fn the_opening_key_comes_back_for_rechecks() {
+        let mut t = table();
+        for f in [
+            flow(proto::UDP, 1000, 53),
+            flow(proto::UDP, 1001, 54).reversed(),
+            FlowKey {
+                src: u128::MAX - 5,
+                dst: 1 << 100,
+                v6: true,
+                ..flow(proto::TCP, 1, 2)
+            },
+        ] {
+            let k = key(1, &f);
+            let s = t.open(k, f, SYN, 0, 1).unwrap();
+            assert_eq!(t.orig(s), f);
+        }
+        let echo = FlowKey {
+            src_port: 128,
+            dst_port: 0,
+            v6: true,
+            ..flow(proto::ICMPV6, 0, 0)
+        };
+        let s = t
+            .open(ConnKey::of(1, &echo, 9).unwrap(), echo, 0, 0, 1)
+            .unwrap();
+        assert_eq!(t.orig(s), echo);
+    }
+
+    #[test]
     fn tcp_handshake_data_and_close() {
-        let t = tcp_script(&[
+        let (mut t, k) = tcp_script(&[
             (Dir::Orig, SYN, true),         // retransmitted SYN
             (Dir::Reply, ACK, false),       // no ACK before the SYN+ACK
             (Dir::Reply, SYN | ACK, true),  // SYN+ACK
@@ -552,12 +705,13 @@ mod tests {
             (Dir::Reply, FIN | ACK, true),  // replier closes
             (Dir::Orig, ACK, true),         // last ACK
         ]);
-        assert_eq!(t.state(0), ConnState::Tcp(TcpState::Closing, 3));
+        let (s, _) = t.find(&k, 1).unwrap();
+        assert_eq!(t.state(s), ConnState::Tcp(TcpState::Closing, 3));
     }
 
     #[test]
     fn tcp_rst_ends_and_only_a_syn_reopens() {
-        let mut t = tcp_script(&[
+        let (mut t, k) = tcp_script(&[
             (Dir::Reply, SYN | ACK, true),
             (Dir::Orig, ACK, true),
             (Dir::Reply, RST, true),
@@ -565,10 +719,10 @@ mod tests {
             (Dir::Orig, ACK, false),
             (Dir::Orig, SYN, true),
         ]);
-        assert_eq!(t.state(0), ConnState::Tcp(TcpState::SynSent, 0));
+        let (s, _) = t.find(&k, 1).unwrap();
+        assert_eq!(t.state(s), ConnState::Tcp(TcpState::SynSent, 0));
         // Closed connections expire fast.
-        assert!(t.track(0, Dir::Reply, RST, 100));
-        let k = t.slots[0].key;
+        assert!(t.track(s, Dir::Reply, RST, 100));
         assert_eq!(t.find(&k, 100 + 10), None);
         assert!(t.is_empty());
     }
@@ -578,9 +732,8 @@ mod tests {
         let mut t = table();
         for flags in [ACK, RST, FIN, SYN | ACK, SYN | RST, 0] {
             let f = flow(proto::TCP, 40000, 80);
-            let k = ConnKey::of(1, &f, 0).unwrap();
             assert_eq!(
-                t.open(k, f, flags, 0, 1),
+                t.open(key(1, &f), f, flags, 0, 1),
                 Err(Refused::Invalid),
                 "{flags:#x}"
             );
@@ -590,23 +743,28 @@ mod tests {
         let rep = flow(proto::ICMP, 0, 0);
         let k = ConnKey::of(1, &rep, 5).unwrap();
         assert_eq!(t.open(k, rep, 0, 0, 1), Err(Refused::Invalid));
+        // Nor a second connection under a key in use.
+        let f = flow(proto::UDP, 1, 2);
+        t.open(key(1, &f), f, 0, 0, 1).unwrap();
+        let back = f.reversed();
+        assert_eq!(t.open(key(1, &back), back, 0, 0, 1), Err(Refused::Invalid));
     }
 
     #[test]
     fn datagram_timeouts_grow_once_replied() {
         let mut t = table();
         let f = flow(proto::UDP, 1000, 53);
-        let k = ConnKey::of(1, &f, 0).unwrap();
+        let (k, back) = (key(1, &f), key(1, &f.reversed()));
         let s = t.open(k, f, 0, 0, 1).unwrap();
         assert!(t.find(&k, 29).is_some());
         assert!(t.track(s, Dir::Orig, 0, 29));
         // Unreplied: 30 s from the last packet.
-        assert!(t.find(&k.reply(), 58).is_some());
+        assert_eq!(t.find(&back, 58), Some((s, Dir::Reply)));
         assert!(t.track(s, Dir::Reply, 0, 58));
         assert_eq!(t.state(s), ConnState::Datagram { replied: true });
         assert!(t.find(&k, 58 + 179).is_some());
         assert_eq!(t.find(&k, 58 + 180), None, "expired");
-        assert_eq!(t.find(&k.reply(), 0), None, "both keys went");
+        assert_eq!(t.find(&back, 0), None, "gone for both directions");
         assert_eq!(t.tenant_len(1), 0);
     }
 
@@ -617,10 +775,9 @@ mod tests {
         for tenant in 0..3u32 {
             for port in 0..5u16 {
                 let f = flow(proto::UDP, 1000 + port, 53);
-                let k = ConnKey::of(tenant, &f, 0).unwrap();
-                let r = t.open(k, f, 0, 0, 1);
+                let r = t.open(key(tenant, &f), f, 0, 0, 1);
                 match (tenant, port) {
-                    (0 | 1, 0..=3) => opened.push(r.unwrap()),
+                    (0 | 1, 0..=3) => opened.push(key(tenant, &f)),
                     (0 | 1, _) => assert_eq!(r, Err(Refused::TenantFull)),
                     (2, _) => assert_eq!(r, Err(Refused::TableFull)),
                     _ => unreachable!(),
@@ -628,15 +785,17 @@ mod tests {
             }
         }
         assert_eq!((t.len(), t.tenant_len(0), t.tenant_len(2)), (8, 4, 0));
-        // Freed slots are reused.
-        t.remove(opened[0]);
+        // Room made by a removal is used again.
+        let (s, _) = t.find(&opened[0], 0).unwrap();
+        t.remove(s);
         let f = flow(proto::UDP, 9, 9);
-        assert!(t.open(ConnKey::of(2, &f, 0).unwrap(), f, 0, 0, 1).is_ok());
+        assert!(t.open(key(2, &f), f, 0, 0, 1).is_ok());
         // A tenant ID nobody reserved is refused, not a panic.
-        assert_eq!(
-            t.open(ConnKey::of(99, &f, 0).unwrap(), f, 0, 0, 1),
-            Err(Refused::TenantFull)
-        );
+        assert_eq!(t.open(key(99, &f), f, 0, 0, 1), Err(Refused::TenantFull));
+        // Everything else is still found.
+        for k in &opened[1..] {
+            assert!(t.find(k, 0).is_some());
+        }
     }
 
     #[test]
@@ -644,13 +803,51 @@ mod tests {
         let mut t = table();
         for (tenant, port) in [(0u32, 1u16), (1, 2), (1, 3)] {
             let f = flow(proto::UDP, port, 53);
-            t.open(ConnKey::of(tenant, &f, 0).unwrap(), f, 0, 0, 1)
-                .unwrap();
+            t.open(key(tenant, &f), f, 0, 0, 1).unwrap();
         }
-        assert_eq!(t.sweep(1, 100, |tenant| tenant != 0), 1, "tenant 0 is gone");
-        assert_eq!(t.sweep(30, 2, |_| true), 1, "a budget of two slots");
-        assert_eq!(t.sweep(30, 100, |_| true), 1);
+        let n = t.buckets.len();
+        assert_eq!(t.sweep(1, n, |tenant| tenant != 0), 1, "tenant 0 is gone");
+        assert_eq!(t.sweep(30, n, |_| true), 2, "expired");
         assert!(t.is_empty());
-        assert!(t.map.is_empty());
+        assert!(t.buckets.iter().all(|b| !b.used));
+    }
+
+    /// Random opens, lookups and removals in a small table (long probe
+    /// chains, wrap-around) agree with a plain map.
+    #[test]
+    fn agrees_with_a_map_under_churn() {
+        let mut rng = crate::classify::tests::Rng(0xc0ffee);
+        let mut t = ConnTable::new(64, 64, Timeouts::default());
+        t.reserve_tenants(1);
+        let mut model = std::collections::HashMap::new();
+        for step in 0..20_000 {
+            let f = flow(proto::UDP, rng.below(200) as u16, 53);
+            let k = key(0, &f);
+            match rng.below(3) {
+                0 => {
+                    let r = t.open(k, f, 0, 0, 1);
+                    if model.contains_key(&f.src_port) {
+                        assert_eq!(r, Err(Refused::Invalid), "step {step}");
+                    } else if model.len() == 64 {
+                        assert_eq!(r, Err(Refused::TenantFull), "step {step}");
+                    } else {
+                        r.unwrap();
+                        model.insert(f.src_port, ());
+                    }
+                }
+                1 => {
+                    if let Some((s, _)) = t.find(&k, 0) {
+                        t.remove(s);
+                    }
+                    model.remove(&f.src_port);
+                }
+                _ => assert_eq!(
+                    t.find(&k, 0).is_some(),
+                    model.contains_key(&f.src_port),
+                    "step {step}"
+                ),
+            }
+            assert_eq!(t.len(), model.len());
+        }
     }
 }
