@@ -461,3 +461,110 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
     assert!(!out.status.success(), "TCP passed without its rule");
     Ok(())
 }
+
+/// The MAC address of the host's interface in its namespace.
+fn host_mac(h: &Host) -> Result<String> {
+    let out = Command::new("ip")
+        .args([
+            "-n",
+            &h.ns,
+            "-o",
+            "link",
+            "show",
+            "dev",
+            &format!("{}p", h.port_if),
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no MAC in {text:?}"))
+}
+
+#[test]
+fn anti_spoofing_drops_forged_sources() -> Result<()> {
+    let vm = Host::new("f", "10.232.0.1/24")?;
+    let peer = Host::new("g", "10.232.0.2/24")?;
+    let svc = Service::start_config(&config("spoof", &[("pf0vf0", &vm), ("pf0vf1", &peer)]), &[])?;
+    let mac = host_mac(&vm)?;
+    let guarded = format!("pf0vf0,mac={mac},ip=10.232.0.1/32");
+    let t = svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        "violet",
+        "--default-policy",
+        "allow",
+        "--port",
+        &guarded,
+        "--port",
+        "pf0vf1",
+    ])?;
+    let port = &t["attachments"][0]["port"];
+    assert_eq!(port["allowedMacs"][0], mac.as_str(), "{t}");
+    assert_eq!(port["allowedSourcePrefixes"][0], "10.232.0.1/32", "{t}");
+    eventually("the guarded host to reach its peer", || {
+        vm.ping("10.232.0.2")
+    });
+
+    let spoofed = || -> u64 {
+        svc.http_get("/metrics").map_or(0, |(_, body)| {
+            metric(&body, "dpu_dropped_packets_total{reason=\"spoofed\"}")
+        })
+    };
+    let before = spoofed();
+    // Another source address on the same interface: refused.
+    ip(&[
+        "-n",
+        &vm.ns,
+        "addr",
+        "add",
+        "10.232.0.9/24",
+        "dev",
+        &format!("{}p", vm.port_if),
+    ])?;
+    let forged_ip = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &vm.ns,
+            "ping",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "-I",
+            "10.232.0.9",
+            "10.232.0.2",
+        ])
+        .output()?;
+    assert!(
+        !forged_ip.status.success(),
+        "a forged source IP got through"
+    );
+    // Another MAC: refused, even from the allowed address.
+    ip(&[
+        "-n",
+        &vm.ns,
+        "link",
+        "set",
+        "dev",
+        &format!("{}p", vm.port_if),
+        "address",
+        "02:00:00:00:99:01",
+    ])?;
+    assert!(!vm.ping("10.232.0.2"), "a forged source MAC got through");
+    eventually("spoofed drops to be counted", || spoofed() >= before + 4);
+
+    // Dropping the guard (the attachment without lists) lets it through.
+    svc.dpuctl_json(&[
+        "tenant", "update", "violet", "--port", "pf0vf0", "--port", "pf0vf1",
+    ])?;
+    eventually("the unguarded host to reach its peer", || {
+        vm.ping("10.232.0.2")
+    });
+    Ok(())
+}

@@ -19,9 +19,11 @@ pub fn timestamp(t: Timestamp) -> PbTimestamp {
 /// An attachment as a protobuf message.
 pub fn attachment(a: &Attachment) -> pb::Attachment {
     let kind = match a {
-        Attachment::Port { port, vlan } => pb::attachment::Kind::Port(pb::PortAttachment {
+        Attachment::Port { port, vlan, guard } => pb::attachment::Kind::Port(pb::PortAttachment {
             port: format!("ports/{port}"),
             vlan_id: u32::from(*vlan),
+            allowed_macs: guard.macs.iter().map(ToString::to_string).collect(),
+            allowed_source_prefixes: guard.prefixes.iter().map(ToString::to_string).collect(),
         }),
         Attachment::Vxlan { uplink, vni } => pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
             uplink: format!("ports/{uplink}"),

@@ -245,6 +245,82 @@ pub struct RuleSet {
     pub rules: Arc<Vec<Rule>>,
 }
 
+/// A unicast MAC address, written `02:00:00:00:00:01`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MacAddr(pub [u8; 6]);
+
+impl FromStr for MacAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in &mut out {
+            let p = parts.next().unwrap_or("");
+            if p.len() != 2 {
+                return Err(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+            }
+            *b = u8::from_str_radix(p, 16)
+                .map_err(|_| format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("'{s}' is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+        }
+        if out[0] & 1 != 0 {
+            return Err(format!("{s} is a multicast address, not a host's"));
+        }
+        if out == [0; 6] {
+            return Err("00:00:00:00:00:00 is not a host's address".into());
+        }
+        Ok(MacAddr(out))
+    }
+}
+
+impl TryFrom<String> for MacAddr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<MacAddr> for String {
+    fn from(m: MacAddr) -> String {
+        m.to_string()
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+/// Anti-spoofing of one attachment: the sources it may send from. An
+/// empty list allows any source of its kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SourceGuard {
+    /// Allowed source MAC addresses (also ARP's sender address).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<MacAddr>,
+    /// Prefixes IP sources (and ARP's sender address) must lie in; once
+    /// any is listed, a family without one is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<IpPrefix>,
+}
+
+impl SourceGuard {
+    /// True if the guard allows every source.
+    pub fn is_open(&self) -> bool {
+        self.macs.is_empty() && self.prefixes.is_empty()
+    }
+}
+
 /// A source of tenant traffic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -255,6 +331,9 @@ pub enum Attachment {
         port: String,
         /// VLAN ID, 0 for the whole port.
         vlan: u16,
+        /// Sources frames entering here may have.
+        #[serde(default, skip_serializing_if = "SourceGuard::is_open")]
+        guard: SourceGuard,
     },
     /// One VXLAN network on an uplink.
     Vxlan {
@@ -266,6 +345,21 @@ pub enum Attachment {
 }
 
 impl Attachment {
+    /// A port attachment without anti-spoofing.
+    pub fn port_vlan(port: &str, vlan: u16) -> Attachment {
+        Attachment::Port {
+            port: port.to_string(),
+            vlan,
+            guard: SourceGuard::default(),
+        }
+    }
+
+    /// True if this is the port attachment (`port`, `vlan`), whatever its
+    /// guard.
+    pub fn is_port_vlan(&self, port: &str, vlan: u16) -> bool {
+        matches!(self, Self::Port { port: p, vlan: v, .. } if p == port && *v == vlan)
+    }
+
     /// The port this attachment lives on.
     pub fn port(&self) -> &str {
         match self {
@@ -291,8 +385,8 @@ impl Attachment {
 impl fmt::Display for Attachment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Port { port, vlan: 0 } => write!(f, "ports/{port}"),
-            Self::Port { port, vlan } => write!(f, "ports/{port} vlan {vlan}"),
+            Self::Port { port, vlan: 0, .. } => write!(f, "ports/{port}"),
+            Self::Port { port, vlan, .. } => write!(f, "ports/{port} vlan {vlan}"),
             Self::Vxlan { uplink, vni } => write!(f, "ports/{uplink} vni {vni}"),
         }
     }
@@ -497,23 +591,60 @@ mod tests {
     }
 
     #[test]
+    fn mac_addresses() {
+        let m: MacAddr = "02:00:0a:FF:00:01".parse().unwrap();
+        assert_eq!(m.0, [2, 0, 10, 255, 0, 1]);
+        assert_eq!(m.to_string(), "02:00:0a:ff:00:01");
+        for bad in [
+            "",
+            "02:00:00:00:00",
+            "02:00:00:00:00:01:02",
+            "2:0:0:0:0:1",
+            "zz:00:00:00:00:01",
+        ] {
+            assert!(
+                bad.parse::<MacAddr>()
+                    .unwrap_err()
+                    .contains("not a MAC address"),
+                "{bad}"
+            );
+        }
+        assert!("01:00:5e:00:00:01"
+            .parse::<MacAddr>()
+            .unwrap_err()
+            .contains("multicast"));
+        assert!("00:00:00:00:00:00".parse::<MacAddr>().is_err());
+        let guard = SourceGuard {
+            macs: vec![m],
+            prefixes: vec!["10.0.0.0/24".parse().unwrap()],
+        };
+        let a = Attachment::Port {
+            port: "p0".into(),
+            vlan: 0,
+            guard,
+        };
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"port","port":"p0","vlan":0,"guard":{"macs":["02:00:0a:ff:00:01"],"prefixes":["10.0.0.0/24"]}}"#
+        );
+        assert_eq!(serde_json::from_str::<Attachment>(&json).unwrap(), a);
+        // State files from before guards existed read back as open.
+        let old: Attachment =
+            serde_json::from_str(r#"{"kind":"port","port":"p0","vlan":5}"#).unwrap();
+        assert_eq!(old, Attachment::port_vlan("p0", 5));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"kind":"port","port":"p0","vlan":5}"#
+        );
+    }
+
+    #[test]
     fn attachment_conflicts() {
-        let whole = Attachment::Port {
-            port: "p0".into(),
-            vlan: 0,
-        };
-        let v10 = Attachment::Port {
-            port: "p0".into(),
-            vlan: 10,
-        };
-        let v20 = Attachment::Port {
-            port: "p0".into(),
-            vlan: 20,
-        };
-        let other = Attachment::Port {
-            port: "p1".into(),
-            vlan: 0,
-        };
+        let whole = Attachment::port_vlan("p0", 0);
+        let v10 = Attachment::port_vlan("p0", 10);
+        let v20 = Attachment::port_vlan("p0", 20);
+        let other = Attachment::port_vlan("p1", 0);
         let vx = Attachment::Vxlan {
             uplink: "p0".into(),
             vni: 10,

@@ -187,18 +187,15 @@ impl State {
     /// Removes the port attachment (`port`, `vlan`) from whichever tenant
     /// holds it and returns that tenant.
     pub fn detach(&mut self, port: &str, vlan: u16) -> Result<&Tenant> {
-        let want = Attachment::Port {
-            port: port.to_string(),
-            vlan,
-        };
+        let want = Attachment::port_vlan(port, vlan);
         let owner = self
             .tenants
             .values()
-            .find(|t| t.attachments.contains(&want))
+            .find(|t| t.attachments.iter().any(|a| a.is_port_vlan(port, vlan)))
             .map(|t| t.id.clone())
             .ok_or_else(|| ControlError::NotFound(format!("attachment {want}")))?;
         let t = self.tenant_mut(&owner)?;
-        t.attachments.retain(|a| *a != want);
+        t.attachments.retain(|a| !a.is_port_vlan(port, vlan));
         Ok(t)
     }
 
@@ -642,10 +639,7 @@ mod tests {
     }
 
     fn port(p: &str, vlan: u16) -> Attachment {
-        Attachment::Port {
-            port: p.into(),
-            vlan,
-        }
+        Attachment::port_vlan(p, vlan)
     }
 
     fn rule(id: &str, prio: u32) -> Rule {

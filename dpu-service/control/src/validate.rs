@@ -11,7 +11,8 @@ use dpu_proto::v1 as pb;
 
 use crate::error::{ControlError, Result};
 use crate::model::{
-    Action, Attachment, Backend, IpPrefix, Listener, Namespace, PortRange, Rule, Transport,
+    Action, Attachment, Backend, IpPrefix, Listener, MacAddr, Namespace, PortRange, Rule,
+    SourceGuard, Transport,
 };
 
 /// Longest accepted display name or description, in bytes.
@@ -186,6 +187,7 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
             Ok(Attachment::Port {
                 port: port.to_string(),
                 vlan: vlan(&format!("{field}.port.vlan_id"), p.vlan_id)?,
+                guard: source_guard(&format!("{field}.port"), p)?,
             })
         }
         Some(pb::attachment::Kind::Vxlan(v)) => {
@@ -206,6 +208,57 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
             "one of port, vxlan is required",
         )),
     }
+}
+
+/// Most entries in each anti-spoofing list of an attachment.
+pub const MAX_GUARD_ENTRIES: usize = 64;
+
+/// Converts a port attachment's anti-spoofing lists (`field` names the
+/// attachment).
+fn source_guard(field: &str, p: &pb::PortAttachment) -> Result<SourceGuard> {
+    let too_many = |list: &str, n: usize| {
+        ControlError::invalid(
+            format!("{field}.{list}"),
+            format!("{n} entries, at most {MAX_GUARD_ENTRIES}"),
+        )
+    };
+    if p.allowed_macs.len() > MAX_GUARD_ENTRIES {
+        return Err(too_many("allowed_macs", p.allowed_macs.len()));
+    }
+    if p.allowed_source_prefixes.len() > MAX_GUARD_ENTRIES {
+        return Err(too_many(
+            "allowed_source_prefixes",
+            p.allowed_source_prefixes.len(),
+        ));
+    }
+    let mut guard = SourceGuard::default();
+    for (i, m) in p.allowed_macs.iter().enumerate() {
+        let f = format!("{field}.allowed_macs[{i}]");
+        let mac: MacAddr = m
+            .parse()
+            .map_err(|e: String| ControlError::invalid(&f, e))?;
+        if let Some(j) = guard.macs.iter().position(|o| *o == mac) {
+            return Err(ControlError::invalid(
+                f,
+                format!("{mac} is also allowed_macs[{j}]"),
+            ));
+        }
+        guard.macs.push(mac);
+    }
+    for (i, s) in p.allowed_source_prefixes.iter().enumerate() {
+        let f = format!("{field}.allowed_source_prefixes[{i}]");
+        let Some(pfx) = prefix(&f, s)? else {
+            return Err(ControlError::invalid(f, "a prefix is required"));
+        };
+        if let Some(j) = guard.prefixes.iter().position(|o| *o == pfx) {
+            return Err(ControlError::invalid(
+                f,
+                format!("{pfx} is also allowed_source_prefixes[{j}]"),
+            ));
+        }
+        guard.prefixes.push(pfx);
+    }
+    Ok(guard)
 }
 
 /// Checks a VLAN ID: 0 (whole port) or 1..=4094.
@@ -887,6 +940,7 @@ mod tests {
             kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
                 port: port.into(),
                 vlan_id: vlan,
+                ..Default::default()
             })),
         };
         attachments(
@@ -906,5 +960,44 @@ mod tests {
             field_of(attachments("a", &[p("p0", 1)]).unwrap_err()),
             "a[0].port.port"
         );
+    }
+
+    #[test]
+    fn anti_spoofing_lists() {
+        let p = |macs: &[&str], prefixes: &[&str]| pb::Attachment {
+            kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+                port: "ports/p0".into(),
+                vlan_id: 0,
+                allowed_macs: macs.iter().map(|s| s.to_string()).collect(),
+                allowed_source_prefixes: prefixes.iter().map(|s| s.to_string()).collect(),
+            })),
+        };
+        let a = attachment(
+            "a",
+            &p(&["02:00:00:00:00:01"], &["10.0.0.5/32", "fe80::/10"]),
+        )
+        .unwrap();
+        let Attachment::Port { guard, .. } = a else {
+            panic!()
+        };
+        assert_eq!(guard.macs.len(), 1);
+        assert_eq!(guard.prefixes.len(), 2);
+        let err = |macs: &[&str], prefixes: &[&str]| {
+            let e = attachment("a", &p(macs, prefixes)).unwrap_err();
+            (field_of(e.clone()), e.to_string())
+        };
+        let (f, e) = err(&["01:00:5e:00:00:01"], &[]);
+        assert_eq!(f, "a.port.allowed_macs[0]");
+        assert!(e.contains("multicast"), "{e}");
+        let (f, e) = err(&["02:00:00:00:00:01", "02:00:00:00:00:01"], &[]);
+        assert_eq!(f, "a.port.allowed_macs[1]");
+        assert!(e.contains("allowed_macs[0]"), "{e}");
+        let (f, e) = err(&[], &["10.0.0.5/24"]);
+        assert_eq!(f, "a.port.allowed_source_prefixes[0]");
+        assert!(e.contains("did you mean 10.0.0.0/24"), "{e}");
+        assert_eq!(err(&[], &[""]).0, "a.port.allowed_source_prefixes[0]");
+        let many: Vec<String> = (0..65).map(|i| format!("02:00:00:00:01:{i:02x}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(err(&many, &[]).0, "a.port.allowed_macs");
     }
 }

@@ -95,6 +95,7 @@ fn main() {
             attachments: vec![Attach { port: 0, vlan: 0 }, Attach { port: 1, vlan: 0 }],
             default_allow: false,
             rules: list,
+            guards: Vec::new(),
         }],
         conntrack_max,
         ..SwitchConfig::default()

@@ -66,13 +66,62 @@ pub struct SwitchRule {
     pub stateful: bool,
 }
 
+/// Anti-spoofing of one attachment: the sources frames entering through
+/// it may have. An empty list allows any source of its kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Guard {
+    /// Allowed source MAC addresses (and ARP sender addresses).
+    pub macs: Vec<[u8; 6]>,
+    /// Allowed IPv4 source ranges (inclusive); also ARP's sender address.
+    pub v4: Vec<(u32, u32)>,
+    /// Allowed IPv6 source ranges (inclusive).
+    pub v6: Vec<(u128, u128)>,
+}
+
+impl Guard {
+    /// True if the guard allows every source.
+    pub fn is_open(&self) -> bool {
+        self.macs.is_empty() && self.v4.is_empty() && self.v6.is_empty()
+    }
+
+    /// True if a frame from `src_mac` with network layer `l3` may enter.
+    /// Once any prefix is listed, IP of a family without one is refused;
+    /// an ARP probe (sender address 0.0.0.0) passes the address check.
+    fn allows(&self, src_mac: &[u8; 6], l3: &L3) -> bool {
+        let mac_ok = |m: &[u8; 6]| self.macs.is_empty() || self.macs.contains(m);
+        let prefixes = !self.v4.is_empty() || !self.v6.is_empty();
+        let v4_ok = |a: u32| self.v4.iter().any(|&(lo, hi)| lo <= a && a <= hi);
+        mac_ok(src_mac)
+            && match l3 {
+                L3::Ip { key, .. } if prefixes => {
+                    if key.v6 {
+                        self.v6
+                            .iter()
+                            .any(|&(lo, hi)| lo <= key.src && key.src <= hi)
+                    } else {
+                        v4_ok(key.src as u32)
+                    }
+                }
+                L3::Arp {
+                    sender_mac,
+                    sender_ip,
+                    ..
+                } => mac_ok(sender_mac) && (!prefixes || *sender_ip == 0 || v4_ok(*sender_ip)),
+                _ => true,
+            }
+    }
+}
+
 /// One tenant's configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantConfig {
     /// Name, for errors and logs.
     pub name: String,
     /// Where the tenant's traffic enters and leaves.
     pub attachments: Vec<Attach>,
+    /// Anti-spoofing per attachment, by index into `attachments`; an
+    /// attachment without an entry allows any source.
+    pub guards: Vec<Guard>,
     /// Verdict for IP packets no rule matches, and for non-IP, non-ARP frames.
     pub default_allow: bool,
     /// Filter rules.
@@ -268,6 +317,8 @@ impl Traffic {
 #[derive(Debug)]
 struct CompiledTenant {
     name: String,
+    /// Per attachment: its anti-spoofing, if it has any.
+    guards: Vec<Option<Guard>>,
     /// Stable across configurations while the name stays (connection keys).
     uid: u32,
     /// Has stateful rules: look packets up in the connection table.
@@ -440,6 +491,9 @@ impl Compiled {
             c.tracking[uid as usize] = tracks;
             c.tenants.push(CompiledTenant {
                 name: t.name.clone(),
+                guards: (0..t.attachments.len())
+                    .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
+                    .collect(),
                 uid,
                 tracks,
                 stateful,
@@ -834,6 +888,12 @@ impl Pipeline for SwitchPipeline {
         let len = packet.len() as u64;
         bump(&cells.rx_packets, 1);
         bump(&cells.rx_bytes, len);
+        if let Some(g) = &t.guards[ai] {
+            if !g.allows(&h.src_mac, &h.l3) {
+                bump(&cells.dropped, 1);
+                return Verdict::Drop(DropReason::Spoofed);
+            }
+        }
         let passed = match h.l3 {
             L3::Ip {
                 key,
@@ -918,8 +978,47 @@ mod tests {
                 .map(|&(port, vlan)| Attach { port, vlan })
                 .collect(),
             default_allow,
-            rules: Vec::new(),
+            ..TenantConfig::default()
         }
+    }
+
+    /// Port 0 may send only from MAC 1 and 10.0.0.1; port 1 is open.
+    #[test]
+    fn spoofed_sources_are_dropped_on_guarded_attachments() {
+        let mut t = tenant("t", &[(0, 0), (1, 0)], true);
+        t.guards = vec![Guard {
+            macs: vec![mac(1)],
+            v4: vec![(0x0a00_0001, 0x0a00_0001)],
+            v6: Vec::new(),
+        }];
+        let (h, mut p) = switch(2, vec![t]);
+        let spoofed = Verdict::Drop(DropReason::Spoofed);
+        let udp_from =
+            |m: u8, ip: u8| build::udp4(mac(m), BCAST, None, [10, 0, 0, ip], [10, 0, 0, 2], 1, 2);
+        assert_eq!(run(&mut p, 0, udp_from(1, 1)).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, udp_from(5, 1)).0, spoofed, "MAC");
+        assert_eq!(run(&mut p, 0, udp_from(1, 7)).0, spoofed, "IPv4 source");
+        // No IPv6 prefix listed: IPv6 is refused once prefixes are.
+        let mut v6 = build::eth(BCAST, mac(1), None, crate::parse::ETH_IPV6);
+        v6.extend(build::ipv6(1, 2, proto::UDP, &build::udp(1, 2, 4)));
+        assert_eq!(run(&mut p, 0, v6.clone()).0, spoofed, "IPv6");
+        // ARP: sender MAC and address are checked; a probe (0.0.0.0) passes.
+        let arp = |ip: [u8; 4]| build::arp(mac(1), BCAST, None, 1, ip, [10, 0, 0, 2]);
+        assert_eq!(run(&mut p, 0, arp([10, 0, 0, 1])).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, arp([0, 0, 0, 0])).0, Verdict::Flood);
+        assert_eq!(
+            run(&mut p, 0, arp([10, 0, 0, 9])).0,
+            spoofed,
+            "ARP sender IP"
+        );
+        let mut forged = arp([10, 0, 0, 1]);
+        forged[14 + 8 + 5] = 5; // the sender MAC inside the ARP body
+        assert_eq!(run(&mut p, 0, forged).0, spoofed, "ARP sender MAC");
+        // The open attachment takes anything.
+        assert_eq!(run(&mut p, 1, udp_from(5, 7)).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 1, v6).0, Verdict::Flood);
+        let c = h.traffic().tenants["t"];
+        assert_eq!((c.rx_packets, c.dropped_packets), (10, 5));
     }
 
     fn switch(ports: usize, tenants: Vec<TenantConfig>) -> (SwitchHandle, SwitchPipeline) {

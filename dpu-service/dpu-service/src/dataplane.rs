@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dpu_control::model::{Action, Attachment, IpPrefix, Rule, State, Timestamp};
+use dpu_control::model::{Action, Attachment, IpPrefix, Rule, SourceGuard, State, Timestamp};
 use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::DpdkDriver;
 use dpu_dataplane::io::Driver;
-use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::switch::{Attach, Guard, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
 
 use crate::config::{Config, IdleMode, PortConfig};
@@ -204,14 +204,15 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
     let tenants = state
         .tenants
         .values()
-        .map(|t| TenantConfig {
-            name: t.id.clone(),
-            attachments: t
+        .map(|t| {
+            let (attachments, guards) = t
                 .attachments
                 .iter()
                 .filter_map(|a| match a {
-                    Attachment::Port { port, vlan } => {
-                        let found = index.get(port.as_str()).map(|&port| Attach { port, vlan: *vlan });
+                    Attachment::Port { port, vlan, guard } => {
+                        let found = index
+                            .get(port.as_str())
+                            .map(|&port| (Attach { port, vlan: *vlan }, switch_guard(guard)));
                         if found.is_none() {
                             tracing::warn!(tenant = %t.id, attachment = %a, "port has no data-plane driver; attachment kept, not forwarded");
                         }
@@ -222,15 +223,37 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
                         None
                     }
                 })
-                .collect(),
-            default_allow: t.default_policy == Action::Allow,
-            rules: t.rules.rules.iter().map(switch_rule).collect(),
+                .unzip();
+            TenantConfig {
+                name: t.id.clone(),
+                attachments,
+                guards,
+                default_allow: t.default_policy == Action::Allow,
+                rules: t.rules.rules.iter().map(switch_rule).collect(),
+            }
         })
         .collect();
     SwitchConfig {
         tenants,
         ..base.clone()
     }
+}
+
+/// An attachment's anti-spoofing lists as the switch checks them.
+fn switch_guard(g: &SourceGuard) -> Guard {
+    let mut out = Guard {
+        macs: g.macs.iter().map(|m| m.0).collect(),
+        ..Guard::default()
+    };
+    for p in &g.prefixes {
+        if p.is_ipv4() {
+            let (lo, hi) = prefix_range(Some(p), 32);
+            out.v4.push((lo as u32, hi as u32));
+        } else {
+            out.v6.push(prefix_range(Some(p), 128));
+        }
+    }
+    out
 }
 
 fn prefix_range(p: Option<&IpPrefix>, width: u32) -> (u128, u128) {
@@ -428,15 +451,16 @@ mod tests {
                     Attachment::Port {
                         port: "pf0vf1".into(),
                         vlan: 0,
+                        guard: SourceGuard {
+                            macs: vec!["02:00:00:00:00:01".parse().unwrap()],
+                            prefixes: vec![
+                                "10.0.0.0/24".parse().unwrap(),
+                                "2001:db8::/32".parse().unwrap(),
+                            ],
+                        },
                     },
-                    Attachment::Port {
-                        port: "p0".into(),
-                        vlan: 100,
-                    },
-                    Attachment::Port {
-                        port: "pf0vf9".into(),
-                        vlan: 0,
-                    },
+                    Attachment::port_vlan("p0", 100),
+                    Attachment::port_vlan("pf0vf9", 0),
                     Attachment::Vxlan {
                         uplink: "p0".into(),
                         vni: 5000,
@@ -461,6 +485,17 @@ mod tests {
         assert_eq!(
             t.attachments,
             vec![Attach { port: 1, vlan: 0 }, Attach { port: 0, vlan: 100 }]
+        );
+        assert_eq!(
+            t.guards,
+            vec![
+                Guard {
+                    macs: vec![[2, 0, 0, 0, 0, 1]],
+                    v4: vec![(0x0a00_0000, 0x0a00_00ff)],
+                    v6: vec![(0x2001_0db8 << 96, (0x2001_0db8 << 96) | ((1u128 << 96) - 1))],
+                },
+                Guard::default()
+            ]
         );
         assert!(t.default_allow);
         assert_eq!(t.rules.len(), 1);

@@ -94,7 +94,7 @@ impl PortService for Api {
                 .ctl
                 .state
                 .mutate(move |s| {
-                    s.attach(&ctl.ports, &tid, Attachment::Port { port, vlan })
+                    s.attach(&ctl.ports, &tid, Attachment::port_vlan(&port, vlan))
                         .map(convert::tenant)
                 })
                 .await?;

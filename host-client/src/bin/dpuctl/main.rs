@@ -150,8 +150,15 @@ struct TenantFields {
     /// Verdict for packets no rule matches.
     #[arg(long, value_enum)]
     default_policy: Option<Policy>,
-    /// Attach a port, or one VLAN of it: PORT or PORT.VLAN (repeatable).
-    #[arg(long = "port", value_name = "PORT[.VLAN]", value_parser = port_attachment)]
+    /// Attach a port, or one VLAN of it: PORT or PORT.VLAN (repeatable),
+    /// optionally with anti-spoofing: `,mac=MAC` and `,ip=PREFIX` (each
+    /// repeatable) list the only source MACs and IP prefixes it may send
+    /// from, e.g. `pf0vf0,mac=02:00:00:00:00:01,ip=10.0.0.1/32`.
+    #[arg(
+        long = "port",
+        value_name = "PORT[.VLAN][,mac=MAC][,ip=PREFIX]",
+        value_parser = port_attachment
+    )]
     ports: Vec<pb::Attachment>,
     /// Attach a VXLAN network on an uplink: UPLINK:VNI (repeatable).
     #[arg(long = "vxlan", value_name = "UPLINK:VNI", value_parser = vxlan_attachment)]
@@ -682,8 +689,20 @@ async fn watch(
     Ok(())
 }
 
-/// `--port PORT[.VLAN]`.
+/// `--port PORT[.VLAN][,mac=MAC][,ip=PREFIX]...`.
 fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
+    let mut parts = s.split(',');
+    let s = parts.next().unwrap_or("");
+    let (mut allowed_macs, mut allowed_source_prefixes) = (Vec::new(), Vec::new());
+    for opt in parts {
+        match opt.split_once('=') {
+            Some(("mac", v)) => allowed_macs.push(v.to_string()),
+            Some(("ip", v)) => allowed_source_prefixes.push(v.to_string()),
+            _ => return Err(format!(
+                "{opt:?} is not mac=MAC or ip=PREFIX (expected PORT[.VLAN][,mac=MAC][,ip=PREFIX])"
+            )),
+        }
+    }
     let (port, vlan) = match s.rsplit_once('.') {
         Some((port, v)) => (
             port,
@@ -699,6 +718,8 @@ fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
         kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
             port: port_name(port),
             vlan_id: vlan,
+            allowed_macs,
+            allowed_source_prefixes,
         })),
     })
 }
@@ -1436,6 +1457,17 @@ mod tests {
             matches!(port_attachment("ports/pf0vf0").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0" && p.vlan_id == 0)
         );
         assert!(port_attachment("p0.x").is_err());
+        let guarded =
+            port_attachment("pf0vf0.7,mac=02:00:00:00:00:01,ip=10.0.0.1/32,ip=fe80::/10").unwrap();
+        assert!(
+            matches!(guarded.kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0"
+                && p.vlan_id == 7
+                && p.allowed_macs == ["02:00:00:00:00:01"]
+                && p.allowed_source_prefixes == ["10.0.0.1/32", "fe80::/10"])
+        );
+        assert!(port_attachment("pf0vf0,ipv4=10.0.0.1/32")
+            .unwrap_err()
+            .contains("mac=MAC or ip=PREFIX"));
         assert!(
             matches!(vxlan_attachment("p0:5001").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.uplink == "ports/p0" && v.vni == 5001)
         );

@@ -32,8 +32,20 @@ fn time(t: Option<&dpu_proto::pbjson_types::Timestamp>) -> String {
 
 fn attachment(a: &pb::Attachment) -> String {
     match &a.kind {
-        Some(pb::attachment::Kind::Port(p)) if p.vlan_id == 0 => id(&p.port).to_string(),
-        Some(pb::attachment::Kind::Port(p)) => format!("{}.{}", id(&p.port), p.vlan_id),
+        Some(pb::attachment::Kind::Port(p)) => {
+            // The syntax of dpuctl's --port.
+            let mut out = id(&p.port).to_string();
+            if p.vlan_id != 0 {
+                out += &format!(".{}", p.vlan_id);
+            }
+            for m in &p.allowed_macs {
+                out += &format!(",mac={m}");
+            }
+            for ip in &p.allowed_source_prefixes {
+                out += &format!(",ip={ip}");
+            }
+            out
+        }
         Some(pb::attachment::Kind::Vxlan(v)) => format!("{}:vni{}", id(&v.uplink), v.vni),
         None => "?".into(),
     }
