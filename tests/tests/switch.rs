@@ -568,3 +568,70 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     });
     Ok(())
 }
+
+#[test]
+fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
+    let a = Host::new("h", "10.233.0.1/24")?;
+    let b = Host::new("i", "10.233.0.2/24")?;
+    let svc = Service::start_config(&config("rate", &[("pf0vf0", &a), ("pf0vf1", &b)]), &[])?;
+    svc.dpuctl_json(&[
+        "tenant", "create", "amber", "--port", "pf0vf0", "--port", "pf0vf1",
+    ])?;
+    // ICMP both ways, at most 5 packets a second with a bucket of 5.
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "amber",
+        "--id",
+        "icmp",
+        "--priority",
+        "10",
+        "--action",
+        "allow",
+        "--proto",
+        "icmp",
+        "--rate-limit",
+        "5pps",
+        "--burst",
+        "5",
+    ])?;
+    eventually("ping to cross", || a.ping("10.233.0.2"));
+    let limited = || -> u64 {
+        svc.http_get("/metrics").map_or(0, |(_, body)| {
+            metric(&body, "dpu_dropped_packets_total{reason=\"rate_limited\"}")
+        })
+    };
+    let before = limited();
+    std::thread::sleep(Duration::from_secs(2)); // a full bucket
+                                                // 100 echo requests in about a second: the bucket's 5 and about 5
+                                                // more pass (requests and replies alike), the rest is dropped.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &a.ns,
+            "ping",
+            "-q",
+            "-c",
+            "100",
+            "-i",
+            "0.01",
+            "-W",
+            "1",
+            "10.233.0.2",
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let received: u64 = text
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" received").and_then(|n| n.parse().ok()))
+        .ok_or_else(|| anyhow::anyhow!("no summary in {text}"))?;
+    assert!(
+        (1..=20).contains(&received),
+        "{received} replies came back:\n{text}"
+    );
+    eventually("rate-limited drops to be counted", || {
+        limited() >= before + 80
+    });
+    Ok(())
+}

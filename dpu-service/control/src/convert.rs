@@ -73,6 +73,11 @@ pub fn rule(tenant_id: &str, r: &Rule) -> pb::FilterRule {
         } as i32,
         stateful: r.stateful,
         description: r.description.clone(),
+        rate_limit: r.rate_limit.map(|l| pb::RateLimit {
+            packets_per_second: if l.bits { 0 } else { l.per_second },
+            bits_per_second: if l.bits { l.per_second } else { 0 },
+            burst: l.burst,
+        }),
     }
 }
 
@@ -231,6 +236,11 @@ mod tests {
             action: pb::RuleAction::Allow as i32,
             stateful: true,
             description: "dns".into(),
+            rate_limit: Some(pb::RateLimit {
+                packets_per_second: 0,
+                bits_per_second: 8_000_000,
+                burst: 20_000,
+            }),
         };
         let r = crate::validate::rule("rule", "r", &pbr).unwrap();
         let back = rule("t", &r);

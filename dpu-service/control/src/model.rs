@@ -233,6 +233,20 @@ pub struct Rule {
     pub stateful: bool,
     /// Free-form description.
     pub description: String,
+    /// The most traffic the rule lets through (allow rules only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A token bucket on a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateLimit {
+    /// Packets, or bits, per second.
+    pub per_second: u64,
+    /// `per_second` counts bits (of whole frames) rather than packets.
+    pub bits: bool,
+    /// Bucket depth: packets, or bytes with `bits`.
+    pub burst: u64,
 }
 
 /// A tenant's rule set: rules sorted by ascending priority, and a version

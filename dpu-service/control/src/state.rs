@@ -656,6 +656,7 @@ mod tests {
             action: Action::Allow,
             stateful: false,
             description: String::new(),
+            rate_limit: None,
         }
     }
 

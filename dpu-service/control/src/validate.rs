@@ -11,8 +11,8 @@ use dpu_proto::v1 as pb;
 
 use crate::error::{ControlError, Result};
 use crate::model::{
-    Action, Attachment, Backend, IpPrefix, Listener, MacAddr, Namespace, PortRange, Rule,
-    SourceGuard, Transport,
+    Action, Attachment, Backend, IpPrefix, Listener, MacAddr, Namespace, PortRange, RateLimit,
+    Rule, SourceGuard, Transport,
 };
 
 /// Longest accepted display name or description, in bytes.
@@ -393,6 +393,17 @@ pub fn rule(field: &str, rule_id: &str, r: &pb::FilterRule) -> Result<Rule> {
         ));
     }
     text(&f("description"), &r.description)?;
+    let rate_limit = r
+        .rate_limit
+        .as_ref()
+        .map(|l| rate_limit(&f("rate_limit"), l))
+        .transpose()?;
+    if rate_limit.is_some() && action == Action::Deny {
+        return Err(ControlError::invalid(
+            f("rate_limit"),
+            "only ALLOW rules can be rate-limited",
+        ));
+    }
     Ok(Rule {
         id: rule_id.to_string(),
         priority: r.priority,
@@ -406,6 +417,61 @@ pub fn rule(field: &str, rule_id: &str, r: &pb::FilterRule) -> Result<Rule> {
         action,
         stateful: r.stateful,
         description: r.description.clone(),
+        rate_limit,
+    })
+}
+
+/// Highest packet rate a rule may be limited to (1 G packets/s).
+pub const MAX_RATE_PPS: u64 = 1_000_000_000;
+/// Highest bit rate a rule may be limited to (1 Tbit/s).
+pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
+
+/// Converts a rule's rate limit; a zero burst becomes a tenth of a
+/// second's worth, at least one packet (one 1514-byte frame).
+fn rate_limit(field: &str, l: &pb::RateLimit) -> Result<RateLimit> {
+    let (per_second, bits, max, min_burst) = match (l.packets_per_second, l.bits_per_second) {
+        (p, 0) if p > 0 => (p, false, MAX_RATE_PPS, 1),
+        (0, b) if b > 0 => (b, true, MAX_RATE_BPS, 1514),
+        _ => {
+            return Err(ControlError::invalid(
+                field,
+                "give exactly one of packets_per_second, bits_per_second",
+            ))
+        }
+    };
+    if per_second > max {
+        let which = if bits {
+            "bits_per_second"
+        } else {
+            "packets_per_second"
+        };
+        return Err(ControlError::invalid(
+            format!("{field}.{which}"),
+            format!("{per_second} is more than {max}"),
+        ));
+    }
+    let tenth = if bits {
+        per_second / 80
+    } else {
+        per_second / 10
+    };
+    let burst = if l.burst == 0 {
+        tenth.max(min_burst)
+    } else {
+        l.burst
+    };
+    // A second of the highest rate, in the unit of the burst.
+    let max_burst = if bits { MAX_RATE_BPS / 8 } else { MAX_RATE_PPS };
+    if burst > max_burst {
+        return Err(ControlError::invalid(
+            format!("{field}.burst"),
+            format!("{burst} is more than {max_burst}"),
+        ));
+    }
+    Ok(RateLimit {
+        per_second,
+        bits,
+        burst,
     })
 }
 
@@ -999,5 +1065,53 @@ mod tests {
         let many: Vec<String> = (0..65).map(|i| format!("02:00:00:00:01:{i:02x}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(err(&many, &[]).0, "a.port.allowed_macs");
+    }
+
+    #[test]
+    fn rate_limits() {
+        let limited = |pps: u64, bps: u64, burst: u64| pb::FilterRule {
+            rate_limit: Some(pb::RateLimit {
+                packets_per_second: pps,
+                bits_per_second: bps,
+                burst,
+            }),
+            ..tcp_rule()
+        };
+        let r = rule("r", "x", &limited(1000, 0, 0)).unwrap();
+        assert_eq!(
+            r.rate_limit,
+            Some(RateLimit {
+                per_second: 1000,
+                bits: false,
+                burst: 100
+            }),
+            "a tenth of a second by default"
+        );
+        let r = rule("r", "x", &limited(0, 8_000, 0)).unwrap();
+        assert_eq!(r.rate_limit.unwrap().burst, 1514, "at least one frame");
+        let r = rule("r", "x", &limited(3, 0, 0)).unwrap();
+        assert_eq!(r.rate_limit.unwrap().burst, 1, "at least one packet");
+        for (l, want) in [
+            (limited(0, 0, 0), "r.rate_limit"),
+            (limited(5, 5, 0), "r.rate_limit"),
+            (
+                limited(MAX_RATE_PPS + 1, 0, 0),
+                "r.rate_limit.packets_per_second",
+            ),
+            (
+                limited(0, MAX_RATE_BPS + 1, 0),
+                "r.rate_limit.bits_per_second",
+            ),
+            (limited(10, 0, MAX_RATE_PPS + 1), "r.rate_limit.burst"),
+        ] {
+            assert_eq!(field_of(rule("r", "x", &l).unwrap_err()), want);
+        }
+        let deny = pb::FilterRule {
+            action: pb::RuleAction::Deny as i32,
+            stateful: false,
+            ..limited(10, 0, 0)
+        };
+        let e = rule("r", "x", &deny).unwrap_err();
+        assert!(e.to_string().contains("only ALLOW"), "{e}");
     }
 }

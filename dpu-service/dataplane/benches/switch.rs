@@ -77,6 +77,7 @@ fn main() {
                 matches: m,
                 allow: false,
                 stateful: false,
+                rate_limit: None,
             }
         })
         .collect();
@@ -87,6 +88,7 @@ fn main() {
         matches: last,
         allow: true,
         stateful,
+        rate_limit: None,
     });
     let h = SwitchHandle::new(&SwitchConfig {
         ports: 2,

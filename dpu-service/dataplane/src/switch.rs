@@ -64,6 +64,80 @@ pub struct SwitchRule {
     /// For an allow rule: track the connections it lets through, so their
     /// replies pass without a rule. Ignored on deny rules.
     pub stateful: bool,
+    /// For an allow rule: the most traffic it lets through, all workers
+    /// together; the rest is dropped as `RateLimited`.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A token bucket on a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Packets, or bits, per second.
+    pub per_second: u64,
+    /// `per_second` counts bits of whole frames, not packets.
+    pub bits: bool,
+    /// Bucket depth: packets, or bytes with `bits`.
+    pub burst: u64,
+}
+
+/// Token units per packet, or per bit: tokens accrue at the limit's
+/// `per_second` units per microsecond.
+const UNITS: u64 = 1_000_000;
+
+/// One worker's share of a [`RateLimit`], in token units.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Units per microsecond.
+    rate: u64,
+    /// Depth in units.
+    cap: u64,
+    bits: bool,
+}
+
+impl Bucket {
+    /// The share of `l` each of `workers` workers enforces: an even part
+    /// of rate and depth, but room for at least one packet.
+    fn share(l: &RateLimit, workers: usize) -> Bucket {
+        let w = workers.max(1) as u64;
+        let (depth, one) = if l.bits {
+            (l.burst.saturating_mul(8), 1514 * 8)
+        } else {
+            (l.burst, 1)
+        };
+        Bucket {
+            rate: (l.per_second / w).max(1),
+            cap: (depth / w).max(one).saturating_mul(UNITS),
+            bits: l.bits,
+        }
+    }
+
+    /// Takes a `len`-byte packet's tokens from `cells` at `now_us`, after
+    /// refilling; false (nothing taken) if there are not enough.
+    #[inline]
+    fn take(&self, cells: &RuleCells, now_us: u64, len: u64) -> bool {
+        let mut tokens = cells.tokens.load(Ordering::Relaxed);
+        let last = cells.stamp.load(Ordering::Relaxed);
+        if last == 0 {
+            // First use in this snapshot: a full bucket.
+            tokens = self.cap;
+            cells.stamp.store(now_us.max(1), Ordering::Relaxed);
+        } else if now_us > last {
+            let add = u128::from(now_us - last) * u128::from(self.rate);
+            tokens = (u128::from(tokens) + add).min(u128::from(self.cap)) as u64;
+            cells.stamp.store(now_us, Ordering::Relaxed);
+        }
+        let cost = if self.bits {
+            len.saturating_mul(8 * UNITS)
+        } else {
+            UNITS
+        };
+        let ok = tokens >= cost;
+        if ok {
+            tokens -= cost;
+        }
+        cells.tokens.store(tokens, Ordering::Relaxed);
+        ok
+    }
 }
 
 /// Anti-spoofing of one attachment: the sources frames entering through
@@ -225,6 +299,10 @@ struct RuleCells {
     bytes: AtomicU64,
     /// Unix seconds of the last match; 0: never.
     last_hit: AtomicU64,
+    /// Rate limit: tokens left, and when they were last refilled (the
+    /// worker clock, microseconds).
+    tokens: AtomicU64,
+    stamp: AtomicU64,
 }
 
 /// Adds `n` to a cell only its own worker writes: a plain load and store,
@@ -325,6 +403,8 @@ struct CompiledTenant {
     tracks: bool,
     /// Stateful flag by rule tag.
     stateful: Vec<bool>,
+    /// Rate limit (this worker's share) by rule tag.
+    limits: Vec<Option<Bucket>>,
     rule_ids: Vec<String>,
     attachments: Vec<Attach>,
     default_allow: bool,
@@ -490,6 +570,15 @@ impl Compiled {
             }
             c.tracking[uid as usize] = tracks;
             c.tenants.push(CompiledTenant {
+                limits: t
+                    .rules
+                    .iter()
+                    .map(|r| {
+                        r.rate_limit
+                            .filter(|_| r.allow)
+                            .map(|l| Bucket::share(&l, workers))
+                    })
+                    .collect(),
                 name: t.name.clone(),
                 guards: (0..t.attachments.len())
                     .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
@@ -686,6 +775,7 @@ impl SwitchHandle {
             unix_now: 0,
             macs,
             now: 0,
+            now_us: 0,
             epoch: Instant::now(),
             last_sweep: 0,
         }
@@ -724,6 +814,8 @@ pub struct SwitchPipeline {
     macs: hashbrown::HashMap<(u32, [u8; 6]), Learned>,
     /// Coarse clock, read once per turn.
     now: u64,
+    /// The same clock in microseconds (rate limits).
+    now_us: u64,
     epoch: Instant,
     last_sweep: u64,
 }
@@ -756,14 +848,31 @@ const SWEEP_SLOTS: usize = 32;
 /// can be tracked), at `clock` (seconds, configuration generation): the
 /// tag of the rule that matched, if one was looked up and matched, and
 /// whether the packet passes.
+/// The worker's clocks, read once per turn, and its configuration
+/// generation.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    secs: u64,
+    micros: u64,
+    generation: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn filter_ip(
     t: &CompiledTenant,
+    rules: &[RuleCells],
     conns: &mut ConnTable,
-    (now, generation): (u64, u64),
+    clock: Clock,
     key: &FlowKey,
     conn: Option<ConnKey>,
     tcp_flags: u8,
+    len: u64,
 ) -> (Option<u32>, Result<(), DropReason>) {
+    let Clock {
+        secs: now,
+        generation,
+        ..
+    } = clock;
     let opens = |r: &AclRule| t.allow[r.tag as usize] && t.stateful[r.tag as usize];
     if let Some(ck) = conn {
         if let Some((slot, dir)) = conns.find(&ck, now) {
@@ -787,6 +896,11 @@ fn filter_ip(
     let tag = r.tag;
     if !t.allow[tag as usize] {
         return (Some(tag), Err(DropReason::AclDeny));
+    }
+    if let Some(b) = &t.limits[tag as usize] {
+        if !b.take(&rules[tag as usize], clock.micros, len) {
+            return (Some(tag), Err(DropReason::RateLimited));
+        }
     }
     let passed = match conn {
         Some(ck) if opens(r) => match conns.open(ck, *key, tcp_flags, now, generation) {
@@ -849,7 +963,9 @@ impl Pipeline for SwitchPipeline {
             self.conns.reserve_tenants(self.compiled.tracking.len());
             self.store_gauges();
         }
-        let now = self.epoch.elapsed().as_secs();
+        let elapsed = self.epoch.elapsed();
+        self.now_us = elapsed.as_micros() as u64;
+        let now = elapsed.as_secs();
         let tick = now != self.now;
         self.now = now;
         self.unix_now = std::time::SystemTime::now()
@@ -906,8 +1022,14 @@ impl Pipeline for SwitchPipeline {
                 } else {
                     None
                 };
-                let clock = (self.now, self.generation);
-                let (rule, passed) = filter_ip(t, &mut self.conns, clock, &key, conn, tcp_flags);
+                let clock = Clock {
+                    secs: self.now,
+                    micros: self.now_us,
+                    generation: self.generation,
+                };
+                let rules = &shard.rules[ti];
+                let (rule, passed) =
+                    filter_ip(t, rules, &mut self.conns, clock, &key, conn, tcp_flags, len);
                 if let Some(tag) = rule {
                     let rc = &shard.rules[ti][tag as usize];
                     bump(&rc.packets, 1);
@@ -980,6 +1102,75 @@ mod tests {
             default_allow,
             ..TenantConfig::default()
         }
+    }
+
+    /// Rate-limited rules pass their burst, then their rate; what exceeds
+    /// it is dropped as `RateLimited` and still counted on the rule.
+    #[test]
+    fn rate_limits_pass_the_burst_then_the_rate() {
+        let mut t = tenant("t", &[(0, 0), (1, 0)], false);
+        let mut dns = AclRule::any(1, 0, Family::V4);
+        dns.proto = (proto::UDP, proto::UDP);
+        dns.dst_port = (53, 53);
+        let mut ntp = dns;
+        ntp.order = 2;
+        ntp.dst_port = (123, 123);
+        let limited = |id: &str, matches, l| SwitchRule {
+            id: id.into(),
+            matches,
+            allow: true,
+            stateful: false,
+            rate_limit: Some(l),
+        };
+        t.rules = vec![
+            limited(
+                "dns",
+                dns,
+                RateLimit {
+                    per_second: 10,
+                    bits: false,
+                    burst: 5,
+                },
+            ),
+            // 1000 bytes/s, 2000 bytes deep.
+            limited(
+                "ntp",
+                ntp,
+                RateLimit {
+                    per_second: 8_000,
+                    bits: true,
+                    burst: 2_000,
+                },
+            ),
+        ];
+        let (h, mut p) = switch(2, vec![t]);
+        let limited_drop = Verdict::Drop(DropReason::RateLimited);
+        let burst = |p: &mut SwitchPipeline, dport: u16, n: usize| {
+            (0..n)
+                .filter(|_| run(p, 0, udp(1, mac(2), None, dport)).0 != limited_drop)
+                .count()
+        };
+        assert_eq!(burst(&mut p, 53, 20), 5, "the burst");
+        p.now_us += 1_000_000;
+        assert_eq!(
+            burst(&mut p, 53, 20),
+            5,
+            "a second refills no more than the depth"
+        );
+        p.now_us += 300_000;
+        assert_eq!(burst(&mut p, 53, 20), 3, "0.3 s at 10 packets/s");
+        let c = h.traffic().rules[&("t".to_string(), "dns".to_string())];
+        assert_eq!(c.packets, 60, "drops count on the rule");
+
+        let frame = udp(1, mac(2), None, 123).len() as u64;
+        let fits = (2_000 / frame) as usize;
+        assert_eq!(burst(&mut p, 123, 100), fits, "bytes of depth");
+        p.now_us += 500_000;
+        assert_eq!(
+            burst(&mut p, 123, 100),
+            (500 / frame) as usize,
+            "500 bytes in 0.5 s"
+        );
     }
 
     /// Port 0 may send only from MAC 1 and 10.0.0.1; port 1 is open.
@@ -1128,12 +1319,14 @@ mod tests {
                 matches: dns,
                 allow: true,
                 stateful: false,
+                rate_limit: None,
             },
             SwitchRule {
                 id: "deny7".into(),
                 matches: deny,
                 allow: false,
                 stateful: false,
+                rate_limit: None,
             },
         ]
     }
@@ -1175,6 +1368,7 @@ mod tests {
                 matches: AclRule::any(1, 0, Family::V6),
                 allow: true,
                 stateful: false,
+                rate_limit: None,
             },
         );
         h.publish(&SwitchConfig {
@@ -1312,6 +1506,7 @@ mod tests {
             matches: AclRule::any(1, 0, Family::Any),
             allow: true,
             stateful: false,
+            rate_limit: None,
         };
         t.rules = vec![r.clone(), r];
         assert!(matches!(
@@ -1355,6 +1550,7 @@ mod tests {
                         matches: dns,
                         allow: true,
                         stateful: true,
+                        rate_limit: None,
                     });
                 }
                 tenants.push(t);
@@ -1510,6 +1706,7 @@ mod tests {
                     matches,
                     allow: true,
                     stateful: true,
+                    rate_limit: None,
                 })
                 .collect()
         }
@@ -1617,6 +1814,7 @@ mod tests {
                 matches: ssh,
                 allow: false,
                 stateful: false,
+                rate_limit: None,
             });
             let b = tenant("b", &[(2, 0), (3, 0)], false);
             h.publish(&config(vec![a2.clone(), b.clone()])).unwrap();

@@ -13,7 +13,9 @@ use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortSt
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::DpdkDriver;
 use dpu_dataplane::io::Driver;
-use dpu_dataplane::switch::{Attach, Guard, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::switch::{
+    Attach, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig,
+};
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
 
 use crate::config::{Config, IdleMode, PortConfig};
@@ -300,6 +302,11 @@ pub fn switch_rule(r: &Rule) -> SwitchRule {
         },
         allow: r.action == Action::Allow,
         stateful: r.stateful,
+        rate_limit: r.rate_limit.map(|l| RateLimit {
+            per_second: l.per_second,
+            bits: l.bits,
+            burst: l.burst,
+        }),
     }
 }
 
@@ -398,6 +405,7 @@ mod tests {
             action: Action::Deny,
             stateful: false,
             description: String::new(),
+            rate_limit: None,
         }
     }
 

@@ -290,6 +290,15 @@ enum RuleCmd {
         /// Track connections so replies pass (allow rules only).
         #[arg(long)]
         stateful: bool,
+        /// Most traffic the rule lets through (allow rules only): packets
+        /// or bits per second with an optional k/M/G/T prefix, e.g.
+        /// `1000pps`, `2.5kpps`, `10Mbps`.
+        #[arg(long, value_name = "RATE", value_parser = rate_limit)]
+        rate_limit: Option<pb::RateLimit>,
+        /// Depth of the rate limit's bucket: packets for a pps limit, bytes
+        /// for a bps one (default a tenth of a second's worth).
+        #[arg(long, requires = "rate_limit")]
+        burst: Option<u64>,
         /// Free-form description.
         #[arg(long, default_value = "")]
         description: String,
@@ -689,6 +698,42 @@ async fn watch(
     Ok(())
 }
 
+/// `--rate-limit RATE`: a number, an optional k/M/G/T prefix, `pps` or `bps`.
+fn rate_limit(s: &str) -> Result<pb::RateLimit, String> {
+    let bad = || format!("{s:?} is not a rate like 1000pps, 2.5kpps or 10Mbps");
+    let (num, bits) = if let Some(n) = s.strip_suffix("pps") {
+        (n, false)
+    } else if let Some(n) = s.strip_suffix("bps") {
+        (n, true)
+    } else {
+        return Err(bad());
+    };
+    let (num, scale) = match num.char_indices().last() {
+        Some((i, 'k')) => (&num[..i], 1e3),
+        Some((i, 'M')) => (&num[..i], 1e6),
+        Some((i, 'G')) => (&num[..i], 1e9),
+        Some((i, 'T')) => (&num[..i], 1e12),
+        _ => (num, 1.0),
+    };
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let v = v * scale;
+    if !(1.0..1e15).contains(&v) {
+        return Err(format!("{s:?}: the rate must be at least 1 per second"));
+    }
+    let v = v.round() as u64;
+    Ok(if bits {
+        pb::RateLimit {
+            bits_per_second: v,
+            ..Default::default()
+        }
+    } else {
+        pb::RateLimit {
+            packets_per_second: v,
+            ..Default::default()
+        }
+    })
+}
+
 /// `--port PORT[.VLAN][,mac=MAC][,ip=PREFIX]...`.
 fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
     let mut parts = s.split(',');
@@ -698,9 +743,11 @@ fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
         match opt.split_once('=') {
             Some(("mac", v)) => allowed_macs.push(v.to_string()),
             Some(("ip", v)) => allowed_source_prefixes.push(v.to_string()),
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "{opt:?} is not mac=MAC or ip=PREFIX (expected PORT[.VLAN][,mac=MAC][,ip=PREFIX])"
-            )),
+            ))
+            }
         }
     }
     let (port, vlan) = match s.rsplit_once('.') {
@@ -1034,9 +1081,15 @@ async fn rule(c: &DpuClient, cmd: &RuleCmd) -> Result<Shown, Failure> {
             icmp_type,
             icmp_code,
             stateful,
+            rate_limit,
+            burst,
             description,
             expect_version,
         } => {
+            let rate_limit = rate_limit.map(|l| pb::RateLimit {
+                burst: burst.unwrap_or(0),
+                ..l
+            });
             let rule = pb::FilterRule {
                 priority: *priority,
                 src_prefix: src.clone().unwrap_or_default(),
@@ -1052,6 +1105,7 @@ async fn rule(c: &DpuClient, cmd: &RuleCmd) -> Result<Shown, Failure> {
                 },
                 stateful: *stateful,
                 description: description.clone(),
+                rate_limit,
                 ..Default::default()
             };
             let r = c
@@ -1457,6 +1511,13 @@ mod tests {
             matches!(port_attachment("ports/pf0vf0").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0" && p.vlan_id == 0)
         );
         assert!(port_attachment("p0.x").is_err());
+        assert_eq!(rate_limit("1000pps").unwrap().packets_per_second, 1000);
+        assert_eq!(rate_limit("2.5kpps").unwrap().packets_per_second, 2500);
+        assert_eq!(rate_limit("10Mbps").unwrap().bits_per_second, 10_000_000);
+        assert_eq!(rate_limit("1Gbps").unwrap().packets_per_second, 0);
+        for bad in ["10", "10Mbit", "fastpps", "0pps", "-5pps", "0.1pps", "pps"] {
+            assert!(rate_limit(bad).is_err(), "{bad}");
+        }
         let guarded =
             port_attachment("pf0vf0.7,mac=02:00:00:00:00:01,ip=10.0.0.1/32,ip=fe80::/10").unwrap();
         assert!(

@@ -164,6 +164,23 @@ fn proto_name(p: Option<u32>) -> String {
     }
 }
 
+/// A rate limit as `RATE/BURST` (`10Mbps/125000B`, `100pps/10`), or `-`.
+fn rate(l: Option<&pb::RateLimit>) -> String {
+    let si = |v: u64| match v {
+        v if v >= 1_000_000_000 && v % 1_000_000_000 == 0 => format!("{}G", v / 1_000_000_000),
+        v if v >= 1_000_000 && v % 1_000_000 == 0 => format!("{}M", v / 1_000_000),
+        v if v >= 1_000 && v % 1_000 == 0 => format!("{}k", v / 1_000),
+        v => v.to_string(),
+    };
+    match l {
+        None => "-".into(),
+        Some(l) if l.bits_per_second > 0 => {
+            format!("{}bps/{}B", si(l.bits_per_second), l.burst)
+        }
+        Some(l) => format!("{}pps/{}", si(l.packets_per_second), l.burst),
+    }
+}
+
 /// Rules in evaluation order, one row each.
 pub fn rules(list: &[pb::FilterRule]) -> String {
     let mut t = Table::new(&[
@@ -177,6 +194,7 @@ pub fn rules(list: &[pb::FilterRule]) -> String {
         "DPORT",
         "ICMP",
         "STATEFUL",
+        "RATE",
         "DESCRIPTION",
     ]);
     for r in list {
@@ -203,6 +221,7 @@ pub fn rules(list: &[pb::FilterRule]) -> String {
             } else {
                 "no".into()
             },
+            rate(r.rate_limit.as_ref()),
             r.description.clone(),
         ]);
     }
