@@ -3,7 +3,8 @@
 //! stateless rules (the last one matches), counters included; with
 //! `--stateful` the matching rule is stateful, so after the first 65,536
 //! packets every packet is a connection-table hit (`--conntrack-max N`
-//! sizes the table, default the service's). Prints
+//! sizes the table, default the service's; `--no-flow-cache` turns the
+//! flow cache off). Prints
 //! nanoseconds and millions of packets per second on one core; under
 //! `valgrind --tool=callgrind` the instruction count per packet is a
 //! load-independent figure for comparing builds.
@@ -44,6 +45,7 @@ fn main() {
     let mut rules = 1000usize;
     let mut packets = 20_000_000u64;
     let mut stateful = false;
+    let mut flow_cache_entries = SwitchConfig::default().flow_cache_entries;
     let mut conntrack_max = SwitchConfig::default().conntrack_max;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -56,6 +58,7 @@ fn main() {
                     .expect("--packets N")
             }
             "--stateful" => stateful = true,
+            "--no-flow-cache" => flow_cache_entries = 0,
             "--conntrack-max" => {
                 conntrack_max = args
                     .next()
@@ -100,6 +103,7 @@ fn main() {
             guards: Vec::new(),
         }],
         conntrack_max,
+        flow_cache_entries,
         ..SwitchConfig::default()
     })
     .expect("configuration compiles");

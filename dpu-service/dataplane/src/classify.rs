@@ -12,8 +12,9 @@
 //! power-of-two slices, one dimension per node, HiCuts-style: a node tries
 //! the dimensions in which its rules differ most, with as many cuts as
 //! keep rule replication within a budget, and takes the first cut that
-//! leaves every slice with fewer rules; otherwise it is a leaf listing its
-//! rules in order. Because boxes are aligned, a child is found by a shift
+//! separates rules (every slice gets fewer) or zooms in (all rules lie in
+//! one slice, whose smaller box is cut next); otherwise it is a leaf
+//! listing its rules in order. Because boxes are aligned, a child is found by a shift
 //! and a mask. Rules behind one that covers a whole box are cut from that
 //! box, so a catch-all rule costs nothing below it. A node budget per rule
 //! bounds build time and memory whatever the rules look like.
@@ -36,6 +37,9 @@ use crate::parse::FlowKey;
 
 /// Rules a leaf holds before the builder tries to cut it.
 const LEAF_RULES: usize = 8;
+/// Rules a node must hold before a cut that leaves them all in one slice
+/// counts as progress (zooming adds a level without separating rules).
+const ZOOM_RULES: usize = 64;
 /// Most cut bits (2^n children) at one node.
 const MAX_CUT_BITS: u32 = 8;
 /// Child-list entries a cut may create per rule of the node (space budget).
@@ -347,7 +351,8 @@ impl<'a> Builder<'a> {
     }
 
     /// Cuts `dim` into as many slices as the space budget allows; `None`
-    /// if the budget allows no cut or no slice gets fewer rules.
+    /// if the budget allows no cut or the cut separates nothing (more than
+    /// one slice keeps every rule).
     fn cut(&mut self, region: &Region, ids: &[u32], dim: usize) -> Option<(u32, Vec<Vec<u32>>)> {
         let budget = SPACE_FACTOR * ids.len();
         let entries = |k: u32| -> usize {
@@ -381,8 +386,12 @@ impl<'a> Builder<'a> {
             child.lo[dim] = region.lo[dim] + ((c as u128) << shift);
             *l = self.prune(&child, std::mem::take(l));
         }
-        let progress = lists.iter().all(|l| l.len() < ids.len());
-        progress.then_some((k, lists))
+        // Progress: the rules split up, or they all lie in one slice, whose
+        // smaller box the next cut can zoom into (rules that differ in
+        // `dim` inside the region come apart within a few cuts).
+        let whole = lists.iter().filter(|l| l.len() == ids.len()).count();
+        let zoom = ids.len() > ZOOM_RULES;
+        (whole == 0 || (zoom && whole == 1)).then_some((k, lists))
     }
 
     fn grow(&mut self, at: usize, region: Region, ids: Vec<u32>, depth: usize) {

@@ -14,6 +14,7 @@
 //! - [`classify`]: first-match packet classification with a decision tree
 //!   and incremental changes.
 //! - [`conntrack`]: connection tracking for stateful rules, per worker.
+//! - [`flowcache`]: an exact-match cache of classifications, per worker.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
@@ -21,6 +22,7 @@
 
 pub mod classify;
 pub mod conntrack;
+pub mod flowcache;
 pub mod io;
 pub mod parse;
 pub mod switch;

@@ -11,7 +11,8 @@
 //! output. Tags are pushed, popped or rewritten per output attachment.
 //!
 //! IP packets go through the tenant's [`Classifier`] (first matching rule
-//! wins; no match takes the default policy). ARP passes; other EtherTypes
+//! wins; no match takes the default policy), with a per-worker
+//! [`FlowCache`] in front for tenants with many rules. ARP passes; other EtherTypes
 //! take the default policy. Source MACs are learned only from frames that
 //! pass, so a denied frame cannot move a learned address.
 //!
@@ -36,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::classify::{AclRule, Classifier};
 use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
+use crate::flowcache::FlowCache;
 use crate::parse::{is_multicast, parse, FlowKey, L3};
 use crate::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
 
@@ -222,6 +224,9 @@ pub struct SwitchConfig {
     pub conntrack_per_tenant: usize,
     /// How long idle connections live.
     pub conntrack_timeouts: Timeouts,
+    /// Entries of each worker's flow cache (classifications of tenants
+    /// with at least [`FLOW_CACHE_MIN_RULES`] rules); 0 turns it off.
+    pub flow_cache_entries: usize,
 }
 
 impl Default for SwitchConfig {
@@ -235,6 +240,7 @@ impl Default for SwitchConfig {
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
             conntrack_timeouts: Timeouts::default(),
+            flow_cache_entries: 65_536,
         }
     }
 }
@@ -401,6 +407,8 @@ struct CompiledTenant {
     uid: u32,
     /// Has stateful rules: look packets up in the connection table.
     tracks: bool,
+    /// Enough rules to look classifications up in the flow cache first.
+    cached: bool,
     /// Stateful flag by rule tag.
     stateful: Vec<bool>,
     /// Rate limit (this worker's share) by rule tag.
@@ -427,6 +435,7 @@ pub struct Compiled {
     /// Per worker: connection table size and per-tenant limit.
     conntrack: (usize, usize),
     conntrack_timeouts: Timeouts,
+    flow_cache_entries: usize,
     /// Tenant IDs in use (below `uids`) that track connections.
     tracking: Vec<bool>,
     shards: Box<[Shard]>,
@@ -488,6 +497,7 @@ impl Compiled {
                 config.conntrack_per_tenant.div_ceil(workers),
             ),
             conntrack_timeouts: config.conntrack_timeouts,
+            flow_cache_entries: config.flow_cache_entries,
             tracking: Vec::new(),
             shards: (0..workers)
                 .map(|_| Shard {
@@ -585,6 +595,7 @@ impl Compiled {
                     .collect(),
                 uid,
                 tracks,
+                cached: config.flow_cache_entries > 0 && t.rules.len() >= FLOW_CACHE_MIN_RULES,
                 stateful,
                 rule_ids: t.rules.iter().map(|r| r.id.clone()).collect(),
                 attachments: t.attachments.clone(),
@@ -768,6 +779,7 @@ impl SwitchHandle {
         conns.reserve_tenants(compiled.tracking.len());
         SwitchPipeline {
             conns,
+            cache: FlowCache::new(compiled.flow_cache_entries),
             shared: self.shared.clone(),
             generation,
             compiled,
@@ -804,6 +816,7 @@ struct Learned {
 /// connection table.
 pub struct SwitchPipeline {
     conns: ConnTable,
+    cache: FlowCache,
     shared: Arc<Shared>,
     generation: u64,
     compiled: Arc<Compiled>,
@@ -843,11 +856,32 @@ fn vlan_op(from: Attach, to: Attach) -> VlanOp {
 /// Connection slots a worker looks at per turn for expired connections.
 const SWEEP_SLOTS: usize = 32;
 
-/// The filter's decision on an IP packet of tenant `t` with key `key`
-/// (connection key `conn` if the tenant tracks connections and the packet
-/// can be tracked), at `clock` (seconds, configuration generation): the
-/// tag of the rule that matched, if one was looked up and matched, and
-/// whether the packet passes.
+/// Tenants with at least this many rules have their classifications
+/// cached. Below it a classifier lookup costs about what a cache lookup
+/// does once flows outnumber what fits in the CPU's caches (65,536 flows
+/// through a 1,000-rule tenant: 108 ns/packet without, 246 with).
+pub const FLOW_CACHE_MIN_RULES: usize = 1024;
+
+/// The tag of the first rule of tenant `t` matching `key`, through the
+/// worker's flow cache if the tenant uses it.
+#[inline]
+fn classify(
+    t: &CompiledTenant,
+    cache: &mut FlowCache,
+    key: &FlowKey,
+    generation: u64,
+) -> Option<u32> {
+    if !t.cached {
+        return t.classifier.lookup(key).map(|r| r.tag);
+    }
+    if let Some(hit) = cache.get(t.uid, key, generation) {
+        return hit;
+    }
+    let tag = t.classifier.lookup(key).map(|r| r.tag);
+    cache.put(t.uid, key, generation, tag);
+    tag
+}
+
 /// The worker's clocks, read once per turn, and its configuration
 /// generation.
 #[derive(Debug, Clone, Copy)]
@@ -857,11 +891,18 @@ struct Clock {
     generation: u64,
 }
 
+/// The filter's decision on an IP packet of tenant `t` with key `key`
+/// (connection key `conn` if the tenant tracks connections and the packet
+/// can be tracked), at `clock`: the tag of the rule that matched, if one
+/// was looked up and matched, and whether the packet passes. A matching
+/// rule's rate limit is taken from `rules` (the worker's cells of
+/// the tenant's rules) for a `len`-byte packet.
 #[allow(clippy::too_many_arguments)]
 fn filter_ip(
     t: &CompiledTenant,
     rules: &[RuleCells],
     conns: &mut ConnTable,
+    cache: &mut FlowCache,
     clock: Clock,
     key: &FlowKey,
     conn: Option<ConnKey>,
@@ -873,11 +914,11 @@ fn filter_ip(
         generation,
         ..
     } = clock;
-    let opens = |r: &AclRule| t.allow[r.tag as usize] && t.stateful[r.tag as usize];
+    let opens = |tag: u32| t.allow[tag as usize] && t.stateful[tag as usize];
     if let Some(ck) = conn {
         if let Some((slot, dir)) = conns.find(&ck, now) {
             let current = conns.checked_at(slot, generation)
-                || t.classifier.lookup(&conns.orig(slot)).is_some_and(opens);
+                || classify(t, cache, &conns.orig(slot), generation).is_some_and(opens);
             if current {
                 conns.set_generation(slot, generation);
                 let fits = conns.track(slot, dir, tcp_flags, now);
@@ -887,13 +928,12 @@ fn filter_ip(
             conns.remove(slot);
         }
     }
-    let Some(r) = t.classifier.lookup(key) else {
+    let Some(tag) = classify(t, cache, key, generation) else {
         return (
             None,
             t.default_allow.then_some(()).ok_or(DropReason::AclDeny),
         );
     };
-    let tag = r.tag;
     if !t.allow[tag as usize] {
         return (Some(tag), Err(DropReason::AclDeny));
     }
@@ -903,7 +943,7 @@ fn filter_ip(
         }
     }
     let passed = match conn {
-        Some(ck) if opens(r) => match conns.open(ck, *key, tcp_flags, now, generation) {
+        Some(ck) if opens(tag) => match conns.open(ck, *key, tcp_flags, now, generation) {
             Ok(_) => Ok(()),
             Err(Refused::Invalid) => Err(DropReason::ConntrackInvalid),
             Err(Refused::TenantFull | Refused::TableFull) => Err(DropReason::TableFull),
@@ -1028,8 +1068,17 @@ impl Pipeline for SwitchPipeline {
                     generation: self.generation,
                 };
                 let rules = &shard.rules[ti];
-                let (rule, passed) =
-                    filter_ip(t, rules, &mut self.conns, clock, &key, conn, tcp_flags, len);
+                let (rule, passed) = filter_ip(
+                    t,
+                    rules,
+                    &mut self.conns,
+                    &mut self.cache,
+                    clock,
+                    &key,
+                    conn,
+                    tcp_flags,
+                    len,
+                );
                 if let Some(tag) = rule {
                     let rc = &shard.rules[ti][tag as usize];
                     bump(&rc.packets, 1);
@@ -1171,6 +1220,71 @@ mod tests {
             (500 / frame) as usize,
             "500 bytes in 0.5 s"
         );
+    }
+
+    /// A tenant with enough rules to use the flow cache: every verdict
+    /// agrees with a first-match scan of the rules in force, through many
+    /// rule changes, while the same 64 flows keep coming back.
+    #[test]
+    fn cached_verdicts_follow_every_rule_change() {
+        let mut rng = crate::classify::tests::Rng(0xcac4e);
+        let mut t = tenant("t", &[(0, 0), (1, 0)], false);
+        let (h, mut p) = switch(2, vec![t.clone()]);
+        for round in 0..40 {
+            t.rules = (0..FLOW_CACHE_MIN_RULES as u32 + 4)
+                .map(|i| {
+                    let mut m = AclRule::any(i, 0, Family::V4);
+                    m.proto = (proto::UDP, proto::UDP);
+                    let d = 50 + rng.below(8) as u16;
+                    m.dst_port = (d, d);
+                    if rng.below(2) == 0 {
+                        m.src = AclRule::prefix_range(0x0a00_0000 | rng.below(8) as u128, 32, 32);
+                    }
+                    SwitchRule {
+                        id: format!("r{i}"),
+                        matches: m,
+                        allow: rng.below(2) == 0,
+                        stateful: false,
+                        rate_limit: None,
+                    }
+                })
+                .collect();
+            h.publish(&SwitchConfig {
+                ports: 2,
+                tenants: vec![t.clone()],
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            p.turn();
+            assert!(p.compiled.tenants[0].cached);
+            for _ in 0..300 {
+                let (src, dport) = (rng.below(8) as u8, 50 + rng.below(8) as u16);
+                let key = FlowKey {
+                    src: 0x0a00_0000 | u128::from(src),
+                    dst: 0x0a00_0063,
+                    src_port: 5000,
+                    dst_port: dport,
+                    proto: proto::UDP,
+                    v6: false,
+                };
+                let want = t
+                    .rules
+                    .iter()
+                    .find(|r| r.matches.matches(&key))
+                    .is_some_and(|r| r.allow);
+                let frame = build::udp4(
+                    mac(1),
+                    mac(2),
+                    None,
+                    [10, 0, 0, src],
+                    [10, 0, 0, 99],
+                    5000,
+                    dport,
+                );
+                let got = !matches!(run(&mut p, 0, frame).0, Verdict::Drop(_));
+                assert_eq!(got, want, "round {round}: {key:?}");
+            }
+        }
     }
 
     /// Port 0 may send only from MAC 1 and 10.0.0.1; port 1 is open.
