@@ -4,17 +4,29 @@
 //! The same setup as `dpdk-testpmd --forward-mode=io` in ../shared/bench,
 //! so the two can be compared side by side in one sitting.
 //!
+//! With `--rules DIR/rules.json` (from ../shared/bench/gen_data.py) the
+//! worker runs the per-tenant switch instead, loaded with that set's
+//! tenants (VLAN attachments on both ports) and rules: the setup the
+//! bench harness gives Open vSwitch. Packets processed (forwarded or
+//! dropped) per second is then the figure; `--flow-cache` turns on a
+//! 65,536-entry flow cache.
+//!
 //! ```text
 //! cargo bench -p dpu-dataplane --bench forward --no-run
 //! flock /tmp/bench.lock taskset -c 1 target/release/deps/forward-* \
 //!     --pcap /tmp/vswitch-bench/data/plain/traffic.pcap --secs 10 --runs 3
+//! D=/tmp/vswitch-bench/data/acl1_10k
+//! flock /tmp/bench.lock taskset -c 1 target/release/deps/forward-* \
+//!     --pcap $D/traffic.pcap --rules $D/rules.json --secs 10 --runs 3
 //! ```
 //! Prints one line per run and the median, in Mpps.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::DpdkDriver;
+use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
 use dpu_dataplane::worker::{CrossConnect, Idle, WorkerConfig, Workers};
 
 struct Args {
@@ -23,6 +35,8 @@ struct Args {
     warmup: f64,
     runs: usize,
     huge: bool,
+    rules: Option<String>,
+    flow_cache: bool,
 }
 
 fn args() -> Args {
@@ -32,6 +46,8 @@ fn args() -> Args {
         warmup: 2.0,
         runs: 3,
         huge: false,
+        rules: None,
+        flow_cache: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -42,6 +58,8 @@ fn args() -> Args {
             "--warmup" => a.warmup = val().parse().expect("--warmup"),
             "--runs" => a.runs = val().parse().expect("--runs"),
             "--huge" => a.huge = true,
+            "--rules" => a.rules = Some(val()),
+            "--flow-cache" => a.flow_cache = true,
             // cargo bench passes --bench; nothing else is expected.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -50,8 +68,98 @@ fn args() -> Args {
     a
 }
 
+/// `a.b.c.d/len` as an inclusive IPv4 range.
+fn prefix(s: &str) -> (u128, u128) {
+    let (addr, len) = s.split_once('/').expect("CIDR prefix");
+    let addr: std::net::Ipv4Addr = addr.parse().expect("IPv4 address");
+    AclRule::prefix_range(
+        u128::from(u32::from(addr)),
+        len.parse().expect("prefix length"),
+        32,
+    )
+}
+
+/// The switch configuration of a bench set's `rules.json` (format
+/// `vswitch-bench-rules/1`): one tenant per VLAN, attached to that VLAN on
+/// both ports, rules in list order.
+fn switch_config(path: &str, flow_cache: bool) -> SwitchConfig {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("rules.json");
+    assert_eq!(
+        doc["format"], "vswitch-bench-rules/1",
+        "{path}: unknown format"
+    );
+    let range = |v: &serde_json::Value| -> (u16, u16) {
+        (
+            v[0].as_u64().expect("port") as u16,
+            v[1].as_u64().expect("port") as u16,
+        )
+    };
+    let tenants = doc["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .map(|t| TenantConfig {
+            name: t["name"].as_str().expect("name").to_string(),
+            attachments: t["attachments"]
+                .as_array()
+                .expect("attachments")
+                .iter()
+                .map(|a| Attach {
+                    port: a["port"].as_u64().expect("port") as usize,
+                    vlan: a["vlan"].as_u64().expect("vlan") as u16,
+                })
+                .collect(),
+            default_allow: t["default_action"] == "allow",
+            rules: t["rules"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let mut m = AclRule::any(i as u32, 0, Family::V4);
+                    m.src = prefix(r["src"].as_str().expect("src"));
+                    m.dst = prefix(r["dst"].as_str().expect("dst"));
+                    m.src_port = range(&r["sport"]);
+                    m.dst_port = range(&r["dport"]);
+                    if let Some(p) = r["proto"].as_u64() {
+                        m.proto = (p as u8, p as u8);
+                    }
+                    SwitchRule {
+                        id: format!("r{i}"),
+                        matches: m,
+                        allow: r["action"] == "allow",
+                        stateful: false,
+                        rate_limit: None,
+                    }
+                })
+                .collect(),
+            ..TenantConfig::default()
+        })
+        .collect();
+    SwitchConfig {
+        ports: 2,
+        tenants,
+        flow_cache_entries: if flow_cache { 65_536 } else { 0 },
+        ..SwitchConfig::default()
+    }
+}
+
 fn main() {
     let a = args();
+    let switch = a.rules.as_ref().map(|path| {
+        let t = Instant::now();
+        let cfg = switch_config(path, a.flow_cache);
+        let rules: usize = cfg.tenants.iter().map(|t| t.rules.len()).sum();
+        let h = SwitchHandle::new(&cfg).expect("switch configuration");
+        println!(
+            "switch: {} tenants, {rules} rules, compiled in {:.1} ms, flow cache {}",
+            cfg.tenants.len(),
+            t.elapsed().as_secs_f64() * 1e3,
+            if a.flow_cache { "on" } else { "off" }
+        );
+        h
+    });
     assert!(
         std::path::Path::new(&a.pcap).exists(),
         "{} is missing: run ../shared/bench/gen_data.py",
@@ -90,8 +198,11 @@ fn main() {
             tx_queue: 0,
             idle: Idle::BusyPoll,
         };
-        let mut w = Workers::start(&driver, vec![worker], |_| CrossConnect::new(&[(0, 1)]))
-            .expect("worker");
+        let mut w = match &switch {
+            Some(h) => Workers::start(&driver, vec![worker], |i| h.pipeline_for(i)),
+            None => Workers::start(&driver, vec![worker], |_| CrossConnect::new(&[(0, 1)])),
+        }
+        .expect("worker");
         std::thread::sleep(Duration::from_secs_f64(a.warmup));
         let (t0, c0) = (Instant::now(), w.totals());
         std::thread::sleep(Duration::from_secs_f64(a.secs));
@@ -101,11 +212,17 @@ fn main() {
         let rx = (c1.rx_packets[0] - c0.rx_packets[0]) as f64 / secs / 1e6;
         let tx = (c1.tx_packets[1] - c0.tx_packets[1]) as f64 / secs / 1e6;
         println!("run {run}: rx {rx:.2} Mpps, forwarded {tx:.2} Mpps");
-        rates.push(tx);
+        // With rules, dropping is as much the work as forwarding.
+        rates.push(if switch.is_some() { rx } else { tx });
     }
     rates.sort_by(f64::total_cmp);
     println!(
-        "median forwarded: {:.2} Mpps ({} runs of {} s)",
+        "median {}: {:.2} Mpps ({} runs of {} s)",
+        if switch.is_some() {
+            "processed (forwarded or dropped)"
+        } else {
+            "forwarded"
+        },
         rates[rates.len() / 2],
         a.runs,
         a.secs

@@ -225,7 +225,10 @@ pub struct SwitchConfig {
     /// How long idle connections live.
     pub conntrack_timeouts: Timeouts,
     /// Entries of each worker's flow cache (classifications of tenants
-    /// with at least [`FLOW_CACHE_MIN_RULES`] rules); 0 turns it off.
+    /// with at least [`FLOW_CACHE_MIN_RULES`] rules); 0, the default,
+    /// turns it off. It pays when traffic has hot flows; with flows spread
+    /// evenly over more entries than the CPU caches hold, the classifier
+    /// is as fast (see the README's switch benchmarks).
     pub flow_cache_entries: usize,
 }
 
@@ -240,7 +243,7 @@ impl Default for SwitchConfig {
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
             conntrack_timeouts: Timeouts::default(),
-            flow_cache_entries: 65_536,
+            flow_cache_entries: 0,
         }
     }
 }
@@ -1120,7 +1123,15 @@ impl Pipeline for SwitchPipeline {
                         });
                     }
                 }
-                Verdict::Flood
+                // A flood to one attachment is a forward: no copy.
+                match flood.as_slice() {
+                    [one] => {
+                        let e = *one;
+                        flood.clear();
+                        Verdict::Forward(e)
+                    }
+                    _ => Verdict::Flood,
+                }
             }
         };
         self.learn(ti, h.src_mac, ai);
@@ -1229,7 +1240,14 @@ mod tests {
     fn cached_verdicts_follow_every_rule_change() {
         let mut rng = crate::classify::tests::Rng(0xcac4e);
         let mut t = tenant("t", &[(0, 0), (1, 0)], false);
-        let (h, mut p) = switch(2, vec![t.clone()]);
+        let config = |t: &TenantConfig| SwitchConfig {
+            ports: 2,
+            tenants: vec![t.clone()],
+            flow_cache_entries: 4096,
+            ..SwitchConfig::default()
+        };
+        let h = SwitchHandle::new(&config(&t)).unwrap();
+        let mut p = h.pipeline();
         for round in 0..40 {
             t.rules = (0..FLOW_CACHE_MIN_RULES as u32 + 4)
                 .map(|i| {
@@ -1249,12 +1267,7 @@ mod tests {
                     }
                 })
                 .collect();
-            h.publish(&SwitchConfig {
-                ports: 2,
-                tenants: vec![t.clone()],
-                ..SwitchConfig::default()
-            })
-            .unwrap();
+            h.publish(&config(&t)).unwrap();
             p.turn();
             assert!(p.compiled.tenants[0].cached);
             for _ in 0..300 {
@@ -1298,9 +1311,15 @@ mod tests {
         }];
         let (h, mut p) = switch(2, vec![t]);
         let spoofed = Verdict::Drop(DropReason::Spoofed);
+        let passed = |p: u16| {
+            Verdict::Forward(Egress {
+                port: usize::from(p),
+                vlan: VlanOp::Keep,
+            })
+        };
         let udp_from =
             |m: u8, ip: u8| build::udp4(mac(m), BCAST, None, [10, 0, 0, ip], [10, 0, 0, 2], 1, 2);
-        assert_eq!(run(&mut p, 0, udp_from(1, 1)).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, udp_from(1, 1)).0, passed(1));
         assert_eq!(run(&mut p, 0, udp_from(5, 1)).0, spoofed, "MAC");
         assert_eq!(run(&mut p, 0, udp_from(1, 7)).0, spoofed, "IPv4 source");
         // No IPv6 prefix listed: IPv6 is refused once prefixes are.
@@ -1309,8 +1328,8 @@ mod tests {
         assert_eq!(run(&mut p, 0, v6.clone()).0, spoofed, "IPv6");
         // ARP: sender MAC and address are checked; a probe (0.0.0.0) passes.
         let arp = |ip: [u8; 4]| build::arp(mac(1), BCAST, None, 1, ip, [10, 0, 0, 2]);
-        assert_eq!(run(&mut p, 0, arp([10, 0, 0, 1])).0, Verdict::Flood);
-        assert_eq!(run(&mut p, 0, arp([0, 0, 0, 0])).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, arp([10, 0, 0, 1])).0, passed(1));
+        assert_eq!(run(&mut p, 0, arp([0, 0, 0, 0])).0, passed(1));
         assert_eq!(
             run(&mut p, 0, arp([10, 0, 0, 9])).0,
             spoofed,
@@ -1320,8 +1339,8 @@ mod tests {
         forged[14 + 8 + 5] = 5; // the sender MAC inside the ARP body
         assert_eq!(run(&mut p, 0, forged).0, spoofed, "ARP sender MAC");
         // The open attachment takes anything.
-        assert_eq!(run(&mut p, 1, udp_from(5, 7)).0, Verdict::Flood);
-        assert_eq!(run(&mut p, 1, v6).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 1, udp_from(5, 7)).0, passed(0));
+        assert_eq!(run(&mut p, 1, v6).0, passed(0));
         let c = h.traffic().tenants["t"];
         assert_eq!((c.rx_packets, c.dropped_packets), (10, 5));
     }
@@ -1390,16 +1409,17 @@ mod tests {
                 vlan: VlanOp::Strip
             })
         );
-        // The same MAC in t2 is a different station: unknown there.
+        // The same MAC in t2 is a different station: unknown there, and
+        // flooded to t2's one other attachment (a forward, no copy).
         let (v, flood) = run(&mut p, 3, udp(9, mac(1), Some(20), 53));
-        assert_eq!(v, Verdict::Flood);
         assert_eq!(
-            flood,
-            vec![Egress {
+            v,
+            Verdict::Forward(Egress {
                 port: 2,
                 vlan: VlanOp::Strip
-            }]
+            })
         );
+        assert!(flood.is_empty());
         // Unattached VLAN: nobody's.
         assert_eq!(
             run(&mut p, 3, udp(9, mac(1), Some(30), 53)).0,
@@ -1528,7 +1548,11 @@ mod tests {
         let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
         t.rules = dns_and_deny_7();
         let (_h, mut p) = switch(2, vec![t]);
-        assert_eq!(run(&mut p, 0, udp(1, mac(2), None, 53)).0, Verdict::Flood);
+        let to_1 = Verdict::Forward(Egress {
+            port: 1,
+            vlan: VlanOp::Keep,
+        });
+        assert_eq!(run(&mut p, 0, udp(1, mac(2), None, 53)).0, to_1);
         assert_eq!(
             run(&mut p, 0, udp(1, mac(2), None, 80)).0,
             Verdict::Drop(DropReason::AclDeny)
@@ -1540,12 +1564,13 @@ mod tests {
         );
         // ARP passes a default-deny tenant; other EtherTypes do not.
         let arp = build::arp(mac(1), BCAST, None, 1, [10, 0, 0, 1], [10, 0, 0, 2]);
-        assert_eq!(run(&mut p, 0, arp).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, arp).0, to_1);
         let mut other = build::eth(BCAST, mac(1), None, 0x88b5);
         other.extend_from_slice(&[0; 46]);
         assert_eq!(run(&mut p, 0, other).0, Verdict::Drop(DropReason::AclDeny));
         // A denied frame teaches nothing: mac(7) stays unknown.
-        assert_eq!(run(&mut p, 1, udp(2, mac(7), None, 53)).0, Verdict::Flood);
+        assert_eq!(p.lookup(0, mac(7)), None);
+        assert_eq!(p.lookup(0, mac(1)), Some(0), "an allowed one does");
     }
 
     #[test]
