@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use dpu_control::model::{PortRole, PortSpec};
 use dpu_control::validate;
+use dpu_control::ControlError;
 use dpu_proto::v1 as pb;
 use serde::Deserialize;
 
@@ -57,6 +58,11 @@ pub struct Cli {
     /// Allow plain-text gRPC on a non-loopback address.
     #[arg(long, env = "DPU_ALLOW_INSECURE_REMOTE")]
     pub allow_insecure_remote: bool,
+    /// Run without the data plane: every port is for the API only (driver
+    /// "none"), whatever the configuration says. For machines where the
+    /// ports' devices cannot be opened, e.g. TAP ports without root.
+    #[arg(long, env = "DPU_NO_DATAPLANE")]
+    pub no_dataplane: bool,
     /// Check the configuration and the state file, then exit.
     #[arg(long)]
     pub check_config: bool,
@@ -91,6 +97,11 @@ pub struct Config {
     pub dataplane: DataplaneConfig,
     /// Data-plane ports.
     pub ports: Vec<PortConfig>,
+    /// Tenants created at startup when the state has none with their ID
+    /// (`[[tenants]]`). Once created they live in the state like any
+    /// other: the stored one is kept at later starts, and changes made over
+    /// gRPC survive restarts.
+    pub tenants: Vec<SeedTenant>,
 }
 
 /// `[dataplane]`: DPDK's EAL and the worker threads. Used when at least
@@ -123,6 +134,9 @@ pub struct DataplaneConfig {
     /// Most connections one tenant may have tracked, all workers together;
     /// past it the tenant's new connections are dropped as `table_full`.
     pub conntrack_per_tenant: usize,
+    /// Entries of each worker's flow cache in front of the classifier of
+    /// tenants with many rules; 0 (the default) leaves it off.
+    pub flow_cache_entries: usize,
     /// Further EAL arguments, passed as they are (e.g. "-d", a PMD path).
     pub eal_args: Vec<String>,
 }
@@ -141,6 +155,7 @@ impl Default for DataplaneConfig {
             mac_ageing_secs: 300,
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
+            flow_cache_entries: 0,
             eal_args: Vec::new(),
         }
     }
@@ -413,6 +428,309 @@ impl SeedListener {
     }
 }
 
+/// `[[tenants]]`: a tenant to create at startup, with its filter rules.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedTenant {
+    /// Tenant ID, as in the resource name "tenants/{id}".
+    pub id: String,
+    /// Human-readable name (empty if unset).
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// Verdict for packets no rule matches ("deny" if unset).
+    #[serde(default)]
+    pub default_policy: Option<SeedAction>,
+    /// Attachments in dpuctl's `--port` syntax: "PORT" for a whole port,
+    /// "PORT.VLAN" for one VLAN of it, e.g. "pf0vf0" or "p0.100".
+    #[serde(default)]
+    pub attachments: Vec<String>,
+    /// `[[tenants.rules]]`, in any order (priority orders them).
+    #[serde(default)]
+    pub rules: Vec<SeedRule>,
+}
+
+/// A verdict: a rule's action or a tenant's default policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeedAction {
+    /// Forward.
+    Allow,
+    /// Drop.
+    Deny,
+}
+
+/// `[[tenants.rules]]`: a filter rule of a declared tenant, with the
+/// fields of `dpuctl rule add`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRule {
+    /// Rule ID (assigned by the service if unset).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Evaluation order, lower first; unique within the tenant.
+    pub priority: u32,
+    /// What a match does.
+    pub action: SeedAction,
+    /// Source prefix (CIDR); any source if unset.
+    #[serde(default)]
+    pub src: Option<String>,
+    /// Destination prefix (CIDR); any destination if unset.
+    #[serde(default)]
+    pub dst: Option<String>,
+    /// IP protocol: "tcp", "udp", "icmp", "icmpv6", "sctp" or a number;
+    /// any protocol if unset.
+    #[serde(default)]
+    pub proto: Option<TextOrNumber>,
+    /// Source ports: a port (80) or a range ("80-443"); TCP, UDP, SCTP.
+    #[serde(default)]
+    pub sport: Option<TextOrNumber>,
+    /// Destination ports: a port (80) or a range ("80-443"); TCP, UDP, SCTP.
+    #[serde(default)]
+    pub dport: Option<TextOrNumber>,
+    /// ICMP type (needs `proto` "icmp" or "icmpv6").
+    #[serde(default)]
+    pub icmp_type: Option<u32>,
+    /// ICMP code (needs `icmp_type`).
+    #[serde(default)]
+    pub icmp_code: Option<u32>,
+    /// Track connections so their replies pass (allow rules only).
+    #[serde(default)]
+    pub stateful: bool,
+    /// Free-form description.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// A value written as text or as a number: `proto = "tcp"` or `proto = 6`,
+/// `dport = 80` or `dport = "80-443"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextOrNumber {
+    /// A TOML integer.
+    Number(i64),
+    /// A TOML string.
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for TextOrNumber {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = TextOrNumber;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TextOrNumber, E> {
+                Ok(TextOrNumber::Number(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TextOrNumber, E> {
+                i64::try_from(v)
+                    .map(TextOrNumber::Number)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextOrNumber, E> {
+                Ok(TextOrNumber::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl std::fmt::Display for TextOrNumber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Text(t) => write!(f, "{t:?}"),
+        }
+    }
+}
+
+impl SeedAction {
+    /// The action as a rule carries it.
+    pub fn rule_action(self) -> pb::RuleAction {
+        match self {
+            Self::Allow => pb::RuleAction::Allow,
+            Self::Deny => pb::RuleAction::Deny,
+        }
+    }
+
+    /// The action as a tenant's default policy.
+    pub fn policy(self) -> pb::DefaultPolicy {
+        match self {
+            Self::Allow => pb::DefaultPolicy::Allow,
+            Self::Deny => pb::DefaultPolicy::Deny,
+        }
+    }
+}
+
+/// Parses an attachment in dpuctl's `--port` syntax: "PORT" or "PORT.VLAN".
+///
+/// # Errors
+/// If the text is not of that form (the port ID and the VLAN's range are
+/// the API's to check).
+pub fn parse_attachment(s: &str) -> Result<pb::Attachment> {
+    let (port, vlan) = match s.rsplit_once('.') {
+        Some((port, v)) => (
+            port,
+            v.parse::<u32>().with_context(|| {
+                format!("{s:?}: VLAN {v:?} is not a number (expected PORT or PORT.VLAN)")
+            })?,
+        ),
+        None => (s, 0),
+    };
+    if port.is_empty() {
+        bail!("{s:?} is not PORT or PORT.VLAN");
+    }
+    Ok(port_attachment(port, vlan))
+}
+
+/// A whole-port (`vlan` 0) or VLAN attachment, without anti-spoofing.
+// PortAttachment grows fields (anti-spoofing): they keep their defaults.
+#[allow(clippy::needless_update)]
+fn port_attachment(port: &str, vlan: u32) -> pb::Attachment {
+    pb::Attachment {
+        kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+            port: format!("ports/{port}"),
+            vlan_id: vlan,
+            ..Default::default()
+        })),
+    }
+}
+
+/// Parses an IP protocol: a name dpuctl's `--proto` takes, or a number.
+fn parse_protocol(v: &TextOrNumber) -> Result<u32> {
+    Ok(match v {
+        TextOrNumber::Number(n) => {
+            u32::try_from(*n).with_context(|| format!("{n} is not in 0..=255"))?
+        }
+        TextOrNumber::Text(t) => match t.to_ascii_lowercase().as_str() {
+            "icmp" => 1,
+            "tcp" => 6,
+            "udp" => 17,
+            "icmpv6" | "ipv6-icmp" => 58,
+            "sctp" => 132,
+            n => n.parse().map_err(|_| {
+                anyhow::anyhow!("{t:?} is not tcp, udp, icmp, icmpv6, sctp or a protocol number")
+            })?,
+        },
+    })
+}
+
+/// Parses a port range: a number, or text "PORT" or "FIRST-LAST" (the
+/// range itself is the API's to check).
+fn parse_ports(v: &TextOrNumber) -> Result<pb::PortRange> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| anyhow::anyhow!("{v} is not a port or a range FIRST-LAST"))
+    };
+    let (first, last) = match v {
+        TextOrNumber::Number(n) => {
+            let p = u32::try_from(*n).with_context(|| format!("{n} is not in 0..=65535"))?;
+            (p, p)
+        }
+        TextOrNumber::Text(t) => match t.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(t)?, num(t)?),
+        },
+    };
+    Ok(pb::PortRange { first, last })
+}
+
+/// The configuration key of a field the API names in a tenant or rule,
+/// relative to the `[[tenants]]` or `[[tenants.rules]]` entry: the API's
+/// `dst_prefix` is the configuration's `dst`, `dst_ports.first` its
+/// `dport`, `attachments[1].port.vlan_id` its `attachments[1]`.
+pub fn seed_key(api_field: &str) -> String {
+    let (head, _) = api_field.split_once('.').unwrap_or((api_field, ""));
+    match head {
+        "src_prefix" => "src".into(),
+        "dst_prefix" => "dst".into(),
+        "src_ports" => "sport".into(),
+        "dst_ports" => "dport".into(),
+        "ip_protocol" => "proto".into(),
+        h => h.into(),
+    }
+}
+
+/// `{at}.{key}: {reason}` for an error of the API's checks, whose field
+/// path starts with `api_head` (e.g. "rule"); `{at}: {e}` for others.
+fn keyed(at: &str, api_head: &str, e: ControlError) -> anyhow::Error {
+    match e {
+        ControlError::InvalidArgument { field, reason } => {
+            let rel = field
+                .strip_prefix(api_head)
+                .and_then(|f| f.strip_prefix('.'))
+                .unwrap_or(&field);
+            anyhow::anyhow!("{at}.{}: {reason}", seed_key(rel))
+        }
+        e => anyhow::anyhow!("{at}: {e}"),
+    }
+}
+
+impl SeedTenant {
+    /// The tenant as a `CreateTenant` request carries it; `at` names the
+    /// entry in errors.
+    ///
+    /// # Errors
+    /// If an attachment is not "PORT" or "PORT.VLAN".
+    pub fn to_proto(&self, at: &str) -> Result<pb::Tenant> {
+        let attachments = self
+            .attachments
+            .iter()
+            .enumerate()
+            .map(|(k, a)| parse_attachment(a).with_context(|| format!("{at}.attachments[{k}]")))
+            .collect::<Result<_>>()?;
+        Ok(pb::Tenant {
+            display_name: self.display_name.clone().unwrap_or_default(),
+            attachments,
+            default_policy: self
+                .default_policy
+                .map_or(pb::DefaultPolicy::Unspecified, SeedAction::policy)
+                as i32,
+            ..Default::default()
+        })
+    }
+}
+
+impl SeedRule {
+    /// The rule as an `AddRule` request carries it; `at` names the entry
+    /// in errors.
+    ///
+    /// # Errors
+    /// If `proto`, `sport` or `dport` does not parse.
+    pub fn to_proto(&self, at: &str) -> Result<pb::FilterRule> {
+        Ok(pb::FilterRule {
+            priority: self.priority,
+            src_prefix: self.src.clone().unwrap_or_default(),
+            dst_prefix: self.dst.clone().unwrap_or_default(),
+            src_ports: self
+                .sport
+                .as_ref()
+                .map(parse_ports)
+                .transpose()
+                .with_context(|| format!("{at}.sport"))?,
+            dst_ports: self
+                .dport
+                .as_ref()
+                .map(parse_ports)
+                .transpose()
+                .with_context(|| format!("{at}.dport"))?,
+            ip_protocol: self
+                .proto
+                .as_ref()
+                .map(parse_protocol)
+                .transpose()
+                .with_context(|| format!("{at}.proto"))?,
+            icmp_type: self.icmp_type,
+            icmp_code: self.icmp_code,
+            action: self.action.rule_action() as i32,
+            stateful: self.stateful,
+            description: self.description.clone().unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+}
+
 /// `[[ports]]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -496,6 +814,13 @@ impl Config {
             self.grpc.tls_client_ca.clone_from(&cli.tls_client_ca);
         }
         self.grpc.allow_insecure_remote |= cli.allow_insecure_remote;
+        if cli.no_dataplane {
+            for p in &mut self.ports {
+                p.driver = default_driver();
+                p.device.clear();
+                p.dpdk_name = None;
+            }
+        }
         Ok(())
     }
 
@@ -598,6 +923,13 @@ impl Config {
                 d.conntrack_per_tenant
             );
         }
+        if d.flow_cache_entries > 1 << 24 {
+            bail!(
+                "dataplane.flow_cache_entries must be at most {}, not {}",
+                1 << 24,
+                d.flow_cache_entries
+            );
+        }
         if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
             bail!(
                 "dataplane.file_prefix {:?} must be a non-empty name without '/'",
@@ -608,6 +940,7 @@ impl Config {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
         }
         self.validate_storage()?;
+        self.validate_tenants()?;
         Ok(())
     }
 
@@ -703,6 +1036,79 @@ impl Config {
                 "storage.subsystems: the RAM namespaces declared total {ram_total} bytes, \
                  more than storage.ram_limit ({limit} bytes)"
             );
+        }
+        Ok(())
+    }
+
+    /// Checks `[[tenants]]` with the rules the API applies to them (and,
+    /// among the declared tenants, the conflicts the state would refuse),
+    /// naming the offending key.
+    fn validate_tenants(&self) -> Result<()> {
+        let mut ids = BTreeSet::new();
+        // Every declared attachment so far: (attachment, "tenants[i].attachments[k]").
+        let mut claimed: Vec<(dpu_control::model::Attachment, String)> = Vec::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let at = format!("tenants[{i}]");
+            validate::id(&format!("{at}.id"), &t.id)?;
+            if !ids.insert(t.id.as_str()) {
+                bail!("{at}.id: tenant {:?} is declared twice", t.id);
+            }
+            let pbt = t.to_proto(&at)?;
+            validate::text(&format!("{at}.display_name"), &pbt.display_name)?;
+            if t.attachments.len() > validate::MAX_ATTACHMENTS_PER_TENANT {
+                bail!(
+                    "{at}.attachments: {} attachments, at most {}",
+                    t.attachments.len(),
+                    validate::MAX_ATTACHMENTS_PER_TENANT
+                );
+            }
+            for (k, a) in pbt.attachments.iter().enumerate() {
+                let key = format!("{at}.attachments[{k}]");
+                // The key is the string itself: no sub-key.
+                let att = validate::attachment("a", a).map_err(|e| match e {
+                    ControlError::InvalidArgument { reason, .. } => {
+                        anyhow::anyhow!("{key}: {reason}")
+                    }
+                    e => anyhow::anyhow!("{key}: {e}"),
+                })?;
+                if !self.ports.iter().any(|p| p.id == att.port()) {
+                    bail!(
+                        "{key}: port {:?} is not declared under [[ports]]",
+                        att.port()
+                    );
+                }
+                if let Some((o, other)) = claimed.iter().find(|(o, _)| o.conflicts_with(&att)) {
+                    bail!("{key}: {att} overlaps {other} ({o})");
+                }
+                claimed.push((att, key));
+            }
+            if t.rules.len() > validate::MAX_RULES_PER_TENANT {
+                bail!(
+                    "{at}.rules: {} rules, at most {}",
+                    t.rules.len(),
+                    validate::MAX_RULES_PER_TENANT
+                );
+            }
+            let mut rule_ids = BTreeMap::new();
+            let mut priorities = BTreeMap::new();
+            for (j, r) in t.rules.iter().enumerate() {
+                let at = format!("{at}.rules[{j}]");
+                if let Some(id) = &r.id {
+                    validate::id(&format!("{at}.id"), id)?;
+                    if let Some(k) = rule_ids.insert(id.as_str(), j) {
+                        bail!("{at}.id: rule {id:?} is also rules[{k}]'s ID");
+                    }
+                }
+                if let Some(k) = priorities.insert(r.priority, j) {
+                    bail!(
+                        "{at}.priority: {} is also the priority of rules[{k}]",
+                        r.priority
+                    );
+                }
+                let pbr = r.to_proto(&at)?;
+                validate::rule("rule", r.id.as_deref().unwrap_or(""), &pbr)
+                    .map_err(|e| keyed(&at, "rule", e))?;
+            }
         }
         Ok(())
     }
@@ -942,6 +1348,10 @@ mod tests {
         bad(
             "[dataplane]\nconntrack_max = 0\n",
             "dataplane.conntrack_max",
+        );
+        bad(
+            "[dataplane]\nflow_cache_entries = 100000000\n",
+            "dataplane.flow_cache_entries",
         );
         bad(
             "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
@@ -1249,6 +1659,289 @@ allow_any_host = true
         }
     }
 
+    /// Ports p0, pf0vf0, pf0vf1 and a tenant "t" with `tenant` appended to
+    /// its table, then `rest`.
+    fn tenant(tenant: &str, rest: &str) -> String {
+        format!(
+            "[[ports]]\nid = \"p0\"\n[[ports]]\nid = \"pf0vf0\"\n[[ports]]\nid = \"pf0vf1\"\n\
+             [[tenants]]\nid = \"t\"\n{tenant}\n{rest}\n"
+        )
+    }
+
+    #[test]
+    fn tenant_declarations_parse() {
+        let c: Config = toml::from_str(&tenant(
+            "display_name = \"T\"\ndefault_policy = \"allow\"\nattachments = [\"pf0vf0\", \"p0.100\", \"p0.200\"]",
+            r#"
+[[tenants.rules]]
+id = "web"
+priority = 10
+action = "allow"
+src = "10.0.0.0/8"
+dst = "10.1.0.0/16"
+proto = "tcp"
+sport = 1024
+dport = "80-443"
+stateful = true
+description = "web"
+
+[[tenants.rules]]
+priority = 20
+action = "deny"
+proto = 1
+icmp_type = 8
+icmp_code = 0
+
+[[tenants]]
+id = "u"
+attachments = ["pf0vf1"]
+"#,
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        let [t, u] = &c.tenants[..] else {
+            panic!("two tenants")
+        };
+        let p = t.to_proto("t").unwrap();
+        assert_eq!(p.display_name, "T");
+        assert_eq!(p.default_policy, pb::DefaultPolicy::Allow as i32);
+        let atts: Vec<(String, u32)> = p
+            .attachments
+            .iter()
+            .map(|a| match &a.kind {
+                Some(pb::attachment::Kind::Port(p)) => (p.port.clone(), p.vlan_id),
+                k => panic!("{k:?}"),
+            })
+            .collect();
+        assert_eq!(
+            atts,
+            [
+                ("ports/pf0vf0".to_string(), 0),
+                ("ports/p0".to_string(), 100),
+                ("ports/p0".to_string(), 200)
+            ]
+        );
+        let web = t.rules[0].to_proto("r").unwrap();
+        assert_eq!(web.priority, 10);
+        assert_eq!(web.action, pb::RuleAction::Allow as i32);
+        assert_eq!(
+            (web.src_prefix.as_str(), web.dst_prefix.as_str()),
+            ("10.0.0.0/8", "10.1.0.0/16")
+        );
+        assert_eq!(web.ip_protocol, Some(6));
+        assert_eq!(
+            web.src_ports,
+            Some(pb::PortRange {
+                first: 1024,
+                last: 1024
+            })
+        );
+        assert_eq!(
+            web.dst_ports,
+            Some(pb::PortRange {
+                first: 80,
+                last: 443
+            })
+        );
+        assert!(web.stateful);
+        assert_eq!(web.description, "web");
+        let deny = t.rules[1].to_proto("r").unwrap();
+        assert_eq!(deny.action, pb::RuleAction::Deny as i32);
+        assert_eq!(
+            (deny.ip_protocol, deny.icmp_type, deny.icmp_code),
+            (Some(1), Some(8), Some(0))
+        );
+        assert_eq!((deny.src_prefix.as_str(), deny.src_ports), ("", None));
+        assert!(!deny.stateful);
+        let p = u.to_proto("u").unwrap();
+        assert_eq!(
+            p.default_policy,
+            pb::DefaultPolicy::Unspecified as i32,
+            "left to the API: deny"
+        );
+        assert!(u.rules.is_empty());
+        for (name, n) in [
+            ("udp", 17),
+            ("ICMPv6", 58),
+            ("ipv6-icmp", 58),
+            ("sctp", 132),
+            ("47", 47),
+        ] {
+            assert_eq!(parse_protocol(&TextOrNumber::Text(name.into())).unwrap(), n);
+        }
+        assert!(Config::default().tenants.is_empty());
+    }
+
+    #[test]
+    fn tenant_declarations_are_checked() {
+        let r = "[[tenants.rules]]";
+        for (text, want) in [
+            (
+                tenant("", "[[tenants]]\nid = \"t\"\n"),
+                "tenants[1].id: tenant \"t\" is declared twice",
+            ),
+            (
+                "[[tenants]]\nid = \"Blue\"\n".to_string(),
+                "tenants[0].id: \"Blue\" is not a valid ID",
+            ),
+            (
+                tenant("display_name = \"a\\nb\"", ""),
+                "tenants[0].display_name: control characters are not allowed",
+            ),
+            (
+                tenant("attachments = [\"pf0vf0.x\"]", ""),
+                "tenants[0].attachments[0]: \"pf0vf0.x\": VLAN \"x\" is not a number",
+            ),
+            (
+                tenant("attachments = [\".5\"]", ""),
+                "tenants[0].attachments[0]: \".5\" is not PORT or PORT.VLAN",
+            ),
+            (
+                tenant("attachments = [\"p0.4095\"]", ""),
+                "tenants[0].attachments[0]: 4095 is not in 0..=4094",
+            ),
+            (
+                tenant("attachments = [\"PF0\"]", ""),
+                "tenants[0].attachments[0]: ",
+            ),
+            (
+                tenant("attachments = [\"pf0vf9\"]", ""),
+                "tenants[0].attachments[0]: port \"pf0vf9\" is not declared under [[ports]]",
+            ),
+            (
+                tenant("attachments = [\"p0.100\", \"p0\"]", ""),
+                "tenants[0].attachments[1]: ",
+            ),
+            (
+                tenant(
+                    "attachments = [\"pf0vf0\"]",
+                    "[[tenants]]\nid = \"u\"\nattachments = [\"pf0vf1\", \"pf0vf0\"]\n",
+                ),
+                "tenants[1].attachments[1]: ",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndst = \"10.0.0.1/8\"\n")),
+                "tenants[0].rules[0].dst: host bits are set in 10.0.0.1/8 (did you mean 10.0.0.0/8?)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nsrc = \"10.0.0.0/33\"\n")),
+                "tenants[0].rules[0].src: ",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nsrc = \"10.0.0.0/8\"\ndst = \"::/0\"\n")),
+                "tenants[0].rules[0].dst: ",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndport = 80\n")),
+                "tenants[0].rules[0].dport: port ranges need ip_protocol",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\nsport = \"90-80\"\n")),
+                "tenants[0].rules[0].sport: first (90) is greater than last (80)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\nsport = 70000\n")),
+                "tenants[0].rules[0].sport: 70000 is not in 0..=65535",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = \"http\"\n")),
+                "tenants[0].rules[0].dport: \"http\" is not a port or a range FIRST-LAST",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = -1\n")),
+                "tenants[0].rules[0].dport: -1 is not in 0..=65535",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"gre\"\n")),
+                "tenants[0].rules[0].proto: \"gre\" is not tcp, udp, icmp, icmpv6, sctp or a protocol number",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = 256\n")),
+                "tenants[0].rules[0].proto: 256 is not in 0..=255",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nicmp_type = 8\n")),
+                "tenants[0].rules[0].icmp_type: needs ip_protocol 1 (ICMP) or 58 (ICMPv6)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"icmp\"\nicmp_code = 0\n")),
+                "tenants[0].rules[0].icmp_code: requires icmp_type",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"deny\"\nstateful = true\n")),
+                "tenants[0].rules[0].stateful: only ALLOW rules can be stateful",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndescription = \"{}\"\n", "d".repeat(300))),
+                "tenants[0].rules[0].description: ",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"Web\"\npriority = 1\naction = \"allow\"\n")),
+                "tenants[0].rules[0].id: \"Web\" is not a valid ID",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"a\"\npriority = 1\naction = \"allow\"\n{r}\nid = \"a\"\npriority = 2\naction = \"allow\"\n")),
+                "tenants[0].rules[1].id: rule \"a\" is also rules[0]'s ID",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\n{r}\npriority = 1\naction = \"deny\"\n")),
+                "tenants[0].rules[1].priority: 1 is also the priority of rules[0]",
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
+    #[test]
+    fn tenant_declarations_have_no_unknown_keys() {
+        let r = "[[tenants.rules]]";
+        for (text, want) in [
+            (tenant("colour = \"red\"", ""), "colour"),
+            (tenant("default_policy = \"drop\"", ""), "drop"),
+            (tenant("attachments = \"pf0vf0\"", ""), "attachments"),
+            ("[[tenants]]\ndisplay_name = \"x\"\n".to_string(), "id"),
+            (
+                tenant(
+                    "",
+                    &format!(
+                        "{r}\npriority = 1\naction = \"allow\"\ndst_prefix = \"10.0.0.0/8\"\n"
+                    ),
+                ),
+                "dst_prefix",
+            ),
+            (
+                tenant("", &format!("{r}\naction = \"allow\"\n")),
+                "priority",
+            ),
+            (tenant("", &format!("{r}\npriority = 1\n")), "action"),
+            (
+                tenant(
+                    "",
+                    &format!("{r}\npriority = 1\naction = \"allow\"\nproto = 1.5\n"),
+                ),
+                "expected a number or a string",
+            ),
+            (
+                tenant(
+                    "",
+                    &format!(
+                        "{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = [80]\n"
+                    ),
+                ),
+                "expected a number or a string",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"reject\"\n")),
+                "reject",
+            ),
+        ] {
+            let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
     #[test]
     fn shipped_configs_are_valid() {
         let load = |f: &str| {
@@ -1256,7 +1949,50 @@ allow_any_host = true
             c.validate().unwrap();
             c
         };
-        let dev = load("config/dev.toml").storage;
+        let dev_config = load("config/dev.toml");
+        // Four TAP ports named like a BlueField's, each its own interface.
+        let ports: Vec<(&str, &str)> = dev_config
+            .ports
+            .iter()
+            .map(|p| (p.id.as_str(), p.device.as_str()))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("p0", "net_tap0,iface=p0"),
+                ("pf0vf0", "net_tap1,iface=pf0vf0"),
+                ("pf0vf1", "net_tap2,iface=pf0vf1"),
+                ("pf0vf2", "net_tap3,iface=pf0vf2"),
+            ]
+        );
+        assert!(dev_config.ports.iter().all(|p| p.driver == "dpdk"));
+        assert_eq!(dev_config.ports[0].role, PortRole::Uplink);
+        let d = &dev_config.dataplane;
+        assert!(d.no_huge && d.memory_mb.is_some_and(|m| m <= 512));
+        assert_eq!((d.idle, d.workers), (IdleMode::Backoff, 1));
+        assert_ne!(d.file_prefix, DataplaneConfig::default().file_prefix);
+        // One example tenant on two VFs, default deny, with rules that let
+        // the README's ping across and show a deny.
+        let [t] = &dev_config.tenants[..] else {
+            panic!("dev.toml declares one tenant")
+        };
+        assert_eq!(t.id, "demo");
+        assert_eq!(t.attachments, ["pf0vf0", "pf0vf1"]);
+        assert_eq!(t.default_policy, Some(SeedAction::Deny));
+        let rules: Vec<(&str, SeedAction, bool)> = t
+            .rules
+            .iter()
+            .map(|r| (r.id.as_deref().unwrap_or(""), r.action, r.stateful))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                ("quarantine", SeedAction::Deny, false),
+                ("ping", SeedAction::Allow, true),
+                ("web", SeedAction::Allow, true),
+            ]
+        );
+        let dev = dev_config.storage;
         assert_eq!(
             dev.discovery_listen,
             Some("127.0.0.1:8009".parse().unwrap())
@@ -1275,6 +2011,23 @@ allow_any_host = true
             (s.listeners[0].address.to_string(), s.listeners[0].port),
             ("127.0.0.1".to_string(), 4420)
         );
+        // Without the data plane, the same ports exist for the API only.
+        let mut api_only = load("config/dev.toml");
+        api_only
+            .apply(&Cli::parse_from([
+                "dpu-service",
+                "--no-dataplane",
+                "--config",
+                "config/dev.toml",
+            ]))
+            .unwrap();
+        api_only.validate().unwrap();
+        assert!(api_only
+            .ports
+            .iter()
+            .all(|p| p.driver == "none" && p.device.is_empty()));
+        assert_eq!(api_only.ports.len(), 4);
+        assert_eq!(api_only.tenants.len(), 1, "the tenant is still seeded");
         let prod = load("config/production.toml");
         assert!(
             prod.storage.subsystems.is_empty(),

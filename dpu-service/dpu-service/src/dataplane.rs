@@ -105,6 +105,7 @@ impl Dataplane {
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
             conntrack_max: d.conntrack_max,
             conntrack_per_tenant: d.conntrack_per_tenant,
+            flow_cache_entries: d.flow_cache_entries,
             ..SwitchConfig::default()
         };
         let first = switch_config(&base, &ids, state);

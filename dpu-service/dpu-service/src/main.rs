@@ -11,6 +11,7 @@ mod config;
 mod dataplane;
 mod metrics;
 mod seed;
+mod seed_tenants;
 mod storage;
 
 use std::net::SocketAddr;
@@ -246,6 +247,7 @@ async fn run(config: Config) -> Result<()> {
     });
     let api = Api::new(ctl.clone());
     seed::seed_storage(&api, &config.storage).await?;
+    seed_tenants::seed_tenants(&api, &config.tenants).await?;
 
     let tls = tls_config(&config)?;
     let grpc_addr = config.grpc.listen;
