@@ -3,7 +3,9 @@
 //! This crate holds the protobuf sources (`dpu/v1/*.proto`, the product's
 //! public API) and the code tonic and prost generate from them: message
 //! types, server traits and client stubs, plus serde implementations that
-//! follow the canonical proto3 JSON mapping. It contains no logic.
+//! follow the canonical proto3 JSON mapping, and ([`text`]) the short text
+//! forms of attachments, port ranges, protocols and rates that `dpuctl`
+//! and the service's configuration share. It checks no values.
 //!
 //! Compatibility: `dpu.v1` only grows. Fields and RPCs are added, never
 //! renumbered, retyped or removed; a breaking change means a new package.
@@ -16,6 +18,8 @@ pub mod v1 {
     tonic::include_proto!("dpu.v1");
     include!(concat!(env!("OUT_DIR"), "/dpu.v1.serde.rs"));
 }
+
+pub mod text;
 
 /// The encoded `FileDescriptorSet` of `dpu.v1` and its imports, for gRPC
 /// server reflection.

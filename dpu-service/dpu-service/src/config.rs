@@ -13,6 +13,7 @@ use clap::{Parser, ValueEnum};
 use dpu_control::model::{PortRole, PortSpec};
 use dpu_control::validate;
 use dpu_control::ControlError;
+use dpu_proto::text;
 use dpu_proto::v1 as pb;
 use serde::Deserialize;
 
@@ -496,6 +497,14 @@ pub struct SeedRule {
     /// Track connections so their replies pass (allow rules only).
     #[serde(default)]
     pub stateful: bool,
+    /// Most traffic the rule lets through, dpuctl's `--rate-limit`
+    /// syntax: "1000pps", "10Mbps" (allow rules only).
+    #[serde(default)]
+    pub rate_limit: Option<String>,
+    /// Depth of the rate limit's bucket: packets, or bytes for a bps
+    /// limit (a tenth of a second's worth if unset).
+    #[serde(default)]
+    pub burst: Option<u64>,
     /// Free-form description.
     #[serde(default)]
     pub description: Option<String>,
@@ -562,38 +571,14 @@ impl SeedAction {
     }
 }
 
-/// Parses an attachment in dpuctl's `--port` syntax: "PORT" or "PORT.VLAN".
+/// Parses an attachment in dpuctl's `--port` syntax:
+/// `PORT[.VLAN][,mac=MAC][,ip=PREFIX]...` ([`dpu_proto::text`]).
 ///
 /// # Errors
-/// If the text is not of that form (the port ID and the VLAN's range are
-/// the API's to check).
+/// If the text is not of that form (the port ID, the VLAN's range and the
+/// anti-spoofing entries are the API's to check).
 pub fn parse_attachment(s: &str) -> Result<pb::Attachment> {
-    let (port, vlan) = match s.rsplit_once('.') {
-        Some((port, v)) => (
-            port,
-            v.parse::<u32>().with_context(|| {
-                format!("{s:?}: VLAN {v:?} is not a number (expected PORT or PORT.VLAN)")
-            })?,
-        ),
-        None => (s, 0),
-    };
-    if port.is_empty() {
-        bail!("{s:?} is not PORT or PORT.VLAN");
-    }
-    Ok(port_attachment(port, vlan))
-}
-
-/// A whole-port (`vlan` 0) or VLAN attachment, without anti-spoofing.
-// PortAttachment grows fields (anti-spoofing): they keep their defaults.
-#[allow(clippy::needless_update)]
-fn port_attachment(port: &str, vlan: u32) -> pb::Attachment {
-    pb::Attachment {
-        kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
-            port: format!("ports/{port}"),
-            vlan_id: vlan,
-            ..Default::default()
-        })),
-    }
+    text::port_attachment(s).map_err(|e| anyhow::anyhow!(e))
 }
 
 /// Parses an IP protocol: a name dpuctl's `--proto` takes, or a number.
@@ -602,38 +587,20 @@ fn parse_protocol(v: &TextOrNumber) -> Result<u32> {
         TextOrNumber::Number(n) => {
             u32::try_from(*n).with_context(|| format!("{n} is not in 0..=255"))?
         }
-        TextOrNumber::Text(t) => match t.to_ascii_lowercase().as_str() {
-            "icmp" => 1,
-            "tcp" => 6,
-            "udp" => 17,
-            "icmpv6" | "ipv6-icmp" => 58,
-            "sctp" => 132,
-            n => n.parse().map_err(|_| {
-                anyhow::anyhow!("{t:?} is not tcp, udp, icmp, icmpv6, sctp or a protocol number")
-            })?,
-        },
+        TextOrNumber::Text(t) => text::protocol(t).map_err(|e| anyhow::anyhow!(e))?,
     })
 }
 
 /// Parses a port range: a number, or text "PORT" or "FIRST-LAST" (the
 /// range itself is the API's to check).
 fn parse_ports(v: &TextOrNumber) -> Result<pb::PortRange> {
-    let num = |t: &str| {
-        t.trim()
-            .parse::<u32>()
-            .map_err(|_| anyhow::anyhow!("{v} is not a port or a range FIRST-LAST"))
-    };
-    let (first, last) = match v {
+    match v {
         TextOrNumber::Number(n) => {
             let p = u32::try_from(*n).with_context(|| format!("{n} is not in 0..=65535"))?;
-            (p, p)
+            Ok(pb::PortRange { first: p, last: p })
         }
-        TextOrNumber::Text(t) => match t.split_once('-') {
-            Some((a, b)) => (num(a)?, num(b)?),
-            None => (num(t)?, num(t)?),
-        },
-    };
-    Ok(pb::PortRange { first, last })
+        TextOrNumber::Text(t) => text::port_range(t).map_err(|e| anyhow::anyhow!(e)),
+    }
 }
 
 /// The configuration key of a field the API names in a tenant or rule,
@@ -726,7 +693,17 @@ impl SeedRule {
             action: self.action.rule_action() as i32,
             stateful: self.stateful,
             description: self.description.clone().unwrap_or_default(),
-            ..Default::default()
+            rate_limit: match (&self.rate_limit, self.burst) {
+                (Some(r), burst) => Some(pb::RateLimit {
+                    burst: burst.unwrap_or(0),
+                    ..text::rate_limit(r)
+                        .map_err(|e| anyhow::anyhow!(e))
+                        .with_context(|| format!("{at}.rate_limit"))?
+                }),
+                (None, Some(_)) => bail!("{at}.burst: needs rate_limit"),
+                (None, None) => None,
+            },
+            name: String::new(),
         })
     }
 }
@@ -1790,11 +1767,11 @@ attachments = ["pf0vf1"]
             ),
             (
                 tenant("attachments = [\"pf0vf0.x\"]", ""),
-                "tenants[0].attachments[0]: \"pf0vf0.x\": VLAN \"x\" is not a number",
+                "tenants[0].attachments[0]: VLAN \"x\" is not a number",
             ),
             (
                 tenant("attachments = [\".5\"]", ""),
-                "tenants[0].attachments[0]: \".5\" is not PORT or PORT.VLAN",
+                "tenants[0].attachments[0]: \".5\": expected PORT[.VLAN]",
             ),
             (
                 tenant("attachments = [\"p0.4095\"]", ""),
@@ -1845,7 +1822,15 @@ attachments = ["pf0vf1"]
             ),
             (
                 tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = \"http\"\n")),
-                "tenants[0].rules[0].dport: \"http\" is not a port or a range FIRST-LAST",
+                "tenants[0].rules[0].dport: \"http\" is not a port (expected PORT or FIRST-LAST)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nrate_limit = \"fast\"\n")),
+                "tenants[0].rules[0].rate_limit: \"fast\" is not a rate",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nburst = 5\n")),
+                "tenants[0].rules[0].burst: needs rate_limit",
             ),
             (
                 tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = -1\n")),

@@ -21,6 +21,7 @@ use dpu_client::{
     subsystem_name, tenant_name, ClientConfig, ClientError, DpuClient, ServingStatus, TlsConfig,
 };
 use dpu_proto::pbjson_types::FieldMask;
+use dpu_proto::text::{port_attachment, port_range, protocol, rate_limit};
 use serde_json::Value;
 
 /// Exit codes, as `--help` shows them.
@@ -698,79 +699,6 @@ async fn watch(
     Ok(())
 }
 
-/// `--rate-limit RATE`: a number, an optional k/M/G/T prefix, `pps` or `bps`.
-fn rate_limit(s: &str) -> Result<pb::RateLimit, String> {
-    let bad = || format!("{s:?} is not a rate like 1000pps, 2.5kpps or 10Mbps");
-    let (num, bits) = if let Some(n) = s.strip_suffix("pps") {
-        (n, false)
-    } else if let Some(n) = s.strip_suffix("bps") {
-        (n, true)
-    } else {
-        return Err(bad());
-    };
-    let (num, scale) = match num.char_indices().last() {
-        Some((i, 'k')) => (&num[..i], 1e3),
-        Some((i, 'M')) => (&num[..i], 1e6),
-        Some((i, 'G')) => (&num[..i], 1e9),
-        Some((i, 'T')) => (&num[..i], 1e12),
-        _ => (num, 1.0),
-    };
-    let v: f64 = num.parse().map_err(|_| bad())?;
-    let v = v * scale;
-    if !(1.0..1e15).contains(&v) {
-        return Err(format!("{s:?}: the rate must be at least 1 per second"));
-    }
-    let v = v.round() as u64;
-    Ok(if bits {
-        pb::RateLimit {
-            bits_per_second: v,
-            ..Default::default()
-        }
-    } else {
-        pb::RateLimit {
-            packets_per_second: v,
-            ..Default::default()
-        }
-    })
-}
-
-/// `--port PORT[.VLAN][,mac=MAC][,ip=PREFIX]...`.
-fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
-    let mut parts = s.split(',');
-    let s = parts.next().unwrap_or("");
-    let (mut allowed_macs, mut allowed_source_prefixes) = (Vec::new(), Vec::new());
-    for opt in parts {
-        match opt.split_once('=') {
-            Some(("mac", v)) => allowed_macs.push(v.to_string()),
-            Some(("ip", v)) => allowed_source_prefixes.push(v.to_string()),
-            _ => {
-                return Err(format!(
-                "{opt:?} is not mac=MAC or ip=PREFIX (expected PORT[.VLAN][,mac=MAC][,ip=PREFIX])"
-            ))
-            }
-        }
-    }
-    let (port, vlan) = match s.rsplit_once('.') {
-        Some((port, v)) => (
-            port,
-            v.parse()
-                .map_err(|_| format!("VLAN {v:?} is not a number (expected PORT[.VLAN])"))?,
-        ),
-        None => (s, 0),
-    };
-    if port.is_empty() {
-        return Err("expected PORT[.VLAN]".into());
-    }
-    Ok(pb::Attachment {
-        kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
-            port: port_name(port),
-            vlan_id: vlan,
-            allowed_macs,
-            allowed_source_prefixes,
-        })),
-    })
-}
-
 /// `--vxlan UPLINK:VNI`.
 fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
     let (uplink, vni) = s
@@ -802,33 +730,6 @@ fn policy(p: Option<Policy>) -> i32 {
 }
 
 /// `--sport`/`--dport`: `PORT` or `FIRST-LAST` (the service checks the order).
-fn port_range(s: &str) -> Result<pb::PortRange, String> {
-    let num = |t: &str| {
-        t.trim()
-            .parse::<u32>()
-            .map_err(|_| format!("{t:?} is not a port (expected PORT or FIRST-LAST)"))
-    };
-    let (first, last) = match s.split_once('-') {
-        Some((a, b)) => (num(a)?, num(b)?),
-        None => (num(s)?, num(s)?),
-    };
-    Ok(pb::PortRange { first, last })
-}
-
-/// `--proto`: a protocol name or an IP protocol number.
-fn protocol(s: &str) -> Result<u32, String> {
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "icmp" => 1,
-        "tcp" => 6,
-        "udp" => 17,
-        "icmpv6" | "ipv6-icmp" => 58,
-        "sctp" => 132,
-        n => n
-            .parse()
-            .map_err(|_| "not tcp, udp, icmp, icmpv6, sctp or a protocol number".to_string())?,
-    })
-}
-
 fn deleted(what: String) -> Shown {
     Shown {
         json: Value::Object(Default::default()),
@@ -1485,50 +1386,7 @@ mod tests {
 
     #[test]
     fn values_parse() {
-        assert_eq!(
-            port_range("80-443"),
-            Ok(pb::PortRange {
-                first: 80,
-                last: 443
-            })
-        );
-        assert_eq!(
-            port_range("22"),
-            Ok(pb::PortRange {
-                first: 22,
-                last: 22
-            })
-        );
-        assert!(port_range("x").is_err());
-        assert!(port_range("1-").is_err());
-        assert_eq!(protocol("TCP"), Ok(6));
-        assert_eq!(protocol("47"), Ok(47));
-        assert!(protocol("gre").is_err());
-        assert!(
-            matches!(port_attachment("p0.100").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/p0" && p.vlan_id == 100)
-        );
-        assert!(
-            matches!(port_attachment("ports/pf0vf0").unwrap().kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0" && p.vlan_id == 0)
-        );
-        assert!(port_attachment("p0.x").is_err());
-        assert_eq!(rate_limit("1000pps").unwrap().packets_per_second, 1000);
-        assert_eq!(rate_limit("2.5kpps").unwrap().packets_per_second, 2500);
-        assert_eq!(rate_limit("10Mbps").unwrap().bits_per_second, 10_000_000);
-        assert_eq!(rate_limit("1Gbps").unwrap().packets_per_second, 0);
-        for bad in ["10", "10Mbit", "fastpps", "0pps", "-5pps", "0.1pps", "pps"] {
-            assert!(rate_limit(bad).is_err(), "{bad}");
-        }
-        let guarded =
-            port_attachment("pf0vf0.7,mac=02:00:00:00:00:01,ip=10.0.0.1/32,ip=fe80::/10").unwrap();
-        assert!(
-            matches!(guarded.kind, Some(pb::attachment::Kind::Port(p)) if p.port == "ports/pf0vf0"
-                && p.vlan_id == 7
-                && p.allowed_macs == ["02:00:00:00:00:01"]
-                && p.allowed_source_prefixes == ["10.0.0.1/32", "fe80::/10"])
-        );
-        assert!(port_attachment("pf0vf0,ipv4=10.0.0.1/32")
-            .unwrap_err()
-            .contains("mac=MAC or ip=PREFIX"));
+        // PORT[.VLAN], ranges, protocols and rates: see dpu_proto::text.
         assert!(
             matches!(vxlan_attachment("p0:5001").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.uplink == "ports/p0" && v.vni == 5001)
         );

@@ -1,0 +1,189 @@
+//! The short text forms of a few `dpu.v1` messages, shared by `dpuctl`'s
+//! flags and the service's configuration file so both read the same
+//! syntax the same way. They only split text: the service checks values
+//! (VLAN ranges, MAC and prefix syntax, port IDs) as it checks any request.
+
+use crate::v1 as pb;
+
+/// `PORT[.VLAN][,mac=MAC][,ip=PREFIX]...`: a port attachment (`pf0vf0`,
+/// `p0.100`, `ports/pf0vf0,mac=02:00:00:00:00:01,ip=10.0.0.1/32`), with
+/// `mac=` and `ip=` repeatable for its anti-spoofing lists.
+///
+/// # Errors
+/// A message naming what is not of that form.
+pub fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
+    let mut parts = s.split(',');
+    let head = parts.next().unwrap_or("");
+    let (mut allowed_macs, mut allowed_source_prefixes) = (Vec::new(), Vec::new());
+    for opt in parts {
+        match opt.split_once('=') {
+            Some(("mac", v)) => allowed_macs.push(v.to_string()),
+            Some(("ip", v)) => allowed_source_prefixes.push(v.to_string()),
+            _ => return Err(format!(
+                "{opt:?} is not mac=MAC or ip=PREFIX (expected PORT[.VLAN][,mac=MAC][,ip=PREFIX])"
+            )),
+        }
+    }
+    let (port, vlan_id) = match head.rsplit_once('.') {
+        Some((port, v)) => (
+            port,
+            v.parse()
+                .map_err(|_| format!("VLAN {v:?} is not a number (expected PORT[.VLAN])"))?,
+        ),
+        None => (head, 0),
+    };
+    if port.is_empty() || port == "ports/" {
+        return Err(format!("{s:?}: expected PORT[.VLAN]"));
+    }
+    let port = if port.starts_with("ports/") {
+        port.to_string()
+    } else {
+        format!("ports/{port}")
+    };
+    Ok(pb::Attachment {
+        kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+            port,
+            vlan_id,
+            allowed_macs,
+            allowed_source_prefixes,
+        })),
+    })
+}
+
+/// `PORT` or `FIRST-LAST`: an inclusive port range.
+///
+/// # Errors
+/// If a bound is not a number.
+pub fn port_range(s: &str) -> Result<pb::PortRange, String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{t:?} is not a port (expected PORT or FIRST-LAST)"))
+    };
+    let (first, last) = match s.split_once('-') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => (num(s)?, num(s)?),
+    };
+    Ok(pb::PortRange { first, last })
+}
+
+/// An IP protocol: `tcp`, `udp`, `icmp`, `icmpv6` (or `ipv6-icmp`),
+/// `sctp`, or a number.
+///
+/// # Errors
+/// If it is neither a known name nor a number.
+pub fn protocol(s: &str) -> Result<u32, String> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "icmp" => 1,
+        "tcp" => 6,
+        "udp" => 17,
+        "icmpv6" | "ipv6-icmp" => 58,
+        "sctp" => 132,
+        n => n.parse().map_err(|_| {
+            format!("{s:?} is not tcp, udp, icmp, icmpv6, sctp or a protocol number")
+        })?,
+    })
+}
+
+/// A rate: a number, an optional `k`/`M`/`G`/`T` prefix, then `pps`
+/// (packets) or `bps` (bits) per second: `1000pps`, `2.5kpps`, `10Mbps`.
+/// The burst is left 0 (the service's default).
+///
+/// # Errors
+/// If it is not of that form, or less than one per second.
+pub fn rate_limit(s: &str) -> Result<pb::RateLimit, String> {
+    let bad = || format!("{s:?} is not a rate like 1000pps, 2.5kpps or 10Mbps");
+    let (num, bits) = if let Some(n) = s.strip_suffix("pps") {
+        (n, false)
+    } else if let Some(n) = s.strip_suffix("bps") {
+        (n, true)
+    } else {
+        return Err(bad());
+    };
+    let (num, scale) = match num.char_indices().last() {
+        Some((i, 'k')) => (&num[..i], 1e3),
+        Some((i, 'M')) => (&num[..i], 1e6),
+        Some((i, 'G')) => (&num[..i], 1e9),
+        Some((i, 'T')) => (&num[..i], 1e12),
+        _ => (num, 1.0),
+    };
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let v = v * scale;
+    if !(1.0..1e15).contains(&v) {
+        return Err(format!("{s:?}: the rate must be at least 1 per second"));
+    }
+    let v = v.round() as u64;
+    Ok(if bits {
+        pb::RateLimit {
+            bits_per_second: v,
+            ..Default::default()
+        }
+    } else {
+        pb::RateLimit {
+            packets_per_second: v,
+            ..Default::default()
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(a: pb::Attachment) -> pb::PortAttachment {
+        match a.kind {
+            Some(pb::attachment::Kind::Port(p)) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn attachments() {
+        let p = port(port_attachment("p0.100").unwrap());
+        assert_eq!((p.port.as_str(), p.vlan_id), ("ports/p0", 100));
+        let p = port(port_attachment("ports/pf0vf0").unwrap());
+        assert_eq!((p.port.as_str(), p.vlan_id), ("ports/pf0vf0", 0));
+        let p = port(
+            port_attachment("pf0vf0.7,mac=02:00:00:00:00:01,ip=10.0.0.1/32,ip=fe80::/10").unwrap(),
+        );
+        assert_eq!(p.vlan_id, 7);
+        assert_eq!(p.allowed_macs, ["02:00:00:00:00:01"]);
+        assert_eq!(p.allowed_source_prefixes, ["10.0.0.1/32", "fe80::/10"]);
+        assert!(port_attachment("p0.x").is_err());
+        assert!(port_attachment(".5").is_err());
+        assert!(port_attachment("").is_err());
+        assert!(port_attachment("pf0vf0,ipv4=10.0.0.1/32")
+            .unwrap_err()
+            .contains("mac=MAC or ip=PREFIX"));
+    }
+
+    #[test]
+    fn ranges_protocols_rates() {
+        assert_eq!(
+            port_range("80").unwrap(),
+            pb::PortRange {
+                first: 80,
+                last: 80
+            }
+        );
+        assert_eq!(
+            port_range("1024-65535").unwrap(),
+            pb::PortRange {
+                first: 1024,
+                last: 65535
+            }
+        );
+        assert!(port_range("x").is_err());
+        assert!(port_range("1-").is_err());
+        assert_eq!(protocol("TCP"), Ok(6));
+        assert_eq!(protocol("47"), Ok(47));
+        assert!(protocol("gre").is_err());
+        assert_eq!(rate_limit("1000pps").unwrap().packets_per_second, 1000);
+        assert_eq!(rate_limit("2.5kpps").unwrap().packets_per_second, 2500);
+        assert_eq!(rate_limit("10Mbps").unwrap().bits_per_second, 10_000_000);
+        assert_eq!(rate_limit("1Gbps").unwrap().packets_per_second, 0);
+        for bad in ["10", "10Mbit", "fastpps", "0pps", "-5pps", "0.1pps", "pps"] {
+            assert!(rate_limit(bad).is_err(), "{bad}");
+        }
+    }
+}
