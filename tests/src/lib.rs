@@ -8,6 +8,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod net;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -11,20 +11,11 @@
 //! message otherwise. Everything created is removed on exit.
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use dpu_e2e::net::{eventually, ip, Netns};
 use dpu_e2e::{free_port, repo_root, Service};
 use serde_json::Value;
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        bail!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
 
 /// Why this test cannot run here, if it cannot.
 fn missing_privilege() -> Option<&'static str> {
@@ -47,60 +38,6 @@ fn missing_privilege() -> Option<&'static str> {
         return Some("no /dev/net/tun");
     }
     None
-}
-
-/// A network namespace, deleted on drop; `ifs` are the interfaces moved
-/// into it, deleted first in case they outlive the service.
-struct Netns {
-    name: String,
-    ifs: Vec<String>,
-}
-
-impl Netns {
-    fn new(name: String) -> Result<Netns> {
-        ip(&["netns", "add", &name])?;
-        let ns = Netns {
-            name,
-            ifs: Vec::new(),
-        };
-        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
-    /// Moves interface `dev` from the root namespace in here and gives it
-    /// `addrs`, as the README does.
-    fn take(&mut self, dev: &str, addrs: &[&str]) -> Result<()> {
-        ip(&["link", "set", dev, "netns", &self.name])?;
-        self.ifs.push(dev.to_string());
-        for a in addrs {
-            ip(&["-n", &self.name, "addr", "add", a, "dev", dev])?;
-        }
-        ip(&["-n", &self.name, "link", "set", dev, "up"])
-    }
-
-    /// True if two pings to `to` both get replies.
-    fn ping(&self, to: &str) -> bool {
-        Command::new("ip")
-            .args([
-                "netns", "exec", &self.name, "ping", "-c", "2", "-i", "0.2", "-W", "1", to,
-            ])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for dev in &self.ifs {
-            let _ = Command::new("ip")
-                .args(["-n", &self.name, "link", "del", dev])
-                .output();
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
 }
 
 /// EAL's runtime directory of file prefix `prefix`, removed on drop (once
@@ -155,16 +92,6 @@ fn dev_config(ifs: &[String; 4]) -> Result<String> {
 /// This run's EAL file prefix.
 fn eal_prefix() -> String {
     format!("e2e-dev-{}", std::process::id())
-}
-
-/// Polls `check` for up to 10 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 /// A uint64 of proto3 JSON (a string), or 0.

@@ -6,58 +6,45 @@
 //! sockets); everything created is removed on exit.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
+use dpu_e2e::net::{eventually, ip, metric, Netns};
 use dpu_e2e::Service;
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output()?;
-    if !out.status.success() {
-        bail!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
 
 /// A namespace holding one end of a veth pair; the other end, `port_if`,
 /// stays in the root namespace for the service. Removed on drop.
 struct Host {
-    ns: String,
     port_if: String,
+    ns: Netns,
 }
 
 impl Host {
     fn new(tag: &str, addr: &str) -> Result<Host> {
         let id = std::process::id();
-        let h = Host {
-            ns: format!("sw{tag}{id}"),
-            port_if: format!("sw{tag}{id}"),
-        };
-        let peer = format!("{}p", h.port_if);
-        ip(&["netns", "add", &h.ns])?;
+        let port_if = format!("sw{tag}{id}");
+        let peer = format!("{port_if}p");
+        let ns = Netns::new(format!("sw{tag}{id}"))?;
         ip(&[
-            "link", "add", &h.port_if, "type", "veth", "peer", "name", &peer,
+            "link", "add", &port_if, "type", "veth", "peer", "name", &peer,
         ])?;
-        ip(&["link", "set", &peer, "netns", &h.ns])?;
+        // From here on, dropping the host removes the pair.
+        let mut h = Host { port_if, ns };
         ip(&["link", "set", &h.port_if, "up"])?;
-        ip(&["-n", &h.ns, "addr", "add", addr, "dev", &peer])?;
-        ip(&["-n", &h.ns, "link", "set", &peer, "up"])?;
-        ip(&["-n", &h.ns, "link", "set", "lo", "up"])?;
+        h.ns.take(&peer, &[addr])?;
         // The kernel would leave TCP checksums to the veth and hand out
         // 64 KiB segments; a packet socket sees frames as they are, so
         // both ends compute checksums and segment themselves.
-        for (ns, dev) in [(h.ns.as_str(), peer.as_str()), ("", h.port_if.as_str())] {
-            let mut cmd = Command::new(if ns.is_empty() { "ethtool" } else { "ip" });
-            if !ns.is_empty() {
-                cmd.args(["netns", "exec", ns, "ethtool"]);
-            }
-            let out = cmd
-                .args([
-                    "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
-                ])
-                .output()?;
+        let offloads = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"];
+        let inner =
+            h.ns.exec(&[&["ethtool", "-K", &peer][..], &offloads].concat())?;
+        let outer = Command::new("ethtool")
+            .args(["-K", &h.port_if])
+            .args(offloads)
+            .output()?;
+        for out in [inner, outer] {
             if !out.status.success() {
-                bail!("ethtool -K {dev}: {}", String::from_utf8_lossy(&out.stderr));
+                bail!("ethtool -K: {}", String::from_utf8_lossy(&out.stderr));
             }
         }
         Ok(h)
@@ -65,17 +52,15 @@ impl Host {
 
     /// Runs `python3 -c script args..` in the namespace and waits.
     fn python(&self, script: &str, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns, "python3", "-c", script])
-            .args(args)
-            .output()
+        self.ns
+            .exec(&[&["python3", "-c", script][..], args].concat())
             .expect("running python3 in a namespace")
     }
 
     /// Starts `python3 -c script args..` in the namespace.
     fn spawn_python(&self, script: &str, args: &[&str]) -> Result<Child> {
         Ok(Command::new("ip")
-            .args(["netns", "exec", &self.ns, "python3", "-c", script])
+            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -84,13 +69,7 @@ impl Host {
 
     /// True if two pings to `to` both get replies.
     fn ping(&self, to: &str) -> bool {
-        Command::new("ip")
-            .args([
-                "netns", "exec", &self.ns, "ping", "-c", "2", "-i", "0.2", "-W", "1", to,
-            ])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
+        self.ns.ping(to)
     }
 }
 
@@ -99,7 +78,6 @@ impl Drop for Host {
         let _ = Command::new("ip")
             .args(["link", "del", &self.port_if])
             .output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
     }
 }
 
@@ -129,23 +107,6 @@ file_prefix = "e2e-switch-{tag}-{}"
         );
     }
     c
-}
-
-/// Polls `check` for up to 10 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn metric(body: &str, name_and_labels: &str) -> u64 {
-    body.lines()
-        .find(|l| l.starts_with(name_and_labels))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -184,7 +145,7 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
         "--port",
         "pf0vf2",
     ])?;
-    eventually("red hosts to reach each other", || a1.ping("10.230.0.2"));
+    eventually("red hosts to reach each other", || a1.ping("10.230.0.2"))?;
     assert!(a2.ping("10.230.0.1"));
     // Same subnet, other tenant: unreachable both ways.
     assert!(!a1.ping("10.230.0.3"));
@@ -267,7 +228,7 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
         "rule counter on /metrics:\n{body}"
     );
     svc.dpuctl_json(&["rule", "delete", "red", "no-icmp"])?;
-    eventually("ICMP to pass again", || a1.ping("10.230.0.2"));
+    eventually("ICMP to pass again", || a1.ping("10.230.0.2"))?;
 
     // Ports: status and counters through gRPC and /metrics.
     let ports = svc.dpuctl_json(&["port", "list"])?;
@@ -387,7 +348,7 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
     // Ping one way only: the echo reply rides the client's connection.
     eventually("the client's ping to be answered", || {
         client.ping("10.231.0.2")
-    });
+    })?;
     assert!(!server.ping("10.231.0.1"), "the server's ping got through");
 
     // TCP from the client: handshake, a megabyte back, close.
@@ -398,7 +359,7 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
         let out = client.python(CLIENT, &["10.231.0.2", "8080"]);
         fetched = String::from_utf8_lossy(&out.stdout).trim().to_string();
         out.status.success()
-    });
+    })?;
     assert_eq!(fetched, "1000000", "bytes the client got back");
     // The server cannot open a connection to the client.
     let out = server.python(CLIENT, &["10.231.0.1", "9090"]);
@@ -441,7 +402,7 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
     eventually("the bare segments to be counted", || {
         drops("conntrack_invalid").unwrap_or(0) >= invalid0 + 2
             && drops("acl_deny").unwrap_or(0) > denied0
-    });
+    })?;
 
     // The tenant's tracked connections show as a gauge (the closed TCP
     // connection and the pings linger until they time out).
@@ -449,7 +410,7 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
         svc.http_get("/metrics").is_ok_and(|(_, body)| {
             metric(&body, "dpu_tenant_conntrack_entries{tenant=\"green\"}") >= 1
         })
-    });
+    })?;
     let rules = svc
         .dpuctl_json(&["counters", "--tenant", "green"])?
         .to_string();
@@ -467,7 +428,7 @@ fn host_mac(h: &Host) -> Result<String> {
     let out = Command::new("ip")
         .args([
             "-n",
-            &h.ns,
+            &h.ns.name,
             "-o",
             "link",
             "show",
@@ -506,7 +467,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     assert_eq!(port["allowedSourcePrefixes"][0], "10.232.0.1/32", "{t}");
     eventually("the guarded host to reach its peer", || {
         vm.ping("10.232.0.2")
-    });
+    })?;
 
     let spoofed = || -> u64 {
         svc.http_get("/metrics").map_or(0, |(_, body)| {
@@ -517,7 +478,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     // Another source address on the same interface: refused.
     ip(&[
         "-n",
-        &vm.ns,
+        &vm.ns.name,
         "addr",
         "add",
         "10.232.0.9/24",
@@ -528,7 +489,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
         .args([
             "netns",
             "exec",
-            &vm.ns,
+            &vm.ns.name,
             "ping",
             "-c",
             "2",
@@ -548,7 +509,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     // Another MAC: refused, even from the allowed address.
     ip(&[
         "-n",
-        &vm.ns,
+        &vm.ns.name,
         "link",
         "set",
         "dev",
@@ -557,7 +518,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
         "02:00:00:00:99:01",
     ])?;
     assert!(!vm.ping("10.232.0.2"), "a forged source MAC got through");
-    eventually("spoofed drops to be counted", || spoofed() >= before + 4);
+    eventually("spoofed drops to be counted", || spoofed() >= before + 4)?;
 
     // Dropping the guard (the attachment without lists) lets it through.
     svc.dpuctl_json(&[
@@ -565,7 +526,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     ])?;
     eventually("the unguarded host to reach its peer", || {
         vm.ping("10.232.0.2")
-    });
+    })?;
     Ok(())
 }
 
@@ -595,7 +556,7 @@ fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
         "--burst",
         "5",
     ])?;
-    eventually("ping to cross", || a.ping("10.233.0.2"));
+    eventually("ping to cross", || a.ping("10.233.0.2"))?;
     let limited = || -> u64 {
         svc.http_get("/metrics").map_or(0, |(_, body)| {
             metric(&body, "dpu_dropped_packets_total{reason=\"rate_limited\"}")
@@ -609,7 +570,7 @@ fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
         .args([
             "netns",
             "exec",
-            &a.ns,
+            &a.ns.name,
             "ping",
             "-q",
             "-c",
@@ -632,6 +593,6 @@ fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
     );
     eventually("rate-limited drops to be counted", || {
         limited() >= before + 80
-    });
+    })?;
     Ok(())
 }
