@@ -47,25 +47,13 @@ pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
         }))
         .await
         .map_err(|e| anyhow!("{at} ({:?}): {}", s.id, e.message()))?;
-        if let Err(e) = fill(api, &at, &name, s).await {
-            let undo = api
-                .delete_subsystem(Request::new(pb::DeleteSubsystemRequest {
-                    name: name.clone(),
-                    force: true,
-                }))
-                .await;
-            return Err(match undo {
-                Ok(_) => anyhow!(
-                    "{e:#} (the partly created subsystem {:?} was deleted again)",
-                    s.id
-                ),
-                Err(d) => anyhow!(
-                    "{e:#} (deleting the partly created subsystem {:?} failed too: {})",
-                    s.id,
-                    d.message()
-                ),
-            });
-        }
+        fill_or_undo("subsystem", &s.id, fill(api, &at, &name, s), || {
+            api.delete_subsystem(Request::new(pb::DeleteSubsystemRequest {
+                name: name.clone(),
+                force: true,
+            }))
+        })
+        .await?;
         tracing::info!(
             subsystem = %s.id,
             nqn = %s.nqn,
@@ -75,6 +63,27 @@ pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Awaits `fill`, which completes object `what` `id` just created; if it
+/// fails, deletes the object again with `undo`, so a corrected
+/// configuration applies at the next start, and says so in the error.
+pub async fn fill_or_undo<R, U: std::future::Future<Output = Result<R, tonic::Status>>>(
+    what: &str,
+    id: &str,
+    fill: impl std::future::Future<Output = Result<()>>,
+    undo: impl FnOnce() -> U,
+) -> Result<()> {
+    let Err(e) = fill.await else {
+        return Ok(());
+    };
+    Err(match undo().await {
+        Ok(_) => anyhow!("{e:#} (the partly created {what} {id:?} was deleted again)"),
+        Err(d) => anyhow!(
+            "{e:#} (deleting the partly created {what} {id:?} failed too: {})",
+            d.message()
+        ),
+    })
 }
 
 /// Creates the namespaces and listeners of the just created subsystem

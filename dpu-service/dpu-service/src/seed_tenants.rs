@@ -15,6 +15,7 @@ use dpu_proto::v1::tenant_service_server::TenantService;
 use tonic::{Code, Request, Status};
 
 use crate::config::{seed_key, SeedTenant};
+use crate::seed::fill_or_undo;
 
 /// Creates the declared tenants the state does not have yet, each with its
 /// rules, in declaration order.
@@ -49,25 +50,13 @@ pub async fn seed_tenants(api: &Api, tenants: &[SeedTenant]) -> Result<()> {
         }))
         .await
         .map_err(|e| refusal(&at, &t.id, "tenant", &e))?;
-        if let Err(e) = add_rules(api, &at, &name, t).await {
-            let undo = api
-                .delete_tenant(Request::new(pb::DeleteTenantRequest {
-                    name: name.clone(),
-                    force: true,
-                }))
-                .await;
-            return Err(match undo {
-                Ok(_) => anyhow!(
-                    "{e:#} (the partly created tenant {:?} was deleted again)",
-                    t.id
-                ),
-                Err(d) => anyhow!(
-                    "{e:#} (deleting the partly created tenant {:?} failed too: {})",
-                    t.id,
-                    d.message()
-                ),
-            });
-        }
+        fill_or_undo("tenant", &t.id, add_rules(api, &at, &name, t), || {
+            api.delete_tenant(Request::new(pb::DeleteTenantRequest {
+                name: name.clone(),
+                force: true,
+            }))
+        })
+        .await?;
         tracing::info!(
             tenant = %t.id,
             attachments = t.attachments.len(),
