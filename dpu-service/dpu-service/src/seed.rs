@@ -26,20 +26,10 @@ pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
     for (i, s) in config.subsystems.iter().enumerate() {
         let at = format!("storage.subsystems[{i}]");
         let name = format!("subsystems/{}", s.id);
-        match api
-            .get_subsystem(Request::new(pb::GetSubsystemRequest { name: name.clone() }))
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(
-                    subsystem = %s.id,
-                    "subsystem {} from the configuration is already in the state; keeping the stored one",
-                    s.id
-                );
-                continue;
-            }
-            Err(e) if e.code() == Code::NotFound => {}
-            Err(e) => bail!("{at} ({:?}): {}", s.id, e.message()),
+        let stored =
+            api.get_subsystem(Request::new(pb::GetSubsystemRequest { name: name.clone() }));
+        if already_stored(&at, "subsystem", &s.id, stored.await)? {
+            continue;
         }
         api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
             subsystem_id: s.id.clone(),
@@ -63,6 +53,30 @@ pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether the declared object `what` `id` (at `at` in the
+/// configuration) is in the state already, from the answer to a get:
+/// then it is kept as stored, and the log says so.
+///
+/// # Errors
+/// If the get failed other than with NOT_FOUND.
+pub fn already_stored<R>(
+    at: &str,
+    what: &str,
+    id: &str,
+    got: Result<R, tonic::Status>,
+) -> Result<bool> {
+    match got {
+        Ok(_) => {
+            tracing::info!(
+                "{what} {id} from the configuration is already in the state; keeping the stored one"
+            );
+            Ok(true)
+        }
+        Err(e) if e.code() == Code::NotFound => Ok(false),
+        Err(e) => bail!("{at} ({id:?}): {}", e.message()),
+    }
 }
 
 /// Awaits `fill`, which completes object `what` `id` just created; if it

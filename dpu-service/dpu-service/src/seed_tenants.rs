@@ -7,7 +7,7 @@
 //! once created, the state is the source of truth and changes made over
 //! gRPC (rules added or deleted, attachments moved) survive restarts.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use dpu_control::service::Api;
 use dpu_proto::v1 as pb;
 use dpu_proto::v1::filter_service_server::FilterService;
@@ -15,7 +15,7 @@ use dpu_proto::v1::tenant_service_server::TenantService;
 use tonic::{Code, Request, Status};
 
 use crate::config::{seed_key, SeedTenant};
-use crate::seed::fill_or_undo;
+use crate::seed::{already_stored, fill_or_undo};
 
 /// Creates the declared tenants the state does not have yet, each with its
 /// rules, in declaration order.
@@ -29,20 +29,9 @@ pub async fn seed_tenants(api: &Api, tenants: &[SeedTenant]) -> Result<()> {
     for (i, t) in tenants.iter().enumerate() {
         let at = format!("tenants[{i}]");
         let name = format!("tenants/{}", t.id);
-        match api
-            .get_tenant(Request::new(pb::GetTenantRequest { name: name.clone() }))
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(
-                    tenant = %t.id,
-                    "tenant {} from the configuration is already in the state; keeping the stored one",
-                    t.id
-                );
-                continue;
-            }
-            Err(e) if e.code() == Code::NotFound => {}
-            Err(e) => bail!("{at} ({:?}): {}", t.id, e.message()),
+        let stored = api.get_tenant(Request::new(pb::GetTenantRequest { name: name.clone() }));
+        if already_stored(&at, "tenant", &t.id, stored.await)? {
+            continue;
         }
         api.create_tenant(Request::new(pb::CreateTenantRequest {
             tenant_id: t.id.clone(),
