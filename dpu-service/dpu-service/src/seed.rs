@@ -126,28 +126,27 @@ async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use dpu_control::model::{Backend, Timestamp};
     use dpu_control::service::{Control, ServiceFacts};
-    use dpu_control::state::Limits;
+    use dpu_control::state::{Limits, PortRegistry};
     use dpu_control::store::StateHandle;
     use dpu_control::telemetry::Telemetry;
 
     use super::*;
     use crate::config::Config;
 
-    /// An API over a fresh in-memory state, RAM namespaces limited to 64 MiB.
-    fn api() -> (Api, StateHandle) {
+    /// An API over a fresh in-memory state with `ports`, RAM namespaces
+    /// limited to `ram_bytes` (the declared-tenant tests use it too).
+    pub(crate) fn api_with(ports: PortRegistry, ram_bytes: u64) -> (Api, StateHandle) {
         let state = StateHandle::open(None).expect("in-memory state");
         let ctl = Arc::new(Control {
             state: state.clone(),
-            ports: Default::default(),
+            ports,
             telemetry: Arc::new(Telemetry::default()),
-            limits: Limits {
-                ram_bytes: 64 << 20,
-            },
+            limits: Limits { ram_bytes },
             facts: ServiceFacts {
                 version: String::new(),
                 target_triple: String::new(),
@@ -159,6 +158,11 @@ mod tests {
             },
         });
         (Api::new(ctl), state)
+    }
+
+    /// An API over a fresh in-memory state, RAM namespaces limited to 64 MiB.
+    fn api() -> (Api, StateHandle) {
+        api_with(Default::default(), 64 << 20)
     }
 
     /// `[storage]` of a configuration that passes its checks.

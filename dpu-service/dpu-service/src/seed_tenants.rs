@@ -104,20 +104,14 @@ fn refusal(at: &str, id: &str, api_head: &str, e: &Status) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use dpu_control::model::{Action, PortRole, PortSpec, Timestamp};
-    use dpu_control::service::{Control, ServiceFacts};
-    use dpu_control::state::Limits;
+    use dpu_control::model::{Action, PortRole, PortSpec};
     use dpu_control::store::StateHandle;
-    use dpu_control::telemetry::Telemetry;
 
     use super::*;
     use crate::config::Config;
 
     /// An API over a fresh in-memory state with ports p0, pf0vf0..pf0vf2.
     fn api() -> (Api, StateHandle) {
-        let state = StateHandle::open(None).expect("in-memory state");
         let ports = ["p0", "pf0vf0", "pf0vf1", "pf0vf2"]
             .into_iter()
             .map(|id| {
@@ -136,22 +130,7 @@ mod tests {
                 )
             })
             .collect();
-        let ctl = Arc::new(Control {
-            state: state.clone(),
-            ports,
-            telemetry: Arc::new(Telemetry::default()),
-            limits: Limits { ram_bytes: 1 << 20 },
-            facts: ServiceFacts {
-                version: String::new(),
-                target_triple: String::new(),
-                dpdk_version: String::new(),
-                dataplane_driver: String::new(),
-                capabilities: Vec::new(),
-                start_time: Timestamp::now(),
-                hostname: String::new(),
-            },
-        });
-        (Api::new(ctl), state)
+        crate::seed::tests::api_with(ports, 1 << 20)
     }
 
     /// The ports [`api`] knows, as configuration.
