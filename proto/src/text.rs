@@ -12,6 +12,7 @@ use crate::v1 as pb;
 /// # Errors
 /// A message naming what is not of that form.
 pub fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
+    const FORM: &str = "expected PORT[.VLAN][,mac=MAC][,ip=PREFIX]";
     let mut parts = s.split(',');
     let head = parts.next().unwrap_or("");
     let (mut allowed_macs, mut allowed_source_prefixes) = (Vec::new(), Vec::new());
@@ -19,9 +20,7 @@ pub fn port_attachment(s: &str) -> Result<pb::Attachment, String> {
         match opt.split_once('=') {
             Some(("mac", v)) => allowed_macs.push(v.to_string()),
             Some(("ip", v)) => allowed_source_prefixes.push(v.to_string()),
-            _ => return Err(format!(
-                "{opt:?} is not mac=MAC or ip=PREFIX (expected PORT[.VLAN][,mac=MAC][,ip=PREFIX])"
-            )),
+            _ => return Err(format!("{opt:?} is not mac=MAC or ip=PREFIX ({FORM})")),
         }
     }
     let (port, vlan_id) = match head.rsplit_once('.') {
