@@ -128,10 +128,17 @@ fn main() {
         flood.clear();
     }
     let secs = start.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let counters = h.traffic();
+    let read_ms = t.elapsed().as_secs_f64() * 1e3;
     println!(
         "switch pipeline, {rules} rules{}, {packets} packets: {:.1} ns/packet, {:.2} Mpps",
         if stateful { " (stateful)" } else { "" },
         secs * 1e9 / packets as f64,
         packets as f64 / secs / 1e6
+    );
+    println!(
+        "counters of {} rules read in {read_ms:.2} ms",
+        counters.rules.len()
     );
 }

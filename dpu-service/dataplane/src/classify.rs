@@ -580,10 +580,19 @@ struct Trees {
 
 impl Trees {
     fn build(rules: &[AclRule]) -> Trees {
+        // A family-less rule has no addresses (see `matches`): whatever
+        // its address fields say, it covers the whole space of each family.
         let v4 = rules
             .iter()
             .filter(|r| r.family != Family::V6)
-            .copied()
+            .map(|r| {
+                let mut r = *r;
+                if r.family == Family::Any {
+                    r.src = (0, u128::from(u32::MAX));
+                    r.dst = (0, u128::from(u32::MAX));
+                }
+                r
+            })
             .collect();
         let v6 = rules
             .iter()
@@ -902,6 +911,31 @@ pub(crate) mod tests {
             }
         }
         k
+    }
+
+    /// A family-less rule ignores its address fields, whatever they hold
+    /// (the reference semantics), in the main trees and the overlay.
+    #[test]
+    fn family_less_rules_ignore_their_address_fields() {
+        let mut any = AclRule::any(1, 7, Family::Any);
+        any.src = (5, 9);
+        any.dst = (1 << 40, 1 << 41);
+        any.dst_port = (53, 53);
+        let key = |src: u128, v6: bool| FlowKey {
+            src,
+            dst: 0x0a00_0001,
+            src_port: 1000,
+            dst_port: 53,
+            proto: 17,
+            v6,
+        };
+        let c = Classifier::build(&[any]);
+        let added = Classifier::build(&[]).with_changes(&[], &[any]).unwrap();
+        for k in [key(0x0a00_0002, false), key(1 << 100, true), key(6, false)] {
+            assert!(any.matches(&k));
+            assert_eq!(c.lookup(&k).map(|r| r.tag), Some(7), "{k:?}");
+            assert_eq!(added.lookup(&k).map(|r| r.tag), Some(7), "overlay {k:?}");
+        }
     }
 
     #[test]

@@ -741,13 +741,16 @@ impl SwitchHandle {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         h.fold_released();
-        let live = |t: &str| current.tenants.iter().any(|c| c.name == t);
-        let live_rule = |t: &str, r: &str| {
-            current
-                .tenants
-                .iter()
-                .any(|c| c.name == t && c.rule_ids.iter().any(|id| id == r))
-        };
+        // Sets, not scans: a tenant may have 65,536 rules.
+        let tenants: std::collections::HashSet<&str> =
+            current.tenants.iter().map(|c| c.name.as_str()).collect();
+        let rules: std::collections::HashSet<(&str, &str)> = current
+            .tenants
+            .iter()
+            .flat_map(|c| c.rule_ids.iter().map(|id| (c.name.as_str(), id.as_str())))
+            .collect();
+        let live = |t: &str| tenants.contains(t);
+        let live_rule = |t: &str, r: &str| rules.contains(&(t, r));
         h.carried.tenants.retain(|t, _| live(t));
         h.carried.rules.retain(|(t, r), _| live_rule(t, r));
         let mut out = h.carried.clone();

@@ -95,8 +95,9 @@ impl Egress {
 pub enum Verdict {
     /// Send it out one way.
     Forward(Egress),
-    /// Send a copy out of every egress the pipeline listed (at most one
-    /// per port); none listed drops it uncounted.
+    /// Send a copy out of every egress the pipeline listed (a port may be
+    /// listed more than once, e.g. with different VLAN tags); none listed
+    /// drops it uncounted.
     Flood,
     /// Drop it, counting the reason.
     Drop(DropReason),
