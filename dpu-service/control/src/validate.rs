@@ -421,6 +421,39 @@ pub fn rule(field: &str, rule_id: &str, r: &pb::FilterRule) -> Result<Rule> {
     })
 }
 
+/// Rules of a replacement rule set, each with the ID it keeps, if any.
+pub type KeptRules = Vec<(Option<String>, Rule)>;
+
+/// Checks a `ReplaceRules` request: the tenant ID, and each rule with the
+/// ID its `name` keeps (`None`: the service assigns one).
+///
+/// # Errors
+/// The first invalid field, or a rule name of another tenant.
+pub fn replace_rules(
+    req: &pb::ReplaceRulesRequest,
+) -> Result<(String, KeptRules)> {
+    let tid = name("parent", &req.parent, "tenants")?.to_string();
+    let mut rules = Vec::with_capacity(req.rules.len());
+    for (i, r) in req.rules.iter().enumerate() {
+        let field = format!("rules[{i}]");
+        let rid = if r.name.is_empty() {
+            None
+        } else {
+            let (owner, rid) = rule_name(&format!("{field}.name"), &r.name)?;
+            if owner != tid {
+                return Err(ControlError::invalid(
+                    format!("{field}.name"),
+                    format!("names a rule of tenants/{owner}, not of tenants/{tid}"),
+                ));
+            }
+            Some(rid.to_string())
+        };
+        let checked = rule(&field, rid.as_deref().unwrap_or(""), r)?;
+        rules.push((rid, checked));
+    }
+    Ok((tid, rules))
+}
+
 /// Highest packet rate a rule may be limited to (1 G packets/s).
 pub const MAX_RATE_PPS: u64 = 1_000_000_000;
 /// Highest bit rate a rule may be limited to (1 Tbit/s).

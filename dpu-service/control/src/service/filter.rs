@@ -126,25 +126,7 @@ impl FilterService for Api {
     ) -> Result<Response<pb::ReplaceRulesResponse>, Status> {
         self.write("/dpu.v1.FilterService/ReplaceRules", async {
             let req = req.into_inner();
-            let tid = validate::name("parent", &req.parent, "tenants")?.to_string();
-            let mut rules = Vec::with_capacity(req.rules.len());
-            for (i, r) in req.rules.iter().enumerate() {
-                let field = format!("rules[{i}]");
-                let rid = if r.name.is_empty() {
-                    None
-                } else {
-                    let (owner, rid) = validate::rule_name(&format!("{field}.name"), &r.name)?;
-                    if owner != tid {
-                        return Err(ControlError::invalid(
-                            format!("{field}.name"),
-                            format!("names a rule of tenants/{owner}, not of tenants/{tid}"),
-                        ));
-                    }
-                    Some(rid.to_string())
-                };
-                let rule = validate::rule(&field, rid.as_deref().unwrap_or(""), r)?;
-                rules.push((rid, rule));
-            }
+            let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self
                 .ctl

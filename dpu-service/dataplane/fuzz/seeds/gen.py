@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of the data-plane fuzz targets next to this file:
+seeds/<target>/<name>. Run it again after changing an input format; the
+seeds are committed, so the fuzz runs need no Python."""
+
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+A = bytes([2, 0, 0, 0, 0, 0x0A])
+B = bytes([2, 0, 0, 0, 0, 0x0B])
+BCAST = b"\xff" * 6
+
+
+def eth(dst, src, vlan, ethertype):
+    f = dst + src
+    if vlan is not None:
+        f += struct.pack(">HH", 0x8100, vlan)
+    return f + struct.pack(">H", ethertype)
+
+
+def ipv4(src, dst, proto, l4, frag=0):
+    h = struct.pack(">BBHHHBBH", 0x45, 0, 20 + len(l4), 1, frag, 64, proto, 0)
+    return h + bytes(src) + bytes(dst) + l4
+
+
+def ipv6(src, dst, nxt, payload):
+    h = struct.pack(">IHBB", 0x60000000, len(payload), nxt, 64)
+    return h + src.to_bytes(16, "big") + dst.to_bytes(16, "big") + payload
+
+
+def tcp(sport, dport, flags):
+    return struct.pack(">HHIIBBHHH", sport, dport, 1, 0, 5 << 4, flags, 1024, 0, 0)
+
+
+def udp(sport, dport, payload=b""):
+    return struct.pack(">HHHH", sport, dport, 8 + len(payload), 0) + payload
+
+
+def arp(src_mac, op, sender_ip, target_ip):
+    return (
+        struct.pack(">HHBBH", 1, 0x0800, 6, 4, op)
+        + src_mac
+        + bytes(sender_ip)
+        + b"\0" * 6
+        + bytes(target_ip)
+    )
+
+
+def parse_seeds():
+    return {
+        # Ethernet / IPv4 / TCP SYN.
+        "ipv4_tcp": eth(B, A, None, 0x0800) + ipv4([10, 0, 0, 1], [10, 0, 0, 2], 6, tcp(40000, 80, 0x02)),
+        # 802.1Q VLAN 10 / ARP request.
+        "vlan_arp": eth(BCAST, A, 10, 0x0806) + arp(A, 1, [10, 0, 0, 1], [10, 0, 0, 9]),
+        # Ethernet / IPv6 / UDP (DNS).
+        "ipv6_udp": eth(B, A, None, 0x86DD) + ipv6(1, 2, 17, udp(5353, 53, b"\0" * 12)),
+        # IPv6 with hop-by-hop options and a fragment header before TCP.
+        "ipv6_ext": eth(B, A, 20, 0x86DD)
+        + ipv6(1, 2, 0, bytes([44, 0, 0, 0, 0, 0, 0, 0]) + bytes([6, 0, 0, 0, 0, 0, 0, 1]) + tcp(1, 2, 0x10)),
+        # IPv4 ICMP echo request, padded to 60 bytes.
+        "icmp_echo": (eth(B, A, None, 0x0800) + ipv4([10, 0, 0, 1], [10, 0, 0, 2], 1, bytes([8, 0, 0, 0, 0x12, 0x34, 0, 1])))
+        .ljust(60, b"\0"),
+        # A later IPv4 fragment with IP options (IHL 6).
+        "ipv4_frag_opts": eth(B, A, None, 0x0800)
+        + struct.pack(">BBHHHBBH", 0x46, 0, 32, 7, 0x00B9, 64, 17, 0)
+        + bytes([10, 0, 0, 1, 10, 0, 0, 2])
+        + b"\x01\x01\x01\x00"
+        + b"\0" * 8,
+        # LLDP: another EtherType.
+        "lldp": eth(bytes([0x01, 0x80, 0xC2, 0, 0, 0x0E]), A, None, 0x88CC) + b"\0" * 46,
+        # SCTP over IPv4, double-tagged (QinQ).
+        "qinq_sctp": eth(B, A, 30, 0x8100) + struct.pack(">HH", 40, 0x0800) + ipv4([1, 1, 1, 1], [2, 2, 2, 2], 132, b"\0" * 12),
+    }
+
+
+def built(port, f):
+    """A built-frame record of the switch target (see fuzz_targets/switch.rs)."""
+    assert len(f) == 8 and port < 8
+    return bytes([0x80 | port]) + bytes(f)
+
+
+def fields(src, dst, vlan_i, kind, sip=0, dip=0, flags=0, ports=0, icmp=0, echo=0, extra=0):
+    return [dst << 3 | src, kind << 3 | vlan_i, dip << 2 | sip, flags, ports, icmp, echo, extra]
+
+
+def raw(port, frame):
+    assert len(frame) < 256 and port < 8
+    return bytes([port, len(frame)]) + frame
+
+
+def switch_seeds():
+    # vlan_i: 0 none, 1: 10, 2: 20, 3: 30, 4: 40; kind: 0 UDP, 1 TCP, 2 ICMP,
+    # 3 ARP, 4 UDP6, 5 TCP6, 6 ICMP6, 7 other. MAC 7 is broadcast.
+    # ports: sport index | dport index << 2 over [53, 80, 1234, 5000].
+    learn = b"".join(
+        [
+            built(0, fields(1, 7, 0, 3, sip=1, dip=2)),  # red ARP broadcast on port 0
+            built(1, fields(2, 1, 0, 3, sip=2, dip=1, flags=1)),  # reply from port 1
+            built(0, fields(1, 2, 0, 1, sip=1, dip=2, flags=0x02, ports=1 << 2 | 3)),  # TCP SYN to :80
+            built(1, fields(2, 1, 0, 1, sip=2, dip=1, flags=0x12, ports=3 << 2 | 1)),  # SYN-ACK back
+            built(0, fields(1, 2, 0, 1, sip=1, dip=2, flags=0x10, ports=1 << 2 | 3)),  # ACK
+            built(3, fields(3, 1, 1, 0, sip=3, dip=1, ports=2)),  # tagged 10 on the uplink, denied source
+            built(2, fields(4, 7, 0, 0, sip=1, dip=2, ports=2 | 0 << 2)),  # blue DNS query, broadcast
+            built(3, fields(5, 4, 2, 0, sip=2, dip=1, ports=0 | 2 << 2)),  # DNS reply on VLAN 20
+            built(2, fields(4, 5, 0, 2, sip=1, dip=2, icmp=0, echo=7)),  # blue ping
+            built(3, fields(5, 4, 3, 2, sip=2, dip=1, icmp=1, echo=7)),  # pong on VLAN 30
+            built(4, fields(6, 7, 1, 0, sip=1, dip=3)),  # green on port 4 VLAN 10
+            built(4, fields(3, 6, 4, 4, sip=3, dip=1)),  # green UDP6 on VLAN 40
+            built(5, fields(1, 2, 0, 0)),  # unattached port
+            built(6, fields(1, 2, 0, 0)),  # no such port
+            bytes([0xC0]),  # turn
+        ]
+    )
+    changes = learn + bytes([0xC3]) + learn + bytes([0xC5]) + learn + bytes([0xC7]) + learn + bytes([0xC1]) + learn
+    frames = parse_seeds()
+    raws = b"".join(raw(p, frames[n]) for p, n in [(0, "ipv4_tcp"), (3, "vlan_arp"), (2, "ipv6_udp"), (4, "ipv6_ext"), (1, "icmp_echo"), (0, "lldp")])
+    return {"learn": learn, "changes": changes, "raw": raws}
+
+
+def pb_varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def pb_field(num, wire, payload):
+    key = pb_varint(num << 3 | wire)
+    if wire == 0:
+        return key + pb_varint(payload)
+    return key + pb_varint(len(payload)) + payload
+
+
+def pb_str(num, s):
+    return pb_field(num, 2, s.encode() if isinstance(s, str) else s)
+
+
+def filter_rule(name="", priority=0, src="", dst="", src_ports=None, dst_ports=None, proto=None,
+                icmp_type=None, icmp_code=None, action=1, stateful=False, description=""):
+    m = b""
+    if name:
+        m += pb_str(1, name)
+    if priority:
+        m += pb_field(2, 0, priority)
+    if src:
+        m += pb_str(3, src)
+    if dst:
+        m += pb_str(4, dst)
+    for num, r in [(5, src_ports), (6, dst_ports)]:
+        if r is not None:
+            m += pb_field(num, 2, pb_field(1, 0, r[0]) + pb_field(2, 0, r[1]))
+    for num, v in [(7, proto), (8, icmp_type), (9, icmp_code)]:
+        if v is not None:
+            m += pb_field(num, 0, v)
+    if action:
+        m += pb_field(10, 0, action)
+    if stateful:
+        m += pb_field(11, 0, 1)
+    if description:
+        m += pb_str(12, description)
+    return m
+
+
+def replace_rules(parent, rules, expected=None):
+    m = pb_str(1, parent)
+    for r in rules:
+        m += pb_field(2, 2, r)
+    if expected is not None:
+        m += pb_field(3, 0, expected)
+    return m
+
+
+def rule_proto_seeds():
+    t = "tenants/fuzz"
+    return {
+        "web_dns_ping": replace_rules(
+            t,
+            [
+                filter_rule("tenants/fuzz/rules/web", 10, "10.0.0.0/8", "192.168.1.0/24", dst_ports=(80, 443), proto=6, stateful=True),
+                filter_rule("", 20, dst_ports=(53, 53), proto=17, description="dns"),
+                filter_rule("tenants/fuzz/rules/ping", 30, "2001:db8::/32", "", proto=58, icmp_type=128, icmp_code=0),
+                filter_rule("", 40, "10.0.0.7", action=2),
+            ],
+            expected=0,
+        ),
+        "empty": replace_rules(t, []),
+        "bad": replace_rules(
+            t,
+            [
+                filter_rule("tenants/other/rules/x", 1),
+                filter_rule("", 1, "10.0.0.1/24", "::/0", src_ports=(9, 1), proto=1, icmp_code=3, action=7),
+            ],
+            expected=5,
+        ),
+    }
+
+
+def rules_seeds():
+    # The rules target decodes its input with `arbitrary`; any bytes do.
+    return {
+        "ramp": bytes(range(256)),
+        "sparse": bytes([0, 1, 2, 3, 0, 0, 0, 0, 255, 255, 1, 0] * 16),
+    }
+
+
+def main():
+    for target, seeds in [
+        ("parse", parse_seeds()),
+        ("switch", switch_seeds()),
+        ("rule_proto", rule_proto_seeds()),
+        ("rules", rules_seeds()),
+    ]:
+        d = os.path.join(HERE, target)
+        os.makedirs(d, exist_ok=True)
+        for name, data in seeds.items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+
+
+if __name__ == "__main__":
+    main()
