@@ -429,9 +429,7 @@ pub type KeptRules = Vec<(Option<String>, Rule)>;
 ///
 /// # Errors
 /// The first invalid field, or a rule name of another tenant.
-pub fn replace_rules(
-    req: &pb::ReplaceRulesRequest,
-) -> Result<(String, KeptRules)> {
+pub fn replace_rules(req: &pb::ReplaceRulesRequest) -> Result<(String, KeptRules)> {
     let tid = name("parent", &req.parent, "tenants")?.to_string();
     let mut rules = Vec::with_capacity(req.rules.len());
     for (i, r) in req.rules.iter().enumerate() {
