@@ -12,6 +12,16 @@ use anyhow::{bail, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
 use dpu_e2e::Service;
 
+/// Held by each test while its service runs: DPDK 22.11's net_af_packet
+/// derives its PACKET_FANOUT group from the process ID and interface
+/// index, and two services started side by side can draw the same group,
+/// which the kernel refuses (EINVAL) for the second.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A namespace holding one end of a veth pair; the other end, `port_if`,
 /// stays in the root namespace for the service. Removed on drop.
 struct Host {
@@ -111,6 +121,7 @@ file_prefix = "e2e-switch-{tag}-{}"
 
 #[test]
 fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
+    let _serial = one_at_a_time();
     let a1 = Host::new("a", "10.230.0.1/24")?;
     let a2 = Host::new("b", "10.230.0.2/24")?;
     let b1 = Host::new("c", "10.230.0.3/24")?;
@@ -312,6 +323,7 @@ impl Drop for Reaped {
 
 #[test]
 fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
+    let _serial = one_at_a_time();
     let client = Host::new("d", "10.231.0.1/24")?;
     let server = Host::new("e", "10.231.0.2/24")?;
     let svc = Service::start_config(
@@ -446,6 +458,7 @@ fn host_mac(h: &Host) -> Result<String> {
 
 #[test]
 fn anti_spoofing_drops_forged_sources() -> Result<()> {
+    let _serial = one_at_a_time();
     let vm = Host::new("f", "10.232.0.1/24")?;
     let peer = Host::new("g", "10.232.0.2/24")?;
     let svc = Service::start_config(&config("spoof", &[("pf0vf0", &vm), ("pf0vf1", &peer)]), &[])?;
@@ -532,6 +545,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
 
 #[test]
 fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
+    let _serial = one_at_a_time();
     let a = Host::new("h", "10.233.0.1/24")?;
     let b = Host::new("i", "10.233.0.2/24")?;
     let svc = Service::start_config(&config("rate", &[("pf0vf0", &a), ("pf0vf1", &b)]), &[])?;
