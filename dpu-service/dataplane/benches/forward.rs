@@ -196,6 +196,7 @@ fn main() {
         let worker = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: Idle::BusyPoll,
         };
         let mut w = match &switch {

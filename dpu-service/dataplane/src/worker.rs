@@ -260,6 +260,9 @@ pub struct WorkerConfig {
     pub rx: Vec<(usize, u16)>,
     /// The TX queue this worker uses on every port (one per worker).
     pub tx_queue: u16,
+    /// The CPU the worker thread is pinned to before it opens its queues;
+    /// `None` leaves it wherever the scheduler puts it.
+    pub cpu: Option<usize>,
     /// Idle behaviour.
     pub idle: Idle,
 }
@@ -434,6 +437,12 @@ impl Workers {
                 .name(format!("dp-worker-{i}"))
                 .spawn(move || {
                     let opened = (|| -> Result<(D::ThreadGuard, Loop<D, P>), IoError> {
+                        // Pinned first: EAL takes a registered thread's
+                        // lcore CPU set from its affinity.
+                        if let Some(cpu) = cfg.cpu {
+                            dpdk::os::pin_current_thread(cpu)
+                                .map_err(|e| IoError::Thread(e.to_string()))?;
+                        }
                         let guard = d.enter_worker()?;
                         let rx = cfg
                             .rx
@@ -586,6 +595,7 @@ mod tests {
         let cfg = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: BACKOFF,
         };
         let mut w = Workers::start(&d, vec![cfg], |_| Fan).unwrap();
@@ -630,6 +640,7 @@ mod tests {
         let cfg = WorkerConfig {
             rx: vec![(0, 0), (2, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: BACKOFF,
         };
         let mut w = Workers::start(&d, vec![cfg], |_| CrossConnect::new(&[(0, 1)])).unwrap();
@@ -659,6 +670,7 @@ mod tests {
         let cfg = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: BACKOFF,
         };
         let mut w = Workers::start(&d, vec![cfg], |_| CrossConnect::new(&[(0, 1)])).unwrap();
@@ -676,11 +688,13 @@ mod tests {
         let a = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: BACKOFF,
         };
         let clash = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 1,
+            cpu: None,
             idle: BACKOFF,
         };
         let err = Workers::start(&d, vec![a.clone(), clash], |_| CrossConnect::new(&[(0, 1)]))
@@ -697,6 +711,7 @@ mod tests {
         let cfg = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
+            cpu: None,
             idle: Idle::Backoff {
                 spins: 10,
                 max: Duration::from_millis(5),
@@ -709,5 +724,45 @@ mod tests {
         let t0 = std::time::Instant::now();
         w.stop();
         assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+
+    /// Records the CPUs its thread may run on at each turn.
+    struct WhereAmI(Arc<std::sync::Mutex<Vec<usize>>>);
+    impl Pipeline for WhereAmI {
+        fn process(&mut self, _in: usize, _p: &mut [u8], _f: &mut Vec<Egress>) -> Verdict {
+            Verdict::Drop(DropReason::NoTenant)
+        }
+        fn turn(&mut self) {
+            if let (Ok(cpus), Ok(mut seen)) = (dpdk::os::current_thread_cpus(), self.0.lock()) {
+                *seen = cpus;
+            }
+        }
+    }
+
+    #[test]
+    fn workers_are_pinned_to_their_cpu_or_fail_to_start() {
+        let d = MemoryDriver::new(1);
+        let &cpu = dpdk::os::current_thread_cpus().unwrap().last().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0)],
+            tx_queue: 0,
+            cpu: Some(cpu),
+            idle: BACKOFF,
+        };
+        let mut w = Workers::start(&d, vec![cfg.clone()], |_| WhereAmI(seen.clone())).unwrap();
+        wait_for(|| seen.lock().unwrap().len() == 1);
+        w.stop();
+        assert_eq!(*seen.lock().unwrap(), vec![cpu]);
+
+        let bad = WorkerConfig {
+            cpu: Some(100_000),
+            ..cfg
+        };
+        let err = Workers::start(&d, vec![bad], |_| WhereAmI(seen.clone())).unwrap_err();
+        assert!(
+            matches!(&err, StartError::Queue { worker: 0, source: IoError::Thread(m) } if m.contains("100000")),
+            "{err}"
+        );
     }
 }

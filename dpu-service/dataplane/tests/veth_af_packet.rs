@@ -5,70 +5,9 @@
 #![cfg(feature = "dpdk")]
 
 mod common;
+mod host;
 
-use std::process::Command;
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A namespace with one end of a veth pair inside; the other end, named
-/// `host_if`, stays here for DPDK. Removed on drop.
-struct Host {
-    ns: String,
-    host_if: String,
-}
-
-impl Host {
-    fn new(tag: &str, addr: &str) -> Host {
-        let id = std::process::id();
-        let h = Host {
-            ns: format!("dp{tag}{id}"),
-            host_if: format!("dp{tag}{id}"),
-        };
-        let peer = format!("{}p", h.host_if);
-        ip(&["netns", "add", &h.ns]);
-        ip(&[
-            "link", "add", &h.host_if, "type", "veth", "peer", "name", &peer,
-        ]);
-        ip(&["link", "set", &peer, "netns", &h.ns]);
-        ip(&["link", "set", &h.host_if, "up"]);
-        ip(&["-n", &h.ns, "addr", "add", addr, "dev", &peer]);
-        ip(&["-n", &h.ns, "link", "set", &peer, "up"]);
-        ip(&["-n", &h.ns, "link", "set", "lo", "up"]);
-        h
-    }
-
-    /// True if three pings from this namespace to `to` all get replies.
-    fn ping(&self, to: &str) -> bool {
-        let out = Command::new("ip")
-            .args([
-                "netns", "exec", &self.ns, "ping", "-c", "3", "-i", "0.2", "-W", "2", to,
-            ])
-            .output()
-            .expect("running ping");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !err.contains("No such file"),
-            "ping is not installed: {err}"
-        );
-        out.status.success()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-    }
-}
+use host::Host;
 
 #[test]
 fn ping_crosses_the_worker_between_two_namespaces() {

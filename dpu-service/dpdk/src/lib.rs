@@ -1,5 +1,6 @@
-//! A safe layer over DPDK (`dpdk-sys`): the only crate besides `dpdk-sys`
-//! that contains `unsafe`.
+//! A safe layer over DPDK (`dpdk-sys`) and over the Linux calls the data
+//! plane makes besides DPDK: the only crate besides `dpdk-sys` that
+//! contains `unsafe`.
 //!
 //! - [`Eal`]: the Environment Abstraction Layer, initialised once per
 //!   process from an [`EalConfig`] and cleaned up when the last handle drops.
@@ -8,24 +9,39 @@
 //!   owns a burst of them. Packet bytes are borrowed as slices.
 //! - [`Port`]: an ethdev port configured with RX/TX queues (symmetric RSS
 //!   when there are several), and its [`RxQueue`]/[`TxQueue`] handles.
+//! - [`os`]: packet sockets (`AF_PACKET`) for the kernel driver, interface
+//!   queries and CPU affinity. It needs no DPDK: without the `eal` feature
+//!   (on by default) it is all this crate builds.
 //!
 //! Invariants: every raw pointer handed out by DPDK is owned by exactly one
 //! value here and released exactly once; errors from DPDK become
 //! [`DpdkError`] at the boundary; queue handles are `!Send`, so a queue is
 //! polled by the thread that took it.
 
+#[cfg(feature = "eal")]
 mod eal;
+#[cfg(feature = "eal")]
 mod error;
+#[cfg(feature = "eal")]
 mod mbuf;
+#[cfg(feature = "eal")]
 mod mempool;
+pub mod os;
+#[cfg(feature = "eal")]
 mod port;
 
+#[cfg(feature = "eal")]
 pub use eal::{lcore_id, Eal, EalConfig, ThreadRegistration};
+#[cfg(feature = "eal")]
 pub use error::DpdkError;
+#[cfg(feature = "eal")]
 pub use mbuf::{Drain, Mbuf, MbufBatch};
+#[cfg(feature = "eal")]
 pub use mempool::Mempool;
+#[cfg(feature = "eal")]
 pub use port::{LinkStatus, Port, PortConfig, PortStats, RxQueue, TxQueue, SYMMETRIC_RSS_KEY};
 
+#[cfg(feature = "eal")]
 /// Version of the DPDK library in use, e.g. "DPDK 22.11.11".
 pub fn version() -> String {
     // SAFETY: rte_version() returns a pointer to a static NUL-terminated
@@ -40,6 +56,7 @@ pub fn version() -> String {
         .into_owned()
 }
 
+#[cfg(feature = "eal")]
 /// The last DPDK error of this thread (`rte_errno`) with its message.
 pub(crate) fn last_error() -> (i32, String) {
     // SAFETY: rte_errno is a per-lcore (thread-local) integer; reading it
@@ -48,6 +65,7 @@ pub(crate) fn last_error() -> (i32, String) {
     (code, strerror(code))
 }
 
+#[cfg(feature = "eal")]
 /// DPDK's message for an error code (positive errno or RTE error).
 pub(crate) fn strerror(code: i32) -> String {
     // SAFETY: rte_strerror accepts any integer and returns a pointer to a

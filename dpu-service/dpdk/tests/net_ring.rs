@@ -1,3 +1,4 @@
+#![cfg(feature = "eal")]
 //! The safe layer against real DPDK: EAL with `--no-huge` and `net_ring`
 //! vdevs (a ring port delivers what it sends back to its own RX queue).
 //! EAL starts once per test binary; each test uses its own vdev and pool.

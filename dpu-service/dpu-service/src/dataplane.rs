@@ -121,6 +121,7 @@ impl Dataplane {
             .map(|q| WorkerConfig {
                 rx: (0..ids.len()).map(|p| (p, q)).collect(),
                 tx_queue: q,
+                cpu: None,
                 idle,
             })
             .collect();

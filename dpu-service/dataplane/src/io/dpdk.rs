@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Driver, IoError, Packet, PortStats, RxQueue, TxQueue};
+use super::{Driver, IoError, LinkState, Packet, PortStats, RxQueue, TxQueue};
 
 impl Packet for dpdk::Mbuf {
     fn len(&self) -> usize {
@@ -116,13 +116,23 @@ impl Driver for DpdkDriver {
         }
     }
 
+    fn link(&self, port: usize) -> Option<LinkState> {
+        let p = self.ports.get(port)?;
+        let link = p.link();
+        Some(LinkState {
+            up: link.up,
+            speed_mbps: link.speed_mbps,
+            mac: p.mac(),
+            mtu: u32::from(p.mtu()),
+        })
+    }
+
     type ThreadGuard = dpdk::ThreadRegistration;
 
     /// Registers the worker thread with EAL, so mempool caches serve it.
     fn enter_worker(&self) -> Result<dpdk::ThreadRegistration, IoError> {
-        self.eal.register_thread().map_err(|e| IoError::Queue {
-            port: 0,
-            reason: format!("registering the worker with EAL: {e}"),
-        })
+        self.eal
+            .register_thread()
+            .map_err(|e| IoError::Thread(format!("registering the worker with EAL: {e}")))
     }
 }

@@ -1,5 +1,10 @@
 //! The packet-I/O seam: drivers, their queues and their packets.
+//!
+//! Drivers: [`dpdk`] (any DPDK PMD; feature `dpdk`), [`kernel`] (Linux
+//! interfaces through packet sockets, for machines without DPDK) and
+//! [`memory`] (byte vectors, for tests).
 
+pub mod kernel;
 pub mod memory;
 
 #[cfg(feature = "dpdk")]
@@ -69,12 +74,28 @@ pub struct PortStats {
     pub tx_errors: u64,
 }
 
+/// A port's link as its driver reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkState {
+    /// Link up.
+    pub up: bool,
+    /// Speed in Mbit/s, 0 if unknown.
+    pub speed_mbps: u32,
+    /// The port's MAC address.
+    pub mac: [u8; 6],
+    /// MTU in bytes, 0 if unknown.
+    pub mtu: u32,
+}
+
 /// Why a driver could not hand out a queue.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
     /// The port index is not one of the driver's ports.
     #[error("no port {0}")]
     NoSuchPort(usize),
+    /// The worker thread could not be prepared (pinned, registered).
+    #[error("worker thread: {0}")]
+    Thread(String),
     /// The queue does not exist or is already taken.
     #[error("port {port}: {reason}")]
     Queue {
@@ -109,6 +130,11 @@ pub trait Driver: Clone + Send + Sync + 'static {
     fn tx_queue(&self, port: usize, queue: u16) -> Result<Self::Tx, IoError>;
     /// The port's driver-level counters.
     fn stats(&self, port: usize) -> PortStats;
+    /// The port's link, address and MTU; `None` if the driver has no such
+    /// notion (in-memory ports) or the port does not exist.
+    fn link(&self, _port: usize) -> Option<LinkState> {
+        None
+    }
 
     /// Per-thread state a worker holds while it runs (e.g. its EAL lcore
     /// registration); made on the worker's thread before it opens queues.

@@ -53,6 +53,7 @@ pub fn worker(rig: &Rig, pairs: &[(usize, usize)]) -> Workers {
     let cfg = WorkerConfig {
         rx: (0..rig.driver.port_count()).map(|p| (p, 0)).collect(),
         tx_queue: 0,
+        cpu: None,
         idle: Idle::Backoff {
             spins: 1000,
             max: Duration::from_micros(200),
