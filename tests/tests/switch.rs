@@ -119,6 +119,100 @@ file_prefix = "e2e-switch-{tag}-{}"
     c
 }
 
+/// The last CPU this process may run on (`Cpus_allowed_list` of
+/// /proc/self/status, e.g. "0-1" or "0,2-3").
+fn last_allowed_cpu() -> Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .ok_or_else(|| anyhow::anyhow!("no Cpus_allowed_list in /proc/self/status"))?;
+    let last = list.trim().rsplit([',', '-']).next().unwrap_or("0");
+    Ok(last.parse()?)
+}
+
+/// The CPUs thread `name` of process `pid` may run on, as the kernel
+/// lists them.
+fn thread_cpus(pid: u32, name: &str) -> Result<String> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = task?.path();
+        if std::fs::read_to_string(dir.join("comm"))?.trim() == name {
+            let status = std::fs::read_to_string(dir.join("status"))?;
+            return status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|l| l.trim().to_string())
+                .ok_or_else(|| anyhow::anyhow!("no Cpus_allowed_list for {name}"));
+        }
+    }
+    bail!("process {pid} has no thread {name}")
+}
+
+/// Without DPDK: the same switch on the kernel driver (packet sockets on
+/// the veth ends), its worker pinned to a CPU. Runs beside the DPDK tests:
+/// its fanout groups get kernel-chosen IDs, so nothing collides.
+#[test]
+fn the_kernel_driver_switches_tenants_with_a_pinned_worker() -> Result<()> {
+    let a1 = Host::new("k", "10.232.0.1/24")?;
+    let a2 = Host::new("l", "10.232.0.2/24")?;
+    let b1 = Host::new("m", "10.232.0.3/24")?;
+    let cpu = last_allowed_cpu()?;
+    let mut config = format!(
+        "[dataplane]\nworkers = 1\nworker_cpus = [{cpu}]\nidle = \"backoff\"\nmbufs = 4096\n"
+    );
+    for (id, h) in [("pf0vf0", &a1), ("pf0vf1", &a2), ("pf0vf2", &b1)] {
+        config += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+            h.port_if
+        );
+    }
+    let svc = Service::start_config(&config, &[])?;
+    let info = svc.dpuctl_json(&["info"])?;
+    assert_eq!(info["dataplaneDriver"], "kernel", "{info}");
+    let pid = svc.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    assert_eq!(thread_cpus(pid, "dp-worker-0")?, cpu.to_string());
+
+    assert!(!a1.ping("10.232.0.2"), "crossed without a tenant");
+    for (tenant, ports) in [
+        ("red", &["pf0vf0", "pf0vf1"][..]),
+        ("blue", &["pf0vf2"][..]),
+    ] {
+        let mut args = vec!["tenant", "create", tenant, "--default-policy", "allow"];
+        for p in ports {
+            args.extend(["--port", p]);
+        }
+        svc.dpuctl_json(&args)?;
+    }
+    eventually("red hosts to reach each other", || a1.ping("10.232.0.2"))?;
+    assert!(a2.ping("10.232.0.1"));
+    assert!(!a1.ping("10.232.0.3"), "red reached blue");
+    assert!(!b1.ping("10.232.0.2"), "blue reached red");
+
+    let (_, body) = svc.http_get("/metrics")?;
+    let rx = metric(&body, "dpu_port_rx_packets_total{port=\"pf0vf0\"}");
+    let tx = metric(&body, "dpu_port_tx_packets_total{port=\"pf0vf1\"}");
+    assert!(
+        rx >= 4 && tx >= 4,
+        "port counters: rx {rx}, tx {tx}\n{body}"
+    );
+    assert_eq!(
+        metric(&body, "dpu_port_link_up{port=\"pf0vf2\"}"),
+        1,
+        "{body}"
+    );
+    let ports = svc.dpuctl_json(&["port", "list"])?.to_string();
+    let mac = host_mac_outside(&a1)?;
+    assert!(ports.contains(&mac), "port list lacks {mac}: {ports}");
+    Ok(())
+}
+
+/// The MAC address of the host's veth end outside its namespace (the
+/// service's port).
+fn host_mac_outside(h: &Host) -> Result<String> {
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{}/address", h.port_if))?;
+    Ok(mac.trim().to_string())
+}
+
 #[test]
 fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
     let _serial = one_at_a_time();

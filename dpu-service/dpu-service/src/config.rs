@@ -105,13 +105,17 @@ pub struct Config {
     pub tenants: Vec<SeedTenant>,
 }
 
-/// `[dataplane]`: DPDK's EAL and the worker threads. Used when at least
-/// one port has `driver = "dpdk"`.
+/// `[dataplane]`: the worker threads, their packet buffers and, for the
+/// DPDK driver, EAL. Used when at least one port has a data-plane driver
+/// (`"dpdk"` or `"kernel"`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataplaneConfig {
     /// Worker threads; worker `i` polls RX/TX queue `i` of every port.
     pub workers: u16,
+    /// The CPU each worker is pinned to, one per worker (worker `i` to
+    /// `worker_cpus[i]`); empty leaves them unpinned.
+    pub worker_cpus: Vec<usize>,
     /// "busy" (a dedicated core per worker, as on a DPU) or "backoff"
     /// (sleep when idle: laptops, CI).
     pub idle: IdleMode,
@@ -123,7 +127,8 @@ pub struct DataplaneConfig {
     pub memory_mb: Option<u32>,
     /// Prefix of EAL's runtime files (`--file-prefix`), unique per instance.
     pub file_prefix: String,
-    /// Packet buffers in the pool.
+    /// Packet buffers in the pool (DPDK mbufs, or the kernel driver's
+    /// buffers).
     pub mbufs: u32,
     /// Most MAC addresses each worker learns.
     pub mac_table_size: usize,
@@ -146,6 +151,7 @@ impl Default for DataplaneConfig {
     fn default() -> Self {
         Self {
             workers: 1,
+            worker_cpus: Vec::new(),
             idle: IdleMode::Busy,
             lcores: None,
             no_huge: false,
@@ -719,7 +725,8 @@ pub struct PortConfig {
     pub driver: String,
     /// Device the driver opens. For "dpdk": the devargs of a virtual
     /// device ("net_tap0,iface=pf0vf0", "net_af_packet0,iface=veth0") or of
-    /// a bus device ("0000:03:00.0,representor=vf[0-3]").
+    /// a bus device ("0000:03:00.0,representor=vf[0-3]"). For "kernel":
+    /// the name of a Linux interface ("pf0vf0", "veth0").
     #[serde(default)]
     pub device: String,
     /// DPDK's name of the port, if it is not the device's first field
@@ -830,6 +837,8 @@ impl Config {
         let mut seen = std::collections::BTreeSet::new();
         let mut bus_devices: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
         let mut dpdk_names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut ifaces: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut dataplane_driver: Option<(usize, &str)> = None;
         for (i, p) in self.ports.iter().enumerate() {
             dpu_control::validate::id(&format!("ports[{i}].id"), &p.id)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -838,6 +847,36 @@ impl Config {
             }
             match p.driver.as_str() {
                 "none" => {}
+                "dpdk" | "kernel" if dataplane_driver.is_some_and(|(_, d)| d != p.driver) => {
+                    let (k, d) = dataplane_driver.unwrap_or_default();
+                    bail!(
+                        "ports[{i}] ({}): driver {:?} cannot be mixed with driver {d:?} of ports[{k}]; \
+                         the data plane runs one driver for all its ports",
+                        p.id,
+                        p.driver
+                    )
+                }
+                "kernel" => {
+                    let dev = p.device.as_str();
+                    if dev.is_empty()
+                        || dev.len() > 15
+                        || dev == "."
+                        || dev == ".."
+                        || dev.contains(|c: char| c == '/' || c == ':' || c.is_whitespace())
+                    {
+                        bail!(
+                            "ports[{i}] ({}): driver \"kernel\" needs device = the name of a network \
+                             interface (1 to 15 characters, no '/', ':' or spaces), not {dev:?}",
+                            p.id
+                        );
+                    }
+                    if let Some(k) = ifaces.insert(dev, i) {
+                        bail!(
+                            "ports[{i}] ({}): interface {dev:?} is also ports[{k}]",
+                            p.id
+                        );
+                    }
+                }
                 "dpdk" if p.device.trim().is_empty() => {
                     bail!(
                         "ports[{i}] ({}): driver \"dpdk\" needs a device (devargs)",
@@ -874,14 +913,39 @@ impl Config {
                     }
                 }
                 d => bail!(
-                    "ports[{i}] ({}): unknown driver {d:?} (use \"dpdk\" or \"none\")",
+                    "ports[{i}] ({}): unknown driver {d:?} (use \"dpdk\", \"kernel\" or \"none\")",
                     p.id
                 ),
+            }
+            if p.driver == "dpdk" && !cfg!(feature = "dpdk") {
+                bail!(
+                    "ports[{i}] ({}): this build of dpu-service has no DPDK support (built without \
+                     the \"dpdk\" feature); use driver \"kernel\" or a build with DPDK",
+                    p.id
+                );
+            }
+            if p.driver != "none" && dataplane_driver.is_none() {
+                dataplane_driver = Some((i, p.driver.as_str()));
             }
         }
         let d = &self.dataplane;
         if d.workers == 0 || d.workers > 64 {
             bail!("dataplane.workers must be in 1..=64, not {}", d.workers);
+        }
+        if !d.worker_cpus.is_empty() {
+            if d.worker_cpus.len() != usize::from(d.workers) {
+                bail!(
+                    "dataplane.worker_cpus names {} CPUs for {} workers: give one per worker, or none",
+                    d.worker_cpus.len(),
+                    d.workers
+                );
+            }
+            let mut cpus = std::collections::BTreeSet::new();
+            for (w, c) in d.worker_cpus.iter().enumerate() {
+                if !cpus.insert(c) {
+                    bail!("dataplane.worker_cpus[{w}]: CPU {c} already runs another worker");
+                }
+            }
         }
         if d.mbufs < 1024 {
             bail!("dataplane.mbufs must be at least 1024, not {}", d.mbufs);
@@ -1334,6 +1398,14 @@ mod tests {
             "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
             "dataplane.conntrack_per_tenant",
         );
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
+            "dataplane.worker_cpus names 1 CPUs for 2 workers",
+        );
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1, 1]\n",
+            "dataplane.worker_cpus[1]: CPU 1",
+        );
         assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
         let c: Config = toml::from_str(
             "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\ndevice = \"net_tap0,iface=p0\"\n",
@@ -1341,6 +1413,44 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.dataplane.idle, IdleMode::Backoff);
+    }
+
+    #[test]
+    fn kernel_ports_name_interfaces_and_do_not_mix_with_dpdk_ports() {
+        let port = |id: &str, driver: &str, device: &str| {
+            format!("[[ports]]\nid = \"{id}\"\ndriver = \"{driver}\"\ndevice = \"{device}\"\n")
+        };
+        let check = |text: &str| {
+            toml::from_str::<Config>(text)
+                .unwrap()
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        let two = port("p0", "kernel", "veth0") + &port("pf0vf0", "kernel", "pf0vf0");
+        check(&two).unwrap();
+        for dev in ["", "a/b", "sixteen-chars-ab", "..", "eth0:1", "a b"] {
+            let err = check(&port("p0", "kernel", dev)).unwrap_err();
+            assert!(
+                err.contains("ports[0] (p0): driver \"kernel\" needs device"),
+                "{dev:?}: {err}"
+            );
+        }
+        let err =
+            check(&(port("p0", "kernel", "veth0") + &port("p1", "kernel", "veth0"))).unwrap_err();
+        assert!(
+            err.contains("ports[1] (p1): interface \"veth0\" is also ports[0]"),
+            "{err}"
+        );
+        let err =
+            check(&(port("p0", "kernel", "veth0") + &port("p1", "dpdk", "net_tap0"))).unwrap_err();
+        assert!(
+            err.contains(
+                "ports[1] (p1): driver \"dpdk\" cannot be mixed with driver \"kernel\" of ports[0]"
+            ),
+            "{err}"
+        );
+        // Ports for the API only mix with either.
+        check(&(port("p0", "kernel", "veth0") + "[[ports]]\nid = \"p1\"\n")).unwrap();
     }
 
     /// A subsystem "a" with `sub` appended to its table, then `rest`.

@@ -1,7 +1,8 @@
-//! The data plane inside the daemon: EAL and the DPDK ports the
-//! configuration declares, worker threads running the per-tenant switch,
-//! the feed from the control plane's state into the switch, and the port
-//! counters for gRPC telemetry and `/metrics`.
+//! The data plane inside the daemon: the ports the configuration declares
+//! (DPDK ports under EAL, or Linux interfaces through the kernel driver),
+//! worker threads running the per-tenant switch, the feed from the control
+//! plane's state into the switch, and the port counters for gRPC telemetry
+//! and `/metrics`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use anyhow::{Context, Result};
 use dpu_control::model::{Action, Attachment, IpPrefix, Rule, SourceGuard, State, Timestamp};
 use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
 use dpu_dataplane::classify::{AclRule, Family};
-use dpu_dataplane::io::dpdk::DpdkDriver;
+use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::switch::{
     Attach, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig,
@@ -24,18 +25,25 @@ use crate::config::{Config, IdleMode, PortConfig};
 pub struct Dataplane {
     workers: Workers,
     switch: SwitchHandle,
-    driver: DpdkDriver,
+    counters: Arc<dyn CounterSource>,
+    driver: &'static str,
     /// Port IDs by driver index.
     ids: Arc<Vec<String>>,
     base: SwitchConfig,
 }
 
-/// True if the configuration asks for DPDK ports.
-pub fn wanted(config: &Config) -> bool {
-    config.ports.iter().any(|p| p.driver == "dpdk")
+/// The data-plane driver the configuration's ports use, if any: `"dpdk"`
+/// or `"kernel"` (validation allows only one of them).
+pub fn wanted(config: &Config) -> Option<&'static str> {
+    config.ports.iter().find_map(|p| match p.driver.as_str() {
+        "dpdk" => Some("dpdk"),
+        "kernel" => Some("kernel"),
+        _ => None,
+    })
 }
 
 /// DPDK's name for a port: the configured one, else the devargs' first field.
+#[cfg(feature = "dpdk")]
 fn dpdk_name(p: &PortConfig) -> &str {
     p.dpdk_name
         .as_deref()
@@ -44,59 +52,69 @@ fn dpdk_name(p: &PortConfig) -> &str {
 
 /// Virtual devices are named `net_*` (or `eth_*`); anything else is a bus
 /// device (PCI address, auxiliary device) for `-a`.
+#[cfg(feature = "dpdk")]
 fn is_vdev(devargs: &str) -> bool {
     devargs.starts_with("net_") || devargs.starts_with("eth_")
 }
 
+/// Starts EAL with the DPDK ports and opens them, in order.
+#[cfg(feature = "dpdk")]
+fn open_dpdk(
+    config: &Config,
+    ports: &[&PortConfig],
+) -> Result<dpu_dataplane::io::dpdk::DpdkDriver> {
+    let d = &config.dataplane;
+    let mut eal_cfg = dpdk::EalConfig {
+        lcores: d.lcores.clone(),
+        no_huge: d.no_huge,
+        memory_mb: d.memory_mb,
+        file_prefix: Some(d.file_prefix.clone()),
+        extra: d.eal_args.clone(),
+        log_level: Some("lib.eal:notice".into()),
+        ..Default::default()
+    };
+    for p in ports {
+        if is_vdev(&p.device) {
+            eal_cfg.vdevs.push(p.device.clone());
+        } else if !eal_cfg.allow.contains(&p.device) {
+            // One probe per bus device spawns all its ports.
+            eal_cfg.allow.push(p.device.clone());
+        }
+    }
+    // Only named bus devices, never every device EAL can find.
+    eal_cfg.no_pci = eal_cfg.allow.is_empty();
+    tracing::info!(args = ?eal_cfg.args(), "starting DPDK EAL");
+    let eal = dpdk::Eal::init(&eal_cfg).context("starting DPDK's EAL")?;
+    let pool = Arc::new(
+        dpdk::Mempool::new(&eal, "dp-rx", d.mbufs, 256, 2176)
+            .context("creating the packet-buffer pool")?,
+    );
+    let port_cfg = dpdk::PortConfig {
+        rx_queues: d.workers,
+        tx_queues: d.workers,
+        promiscuous: true,
+        ..Default::default()
+    };
+    let mut opened = Vec::new();
+    for p in ports {
+        let name = dpdk_name(p);
+        let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone())
+            .with_context(|| format!("opening port {} ({name})", p.id))?;
+        opened.push(port);
+    }
+    Ok(dpu_dataplane::io::dpdk::DpdkDriver::new(&eal, opened))
+}
+
 impl Dataplane {
-    /// Starts EAL with the configured ports, opens them, compiles `state`
-    /// into the switch and starts the workers.
+    /// Opens the configured ports with their driver, compiles `state` into
+    /// the switch and starts the workers.
     ///
     /// # Errors
     /// If EAL, a port, the pool or a worker cannot start, naming which.
     pub fn start(config: &Config, state: &State) -> Result<Dataplane> {
         let d = &config.dataplane;
-        let ports: Vec<&PortConfig> = config.ports.iter().filter(|p| p.driver == "dpdk").collect();
-        let mut eal_cfg = dpdk::EalConfig {
-            lcores: d.lcores.clone(),
-            no_huge: d.no_huge,
-            memory_mb: d.memory_mb,
-            file_prefix: Some(d.file_prefix.clone()),
-            extra: d.eal_args.clone(),
-            log_level: Some("lib.eal:notice".into()),
-            ..Default::default()
-        };
-        for p in &ports {
-            if is_vdev(&p.device) {
-                eal_cfg.vdevs.push(p.device.clone());
-            } else if !eal_cfg.allow.contains(&p.device) {
-                // One probe per bus device spawns all its ports.
-                eal_cfg.allow.push(p.device.clone());
-            }
-        }
-        // Only named bus devices, never every device EAL can find.
-        eal_cfg.no_pci = eal_cfg.allow.is_empty();
-        tracing::info!(args = ?eal_cfg.args(), "starting DPDK EAL");
-        let eal = dpdk::Eal::init(&eal_cfg).context("starting DPDK's EAL")?;
-        let pool = Arc::new(
-            dpdk::Mempool::new(&eal, "dp-rx", d.mbufs, 256, 2176)
-                .context("creating the packet-buffer pool")?,
-        );
-        let port_cfg = dpdk::PortConfig {
-            rx_queues: d.workers,
-            tx_queues: d.workers,
-            promiscuous: true,
-            ..Default::default()
-        };
-        let mut opened = Vec::new();
-        for p in &ports {
-            let name = dpdk_name(p);
-            let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone())
-                .with_context(|| format!("opening port {} ({name})", p.id))?;
-            tracing::info!(port = %p.id, dpdk = name, mac = %fmt_mac(port.mac()), "port started");
-            opened.push(port);
-        }
-        let driver = DpdkDriver::new(&eal, opened);
+        let driver = wanted(config).context("no port has a data-plane driver")?;
+        let ports: Vec<&PortConfig> = config.ports.iter().filter(|p| p.driver == driver).collect();
         let ids: Arc<Vec<String>> = Arc::new(ports.iter().map(|p| p.id.clone()).collect());
         let base = SwitchConfig {
             ports: ids.len(),
@@ -110,31 +128,36 @@ impl Dataplane {
         };
         let first = switch_config(&base, &ids, state);
         let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
-        let idle = match d.idle {
-            IdleMode::Busy => Idle::BusyPoll,
-            IdleMode::Backoff => Idle::Backoff {
-                spins: 1000,
-                max: Duration::from_micros(200),
-            },
+        let (workers, counters) = match driver {
+            #[cfg(feature = "dpdk")]
+            "dpdk" => run(open_dpdk(config, &ports)?, config, &ids, &switch)?,
+            _ => {
+                let ifaces: Vec<String> = ports.iter().map(|p| p.device.clone()).collect();
+                let buffers = usize::try_from(d.mbufs).unwrap_or(usize::MAX);
+                let k = KernelDriver::open(&ifaces, d.workers, buffers)
+                    .context("opening the kernel driver's ports")?;
+                run(k, config, &ids, &switch)?
+            }
         };
-        let configs = (0..d.workers)
-            .map(|q| WorkerConfig {
-                rx: (0..ids.len()).map(|p| (p, q)).collect(),
-                tx_queue: q,
-                cpu: None,
-                idle,
-            })
-            .collect();
-        let workers = Workers::start(&driver, configs, |i| switch.pipeline_for(i))
-            .context("starting the workers")?;
-        tracing::info!(workers = d.workers, ports = ids.len(), "data plane running");
+        tracing::info!(
+            driver,
+            workers = d.workers,
+            ports = ids.len(),
+            "data plane running"
+        );
         Ok(Dataplane {
             workers,
             switch,
+            counters,
             driver,
             ids,
             base,
         })
+    }
+
+    /// The driver the ports run on ("dpdk" or "kernel").
+    pub fn driver(&self) -> &'static str {
+        self.driver
     }
 
     /// What turns new states into switch configurations.
@@ -148,19 +171,53 @@ impl Dataplane {
 
     /// The counters the data plane contributes to telemetry.
     pub fn counters(&self) -> Arc<dyn CounterSource> {
-        Arc::new(PortSource {
-            driver: self.driver.clone(),
-            ids: self.ids.clone(),
-            reader: self.workers.reader(),
-            switch: self.switch.clone(),
-        })
+        self.counters.clone()
     }
 
-    /// Stops the workers; ports and EAL close when the last handle drops.
+    /// Stops the workers; ports (and EAL) close when the last handle drops.
     pub fn stop(mut self) {
         self.workers.stop();
         tracing::info!("data plane stopped");
     }
+}
+
+/// Starts one worker per queue on `driver`'s ports, running the switch.
+fn run<D: Driver>(
+    driver: D,
+    config: &Config,
+    ids: &Arc<Vec<String>>,
+    switch: &SwitchHandle,
+) -> Result<(Workers, Arc<dyn CounterSource>)> {
+    let d = &config.dataplane;
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(l) = driver.link(i) {
+            tracing::info!(port = %id, mac = %fmt_mac(l.mac), up = l.up, mtu = l.mtu, "port started");
+        }
+    }
+    let idle = match d.idle {
+        IdleMode::Busy => Idle::BusyPoll,
+        IdleMode::Backoff => Idle::Backoff {
+            spins: 1000,
+            max: Duration::from_micros(200),
+        },
+    };
+    let configs = (0..d.workers)
+        .map(|q| WorkerConfig {
+            rx: (0..ids.len()).map(|p| (p, q)).collect(),
+            tx_queue: q,
+            cpu: d.worker_cpus.get(usize::from(q)).copied(),
+            idle,
+        })
+        .collect();
+    let workers = Workers::start(&driver, configs, |i| switch.pipeline_for(i))
+        .context("starting the workers")?;
+    let counters = Arc::new(PortSource {
+        driver,
+        ids: ids.clone(),
+        reader: workers.reader(),
+        switch: switch.clone(),
+    });
+    Ok((workers, counters))
 }
 
 /// Publishes control-plane states to the running switch.
@@ -314,14 +371,14 @@ pub fn switch_rule(r: &Rule) -> SwitchRule {
 
 /// Port counters and status from the NIC, drops from the workers, tenant
 /// and rule counters from the switch.
-struct PortSource {
-    driver: DpdkDriver,
+struct PortSource<D> {
+    driver: D,
     ids: Arc<Vec<String>>,
     reader: CounterReader,
     switch: SwitchHandle,
 }
 
-impl CounterSource for PortSource {
+impl<D: Driver> CounterSource for PortSource<D> {
     fn collect(&self, out: &mut Counters) {
         for (i, id) in self.ids.iter().enumerate() {
             let s = self.driver.stats(i);
@@ -337,15 +394,14 @@ impl CounterSource for PortSource {
                     tx_errors: s.tx_errors,
                 },
             );
-            if let Some(p) = self.driver.port(i) {
-                let link = p.link();
+            if let Some(link) = self.driver.link(i) {
                 out.port_status.insert(
                     id.clone(),
                     PortStatus {
                         link_up: Some(link.up),
                         speed_mbps: link.speed_mbps,
-                        mac_address: fmt_mac(p.mac()),
-                        mtu: u32::from(p.mtu()),
+                        mac_address: fmt_mac(link.mac),
+                        mtu: link.mtu,
                     },
                 );
             }

@@ -175,7 +175,7 @@ async fn run(config: Config) -> Result<()> {
         warn_dangling(&s, &config);
     }
     let telemetry = Arc::new(Telemetry::default());
-    let dp = if dataplane::wanted(&config) {
+    let dp = if dataplane::wanted(&config).is_some() {
         let (cfg, s) = (config.clone(), state.snapshot());
         let dp = tokio::task::spawn_blocking(move || dataplane::Dataplane::start(&cfg, &s))
             .await
@@ -232,12 +232,15 @@ async fn run(config: Config) -> Result<()> {
         facts: ServiceFacts {
             version: env!("CARGO_PKG_VERSION").to_string(),
             target_triple: env!("DPU_TARGET_TRIPLE").to_string(),
-            dpdk_version: if dp.is_some() {
-                dpdk::version()
-            } else {
-                String::new()
+            dpdk_version: match dp.as_ref().map(dataplane::Dataplane::driver) {
+                #[cfg(feature = "dpdk")]
+                Some("dpdk") => dpdk::version(),
+                _ => String::new(),
             },
-            dataplane_driver: if dp.is_some() { "dpdk" } else { "none" }.to_string(),
+            dataplane_driver: dp
+                .as_ref()
+                .map_or("none", dataplane::Dataplane::driver)
+                .to_string(),
             capabilities: ["tenants", "ports", "filter", "storage", "telemetry"]
                 .map(String::from)
                 .to_vec(),
