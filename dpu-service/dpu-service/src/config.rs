@@ -1328,6 +1328,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "dpdk")]
     fn ports_of_one_bus_device_share_its_devargs() {
         let port = |id: &str, dev: &str, name: Option<&str>| {
             let name = name.map_or(String::new(), |n| format!("dpdk_name = \"{n}\"\n"));
@@ -1408,7 +1409,7 @@ mod tests {
         );
         assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
         let c: Config = toml::from_str(
-            "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\ndevice = \"net_tap0,iface=p0\"\n",
+            "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"p0\"\n",
         )
         .unwrap();
         c.validate().unwrap();
@@ -1451,6 +1452,12 @@ mod tests {
         );
         // Ports for the API only mix with either.
         check(&(port("p0", "kernel", "veth0") + "[[ports]]\nid = \"p1\"\n")).unwrap();
+        // A build without DPDK says so instead of failing at start.
+        let dpdk = check(&port("p0", "dpdk", "net_tap0,iface=p0"));
+        assert_eq!(dpdk.is_ok(), cfg!(feature = "dpdk"), "{dpdk:?}");
+        if let Err(e) = dpdk {
+            assert!(e.contains("no DPDK support"), "{e}");
+        }
     }
 
     /// A subsystem "a" with `sub` appended to its table, then `rest`.
@@ -2037,7 +2044,9 @@ attachments = ["pf0vf1"]
         }
     }
 
+    /// The shipped configurations run their ports on DPDK.
     #[test]
+    #[cfg(feature = "dpdk")]
     fn shipped_configs_are_valid() {
         let load = |f: &str| {
             let c = Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap();
