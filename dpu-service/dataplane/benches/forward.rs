@@ -19,7 +19,10 @@
 //! flock /tmp/bench.lock taskset -c 1 target/release/deps/forward-* \
 //!     --pcap $D/traffic.pcap --rules $D/rules.json --secs 10 --runs 3
 //! ```
-//! Prints one line per run and the median, in Mpps.
+//! Prints one line per run and the median, in Mpps. `--cpu N` pins the
+//! worker to CPU N (as `dataplane.worker_cpus` does in the daemon).
+//! `bench/compare-testpmd.py` runs it interleaved with `dpdk-testpmd` io
+//! forwarding on the same vdevs and prints the ratio.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +40,7 @@ struct Args {
     huge: bool,
     rules: Option<String>,
     flow_cache: bool,
+    cpu: Option<usize>,
 }
 
 fn args() -> Args {
@@ -48,6 +52,7 @@ fn args() -> Args {
         huge: false,
         rules: None,
         flow_cache: false,
+        cpu: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -60,6 +65,7 @@ fn args() -> Args {
             "--huge" => a.huge = true,
             "--rules" => a.rules = Some(val()),
             "--flow-cache" => a.flow_cache = true,
+            "--cpu" => a.cpu = Some(val().parse().expect("--cpu")),
             // cargo bench passes --bench; nothing else is expected.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -196,7 +202,7 @@ fn main() {
         let worker = WorkerConfig {
             rx: vec![(0, 0)],
             tx_queue: 0,
-            cpu: None,
+            cpu: a.cpu,
             idle: Idle::BusyPoll,
         };
         let mut w = match &switch {
