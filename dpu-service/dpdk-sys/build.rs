@@ -77,10 +77,16 @@ const VARS: &[&str] = &[
     "RTE_PKTMBUF_HEADROOM",
     "RTE_ETH_LINK_UP",
     "RTE_ETH_LINK_DOWN",
+    "RTE_ETH_LINK_FULL_DUPLEX",
     "RTE_ETH_MQ_RX_RSS",
     "RTE_ETH_MQ_RX_NONE",
     "RTE_ETH_RSS_.*",
     "SOCKET_ID_ANY",
+    // The release of the headers read (rte_build_config.h), for the tests
+    // and check-versions.sh.
+    "RTE_VER_YEAR",
+    "RTE_VER_MONTH",
+    "RTE_VER_MINOR",
 ];
 
 fn pkg_config_cflags() -> Vec<String> {
@@ -92,6 +98,15 @@ fn pkg_config_cflags() -> Vec<String> {
             .map(str::to_string)
             .collect(),
         _ => missing(),
+    }
+}
+
+/// (year, month) of a DPDK version such as "24.11.8".
+fn release(version: &str) -> (u32, u32) {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(y), Some(m)) => (y, m),
+        _ => panic!("dpdk-sys: cannot read the DPDK version {version:?} from pkg-config"),
     }
 }
 
@@ -125,8 +140,12 @@ fn main() {
     let cflags = pkg_config_cflags();
 
     // 2. The shim, compiled with DPDK's own flags for this target.
+    let release = release(&lib.version);
     let mut build = cc::Build::new();
     build.file("shim/shim.c").warnings(true).opt_level(3);
+    // The shim refuses headers of another release than pkg-config's.
+    build.define("DPDK_SYS_VER_YEAR", release.0.to_string().as_str());
+    build.define("DPDK_SYS_VER_MONTH", release.1.to_string().as_str());
     for f in &cflags {
         build.flag(f);
     }
@@ -138,6 +157,14 @@ fn main() {
         .unwrap_or_else(|_| missing());
     println!("cargo:version={}", lib.version);
     println!("cargo:rustc-env=DPDK_SYS_VERSION={}", lib.version);
+
+    // DPDK 24.07 moved fields of struct rte_mbuf and struct rte_eth_link
+    // into anonymous unions (bindgen names them `__bindgen_anon_N`);
+    // `src/fields.rs` reads them either way.
+    println!("cargo::rustc-check-cfg=cfg(dpdk_anon_unions)");
+    if release >= (24, 7) {
+        println!("cargo:rustc-cfg=dpdk_anon_unions");
+    }
 
     // 4. Bindings: allow-listed items only.
     let mut b = bindgen::Builder::default()

@@ -188,18 +188,7 @@ fn the_kernel_driver_switches_tenants_with_a_pinned_worker() -> Result<()> {
     assert!(!a1.ping("10.232.0.3"), "red reached blue");
     assert!(!b1.ping("10.232.0.2"), "blue reached red");
 
-    let (_, body) = svc.http_get("/metrics")?;
-    let rx = metric(&body, "dpu_port_rx_packets_total{port=\"pf0vf0\"}");
-    let tx = metric(&body, "dpu_port_tx_packets_total{port=\"pf0vf1\"}");
-    assert!(
-        rx >= 4 && tx >= 4,
-        "port counters: rx {rx}, tx {tx}\n{body}"
-    );
-    assert_eq!(
-        metric(&body, "dpu_port_link_up{port=\"pf0vf2\"}"),
-        1,
-        "{body}"
-    );
+    port_counters_moved(&svc, 4)?;
     let ports = svc.dpuctl_json(&["port", "list"])?.to_string();
     let mac = host_mac_outside(&a1)?;
     assert!(ports.contains(&mac), "port list lacks {mac}: {ports}");
@@ -339,19 +328,24 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
     let ports = svc.dpuctl_json(&["port", "list"])?;
     let text = ports.to_string();
     assert!(text.contains("pf0vf0") && text.contains("pf0vf2"), "{text}");
+    port_counters_moved(&svc, 6)
+}
+
+/// On `/metrics`: at least `least` packets received on pf0vf0 and sent on
+/// pf0vf1, and every port's link up.
+fn port_counters_moved(svc: &Service, least: u64) -> Result<()> {
     let (status, body) = svc.http_get("/metrics")?;
     assert!(status.contains("200"), "{status}");
     let rx = metric(&body, "dpu_port_rx_packets_total{port=\"pf0vf0\"}");
     let tx = metric(&body, "dpu_port_tx_packets_total{port=\"pf0vf1\"}");
     assert!(
-        rx >= 6 && tx >= 6,
+        rx >= least && tx >= least,
         "port counters: rx {rx}, tx {tx}\n{body}"
     );
-    assert_eq!(
-        metric(&body, "dpu_port_link_up{port=\"pf0vf0\"}"),
-        1,
-        "{body}"
-    );
+    for port in ["pf0vf0", "pf0vf1", "pf0vf2"] {
+        let up = metric(&body, &format!("dpu_port_link_up{{port=\"{port}\"}}"));
+        assert_eq!(up, 1, "{port} down:\n{body}");
+    }
     Ok(())
 }
 

@@ -6,6 +6,11 @@
 #include <rte_lcore.h>
 #include <rte_prefetch.h>
 
+/* build.rs passes the release pkg-config reports: the headers must match. */
+#if defined(DPDK_SYS_VER_YEAR) && (RTE_VER_YEAR != DPDK_SYS_VER_YEAR || RTE_VER_MONTH != DPDK_SYS_VER_MONTH)
+#error "dpdk-sys: the DPDK headers found are not the release pkg-config reports"
+#endif
+
 uint16_t dpdk_shim_rte_eth_rx_burst(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **rx_pkts, uint16_t nb_pkts) { return rte_eth_rx_burst(port_id, queue_id, rx_pkts, nb_pkts); }
 uint16_t dpdk_shim_rte_eth_tx_burst(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **tx_pkts, uint16_t nb_pkts) { return rte_eth_tx_burst(port_id, queue_id, tx_pkts, nb_pkts); }
 struct rte_mbuf *dpdk_shim_rte_pktmbuf_alloc(struct rte_mempool *mp) { return rte_pktmbuf_alloc(mp); }

@@ -54,19 +54,21 @@ impl Mbuf {
     /// read (buf_addr + data_off) rather than a call into the shim.
     fn data_ptr(&self) -> *mut u8 {
         // SAFETY: the mbuf is valid and owned by self; buf_addr and data_off
-        // are plain fields of struct rte_mbuf whose offsets bindgen's layout
+        // are fields of struct rte_mbuf whose offsets bindgen's layout
         // assertions check at compile time against the headers in use; the
         // sum stays inside the mbuf's buffer by DPDK's own invariant.
         unsafe {
             let m = self.ptr.as_ptr();
-            (*m).buf_addr.cast::<u8>().add(usize::from((*m).data_off))
+            (*m).buf_addr
+                .cast::<u8>()
+                .add(usize::from(sys::fields::mbuf_data_off(m)))
         }
     }
 
     /// Length of the first segment's data (`rte_pktmbuf_data_len`).
     pub fn data_len(&self) -> usize {
-        // SAFETY: valid, owned mbuf; data_len is a plain, layout-checked field.
-        usize::from(unsafe { (*self.ptr.as_ptr()).data_len })
+        // SAFETY: valid, owned mbuf; data_len is a layout-checked field.
+        usize::from(unsafe { sys::fields::mbuf_data_len(self.ptr.as_ptr()) })
     }
 
     /// The packet bytes of the first segment.
@@ -176,20 +178,20 @@ impl Mbuf {
 
     /// Total packet length over all segments.
     pub fn pkt_len(&self) -> u32 {
-        // SAFETY: valid, owned mbuf; pkt_len is a plain, layout-checked field.
-        unsafe { (*self.ptr.as_ptr()).pkt_len }
+        // SAFETY: valid, owned mbuf; pkt_len is a layout-checked field.
+        unsafe { sys::fields::mbuf_pkt_len(self.ptr.as_ptr()) }
     }
 
     /// Number of segments.
     pub fn segments(&self) -> u16 {
-        // SAFETY: valid, owned mbuf; nb_segs is a plain, layout-checked field.
-        unsafe { (*self.ptr.as_ptr()).nb_segs }
+        // SAFETY: valid, owned mbuf; nb_segs is a layout-checked field.
+        unsafe { sys::fields::mbuf_nb_segs(self.ptr.as_ptr()) }
     }
 
     /// The input port the packet arrived on.
     pub fn port(&self) -> u16 {
-        // SAFETY: valid, owned mbuf; port is a plain, layout-checked field.
-        unsafe { (*self.ptr.as_ptr()).port }
+        // SAFETY: valid, owned mbuf; port is a layout-checked field.
+        unsafe { sys::fields::mbuf_port(self.ptr.as_ptr()) }
     }
 
     /// The RSS hash the NIC computed (0 if none).

@@ -222,15 +222,9 @@ impl PacketSocket {
         if n == 0 {
             return Ok(0);
         }
-        let mut iov = [libc::iovec {
-            iov_base: ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BURST];
+        let (mut iov, mut msgs) = empty_burst();
         let mut names = [empty_sockaddr_ll(); MAX_BURST];
         let mut control = [ControlBuf([0; 64]); MAX_BURST];
-        // SAFETY: mmsghdr is a plain C struct of pointers and integers, for
-        // which all zeroes is a valid (empty) value.
-        let mut msgs: [libc::mmsghdr; MAX_BURST] = unsafe { std::mem::zeroed() };
         for i in 0..n {
             let b = bufs[i].as_mut();
             iov[i] = libc::iovec {
@@ -296,13 +290,7 @@ impl PacketSocket {
         if n == 0 {
             return Ok(0);
         }
-        let mut iov = [libc::iovec {
-            iov_base: ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BURST];
-        // SAFETY: mmsghdr is a plain C struct of pointers and integers, for
-        // which all zeroes is a valid (empty) value.
-        let mut msgs: [libc::mmsghdr; MAX_BURST] = unsafe { std::mem::zeroed() };
+        let (mut iov, mut msgs) = empty_burst();
         for i in 0..n {
             let f = frames[i].as_ref();
             iov[i] = libc::iovec {
@@ -421,6 +409,19 @@ impl PacketSocket {
         }
         Ok(value)
     }
+}
+
+/// Empty I/O vectors and message headers for one burst, to be pointed at
+/// the caller's buffers.
+fn empty_burst() -> ([libc::iovec; MAX_BURST], [libc::mmsghdr; MAX_BURST]) {
+    let iov = [libc::iovec {
+        iov_base: ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_BURST];
+    // SAFETY: mmsghdr is a plain C struct of pointers and integers, for
+    // which all zeroes is a valid (empty) value.
+    let msgs: [libc::mmsghdr; MAX_BURST] = unsafe { std::mem::zeroed() };
+    (iov, msgs)
 }
 
 fn empty_sockaddr_ll() -> libc::sockaddr_ll {

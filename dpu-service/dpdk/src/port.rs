@@ -269,9 +269,9 @@ impl Port {
             return LinkStatus::default();
         }
         LinkStatus {
-            up: l.link_status() == 1,
-            speed_mbps: l.link_speed,
-            full_duplex: l.link_duplex() == 1,
+            up: sys::fields::eth_link_up(&l),
+            speed_mbps: sys::fields::eth_link_speed(&l),
+            full_duplex: sys::fields::eth_link_full_duplex(&l),
         }
     }
 
