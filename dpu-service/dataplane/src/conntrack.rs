@@ -507,19 +507,25 @@ impl ConnTable {
         }
     }
 
-    /// Looks at up to `budget` buckets from where the last sweep stopped
+    /// Moves past up to `budget` buckets from where the last sweep stopped
     /// and removes connections that expired or whose tenant `keep`
-    /// refuses. Returns how many went.
+    /// refuses, at most `budget` of them. Returns how many went. A budget
+    /// of the table's size covers every bucket.
     pub fn sweep(&mut self, now: u64, budget: usize, keep: impl Fn(u32) -> bool) -> usize {
         let mut removed = 0;
-        for _ in 0..budget {
+        let mut passed = 0;
+        while passed < budget && removed < budget {
             let b = &self.buckets[self.cursor];
             if b.used && (u64::from(b.expires) <= now || !keep(b.key.tenant)) {
-                // Look at this bucket again: a later entry may move in.
+                // Look at this bucket again: a later entry may move in
+                // (backward shift only ever fills the hole being looked
+                // at, never a bucket already passed). Ends: every removal
+                // empties a bucket for good.
                 self.remove(self.cursor as u32);
                 removed += 1;
             } else {
                 self.cursor = (self.cursor + 1) & self.mask;
+                passed += 1;
             }
         }
         removed
