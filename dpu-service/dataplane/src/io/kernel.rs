@@ -23,7 +23,7 @@ use std::sync::Arc;
 use crossbeam_queue::ArrayQueue;
 use dpdk::os::{PacketSocket, RxMeta, MAX_BURST};
 
-use super::{Driver, IoError, LinkState, Packet, PortStats, RxQueue, TxQueue};
+use super::{claim, Driver, IoError, LinkState, Packet, PortStats, RxQueue, TxQueue};
 
 /// Free bytes kept in front of a received frame, for tags pushed later.
 pub const HEADROOM: usize = 128;
@@ -291,21 +291,14 @@ impl KernelDriver {
     }
 }
 
-fn take_flag(flag: &AtomicBool, port: usize, what: &str) -> Result<(), IoError> {
-    if flag.swap(true, Ordering::AcqRel) {
-        return Err(IoError::Queue {
-            port,
-            reason: format!("{what} is already taken"),
-        });
-    }
-    Ok(())
-}
-
 /// A receive queue of the kernel driver; the thread that opened it polls it.
 #[derive(Debug)]
 pub struct KernelRx {
     ports: Arc<Vec<Port>>,
     pool: Arc<BufPool>,
+    /// Empty buffers this queue holds for its next burst (at most
+    /// [`MAX_BURST`]); they go back to the pool with the queue.
+    spare: Vec<KernelPacket>,
     port: usize,
     queue: usize,
     /// Queue handles stay on the thread that opened them.
@@ -353,23 +346,25 @@ impl RxQueue for KernelRx {
     type Packet = KernelPacket;
 
     fn recv(&mut self, out: &mut Vec<KernelPacket>, max: usize) -> usize {
-        let base = out.len();
-        let want = max.min(out.capacity() - base).min(MAX_BURST);
-        for _ in 0..want {
-            match self.pool.take() {
-                Some(p) => out.push(p),
-                None => break,
-            }
-        }
-        let lent = out.len() - base;
         let Some(q) = self
             .ports
             .get(self.port)
             .and_then(|p| p.queues.get(self.queue))
         else {
-            out.truncate(base);
             return 0;
         };
+        let base = out.len();
+        let want = max.min(out.capacity() - base).min(MAX_BURST);
+        // Buffers come from this queue's spares, topped up from the shared
+        // pool only when short: an empty poll touches no shared state.
+        while self.spare.len() < want {
+            match self.pool.take() {
+                Some(p) => self.spare.push(p),
+                None => break,
+            }
+        }
+        let lent = want.min(self.spare.len());
+        out.extend(self.spare.drain(self.spare.len() - lent..));
         if lent == 0 {
             return 0;
         }
@@ -381,8 +376,8 @@ impl RxQueue for KernelRx {
                 0
             }
         };
-        // Unused buffers go back to the pool.
-        out.truncate(base + got);
+        // Unused buffers stay with this queue for the next burst.
+        self.spare.extend(out.drain(base + got..));
         let (mut i, mut bytes, mut bad) = (base, 0u64, 0u64);
         for m in &meta[..got] {
             let ok = match out.get_mut(i) {
@@ -457,10 +452,11 @@ impl Driver for KernelDriver {
     }
 
     fn rx_queue(&self, port: usize, queue: u16) -> Result<KernelRx, IoError> {
-        take_flag(&self.queue(port, queue)?.rx_taken, port, "RX queue")?;
+        claim(&self.queue(port, queue)?.rx_taken, port, "RX queue")?;
         Ok(KernelRx {
             ports: self.ports.clone(),
             pool: self.pool.clone(),
+            spare: Vec::with_capacity(MAX_BURST),
             port,
             queue: usize::from(queue),
             _not_send: std::marker::PhantomData,
@@ -468,7 +464,7 @@ impl Driver for KernelDriver {
     }
 
     fn tx_queue(&self, port: usize, queue: u16) -> Result<KernelTx, IoError> {
-        take_flag(&self.queue(port, queue)?.tx_taken, port, "TX queue")?;
+        claim(&self.queue(port, queue)?.tx_taken, port, "TX queue")?;
         Ok(KernelTx {
             ports: self.ports.clone(),
             port,

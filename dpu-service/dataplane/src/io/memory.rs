@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Driver, IoError, Packet, PortStats, RxQueue, TxQueue};
+use super::{claim, Driver, IoError, Packet, PortStats, RxQueue, TxQueue};
 
 /// A packet of the in-memory driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,13 +112,7 @@ fn take(flag: &AtomicBool, port: usize, queue: u16, kind: &str) -> Result<(), Io
             reason: format!("no {kind} queue {queue} (memory ports have one)"),
         });
     }
-    if flag.swap(true, Ordering::AcqRel) {
-        return Err(IoError::Queue {
-            port,
-            reason: format!("{kind} queue 0 is already taken"),
-        });
-    }
-    Ok(())
+    claim(flag, port, &format!("{kind} queue 0"))
 }
 
 /// RX queue of a memory port.

@@ -106,6 +106,22 @@ pub enum IoError {
     },
 }
 
+/// Marks a queue taken through its `flag`; an error naming `what` if it
+/// already was.
+pub(crate) fn claim(
+    flag: &std::sync::atomic::AtomicBool,
+    port: usize,
+    what: &str,
+) -> Result<(), IoError> {
+    if flag.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return Err(IoError::Queue {
+            port,
+            reason: format!("{what} is already taken"),
+        });
+    }
+    Ok(())
+}
+
 /// A set of ports with their queues. Cloned into every worker thread,
 /// which opens the queues it polls on that thread.
 pub trait Driver: Clone + Send + Sync + 'static {
