@@ -54,14 +54,43 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn volatile_write_cache(&self) -> bool;
 }
 
+/// A range that does not lie within the backend, carried inside the
+/// [`io::Error`] (kind [`io::ErrorKind::InvalidInput`]) that every backend
+/// answers for it. The size may have changed since the caller checked it
+/// (a resize racing the I/O), so callers tell this apart from a media error
+/// with [`is_out_of_range`] and answer LBA Out of Range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("range {offset}+{len} beyond the end ({size} bytes)")]
+pub struct OutOfRange {
+    /// Byte offset asked for.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub len: u64,
+    /// The backend's size at the time.
+    pub size: u64,
+}
+
+impl From<OutOfRange> for io::Error {
+    fn from(e: OutOfRange) -> Self {
+        io::Error::new(io::ErrorKind::InvalidInput, e)
+    }
+}
+
+/// True when `e` is a backend's [`OutOfRange`] answer.
+pub fn is_out_of_range(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<OutOfRange>())
+}
+
 /// Checks that `offset..offset + n` lies within `len` bytes.
 fn check(len: u64, offset: u64, n: u64) -> io::Result<()> {
     match offset.checked_add(n) {
         Some(end) if end <= len => Ok(()),
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("range {offset}+{n} beyond the end ({len} bytes)"),
-        )),
+        _ => Err(OutOfRange {
+            offset,
+            len: n,
+            size: len,
+        }
+        .into()),
     }
 }
 
@@ -150,7 +179,11 @@ impl RamBackend {
             let seg = usize::try_from(pos / SEGMENT)
                 .ok()
                 .and_then(|i| segs.get(i))
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "beyond the end"))?;
+                .ok_or(OutOfRange {
+                    offset,
+                    len: n,
+                    size: len,
+                })?;
             let to_end = at + k == SEGMENT || pos + k == len;
             // In range: `at < SEGMENT` and `done + k <= n`, which fits usize.
             f(seg, at as usize, done as usize..(done + k) as usize, to_end);
@@ -860,18 +893,33 @@ mod tests {
         b.read_at(b.len(), &mut empty).unwrap();
     }
 
-    /// Out-of-range I/O is an error, not a panic.
+    /// True when `r` failed with the backend's typed out-of-range error.
+    fn oor(r: io::Result<()>) -> bool {
+        r.as_ref().is_err_and(is_out_of_range)
+    }
+
+    /// Out-of-range I/O is an [`OutOfRange`] error, not a panic.
     fn out_of_range(b: &dyn Backend) {
         let len = b.len();
         let mut buf = [0u8; 20];
-        assert!(b.read_at(len - 10, &mut buf).is_err());
-        assert!(b.read_at(len + 1, &mut buf[..0]).is_err());
-        assert!(b.read_at(u64::MAX - 5, &mut buf).is_err());
-        assert!(b.write_at(len - 10, &buf, false).is_err());
-        assert!(b.write_at(u64::MAX, &buf, true).is_err());
-        assert!(b.write_zeroes(len - 10, 11).is_err());
-        assert!(b.deallocate(len, 1).is_err());
-        assert!(b.deallocate(1, u64::MAX).is_err());
+        assert!(oor(b.read_at(len - 10, &mut buf)));
+        assert!(oor(b.read_at(len + 1, &mut buf[..0])));
+        assert!(oor(b.read_at(u64::MAX - 5, &mut buf)));
+        assert!(oor(b.write_at(len - 10, &buf, false)));
+        assert!(oor(b.write_at(u64::MAX, &buf, true)));
+        assert!(oor(b.write_zeroes(len - 10, 11)));
+        assert!(oor(b.deallocate(len, 1)));
+        assert!(oor(b.deallocate(1, u64::MAX)));
+        let e = b.read_at(len - 10, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            e.get_ref().and_then(|i| i.downcast_ref::<OutOfRange>()),
+            Some(&OutOfRange {
+                offset: len - 10,
+                len: 20,
+                size: len
+            })
+        );
         // What was in range is untouched.
         assert!(is_zero(&read(b, len - 10, 10)));
     }
@@ -914,8 +962,8 @@ mod tests {
         let cut = 4 * MIB - 50_001;
         b.resize(cut).unwrap();
         assert_eq!(b.len(), cut);
-        assert!(b.read_at(cut - 10, &mut [0u8; 11]).is_err());
-        assert!(b.write_at(cut, &[1], false).is_err());
+        assert!(oor(b.read_at(cut - 10, &mut [0u8; 11])));
+        assert!(oor(b.write_at(cut, &[1], false)));
         assert_eq!(read(b, 4 * MIB - 100_000, 49_999), data[..49_999]);
         b.resize(6 * MIB + 3).unwrap();
         assert_eq!(b.len(), 6 * MIB + 3);
@@ -996,6 +1044,72 @@ mod tests {
         b.resize(0).unwrap();
         assert_eq!((b.len(), b.allocated_bytes()), (0, 0));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn only_range_errors_are_out_of_range() {
+        assert!(!is_out_of_range(&io::Error::other("disk on fire")));
+        assert!(!is_out_of_range(&io::Error::from(
+            io::ErrorKind::InvalidInput
+        )));
+        assert!(!is_out_of_range(&io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "beyond the end"
+        )));
+        let e: io::Error = OutOfRange {
+            offset: 1,
+            len: 2,
+            size: 0,
+        }
+        .into();
+        assert!(is_out_of_range(&e));
+        assert_eq!(e.to_string(), "range 1+2 beyond the end (0 bytes)");
+    }
+
+    /// I/O racing resizes of a RAM namespace either succeeds, with the
+    /// data it wrote intact, or fails with [`OutOfRange`]; nothing panics.
+    #[test]
+    fn ram_io_racing_resizes() {
+        let b = RamBackend::new(4 * MIB);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..3u8 {
+                let (b, stop) = (&b, &stop);
+                s.spawn(move || {
+                    let data = pattern(t, 128 * 1024);
+                    let mut back = vec![0u8; data.len()];
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Offsets straddling every size the resizer picks.
+                        let off = (i * 77 * 1024 + u64::from(t) * 4096) % (6 * MIB);
+                        i += 1;
+                        match b.write_at(off, &data, false) {
+                            Ok(()) => {}
+                            Err(e) => {
+                                assert!(is_out_of_range(&e), "{e}");
+                                continue;
+                            }
+                        }
+                        match b.read_at(off, &mut back) {
+                            // Another thread may have overwritten or a
+                            // shrink zeroed part of it: only check lengths.
+                            Ok(()) => assert_eq!(back.len(), data.len()),
+                            Err(e) => assert!(is_out_of_range(&e), "{e}"),
+                        }
+                    }
+                });
+            }
+            for k in 0..200u64 {
+                let size = [MIB, 6 * MIB, 3 * MIB + 4096, 5 * MIB - 512][(k % 4) as usize];
+                b.resize(size).unwrap();
+                std::thread::yield_now();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        b.resize(6 * MIB).unwrap();
+        let data = pattern(9, 4096);
+        b.write_at(6 * MIB - 4096, &data, true).unwrap();
+        assert_eq!(read(&b, 6 * MIB - 4096, 4096), data);
     }
 
     #[test]

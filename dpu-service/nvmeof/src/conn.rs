@@ -17,12 +17,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::Backend;
+use crate::backend::is_out_of_range;
 use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
 use crate::identify::ErrorEntry;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
 use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
-use crate::target::{Namespace, Target};
+use crate::target::{is_namespace_removed, Namespace, Target};
 
 /// Largest data part of an H2CData PDU we accept (MAXH2CDATA).
 pub const MAX_H2C_DATA: u32 = 128 * 1024;
@@ -40,8 +40,9 @@ pub const VERSION: u32 = 0x0001_0300;
 pub struct BlockRequest {
     /// Identifies the command; hand it back in the completion.
     pub cid: u16,
-    /// The namespace's backend.
-    pub backend: Arc<dyn Backend>,
+    /// The namespace; the I/O runs through [`Namespace::run`], so it fails
+    /// cleanly once the namespace has left service.
+    pub namespace: Arc<Namespace>,
     /// What to do.
     pub op: BlockOp,
 }
@@ -99,8 +100,7 @@ pub struct BlockCompletion {
 impl BlockRequest {
     /// Runs the request on the calling thread.
     pub fn execute(self) -> BlockCompletion {
-        let b = &self.backend;
-        let result = match self.op {
+        let result = self.namespace.run(|b| match self.op {
             BlockOp::Read {
                 offset,
                 len,
@@ -125,7 +125,7 @@ impl BlockRequest {
                 .iter()
                 .try_for_each(|&(o, l)| b.deallocate(o, l))
                 .map(|()| Vec::new()),
-        };
+        });
         BlockCompletion {
             cid: self.cid,
             result,
@@ -380,6 +380,20 @@ impl Connection {
                     self.recycle(data);
                     self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), None);
                 }
+            }
+            Err(e) if is_namespace_removed(&e) => {
+                tracing::debug!(
+                    cid = sqe.cid(),
+                    nsid = sqe.nsid(),
+                    "namespace removed under a command"
+                );
+                self.finish(&sqe, Cqe::new(sqe.cid(), Status::INVALID_NS), None);
+            }
+            Err(e) if is_out_of_range(&e) => {
+                // The namespace shrank between the range check and the I/O:
+                // the same answer the check gives a command arriving now.
+                tracing::debug!(cid = sqe.cid(), nsid = sqe.nsid(), error = %e, "namespace shrank under a command");
+                self.finish(&sqe, Cqe::new(sqe.cid(), Status::LBA_OUT_OF_RANGE), None);
             }
             Err(e) => {
                 tracing::warn!(cid = sqe.cid(), opcode = sqe.opcode(), nsid = sqe.nsid(), error = %e, "block I/O failed");
@@ -745,7 +759,7 @@ impl Connection {
         };
         let req = |op| BlockRequest {
             cid: sqe.cid(),
-            backend: ns.backend.clone(),
+            namespace: ns.clone(),
             op,
         };
         match sqe.opcode() {

@@ -5,14 +5,18 @@
 //! backend of every namespace whose backing store did not change (so a RAM
 //! namespace keeps its data across unrelated updates), resizes those whose
 //! size changed, opens new ones, and tells the controllers of each changed
-//! subsystem through an asynchronous event.
+//! subsystem through an asynchronous event. A resize is seen by the next
+//! command's range check; a backend that leaves service (namespace or
+//! subsystem deleted, store replaced) is retired before `apply` returns:
+//! I/O running on it finishes, I/O accepted but not started fails with
+//! Invalid Namespace, and nothing touches it afterwards.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
 use crate::controller::{Controller, ControllerKind, Health};
@@ -130,7 +134,38 @@ impl TargetConfig {
     }
 }
 
+/// The answer to I/O for a namespace taken out of service after the
+/// command was accepted but before its I/O ran, carried inside an
+/// [`io::Error`] (kind [`io::ErrorKind::NotFound`]); a connection completes
+/// such a command with Invalid Namespace or Format, as it does commands that
+/// arrive later. See [`is_namespace_removed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("namespace {nsid} was removed")]
+pub struct NamespaceRemoved {
+    /// The namespace.
+    pub nsid: u32,
+}
+
+impl From<NamespaceRemoved> for io::Error {
+    fn from(e: NamespaceRemoved) -> Self {
+        io::Error::new(io::ErrorKind::NotFound, e)
+    }
+}
+
+/// True when `e` is a [`NamespaceRemoved`] answer.
+pub fn is_namespace_removed(e: &io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(|inner| inner.is::<NamespaceRemoved>())
+}
+
 /// A namespace being served.
+///
+/// A snapshot: a resize or a new UUID makes a new `Namespace` that shares
+/// the backend (and its [`Namespace::run`] gate) with the old one, so I/O
+/// accepted before the change goes on. When the backend leaves service (the
+/// namespace or its subsystem is deleted, or its store replaced),
+/// [`Target::apply`] waits for the I/O running on it and fails the I/O that
+/// had not started yet: once `apply` returns, nothing touches that backend.
 #[derive(Debug)]
 pub struct Namespace {
     /// Namespace ID.
@@ -144,12 +179,39 @@ pub struct Namespace {
     /// The backend.
     pub backend: Arc<dyn Backend>,
     spec: BackendSpec,
+    /// True once the backend left service. I/O holds it for reading while
+    /// it runs; taking it out of service holds it for writing.
+    removed: Arc<RwLock<bool>>,
 }
 
 impl Namespace {
     /// Size in logical blocks (follows the backend while it is resized).
     pub fn blocks(&self) -> u64 {
         self.backend.len() >> self.lba_shift
+    }
+
+    /// Runs `io` on the backend unless the namespace has left service.
+    ///
+    /// # Errors
+    ///
+    /// [`NamespaceRemoved`] when it has, else whatever `io` answers.
+    pub fn run<T>(&self, io: impl FnOnce(&dyn Backend) -> io::Result<T>) -> io::Result<T> {
+        let removed = self.removed.read().unwrap_or_else(PoisonError::into_inner);
+        if *removed {
+            return Err(NamespaceRemoved { nsid: self.nsid }.into());
+        }
+        io(&*self.backend)
+    }
+
+    /// True once the namespace's backend has left service.
+    pub fn is_removed(&self) -> bool {
+        *self.removed.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the backend out of service: waits for the I/O running in
+    /// [`Namespace::run`], and makes every later `run` fail.
+    fn retire(&self) {
+        *self.removed.write().unwrap_or_else(PoisonError::into_inner) = true;
     }
 }
 
@@ -298,6 +360,7 @@ impl Target {
         let mut errors = Vec::new();
         let mut changed: Vec<(String, Vec<u32>)> = Vec::new();
         let mut gone: Vec<String> = Vec::new();
+        let mut retired: Vec<Arc<Namespace>> = Vec::new();
         let mut discovery_changed = false;
         {
             let mut subs = self.inner.subsystems.write().expect("subsystems lock");
@@ -360,7 +423,25 @@ impl Target {
                     discovery_changed = true;
                 }
             }
+            // Backends no longer served: deleted namespaces and
+            // subsystems, replaced stores.
+            for (nqn, old) in subs.iter() {
+                let kept = next.get(nqn);
+                for ns in old.namespaces.values() {
+                    let serving = kept
+                        .and_then(|k| k.namespaces.get(&ns.nsid))
+                        .is_some_and(|n| Arc::ptr_eq(&n.removed, &ns.removed));
+                    if !serving {
+                        retired.push(ns.clone());
+                    }
+                }
+            }
             *subs = next;
+        }
+        // New commands no longer find them; wait for the I/O already on
+        // them, and fail what was accepted but has not run.
+        for ns in retired {
+            ns.retire();
         }
         if discovery_changed {
             self.inner.discovery_genctr.fetch_add(1, Ordering::Relaxed);
@@ -394,7 +475,7 @@ impl Target {
         nc: &NamespaceConfig,
     ) -> io::Result<(Arc<Namespace>, bool)> {
         let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
-        let (backend, changed) = match prev.filter(|p| p.spec.same_store(&nc.backend)) {
+        let (backend, removed, changed) = match prev.filter(|p| p.spec.same_store(&nc.backend)) {
             Some(p) => {
                 let resized = match nc.backend.size() {
                     Some(size) if size != p.backend.len() => {
@@ -408,9 +489,9 @@ impl Target {
                 if !changed && p.spec == nc.backend {
                     return Ok((p.clone(), false));
                 }
-                (p.backend.clone(), changed)
+                (p.backend.clone(), p.removed.clone(), changed)
             }
-            None => (nc.backend.open()?, true),
+            None => (nc.backend.open()?, Arc::default(), true),
         };
         let ns = Namespace {
             nsid: nc.nsid,
@@ -419,6 +500,7 @@ impl Target {
             nguid: nc.nguid,
             backend,
             spec: nc.backend.clone(),
+            removed,
         };
         Ok((Arc::new(ns), changed))
     }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
@@ -271,11 +272,41 @@ impl Host {
     }
 
     fn rw(&mut self, opcode: u8, slba: u64, blocks: u32, data: &[u8]) -> Reply {
+        self.rw_ns(1, opcode, slba, blocks, data)
+    }
+
+    fn rw_ns(&mut self, nsid: u32, opcode: u8, slba: u64, blocks: u32, data: &[u8]) -> Reply {
+        let sqe = self.rw_sqe(nsid, opcode, slba, blocks);
+        self.command(sqe, data, blocks * 512)
+    }
+
+    /// A Read or Write of `blocks` 512-byte blocks, its data (if any) to go
+    /// through R2T.
+    fn rw_sqe(&mut self, nsid: u32, opcode: u8, slba: u64, blocks: u32) -> Sqe {
         let mut sqe = self.sqe(opcode);
-        sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+        sqe.0[4..8].copy_from_slice(&nsid.to_le_bytes());
         sqe.0[40..48].copy_from_slice(&slba.to_le_bytes());
         sqe.0[48..50].copy_from_slice(&((blocks - 1) as u16).to_le_bytes());
-        self.command(sqe, data, blocks * 512)
+        sqe.0[32..36].copy_from_slice(&(blocks * 512).to_le_bytes());
+        sqe
+    }
+
+    /// Hands `sqe` (no in-capsule data) to the connection without running
+    /// the block request it makes: the test decides when that happens.
+    fn submit(&mut self, sqe: &Sqe) {
+        let mut b = Vec::new();
+        pdu::encode_capsule_cmd(&mut b, self.digests, sqe, &[]);
+        assert_eq!(self.conn.receive(&b), b.len());
+        self.inbox.extend(self.conn.take_output());
+    }
+
+    /// Runs the block requests waiting and collects what they produced.
+    fn run_requests(&mut self) {
+        while let Some(r) = self.conn.next_request() {
+            let done = r.execute();
+            self.conn.complete(done);
+        }
+        self.inbox.extend(self.conn.take_output());
     }
 
     fn identify(&mut self, cns: u8, nsid: u32) -> Reply {
@@ -742,4 +773,285 @@ fn reused_buffers_never_carry_earlier_data() {
             "round {round}: written blocks"
         );
     }
+}
+
+/// Enables namespace attribute notices on an admin queue and parks an
+/// Asynchronous Event Request; returns its command identifier.
+fn park_aer(a: &mut Host, enable: bool) -> u16 {
+    if enable {
+        let mut sqe = a.sqe(admin::SET_FEATURES);
+        sqe.0[40] = identify::feature::ASYNC_EVENT;
+        sqe.0[44..48].copy_from_slice(&(1u32 << 8).to_le_bytes());
+        assert_eq!(a.command(sqe, &[], 0).cqe.unwrap().status, 0);
+    }
+    let aer = a.sqe(admin::ASYNC_EVENT);
+    let cid = aer.cid();
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &aer, &[]);
+    a.send(&b);
+    assert!(a.next_pdu().is_none(), "AER stays outstanding");
+    cid
+}
+
+/// The admin queue got the namespace attribute notice on `aer`, and the
+/// changed namespace list names exactly `nsids` (read, so it clears).
+fn expect_ns_notice(a: &mut Host, aer: u16, nsids: &[u32]) {
+    a.conn.tick(Instant::now() + Duration::from_millis(200));
+    a.inbox.extend(a.conn.take_output());
+    match a.next_pdu() {
+        Some(Owned::Resp(c)) => {
+            assert_eq!(c.cid, aer);
+            assert_eq!(c.dw0, identify::AEN_NS_ATTR_CHANGED);
+        }
+        other => panic!("expected the AER completion, got {other:?}"),
+    }
+    let log = a.log_page(identify::LID_CHANGED_NS, 4096).data;
+    let mut want: Vec<u8> = nsids.iter().flat_map(|n| n.to_le_bytes()).collect();
+    want.resize(4096, 0);
+    assert_eq!(log, want);
+}
+
+/// Number of logical blocks Identify Namespace reports (NSZE, NCAP, NUSE).
+fn nsze(a: &mut Host, nsid: u32) -> [u64; 3] {
+    let d = a.identify(0, nsid).data;
+    let q = |at: usize| u64::from_le_bytes(d[at..at + 8].try_into().unwrap());
+    [q(0), q(8), q(16)]
+}
+
+fn resized(t: &Target, nsid: u32, size: u64) {
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces = vec![namespace(1, 1 << 20), namespace(2, 1 << 20)];
+    for n in &mut cfg.subsystems[0].namespaces {
+        if n.nsid == nsid {
+            n.backend = BackendSpec::Ram { size };
+        }
+    }
+    assert!(t.apply(&cfg).is_empty());
+}
+
+/// Two 1 MiB namespaces, an admin queue with an AER parked and an I/O queue.
+fn two_namespaces() -> (Target, Host, u16, Host) {
+    let t = target(&[]);
+    resized(&t, 1, 1 << 20);
+    let (mut a, cntlid) = Host::admin(&t, NQN, 0);
+    let aer = park_aer(&mut a, true);
+    let q = Host::io_queue(&t, cntlid, Digests::default());
+    (t, a, aer, q)
+}
+
+#[test]
+fn resize_is_seen_by_identify_new_commands_and_an_event() {
+    let (t, mut a, aer, mut q) = two_namespaces();
+    assert_eq!(nsze(&mut a, 1), [2048; 3]);
+    assert_eq!(
+        q.rw(nvm::WRITE, 1000, 1, &[0x5a; 512]).cqe.unwrap().status,
+        0
+    );
+    let oor = Status::LBA_OUT_OF_RANGE.to_field();
+    assert_eq!(
+        q.rw(nvm::WRITE, 3000, 1, &[1; 512]).cqe.unwrap().status,
+        oor
+    );
+
+    // Grow: new blocks usable at once, reported by Identify and an event.
+    resized(&t, 1, 4 << 20);
+    expect_ns_notice(&mut a, aer, &[1]);
+    assert_eq!(nsze(&mut a, 1), [8192; 3]);
+    assert_eq!(
+        nsze(&mut a, 2),
+        [2048; 3],
+        "the other namespace is untouched"
+    );
+    assert_eq!(q.rw(nvm::WRITE, 8191, 1, &[7; 512]).cqe.unwrap().status, 0);
+    assert_eq!(q.rw(nvm::READ, 8191, 1, &[]).data, vec![7; 512]);
+    assert_eq!(q.rw(nvm::READ, 1000, 1, &[]).data, vec![0x5a; 512]);
+
+    // Shrink: the range check follows; what is left keeps its data.
+    assert_eq!(
+        q.rw(nvm::WRITE, 1500, 1, &[0x77; 512]).cqe.unwrap().status,
+        0
+    );
+    let aer = park_aer(&mut a, false);
+    resized(&t, 1, 512 << 10);
+    expect_ns_notice(&mut a, aer, &[1]);
+    assert_eq!(nsze(&mut a, 1), [1024; 3]);
+    let r = q.rw(nvm::WRITE, 1500, 1, &[1; 512]);
+    assert_eq!(r.cqe.unwrap().status, oor);
+    let r = q.rw(nvm::WRITE, 1020, 8, &[1; 4096]);
+    assert_eq!(r.cqe.unwrap().status, oor, "a write straddling the end");
+    assert_eq!(q.rw(nvm::READ, 1023, 2, &[]).cqe.unwrap().status, oor);
+    assert_eq!(q.rw(nvm::READ, 1023, 1, &[]).cqe.unwrap().status, 0);
+    // Grown back, the cut-off range reads zeros: nothing written past the
+    // end landed; what was within keeps its data.
+    resized(&t, 1, 4 << 20);
+    assert_eq!(q.rw(nvm::READ, 1500, 1, &[]).data, vec![0; 512]);
+    assert_eq!(q.rw(nvm::READ, 8191, 1, &[]).data, vec![0; 512]);
+    assert_eq!(q.rw(nvm::READ, 1000, 1, &[]).data, vec![0x5a; 512]);
+    assert_eq!(t.health(NQN).media_errors.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn shrink_under_an_accepted_command_answers_lba_out_of_range() {
+    let (t, _a, _aer, mut q) = two_namespaces();
+    // Accepted (range checked against 1 MiB), then the namespace shrinks
+    // before the I/O runs: a read and a write (data in through R2T).
+    let read = q.rw_sqe(1, nvm::READ, 2000, 8);
+    q.submit(&read);
+    let write = q.rw_sqe(1, nvm::WRITE, 1500, 32);
+    q.submit(&write);
+    let Some(Owned::R2T { r2tl, .. }) = q.next_pdu() else {
+        panic!("expected an R2T");
+    };
+    assert_eq!(r2tl, 16384);
+    resized(&t, 1, 512 << 10);
+    q.run_requests();
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => {
+            assert_eq!(
+                (c.cid, c.status),
+                (read.cid(), Status::LBA_OUT_OF_RANGE.to_field())
+            );
+        }
+        other => panic!("expected the read's completion, got {other:?}"),
+    }
+    // The write's data arrives after the shrink: checked at its dispatch.
+    let mut b = Vec::new();
+    pdu::encode_h2c_data(
+        &mut b,
+        q.digests,
+        write.cid(),
+        write.cid(),
+        0,
+        &[3; 16384],
+        true,
+    );
+    q.send(&b);
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => {
+            assert_eq!(
+                (c.cid, c.status),
+                (write.cid(), Status::LBA_OUT_OF_RANGE.to_field())
+            );
+        }
+        other => panic!("expected the write's completion, got {other:?}"),
+    }
+    // A write range-checked before the shrink and run after it.
+    let mut w = q.rw_sqe(1, nvm::WRITE, 1000, 1);
+    w.0[39] = sgl::IN_CAPSULE;
+    w.0[32..36].copy_from_slice(&512u32.to_le_bytes());
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, q.digests, &w, &[9; 512]);
+    resized(&t, 1, 1 << 20);
+    assert_eq!(q.conn.receive(&b), b.len());
+    resized(&t, 1, 256 << 10);
+    q.run_requests();
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => assert_eq!(c.status, Status::LBA_OUT_OF_RANGE.to_field()),
+        other => panic!("expected the write's completion, got {other:?}"),
+    }
+    assert!(q.next_pdu().is_none());
+    // Not a media error; the queue goes on.
+    assert_eq!(t.health(NQN).media_errors.load(Ordering::Relaxed), 0);
+    assert_eq!(q.rw(nvm::READ, 0, 8, &[]).data, vec![0; 4096]);
+    assert!(!q.conn.is_closed());
+}
+
+#[test]
+fn namespace_deleted_under_io_fails_its_commands_and_spares_the_rest() {
+    let (t, mut a, aer, mut q) = two_namespaces();
+    assert_eq!(
+        q.rw_ns(2, nvm::WRITE, 0, 8, &[2; 4096]).cqe.unwrap().status,
+        0
+    );
+    let old = t.subsystem(NQN).unwrap().namespaces[&2].clone();
+    // A write waiting for its data, and a read accepted but not yet run.
+    let write = q.rw_sqe(2, nvm::WRITE, 0, 16);
+    q.submit(&write);
+    assert!(matches!(q.next_pdu(), Some(Owned::R2T { .. })));
+    let read = q.rw_sqe(2, nvm::READ, 0, 8);
+    q.submit(&read);
+
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces = vec![namespace(1, 1 << 20)];
+    assert!(t.apply(&cfg).is_empty());
+    assert!(old.is_removed());
+
+    let inv = Status::INVALID_NS.to_field();
+    q.run_requests();
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => assert_eq!((c.cid, c.status), (read.cid(), inv)),
+        other => panic!("expected the read's completion, got {other:?}"),
+    }
+    let mut b = Vec::new();
+    pdu::encode_h2c_data(
+        &mut b,
+        q.digests,
+        write.cid(),
+        write.cid(),
+        0,
+        &[5; 8192],
+        true,
+    );
+    q.send(&b);
+    match q.next_pdu() {
+        Some(Owned::Resp(c)) => assert_eq!((c.cid, c.status), (write.cid(), inv)),
+        other => panic!("expected the write's completion, got {other:?}"),
+    }
+    // Later commands too; the other namespace and the queue go on.
+    assert_eq!(q.rw_ns(2, nvm::READ, 0, 1, &[]).cqe.unwrap().status, inv);
+    assert_eq!(q.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
+    assert!(!q.conn.is_closed());
+    // The host is told, and Identify shows it inactive.
+    expect_ns_notice(&mut a, aer, &[2]);
+    assert_eq!(a.identify(0, 2).data, vec![0; 4096]);
+    let list = a.identify(2, 0).data;
+    assert_eq!(&list[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(t.health(NQN).media_errors.load(Ordering::Relaxed), 0);
+
+    // Created again under the same ID: a new, empty namespace.
+    resized(&t, 2, 1 << 20);
+    assert_eq!(q.rw_ns(2, nvm::READ, 0, 8, &[]).data, vec![0; 4096]);
+}
+
+/// Deleting a namespace waits for the I/O running on it: once `apply`
+/// returns, nothing touches the old backend.
+#[test]
+fn apply_waits_for_io_running_on_a_removed_namespace() {
+    let t = target(&[]);
+    let ns = t.subsystem(NQN).unwrap().namespaces[&1].clone();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let started = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.run(|b| {
+                started.wait();
+                std::thread::sleep(Duration::from_millis(200));
+                b.write_at(0, &[1; 512], false)?;
+                done.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        });
+        started.wait();
+        let mut cfg = config(&[]);
+        cfg.subsystems[0].namespaces.clear();
+        assert!(t.apply(&cfg).is_empty());
+        assert!(
+            done.load(Ordering::SeqCst),
+            "apply returned before the I/O ended"
+        );
+    });
+    let err = ns.run(|_| Ok(())).unwrap_err();
+    assert!(dpu_nvmeof::target::is_namespace_removed(&err), "{err}");
+    // Removing the whole subsystem retires its namespaces too.
+    let t = target(&[]);
+    let ns = t.subsystem(NQN).unwrap().namespaces[&1].clone();
+    assert!(t.apply(&TargetConfig::default()).is_empty());
+    assert!(ns.is_removed());
+    // A resize keeps the namespace in service.
+    let t = target(&[]);
+    let ns = t.subsystem(NQN).unwrap().namespaces[&1].clone();
+    resized(&t, 1, 2 << 20);
+    assert!(!ns.is_removed());
+    assert_eq!(ns.run(|b| Ok(b.len())).unwrap(), 2 << 20);
 }
