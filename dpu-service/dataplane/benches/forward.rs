@@ -27,10 +27,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::DpdkDriver;
-use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::switch::SwitchHandle;
 use dpu_dataplane::worker::{CrossConnect, Idle, WorkerConfig, Workers};
+
+#[path = "common/rules.rs"]
+mod rules;
+use rules::switch_config;
 
 struct Args {
     pcap: String,
@@ -75,82 +78,6 @@ fn args() -> Args {
 }
 
 /// `a.b.c.d/len` as an inclusive IPv4 range.
-fn prefix(s: &str) -> (u128, u128) {
-    let (addr, len) = s.split_once('/').expect("CIDR prefix");
-    let addr: std::net::Ipv4Addr = addr.parse().expect("IPv4 address");
-    AclRule::prefix_range(
-        u128::from(u32::from(addr)),
-        len.parse().expect("prefix length"),
-        32,
-    )
-}
-
-/// The switch configuration of a bench set's `rules.json` (format
-/// `vswitch-bench-rules/1`): one tenant per VLAN, attached to that VLAN on
-/// both ports, rules in list order.
-fn switch_config(path: &str, flow_cache: bool) -> SwitchConfig {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("rules.json");
-    assert_eq!(
-        doc["format"], "vswitch-bench-rules/1",
-        "{path}: unknown format"
-    );
-    let range = |v: &serde_json::Value| -> (u16, u16) {
-        (
-            v[0].as_u64().expect("port") as u16,
-            v[1].as_u64().expect("port") as u16,
-        )
-    };
-    let tenants = doc["tenants"]
-        .as_array()
-        .expect("tenants")
-        .iter()
-        .map(|t| TenantConfig {
-            name: t["name"].as_str().expect("name").to_string(),
-            attachments: t["attachments"]
-                .as_array()
-                .expect("attachments")
-                .iter()
-                .map(|a| Attach {
-                    port: a["port"].as_u64().expect("port") as usize,
-                    vlan: a["vlan"].as_u64().expect("vlan") as u16,
-                })
-                .collect(),
-            default_allow: t["default_action"] == "allow",
-            rules: t["rules"]
-                .as_array()
-                .expect("rules")
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    let mut m = AclRule::any(i as u32, 0, Family::V4);
-                    m.src = prefix(r["src"].as_str().expect("src"));
-                    m.dst = prefix(r["dst"].as_str().expect("dst"));
-                    m.src_port = range(&r["sport"]);
-                    m.dst_port = range(&r["dport"]);
-                    if let Some(p) = r["proto"].as_u64() {
-                        m.proto = (p as u8, p as u8);
-                    }
-                    SwitchRule {
-                        id: format!("r{i}"),
-                        matches: m,
-                        allow: r["action"] == "allow",
-                        stateful: false,
-                        rate_limit: None,
-                    }
-                })
-                .collect(),
-            ..TenantConfig::default()
-        })
-        .collect();
-    SwitchConfig {
-        ports: 2,
-        tenants,
-        flow_cache_entries: if flow_cache { 65_536 } else { 0 },
-        ..SwitchConfig::default()
-    }
-}
-
 fn main() {
     let a = args();
     let switch = a.rules.as_ref().map(|path| {

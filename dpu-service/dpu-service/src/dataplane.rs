@@ -230,13 +230,17 @@ pub struct Feed {
 impl Feed {
     /// Compiles `state` into the switch and publishes it to the workers.
     pub fn apply(&self, state: &State) {
+        let start = std::time::Instant::now();
         let cfg = switch_config(&self.base, &self.ids, state);
         let t = std::time::Instant::now();
         match self.switch.publish(&cfg) {
-            Ok(()) => tracing::info!(
-                generation = self.switch.generation(),
+            Ok(p) => tracing::info!(
+                generation = p.generation,
                 tenants = cfg.tenants.len(),
+                tenants_rebuilt = p.built,
+                tenants_patched = p.patched,
                 compile_ms = t.elapsed().as_secs_f64() * 1e3,
+                apply_ms = start.elapsed().as_secs_f64() * 1e3,
                 "switch configuration published"
             ),
             // The control plane validated the state; reaching this is a bug

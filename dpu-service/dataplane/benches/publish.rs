@@ -1,0 +1,168 @@
+//! What a rule change costs the switch: [`SwitchHandle::publish`] of a
+//! configuration that differs from the current one by one inserted or
+//! one deleted rule, against publishing every rule anew (a full build).
+//!
+//! With `--rules DIR/rules.json` (from ../shared/bench/gen_data.py) it
+//! loads that set; `--one-tenant` puts all of its rules in one tenant, in
+//! the ClassBench file's order (the set spreads them round-robin over
+//! its tenants). Each change picks a random tenant and position: an
+//! insert puts a copy of the rule there, with a new ID, just before it;
+//! a delete removes the rule there. Changes alternate.
+//!
+//! ```text
+//! cargo bench -p dpu-dataplane --bench publish --no-run
+//! D=/tmp/vswitch-bench/data/acl1_10k
+//! taskset -c 1 target/release/deps/publish-<hash> --rules $D/rules.json --one-tenant
+//! ```
+//! Prints the medians, 99th percentiles and maxima in microseconds, and
+//! how many changes fell back to a build of the tenant.
+
+use std::time::Instant;
+
+use dpu_dataplane::switch::{SwitchConfig, SwitchHandle, TenantConfig};
+
+#[path = "common/rules.rs"]
+mod rules;
+
+/// Orders are spread out so an insert finds a free one below any rule.
+const SPREAD: u32 = 16;
+
+fn one_tenant(mut cfg: SwitchConfig) -> SwitchConfig {
+    let n = cfg.tenants.len();
+    let mut all = Vec::new();
+    let mut lists: Vec<_> = cfg
+        .tenants
+        .iter_mut()
+        .map(|t| std::mem::take(&mut t.rules).into_iter())
+        .collect();
+    // Round-robin back into file order.
+    'outer: loop {
+        for l in &mut lists {
+            match l.next() {
+                Some(r) => all.push(r),
+                None => break 'outer,
+            }
+        }
+    }
+    for l in &mut lists {
+        all.extend(l);
+    }
+    let mut t = TenantConfig {
+        rules: all,
+        ..cfg.tenants[0].clone()
+    };
+    for (i, r) in t.rules.iter_mut().enumerate() {
+        r.id = format!("r{i}");
+        r.matches.order = i as u32;
+    }
+    println!("{n} tenants merged into one");
+    cfg.tenants = vec![t];
+    cfg
+}
+
+fn stats(name: &str, mut us: Vec<f64>, rebuilt: usize) {
+    us.sort_by(f64::total_cmp);
+    let at = |q: f64| us[((us.len() as f64 - 1.0) * q).round() as usize];
+    println!(
+        "{name}: {} changes, median {:.1} µs, p99 {:.1} µs, max {:.1} µs, {rebuilt} rebuilt the tenant",
+        us.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+}
+
+fn main() {
+    let mut path = None;
+    let mut one = false;
+    let mut changes = 500usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--rules" => path = args.next(),
+            "--one-tenant" => one = true,
+            "--changes" => {
+                changes = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--changes N")
+            }
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let path = path.unwrap_or_else(|| "/tmp/vswitch-bench/data/acl1_10k/rules.json".into());
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: run ../shared/bench/gen_data.py"
+    );
+    let mut cfg = rules::switch_config(&path, false);
+    if one {
+        cfg = one_tenant(cfg);
+    }
+    for t in &mut cfg.tenants {
+        for r in &mut t.rules {
+            r.matches.order *= SPREAD;
+        }
+    }
+    let sizes: Vec<usize> = cfg.tenants.iter().map(|t| t.rules.len()).collect();
+    println!("tenants' rules: {sizes:?}");
+    let h = SwitchHandle::new(&cfg).expect("configuration");
+
+    // Full builds: every rule gets a new ID, so nothing is kept.
+    let mut full = Vec::new();
+    for round in 0..5 {
+        for t in &mut cfg.tenants {
+            for r in &mut t.rules {
+                r.id = format!("{}.{round}", r.id.split('.').next().unwrap_or(""));
+            }
+        }
+        let start = Instant::now();
+        let p = h.publish(&cfg).expect("publish");
+        full.push(start.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(p.built, cfg.tenants.len());
+    }
+    stats("publish, every rule new", full, cfg.tenants.len() * 5);
+
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut rnd = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let (mut ins, mut del) = (Vec::new(), Vec::new());
+    let (mut ins_built, mut del_built) = (0, 0);
+    for i in 0..changes {
+        let ti = rnd(cfg.tenants.len());
+        let rules = &mut cfg.tenants[ti].rules;
+        let at = rnd(rules.len());
+        let insert = i % 2 == 0;
+        if insert {
+            let mut r = rules[at].clone();
+            r.id = format!("new{i}");
+            if r.matches.order == 0 {
+                continue;
+            }
+            r.matches.order -= 1;
+            if at > 0 && rules[at - 1].matches.order == r.matches.order {
+                continue;
+            }
+            rules.insert(at, r);
+        } else {
+            rules.remove(at);
+        }
+        let start = Instant::now();
+        let p = h.publish(&cfg).expect("publish");
+        let us = start.elapsed().as_secs_f64() * 1e6;
+        if insert {
+            ins.push(us);
+            ins_built += p.built;
+        } else {
+            del.push(us);
+            del_built += p.built;
+        }
+    }
+    stats("publish, one rule inserted", ins, ins_built);
+    stats("publish, one rule deleted", del, del_built);
+}
