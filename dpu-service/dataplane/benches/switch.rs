@@ -97,10 +97,10 @@ fn main() {
         ports: 2,
         tenants: vec![TenantConfig {
             name: "bench".into(),
-            attachments: vec![Attach { port: 0, vlan: 0 }, Attach { port: 1, vlan: 0 }],
+            attachments: vec![Attach::port(0, 0), Attach::port(1, 0)],
             default_allow: false,
             rules: list,
-            guards: Vec::new(),
+            ..TenantConfig::default()
         }],
         conntrack_max,
         flow_cache_entries,

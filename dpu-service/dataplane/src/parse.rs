@@ -150,6 +150,124 @@ pub fn is_multicast(mac: &[u8; 6]) -> bool {
     mac[0] & 1 == 1
 }
 
+/// What a frame received on a VTEP's uplink is to that VTEP (see
+/// [`vtep_frame`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VtepFrame {
+    /// Not addressed to the VTEP: switched like any frame of the port.
+    Other,
+    /// An ARP request for the VTEP's address.
+    ArpRequest {
+        /// Sender hardware address.
+        sender_mac: [u8; 6],
+        /// Sender protocol address.
+        sender_ip: u32,
+    },
+    /// An ARP reply to the VTEP (the answer to its own request).
+    ArpReply {
+        /// Sender hardware address.
+        sender_mac: [u8; 6],
+        /// Sender protocol address.
+        sender_ip: u32,
+    },
+    /// A VXLAN frame for the VTEP.
+    Vxlan {
+        /// Offset of the inner Ethernet frame.
+        inner: usize,
+        /// VXLAN network identifier.
+        vni: u32,
+        /// Outer source address: the remote VTEP.
+        src_ip: u32,
+        /// Outer source MAC: the next hop toward the remote VTEP.
+        src_mac: [u8; 6],
+    },
+    /// Addressed to the VTEP's IPv4 address but not valid VXLAN (another
+    /// protocol or port, a bad header checksum, a fragment, a truncated
+    /// header): nothing else may have it.
+    Invalid,
+}
+
+/// Classifies an untagged frame received on the uplink of the VTEP with
+/// IPv4 address `vtep_ip`: ARP for that address, VXLAN (RFC 7348, IPv4,
+/// UDP port 4789, the I flag set) to it, anything else to it, or not
+/// addressed to it.
+pub fn vtep_frame(frame: &[u8], vtep_ip: u32) -> VtepFrame {
+    match be16(frame, 12) {
+        Some(ETH_ARP) => {
+            let a = &frame[ETH_HLEN..];
+            // Ethernet/IPv4 ARP, addressed to the VTEP.
+            if a.len() < 28 || a[0..6] != [0, 1, 8, 0, 6, 4] || be32(a, 24) != Some(vtep_ip) {
+                return VtepFrame::Other;
+            }
+            let (sender_mac, sender_ip) = (mac(a, 8), be32(a, 14).unwrap_or(0));
+            match be16(a, 6) {
+                Some(1) => VtepFrame::ArpRequest {
+                    sender_mac,
+                    sender_ip,
+                },
+                Some(2) => VtepFrame::ArpReply {
+                    sender_mac,
+                    sender_ip,
+                },
+                _ => VtepFrame::Invalid,
+            }
+        }
+        Some(ETH_IPV4) => {
+            let ip = &frame[ETH_HLEN..];
+            if be32(ip, 16) != Some(vtep_ip) {
+                return VtepFrame::Other;
+            }
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let total = usize::from(be16(ip, 2).unwrap_or(0));
+            let fragment = be16(ip, 6).is_some_and(|f| f & 0x3fff != 0);
+            let ok = ip[0] >> 4 == 4
+                && ihl >= 20
+                && total >= ihl + 16 + ETH_HLEN
+                && total <= ip.len()
+                && !fragment
+                && ip[9] == proto::UDP
+                && ip_checksum(&ip[..ihl]) == 0;
+            if !ok {
+                return VtepFrame::Invalid;
+            }
+            let udp = &ip[ihl..total];
+            let vx = &udp[8..];
+            let udp_len = usize::from(be16(udp, 4).unwrap_or(0));
+            if be16(udp, 2) != Some(VXLAN_UDP_PORT)
+                || udp_len < 16 + ETH_HLEN
+                || udp_len > udp.len()
+                || vx[0] & 0x08 == 0
+            {
+                return VtepFrame::Invalid;
+            }
+            VtepFrame::Vxlan {
+                inner: ETH_HLEN + ihl + 16,
+                vni: be32(vx, 4).unwrap_or(0) >> 8,
+                src_ip: be32(ip, 12).unwrap_or(0),
+                src_mac: mac(frame, 6),
+            }
+        }
+        _ => VtepFrame::Other,
+    }
+}
+
+/// The IANA UDP port of VXLAN.
+pub const VXLAN_UDP_PORT: u16 = 4789;
+
+/// The Internet checksum (RFC 1071) of `bytes` (even length): the value
+/// to store in a header whose checksum field is zero, and 0 over a
+/// header whose checksum is right.
+pub fn ip_checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// Parses a frame's headers.
 ///
 /// # Errors

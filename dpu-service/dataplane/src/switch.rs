@@ -38,19 +38,42 @@ use std::time::{Duration, Instant};
 use crate::classify::{AclRule, Classifier};
 use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
 use crate::flowcache::FlowCache;
-use crate::parse::{is_multicast, parse, FlowKey, L3};
-use crate::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
+use crate::parse::{is_multicast, parse, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, L3};
+use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp};
 
 /// No tenant: the marker in the attachment tables.
 const NONE: u32 = u32::MAX;
 
-/// One way a tenant is reached: a port, and a VLAN on it (0: the whole port).
+/// One way a tenant is reached: a port, and a VLAN on it (0: the whole
+/// port), or a VXLAN network on the port's VTEP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Attach {
     /// Port index (the driver's).
     pub port: usize,
-    /// VLAN ID 1..=4094, or 0 for the whole port.
+    /// VLAN ID 1..=4094, or 0 for the whole port (or with `vni`: the
+    /// inner frames' tags pass untouched).
     pub vlan: u16,
+    /// VXLAN network identifier 1..=16777215 on the port's [`Vtep`], or
+    /// 0 for a port or VLAN attachment.
+    pub vni: u32,
+}
+
+impl Attach {
+    /// A port attachment (`vlan` 0) or VLAN attachment.
+    pub fn port(port: usize, vlan: u16) -> Attach {
+        Attach { port, vlan, vni: 0 }
+    }
+}
+
+/// A VXLAN tunnel endpoint on an uplink port: it answers ARP for its
+/// address, decapsulates the VXLAN frames sent to it into the tenant of
+/// their VNI and encapsulates that tenant's frames toward remote VTEPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vtep {
+    /// IPv4 address.
+    pub ip: u32,
+    /// MAC address (the port's).
+    pub mac: [u8; 6],
 }
 
 /// A filter rule: what it matches and whether it lets the packet through.
@@ -198,6 +221,11 @@ pub struct TenantConfig {
     /// Anti-spoofing per attachment, by index into `attachments`; an
     /// attachment without an entry allows any source.
     pub guards: Vec<Guard>,
+    /// Per VXLAN attachment, by index into `attachments`: the remote
+    /// VTEPs (IPv4) that get a copy of its broadcast, multicast and
+    /// unknown-unicast frames (head-end replication). Known unicast goes
+    /// to the VTEP its destination was learned from.
+    pub remote_vteps: Vec<Vec<u32>>,
     /// Verdict for IP packets no rule matches, and for non-IP, non-ARP frames.
     pub default_allow: bool,
     /// Filter rules.
@@ -209,6 +237,8 @@ pub struct TenantConfig {
 pub struct SwitchConfig {
     /// Number of ports of the driver.
     pub ports: usize,
+    /// The VTEP of each port that has one, by port index.
+    pub vteps: Vec<Option<Vtep>>,
     /// The tenants.
     pub tenants: Vec<TenantConfig>,
     /// Most MAC addresses a worker learns (all tenants together).
@@ -236,6 +266,7 @@ impl Default for SwitchConfig {
     fn default() -> Self {
         Self {
             ports: 0,
+            vteps: Vec::new(),
             tenants: Vec::new(),
             mac_table_size: 16_384,
             mac_ageing: Duration::from_secs(300),
@@ -277,6 +308,40 @@ pub enum ConfigError {
         port: usize,
         /// VLAN ID.
         vlan: u16,
+        /// The tenant that has it.
+        other: String,
+    },
+    /// A VXLAN attachment on a port without a VTEP.
+    #[error("tenant {tenant}: port {port} has no VTEP for VXLAN network {vni}")]
+    NoVtep {
+        /// Tenant name.
+        tenant: String,
+        /// Port index.
+        port: usize,
+        /// The VNI.
+        vni: u32,
+    },
+    /// A VNI outside 1..=16777215, or a VXLAN attachment with a VLAN.
+    #[error("tenant {tenant}: VXLAN network {vni} VLAN {vlan} is not a VNI in 1..=16777215 without a VLAN")]
+    BadVni {
+        /// Tenant name.
+        tenant: String,
+        /// The VNI.
+        vni: u32,
+        /// The VLAN ID given with it.
+        vlan: u16,
+    },
+    /// Two tenants claim the same VXLAN network of a port.
+    #[error(
+        "tenant {tenant}: port {port} VXLAN network {vni} is already attached to tenant {other}"
+    )]
+    VniOverlap {
+        /// Tenant name.
+        tenant: String,
+        /// Port index.
+        port: usize,
+        /// The VNI.
+        vni: u32,
         /// The tenant that has it.
         other: String,
     },
@@ -422,6 +487,8 @@ struct CompiledTenant {
     /// The tags of the configuration's rules, in the configuration's order.
     order: Arc<Vec<u32>>,
     attachments: Vec<Attach>,
+    /// Remote VTEPs per attachment (empty but for VXLAN attachments).
+    remotes: Vec<Vec<u32>>,
     default_allow: bool,
     classifier: Classifier,
     /// Allow flag by rule tag.
@@ -583,6 +650,10 @@ pub struct Compiled {
     /// Per port: 4096 entries (tenant, attachment) by VLAN ID, or empty
     /// if the port has no VLAN attachment.
     vlans: Vec<Vec<(u32, u32)>>,
+    /// Per port: its VTEP.
+    vteps: Vec<Option<Vtep>>,
+    /// (tenant, attachment) by (port, VNI).
+    vxlan: hashbrown::HashMap<(u32, u32), (u32, u32)>,
     tenants: Vec<CompiledTenant>,
     mac_table_size: usize,
     mac_ageing: Duration,
@@ -665,6 +736,10 @@ impl Compiled {
         let mut c = Compiled {
             whole: vec![(NONE, NONE); config.ports],
             vlans: vec![Vec::new(); config.ports],
+            vteps: (0..config.ports)
+                .map(|p| config.vteps.get(p).copied().flatten())
+                .collect(),
+            vxlan: hashbrown::HashMap::new(),
             tenants: Vec::with_capacity(config.tenants.len()),
             mac_table_size: config.mac_table_size,
             mac_ageing: config.mac_ageing,
@@ -697,6 +772,33 @@ impl Compiled {
                         tenant: t.name.clone(),
                         vlan: a.vlan,
                     });
+                }
+                if a.vni != 0 {
+                    if a.vni > 0x00ff_ffff || a.vlan != 0 {
+                        return Err(ConfigError::BadVni {
+                            tenant: t.name.clone(),
+                            vni: a.vni,
+                            vlan: a.vlan,
+                        });
+                    }
+                    if c.vteps[a.port].is_none() {
+                        return Err(ConfigError::NoVtep {
+                            tenant: t.name.clone(),
+                            port: a.port,
+                            vni: a.vni,
+                        });
+                    }
+                    let key = (a.port as u32, a.vni);
+                    if let Some(&(other, _)) = c.vxlan.get(&key) {
+                        return Err(ConfigError::VniOverlap {
+                            tenant: t.name.clone(),
+                            port: a.port,
+                            vni: a.vni,
+                            other: config.tenants[other as usize].name.clone(),
+                        });
+                    }
+                    c.vxlan.insert(key, (ti as u32, ai as u32));
+                    continue;
                 }
                 let whole = c.whole[a.port].0;
                 if whole != NONE {
@@ -781,6 +883,12 @@ impl Compiled {
                 slots,
                 order,
                 attachments: t.attachments.clone(),
+                remotes: (0..t.attachments.len())
+                    .map(|i| match t.attachments[i].vni {
+                        0 => Vec::new(),
+                        _ => t.remote_vteps.get(i).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
                 default_allow: t.default_allow,
                 classifier,
             });
@@ -993,6 +1101,7 @@ impl SwitchHandle {
             worker,
             unix_now: 0,
             macs,
+            neighbours: hashbrown::HashMap::with_capacity(NEIGHBOURS_MAX),
             now: 0,
             now_us: 0,
             epoch: Instant::now(),
@@ -1016,8 +1125,13 @@ impl SwitchHandle {
 #[derive(Debug, Clone, Copy)]
 struct Learned {
     attachment: u32,
+    /// For a VXLAN attachment: the remote VTEP it was seen behind.
+    vtep: u32,
     seen: u64,
 }
+
+/// Most remote VTEPs (and next hops) a worker knows the MAC address of.
+const NEIGHBOURS_MAX: usize = 4096;
 
 /// The switch pipeline of one worker: its snapshot, its MAC table, its
 /// connection table.
@@ -1032,6 +1146,9 @@ pub struct SwitchPipeline {
     /// Unix seconds, read once per turn (rule last-hit times).
     unix_now: u64,
     macs: hashbrown::HashMap<(u32, [u8; 6]), Learned>,
+    /// MAC addresses of remote VTEPs by (port, IPv4 address), and when
+    /// they were last seen: learned from their ARP and VXLAN frames.
+    neighbours: hashbrown::HashMap<(u32, u32), ([u8; 6], u64)>,
     /// Coarse clock, read once per turn.
     now: u64,
     /// The same clock in microseconds (rate limits).
@@ -1172,10 +1289,11 @@ impl SwitchPipeline {
         }
     }
 
-    fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize) {
+    fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize, vtep: u32) {
         let key = (tenant as u32, mac);
         let entry = Learned {
             attachment: attachment as u32,
+            vtep,
             seen: self.now,
         };
         if let Some(e) = self.macs.get_mut(&key) {
@@ -1186,10 +1304,131 @@ impl SwitchPipeline {
         }
     }
 
-    fn lookup(&self, tenant: usize, mac: [u8; 6]) -> Option<usize> {
+    /// The attachment `mac` was learned on in `tenant`, and its remote VTEP.
+    fn lookup(&self, tenant: usize, mac: [u8; 6]) -> Option<(usize, u32)> {
         let e = self.macs.get(&(tenant as u32, mac))?;
         (self.now.saturating_sub(e.seen) < self.compiled.mac_ageing.as_secs())
-            .then_some(e.attachment as usize)
+            .then_some((e.attachment as usize, e.vtep))
+    }
+
+    /// Remembers that `ip` is at `mac` behind `port`.
+    fn neighbour(&mut self, port: usize, ip: u32, mac: [u8; 6]) {
+        if ip == 0 || is_multicast(&mac) {
+            return;
+        }
+        let key = (port as u32, ip);
+        if let Some(e) = self.neighbours.get_mut(&key) {
+            *e = (mac, self.now);
+        } else if self.neighbours.len() < NEIGHBOURS_MAX {
+            self.neighbours.insert(key, (mac, self.now));
+        }
+    }
+
+    /// The way out to attachment `to` of tenant `t` for a frame of
+    /// attachment `from` with `decap` bytes of outer headers: for a VXLAN
+    /// attachment, through the tunnel to `vtep` (a learned destination)
+    /// or, with `vtep` 0, to each of the attachment's remote VTEPs.
+    #[allow(clippy::too_many_arguments)]
+    fn egress(
+        &self,
+        t: &CompiledTenant,
+        from: Attach,
+        to_index: usize,
+        decap: u16,
+        vtep: u32,
+        out: &mut Vec<Egress>,
+    ) {
+        let to = t.attachments[to_index];
+        let e = Egress {
+            port: to.port,
+            vlan: vlan_op(from, to),
+            decap,
+            tunnel: None,
+        };
+        if to.vni == 0 {
+            out.push(e);
+            return;
+        }
+        let Some(local) = self.compiled.vteps.get(to.port).copied().flatten() else {
+            return;
+        };
+        let remotes = if vtep != 0 {
+            std::slice::from_ref(&vtep)
+        } else {
+            &t.remotes[to_index][..]
+        };
+        for &ip in remotes {
+            let known = self
+                .neighbours
+                .get(&(to.port as u32, ip))
+                .filter(|(_, seen)| {
+                    self.now.saturating_sub(*seen) < self.compiled.mac_ageing.as_secs()
+                });
+            out.push(Egress {
+                tunnel: Some(Tunnel {
+                    src_mac: local.mac,
+                    dst_mac: known.map_or([0xff; 6], |(m, _)| *m),
+                    src_ip: local.ip,
+                    dst_ip: ip,
+                    vni: to.vni,
+                    resolve: known.is_none(),
+                }),
+                ..e
+            });
+        }
+    }
+
+    /// Handles what the VTEP on `port` consumes: answers ARP for its
+    /// address in place, learns neighbours. `Ok(Some((inner offset,
+    /// tenant, attachment, remote VTEP)))` for a VXLAN frame to switch,
+    /// `Ok(None)` for a frame that is not the VTEP's, `Err` with the
+    /// verdict for one it consumed.
+    fn vtep_ingress(
+        &mut self,
+        port: usize,
+        v: Vtep,
+        packet: &mut [u8],
+    ) -> Result<Option<(usize, usize, usize, u32)>, Verdict> {
+        match vtep_frame(packet, v.ip) {
+            VtepFrame::Other => Ok(None),
+            VtepFrame::Invalid => Err(Verdict::Drop(DropReason::NoTenant)),
+            VtepFrame::ArpReply {
+                sender_mac,
+                sender_ip,
+            } => {
+                self.neighbour(port, sender_ip, sender_mac);
+                // Consumed: an empty flood sends nothing and counts nothing.
+                Err(Verdict::Flood)
+            }
+            VtepFrame::ArpRequest {
+                sender_mac,
+                sender_ip,
+            } => {
+                self.neighbour(port, sender_ip, sender_mac);
+                // The request becomes the reply, back where it came from.
+                let a = &mut packet[ETH_HLEN..];
+                a[6..8].copy_from_slice(&2u16.to_be_bytes());
+                a[18..24].copy_from_slice(&sender_mac);
+                a[24..28].copy_from_slice(&sender_ip.to_be_bytes());
+                a[8..14].copy_from_slice(&v.mac);
+                a[14..18].copy_from_slice(&v.ip.to_be_bytes());
+                packet[0..6].copy_from_slice(&sender_mac);
+                packet[6..12].copy_from_slice(&v.mac);
+                Err(Verdict::Forward(Egress::to(port)))
+            }
+            VtepFrame::Vxlan {
+                inner,
+                vni,
+                src_ip,
+                src_mac,
+            } => {
+                self.neighbour(port, src_ip, src_mac);
+                match self.compiled.vxlan.get(&(port as u32, vni)) {
+                    Some(&(t, a)) => Ok(Some((inner, t as usize, a as usize, src_ip))),
+                    None => Err(Verdict::Drop(DropReason::NoTenant)),
+                }
+            }
+        }
     }
 }
 
@@ -1222,6 +1461,8 @@ impl Pipeline for SwitchPipeline {
             self.last_sweep = self.now;
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
             self.macs.retain(|_, e| now.saturating_sub(e.seen) < ageing);
+            self.neighbours
+                .retain(|_, (_, seen)| now.saturating_sub(*seen) < ageing);
         }
         if !self.conns.is_empty() {
             let tracking = &self.compiled.tracking;
@@ -1235,11 +1476,25 @@ impl Pipeline for SwitchPipeline {
     }
 
     fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
+        let mut vxlan = None;
+        if let Some(v) = self.compiled.vteps.get(in_port).copied().flatten() {
+            match self.vtep_ingress(in_port, v, packet) {
+                Ok(found) => vxlan = found,
+                Err(verdict) => return verdict,
+            }
+        }
+        let (decap, remote) = vxlan.map_or((0, 0), |(off, _, _, ip)| (off, ip));
+        let packet = &mut packet[decap..];
+        let decap = decap as u16;
         let h = match parse(packet) {
             Ok(h) => h,
             Err(_) => return Verdict::Drop(DropReason::Malformed),
         };
-        let Some((ti, ai)) = self.compiled.tenant_of(in_port, h.vlan) else {
+        let found = match vxlan {
+            Some((_, t, a, _)) => Some((t, a)),
+            None => self.compiled.tenant_of(in_port, h.vlan),
+        };
+        let Some((ti, ai)) = found else {
             return Verdict::Drop(DropReason::NoTenant);
         };
         if is_multicast(&h.src_mac) {
@@ -1310,21 +1565,22 @@ impl Pipeline for SwitchPipeline {
             self.lookup(ti, h.dst_mac)
         };
         let verdict = match to {
-            Some(o) if o == ai => Verdict::Flood, // same segment: filtered
-            Some(o) => {
-                let to = t.attachments[o];
-                Verdict::Forward(Egress {
-                    port: to.port,
-                    vlan: vlan_op(from, to),
-                })
+            Some((o, _)) if o == ai => Verdict::Flood, // same segment: filtered
+            Some((o, vtep)) => {
+                self.egress(t, from, o, decap, vtep, flood);
+                match flood.as_slice() {
+                    [one] => {
+                        let e = *one;
+                        flood.clear();
+                        Verdict::Forward(e)
+                    }
+                    _ => Verdict::Flood,
+                }
             }
             None => {
-                for (i, &to) in t.attachments.iter().enumerate() {
+                for i in 0..t.attachments.len() {
                     if i != ai {
-                        flood.push(Egress {
-                            port: to.port,
-                            vlan: vlan_op(from, to),
-                        });
+                        self.egress(t, from, i, decap, 0, flood);
                     }
                 }
                 // A flood to one attachment is a forward: no copy.
@@ -1338,7 +1594,7 @@ impl Pipeline for SwitchPipeline {
                 }
             }
         };
-        self.learn(ti, h.src_mac, ai);
+        self.learn(ti, h.src_mac, ai, remote);
         verdict
     }
 }
@@ -1349,6 +1605,7 @@ mod tests {
     use crate::classify::Family;
     use crate::parse::proto;
     use crate::parse::tests::build;
+    use crate::worker::VXLAN_OVERHEAD;
 
     const BCAST: [u8; 6] = [0xff; 6];
 
@@ -1361,7 +1618,7 @@ mod tests {
             name: name.into(),
             attachments: attachments
                 .iter()
-                .map(|&(port, vlan)| Attach { port, vlan })
+                .map(|&(port, vlan)| Attach::port(port, vlan))
                 .collect(),
             default_allow,
             ..TenantConfig::default()
@@ -1517,8 +1774,8 @@ mod tests {
         let spoofed = Verdict::Drop(DropReason::Spoofed);
         let passed = |p: u16| {
             Verdict::Forward(Egress {
-                port: usize::from(p),
                 vlan: VlanOp::Keep,
+                ..Egress::to(usize::from(p))
             })
         };
         let udp_from =
@@ -1595,12 +1852,12 @@ mod tests {
             flood,
             vec![
                 Egress {
-                    port: 1,
-                    vlan: VlanOp::Keep
+                    vlan: VlanOp::Keep,
+                    ..Egress::to(1)
                 },
                 Egress {
-                    port: 3,
-                    vlan: VlanOp::Push(10)
+                    vlan: VlanOp::Push(10),
+                    ..Egress::to(3)
                 }
             ]
         );
@@ -1609,8 +1866,8 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Forward(Egress {
-                port: 0,
-                vlan: VlanOp::Strip
+                vlan: VlanOp::Strip,
+                ..Egress::to(0)
             })
         );
         // The same MAC in t2 is a different station: unknown there, and
@@ -1619,8 +1876,8 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Forward(Egress {
-                port: 2,
-                vlan: VlanOp::Strip
+                vlan: VlanOp::Strip,
+                ..Egress::to(2)
             })
         );
         assert!(flood.is_empty());
@@ -1667,6 +1924,173 @@ mod tests {
                 rate_limit: None,
             },
         ]
+    }
+
+    /// VXLAN: the uplink's VTEP answers ARP for its address; a tenant's
+    /// flood reaches its remote VTEPs (an ARP request first while a
+    /// VTEP's MAC is unknown); frames from a VNI are decapsulated into
+    /// that VNI's tenant only, and replies to a learned station go back
+    /// through the tunnel it came from.
+    #[test]
+    fn vxlan_networks_switch_within_their_tenant() {
+        use crate::io::memory::MemPacket;
+        use crate::worker::apply_tunnel;
+        const LOCAL: u32 = 0xc000_0201; // 192.0.2.1
+        const REMOTE: u32 = 0xc000_0202;
+        let up_mac = [2, 0, 0, 0, 0, 0xaa];
+        let remote_mac = [2, 0, 0, 0, 0, 0xbb];
+        let mut t = tenant("t", &[(0, 0)], true);
+        t.attachments.push(Attach {
+            port: 1,
+            vlan: 0,
+            vni: 100,
+        });
+        t.remote_vteps = vec![vec![], vec![REMOTE]];
+        let mut u = tenant("u", &[(2, 0)], true);
+        u.attachments.push(Attach {
+            port: 1,
+            vlan: 0,
+            vni: 200,
+        });
+        let mut cfg = SwitchConfig {
+            ports: 3,
+            vteps: vec![
+                None,
+                Some(Vtep {
+                    ip: LOCAL,
+                    mac: up_mac,
+                }),
+            ],
+            tenants: vec![t, u],
+            ..SwitchConfig::default()
+        };
+        let h = SwitchHandle::new(&cfg).unwrap();
+        let mut p = h.pipeline();
+        p.turn();
+        let from_remote = |vni: u32, inner: Vec<u8>| {
+            let mut f = MemPacket(inner);
+            assert!(apply_tunnel(
+                &mut f,
+                &Tunnel {
+                    src_mac: remote_mac,
+                    dst_mac: up_mac,
+                    src_ip: REMOTE,
+                    dst_ip: LOCAL,
+                    vni,
+                    resolve: false,
+                }
+            ));
+            f.0
+        };
+        let tunnel = |dst_mac: [u8; 6], resolve: bool| Tunnel {
+            src_mac: up_mac,
+            dst_mac,
+            src_ip: LOCAL,
+            dst_ip: REMOTE,
+            vni: 100,
+            resolve,
+        };
+        // A broadcast before the remote VTEP is known: resolve it.
+        let (v, _) = run(&mut p, 0, udp(1, BCAST, None, 53));
+        let want = |t: Tunnel| Egress {
+            vlan: VlanOp::Keep,
+            tunnel: Some(t),
+            ..Egress::to(1)
+        };
+        assert_eq!(v, Verdict::Forward(want(tunnel(BCAST, true))));
+        // The remote VTEP asks for ours: answered in place, and learnt.
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&remote_mac);
+        arp.extend_from_slice(&[8, 6, 0, 1, 8, 0, 6, 4, 0, 1]);
+        arp.extend_from_slice(&remote_mac);
+        arp.extend_from_slice(&REMOTE.to_be_bytes());
+        arp.extend_from_slice(&[0; 6]);
+        arp.extend_from_slice(&LOCAL.to_be_bytes());
+        let mut reply = arp.clone();
+        let mut flood = Vec::new();
+        assert_eq!(
+            p.process(1, &mut reply, &mut flood),
+            Verdict::Forward(Egress::to(1))
+        );
+        assert_eq!(&reply[0..12], &[remote_mac, up_mac].concat()[..]);
+        assert_eq!(&reply[20..22], &[0, 2]);
+        assert_eq!(
+            &reply[22..32],
+            &[&up_mac[..], &LOCAL.to_be_bytes()].concat()[..]
+        );
+        assert_eq!(&reply[32..42], &arp[22..32]);
+        // Now the flood goes through the tunnel.
+        let (v, _) = run(&mut p, 0, udp(1, BCAST, None, 53));
+        assert_eq!(v, Verdict::Forward(want(tunnel(remote_mac, false))));
+        // VNI 100 from the remote: decapsulated to t's port, and mac(9)
+        // learnt behind the remote VTEP.
+        let inner = udp(9, mac(1), None, 53);
+        let (v, _) = run(&mut p, 1, from_remote(100, inner.clone()));
+        assert_eq!(
+            v,
+            Verdict::Forward(Egress {
+                decap: VXLAN_OVERHEAD as u16,
+                ..Egress::to(0)
+            })
+        );
+        let (v, _) = run(&mut p, 0, udp(1, mac(9), None, 53));
+        assert_eq!(v, Verdict::Forward(want(tunnel(remote_mac, false))));
+        // VNI 200 is u's: mac(1) is unknown there, it goes to u's port only.
+        let (v, _) = run(&mut p, 1, from_remote(200, inner.clone()));
+        assert_eq!(
+            v,
+            Verdict::Forward(Egress {
+                decap: VXLAN_OVERHEAD as u16,
+                ..Egress::to(2)
+            })
+        );
+        // An unknown VNI, a bad outer checksum, another port: nobody's.
+        let (v, _) = run(&mut p, 1, from_remote(300, inner.clone()));
+        assert_eq!(v, Verdict::Drop(DropReason::NoTenant));
+        let mut bad = from_remote(100, inner.clone());
+        bad[24] ^= 1;
+        assert_eq!(run(&mut p, 1, bad).0, Verdict::Drop(DropReason::NoTenant));
+        let mut other_port = from_remote(100, inner.clone());
+        other_port[36..38].copy_from_slice(&4790u16.to_be_bytes());
+        let sum = crate::parse::ip_checksum(&other_port[14..34]);
+        assert_eq!(sum, 0, "only the UDP port changed");
+        assert_eq!(
+            run(&mut p, 1, other_port).0,
+            Verdict::Drop(DropReason::NoTenant)
+        );
+        // Frames on the uplink not for the VTEP: no tenant owns the port.
+        assert_eq!(
+            run(&mut p, 1, inner.clone()).0,
+            Verdict::Drop(DropReason::NoTenant)
+        );
+        // Configuration errors.
+        cfg.tenants[1].attachments[1].vni = 100;
+        assert!(matches!(
+            SwitchHandle::new(&cfg),
+            Err(ConfigError::VniOverlap { vni: 100, .. })
+        ));
+        cfg.tenants[1].attachments[1] = Attach {
+            port: 2,
+            vlan: 0,
+            vni: 7,
+        };
+        assert!(matches!(
+            SwitchHandle::new(&cfg),
+            Err(ConfigError::NoVtep {
+                port: 2,
+                vni: 7,
+                ..
+            })
+        ));
+        cfg.tenants[1].attachments[1] = Attach {
+            port: 1,
+            vlan: 0,
+            vni: 1 << 24,
+        };
+        assert!(matches!(
+            SwitchHandle::new(&cfg),
+            Err(ConfigError::BadVni { .. })
+        ));
     }
 
     /// The verdict of tenant `ti` of `c` for `key`: the matching rule's ID
@@ -1891,8 +2315,8 @@ mod tests {
         t.rules = dns_and_deny_7();
         let (_h, mut p) = switch(2, vec![t]);
         let to_1 = Verdict::Forward(Egress {
-            port: 1,
             vlan: VlanOp::Keep,
+            ..Egress::to(1)
         });
         assert_eq!(run(&mut p, 0, udp(1, mac(2), None, 53)).0, to_1);
         assert_eq!(
@@ -1912,7 +2336,7 @@ mod tests {
         assert_eq!(run(&mut p, 0, other).0, Verdict::Drop(DropReason::AclDeny));
         // A denied frame teaches nothing: mac(7) stays unknown.
         assert_eq!(p.lookup(0, mac(7)), None);
-        assert_eq!(p.lookup(0, mac(1)), Some(0), "an allowed one does");
+        assert_eq!(p.lookup(0, mac(1)), Some((0, 0)), "an allowed one does");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::io::{Driver, IoError, Packet, RxQueue, TxQueue};
+use crate::parse::{ip_checksum, VXLAN_UDP_PORT};
 
 /// Packets per receive burst.
 pub const BURST: usize = 32;
@@ -71,13 +72,19 @@ pub enum VlanOp {
     Set(u16),
 }
 
-/// One way out for a packet: a port and what to do with its tag.
+/// One way out for a packet: a port and what to do with its headers, in
+/// this order: remove `decap` bytes from the front (a tunnel's outer
+/// headers), apply the tag operation, then put the frame in `tunnel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Egress {
     /// Output port index.
     pub port: usize,
     /// Tag operation for this output.
     pub vlan: VlanOp,
+    /// Bytes of outer headers to remove first (0: none).
+    pub decap: u16,
+    /// A VXLAN tunnel to send the frame through, if any.
+    pub tunnel: Option<Tunnel>,
 }
 
 impl Egress {
@@ -86,8 +93,94 @@ impl Egress {
         Egress {
             port,
             vlan: VlanOp::Keep,
+            decap: 0,
+            tunnel: None,
         }
     }
+}
+
+/// The outer headers of a VXLAN frame (RFC 7348) over IPv4 and UDP: from
+/// the local VTEP (`src_mac`, `src_ip`) to a remote one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tunnel {
+    /// The local VTEP's MAC address (the uplink's).
+    pub src_mac: [u8; 6],
+    /// The next hop's MAC address toward the remote VTEP.
+    pub dst_mac: [u8; 6],
+    /// The local VTEP's IPv4 address.
+    pub src_ip: u32,
+    /// The remote VTEP's IPv4 address.
+    pub dst_ip: u32,
+    /// VXLAN network identifier (24 bits).
+    pub vni: u32,
+    /// The remote VTEP's MAC address is not known yet: instead of the
+    /// frame, send an ARP request for `dst_ip` (the frame is lost, as
+    /// while a kernel resolves a neighbour with a full queue).
+    pub resolve: bool,
+}
+
+/// Outer Ethernet, IPv4 (no options), UDP and VXLAN headers.
+pub const VXLAN_OVERHEAD: usize = 14 + 20 + 8 + 8;
+
+/// Puts the frame in `pkt` into the VXLAN tunnel `t`, or turns it into
+/// an ARP request for the remote VTEP if `t.resolve`; false if the buffer
+/// has no room (the frame may then only be dropped).
+pub(crate) fn apply_tunnel<P: Packet>(pkt: &mut P, t: &Tunnel) -> bool {
+    if t.resolve {
+        // who-has dst_ip tell src_ip, broadcast; the old frame's bytes
+        // beyond the ARP packet stay as padding.
+        if pkt.len() < 42 && !pkt.prepend(42 - pkt.len()) {
+            return false;
+        }
+        let d = pkt.data_mut();
+        d[0..6].copy_from_slice(&[0xff; 6]);
+        d[6..12].copy_from_slice(&t.src_mac);
+        d[12..14].copy_from_slice(&[0x08, 0x06]);
+        d[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        d[22..28].copy_from_slice(&t.src_mac);
+        d[28..32].copy_from_slice(&t.src_ip.to_be_bytes());
+        d[32..38].copy_from_slice(&[0; 6]);
+        d[38..42].copy_from_slice(&t.dst_ip.to_be_bytes());
+        return true;
+    }
+    let inner = pkt.len();
+    if inner + VXLAN_OVERHEAD - 14 > usize::from(u16::MAX) || !pkt.prepend(VXLAN_OVERHEAD) {
+        return false;
+    }
+    let d = pkt.data_mut();
+    // The UDP source port spreads flows over the underlay's paths: a hash
+    // of the inner addresses, in the dynamic range (RFC 7348 5).
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in &d[VXLAN_OVERHEAD..(VXLAN_OVERHEAD + 14 + 20).min(d.len())] {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    let sport = 0xc000 | (h as u16 & 0x3fff);
+    d[0..6].copy_from_slice(&t.dst_mac);
+    d[6..12].copy_from_slice(&t.src_mac);
+    d[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip_len = (inner + VXLAN_OVERHEAD - 14) as u16;
+    let ip = &mut d[14..34];
+    ip[0] = 0x45;
+    ip[1] = 0;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[4..6].copy_from_slice(&[0, 0]);
+    ip[6..8].copy_from_slice(&[0x40, 0]); // don't fragment
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[10..12].copy_from_slice(&[0, 0]);
+    ip[12..16].copy_from_slice(&t.src_ip.to_be_bytes());
+    ip[16..20].copy_from_slice(&t.dst_ip.to_be_bytes());
+    let sum = ip_checksum(ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let udp = &mut d[34..42];
+    udp[0..2].copy_from_slice(&sport.to_be_bytes());
+    udp[2..4].copy_from_slice(&VXLAN_UDP_PORT.to_be_bytes());
+    udp[4..6].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    udp[6..8].copy_from_slice(&[0, 0]); // no checksum (RFC 7348 5)
+    let vx = &mut d[42..50];
+    vx[0..4].copy_from_slice(&[0x08, 0, 0, 0]);
+    vx[4..8].copy_from_slice(&(t.vni << 8).to_be_bytes());
+    true
 }
 
 /// What to do with one packet.
@@ -363,7 +456,11 @@ fn emit<P: Packet>(
     out_bytes: &mut [u64],
     c: &WorkerCounters,
 ) {
-    if e.port >= out.len() || !apply_vlan(&mut pkt, e.vlan) {
+    if e.port >= out.len()
+        || (e.decap > 0 && !pkt.trim_front(usize::from(e.decap)))
+        || !apply_vlan(&mut pkt, e.vlan)
+        || e.tunnel.is_some_and(|t| !apply_tunnel(&mut pkt, &t))
+    {
         bump(&c.drops[DropReason::TxFull.index()], 1);
         return;
     }
@@ -574,12 +671,12 @@ mod tests {
     impl Pipeline for Fan {
         fn process(&mut self, _in: usize, _p: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
             flood.push(Egress {
-                port: 1,
                 vlan: VlanOp::Push(7),
+                ..Egress::to(1)
             });
             flood.push(Egress {
-                port: 2,
                 vlan: VlanOp::Strip,
+                ..Egress::to(2)
             });
             Verdict::Flood
         }
@@ -628,6 +725,54 @@ mod tests {
         assert_eq!(&untagged.0[12..16], &[0x81, 0x00, 0x00, 0x05]);
         assert!(apply_vlan(&mut untagged, VlanOp::Strip));
         assert_eq!(untagged.0, vec![0; 60]);
+    }
+
+    /// A frame put into a VXLAN tunnel gets outer headers a kernel
+    /// accepts (checked against the RFC 7348 layout and the IPv4
+    /// checksum), and decapsulation plus a tag push gives back the inner
+    /// frame, tagged; an unresolved VTEP turns the frame into an ARP
+    /// request.
+    #[test]
+    fn tunnel_operations_encapsulate_decapsulate_and_resolve() {
+        use crate::io::memory::MemPacket;
+        let t = Tunnel {
+            src_mac: [2, 0, 0, 0, 0, 0xaa],
+            dst_mac: [2, 0, 0, 0, 0, 0xbb],
+            src_ip: 0xc000_0201,
+            dst_ip: 0xc000_0202,
+            vni: 0x12_3456,
+            resolve: false,
+        };
+        let inner: Vec<u8> = (0..60).collect();
+        let mut p = MemPacket(inner.clone());
+        assert!(apply_tunnel(&mut p, &t));
+        let d = &p.0;
+        assert_eq!(d.len(), 60 + VXLAN_OVERHEAD);
+        assert_eq!(&d[0..6], &t.dst_mac);
+        assert_eq!(&d[6..14], &[2, 0, 0, 0, 0, 0xaa, 0x08, 0x00]);
+        assert_eq!(ip_checksum(&d[14..34]), 0, "header checksum verifies");
+        assert_eq!(u16::from_be_bytes([d[16], d[17]]), 60 + 36);
+        assert_eq!((d[23], &d[26..34]), (17, &[192, 0, 2, 1, 192, 0, 2, 2][..]));
+        assert!(u16::from_be_bytes([d[34], d[35]]) >= 0xc000);
+        assert_eq!(&d[36..40], &[0x12, 0xb5, 0, 60 + 16]);
+        assert_eq!(&d[42..50], &[0x08, 0, 0, 0, 0x12, 0x34, 0x56, 0]);
+        assert_eq!(&d[50..], &inner[..]);
+        // Decapsulate and tag.
+        let mut back = MemPacket(d.clone());
+        assert!(back.trim_front(VXLAN_OVERHEAD) && apply_vlan(&mut back, VlanOp::Push(9)));
+        assert_eq!(&back.0[..12], &inner[..12]);
+        assert_eq!(&back.0[16..], &inner[12..]);
+        // Unresolved: an ARP request, who-has 192.0.2.2 tell 192.0.2.1.
+        let mut q = MemPacket(vec![0x55; 20]);
+        assert!(apply_tunnel(&mut q, &Tunnel { resolve: true, ..t }));
+        assert_eq!(q.0.len(), 42);
+        assert_eq!(
+            &q.0[..14],
+            &[255, 255, 255, 255, 255, 255, 2, 0, 0, 0, 0, 0xaa, 8, 6]
+        );
+        assert_eq!(&q.0[20..22], &[0, 1]);
+        assert_eq!(&q.0[28..32], &[192, 0, 2, 1]);
+        assert_eq!(&q.0[38..42], &[192, 0, 2, 2]);
     }
 
     #[test]

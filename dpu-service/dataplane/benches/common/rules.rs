@@ -40,9 +40,11 @@ pub fn switch_config(path: &str, flow_cache: bool) -> SwitchConfig {
                 .as_array()
                 .expect("attachments")
                 .iter()
-                .map(|a| Attach {
-                    port: a["port"].as_u64().expect("port") as usize,
-                    vlan: a["vlan"].as_u64().expect("vlan") as u16,
+                .map(|a| {
+                    Attach::port(
+                        a["port"].as_u64().expect("port") as usize,
+                        a["vlan"].as_u64().expect("vlan") as u16,
+                    )
                 })
                 .collect(),
             default_allow: t["default_action"] == "allow",

@@ -2,13 +2,16 @@
 //! whatever it accepts must add up: every offset and length it reports
 //! lies within the frame, the fields are the frame's bytes, a reparse gives
 //! the same headers, Ethernet padding changes nothing, and removing or
-//! adding the outer 802.1Q tag changes only the tag. Run with
+//! adding the outer 802.1Q tag changes only the tag. The VTEP classifier
+//! (`vtep_frame`) runs on the same bytes and must keep its inner frame
+//! within them. Run with
 //! `cargo fuzz run parse` (see fuzz/run.sh at the repository root).
 
 #![no_main]
 
 use dpu_dataplane::parse::{
-    parse, proto, Headers, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN, L3, VLAN_HLEN,
+    parse, proto, vtep_frame, Headers, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN,
+    L3, VLAN_HLEN,
 };
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -129,7 +132,27 @@ fn check_fields(frame: &[u8], h: &Headers) {
     }
 }
 
+/// Checks what `vtep_frame` says of `frame` for a VTEP at the frame's
+/// own IPv4 destination (so the VXLAN checks run, not just the address
+/// test): a VXLAN frame's inner frame lies within it and has room for an
+/// Ethernet header.
+fn check_vtep(frame: &[u8]) {
+    let ip = if frame.len() >= 34 {
+        be32(frame, 30)
+    } else {
+        0
+    };
+    for vtep in [ip, 0xc000_0201] {
+        if let VtepFrame::Vxlan { inner, vni, .. } = vtep_frame(frame, vtep) {
+            assert!(inner + ETH_HLEN <= frame.len(), "inner frame at {inner}");
+            assert!(vni < 1 << 24);
+            assert_eq!(be16(frame, 12), ETH_IPV4);
+        }
+    }
+}
+
 libfuzzer_sys::fuzz_target!(|frame: &[u8]| {
+    check_vtep(frame);
     let first = parse(frame);
     // Deterministic, success or not.
     assert_eq!(parse(frame), first);

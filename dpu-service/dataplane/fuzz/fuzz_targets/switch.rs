@@ -76,7 +76,7 @@ fn tenant(
         name: name.into(),
         attachments: attachments
             .iter()
-            .map(|&(port, vlan)| Attach { port, vlan })
+            .map(|&(port, vlan)| Attach::port(port, vlan))
             .collect(),
         default_allow,
         rules,
