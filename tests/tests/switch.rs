@@ -195,6 +195,101 @@ fn the_kernel_driver_switches_tenants_with_a_pinned_worker() -> Result<()> {
     Ok(())
 }
 
+/// VXLAN through the real binary on the kernel driver: the uplink's VTEP
+/// (192.0.2.1) faces a namespace whose Linux `vxlan` device (VNI 100,
+/// 192.0.2.2) plays a remote hypervisor. Red's VF host and the remote
+/// host reach each other through VNI 100 (ARP for both VTEPs resolved on
+/// the way); blue's host, in the same subnet but on VNI 200, which the
+/// remote does not serve, reaches nothing.
+#[test]
+fn vxlan_networks_reach_remote_vteps_of_their_tenant_only() -> Result<()> {
+    let remote = Host::new("x", "192.0.2.2/24")?;
+    let a = Host::new("y", "10.233.0.1/24")?;
+    let b = Host::new("z", "10.233.0.3/24")?;
+    let peer = format!("{}p", remote.port_if);
+    for cmd in [
+        &[
+            "ip",
+            "link",
+            "add",
+            "vx100",
+            "type",
+            "vxlan",
+            "id",
+            "100",
+            "local",
+            "192.0.2.2",
+            "remote",
+            "192.0.2.1",
+            "dstport",
+            "4789",
+            "dev",
+            &peer,
+        ][..],
+        &["ip", "addr", "add", "10.233.0.2/24", "dev", "vx100"],
+        &["ip", "link", "set", "vx100", "up"],
+    ] {
+        let out = remote.ns.exec(cmd)?;
+        if !out.status.success() {
+            bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n".to_string();
+    for (id, h, vtep) in [
+        ("p0", &remote, "\nvtep_address = \"192.0.2.1\""),
+        ("pf0vf0", &a, ""),
+        ("pf0vf1", &b, ""),
+    ] {
+        config += &format!(
+            "\n[[ports]]\nid = \"{id}\"\ndriver = \"kernel\"\ndevice = \"{}\"{vtep}\n",
+            h.port_if
+        );
+    }
+    let svc = Service::start_config(&config, &[])?;
+    for (tenant, port, vxlan) in [
+        ("red", "pf0vf0", "p0:100:192.0.2.2"),
+        ("blue", "pf0vf1", "p0:200:192.0.2.2"),
+    ] {
+        svc.dpuctl_json(&[
+            "tenant",
+            "create",
+            tenant,
+            "--default-policy",
+            "allow",
+            "--port",
+            port,
+            "--vxlan",
+            vxlan,
+        ])?;
+    }
+    let red = svc.dpuctl_json(&["tenant", "get", "red"])?.to_string();
+    assert!(red.contains("192.0.2.2"), "remote VTEP not kept: {red}");
+    eventually("red's host to reach the remote host over VNI 100", || {
+        a.ping("10.233.0.2")
+    })?;
+    assert!(
+        remote.ns.ping("10.233.0.1"),
+        "the remote host did not reach red's"
+    );
+    assert!(!b.ping("10.233.0.2"), "blue reached red's remote host");
+    assert!(!b.ping("10.233.0.1"), "blue reached red's host");
+    // What crossed the uplink was VXLAN: the remote kernel's device counted it.
+    let stats = remote.ns.exec(&["ip", "-s", "link", "show", "vx100"])?;
+    let text = String::from_utf8_lossy(&stats.stdout).to_string();
+    let rx_packets: u64 = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("RX:"))
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        rx_packets >= 4,
+        "vx100 received {rx_packets} packets: {text}"
+    );
+    Ok(())
+}
+
 /// The MAC address of the host's veth end outside its namespace (the
 /// service's port).
 fn host_mac_outside(h: &Host) -> Result<String> {

@@ -25,9 +25,14 @@ pub fn attachment(a: &Attachment) -> pb::Attachment {
             allowed_macs: guard.macs.iter().map(ToString::to_string).collect(),
             allowed_source_prefixes: guard.prefixes.iter().map(ToString::to_string).collect(),
         }),
-        Attachment::Vxlan { uplink, vni } => pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+        Attachment::Vxlan {
+            uplink,
+            vni,
+            remote_vteps,
+        } => pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
             uplink: format!("ports/{uplink}"),
             vni: *vni,
+            remote_vteps: remote_vteps.iter().map(ToString::to_string).collect(),
         }),
     };
     pb::Attachment { kind: Some(kind) }

@@ -355,6 +355,9 @@ pub enum Attachment {
         uplink: String,
         /// VXLAN network identifier.
         vni: u32,
+        /// Remote VTEPs that get the network's flooded frames.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        remote_vteps: Vec<std::net::Ipv4Addr>,
     },
 }
 
@@ -401,7 +404,7 @@ impl fmt::Display for Attachment {
         match self {
             Self::Port { port, vlan: 0, .. } => write!(f, "ports/{port}"),
             Self::Port { port, vlan, .. } => write!(f, "ports/{port} vlan {vlan}"),
-            Self::Vxlan { uplink, vni } => write!(f, "ports/{uplink} vni {vni}"),
+            Self::Vxlan { uplink, vni, .. } => write!(f, "ports/{uplink} vni {vni}"),
         }
     }
 }
@@ -662,6 +665,7 @@ mod tests {
         let vx = Attachment::Vxlan {
             uplink: "p0".into(),
             vni: 10,
+            remote_vteps: Vec::new(),
         };
         assert!(whole.conflicts_with(&v10));
         assert!(v10.conflicts_with(&whole));

@@ -201,6 +201,10 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
             Ok(Attachment::Vxlan {
                 uplink: uplink.to_string(),
                 vni: v.vni,
+                remote_vteps: remote_vteps(
+                    &format!("{field}.vxlan.remote_vteps"),
+                    &v.remote_vteps,
+                )?,
             })
         }
         None => Err(ControlError::invalid(
@@ -208,6 +212,37 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
             "one of port, vxlan is required",
         )),
     }
+}
+
+/// Most remote VTEPs of a VXLAN attachment.
+pub const MAX_REMOTE_VTEPS: usize = 64;
+
+/// A VXLAN attachment's remote VTEPs: unicast IPv4 addresses, no repeats.
+fn remote_vteps(field: &str, list: &[String]) -> Result<Vec<std::net::Ipv4Addr>> {
+    if list.len() > MAX_REMOTE_VTEPS {
+        return Err(ControlError::invalid(
+            field,
+            format!("{} entries; at most {MAX_REMOTE_VTEPS}", list.len()),
+        ));
+    }
+    let mut out: Vec<std::net::Ipv4Addr> = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        let a: std::net::Ipv4Addr = s
+            .parse()
+            .map_err(|_| ControlError::invalid(&f, format!("{s:?} is not an IPv4 address")))?;
+        if a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback() {
+            return Err(ControlError::invalid(
+                &f,
+                format!("{a} is not a unicast address"),
+            ));
+        }
+        if out.contains(&a) {
+            return Err(ControlError::invalid(&f, format!("{a} is listed twice")));
+        }
+        out.push(a);
+    }
+    Ok(out)
 }
 
 /// Most entries in each anti-spoofing list of an attachment.
@@ -1057,6 +1092,46 @@ mod tests {
             field_of(attachments("a", &[p("p0", 1)]).unwrap_err()),
             "a[0].port.port"
         );
+    }
+
+    #[test]
+    fn vxlan_remote_vteps() {
+        let v = |vni, remotes: &[&str]| pb::Attachment {
+            kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+                uplink: "ports/p0".into(),
+                vni,
+                remote_vteps: remotes.iter().map(|s| s.to_string()).collect(),
+            })),
+        };
+        let a = attachment("a", &v(100, &["192.0.2.2", "198.51.100.7"])).unwrap();
+        assert_eq!(
+            a,
+            Attachment::Vxlan {
+                uplink: "p0".into(),
+                vni: 100,
+                remote_vteps: vec![
+                    "192.0.2.2".parse().unwrap(),
+                    "198.51.100.7".parse().unwrap()
+                ],
+            }
+        );
+        let field = |a: pb::Attachment| field_of(attachment("a", &a).unwrap_err());
+        assert_eq!(field(v(0, &[])), "a.vxlan.vni");
+        assert_eq!(field(v(1 << 24, &[])), "a.vxlan.vni");
+        assert_eq!(
+            field(v(5, &["192.0.2.2", "nope"])),
+            "a.vxlan.remote_vteps[1]"
+        );
+        assert_eq!(field(v(5, &["2001:db8::1"])), "a.vxlan.remote_vteps[0]");
+        assert_eq!(field(v(5, &["224.0.0.1"])), "a.vxlan.remote_vteps[0]");
+        assert_eq!(field(v(5, &["0.0.0.0"])), "a.vxlan.remote_vteps[0]");
+        assert_eq!(
+            field(v(5, &["192.0.2.2", "192.0.2.2"])),
+            "a.vxlan.remote_vteps[1]"
+        );
+        let many: Vec<String> = (1..=65).map(|i| format!("10.0.0.{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(field(v(5, &many)), "a.vxlan.remote_vteps");
     }
 
     #[test]

@@ -736,6 +736,12 @@ pub struct PortConfig {
     /// What the port is connected to.
     #[serde(default)]
     pub role: PortRole,
+    /// IPv4 address of a VXLAN tunnel endpoint on this port (an uplink):
+    /// with it, the port answers ARP for the address and carries the VXLAN
+    /// attachments of tenants (`vni` on `ports/{id}`), with the port's MAC
+    /// address as the VTEP's.
+    #[serde(default)]
+    pub vtep_address: Option<std::net::Ipv4Addr>,
 }
 
 /// A listener override: a socket address, or "off" for none.
@@ -844,6 +850,29 @@ impl Config {
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             if !seen.insert(&p.id) {
                 bail!("ports[{i}].id: port {:?} is declared twice", p.id);
+            }
+            if let Some(a) = p.vtep_address {
+                if p.driver == "none" {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address needs a data-plane driver (\"dpdk\" or \"kernel\")",
+                        p.id
+                    );
+                }
+                if a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback() {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address {a} is not a unicast address",
+                        p.id
+                    );
+                }
+                if let Some(k) = self.ports[..i]
+                    .iter()
+                    .position(|o| o.vtep_address == Some(a))
+                {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address {a} is also ports[{k}]'s",
+                        p.id
+                    );
+                }
             }
             match p.driver.as_str() {
                 "none" => {}
@@ -1414,6 +1443,43 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.dataplane.idle, IdleMode::Backoff);
+    }
+
+    #[test]
+    fn vtep_addresses_are_unicast_distinct_and_on_data_plane_ports() {
+        let port = |id: &str, driver: &str, vtep: &str| {
+            format!(
+                "[[ports]]\nid = \"{id}\"\ndriver = \"{driver}\"\ndevice = \"{id}\"\nvtep_address = \"{vtep}\"\n"
+            )
+        };
+        let check = |text: &str| {
+            toml::from_str::<Config>(text)
+                .map_err(|e| e.to_string())?
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        let c: Config = toml::from_str(&port("p0", "kernel", "192.0.2.1")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.ports[0].vtep_address, Some("192.0.2.1".parse().unwrap()));
+        for (text, want) in [
+            (
+                port("p0", "none", "192.0.2.1"),
+                "vtep_address needs a data-plane driver",
+            ),
+            (
+                port("p0", "kernel", "224.0.0.5"),
+                "224.0.0.5 is not a unicast address",
+            ),
+            (port("p0", "kernel", "0.0.0.0"), "is not a unicast address"),
+            (
+                port("p0", "kernel", "192.0.2.1") + &port("p1", "kernel", "192.0.2.1"),
+                "ports[1] (p1): vtep_address 192.0.2.1 is also ports[0]'s",
+            ),
+            (port("p0", "kernel", "2001:db8::1"), "vtep_address"),
+        ] {
+            let err = check(&text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
     }
 
     #[test]

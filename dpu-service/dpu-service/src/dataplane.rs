@@ -15,7 +15,7 @@ use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::switch::{
-    Attach, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig,
+    Attach, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig, Vtep,
 };
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
 
@@ -126,17 +126,22 @@ impl Dataplane {
             flow_cache_entries: d.flow_cache_entries,
             ..SwitchConfig::default()
         };
-        let first = switch_config(&base, &ids, state);
-        let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
-        let (workers, counters) = match driver {
+        let start = Start {
+            config,
+            ports: &ports,
+            ids: &ids,
+            base,
+            state,
+        };
+        let (workers, counters, switch, base) = match driver {
             #[cfg(feature = "dpdk")]
-            "dpdk" => run(open_dpdk(config, &ports)?, config, &ids, &switch)?,
+            "dpdk" => start.run(open_dpdk(config, &ports)?)?,
             _ => {
                 let ifaces: Vec<String> = ports.iter().map(|p| p.device.clone()).collect();
                 let buffers = usize::try_from(d.mbufs).unwrap_or(usize::MAX);
                 let k = KernelDriver::open(&ifaces, d.workers, buffers)
                     .context("opening the kernel driver's ports")?;
-                run(k, config, &ids, &switch)?
+                start.run(k)?
             }
         };
         tracing::info!(
@@ -181,6 +186,58 @@ impl Dataplane {
     }
 }
 
+/// What starting the switch on a driver needs.
+struct Start<'a> {
+    config: &'a Config,
+    ports: &'a [&'a PortConfig],
+    ids: &'a Arc<Vec<String>>,
+    /// The switch configuration but for tenants and VTEPs.
+    base: SwitchConfig,
+    state: &'a State,
+}
+
+impl Start<'_> {
+    /// Compiles the switch for `driver`'s ports (VTEPs take their port's
+    /// MAC address) and starts one worker per queue running it; returns
+    /// the base configuration with the VTEPs.
+    fn run<D: Driver>(
+        self,
+        driver: D,
+    ) -> Result<(Workers, Arc<dyn CounterSource>, SwitchHandle, SwitchConfig)> {
+        let Start {
+            config,
+            ports,
+            ids,
+            mut base,
+            state,
+        } = self;
+        base.vteps = vec![None; ids.len()];
+        for (i, id) in ids.iter().enumerate() {
+            let Some(l) = driver.link(i) else { continue };
+            tracing::info!(port = %id, mac = %fmt_mac(l.mac), up = l.up, mtu = l.mtu, "port started");
+            if let Some(ip) = ports[i].vtep_address {
+                base.vteps[i] = Some(Vtep {
+                    ip: u32::from(ip),
+                    mac: l.mac,
+                });
+                tracing::info!(port = %id, address = %ip, "VXLAN tunnel endpoint");
+            }
+        }
+        if let Some(i) =
+            (0..ids.len()).find(|&i| ports[i].vtep_address.is_some() && base.vteps[i].is_none())
+        {
+            anyhow::bail!(
+                "port {}: its driver reports no MAC address for the VTEP",
+                ids[i]
+            );
+        }
+        let first = switch_config(&base, ids, state);
+        let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
+        let (workers, counters) = run(driver, config, ids, &switch)?;
+        Ok((workers, counters, switch, base))
+    }
+}
+
 /// Starts one worker per queue on `driver`'s ports, running the switch.
 fn run<D: Driver>(
     driver: D,
@@ -189,11 +246,6 @@ fn run<D: Driver>(
     switch: &SwitchHandle,
 ) -> Result<(Workers, Arc<dyn CounterSource>)> {
     let d = &config.dataplane;
-    for (i, id) in ids.iter().enumerate() {
-        if let Some(l) = driver.link(i) {
-            tracing::info!(port = %id, mac = %fmt_mac(l.mac), up = l.up, mtu = l.mtu, "port started");
-        }
-    }
     let idle = match d.idle {
         IdleMode::Busy => Idle::BusyPoll,
         IdleMode::Backoff => Idle::Backoff {
@@ -270,32 +322,35 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
         .tenants
         .values()
         .map(|t| {
-            let (attachments, guards) = t
-                .attachments
-                .iter()
-                .filter_map(|a| match a {
-                    Attachment::Port { port, vlan, guard } => {
-                        let found = index
-                            .get(port.as_str())
-                            .map(|&port| (Attach { port, vlan: *vlan }, switch_guard(guard)));
-                        if found.is_none() {
-                            tracing::warn!(tenant = %t.id, attachment = %a, "port has no data-plane driver; attachment kept, not forwarded");
-                        }
-                        found
-                    }
-                    Attachment::Vxlan { .. } => {
-                        tracing::warn!(tenant = %t.id, attachment = %a, "VXLAN attachments are not forwarded by this data plane yet; kept");
-                        None
-                    }
-                })
-                .unzip();
-            TenantConfig {
+            let mut out = TenantConfig {
                 name: t.id.clone(),
-                attachments,
-                guards,
                 default_allow: t.default_policy == Action::Allow,
                 rules: t.rules.rules.iter().map(switch_rule).collect(),
+                ..TenantConfig::default()
+            };
+            for a in &t.attachments {
+                let Some(&port) = index.get(a.port()) else {
+                    tracing::warn!(tenant = %t.id, attachment = %a, "port has no data-plane driver; attachment kept, not forwarded");
+                    continue;
+                };
+                let (attach, guard, remotes) = match a {
+                    Attachment::Port { vlan, guard, .. } => {
+                        (Attach::port(port, *vlan), switch_guard(guard), Vec::new())
+                    }
+                    Attachment::Vxlan { vni, remote_vteps, .. } => {
+                        if base.vteps.get(port).copied().flatten().is_none() {
+                            tracing::warn!(tenant = %t.id, attachment = %a, "port has no vtep_address; VXLAN attachment kept, not forwarded");
+                            continue;
+                        }
+                        let remotes = remote_vteps.iter().map(|&ip| u32::from(ip)).collect();
+                        (Attach { port, vlan: 0, vni: *vni }, Guard::default(), remotes)
+                    }
+                };
+                out.attachments.push(attach);
+                out.guards.push(guard);
+                out.remote_vteps.push(remotes);
             }
+            out
         })
         .collect();
     SwitchConfig {
@@ -534,6 +589,12 @@ mod tests {
                     Attachment::Vxlan {
                         uplink: "p0".into(),
                         vni: 5000,
+                        remote_vteps: vec!["192.0.2.9".parse().unwrap()],
+                    },
+                    Attachment::Vxlan {
+                        uplink: "pf0vf1".into(),
+                        vni: 6000,
+                        remote_vteps: Vec::new(),
                     },
                 ],
                 default_policy: Action::Allow,
@@ -547,15 +608,32 @@ mod tests {
         let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
         let base = SwitchConfig {
             ports: 2,
+            vteps: vec![
+                Some(Vtep {
+                    ip: 0xc000_0201,
+                    mac: [2, 0, 0, 0, 0, 0xaa],
+                }),
+                None,
+            ],
             ..SwitchConfig::default()
         };
         let c = switch_config(&base, &ids, &state);
         assert_eq!(c.ports, 2);
         let t = &c.tenants[0];
+        // The VXLAN network on the port without a VTEP is left out.
         assert_eq!(
             t.attachments,
-            vec![Attach { port: 1, vlan: 0 }, Attach { port: 0, vlan: 100 }]
+            vec![
+                Attach::port(1, 0),
+                Attach::port(0, 100),
+                Attach {
+                    port: 0,
+                    vlan: 0,
+                    vni: 5000
+                }
+            ]
         );
+        assert_eq!(t.remote_vteps, vec![vec![], vec![], vec![0xc000_0209]]);
         assert_eq!(
             t.guards,
             vec![
@@ -564,6 +642,7 @@ mod tests {
                     v4: vec![(0x0a00_0000, 0x0a00_00ff)],
                     v6: vec![(0x2001_0db8 << 96, (0x2001_0db8 << 96) | ((1u128 << 96) - 1))],
                 },
+                Guard::default(),
                 Guard::default()
             ]
         );

@@ -161,8 +161,10 @@ struct TenantFields {
         value_parser = port_attachment
     )]
     ports: Vec<pb::Attachment>,
-    /// Attach a VXLAN network on an uplink: UPLINK:VNI (repeatable).
-    #[arg(long = "vxlan", value_name = "UPLINK:VNI", value_parser = vxlan_attachment)]
+    /// Attach a VXLAN network on an uplink: UPLINK:VNI, or
+    /// UPLINK:VNI:VTEP[,VTEP...] with the remote VTEPs that get its
+    /// flooded frames (repeatable).
+    #[arg(long = "vxlan", value_name = "UPLINK:VNI[:VTEPS]", value_parser = vxlan_attachment)]
     vxlans: Vec<pb::Attachment>,
 }
 
@@ -699,12 +701,13 @@ async fn watch(
     Ok(())
 }
 
-/// `--vxlan UPLINK:VNI`.
+/// `--vxlan UPLINK:VNI[:VTEP,...]`.
 fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
-    let (uplink, vni) = s
+    let (uplink, rest) = s
         .split_once(':')
         .filter(|(u, _)| !u.is_empty())
-        .ok_or("expected UPLINK:VNI")?;
+        .ok_or("expected UPLINK:VNI[:VTEP,...]")?;
+    let (vni, vteps) = rest.split_once(':').unwrap_or((rest, ""));
     let vni = vni
         .parse()
         .map_err(|_| format!("VNI {vni:?} is not a number"))?;
@@ -712,6 +715,11 @@ fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
         kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
             uplink: port_name(uplink),
             vni,
+            remote_vteps: vteps
+                .split(',')
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+                .collect(),
         })),
     })
 }
@@ -1389,6 +1397,9 @@ mod tests {
         // PORT[.VLAN], ranges, protocols and rates: see dpu_proto::text.
         assert!(
             matches!(vxlan_attachment("p0:5001").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.uplink == "ports/p0" && v.vni == 5001)
+        );
+        assert!(
+            matches!(vxlan_attachment("p0:7:192.0.2.2,192.0.2.3").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.vni == 7 && v.remote_vteps == ["192.0.2.2", "192.0.2.3"])
         );
         assert!(vxlan_attachment("p0").is_err());
         assert!(vxlan_attachment(":5").is_err());

@@ -46,7 +46,17 @@ fn attachment(a: &pb::Attachment) -> String {
             }
             out
         }
-        Some(pb::attachment::Kind::Vxlan(v)) => format!("{}:vni{}", id(&v.uplink), v.vni),
+        Some(pb::attachment::Kind::Vxlan(v)) if v.remote_vteps.is_empty() => {
+            format!("{}:vni{}", id(&v.uplink), v.vni)
+        }
+        Some(pb::attachment::Kind::Vxlan(v)) => {
+            format!(
+                "{}:vni{}:{}",
+                id(&v.uplink),
+                v.vni,
+                v.remote_vteps.join(",")
+            )
+        }
         None => "?".into(),
     }
 }
