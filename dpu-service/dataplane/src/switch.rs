@@ -2420,11 +2420,16 @@ mod tests {
         ));
     }
 
-    /// Random tenants on random ports and VLANs, random frames from
-    /// anywhere (forged tags, spoofed and broadcast MACs): every output
-    /// is an attachment of the input's tenant, never the input itself.
+    /// Random tenants on random ports, VLANs and VXLAN networks, random
+    /// frames from anywhere (forged tags, spoofed and broadcast MACs,
+    /// VXLAN on any VNI from any remote VTEP): every output is an
+    /// attachment of the input's tenant, never the input itself.
     #[test]
     fn random_traffic_never_leaves_its_tenant() {
+        const VTEP: u32 = 0xc000_0201;
+        const REMOTES: [u32; 2] = [0xc000_0202, 0xc000_0203];
+        // Outputs into a tunnel, and out of one: both must be exercised.
+        let (mut encapsulated, mut decapsulated) = (0, 0);
         let mut rng = crate::classify::tests::Rng(0x5eed);
         for round in 0..200 {
             let ports = 1 + rng.below(5) as usize;
@@ -2445,6 +2450,20 @@ mod tests {
                     }
                 }
                 let mut t = tenant(&format!("t{t}"), &att, rng.below(2) == 0);
+                // VXLAN networks on port 0's VTEP, flooding to some of
+                // two remote VTEPs.
+                t.remote_vteps = vec![Vec::new(); t.attachments.len()];
+                let vni = [100, 200, 300][rng.below(3) as usize];
+                if rng.below(2) == 0 && used.insert((0, 5000 + vni as u16)) {
+                    t.attachments.push(Attach {
+                        port: 0,
+                        vlan: 0,
+                        vni,
+                    });
+                    let remotes = [REMOTES[0], REMOTES[1]];
+                    let n = rng.below(3) as usize;
+                    t.remote_vteps.push(remotes[..n].to_vec());
+                }
                 if rng.below(2) == 0 {
                     // Stateful DNS: replies pass only for the tenant that asked.
                     let mut dns = AclRule::any(1, 0, Family::V4);
@@ -2460,16 +2479,39 @@ mod tests {
                 }
                 tenants.push(t);
             }
-            let (_h, mut p) = switch(ports, tenants.clone());
+            let mut vteps = vec![None; ports];
+            vteps[0] = Some(Vtep {
+                ip: VTEP,
+                mac: mac(0xaa),
+            });
+            let h = SwitchHandle::new(&SwitchConfig {
+                ports,
+                vteps,
+                tenants: tenants.clone(),
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            let mut p = h.pipeline();
+            p.turn();
             // (tenant, client host) pairs that have asked 10.0.0.99.
             let mut asked = std::collections::HashSet::new();
+            let vxlan_owner = |port: usize, vni: u32| -> Option<(usize, Attach)> {
+                tenants.iter().enumerate().find_map(|(ti, t)| {
+                    t.attachments
+                        .iter()
+                        .find(|a| a.port == port && a.vni == vni)
+                        .map(|a| (ti, *a))
+                })
+            };
             let owner = |port: usize, vlan: Option<u16>| -> Option<(usize, Attach)> {
                 tenants
                     .iter()
                     .enumerate()
                     .find_map(|(ti, t)| {
                         let a = t.attachments.iter().find(|a| {
-                            a.port == port && vlan.is_some_and(|v| v == a.vlan && a.vlan != 0)
+                            a.port == port
+                                && a.vni == 0
+                                && vlan.is_some_and(|v| v == a.vlan && a.vlan != 0)
                         });
                         a.map(|a| (ti, *a))
                     })
@@ -2477,7 +2519,7 @@ mod tests {
                         tenants.iter().enumerate().find_map(|(ti, t)| {
                             t.attachments
                                 .iter()
-                                .find(|a| a.port == port && a.vlan == 0)
+                                .find(|a| a.port == port && a.vlan == 0 && a.vni == 0)
                                 .map(|a| (ti, *a))
                         })
                     })
@@ -2507,8 +2549,31 @@ mod tests {
                 } else {
                     udp(src, dst, vlan, 53)
                 };
+                // Some frames come through port 0's VTEP, from a remote
+                // VTEP, on a VNI that may be nobody's.
+                let vni = [0, 0, 100, 200, 300, 400][rng.below(6) as usize];
+                let (port, frame) = if vni == 0 {
+                    (port, frame)
+                } else {
+                    let mut f = crate::io::memory::MemPacket(frame);
+                    let t = Tunnel {
+                        src_mac: mac(0xbb),
+                        dst_mac: mac(0xaa),
+                        src_ip: REMOTES[rng.below(2) as usize],
+                        dst_ip: VTEP,
+                        vni,
+                        resolve: false,
+                    };
+                    assert!(crate::worker::apply_tunnel(&mut f, &t));
+                    (0, f.0)
+                };
+                let ingress = if vni == 0 {
+                    owner(port, vlan)
+                } else {
+                    vxlan_owner(0, vni)
+                };
                 let (v, flood) = run(&mut p, port, frame);
-                if let Some((ti, _)) = owner(port, vlan) {
+                if let Some((ti, _)) = ingress {
                     let t = &tenants[ti];
                     if !t.default_allow && !t.rules.is_empty() {
                         let passed = !matches!(v, Verdict::Drop(_));
@@ -2529,7 +2594,7 @@ mod tests {
                     Verdict::Flood => flood,
                     Verdict::Drop(_) => continue,
                 };
-                let (ti, from) = owner(port, vlan)
+                let (ti, from) = ingress
                     .unwrap_or_else(|| panic!("round {round}: forwarded from nobody's port"));
                 for e in outs {
                     let out_tag = match e.vlan {
@@ -2537,12 +2602,26 @@ mod tests {
                         VlanOp::Strip => None,
                         VlanOp::Push(v) | VlanOp::Set(v) => Some(v),
                     };
-                    let (to, at) = owner(e.port, out_tag).expect("output attached to nobody");
+                    assert_eq!(e.decap > 0, vni != 0, "round {round}: {e:?}");
+                    encapsulated += usize::from(e.tunnel.is_some());
+                    decapsulated += usize::from(e.decap > 0);
+                    let (to, at) = match e.tunnel {
+                        Some(t) => {
+                            assert!(REMOTES.contains(&t.dst_ip), "round {round}: {t:?}");
+                            vxlan_owner(e.port, t.vni)
+                        }
+                        None => owner(e.port, out_tag),
+                    }
+                    .expect("output attached to nobody");
                     assert_eq!(to, ti, "round {round}: tenant {ti} leaked to tenant {to}");
                     assert_ne!(at, from, "round {round}: sent back where it came from");
                 }
             }
         }
+        assert!(
+            encapsulated > 100 && decapsulated > 100,
+            "{encapsulated} {decapsulated}"
+        );
     }
 
     mod stateful {
