@@ -111,7 +111,11 @@ fn crossing(tag: &str, subnet: u8, queues: u16) {
     let (s0, s1) = (driver.stats(0), driver.stats(1));
     assert_eq!(s0.rx_packets, t.rx_packets[0], "{s0:?}");
     assert_eq!(s1.tx_packets, t.tx_packets[1], "{s1:?}");
-    assert_eq!(s0.rx_errors + s1.rx_errors + s0.tx_errors + s1.tx_errors, 0);
+    assert_eq!(
+        s0.rx_errors + s1.rx_errors + s0.tx_errors + s1.tx_errors,
+        0,
+        "port 0 {s0:?}, port 1 {s1:?}"
+    );
 
     // Stopped workers forward nothing.
     assert!(
