@@ -1564,35 +1564,25 @@ impl Pipeline for SwitchPipeline {
         } else {
             self.lookup(ti, h.dst_mac)
         };
-        let verdict = match to {
-            Some((o, _)) if o == ai => Verdict::Flood, // same segment: filtered
-            Some((o, vtep)) => {
-                self.egress(t, from, o, decap, vtep, flood);
-                match flood.as_slice() {
-                    [one] => {
-                        let e = *one;
-                        flood.clear();
-                        Verdict::Forward(e)
-                    }
-                    _ => Verdict::Flood,
-                }
-            }
+        match to {
+            Some((o, _)) if o == ai => {} // same segment: filtered
+            Some((o, vtep)) => self.egress(t, from, o, decap, vtep, flood),
             None => {
                 for i in 0..t.attachments.len() {
                     if i != ai {
                         self.egress(t, from, i, decap, 0, flood);
                     }
                 }
-                // A flood to one attachment is a forward: no copy.
-                match flood.as_slice() {
-                    [one] => {
-                        let e = *one;
-                        flood.clear();
-                        Verdict::Forward(e)
-                    }
-                    _ => Verdict::Flood,
-                }
             }
+        }
+        // One way out is a forward: no copy.
+        let verdict = match flood.as_slice() {
+            [one] => {
+                let e = *one;
+                flood.clear();
+                Verdict::Forward(e)
+            }
+            _ => Verdict::Flood,
         };
         self.learn(ti, h.src_mac, ai, remote);
         verdict
