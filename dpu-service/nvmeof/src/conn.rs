@@ -4,14 +4,17 @@
 //! block requests it takes from [`Connection::next_request`] and hands their
 //! results back to [`Connection::complete`], calls [`Connection::tick`] now
 //! and then (keep-alive, asynchronous events, controller teardown), and
-//! writes out whatever [`Connection::take_output`] returns. Nothing here
-//! blocks, sleeps or touches a socket.
+//! writes out whatever [`Connection::take_output`] returns, or, without
+//! copying large read data, what [`Connection::output_slices`] lends in a
+//! vectored write, reporting the bytes written to
+//! [`Connection::output_sent`]. Nothing here blocks, sleeps or touches a
+//! socket.
 //!
 //! A protocol violation ends the connection with a C2HTermReq carrying the
 //! fatal error status; it never affects another connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -147,6 +150,14 @@ fn sized(buf: &mut Vec<u8>, len: usize) {
 /// holding more than a few MiB per connection.
 const SPARE_BUFFERS: usize = 16;
 
+/// Read data of at least this many bytes goes out from its own buffer, its
+/// C2HData header beside it in a vectored write, instead of being copied
+/// behind the header; below it, the copy costs less than another slice.
+pub const SEND_FROM_BUFFER: usize = 16 * 1024;
+
+/// Initial capacity of the buffer PDUs are encoded into.
+const OUT_CAPACITY: usize = 64 * 1024;
+
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -224,7 +235,14 @@ pub struct Connection {
     pending: HashMap<u16, Pending>,
     requests: VecDeque<BlockRequest>,
     pub(crate) aers: Vec<u16>,
+    /// Output being encoded, after everything in `tx`.
     out: Vec<u8>,
+    /// Output ahead of `out`, in order: buffers of encoded PDUs and read
+    /// data sent from its own buffer ([`SEND_FROM_BUFFER`]).
+    tx: VecDeque<Vec<u8>>,
+    /// Bytes of the front of the output (the first of `tx`, else `out`)
+    /// already sent.
+    sent: usize,
     spare: Vec<Vec<u8>>,
     close_reason: Option<String>,
 }
@@ -251,7 +269,9 @@ impl Connection {
             pending: HashMap::new(),
             requests: VecDeque::new(),
             aers: Vec::new(),
-            out: Vec::with_capacity(64 * 1024),
+            out: Vec::with_capacity(OUT_CAPACITY),
+            tx: VecDeque::new(),
+            sent: 0,
             spare: Vec::new(),
             close_reason: None,
         }
@@ -287,14 +307,82 @@ impl Connection {
         self.requests.pop_front()
     }
 
-    /// Bytes to send to the host (the buffer is left empty).
+    /// Bytes to send to the host (the output is left empty).
     pub fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.out)
+        let mut v = Vec::new();
+        self.drain_output_into(&mut v);
+        v
     }
 
-    /// Appends the bytes to send to `buf` (keeps this side's buffer).
+    /// Appends the bytes to send to `buf` (the output is left empty; this
+    /// side keeps its buffers).
     pub fn drain_output_into(&mut self, buf: &mut Vec<u8>) {
-        buf.append(&mut self.out);
+        let mut skip = std::mem::take(&mut self.sent);
+        while let Some(c) = self.tx.pop_front() {
+            buf.extend_from_slice(&c[skip..]);
+            skip = 0;
+            self.recycle(c);
+        }
+        buf.extend_from_slice(&self.out[skip..]);
+        self.out.clear();
+    }
+
+    /// True when there are bytes to send.
+    pub fn has_output(&self) -> bool {
+        !self.tx.is_empty() || self.out.len() > self.sent
+    }
+
+    /// Lends the bytes to send, in order, as up to `slices.len()` slices
+    /// for a vectored write, and answers how many it filled (0 when there
+    /// is nothing to send). Large read data is lent from its own buffer,
+    /// never copied. Report what the write took with
+    /// [`Connection::output_sent`].
+    pub fn output_slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
+        let chunks = self.tx.iter().chain(std::iter::once(&self.out));
+        let mut n = 0;
+        for (i, c) in chunks.enumerate() {
+            if n == slices.len() {
+                break;
+            }
+            let c = if i == 0 { &c[self.sent..] } else { &c[..] };
+            if !c.is_empty() {
+                slices[n] = IoSlice::new(c);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Marks the first `n` bytes of the output as sent (at most what
+    /// [`Connection::output_slices`] lent); their buffers are reused.
+    pub fn output_sent(&mut self, n: usize) {
+        let mut n = n + std::mem::take(&mut self.sent);
+        while let Some(front) = self.tx.front() {
+            if n < front.len() {
+                self.sent = n;
+                return;
+            }
+            n -= front.len();
+            if let Some(c) = self.tx.pop_front() {
+                self.recycle(c);
+            }
+        }
+        if n < self.out.len() {
+            self.sent = n;
+        } else {
+            self.out.clear();
+        }
+    }
+
+    /// Queues `data` to be sent from its own buffer after the output so far.
+    fn send_buffer(&mut self, data: Vec<u8>) {
+        if !self.out.is_empty() {
+            let mut next = self.spare.pop().unwrap_or_default();
+            next.clear();
+            next.reserve(OUT_CAPACITY);
+            self.tx.push_back(std::mem::replace(&mut self.out, next));
+        }
+        self.tx.push_back(data);
     }
 
     /// True once the connection is over: send what output is left, then
@@ -695,10 +783,7 @@ impl Connection {
             d.truncate(sqe.sgl_len() as usize);
             d
         });
-        self.respond(cqe, data.as_deref());
-        if let Some(d) = data {
-            self.recycle(d);
-        }
+        self.respond(cqe, data);
     }
 
     /// A data buffer of `len` bytes, reused when one is spare.
@@ -715,17 +800,38 @@ impl Connection {
         }
     }
 
-    fn respond(&mut self, mut cqe: Cqe, data: Option<&[u8]>) {
+    /// Sends `data` (if any) in a C2HData PDU, then the response unless
+    /// the data PDU carries SUCCESS. Large data is sent from its own buffer,
+    /// small data copied; either way the buffer is reused afterwards.
+    fn respond(&mut self, mut cqe: Cqe, data: Option<Vec<u8>>) {
         if self.phase == Phase::Closed {
+            if let Some(d) = data {
+                self.recycle(d);
+            }
             return;
         }
-        let success = cqe.status == 0;
-        if let Some(d) = data.filter(|d| !d.is_empty()) {
-            let skip_resp = success && self.sqflow_disabled;
-            pdu::encode_c2h_data(&mut self.out, self.digests, cqe.cid, 0, d, true, skip_resp);
-            if skip_resp {
-                return;
+        let d = data.unwrap_or_default();
+        let skip_resp = !d.is_empty() && cqe.status == 0 && self.sqflow_disabled;
+        let (dg, cid) = (self.digests, cqe.cid);
+        if d.len() >= SEND_FROM_BUFFER {
+            // No longer than the command's SGL length, a u32.
+            let len = d.len() as u32;
+            pdu::encode_c2h_data_header(&mut self.out, dg, cid, 0, len, true, skip_resp);
+            let digest = dg.data.then(|| pdu::data_digest(&d));
+            self.send_buffer(d);
+            if let Some(digest) = digest {
+                self.out.extend_from_slice(&digest);
             }
+        } else {
+            if !d.is_empty() {
+                pdu::encode_c2h_data(&mut self.out, dg, cid, 0, &d, true, skip_resp);
+            }
+            if d.capacity() != 0 {
+                self.recycle(d);
+            }
+        }
+        if skip_resp {
+            return;
         }
         cqe.sqhd = self.sqhd;
         cqe.sqid = self.qid;

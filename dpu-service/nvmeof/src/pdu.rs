@@ -680,15 +680,28 @@ pub fn decode_controller<'a>(
 /// peer's PDA is taken as 0) and its digest (when `d.data` and there is
 /// data). Returns the offset of the PDU in `out`.
 fn put_pdu(out: &mut Vec<u8>, ty: u8, fl: u8, d: Digests, psh: &[u8], data: &[u8]) -> usize {
+    out.reserve(CH_LEN + psh.len() + 2 * DIGEST_LEN + data.len());
+    let start = put_header(out, ty, fl, d, psh, data.len());
+    out.extend_from_slice(data);
+    if d.data && !data.is_empty() {
+        out.extend_from_slice(&data_digest(data));
+    }
+    start
+}
+
+/// Appends what [`put_pdu`] puts before the data: the CH (PLEN and PDO
+/// counting `data_len` bytes of data and their digest), `psh` and the header
+/// digest. Returns the offset of the PDU in `out`.
+fn put_header(out: &mut Vec<u8>, ty: u8, fl: u8, d: Digests, psh: &[u8], data_len: usize) -> usize {
     let hlen = CH_LEN + psh.len();
     let hd = if d.header { DIGEST_LEN } else { 0 };
-    let dd = if d.data && !data.is_empty() {
+    let dd = if d.data && data_len != 0 {
         DIGEST_LEN
     } else {
         0
     };
-    let pdo = if data.is_empty() { 0 } else { hlen + hd };
-    let plen = hlen + hd + data.len() + dd;
+    let pdo = if data_len == 0 { 0 } else { hlen + hd };
+    let plen = hlen + hd + data_len + dd;
     let plen = u32::try_from(plen).expect("PDU longer than 4 GiB");
     let mut fl = fl;
     if hd != 0 {
@@ -697,7 +710,6 @@ fn put_pdu(out: &mut Vec<u8>, ty: u8, fl: u8, d: Digests, psh: &[u8], data: &[u8
     if dd != 0 {
         fl |= flags::DDGSTF;
     }
-    out.reserve(plen as usize);
     let start = out.len();
     // HLEN is at most 128 and PDO at most 132 here.
     out.extend_from_slice(&[ty, fl, hlen as u8, pdo as u8]);
@@ -707,11 +719,12 @@ fn put_pdu(out: &mut Vec<u8>, ty: u8, fl: u8, d: Digests, psh: &[u8], data: &[u8
         let crc = crc32c::crc32c(&out[start..start + hlen]);
         out.extend_from_slice(&crc.to_le_bytes());
     }
-    out.extend_from_slice(data);
-    if dd != 0 {
-        out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
-    }
     start
+}
+
+/// The data digest of `data` as it goes on the wire: CRC32C, little-endian.
+pub fn data_digest(data: &[u8]) -> [u8; 4] {
+    crc32c::crc32c(data).to_le_bytes()
 }
 
 /// The PDU-specific header of H2CData, C2HData and R2T (16 bytes).
@@ -775,6 +788,45 @@ pub fn encode_c2h_data(
     success: bool,
 ) {
     debug_assert!(!data.is_empty(), "C2HData without data");
+    let psh = xfer_psh(cccid, 0, datao, data_len(data));
+    put_pdu(
+        out,
+        pdu_type::C2H_DATA,
+        c2h_flags(last, success),
+        d,
+        &psh,
+        data,
+    );
+}
+
+/// Appends the headers of a C2HData PDU (as [`encode_c2h_data`]) whose
+/// `len` bytes of data (`len > 0`) the caller sends right after them from a
+/// buffer of its own, e.g. in a vectored write, followed, when `d.data`, by
+/// their [`data_digest`]. Headers, data and digest together are byte for
+/// byte what [`encode_c2h_data`] appends.
+pub fn encode_c2h_data_header(
+    out: &mut Vec<u8>,
+    d: Digests,
+    cccid: u16,
+    datao: u32,
+    len: u32,
+    last: bool,
+    success: bool,
+) {
+    debug_assert!(len != 0, "C2HData without data");
+    let psh = xfer_psh(cccid, 0, datao, len);
+    put_header(
+        out,
+        pdu_type::C2H_DATA,
+        c2h_flags(last, success),
+        d,
+        &psh,
+        len as usize,
+    );
+}
+
+/// The flags of a C2HData PDU.
+fn c2h_flags(last: bool, success: bool) -> u8 {
     debug_assert!(last || !success, "C2HData SUCCESS without LAST_PDU");
     let mut fl = 0;
     if last || success {
@@ -783,8 +835,7 @@ pub fn encode_c2h_data(
     if success {
         fl |= flags::SUCCESS;
     }
-    let psh = xfer_psh(cccid, 0, datao, data_len(data));
-    put_pdu(out, pdu_type::C2H_DATA, fl, d, &psh, data);
+    fl
 }
 
 /// Appends an R2T asking for `r2tl` bytes at offset `r2to` of command
@@ -1173,6 +1224,37 @@ mod tests {
         let h = crc_ref(&want);
         want.extend_from_slice(&h.to_le_bytes());
         assert_eq!(b, want);
+    }
+
+    /// Headers, data and digest put side by side (a vectored write) are
+    /// the PDU `encode_c2h_data` makes, for every digest setting and flag.
+    #[test]
+    fn c2h_data_header_then_data_is_the_whole_pdu() {
+        let data: Vec<u8> = (0..70_001u32).map(|i| (i * 7 + 3) as u8).collect();
+        for d in [
+            NONE,
+            BOTH,
+            Digests {
+                header: true,
+                data: false,
+            },
+            Digests {
+                header: false,
+                data: true,
+            },
+        ] {
+            for (last, success) in [(false, false), (true, false), (true, true)] {
+                let mut whole = vec![0xEE; 3];
+                encode_c2h_data(&mut whole, d, 9, 4096, &data, last, success);
+                let mut parts = vec![0xEE; 3];
+                encode_c2h_data_header(&mut parts, d, 9, 4096, data.len() as u32, last, success);
+                parts.extend_from_slice(&data);
+                if d.data {
+                    parts.extend_from_slice(&data_digest(&data));
+                }
+                assert_eq!(parts, whole, "{d:?} last {last} success {success}");
+            }
+        }
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //!
 //! A connection thread reads what the socket has, lets the connection
 //! consume every whole PDU in it, runs the block requests that produced,
-//! and writes all the responses back in one go; a read timeout wakes it
-//! for keep-alive checks and asynchronous events.
+//! and writes all the responses back in one go (a vectored write: large
+//! read data goes from its read buffer to the socket, never copied behind
+//! its PDU header); a read timeout wakes it for keep-alive checks and
+//! asynchronous events.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,8 @@ const TICK: Duration = Duration::from_millis(100);
 const POLL: Duration = Duration::from_micros(50);
 /// Receive buffer: room for the largest PDU plus what follows it.
 const RX_BUF: usize = 4 * (MAX_H2C_DATA as usize + IN_CAPSULE_DATA as usize);
+/// Most slices one vectored write takes (well under the kernel's IOV_MAX).
+const IOV: usize = 64;
 
 #[derive(Debug)]
 struct Listening {
@@ -210,6 +214,23 @@ fn read_polling(stream: &mut TcpStream, buf: &mut [u8], poll: Duration) -> io::R
     }
 }
 
+/// Writes everything `conn` has to send, in vectored writes.
+fn send_output(stream: &mut TcpStream, conn: &mut Connection) -> io::Result<()> {
+    loop {
+        let mut iov = [IoSlice::new(&[]); IOV];
+        let n = conn.output_slices(&mut iov);
+        if n == 0 {
+            return Ok(());
+        }
+        match stream.write_vectored(&iov[..n]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(k) => conn.output_sent(k),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Drives one connection until it closes or the transport stops.
 fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
@@ -225,7 +246,6 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     let mut conn = Connection::new(target, local, peer);
     let mut buf = vec![0u8; RX_BUF];
     let mut filled = 0;
-    let mut out = Vec::with_capacity(256 * 1024);
     let mut last_tick = Instant::now();
     loop {
         match read_polling(&mut stream, &mut buf[filled..], POLL) {
@@ -253,12 +273,8 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
         if stop.load(Ordering::Acquire) {
             conn.close("service stopping");
         }
-        conn.drain_output_into(&mut out);
-        if !out.is_empty() {
-            if let Err(e) = stream.write_all(&out) {
-                conn.close(&format!("write failed: {e}"));
-            }
-            out.clear();
+        if let Err(e) = send_output(&mut stream, &mut conn) {
+            conn.close(&format!("write failed: {e}"));
         }
         if conn.is_closed() {
             break;
