@@ -1,14 +1,16 @@
 //! The classifier alone on ClassBench rules and a 5-tuple trace: build
-//! time, table memory, lookups per second on one core, and the cost of a
-//! single-rule insert and delete. Reads the `dpdk-test-acl` files that
+//! time, table memory, lookups per second on one core (one key per call,
+//! and in bursts of 32 through `lookup_batch`, as a worker's receive
+//! burst and as `dpdk-test-acl` calls `rte_acl_classify`), and the cost
+//! of a single-rule insert and delete. Reads the `dpdk-test-acl` files that
 //! ../shared/bench/gen_data.py writes, so `dpdk-test-acl` can run on the
-//! same rules and trace side by side. Every lookup is first checked
-//! against a plain first-match scan of the rules.
+//! same rules and trace side by side. Every lookup, single and batched,
+//! is first checked against a plain first-match scan of the rules.
 //!
 //! ```text
 //! cargo bench -p dpu-dataplane --bench classify --no-run
-//! flock /tmp/bench.lock taskset -c 1 target/release/deps/classify-* \
-//!     --data /tmp/vswitch-bench/data --sets acl1_1k,acl1_10k --runs 3
+//! flock /tmp/bench.lock taskset -c 1 chrt -f 10 target/release/deps/classify-* \
+//!     --data /tmp/vswitch-bench/data --sets acl1_1k,acl1_10k --runs 3 --secs 5
 //! ```
 
 use std::hint::black_box;
@@ -80,6 +82,10 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
         .collect()
 }
 
+/// Keys per `lookup_batch` call in the burst measurement (a worker's
+/// receive burst).
+const BURST: usize = 32;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -114,9 +120,12 @@ fn main() {
             .collect();
         let c = Classifier::build(&rules);
         println!("{set}: {}", c.shape());
-        for k in &trace {
+        let mut out = vec![None; trace.len()];
+        c.lookup_batch(&trace, &mut out);
+        for (k, got) in trace.iter().zip(&out) {
             let want = rules.iter().find(|r| r.matches(k)).map(|r| r.tag);
             assert_eq!(c.lookup(k).map(|r| r.tag), want, "{set}: key {k:?}");
+            assert_eq!(got.map(|r| r.tag), want, "{set}: batch, key {k:?}");
         }
         let rates: Vec<f64> = (0..runs)
             .map(|_| {
@@ -125,6 +134,23 @@ fn main() {
                 while t.elapsed() < Duration::from_secs_f64(secs) {
                     for k in &trace {
                         black_box(c.lookup(black_box(k)));
+                    }
+                    n += trace.len() as u64;
+                }
+                n as f64 / t.elapsed().as_secs_f64() / 1e6
+            })
+            .collect();
+        // The same in bursts, as a worker would (and as dpdk-test-acl
+        // calls rte_acl_classify).
+        let batch_rates: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                let mut n = 0u64;
+                let mut out = [None; BURST];
+                while t.elapsed() < Duration::from_secs_f64(secs) {
+                    for burst in trace.chunks(BURST) {
+                        c.lookup_batch(black_box(burst), &mut out);
+                        black_box(&out);
                     }
                     n += trace.len() as u64;
                 }
@@ -148,12 +174,23 @@ fn main() {
             })
             .collect();
         println!(
-            "{set}: {} rules, build {:.1} ms, {:.2} MB, lookups {:.2} M/s (runs: {}), single-rule change {:.1} us",
+            "{set}: {} rules, build {:.1} ms, {:.2} MB, lookups {:.2} M/s (runs: {}), \
+             in bursts of {BURST} {:.2} M/s (runs: {}), single-rule change {:.1} us",
             rules.len(),
             median(builds) * 1e3,
             c.memory_bytes() as f64 / 1e6,
             median(rates.clone()),
-            rates.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
+            rates
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            median(batch_rates.clone()),
+            batch_rates
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
             median(changes) * 1e6,
         );
     }

@@ -3,7 +3,8 @@
 //! family-less rules without addresses) is built into a
 //! [`Classifier`], and every lookup, for fuzzed keys and for keys on and
 //! just beside the rules' edges, must return the rule a first-match scan
-//! with [`AclRule::matches`] finds. Then rounds of incremental changes
+//! with [`AclRule::matches`] finds, looked up one by one or in batches
+//! ([`Classifier::lookup_batch`]). Then rounds of incremental changes
 //! (removals and additions through [`Classifier::with_changes`], or a
 //! rebuild where it asks for one) must keep agreeing with the scan, and
 //! invalid changes must be refused. Never a panic. Run with
@@ -205,12 +206,22 @@ fn other_family(mut k: FlowKey) -> FlowKey {
 fn agree(c: &Classifier, rules: &[AclRule], keys: &[KeySpec], what: &str) {
     assert_eq!(c.len(), rules.len(), "{what}: live rules");
     assert_eq!(c.is_empty(), rules.is_empty(), "{what}");
+    let mut all = Vec::new();
     for ks in keys {
         let k = ks.key(rules);
         for key in [k, other_family(k)] {
             let got = c.lookup(&key).map(|r| (r.order, r.tag));
             assert_eq!(got, scan(rules, &key), "{what}: key {key:?}");
+            all.push(key);
         }
+    }
+    // The same keys in one batch (families mixed, bursts of any length)
+    // get the same answers.
+    let mut out = vec![None; all.len()];
+    c.lookup_batch(&all, &mut out);
+    for (key, got) in all.iter().zip(&out) {
+        let got = got.map(|r| (r.order, r.tag));
+        assert_eq!(got, scan(rules, key), "{what}: batch, key {key:?}");
     }
 }
 
