@@ -467,7 +467,7 @@ struct Flat4 {
     runs: Vec<Rec>,
 }
 
-/// Keys [`Classifier::lookup_batch`] walks side by side.
+/// Keys [`Classifier::lookup_batch`] walks side by side (a power of two).
 pub const BATCH: usize = 16;
 
 impl Flat4 {
@@ -623,30 +623,53 @@ impl Flat4 {
     #[inline]
     fn lookup_many(&self, keys: &[Key4], dead: Option<&[u64]>, best: &mut [u32]) {
         let n = keys.len().min(best.len()).min(BATCH);
-        best[..n].fill(u32::MAX);
-        for &(root, depth, min_pos) in &self.trees {
+        let (keys, best) = (&keys[..n], &mut best[..n]);
+        let mut trees = self.trees.iter();
+        let Some(&(root, depth, _)) = trees.next() else {
+            best.fill(u32::MAX);
+            return;
+        };
+        // The first tree: every key (a whole batch in a loop the compiler
+        // can unroll).
+        let mut es = [root; BATCH];
+        if let Ok(full) = <&[Key4; BATCH]>::try_from(keys) {
+            for _ in 0..depth {
+                for (e, k) in es.iter_mut().zip(full) {
+                    *e = step(&self.nodes, &k.dims, *e);
+                }
+            }
+        } else {
+            for _ in 0..depth {
+                for (e, k) in es.iter_mut().zip(keys) {
+                    *e = step(&self.nodes, &k.dims, *e);
+                }
+            }
+        }
+        for ((b, &e), k) in best.iter_mut().zip(&es).zip(keys) {
+            *b = self.leaf_match(e, k, dead);
+        }
+        let mut lane = [0u8; BATCH];
+        let mut dims = [[0u32; 8]; BATCH];
+        for &(root, depth, min_pos) in trees {
             // The keys whose best rule so far comes after this tree's
             // first, their fields side by side.
-            let mut lane = [0u8; BATCH];
-            let mut dims = [[0u32; 8]; BATCH];
             let mut lanes = 0;
-            for (i, (&b, k)) in best[..n].iter().zip(keys).enumerate() {
-                lane[lanes] = i as u8;
-                dims[lanes] = k.dims;
+            for (i, (&b, k)) in best.iter().zip(keys).enumerate() {
+                lane[lanes & (BATCH - 1)] = i as u8;
+                dims[lanes & (BATCH - 1)] = k.dims;
                 lanes += usize::from(min_pos < b);
             }
             if lanes == 0 {
                 break;
             }
-            let lane = &lane[..lanes];
-            let mut es = [root; BATCH];
             let es = &mut es[..lanes];
+            es.fill(root);
             for _ in 0..depth {
                 for (e, k) in es.iter_mut().zip(&dims) {
                     *e = step(&self.nodes, k, *e);
                 }
             }
-            for (&e, &i) in es.iter().zip(lane) {
+            for (&e, &i) in es.iter().zip(&lane) {
                 let i = usize::from(i);
                 best[i] = best[i].min(self.leaf_match(e, &keys[i], dead));
             }
