@@ -959,6 +959,10 @@ struct Set {
 
 impl Set {
     fn build(mut rules: Vec<AclRule>, addr_bits: u32) -> Set {
+        if rules.is_empty() {
+            // Common for an overlay, which a single-rule change rebuilds.
+            return Set::default();
+        }
         rules.sort_by_key(|r| r.order);
         let mut pruners = vec![0u64; rules.len().div_ceil(64)];
         // Nothing behind a rule that matches everything is ever reached.
