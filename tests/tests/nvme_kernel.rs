@@ -4,12 +4,13 @@
 //! this host's loopback. Storage objects are made with dpuctl; the guest
 //! discovers (on the I/O port and on the discovery port), connects with and
 //! without digests and with several I/O queues, runs fio with crc32c
-//! verification over a whole namespace and a verify-only pass after
-//! reconnecting, sees a namespace added at run time, is refused by a
-//! subsystem that does not allow it, and finds file-backed data intact after
-//! a restart of the service. A second guest sees, while fio writes and
-//! verifies one namespace, that namespace grown and another one it holds
-//! open deleted over gRPC, then a shrink refused writes past the new end.
+//! verification over a whole namespace and a verify-only pass (and 128 KiB
+//! reads) after reconnecting with digests, sees a namespace added at run
+//! time, is refused by a subsystem that does not allow it, and finds
+//! file-backed data intact after a restart of the service. A second guest
+//! sees, while fio writes and verifies one namespace, that namespace grown
+//! and another one it holds open deleted over gRPC, then a shrink refuse
+//! writes past the new end.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -256,6 +257,7 @@ nvme disconnect -n {NQN_OPEN}
 nvme connect -t tcp -a $TARGET_ADDR -s $P -n {NQN_OPEN} -i 2 --hdr-digest --data-digest
 ns=$(nvme-wait-ns {NQN_OPEN})
 {fio_verify}
+dd if=$ns of=/dev/null bs=128k count=64 iflag=direct
 dd if=/dev/zero of=$ns bs=64k count=16 oflag=direct
 blkdiscard $ns
 nvme flush $ns -n 1
