@@ -605,6 +605,21 @@ impl Flat4 {
     /// `dead` is clear.
     #[inline]
     fn lookup(&self, k: &Key4, dead: Option<&[u64]>) -> Option<usize> {
+        if let [a, b] = self.trees[..] {
+            // Two trees (the usual case): both walks side by side, since a
+            // single key's walk waits on one load per level; the second
+            // tree's leaf is read only if it can hold an earlier rule.
+            let (mut ea, mut eb) = (a.0, b.0);
+            for _ in 0..a.1.max(b.1) {
+                ea = step(&self.nodes, &k.dims, ea);
+                eb = step(&self.nodes, &k.dims, eb);
+            }
+            let mut best = self.leaf_match(ea, k, dead);
+            if b.2 < best {
+                best = best.min(self.leaf_match(eb, k, dead));
+            }
+            return (best != u32::MAX).then_some(best as usize);
+        }
         let mut best = u32::MAX;
         for &t in &self.trees {
             if t.2 >= best {
