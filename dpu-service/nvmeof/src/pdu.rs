@@ -1231,18 +1231,7 @@ mod tests {
     #[test]
     fn c2h_data_header_then_data_is_the_whole_pdu() {
         let data: Vec<u8> = (0..70_001u32).map(|i| (i * 7 + 3) as u8).collect();
-        for d in [
-            NONE,
-            BOTH,
-            Digests {
-                header: true,
-                data: false,
-            },
-            Digests {
-                header: false,
-                data: true,
-            },
-        ] {
+        for d in ALL {
             for (last, success) in [(false, false), (true, false), (true, true)] {
                 let mut whole = vec![0xEE; 3];
                 encode_c2h_data(&mut whole, d, 9, 4096, &data, last, success);

@@ -301,6 +301,23 @@ impl Host {
     }
 
     /// Runs the block requests waiting and collects what they produced.
+    /// Sends all of command `cid`'s write data at offset 0 in one
+    /// H2CData PDU (its transfer tag is its CID, as this target assigns).
+    fn send_last_data(&mut self, cid: u16, data: &[u8]) {
+        let mut b = Vec::new();
+        pdu::encode_h2c_data(&mut b, self.digests, cid, cid, 0, data, true);
+        self.send(&b);
+    }
+
+    /// The next PDU must be the completion of `cid` (the `what`'s) with
+    /// `status`.
+    fn expect_completion(&mut self, cid: u16, status: u16, what: &str) {
+        match self.next_pdu() {
+            Some(Owned::Resp(c)) => assert_eq!((c.cid, c.status), (cid, status), "{what}"),
+            other => panic!("expected the {what}'s completion, got {other:?}"),
+        }
+    }
+
     fn run_requests(&mut self) {
         while let Some(r) = self.conn.next_request() {
             let done = r.execute();
@@ -905,36 +922,10 @@ fn shrink_under_an_accepted_command_answers_lba_out_of_range() {
     assert_eq!(r2tl, 16384);
     resized(&t, 1, 512 << 10);
     q.run_requests();
-    match q.next_pdu() {
-        Some(Owned::Resp(c)) => {
-            assert_eq!(
-                (c.cid, c.status),
-                (read.cid(), Status::LBA_OUT_OF_RANGE.to_field())
-            );
-        }
-        other => panic!("expected the read's completion, got {other:?}"),
-    }
+    q.expect_completion(read.cid(), Status::LBA_OUT_OF_RANGE.to_field(), "read");
     // The write's data arrives after the shrink: checked at its dispatch.
-    let mut b = Vec::new();
-    pdu::encode_h2c_data(
-        &mut b,
-        q.digests,
-        write.cid(),
-        write.cid(),
-        0,
-        &[3; 16384],
-        true,
-    );
-    q.send(&b);
-    match q.next_pdu() {
-        Some(Owned::Resp(c)) => {
-            assert_eq!(
-                (c.cid, c.status),
-                (write.cid(), Status::LBA_OUT_OF_RANGE.to_field())
-            );
-        }
-        other => panic!("expected the write's completion, got {other:?}"),
-    }
+    q.send_last_data(write.cid(), &[3; 16384]);
+    q.expect_completion(write.cid(), Status::LBA_OUT_OF_RANGE.to_field(), "write");
     // A write range-checked before the shrink and run after it.
     let mut w = q.rw_sqe(1, nvm::WRITE, 1000, 1);
     w.0[39] = sgl::IN_CAPSULE;
@@ -978,25 +969,9 @@ fn namespace_deleted_under_io_fails_its_commands_and_spares_the_rest() {
 
     let inv = Status::INVALID_NS.to_field();
     q.run_requests();
-    match q.next_pdu() {
-        Some(Owned::Resp(c)) => assert_eq!((c.cid, c.status), (read.cid(), inv)),
-        other => panic!("expected the read's completion, got {other:?}"),
-    }
-    let mut b = Vec::new();
-    pdu::encode_h2c_data(
-        &mut b,
-        q.digests,
-        write.cid(),
-        write.cid(),
-        0,
-        &[5; 8192],
-        true,
-    );
-    q.send(&b);
-    match q.next_pdu() {
-        Some(Owned::Resp(c)) => assert_eq!((c.cid, c.status), (write.cid(), inv)),
-        other => panic!("expected the write's completion, got {other:?}"),
-    }
+    q.expect_completion(read.cid(), inv, "read");
+    q.send_last_data(write.cid(), &[5; 8192]);
+    q.expect_completion(write.cid(), inv, "write");
     // Later commands too; the other namespace and the queue go on.
     assert_eq!(q.rw_ns(2, nvm::READ, 0, 1, &[]).cqe.unwrap().status, inv);
     assert_eq!(q.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
