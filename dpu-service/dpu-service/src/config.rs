@@ -809,6 +809,8 @@ impl Config {
                 p.driver = default_driver();
                 p.device.clear();
                 p.dpdk_name = None;
+                // No data plane, no tunnel endpoint.
+                p.vtep_address = None;
             }
         }
         Ok(())
@@ -2195,7 +2197,7 @@ attachments = ["pf0vf1"]
         assert!(api_only
             .ports
             .iter()
-            .all(|p| p.driver == "none" && p.device.is_empty()));
+            .all(|p| p.driver == "none" && p.device.is_empty() && p.vtep_address.is_none()));
         assert_eq!(api_only.ports.len(), 4);
         assert_eq!(api_only.tenants.len(), 1, "the tenant is still seeded");
         let prod = load("config/production.toml");
