@@ -314,15 +314,21 @@ pub struct KernelTx {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
+/// Queue `queue` of port `port`. A free function, not a method, so a
+/// caller can hold it while changing its own other fields.
+fn queue_of(ports: &[Port], port: usize, queue: usize) -> Option<&Queue> {
+    ports.get(port)?.queues.get(queue)
+}
+
 impl KernelRx {
     fn q(&self) -> Option<&Queue> {
-        self.ports.get(self.port)?.queues.get(self.queue)
+        queue_of(&self.ports, self.port, self.queue)
     }
 }
 
 impl KernelTx {
     fn q(&self) -> Option<&Queue> {
-        self.ports.get(self.port)?.queues.get(self.queue)
+        queue_of(&self.ports, self.port, self.queue)
     }
 }
 
@@ -346,11 +352,7 @@ impl RxQueue for KernelRx {
     type Packet = KernelPacket;
 
     fn recv(&mut self, out: &mut Vec<KernelPacket>, max: usize) -> usize {
-        let Some(q) = self
-            .ports
-            .get(self.port)
-            .and_then(|p| p.queues.get(self.queue))
-        else {
+        let Some(q) = queue_of(&self.ports, self.port, self.queue) else {
             return 0;
         };
         let base = out.len();
@@ -410,11 +412,7 @@ impl TxQueue for KernelTx {
     type Packet = KernelPacket;
 
     fn send(&mut self, pkts: &mut Vec<KernelPacket>) -> usize {
-        let Some(q) = self
-            .ports
-            .get(self.port)
-            .and_then(|p| p.queues.get(self.queue))
-        else {
+        let Some(q) = self.q() else {
             return 0;
         };
         let (mut sent, mut bytes, mut refused) = (0usize, 0u64, 0u64);
