@@ -217,6 +217,12 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
 /// Most remote VTEPs of a VXLAN attachment.
 pub const MAX_REMOTE_VTEPS: usize = 64;
 
+/// True for an IPv4 address a tunnel endpoint may have: not unspecified,
+/// broadcast, multicast or loopback.
+pub fn is_unicast_v4(a: std::net::Ipv4Addr) -> bool {
+    !(a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback())
+}
+
 /// A VXLAN attachment's remote VTEPs: unicast IPv4 addresses, no repeats.
 fn remote_vteps(field: &str, list: &[String]) -> Result<Vec<std::net::Ipv4Addr>> {
     if list.len() > MAX_REMOTE_VTEPS {
@@ -231,7 +237,7 @@ fn remote_vteps(field: &str, list: &[String]) -> Result<Vec<std::net::Ipv4Addr>>
         let a: std::net::Ipv4Addr = s
             .parse()
             .map_err(|_| ControlError::invalid(&f, format!("{s:?} is not an IPv4 address")))?;
-        if a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback() {
+        if !is_unicast_v4(a) {
             return Err(ControlError::invalid(
                 &f,
                 format!("{a} is not a unicast address"),

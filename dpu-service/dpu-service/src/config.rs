@@ -860,7 +860,7 @@ impl Config {
                         p.id
                     );
                 }
-                if a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback() {
+                if !dpu_control::validate::is_unicast_v4(a) {
                     bail!(
                         "ports[{i}] ({}): vtep_address {a} is not a unicast address",
                         p.id
