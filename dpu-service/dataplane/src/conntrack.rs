@@ -352,6 +352,14 @@ impl ConnTable {
         Some((i as u32, dir))
     }
 
+    /// True if `key` belongs to a connection that is live at `now` and was
+    /// last checked against generation `g`: what [`ConnTable::find`] and
+    /// [`ConnTable::checked_at`] would say, without changing anything.
+    pub fn is_current(&self, key: &ConnKey, now: u64, g: u64) -> bool {
+        let (i, found) = self.probe(&key.canon, self.hash(&key.canon));
+        found && u64::from(self.buckets[i].expires) > now && self.checked_at(i as u32, g)
+    }
+
     /// The classification key of the packet that opened connection `slot`.
     pub fn orig(&self, slot: u32) -> FlowKey {
         let b = &self.buckets[slot as usize];

@@ -200,8 +200,29 @@ pub enum Verdict {
 /// bytes (which it may rewrite in place) to a verdict.
 pub trait Pipeline: Send + 'static {
     /// Decides the packet's fate. For [`Verdict::Flood`] it first pushes
-    /// the outputs onto `flood` (empty on entry).
+    /// the outputs onto `flood`, after whatever `flood` held on entry
+    /// (which it leaves as it is).
     fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict;
+
+    /// Decides the fate of a burst of packets received together on
+    /// `in_port`, taking them all out of `burst`: hands each packet, in
+    /// order, to `sink` with its verdict and, for a flood, its outputs.
+    /// `flood` is scratch space for those. The decisions are those of
+    /// [`Pipeline::process`] on each packet in turn, which is what this
+    /// does unless a pipeline can do better with the whole burst at hand.
+    fn process_burst<P: Packet>(
+        &mut self,
+        in_port: usize,
+        burst: &mut Vec<P>,
+        flood: &mut Vec<Egress>,
+        mut sink: impl FnMut(P, Verdict, &[Egress]),
+    ) {
+        for mut pkt in burst.drain(..) {
+            flood.clear();
+            let v = self.process(in_port, pkt.data_mut(), flood);
+            sink(pkt, v, flood);
+        }
+    }
 
     /// Called at the start of every turn, between bursts: the place to
     /// pick up new configuration or read the clock once per burst.
@@ -390,26 +411,31 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 }
                 got += n;
                 let mut bytes = 0u64;
-                for mut pkt in burst.drain(..) {
-                    bytes += pkt.len() as u64;
-                    flood.clear();
-                    match self.pipeline.process(*port, pkt.data_mut(), &mut flood) {
-                        Verdict::Forward(e) => emit(pkt, e, &mut out, &mut out_bytes, &c),
-                        Verdict::Flood => {
-                            let Some((last, copies)) = flood.split_last() else {
-                                continue;
-                            };
-                            for &e in copies {
-                                match pkt.try_clone() {
-                                    Some(copy) => emit(copy, e, &mut out, &mut out_bytes, &c),
-                                    None => bump(&c.drops[DropReason::TxFull.index()], 1),
+                let (out, out_bytes) = (&mut out, &mut out_bytes);
+                self.pipeline.process_burst(
+                    *port,
+                    &mut burst,
+                    &mut flood,
+                    |pkt, verdict, flood| {
+                        bytes += pkt.len() as u64;
+                        match verdict {
+                            Verdict::Forward(e) => emit(pkt, e, out, out_bytes, &c),
+                            Verdict::Flood => {
+                                let Some((last, copies)) = flood.split_last() else {
+                                    return;
+                                };
+                                for &e in copies {
+                                    match pkt.try_clone() {
+                                        Some(copy) => emit(copy, e, out, out_bytes, &c),
+                                        None => bump(&c.drops[DropReason::TxFull.index()], 1),
+                                    }
                                 }
+                                emit(pkt, *last, out, out_bytes, &c);
                             }
-                            emit(pkt, *last, &mut out, &mut out_bytes, &c);
+                            Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
                         }
-                        Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
-                    }
-                }
+                    },
+                );
                 bump(&c.rx_packets[*port], n as u64);
                 bump(&c.rx_bytes[*port], bytes);
             }

@@ -21,7 +21,9 @@
 //!   under the configuration of the moment;
 //! - the tenant counters count every frame a tenant received, once
 //!   (checked for inputs that stay with the configurations without the
-//!   flow-cached tenant).
+//!   flow-cached tenant);
+//! - a second switch, given the same frames as bursts (frames in a row
+//!   from one port, between turns), decides exactly the same for each.
 //!
 //! Input: a sequence of records, each starting with an op byte:
 //! - `0x00..=0x7f`: a raw frame: input port `op & 7`, then a length byte
@@ -39,9 +41,11 @@
 use std::collections::BTreeMap;
 
 use dpu_dataplane::classify::{AclRule, Family};
+use dpu_dataplane::io::memory::MemPacket;
 use dpu_dataplane::parse::{self, is_multicast, proto, ETH_ARP, ETH_IPV4, ETH_IPV6, L3};
 use dpu_dataplane::switch::{
-    Attach, Guard, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig, FLOW_CACHE_MIN_RULES,
+    Attach, Guard, SwitchConfig, SwitchHandle, SwitchPipeline, SwitchRule, TenantConfig,
+    FLOW_CACHE_MIN_RULES,
 };
 use dpu_dataplane::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
 
@@ -474,11 +478,47 @@ fn check(
     }
 }
 
+/// Frames in a row from one port, waiting to be given as one burst to
+/// the second switch, and what the first decided for each.
+#[derive(Default)]
+struct Burst {
+    port: usize,
+    frames: Vec<MemPacket>,
+    decided: Vec<(Vec<u8>, Verdict, Vec<Egress>)>,
+}
+
+impl Burst {
+    /// Gives the frames to `q` as one burst; each must be decided as the
+    /// first switch decided it, bytes included.
+    fn flush(&mut self, q: &mut SwitchPipeline) {
+        let mut flood = Vec::new();
+        let mut i = 0;
+        let decided = &self.decided;
+        q.process_burst(self.port, &mut self.frames, &mut flood, |pkt, v, f| {
+            let (bytes, verdict, outs) = &decided[i];
+            assert_eq!(
+                (v, f),
+                (*verdict, outs.as_slice()),
+                "frame {i} of a burst of {}",
+                decided.len()
+            );
+            assert_eq!(&pkt.0, bytes, "frame {i}: bytes");
+            i += 1;
+        });
+        assert_eq!(i, decided.len(), "frames decided");
+        self.decided.clear();
+    }
+}
+
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let mut cfg = config(0);
     let handle = SwitchHandle::new(&cfg).expect("the fuzz configuration compiles");
     let mut p = handle.pipeline();
     p.turn();
+    let handle_b = SwitchHandle::new(&cfg).expect("the fuzz configuration compiles");
+    let mut q = handle_b.pipeline();
+    q.turn();
+    let mut burst = Burst::default();
     let mut counts = Counts::new();
     let mut flood = Vec::new();
     let mut rest = data;
@@ -506,6 +546,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             _ => {
                 // Publishing compiles a configuration (4096-entry VLAN
                 // tables): a few per input keep runs fast.
+                burst.flush(&mut q);
                 if op & 1 == 1 && publishes < MAX_PUBLISHES {
                     publishes += 1;
                     cfg = config(op >> 1 & 3);
@@ -516,8 +557,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                     handle
                         .publish(&cfg)
                         .expect("the fuzz configuration compiles");
+                    handle_b
+                        .publish(&cfg)
+                        .expect("the fuzz configuration compiles");
                 }
                 p.turn();
+                q.turn();
                 continue;
             }
         };
@@ -525,7 +570,14 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         flood.clear();
         let verdict = p.process(port, &mut frame, &mut flood);
         check(&cfg, port, &original, verdict, &flood, &mut counts);
+        if port != burst.port || burst.frames.len() == 64 {
+            burst.flush(&mut q);
+            burst.port = port;
+        }
+        burst.frames.push(MemPacket(original));
+        burst.decided.push((frame, verdict, flood.clone()));
     }
+    burst.flush(&mut q);
     // Reading counters is quadratic in the rules of a tenant (each rule ID
     // is looked up in a list): skip it once the 1,024-rule tenant was
     // there, or every such input would cost half a second.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::{claim, Driver, IoError, Packet, PortStats, RxQueue, TxQueue};
 
 /// A packet of the in-memory driver.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MemPacket(pub Vec<u8>);
 
 impl Packet for MemPacket {
