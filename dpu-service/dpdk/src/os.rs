@@ -1,6 +1,7 @@
 //! The Linux system calls the data plane makes besides DPDK's: packet
 //! sockets (`AF_PACKET`) for the kernel driver on machines without DPDK,
-//! interface queries, and CPU affinity for worker threads.
+//! interface queries, and CPU affinity for data-plane workers and NVMe/TCP
+//! queue threads.
 //!
 //! They live in this audited crate, beside the DPDK layer, so that every
 //! `unsafe` block of the project stays in two crates. This module needs no
@@ -494,21 +495,41 @@ fn aux_vlan(h: &libc::msghdr) -> Option<(u16, u16)> {
 /// If the CPU does not exist or is outside the process's allowed set
 /// (e.g. a container's cpuset).
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(invalid(&format!(
-            "CPU {cpu} is beyond CPU_SETSIZE ({})",
-            libc::CPU_SETSIZE
-        )));
+    set_affinity(&[cpu]).map_err(|e| io::Error::new(e.kind(), format!("pinning to CPU {cpu}: {e}")))
+}
+
+/// Lets the calling thread run on the CPUs `cpus` only (any of them, as
+/// the scheduler sees fit); threads it spawns later inherit the set.
+///
+/// # Errors
+/// If `cpus` is empty, or none of its CPUs is in the process's allowed set
+/// (the kernel then refuses the whole set), or one is beyond
+/// `CPU_SETSIZE`.
+pub fn set_current_thread_cpus(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(invalid("an empty CPU set"));
     }
+    set_affinity(cpus)
+        .map_err(|e| io::Error::new(e.kind(), format!("restricting to CPUs {cpus:?}: {e}")))
+}
+
+/// `sched_setaffinity` of the calling thread to exactly `cpus`.
+fn set_affinity(cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is a bit array; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: cpu < CPU_SETSIZE (checked above), so the bit is in `set`.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(invalid(&format!(
+                "CPU {cpu} is beyond CPU_SETSIZE ({})",
+                libc::CPU_SETSIZE
+            )));
+        }
+        // SAFETY: cpu < CPU_SETSIZE (checked above), so the bit is in `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the
     // calling thread.
-    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) })
-        .map(drop)
-        .map_err(|e| io::Error::new(e.kind(), format!("pinning to CPU {cpu}: {e}")))
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
 }
 
 /// The CPUs the calling thread may run on.
@@ -552,6 +573,31 @@ mod tests {
         .join()
         .unwrap();
         assert!(pin_current_thread(libc::CPU_SETSIZE as usize).is_err());
+    }
+
+    #[test]
+    fn a_thread_can_be_held_to_a_set_of_cpus_and_its_children_inherit_it() {
+        let allowed = current_thread_cpus().unwrap();
+        // Every CPU but the first, where there are two or more.
+        let some: Vec<usize> = if allowed.len() > 1 {
+            allowed[1..].to_vec()
+        } else {
+            allowed.clone()
+        };
+        let want = some.clone();
+        std::thread::spawn(move || {
+            set_current_thread_cpus(&some).unwrap();
+            assert_eq!(current_thread_cpus().unwrap(), some);
+            let child = std::thread::spawn(current_thread_cpus).join().unwrap();
+            assert_eq!(child.unwrap(), want);
+            // Back to the whole set: a thread may widen its set again.
+            set_current_thread_cpus(&allowed).unwrap();
+            assert_eq!(current_thread_cpus().unwrap(), allowed);
+        })
+        .join()
+        .unwrap();
+        assert!(set_current_thread_cpus(&[]).is_err());
+        assert!(set_current_thread_cpus(&[0, libc::CPU_SETSIZE as usize]).is_err());
     }
 
     /// Needs CAP_NET_RAW: skipped (passes) without it.
