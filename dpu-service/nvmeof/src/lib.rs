@@ -28,4 +28,4 @@ pub mod tcp;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
 pub use target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
-pub use tcp::TcpTransport;
+pub use tcp::{TcpConfig, TcpConfigError, TcpTransport};

@@ -7,8 +7,20 @@
 //! read data goes from its read buffer to the socket, never copied behind
 //! its PDU header); a read timeout wakes it for keep-alive checks and
 //! asynchronous events.
+//!
+//! Placement ([`TcpConfig::io_cpus`]): with I/O CPUs configured, a
+//! connection's thread pins itself to one of them once its Fabrics Connect
+//! names an I/O queue, `io_cpus[(qid - 1) % len]`, so the queues of one
+//! controller spread over the cores the way the Linux host spreads them
+//! over its CPUs. The listeners, the admin and discovery queues, and
+//! connections not yet connected run on the process's other CPUs (all of
+//! them when the I/O CPUs take every one). Without I/O CPUs nothing is
+//! pinned. Once connected, a thread is named after its queue
+//! (`nvme-io-q3`, `nvme-admin`, `nvme-disc`), as `top -H` and
+//! `/proc/PID/task/*/comm` show it.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::CString;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA};
+use crate::controller::ControllerKind;
 use crate::target::Target;
 
 /// How often an idle connection wakes up.
@@ -33,6 +46,173 @@ const RX_BUF: usize = 4 * (MAX_H2C_DATA as usize + IN_CAPSULE_DATA as usize);
 /// Most slices one vectored write takes (well under the kernel's IOV_MAX).
 const IOV: usize = 64;
 
+/// How a [`TcpTransport`] places its threads on CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcpConfig {
+    /// The CPUs the I/O queues run on: I/O queue `qid` pins its thread to
+    /// `io_cpus[(qid - 1) % io_cpus.len()]` ([`TcpConfig::io_cpu`]) once
+    /// its Connect arrives. Listeners, admin and discovery queues stay on
+    /// the process's other CPUs, or anywhere when these are all of them.
+    /// Each must be among the CPUs the process may use, once. Empty (the
+    /// default): no thread is pinned.
+    pub io_cpus: Vec<usize>,
+}
+
+/// Why a [`TcpConfig`] was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TcpConfigError {
+    /// A CPU is listed twice in `io_cpus`.
+    #[error("io_cpus[{index}]: CPU {cpu} is listed twice")]
+    DuplicateCpu {
+        /// Position of the second mention.
+        index: usize,
+        /// The CPU.
+        cpu: usize,
+    },
+    /// A CPU of `io_cpus` is outside the set this process may run on
+    /// (`sched_getaffinity`: the machine's CPUs, a container's cpuset,
+    /// `taskset`).
+    #[error("io_cpus[{index}]: CPU {cpu} is not among the CPUs this process may use ({allowed})")]
+    CpuNotAllowed {
+        /// Position in `io_cpus`.
+        index: usize,
+        /// The CPU.
+        cpu: usize,
+        /// The CPUs the process may use, as a list such as "0-3,6".
+        allowed: String,
+    },
+    /// The CPUs this process may use could not be read.
+    #[error("reading the CPUs this process may use: {0}")]
+    Affinity(#[source] io::Error),
+}
+
+impl TcpConfig {
+    /// The CPU I/O queue `qid` runs on: `None` for the admin queue (0) or
+    /// when no I/O CPUs are configured.
+    pub fn io_cpu(&self, qid: u16) -> Option<usize> {
+        let n = self.io_cpus.len();
+        if qid == 0 || n == 0 {
+            return None;
+        }
+        self.io_cpus.get(usize::from(qid - 1) % n).copied()
+    }
+
+    /// Checks `io_cpus` against the CPUs this process may use (those of
+    /// the calling thread, which are the process's until something pins
+    /// it). Makes no system call when `io_cpus` is empty.
+    ///
+    /// # Errors
+    /// A CPU listed twice or outside the allowed set, naming it; or the
+    /// allowed set could not be read.
+    pub fn validate(&self) -> Result<(), TcpConfigError> {
+        self.placement().map(drop)
+    }
+
+    /// The placement of the threads, checked against the allowed CPUs.
+    fn placement(&self) -> Result<Placement, TcpConfigError> {
+        if self.io_cpus.is_empty() {
+            return Ok(Placement::default());
+        }
+        let allowed = dpdk::os::current_thread_cpus().map_err(TcpConfigError::Affinity)?;
+        self.check(&allowed)?;
+        Ok(Placement {
+            config: self.clone(),
+            others: allowed
+                .into_iter()
+                .filter(|c| !self.io_cpus.contains(c))
+                .collect(),
+        })
+    }
+
+    /// Checks `io_cpus` against `allowed`.
+    fn check(&self, allowed: &[usize]) -> Result<(), TcpConfigError> {
+        for (index, &cpu) in self.io_cpus.iter().enumerate() {
+            if self.io_cpus[..index].contains(&cpu) {
+                return Err(TcpConfigError::DuplicateCpu { index, cpu });
+            }
+            if !allowed.contains(&cpu) {
+                return Err(TcpConfigError::CpuNotAllowed {
+                    index,
+                    cpu,
+                    allowed: cpu_list(allowed),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// CPUs as Linux lists them: ascending, runs as ranges ("0-3,6").
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out = String::new();
+    let mut i = 0;
+    while let Some(&first) = sorted.get(i) {
+        let mut last = first;
+        while sorted.get(i + 1) == Some(&(last + 1)) {
+            last += 1;
+            i += 1;
+        }
+        i += 1;
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if last == first {
+            out.push_str(&first.to_string());
+        } else {
+            out.push_str(&format!("{first}-{last}"));
+        }
+    }
+    out
+}
+
+/// Where threads run, resolved once when the transport starts.
+#[derive(Debug, Default)]
+struct Placement {
+    config: TcpConfig,
+    /// The allowed CPUs that are not I/O CPUs: the listeners' and (by
+    /// inheritance) every connection's until it is an I/O queue. Empty:
+    /// leave those threads where they are.
+    others: Vec<usize>,
+}
+
+impl Placement {
+    /// Restricts the calling (listener) thread to the non-I/O CPUs.
+    fn keep_off_io_cpus(&self, what: &str) {
+        if self.others.is_empty() {
+            return;
+        }
+        if let Err(e) = dpdk::os::set_current_thread_cpus(&self.others) {
+            tracing::warn!(thread = what, error = %e, "cannot keep the thread off the NVMe/TCP I/O CPUs");
+        }
+    }
+
+    /// Names the calling connection thread after its queue and, for an
+    /// I/O queue, pins it to its CPU.
+    fn place_queue(&self, qid: u16, discovery: bool, peer: SocketAddr) {
+        let name = match qid {
+            0 if discovery => "nvme-disc".to_string(),
+            0 => "nvme-admin".to_string(),
+            q => format!("nvme-io-q{q}"),
+        };
+        if let Ok(n) = CString::new(name) {
+            // Only the kernel's name (what /proc and top show) changes.
+            let _ = rustix::thread::set_name(&n);
+        }
+        if let Some(cpu) = self.config.io_cpu(qid) {
+            match dpdk::os::pin_current_thread(cpu) {
+                Ok(()) => tracing::debug!(%peer, qid, cpu, "I/O queue pinned"),
+                Err(e) => {
+                    tracing::warn!(%peer, qid, cpu, error = %e, "cannot pin the I/O queue's thread; it runs where it was")
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Listening {
     bound: SocketAddr,
@@ -47,16 +227,39 @@ pub struct TcpTransport {
     listeners: Mutex<HashMap<SocketAddr, Listening>>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    placement: Arc<Placement>,
 }
 
 impl TcpTransport {
-    /// A transport with no listeners yet.
+    /// A transport with no listeners yet, its threads unpinned.
     pub fn new(target: Target) -> Self {
+        Self::placed(target, Placement::default())
+    }
+
+    /// A transport with no listeners yet, placing its threads as `config`
+    /// says (see the [module](self) documentation).
+    ///
+    /// # Errors
+    /// As [`TcpConfig::validate`].
+    pub fn with_config(target: Target, config: &TcpConfig) -> Result<Self, TcpConfigError> {
+        let placement = config.placement()?;
+        if !config.io_cpus.is_empty() {
+            tracing::info!(
+                io_cpus = ?config.io_cpus,
+                other_cpus = %cpu_list(&placement.others),
+                "NVMe/TCP I/O queues pinned to their CPUs"
+            );
+        }
+        Ok(Self::placed(target, placement))
+    }
+
+    fn placed(target: Target, placement: Placement) -> Self {
         Self {
             target,
             listeners: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
             conns: Arc::new(Mutex::new(Vec::new())),
+            placement: Arc::new(placement),
         }
     }
 
@@ -106,15 +309,19 @@ impl TcpTransport {
         let sock = TcpListener::bind(addr)?;
         let bound = sock.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (target, conns, stop_l, stop_all) = (
+        let (target, conns, stop_l, stop_all, placement) = (
             self.target.clone(),
             self.conns.clone(),
             stop.clone(),
             self.stop.clone(),
+            self.placement.clone(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("nvmf-listen-{}", bound.port()))
             .spawn(move || {
+                // Connection threads inherit this set until they know
+                // their queue.
+                placement.keep_off_io_cpus("listener");
                 for s in sock.incoming() {
                     if stop_l.load(Ordering::Acquire) || stop_all.load(Ordering::Acquire) {
                         break;
@@ -127,10 +334,10 @@ impl TcpTransport {
                             continue;
                         }
                     };
-                    let (t, stop) = (target.clone(), stop_all.clone());
+                    let (t, stop, p) = (target.clone(), stop_all.clone(), placement.clone());
                     let spawned = std::thread::Builder::new()
                         .name("nvmf-queue".into())
-                        .spawn(move || serve(t, stream, &stop));
+                        .spawn(move || serve(t, stream, &stop, &p));
                     match spawned {
                         Ok(h) => {
                             let mut c = conns.lock().expect("connections lock");
@@ -232,7 +439,7 @@ fn send_output(stream: &mut TcpStream, conn: &mut Connection) -> io::Result<()> 
 }
 
 /// Drives one connection until it closes or the transport stops.
-fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
+fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &Placement) {
     let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
         (Ok(l), Ok(p)) => (l, p),
         _ => return,
@@ -247,6 +454,7 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     let mut buf = vec![0u8; RX_BUF];
     let mut filled = 0;
     let mut last_tick = Instant::now();
+    let mut placed = false;
     loop {
         match read_polling(&mut stream, &mut buf[filled..], POLL) {
             Ok(0) => conn.close("host closed the connection"),
@@ -262,6 +470,18 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
         let used = conn.receive(&buf[..filled]);
         buf.copy_within(used..filled, 0);
         filled -= used;
+        if !placed {
+            // Before the Connect's response leaves: the host's first
+            // command on the queue already finds the thread on its CPU.
+            if let Some(qid) = conn.queue_id() {
+                placed = true;
+                let discovery = conn
+                    .ctrl
+                    .as_ref()
+                    .is_some_and(|c| c.kind == ControllerKind::Discovery);
+                placement.place_queue(qid, discovery, peer);
+            }
+        }
         while let Some(r) = conn.next_request() {
             conn.complete(r.execute());
         }
@@ -282,4 +502,62 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool) {
     }
     tracing::debug!(%peer, reason = conn.close_reason().unwrap_or(""), "NVMe/TCP connection closed");
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(io_cpus: &[usize]) -> TcpConfig {
+        TcpConfig {
+            io_cpus: io_cpus.to_vec(),
+        }
+    }
+
+    #[test]
+    fn io_queues_spread_over_the_io_cpus_in_order() {
+        let c = cfg(&[4, 2, 7]);
+        assert_eq!(c.io_cpu(0), None, "the admin queue is no I/O queue");
+        let got: Vec<_> = (1..=7).map(|q| c.io_cpu(q).unwrap()).collect();
+        assert_eq!(got, [4, 2, 7, 4, 2, 7, 4]);
+        assert_eq!(c.io_cpu(u16::MAX), Some([4, 2, 7][(65_534) % 3]));
+        assert_eq!(cfg(&[]).io_cpu(1), None);
+    }
+
+    #[test]
+    fn io_cpus_outside_the_allowed_set_or_listed_twice_are_refused_by_name() {
+        let allowed = [0, 1, 2, 3, 6];
+        assert!(cfg(&[3, 6]).check(&allowed).is_ok());
+        assert!(cfg(&[]).check(&[]).is_ok());
+        let e = cfg(&[1, 5]).check(&allowed).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "io_cpus[1]: CPU 5 is not among the CPUs this process may use (0-3,6)"
+        );
+        let e = cfg(&[2, 3, 2]).check(&allowed).unwrap_err();
+        assert_eq!(e.to_string(), "io_cpus[2]: CPU 2 is listed twice");
+        // Against the real affinity: no machine has this CPU.
+        let e = cfg(&[100_000]).validate().unwrap_err();
+        assert!(
+            matches!(e, TcpConfigError::CpuNotAllowed { cpu: 100_000, .. }),
+            "{e}"
+        );
+        assert!(TcpTransport::with_config(Target::new(), &cfg(&[100_000])).is_err());
+    }
+
+    #[test]
+    fn cpu_lists_read_like_linux_writes_them() {
+        assert_eq!(cpu_list(&[]), "");
+        assert_eq!(cpu_list(&[5]), "5");
+        assert_eq!(cpu_list(&[3, 0, 1, 2, 6, 8, 9]), "0-3,6,8-9");
+    }
+
+    #[test]
+    fn others_are_the_allowed_cpus_left_by_the_io_cpus() {
+        let allowed = dpdk::os::current_thread_cpus().unwrap();
+        let &last = allowed.last().unwrap();
+        let p = cfg(&[last]).placement().unwrap();
+        assert_eq!(p.others, allowed[..allowed.len() - 1]);
+        assert!(cfg(&[]).placement().unwrap().others.is_empty());
+    }
 }

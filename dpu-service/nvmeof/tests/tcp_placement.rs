@@ -1,0 +1,218 @@
+//! Where the kernel TCP transport runs its queues: hosts connect over
+//! loopback TCP, and the kernel's view of each serving thread
+//! (`/proc/self/task/*/status`) shows it pinned to its I/O CPU, or kept off
+//! the I/O CPUs while it serves an admin queue.
+//!
+//! One test in this binary: it finds threads by name, and two transports
+//! alive at once would both have an `nvme-io-q1`.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::{host, BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+use dpu_nvmeof::{TcpConfig, TcpTransport};
+
+const NQN: &str = "nqn.2024-01.io.example:placement";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-placement";
+
+/// A transport serving one RAM namespace on a loopback port of its own.
+fn serve(io_cpus: &[usize]) -> (TcpTransport, SocketAddr) {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let target = Target::new();
+    let cfg = TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            serial: "SN1".into(),
+            model: "test".into(),
+            allow_any_host: true,
+            allowed_hosts: BTreeSet::new(),
+            max_namespaces: 32,
+            namespaces: vec![NamespaceConfig {
+                nsid: 1,
+                block_size: 512,
+                uuid: [1; 16],
+                nguid: [2; 16],
+                backend: BackendSpec::Ram { size: 1 << 20 },
+            }],
+            listeners: vec![any],
+        }],
+        discovery: None,
+    };
+    let transport = TcpTransport::with_config(
+        target.clone(),
+        &TcpConfig {
+            io_cpus: io_cpus.to_vec(),
+        },
+    )
+    .unwrap();
+    let failed = transport.set_listeners(&cfg.listen_addrs());
+    assert!(failed.is_empty(), "{failed:?}");
+    let bound = transport.bound()[&any];
+    // The subsystem is exported on the port the kernel chose.
+    let mut cfg = cfg;
+    cfg.subsystems[0].listeners = vec![bound];
+    assert!(target.apply(&cfg).is_empty());
+    (transport, bound)
+}
+
+/// Waits for one whole controller PDU and returns a capsule response's
+/// status and DW0 (ICResp: 0, 0).
+fn reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, u32) {
+    let limits = Limits {
+        digests: Digests::default(),
+        max_data: 1 << 20,
+    };
+    loop {
+        if let Some((p, n)) = pdu::decode_controller(buf, &limits).unwrap() {
+            let out = match p {
+                ControllerPdu::IcResp(_) => (0, 0),
+                ControllerPdu::CapsuleResp { cqe } => (cqe.status, cqe.dw0),
+                other => panic!("unexpected PDU {other:?}"),
+            };
+            buf.drain(..n);
+            return out;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "the target closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Opens queue `qid` of controller `cntlid` (0xFFFF: a new admin queue)
+/// and, for an admin queue, enables its controller. Returns the socket
+/// and the controller ID, once the target has answered every command.
+fn queue(addr: SocketAddr, qid: u16, cntlid: u16) -> (TcpStream, u16) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = Vec::new();
+    pdu::encode_ic_req(
+        &mut b,
+        &IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: Digests::default(),
+            maxr2t: 0,
+        },
+    );
+    let data = host::connect_data([7; 16], cntlid, NQN, HOST);
+    pdu::encode_capsule_cmd(
+        &mut b,
+        Digests::default(),
+        &host::connect(1, qid, 32, 0),
+        &data,
+    );
+    if qid == 0 {
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &host::enable(2), &[]);
+    }
+    s.write_all(&b).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(reply(&mut s, &mut buf), (0, 0), "ICResp");
+    let (status, dw0) = reply(&mut s, &mut buf);
+    assert_eq!(status, 0, "Connect of queue {qid}");
+    if qid == 0 {
+        assert_eq!(reply(&mut s, &mut buf).0, 0, "Property Set CC.EN");
+    }
+    (s, dw0 as u16)
+}
+
+/// Parses a Linux CPU list ("0-3,6").
+fn parse_cpu_list(s: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => out.push(part.parse().unwrap()),
+        }
+    }
+    out
+}
+
+/// The CPUs each thread of this process named `name` may run on, as the
+/// kernel reports them.
+fn cpus_of(name: &str) -> Vec<Vec<usize>> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        if field("Name:") == name {
+            found.push(parse_cpu_list(&field("Cpus_allowed_list:")));
+        }
+    }
+    found
+}
+
+/// The one thread named `name`'s CPUs.
+fn cpus_of_one(name: &str) -> Vec<usize> {
+    let mut all = cpus_of(name);
+    assert_eq!(all.len(), 1, "one thread named {name}: {all:?}");
+    all.remove(0)
+}
+
+#[test]
+fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
+    let allowed = dpdk::os::current_thread_cpus().unwrap();
+    if allowed.len() < 2 {
+        eprintln!("skipped: one CPU ({allowed:?}), nothing to place queues on");
+        return;
+    }
+    let (first, last) = (allowed[0], allowed[allowed.len() - 1]);
+
+    // One I/O CPU: both I/O queues on it, everything else off it.
+    let (transport, addr) = serve(&[last]);
+    let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != last).collect();
+    let (_admin, cntlid) = queue(addr, 0, 0xffff);
+    let (_q1, _) = queue(addr, 1, cntlid);
+    let (_q2, _) = queue(addr, 2, cntlid);
+    assert_eq!(cpus_of_one("nvme-io-q1"), [last]);
+    assert_eq!(cpus_of_one("nvme-io-q2"), [last]);
+    assert_eq!(cpus_of_one("nvme-admin"), others);
+    // The kernel keeps 15 bytes of a thread's name.
+    let listener = format!("nvmf-listen-{}", addr.port());
+    assert_eq!(cpus_of_one(&listener[..listener.len().min(15)]), others);
+    transport.shutdown();
+    assert!(
+        cpus_of("nvme-io-q1").is_empty(),
+        "shutdown joined the queues"
+    );
+
+    // Two I/O CPUs: queues take them in turn, from the first listed.
+    let (transport, addr) = serve(&[last, first]);
+    let (_admin, cntlid) = queue(addr, 0, 0xffff);
+    let _qs: Vec<_> = (1..=3).map(|q| queue(addr, q, cntlid)).collect();
+    assert_eq!(cpus_of_one("nvme-io-q1"), [last]);
+    assert_eq!(cpus_of_one("nvme-io-q2"), [first]);
+    assert_eq!(cpus_of_one("nvme-io-q3"), [last]);
+    let admin = cpus_of_one("nvme-admin");
+    if allowed.len() > 2 {
+        assert!(
+            !admin.contains(&first) && !admin.contains(&last),
+            "{admin:?}"
+        );
+    } else {
+        // The I/O CPUs are all there is: the admin queue may use them.
+        assert_eq!(admin, allowed);
+    }
+    transport.shutdown();
+
+    // No I/O CPUs: nothing is pinned.
+    let (transport, addr) = serve(&[]);
+    let (_admin, cntlid) = queue(addr, 0, 0xffff);
+    let (_q1, _) = queue(addr, 1, cntlid);
+    assert_eq!(cpus_of_one("nvme-io-q1"), allowed);
+    assert_eq!(cpus_of_one("nvme-admin"), allowed);
+    transport.shutdown();
+}
