@@ -4,14 +4,37 @@
 //!
 //! ```text
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
-//!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN]
+//!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
+//!     [--io-cpus 2,3]
 //! ```
+//!
+//! `--io-cpus` is the daemon's `storage.io_cpus`: I/O queue `qid` runs on
+//! the `(qid - 1) % len`-th CPU listed, everything else off them.
 
 use std::collections::BTreeSet;
 
 use dpu_nvmeof::{
-    BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig, TcpTransport,
+    BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig, TcpConfig, TcpTransport,
 };
+
+/// Reports a bad argument or setup and exits.
+fn fail(msg: &str) -> ! {
+    eprintln!("nvmf-target: {msg}");
+    std::process::exit(2);
+}
+
+/// A comma-separated list of CPU numbers, e.g. "2,3".
+fn cpus(s: &str) -> Vec<usize> {
+    s.split(',')
+        .map(|c| {
+            c.trim().parse().unwrap_or_else(|_| {
+                fail(&format!(
+                    "--io-cpus takes CPU numbers such as 2,3, not {s:?}"
+                ))
+            })
+        })
+        .collect()
+}
 
 fn size(s: &str) -> u64 {
     let (n, m) = match s.as_bytes().last() {
@@ -19,25 +42,34 @@ fn size(s: &str) -> u64 {
         Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
         _ => (s, 1),
     };
-    n.parse::<u64>().expect("a size such as 1G") * m
+    n.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(m))
+        .unwrap_or_else(|| fail(&format!("{s:?} is not a size such as 1G")))
 }
 
 fn main() {
     let mut listen = "127.0.0.1:4420".to_string();
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
+    let mut tcp = TcpConfig::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let v = args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        let v = args
+            .next()
+            .unwrap_or_else(|| fail(&format!("{a} needs a value")));
         match a.as_str() {
             "--listen" => listen = v,
             "--nqn" => nqn = v,
             "--ram" => backend = BackendSpec::Ram { size: size(&v) },
             "--null" => backend = BackendSpec::Null { size: size(&v) },
-            _ => panic!("unknown argument {a}"),
+            "--io-cpus" => tcp.io_cpus = cpus(&v),
+            _ => fail(&format!("unknown argument {a}")),
         }
     }
-    let addr = listen.parse().expect("--listen HOST:PORT");
+    let addr = listen
+        .parse()
+        .unwrap_or_else(|_| fail(&format!("--listen takes HOST:PORT, not {listen:?}")));
     let config = TargetConfig {
         subsystems: vec![SubsystemConfig {
             nqn: nqn.clone(),
@@ -59,11 +91,12 @@ fn main() {
     };
     let target = Target::new();
     if let Some(e) = target.apply(&config).first() {
-        panic!("{e}");
+        fail(&e.to_string());
     }
-    let transport = TcpTransport::new(target);
+    let transport = TcpTransport::with_config(target, &tcp)
+        .unwrap_or_else(|e| fail(&format!("--io-cpus: {e}")));
     if let Some((a, e)) = transport.set_listeners(&config.listen_addrs()).first() {
-        panic!("listen {a}: {e}");
+        fail(&format!("listen {a}: {e}"));
     }
     println!("serving {nqn} on {listen}");
     loop {
