@@ -273,6 +273,15 @@ pub struct StorageConfig {
     /// "127.0.0.1:8009". The discovery controller is also reachable on
     /// every subsystem (I/O) listener; unset, only there.
     pub discovery_listen: Option<SocketAddr>,
+    /// The CPUs the NVMe/TCP target's I/O queues run on, e.g. `[5, 6, 7]`:
+    /// I/O queue `qid` of every controller pins its thread to
+    /// `io_cpus[(qid - 1) % len]` once it is connected, so a host's queues
+    /// spread over them; listeners, admin and discovery queues run on the
+    /// process's other CPUs (anywhere if these are all of them). Each must
+    /// be a CPU the process may use, listed once, and no data-plane
+    /// worker's (`dataplane.worker_cpus`). Empty (the default): NVMe/TCP
+    /// threads run where the scheduler puts them.
+    pub io_cpus: Vec<usize>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made
@@ -370,6 +379,15 @@ pub enum SeedTransport {
     /// NVMe/TCP.
     #[default]
     Tcp,
+}
+
+impl StorageConfig {
+    /// How the NVMe/TCP transport places its threads.
+    pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
+        dpu_nvmeof::TcpConfig {
+            io_cpus: self.io_cpus.clone(),
+        }
+    }
 }
 
 impl SeedSubsystem {
@@ -1016,9 +1034,23 @@ impl Config {
         Ok(())
     }
 
-    /// Checks `[storage]`'s declared subsystems, namespaces and listeners
-    /// with the rules the API applies to them, naming the offending key.
+    /// Checks `[storage]`: the I/O CPUs against the data plane's and the
+    /// CPUs this process may use; the declared subsystems, namespaces and
+    /// listeners with the rules the API applies to them. Names the
+    /// offending key.
     fn validate_storage(&self) -> Result<()> {
+        for (i, c) in self.storage.io_cpus.iter().enumerate() {
+            if let Some(w) = self.dataplane.worker_cpus.iter().position(|w| w == c) {
+                bail!(
+                    "storage.io_cpus[{i}]: CPU {c} already runs data-plane worker {w} \
+                     (dataplane.worker_cpus[{w}]); give the NVMe/TCP I/O queues CPUs of their own"
+                );
+            }
+        }
+        self.storage
+            .transport()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("storage.{e}"))?;
         let mut ids = BTreeSet::new();
         let mut nqns = BTreeMap::new();
         let mut ram_total: u64 = 0;
@@ -1439,6 +1471,11 @@ mod tests {
             "dataplane.worker_cpus[1]: CPU 1",
         );
         assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
+        // The CPUs of the data plane are the data plane's alone.
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1, 2]\n[storage]\nio_cpus = [3, 2]\n",
+            "storage.io_cpus[1]: CPU 2 already runs data-plane worker 1 (dataplane.worker_cpus[1])",
+        );
         let c: Config = toml::from_str(
             "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"p0\"\n",
         )
@@ -1770,6 +1807,43 @@ allow_any_host = true
             let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
             let e = format!("{:#}", c.validate().unwrap_err());
             assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
+    #[test]
+    fn storage_io_cpus_parse_and_are_checked_against_this_process() {
+        let load = |text: &str| {
+            toml::from_str::<Config>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c).map_err(|e| e.to_string()))
+        };
+        // Unset: nothing pinned, nothing asked of the machine.
+        let c = load("").unwrap();
+        assert!(c.storage.io_cpus.is_empty());
+        assert_eq!(c.storage.transport(), dpu_nvmeof::TcpConfig::default());
+        let allowed = dpdk::os::current_thread_cpus().unwrap();
+        let &cpu = allowed.last().unwrap();
+        let c = load(&format!("[storage]\nio_cpus = [{cpu}]\n")).unwrap();
+        assert_eq!(c.storage.transport().io_cpus, [cpu]);
+        assert_eq!(c.storage.transport().io_cpu(7), Some(cpu));
+        for (text, want) in [
+            (
+                "[storage]\nio_cpus = [100000]\n".to_string(),
+                "storage.io_cpus[0]: CPU 100000 is not among the CPUs this process may use (",
+            ),
+            (
+                format!("[storage]\nio_cpus = [{cpu}, {cpu}]\n"),
+                &*format!("storage.io_cpus[1]: CPU {cpu} is listed twice"),
+            ),
+            (
+                format!("[dataplane]\nworker_cpus = [{cpu}]\n[storage]\nio_cpus = [{cpu}]\n"),
+                &*format!("storage.io_cpus[0]: CPU {cpu} already runs data-plane worker 0"),
+            ),
+            ("[storage]\nio_cpus = [-1]\n".to_string(), "io_cpus"),
+            ("[storage]\nio_cpus = \"2-3\"\n".to_string(), "io_cpus"),
+        ] {
+            let e = load(&text).unwrap_err();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
         }
     }
 

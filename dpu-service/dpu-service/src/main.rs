@@ -201,9 +201,13 @@ async fn run(config: Config) -> Result<()> {
     let nvmf = {
         let s = state.snapshot();
         let discovery = config.storage.discovery_listen;
-        tokio::task::spawn_blocking(move || storage::Storage::start(&s, discovery))
+        let tcp = config.storage.transport();
+        // Placement was checked with the configuration; this only fails
+        // if the process's CPUs changed since.
+        tokio::task::spawn_blocking(move || storage::Storage::start(&s, discovery, &tcp))
             .await
             .context("NVMe/TCP target start task")?
+            .map_err(|e| anyhow::anyhow!("storage.{e}"))?
     };
     telemetry.register(nvmf.counters(state.clone()));
     let nvmf_task = {

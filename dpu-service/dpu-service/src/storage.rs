@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use dpu_control::model::{Backend, State, Transport};
 use dpu_control::telemetry::{CounterSource, Counters};
-use dpu_nvmeof::{BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig};
+use dpu_nvmeof::{
+    BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig, TcpConfig, TcpConfigError,
+};
 
 /// The running target and its transport.
 pub struct Storage {
@@ -20,16 +22,23 @@ pub struct Storage {
 
 impl Storage {
     /// Starts serving `state`, with the discovery controller also on
-    /// `discovery`.
-    pub fn start(state: &State, discovery: Option<SocketAddr>) -> Arc<Self> {
+    /// `discovery` and the transport's threads placed as `tcp` says.
+    ///
+    /// # Errors
+    /// If `tcp` names a CPU twice or one the process may not use.
+    pub fn start(
+        state: &State,
+        discovery: Option<SocketAddr>,
+        tcp: &TcpConfig,
+    ) -> Result<Arc<Self>, TcpConfigError> {
         let target = dpu_nvmeof::Target::new();
         let s = Arc::new(Self {
-            transport: dpu_nvmeof::TcpTransport::new(target.clone()),
+            transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
             discovery,
         });
         s.apply(state);
-        s
+        Ok(s)
     }
 
     /// Serves `state` from now on. What cannot be applied (a backing file
