@@ -162,6 +162,23 @@ fn cpus_of_one(name: &str) -> Vec<usize> {
     all.remove(0)
 }
 
+/// Stops `transport` and waits until the kernel has let go of its queue
+/// threads (a joined thread's /proc entry can outlive the join by a little).
+fn stop(transport: TcpTransport) {
+    transport.shutdown();
+    let start = std::time::Instant::now();
+    while ["nvme-admin", "nvme-io-q1"]
+        .iter()
+        .any(|n| !cpus_of(n).is_empty())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "queue threads outlive shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     let allowed = dpdk::os::current_thread_cpus().unwrap();
@@ -183,11 +200,7 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     // The kernel keeps 15 bytes of a thread's name.
     let listener = format!("nvmf-listen-{}", addr.port());
     assert_eq!(cpus_of_one(&listener[..listener.len().min(15)]), others);
-    transport.shutdown();
-    assert!(
-        cpus_of("nvme-io-q1").is_empty(),
-        "shutdown joined the queues"
-    );
+    stop(transport);
 
     // Two I/O CPUs: queues take them in turn, from the first listed.
     let (transport, addr) = serve(&[last, first]);
@@ -206,7 +219,7 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
         // The I/O CPUs are all there is: the admin queue may use them.
         assert_eq!(admin, allowed);
     }
-    transport.shutdown();
+    stop(transport);
 
     // No I/O CPUs: nothing is pinned.
     let (transport, addr) = serve(&[]);
@@ -214,5 +227,5 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     let (_q1, _) = queue(addr, 1, cntlid);
     assert_eq!(cpus_of_one("nvme-io-q1"), allowed);
     assert_eq!(cpus_of_one("nvme-admin"), allowed);
-    transport.shutdown();
+    stop(transport);
 }
