@@ -125,7 +125,7 @@ fn main() {
         for (k, got) in trace.iter().zip(&out) {
             let want = rules.iter().find(|r| r.matches(k)).map(|r| r.tag);
             assert_eq!(c.lookup(k).map(|r| r.tag), want, "{set}: key {k:?}");
-            assert_eq!(got.map(|r| r.tag), want, "{set}: batch, key {k:?}");
+            assert_eq!(*got, want, "{set}: batch, key {k:?}");
         }
         let rates: Vec<f64> = (0..runs)
             .map(|_| {

@@ -971,6 +971,9 @@ fn large_mask(r: &AclRule, addr_bits: u32) -> usize {
 #[derive(Debug, Default)]
 struct Set {
     rules: Vec<AclRule>,
+    /// `(order, tag)` of each rule of `rules`, in a table an eighth of its
+    /// size: what batched lookups read.
+    ids: Vec<(u32, u32)>,
     /// Bit per position: the rule hides later rules somewhere, so
     /// removing it incrementally would expose nothing behind it.
     pruners: Vec<u64>,
@@ -1062,6 +1065,7 @@ impl Set {
             }
         }
         Set {
+            ids: rules.iter().map(|r| (r.order, r.tag)).collect(),
             rules,
             pruners,
             trees,
@@ -1224,15 +1228,16 @@ impl Classifier {
         }
     }
 
-    /// The first rule matching each key of `keys`, into the same place of
-    /// `out`: the same answers as [`Classifier::lookup`] on each key, but
-    /// faster per key, because the tree walks of up to [`BATCH`] IPv4 keys
-    /// run interleaved and their cache misses overlap (IPv6 keys are
-    /// looked up one by one).
+    /// The tag of the first rule matching each key of `keys`, into the
+    /// same place of `out`: the same answers as [`Classifier::lookup`] on
+    /// each key, but faster per key, because the tree walks of up to
+    /// [`BATCH`] IPv4 keys run interleaved and their cache misses overlap,
+    /// and the answers come from a compact table of tags rather than from
+    /// the rules (IPv6 keys are looked up one by one).
     ///
     /// # Panics
     /// If `out` is shorter than `keys`.
-    pub fn lookup_batch<'a>(&'a self, keys: &[FlowKey], out: &mut [Option<&'a AclRule>]) {
+    pub fn lookup_batch(&self, keys: &[FlowKey], out: &mut [Option<u32>]) {
         assert!(
             out.len() >= keys.len(),
             "lookup_batch: out shorter than keys"
@@ -1246,7 +1251,7 @@ impl Classifier {
             let mut n = 0;
             for (i, (key, o)) in keys.iter().zip(out.iter_mut()).enumerate() {
                 if key.v6 {
-                    *o = self.lookup(key);
+                    *o = self.lookup(key).map(|r| r.tag);
                 } else {
                     k4[n] = Key4::new(key);
                     slot[n] = i as u8;
@@ -1257,19 +1262,21 @@ impl Classifier {
             let dead = (self.removed > 0).then_some(self.dead_v4.as_slice());
             let mut best = [u32::MAX; BATCH];
             main.flat.lookup_many(&k4[..n], dead, &mut best);
-            for (&i, &p) in slot[..n].iter().zip(&best) {
-                out[usize::from(i)] = main.rules.get(p as usize);
+            let mut order = [u32::MAX; BATCH];
+            for ((&i, &p), o) in slot[..n].iter().zip(&best).zip(&mut order) {
+                let id = main.ids.get(p as usize);
+                out[usize::from(i)] = id.map(|&(_, tag)| tag);
+                *o = id.map_or(u32::MAX, |&(order, _)| order);
             }
             if self.overlay_rules.is_empty() {
                 continue;
             }
             let o = &self.overlay.v4;
             o.flat.lookup_many(&k4[..n], None, &mut best);
-            for (&i, &p) in slot[..n].iter().zip(&best) {
-                let slot = &mut out[usize::from(i)];
-                if let Some(b) = o.rules.get(p as usize) {
-                    if slot.is_none_or(|a| b.order < a.order) {
-                        *slot = Some(b);
+            for ((&i, &p), &first) in slot[..n].iter().zip(&best).zip(&order) {
+                if let Some(&(order, tag)) = o.ids.get(p as usize) {
+                    if order < first {
+                        out[usize::from(i)] = Some(tag);
                     }
                 }
             }
@@ -1621,18 +1628,9 @@ pub(crate) mod tests {
             at = end;
             size = size % (2 * BATCH + 3) + 1;
         }
-        for (k, got) in keys.iter().zip(&out) {
-            let got = got.map(|r| r.order);
-            assert_eq!(
-                got,
-                c.lookup(k).map(|r| r.order),
-                "{what}: single, key {k:?}"
-            );
-            assert_eq!(
-                got,
-                reference(rules, k).map(|r| r.order),
-                "{what}: key {k:?}"
-            );
+        for (k, &got) in keys.iter().zip(&out) {
+            assert_eq!(got, c.lookup(k).map(|r| r.tag), "{what}: single, key {k:?}");
+            assert_eq!(got, reference(rules, k).map(|r| r.tag), "{what}: key {k:?}");
         }
     }
 

@@ -41,6 +41,7 @@ use crate::flowcache::FlowCache;
 use crate::io::Packet;
 use crate::parse::{is_multicast, parse, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, L3};
 use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST};
+use dpdk::hint::prefetch;
 
 /// No tenant: the marker in the attachment tables.
 const NONE: u32 = u32::MAX;
@@ -478,8 +479,9 @@ struct CompiledTenant {
     tracks: bool,
     /// Enough rules to look classifications up in the flow cache first.
     cached: bool,
-    /// Stateful flag by rule tag.
-    stateful: Vec<bool>,
+    /// What each rule does, by rule tag: [`ALLOWS`], [`OPENS`] and
+    /// [`LIMITED`] bits (a byte a rule, so a big tenant's stay in cache).
+    actions: Vec<u8>,
     /// Rate limit (this worker's share) by rule tag.
     limits: Vec<Option<Bucket>>,
     /// The rules by tag (`matches.tag` is the slot's index); `None`: a
@@ -492,9 +494,14 @@ struct CompiledTenant {
     remotes: Vec<Vec<u32>>,
     default_allow: bool,
     classifier: Classifier,
-    /// Allow flag by rule tag.
-    allow: Vec<bool>,
 }
+
+/// An allow rule (else deny).
+const ALLOWS: u8 = 1;
+/// An allow rule that opens connections (stateful).
+const OPENS: u8 = 2;
+/// An allow rule with a rate limit.
+const LIMITED: u8 = 4;
 
 /// A compiled rule: what the packet path and the counters need of a
 /// [`SwitchRule`], cheap to copy into the next snapshot.
@@ -853,11 +860,18 @@ impl Compiled {
             };
             let next = ids.len() as u32;
             let uid = *ids.entry(t.name.clone()).or_insert(next);
-            let slot = |f: fn(&Slot) -> bool| -> Vec<bool> {
-                slots.iter().map(|r| r.as_ref().is_some_and(f)).collect()
-            };
-            let stateful = slot(|r| r.allow && r.stateful);
-            let tracks = stateful.contains(&true);
+            let actions: Vec<u8> = slots
+                .iter()
+                .map(|r| match r {
+                    Some(r) if r.allow => {
+                        ALLOWS
+                            | if r.stateful { OPENS } else { 0 }
+                            | if r.rate_limit.is_some() { LIMITED } else { 0 }
+                    }
+                    _ => 0,
+                })
+                .collect();
+            let tracks = actions.iter().any(|a| a & OPENS != 0);
             if c.tracking.len() <= uid as usize {
                 c.tracking.resize(uid as usize + 1, false);
             }
@@ -879,8 +893,7 @@ impl Compiled {
                 uid,
                 tracks,
                 cached: config.flow_cache_entries > 0 && t.rules.len() >= FLOW_CACHE_MIN_RULES,
-                stateful,
-                allow: slot(|r| r.allow),
+                actions,
                 slots,
                 order,
                 attachments: t.attachments.clone(),
@@ -1258,7 +1271,7 @@ fn filter_ip(
         len,
         ..
     } = p;
-    let opens = |tag: u32| t.allow[tag as usize] && t.stateful[tag as usize];
+    let opens = |tag: u32| t.actions[tag as usize] & OPENS != 0;
     if let Some(ck) = conn {
         if let Some((slot, dir)) = conns.find(&ck, now) {
             let current = conns.checked_at(slot, generation)
@@ -1282,12 +1295,15 @@ fn filter_ip(
             t.default_allow.then_some(()).ok_or(DropReason::AclDeny),
         );
     };
-    if !t.allow[tag as usize] {
+    let actions = t.actions[tag as usize];
+    if actions & ALLOWS == 0 {
         return (Some(tag), Err(DropReason::AclDeny));
     }
-    if let Some(b) = &t.limits[tag as usize] {
-        if !b.take(&rules[tag as usize], clock.micros, len) {
-            return (Some(tag), Err(DropReason::RateLimited));
+    if actions & LIMITED != 0 {
+        if let Some(b) = &t.limits[tag as usize] {
+            if !b.take(&rules[tag as usize], clock.micros, len) {
+                return (Some(tag), Err(DropReason::RateLimited));
+            }
         }
     }
     let passed = match conn {
@@ -1577,8 +1593,16 @@ impl SwitchPipeline {
             }
             n = rest;
             t.classifier.lookup_batch(&keys[..k], &mut found[..k]);
-            for ((key, &i), rule) in keys[..k].iter().zip(&at[..k]).zip(&found[..k]) {
-                let tag = rule.map(|r| r.tag);
+            // What the frames' turns read next, by tag: its misses start now,
+            // all together.
+            let cells = &compiled.shards[self.worker % compiled.shards.len()].rules[ti as usize];
+            for &tag in found[..k].iter().flatten() {
+                if let (Some(a), Some(c)) = (t.actions.get(tag as usize), cells.get(tag as usize)) {
+                    prefetch(a);
+                    prefetch(c);
+                }
+            }
+            for ((key, &i), &tag) in keys[..k].iter().zip(&at[..k]).zip(&found[..k]) {
                 if t.cached {
                     self.cache.put(t.uid, key, self.generation, tag);
                 }
@@ -2349,7 +2373,7 @@ mod tests {
         let t = &c.tenants[ti];
         let tag = t.classifier.lookup(key)?.tag as usize;
         let r = t.slots[tag].as_ref().expect("a live slot");
-        assert_eq!(t.allow[tag], r.allow);
+        assert_eq!(t.actions[tag] & ALLOWS != 0, r.allow);
         Some((r.id.to_string(), r.allow))
     }
 

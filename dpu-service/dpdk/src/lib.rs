@@ -10,8 +10,9 @@
 //! - [`Port`]: an ethdev port configured with RX/TX queues (symmetric RSS
 //!   when there are several), and its [`RxQueue`]/[`TxQueue`] handles.
 //! - [`os`]: packet sockets (`AF_PACKET`) for the kernel driver, interface
-//!   queries and CPU affinity. It needs no DPDK: without the `eal` feature
-//!   (on by default) it is all this crate builds.
+//!   queries and CPU affinity; [`hint`]: cache prefetch. They need no
+//!   DPDK: without the `eal` feature (on by default) they are all this
+//!   crate builds.
 //!
 //! Invariants: every raw pointer handed out by DPDK is owned by exactly one
 //! value here and released exactly once; errors from DPDK become
@@ -22,6 +23,7 @@
 mod eal;
 #[cfg(feature = "eal")]
 mod error;
+pub mod hint;
 #[cfg(feature = "eal")]
 mod mbuf;
 #[cfg(feature = "eal")]
