@@ -1194,6 +1194,17 @@ fn vlan_op(from: Attach, to: Attach) -> VlanOp {
     }
 }
 
+/// The way out to attachment `to` (not VXLAN) for a frame of attachment
+/// `from` with `decap` bytes of outer headers.
+fn plain_egress(from: Attach, to: Attach, decap: u16) -> Egress {
+    Egress {
+        port: to.port,
+        vlan: vlan_op(from, to),
+        decap,
+        tunnel: None,
+    }
+}
+
 /// Connection slots a worker looks at per turn for expired connections.
 const SWEEP_SLOTS: usize = 32;
 
@@ -1379,12 +1390,7 @@ impl SwitchPipeline {
         out: &mut Vec<Egress>,
     ) {
         let to = t.attachments[to_index];
-        let e = Egress {
-            port: to.port,
-            vlan: vlan_op(from, to),
-            decap,
-            tunnel: None,
-        };
+        let e = plain_egress(from, to, decap);
         if to.vni == 0 {
             out.push(e);
             return;
@@ -1717,14 +1723,14 @@ impl SwitchPipeline {
         match to {
             Some((o, _)) if o == ai => {} // same segment: filtered
             Some((o, _)) if t.attachments[o].vni == 0 => {
-                // The common case, built in place.
-                let to = t.attachments[o];
-                let e = Egress {
-                    port: to.port,
-                    vlan: vlan_op(from, to),
-                    decap,
-                    tunnel: None,
-                };
+                // The common cases, built in place: a learned destination,
+                // or a flood with one way out.
+                let e = plain_egress(from, t.attachments[o], decap);
+                self.learn(ti, src_mac, ai, remote);
+                return Verdict::Forward(e);
+            }
+            None if t.attachments.len() == 2 && t.attachments[1 - ai].vni == 0 => {
+                let e = plain_egress(from, t.attachments[1 - ai], decap);
                 self.learn(ti, src_mac, ai, remote);
                 return Verdict::Forward(e);
             }
