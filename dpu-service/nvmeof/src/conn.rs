@@ -175,6 +175,10 @@ enum Pending {
     /// Write data arriving in H2CData PDUs.
     Receiving {
         sqe: Sqe,
+        /// The namespace the command was accepted against (see
+        /// [`Connection::accepted_namespace`]); the data goes there or
+        /// nowhere, never to a namespace created under the same ID since.
+        ns: Option<Arc<Namespace>>,
         buf: Vec<u8>,
         /// Bytes received.
         got: u32,
@@ -628,7 +632,8 @@ impl Connection {
                 {
                     return self.finish(&sqe, Cqe::new(cid, Status::SGL_LENGTH_INVALID), None);
                 }
-                self.dispatch(sqe, data.to_vec());
+                let ns = self.accepted_namespace(&sqe);
+                self.dispatch(sqe, ns, data.to_vec());
             }
             sgl::TRANSPORT => {
                 if !data.is_empty() {
@@ -642,10 +647,12 @@ impl Connection {
                     let first = len.min(MAX_H2C_DATA);
                     pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
                     let buf = self.take_buffer(len as usize);
+                    let ns = self.accepted_namespace(&sqe);
                     self.pending.insert(
                         cid,
                         Pending::Receiving {
                             sqe,
+                            ns,
                             buf,
                             got: 0,
                             r2t_end: first,
@@ -654,10 +661,14 @@ impl Connection {
                     );
                     return;
                 }
-                self.dispatch(sqe, Vec::new());
+                let ns = self.accepted_namespace(&sqe);
+                self.dispatch(sqe, ns, Vec::new());
             }
             // No data at all, whatever the descriptor type.
-            _ if len == 0 => self.dispatch(sqe, Vec::new()),
+            _ if len == 0 => {
+                let ns = self.accepted_namespace(&sqe);
+                self.dispatch(sqe, ns, Vec::new());
+            }
             _ => self.finish(&sqe, Cqe::new(cid, Status::SGL_TYPE_INVALID), None),
         }
     }
@@ -730,13 +741,14 @@ impl Connection {
             Some(Pending::Receiving {
                 sqe, corrupt: true, ..
             }) => self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None),
-            Some(Pending::Receiving { sqe, buf, .. }) => self.dispatch(sqe, buf),
+            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf),
             _ => {}
         }
     }
 
-    /// Runs a command whose data (if any) is all here.
-    fn dispatch(&mut self, sqe: Sqe, data: Vec<u8>) {
+    /// Runs a command whose data (if any) is all here; an I/O command runs
+    /// against `ns`, the namespace it was accepted against.
+    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) {
         let outcome = if sqe.opcode() == FABRICS {
             self.fabrics(&sqe, &data)
         } else if self.ctrl.is_none() {
@@ -744,7 +756,7 @@ impl Connection {
         } else if self.qid == 0 {
             self.admin(&sqe, &data)
         } else {
-            self.io(&sqe, data)
+            self.io(&sqe, ns, data)
         };
         match outcome {
             Outcome::Done(cqe, d) => self.finish(&sqe, cqe, d),
@@ -848,11 +860,31 @@ impl Connection {
             .cloned()
     }
 
-    fn io(&mut self, sqe: &Sqe, data: Vec<u8>) -> Outcome {
+    /// The namespace an I/O command is accepted against, looked up once,
+    /// when its capsule arrives; `None` for other commands and for an NSID
+    /// not served then.
+    ///
+    /// A write whose data comes through R2T runs against this instance
+    /// once its data is in, not against whatever serves the NSID by then:
+    /// if the namespace was deleted meanwhile the write fails with Invalid
+    /// Namespace, even when a namespace was created again under the same
+    /// ID (which never sees the data); so does a write for an NSID that
+    /// was unknown when it arrived.
+    fn accepted_namespace(&self, sqe: &Sqe) -> Option<Arc<Namespace>> {
+        if sqe.opcode() == FABRICS || self.qid == 0 {
+            return None;
+        }
+        self.namespace(sqe.nsid())
+    }
+
+    fn io(&mut self, sqe: &Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) -> Outcome {
         if !crate::admin::IO_CMDS.contains(&sqe.opcode()) {
             return Outcome::status(sqe, Status::INVALID_OPCODE);
         }
-        let Some(ns) = self.namespace(sqe.nsid()) else {
+        // A namespace that left service after the command was accepted
+        // answers as an unknown one does (its I/O would fail the same way
+        // in `Namespace::run`).
+        let Some(ns) = ns.filter(|n| !n.is_removed()) else {
             return Outcome::status(sqe, Status::INVALID_NS);
         };
         let shift = ns.lba_shift;

@@ -988,6 +988,77 @@ fn namespace_deleted_under_io_fails_its_commands_and_spares_the_rest() {
     assert_eq!(q.rw_ns(2, nvm::READ, 0, 8, &[]).data, vec![0; 4096]);
 }
 
+/// A write whose data is still arriving when its namespace is deleted and
+/// created again under the same ID fails with Invalid Namespace once its
+/// data is in; the new namespace never sees that data. So does a write
+/// for an ID no namespace had when it arrived.
+#[test]
+fn write_data_arriving_after_its_namespace_is_recreated_goes_nowhere() {
+    let (t, _a, _aer, mut q) = two_namespaces();
+    let inv = Status::INVALID_NS.to_field();
+    // 256 KiB: two R2Ts, the deletion comes between them.
+    let write = q.rw_sqe(2, nvm::WRITE, 0, 512);
+    q.submit(&write);
+    let Some(Owned::R2T { r2tl, .. }) = q.next_pdu() else {
+        panic!("expected an R2T");
+    };
+    assert_eq!(r2tl, 128 << 10);
+    let mut b = Vec::new();
+    pdu::encode_h2c_data(
+        &mut b,
+        q.digests,
+        write.cid(),
+        write.cid(),
+        0,
+        &[7; 128 << 10],
+        true,
+    );
+    q.send(&b);
+    let Some(Owned::R2T { r2to, r2tl, .. }) = q.next_pdu() else {
+        panic!("expected the second R2T");
+    };
+    assert_eq!((r2to, r2tl), (128 << 10, 128 << 10));
+    // And a write for an ID not served yet, its data not sent either.
+    let early = q.rw_sqe(3, nvm::WRITE, 0, 16);
+    q.submit(&early);
+    assert!(matches!(q.next_pdu(), Some(Owned::R2T { .. })));
+
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces = vec![namespace(1, 1 << 20)];
+    assert!(t.apply(&cfg).is_empty());
+    cfg.subsystems[0].namespaces = vec![
+        namespace(1, 1 << 20),
+        namespace(2, 1 << 20),
+        namespace(3, 1 << 20),
+    ];
+    assert!(t.apply(&cfg).is_empty());
+
+    let mut b = Vec::new();
+    pdu::encode_h2c_data(
+        &mut b,
+        q.digests,
+        write.cid(),
+        write.cid(),
+        128 << 10,
+        &[7; 128 << 10],
+        true,
+    );
+    q.send(&b);
+    q.expect_completion(write.cid(), inv, "write to the deleted namespace");
+    q.send_last_data(early.cid(), &[8; 8192]);
+    q.expect_completion(early.cid(), inv, "write to a then-unknown NSID");
+    assert!(q.next_pdu().is_none());
+    // The namespaces created since are empty, and serve new commands.
+    assert_eq!(q.rw_ns(2, nvm::READ, 0, 512, &[]).data, vec![0; 256 << 10]);
+    assert_eq!(q.rw_ns(3, nvm::READ, 0, 16, &[]).data, vec![0; 8192]);
+    assert_eq!(
+        q.rw_ns(2, nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status,
+        0
+    );
+    assert!(!q.conn.is_closed());
+    assert_eq!(t.health(NQN).media_errors.load(Ordering::Relaxed), 0);
+}
+
 /// Deleting a namespace waits for the I/O running on it: once `apply`
 /// returns, nothing touches the old backend.
 #[test]
