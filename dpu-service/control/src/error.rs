@@ -30,6 +30,10 @@ pub enum ControlError {
     /// The accepted change could not be persisted; nothing was applied (`UNAVAILABLE`).
     #[error("state store: {0}")]
     Storage(String),
+    /// The change is persisted, but what serves it did not apply it; it
+    /// stays stored and is applied again with later changes (`INTERNAL`).
+    #[error("stored, but {0}")]
+    NotApplied(String),
 }
 
 impl ControlError {
@@ -49,6 +53,7 @@ impl ControlError {
             Self::AlreadyExists(_) => Code::AlreadyExists,
             Self::FailedPrecondition(_) => Code::FailedPrecondition,
             Self::Storage(_) => Code::Unavailable,
+            Self::NotApplied(_) => Code::Internal,
         }
     }
 }

@@ -5,12 +5,13 @@
 //! acceptable ([`validate`] for syntax, [`state`] for consistency), the
 //! persisted store that makes accepted changes durable before they are
 //! acknowledged and publishes them to the data plane and the NVMe-oF target
-//! ([`store`]), counters ([`telemetry`]) and the `dpu.v1` gRPC services
-//! ([`service`]).
+//! ([`store`]), the reports by which a call waits for a consumer to apply
+//! its change ([`apply`]), counters ([`telemetry`]) and the `dpu.v1` gRPC
+//! services ([`service`]).
 //!
 //! It does not touch packets or block devices: consumers subscribe to
-//! [`store::StateHandle::subscribe`] and register
-//! [`telemetry::CounterSource`]s. It does not open sockets either; the
+//! [`store::StateHandle::subscribe`] (and report what they applied through
+//! an [`apply::Reporter`]) and register [`telemetry::CounterSource`]s. It does not open sockets either; the
 //! binary serves [`service::Api`] with tonic.
 //!
 //! Invariants: a request is fully validated before anything changes; a
@@ -18,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod convert;
 pub mod error;
 pub mod model;

@@ -6,6 +6,12 @@
 //! plane and the NVMe-oF target). A crash at any point leaves either the
 //! old or the new state on disk, never a mix, and a change is acknowledged
 //! to the client only after it is durable.
+//!
+//! Each published state carries a generation, counted from the state
+//! loaded at start (generation 0). Subscribers may skip states (they see
+//! the newest one) but every state contains the changes of all earlier
+//! generations, so a consumer that has applied generation `g` has applied
+//! every change published up to `g`; [`crate::apply`] builds on that.
 
 use std::fs;
 use std::io::Write;
@@ -50,6 +56,16 @@ struct FileOut<'a> {
     state: &'a State,
 }
 
+/// A state as the store published it.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Its place in the sequence of published states: the state loaded at
+    /// start is 0, each accepted change adds one.
+    pub generation: u64,
+    /// The state.
+    pub state: Arc<State>,
+}
+
 #[derive(Deserialize)]
 struct FileIn {
     format: u32,
@@ -60,7 +76,7 @@ struct FileIn {
 #[derive(Debug)]
 struct Store {
     file: Option<PathBuf>,
-    tx: watch::Sender<Arc<State>>,
+    tx: watch::Sender<Published>,
 }
 
 impl Store {
@@ -92,7 +108,7 @@ impl Store {
 #[derive(Debug, Clone)]
 pub struct StateHandle {
     store: Arc<Mutex<Store>>,
-    rx: watch::Receiver<Arc<State>>,
+    rx: watch::Receiver<Published>,
 }
 
 impl StateHandle {
@@ -114,7 +130,10 @@ impl StateHandle {
                 (Some(file.clone()), load(&file)?)
             }
         };
-        let (tx, rx) = watch::channel(Arc::new(state));
+        let (tx, rx) = watch::channel(Published {
+            generation: 0,
+            state: Arc::new(state),
+        });
         Ok(Self {
             store: Arc::new(Mutex::new(Store { file, tx })),
             rx,
@@ -123,11 +142,17 @@ impl StateHandle {
 
     /// The current state.
     pub fn snapshot(&self) -> Arc<State> {
+        self.rx.borrow().state.clone()
+    }
+
+    /// The current state and its generation.
+    pub fn published(&self) -> Published {
         self.rx.borrow().clone()
     }
 
-    /// A receiver that sees every new state after it is persisted.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<State>> {
+    /// A receiver that sees every new state after it is persisted (the
+    /// newest one, when several were published since it last looked).
+    pub fn subscribe(&self) -> watch::Receiver<Published> {
         self.rx.clone()
     }
 
@@ -138,18 +163,30 @@ impl StateHandle {
     /// The error of `change`, or [`ControlError::Storage`] if the new state
     /// could not be written.
     pub fn mutate_blocking<T>(&self, change: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
+        self.commit(change).map(|(out, _)| out)
+    }
+
+    /// [`StateHandle::mutate_blocking`] that also answers the generation
+    /// the new state was published as.
+    fn commit<T>(&self, change: impl FnOnce(&mut State) -> Result<T>) -> Result<(T, u64)> {
         let store = self
             .store
             .lock()
             .map_err(|_| ControlError::Storage("store lock poisoned by an earlier panic".into()))?;
-        let mut next = State::clone(&store.tx.borrow());
+        let (mut next, generation) = {
+            let cur = store.tx.borrow();
+            (State::clone(&cur.state), cur.generation + 1)
+        };
         let out = change(&mut next)?;
         store.persist(&next).map_err(|e| {
             tracing::error!(error = %e, "persisting state failed; change refused");
             ControlError::Storage(e.to_string())
         })?;
-        store.tx.send_replace(Arc::new(next));
-        Ok(out)
+        store.tx.send_replace(Published {
+            generation,
+            state: Arc::new(next),
+        });
+        Ok((out, generation))
     }
 
     /// [`StateHandle::mutate_blocking`] on a blocking thread, for async callers.
@@ -161,8 +198,22 @@ impl StateHandle {
         T: Send + 'static,
         F: FnOnce(&mut State) -> Result<T> + Send + 'static,
     {
+        self.mutate_numbered(change).await.map(|(out, _)| out)
+    }
+
+    /// [`StateHandle::mutate`] that also answers the generation the new
+    /// state was published as, to wait for a consumer to apply it
+    /// ([`crate::apply::Applied::wait`]).
+    ///
+    /// # Errors
+    /// As [`StateHandle::mutate_blocking`].
+    pub async fn mutate_numbered<T, F>(&self, change: F) -> Result<(T, u64)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<T> + Send + 'static,
+    {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.mutate_blocking(change))
+        tokio::task::spawn_blocking(move || this.commit(change))
             .await
             .map_err(|e| ControlError::Storage(format!("state update task failed: {e}")))?
     }
@@ -241,9 +292,18 @@ mod tests {
     fn subscribers_see_published_states() {
         let h = StateHandle::open(None).unwrap();
         let mut rx = h.subscribe();
+        assert_eq!(rx.borrow().generation, 0);
         add_tenant(&h, "a").unwrap();
         assert!(rx.has_changed().unwrap());
-        assert!(rx.borrow_and_update().tenants.contains_key("a"));
+        let p = rx.borrow_and_update().clone();
+        assert!(p.state.tenants.contains_key("a"));
+        assert_eq!(p.generation, 1);
+        // A refused change publishes nothing and uses no generation.
+        assert!(add_tenant(&h, "a").is_err());
+        assert!(!rx.has_changed().unwrap());
+        add_tenant(&h, "b").unwrap();
+        assert_eq!(h.published().generation, 2);
+        assert!(Arc::ptr_eq(&h.published().state, &h.snapshot()));
     }
 
     #[test]

@@ -191,10 +191,10 @@ async fn run(config: Config) -> Result<()> {
         let mut rx = state.subscribe();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
-                let s = rx.borrow_and_update().clone();
+                let p = rx.borrow_and_update().clone();
                 let feed_ref = &feed;
                 // Compiling large rule sets takes a while: off the runtime's workers.
-                tokio::task::block_in_place(|| feed_ref.apply(&s));
+                tokio::task::block_in_place(|| feed_ref.apply(&p.state));
             }
         })
     });
@@ -215,10 +215,10 @@ async fn run(config: Config) -> Result<()> {
         let mut rx = state.subscribe();
         tokio::spawn(async move {
             while rx.changed().await.is_ok() {
-                let s = rx.borrow_and_update().clone();
+                let p = rx.borrow_and_update().clone();
                 let nvmf = nvmf.clone();
                 // Opening files and binding listeners: off the runtime's workers.
-                let _ = tokio::task::spawn_blocking(move || nvmf.apply(&s)).await;
+                let _ = tokio::task::spawn_blocking(move || nvmf.apply(&p.state)).await;
             }
         })
     };

@@ -103,6 +103,9 @@ impl Api {
             Err(ControlError::Storage(e)) => {
                 tracing::error!(method, error = %e, "refused: state not persisted")
             }
+            Err(ControlError::NotApplied(e)) => {
+                tracing::error!(method, error = %e, "stored but not applied")
+            }
             Err(e) => tracing::debug!(method, error = %e, "refused"),
         }
         r.map(Response::new).map_err(Status::from)

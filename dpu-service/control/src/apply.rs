@@ -1,0 +1,204 @@
+//! Waiting for a consumer to apply a published state.
+//!
+//! The store numbers the states it publishes ([`crate::store::Published`]),
+//! as the switch numbers the configurations it publishes. A consumer whose
+//! effect a client must be able to rely on once its call returns (the
+//! NVMe-oF target: after `DeleteNamespace` returns, no command reaches the
+//! namespace and the I/O that was running on it has ended) follows the
+//! store and reports, through its [`Reporter`], each generation it has
+//! applied together with what it could not apply. Calls that change what
+//! it serves wait for that report with [`Applied::wait`].
+//!
+//! A consumer may skip generations: every state holds all earlier changes,
+//! so a report for generation `g` covers every change up to `g`.
+//!
+//! This module does no I/O and starts no task; the consumer's loop lives
+//! with the consumer (the daemon).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::{ControlError, Result};
+
+/// How long [`Applied::wait`] waits by default: far longer than applying
+/// a change takes, short enough that a stuck consumer is reported.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Something a consumer could not apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The resource's name, as the API spells it
+    /// (`subsystems/vol1/namespaces/2`).
+    pub resource: String,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// The newest report of a consumer.
+#[derive(Debug, Clone, Default)]
+struct Report {
+    /// The newest generation applied.
+    generation: u64,
+    /// What that generation's state asks for and is not served.
+    problems: Arc<Vec<Problem>>,
+}
+
+/// The consumer's side: reports the generations it applied.
+#[derive(Debug)]
+pub struct Reporter {
+    tx: watch::Sender<Report>,
+}
+
+impl Reporter {
+    /// The consumer has applied the state of `generation`; `problems` is
+    /// what it could not apply of that state (it replaces earlier
+    /// reports, so a problem that went away is forgotten).
+    pub fn report(&self, generation: u64, problems: Vec<Problem>) {
+        self.tx.send_replace(Report {
+            generation,
+            problems: Arc::new(problems),
+        });
+    }
+}
+
+/// The waiting side: how far the consumer has got. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The consumer, for messages ("the NVMe-oF target").
+    consumer: &'static str,
+    rx: watch::Receiver<Report>,
+    limit: Duration,
+}
+
+/// A consumer named `consumer` (for messages) that has applied
+/// `generation` so far, usually the state it started from. Dropping the
+/// [`Reporter`] tells waiters that it stopped.
+pub fn follow(consumer: &'static str, generation: u64) -> (Reporter, Applied) {
+    let (tx, rx) = watch::channel(Report {
+        generation,
+        problems: Arc::default(),
+    });
+    let applied = Applied {
+        consumer,
+        rx,
+        limit: WAIT_LIMIT,
+    };
+    (Reporter { tx }, applied)
+}
+
+impl Applied {
+    /// The same, waiting at most `limit` instead of [`WAIT_LIMIT`].
+    pub fn with_limit(mut self, limit: Duration) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// The newest generation the consumer has applied.
+    pub fn generation(&self) -> u64 {
+        self.rx.borrow().generation
+    }
+
+    /// Waits until the consumer has applied `generation` (or a later one),
+    /// then checks that it serves the `resources` the change created or
+    /// changed.
+    ///
+    /// # Errors
+    /// [`ControlError::NotApplied`] if the consumer reports a problem with
+    /// one of `resources`, if it stopped, or if it has not got that far
+    /// within the limit. The change itself stays stored either way.
+    pub async fn wait(&self, generation: u64, resources: &[&str]) -> Result<()> {
+        let mut rx = self.rx.clone();
+        let consumer = self.consumer;
+        let report = match tokio::time::timeout(
+            self.limit,
+            rx.wait_for(|r| r.generation >= generation),
+        )
+        .await
+        {
+            Ok(Ok(r)) => r.clone(),
+            Ok(Err(_)) => {
+                return Err(ControlError::NotApplied(format!(
+                    "{consumer} stopped applying changes"
+                )))
+            }
+            Err(_) => {
+                return Err(ControlError::NotApplied(format!(
+                    "{consumer} has not applied the change within {:?}; it applies it when it catches up",
+                    self.limit
+                )))
+            }
+        };
+        let failed: Vec<String> = report
+            .problems
+            .iter()
+            .filter(|p| resources.contains(&p.resource.as_str()))
+            .map(|p| format!("{}: {}", p.resource, p.reason))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(ControlError::NotApplied(format!(
+                "{consumer} could not apply it ({}); it tries again at the next change",
+                failed.join("; ")
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(resource: &str) -> Problem {
+        Problem {
+            resource: resource.into(),
+            reason: "disk on fire".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn waits_for_the_generation_and_reports_its_own_problems() {
+        let (rep, applied) = follow("the target", 3);
+        // Already applied: no wait.
+        applied.wait(2, &[]).await.unwrap();
+        applied.wait(3, &["x"]).await.unwrap();
+        let waiter = {
+            let a = applied.clone();
+            tokio::spawn(async move { a.wait(5, &["subsystems/a/namespaces/1"]).await })
+        };
+        tokio::task::yield_now().await;
+        rep.report(4, vec![]);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "generation 4 is not 5");
+        // Skipping a generation covers it; another resource's problem is
+        // not this change's.
+        rep.report(6, vec![problem("subsystems/a/namespaces/2")]);
+        waiter.await.unwrap().unwrap();
+        assert_eq!(applied.generation(), 6);
+        let err = applied
+            .wait(6, &["subsystems/a/namespaces/2"])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Internal);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("the target could not apply it (subsystems/a/namespaces/2: disk on fire)"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stopped_or_stuck_consumer_is_an_error_not_a_hang() {
+        let (rep, applied) = follow("the target", 0);
+        let applied = applied.with_limit(Duration::from_millis(50));
+        let err = applied.wait(1, &[]).await.unwrap_err();
+        assert!(err.to_string().contains("within"), "{err}");
+        drop(rep);
+        let err = applied.wait(1, &[]).await.unwrap_err();
+        assert!(err.to_string().contains("stopped"), "{err}");
+        // What it had applied before it stopped still counts.
+        applied.wait(0, &[]).await.unwrap();
+    }
+}
