@@ -2,7 +2,7 @@
 //! bad requests get the documented exit codes, state survives restarts.
 
 use anyhow::Result;
-use dpu_e2e::Service;
+use dpu_e2e::{free_port, Service};
 use serde_json::Value;
 
 fn code(svc: &Service, args: &[&str]) -> (i32, String) {
@@ -13,7 +13,10 @@ fn code(svc: &Service, args: &[&str]) -> (i32, String) {
     )
 }
 
-fn populate(svc: &Service) -> Result<()> {
+/// Creates tenants, rules and storage objects; answers the port of the
+/// NVMe/TCP listener (a free one: the listener call returns once the
+/// service listens, and fails if it cannot).
+fn populate(svc: &Service) -> Result<u16> {
     svc.dpuctl_json(&[
         "tenant",
         "create",
@@ -91,6 +94,7 @@ fn populate(svc: &Service) -> Result<()> {
         "--block-size",
         "4096",
     ])?;
+    let port = free_port();
     svc.dpuctl_json(&[
         "listener",
         "create",
@@ -98,9 +102,9 @@ fn populate(svc: &Service) -> Result<()> {
         "--address",
         "127.0.0.1",
         "--port",
-        "4420",
+        &port.to_string(),
     ])?;
-    Ok(())
+    Ok(port)
 }
 
 /// Everything `dpuctl` can list, as one JSON value.
@@ -118,7 +122,7 @@ fn everything(svc: &Service) -> Result<Value> {
 #[test]
 fn objects_created_with_dpuctl_come_back() -> Result<()> {
     let svc = Service::start()?;
-    populate(&svc)?;
+    let port = populate(&svc)?;
     let all = everything(&svc)?;
 
     let tenants = all["tenants"].as_array().unwrap();
@@ -162,7 +166,7 @@ fn objects_created_with_dpuctl_come_back() -> Result<()> {
     assert_eq!(ns[0]["ram"]["sizeBytes"], (64u64 << 20).to_string());
     assert_eq!(ns[1]["nsid"], 5);
     assert_eq!(ns[1]["blockSize"], 4096);
-    assert_eq!(all["listeners"][0]["port"], 4420);
+    assert_eq!(all["listeners"][0]["port"], port);
 
     // Table output is for people: a header and one row per item.
     let out = svc.dpuctl(&["rule", "list", "blue"])?;
