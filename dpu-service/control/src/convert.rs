@@ -165,6 +165,16 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
     )
 }
 
+/// The resource name of namespace `nsid` of subsystem `sid`.
+pub fn namespace_name(sid: &str, nsid: u32) -> String {
+    format!("subsystems/{sid}/namespaces/{nsid}")
+}
+
+/// The resource name of listener `lid` of subsystem `sid`.
+pub fn listener_name(sid: &str, lid: &str) -> String {
+    format!("subsystems/{sid}/listeners/{lid}")
+}
+
 /// A namespace of subsystem `sid` as a protobuf message.
 pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
     let (backend, size) = match &n.backend {
@@ -187,7 +197,7 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
         ),
     };
     pb::Namespace {
-        name: format!("subsystems/{sid}/namespaces/{}", n.nsid),
+        name: namespace_name(sid, n.nsid),
         nsid: n.nsid,
         backend: Some(backend),
         block_size: n.block_size,
@@ -200,7 +210,7 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
 /// A listener of subsystem `sid` as a protobuf message.
 pub fn listener(sid: &str, l: &Listener) -> pb::Listener {
     pb::Listener {
-        name: format!("subsystems/{sid}/listeners/{}", l.id),
+        name: listener_name(sid, &l.id),
         transport: match l.transport {
             Transport::Tcp => pb::Transport::Tcp,
         } as i32,

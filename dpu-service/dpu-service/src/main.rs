@@ -198,8 +198,9 @@ async fn run(config: Config) -> Result<()> {
             }
         })
     });
+    let first = state.published();
     let nvmf = {
-        let s = state.snapshot();
+        let s = first.state.clone();
         let discovery = config.storage.discovery_listen;
         let tcp = config.storage.transport();
         // Placement was checked with the configuration; this only fails
@@ -210,18 +211,8 @@ async fn run(config: Config) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("storage.{e}"))?
     };
     telemetry.register(nvmf.counters(state.clone()));
-    let nvmf_task = {
-        let nvmf = nvmf.clone();
-        let mut rx = state.subscribe();
-        tokio::spawn(async move {
-            while rx.changed().await.is_ok() {
-                let p = rx.borrow_and_update().clone();
-                let nvmf = nvmf.clone();
-                // Opening files and binding listeners: off the runtime's workers.
-                let _ = tokio::task::spawn_blocking(move || nvmf.apply(&p.state)).await;
-            }
-        })
-    };
+    // Storage calls return once the target has applied their change.
+    let (nvmf_task, storage_applied) = nvmf.follow(&state, first.generation);
     let ctl = Arc::new(Control {
         state,
         ports: config
@@ -251,6 +242,7 @@ async fn run(config: Config) -> Result<()> {
             start_time: Timestamp::now(),
             hostname: hostname(),
         },
+        storage_applied: Some(storage_applied),
     });
     let api = Api::new(ctl.clone());
     seed::seed_storage(&api, &config.storage).await?;

@@ -2,6 +2,10 @@
 //! created at startup through the same `StorageService` calls a gRPC client
 //! makes, so every validation, ID assignment and persistence rule applies.
 //!
+//! As over gRPC, a namespace or listener counts as created once the NVMe/TCP
+//! target serves it: one the target cannot serve (a file it cannot open, a
+//! port another socket holds) is refused like an invalid one.
+//!
 //! A declared subsystem whose ID is already in the state is left as stored:
 //! once created, the state is the source of truth and changes made over
 //! gRPC survive restarts.
@@ -129,6 +133,7 @@ async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> 
 pub(crate) mod tests {
     use std::sync::Arc;
 
+    use dpu_control::apply::Applied;
     use dpu_control::model::{Backend, Timestamp};
     use dpu_control::service::{Control, ServiceFacts};
     use dpu_control::state::{Limits, PortRegistry};
@@ -142,6 +147,17 @@ pub(crate) mod tests {
     /// limited to `ram_bytes` (the declared-tenant tests use it too).
     pub(crate) fn api_with(ports: PortRegistry, ram_bytes: u64) -> (Api, StateHandle) {
         let state = StateHandle::open(None).expect("in-memory state");
+        (api_over(&state, ports, ram_bytes, None), state)
+    }
+
+    /// An API over `state` with `ports`, RAM namespaces limited to
+    /// `ram_bytes`, its storage calls waiting for `storage_applied`.
+    pub(crate) fn api_over(
+        state: &StateHandle,
+        ports: PortRegistry,
+        ram_bytes: u64,
+        storage_applied: Option<Applied>,
+    ) -> Api {
         let ctl = Arc::new(Control {
             state: state.clone(),
             ports,
@@ -156,8 +172,9 @@ pub(crate) mod tests {
                 start_time: Timestamp::now(),
                 hostname: String::new(),
             },
+            storage_applied,
         });
-        (Api::new(ctl), state)
+        Api::new(ctl)
     }
 
     /// An API over a fresh in-memory state, RAM namespaces limited to 64 MiB.

@@ -1,13 +1,21 @@
 //! The NVMe/TCP target, fed from the control plane's state: every accepted
 //! change to subsystems, namespaces, hosts and listeners is applied to the
 //! running target, and its counters flow into telemetry.
+//!
+//! The target follows the store ([`Storage::follow`]) and reports each
+//! generation it applied, with what it could not serve, so that a storage
+//! call returns only once the target serves its change
+//! ([`dpu_control::apply`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use dpu_control::apply::{self, Applied, Problem};
+use dpu_control::convert::{listener_name, namespace_name};
 use dpu_control::model::{Backend, State, Transport};
+use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig, TcpConfig, TcpConfigError,
@@ -41,17 +49,78 @@ impl Storage {
         Ok(s)
     }
 
-    /// Serves `state` from now on. What cannot be applied (a backing file
-    /// that cannot be opened, an address that cannot be bound) is logged as
-    /// an error and retried at the next change.
-    pub fn apply(&self, state: &State) {
+    /// Serves `state` from now on; once this returns, a deleted namespace
+    /// takes no new command and the I/O that was running on it has ended.
+    /// What cannot be applied (a backing file that cannot be opened, an
+    /// address that cannot be bound) is logged as an error, answered by the
+    /// resource names of the namespaces and listeners concerned, and
+    /// retried at the next change.
+    pub fn apply(&self, state: &State) -> Vec<Problem> {
         let cfg = target_config(state, self.discovery);
+        let mut problems = Vec::new();
         for e in self.target.apply(&cfg) {
             tracing::error!(subsystem = %e.nqn, nsid = e.nsid, error = %e.source, "namespace not served");
+            problems.extend(
+                state
+                    .subsystems
+                    .values()
+                    .filter(|s| s.nqn == e.nqn)
+                    .map(|s| Problem {
+                        resource: namespace_name(&s.id, e.nsid),
+                        reason: e.source.to_string(),
+                    }),
+            );
         }
         for (addr, e) in self.transport.set_listeners(&cfg.listen_addrs()) {
             tracing::error!(%addr, error = %e, "NVMe/TCP listener not started");
+            for s in state.subsystems.values() {
+                problems.extend(
+                    s.listeners
+                        .values()
+                        .filter(|l| {
+                            l.transport == Transport::Tcp
+                                && SocketAddr::new(l.address, l.port) == addr
+                        })
+                        .map(|l| Problem {
+                            resource: listener_name(&s.id, &l.id),
+                            reason: format!("cannot listen on {addr}: {e}"),
+                        }),
+                );
+            }
         }
+        problems
+    }
+
+    /// Applies every state `state` publishes from now on (the newest,
+    /// when several arrived while one was being applied), having applied
+    /// generation `applied` already, and reports each generation applied
+    /// through the answered [`Applied`], for storage calls to wait on.
+    ///
+    /// Applying runs on a blocking thread (it opens files and binds
+    /// sockets). Should it panic, following stops: the task ends, and
+    /// waiting storage calls fail rather than hang.
+    pub fn follow(
+        self: &Arc<Self>,
+        state: &StateHandle,
+        applied: u64,
+    ) -> (tokio::task::JoinHandle<()>, Applied) {
+        let (reporter, waiters) = apply::follow("the NVMe-oF target", applied);
+        let mut rx = state.subscribe();
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let p = rx.borrow_and_update().clone();
+                let this = this.clone();
+                match tokio::task::spawn_blocking(move || this.apply(&p.state)).await {
+                    Ok(problems) => reporter.report(p.generation, problems),
+                    Err(e) => {
+                        tracing::error!(generation = p.generation, error = %e, "applying storage state failed; the target no longer follows changes");
+                        break;
+                    }
+                }
+            }
+        });
+        (task, waiters)
     }
 
     /// A counter source for telemetry, keyed by subsystem ID.
@@ -135,5 +204,193 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
     TargetConfig {
         subsystems,
         discovery,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use dpu_proto::v1 as pb;
+    use dpu_proto::v1::storage_service_server::StorageService;
+    use tonic::{Code, Request};
+
+    use super::*;
+
+    const NQN: &str = "nqn.2024-01.io.example:vol";
+
+    /// A target following a fresh in-memory state, and an API whose
+    /// storage calls wait for it.
+    fn served() -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
+        let state = StateHandle::open(None).expect("in-memory state");
+        let first = state.published();
+        let storage = Storage::start(&first.state, None);
+        let (_task, applied) = storage.follow(&state, first.generation);
+        let api = crate::seed::tests::api_over(&state, Default::default(), 64 << 20, Some(applied));
+        (storage, api, state)
+    }
+
+    fn ram_namespace(size_bytes: u64) -> pb::Namespace {
+        pb::Namespace {
+            backend: Some(pb::namespace::Backend::Ram(pb::RamBackend { size_bytes })),
+            block_size: 512,
+            ..Default::default()
+        }
+    }
+
+    async fn create_namespace(
+        api: &dpu_control::service::Api,
+        ns: pb::Namespace,
+    ) -> Result<pb::Namespace, tonic::Status> {
+        api.create_namespace(Request::new(pb::CreateNamespaceRequest {
+            parent: "subsystems/vol".into(),
+            namespace: Some(ns),
+        }))
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// When DeleteNamespace returns, the target no longer serves the
+    /// namespace and the I/O that was running on it has ended; when
+    /// CreateNamespace and ResizeNamespace return, the target serves the
+    /// namespace at its new size.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn storage_calls_return_once_the_target_serves_their_change() {
+        let (storage, api, _state) = served();
+        api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
+            subsystem_id: "vol".into(),
+            subsystem: Some(pb::Subsystem {
+                nqn: NQN.into(),
+                allow_any_host: true,
+                ..Default::default()
+            }),
+        }))
+        .await
+        .unwrap();
+        let ns = create_namespace(&api, ram_namespace(1 << 20))
+            .await
+            .unwrap();
+        let live = |nsid| {
+            storage
+                .target
+                .subsystem(NQN)
+                .and_then(|s| s.namespaces.get(&nsid).cloned())
+        };
+        let served = live(ns.nsid).expect("served once CreateNamespace returned");
+        api.resize_namespace(Request::new(pb::ResizeNamespaceRequest {
+            name: ns.name.clone(),
+            size_bytes: 2 << 20,
+        }))
+        .await
+        .unwrap();
+        assert_eq!(
+            served.blocks(),
+            4096,
+            "resized once ResizeNamespace returned"
+        );
+
+        // I/O running on the namespace while it is deleted.
+        let done = Arc::new(AtomicBool::new(false));
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let io = {
+            let (ns, done) = (served.clone(), done.clone());
+            std::thread::spawn(move || {
+                ns.run(|b| {
+                    started_tx.send(()).expect("test waits");
+                    std::thread::sleep(Duration::from_millis(300));
+                    b.write_at(0, &[1; 512], false)?;
+                    done.store(true, Ordering::SeqCst);
+                    Ok(())
+                })
+            })
+        };
+        started.recv().unwrap();
+        api.delete_namespace(Request::new(pb::DeleteNamespaceRequest {
+            name: ns.name.clone(),
+        }))
+        .await
+        .unwrap();
+        assert!(
+            done.load(Ordering::SeqCst),
+            "DeleteNamespace returned while I/O ran on the namespace"
+        );
+        assert!(live(ns.nsid).is_none(), "deleted namespace still served");
+        assert!(served.is_removed());
+        io.join().unwrap().unwrap();
+        storage.shutdown();
+    }
+
+    /// A change the target cannot apply is stored, and the call says that
+    /// the target does not serve it, naming what.
+    #[tokio::test]
+    async fn a_change_the_target_cannot_apply_is_an_internal_error_naming_it() {
+        let (storage, api, state) = served();
+        api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
+            subsystem_id: "vol".into(),
+            subsystem: Some(pb::Subsystem {
+                nqn: NQN.into(),
+                allow_any_host: true,
+                ..Default::default()
+            }),
+        }))
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir").join("disk.img");
+        let err = create_namespace(
+            &api,
+            pb::Namespace {
+                backend: Some(pb::namespace::Backend::File(pb::FileBackend {
+                    path: missing.display().to_string(),
+                    size_bytes: 1 << 20,
+                })),
+                block_size: 512,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        assert!(
+            err.message().starts_with(
+                "stored, but the NVMe-oF target could not apply it (subsystems/vol/namespaces/1: "
+            ),
+            "{}",
+            err.message()
+        );
+        assert!(state.snapshot().subsystems["vol"]
+            .namespaces
+            .contains_key(&1));
+        // Another namespace's problem is not this call's.
+        create_namespace(&api, ram_namespace(1 << 20))
+            .await
+            .unwrap();
+
+        // A listener on a port another socket holds.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let err = api
+            .create_listener(Request::new(pb::CreateListenerRequest {
+                parent: "subsystems/vol".into(),
+                listener_id: "l".into(),
+                listener: Some(pb::Listener {
+                    transport: pb::Transport::Tcp as i32,
+                    address: "127.0.0.1".into(),
+                    port: u32::from(port),
+                    ..Default::default()
+                }),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        assert!(
+            err.message().contains(&format!(
+                "subsystems/vol/listeners/l: cannot listen on 127.0.0.1:{port}"
+            )),
+            "{}",
+            err.message()
+        );
+        storage.shutdown();
     }
 }

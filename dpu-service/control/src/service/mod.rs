@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use tonic::{Code, Response, Status};
 
+use crate::apply::Applied;
 use crate::error::{ControlError, Result};
 use crate::model::Timestamp;
 use crate::state::{Limits, PortRegistry};
@@ -55,6 +56,10 @@ pub struct Control {
     pub limits: Limits,
     /// Facts for `GetServiceInfo`.
     pub facts: ServiceFacts,
+    /// How far the NVMe-oF target has applied the state: a storage call
+    /// returns once the target serves its change. `None` when nothing
+    /// serves storage (then the call returns once the change is stored).
+    pub storage_applied: Option<Applied>,
 }
 
 /// Implements every `dpu.v1` service over one [`Control`].

@@ -46,6 +46,29 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
 }
 
 impl Api {
+    /// Runs a storage change and, when the NVMe-oF target follows the
+    /// state, waits until the target has applied it: once the call
+    /// returns, the target serves what it answers (a deleted namespace
+    /// takes no new command and the I/O that was running on it has
+    /// ended; a removed host cannot connect). `served` names the resource
+    /// the change created or resized, which the target must then serve.
+    ///
+    /// # Errors
+    /// The change's own error (nothing changed), or
+    /// [`ControlError::NotApplied`] (the change is stored).
+    async fn change_storage<T, F>(&self, change: F, served: fn(&T) -> Option<&str>) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<T> + Send + 'static,
+    {
+        let (out, generation) = self.ctl.state.mutate_numbered(change).await?;
+        if let Some(target) = &self.ctl.storage_applied {
+            let names: Vec<&str> = served(&out).into_iter().collect();
+            target.wait(generation, &names).await?;
+        }
+        Ok(out)
+    }
+
     /// Validates a (subsystem, host NQN) pair and applies `change` to it.
     async fn change_host(
         &self,
@@ -55,10 +78,11 @@ impl Api {
     ) -> Result<pb::Subsystem> {
         let id = validate::name("subsystem", subsystem, "subsystems")?.to_string();
         validate::nqn("host_nqn", &host)?;
-        self.ctl
-            .state
-            .mutate(move |st| change(st, &id, &host).map(convert::subsystem))
-            .await
+        self.change_storage(
+            move |st| change(st, &id, &host).map(convert::subsystem),
+            |_| None,
+        )
+        .await
     }
 }
 
@@ -107,9 +131,7 @@ impl StorageService for Api {
                 listeners: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
-            self.ctl
-                .state
-                .mutate(move |st| st.create_subsystem(sub))
+            self.change_storage(move |st| st.create_subsystem(sub), |_| None)
                 .await?;
             Ok(out)
         })
@@ -174,9 +196,10 @@ impl StorageService for Api {
                 }
             }
             let out = self
-                .ctl
-                .state
-                .mutate(move |st| st.update_subsystem(&id, u).map(convert::subsystem))
+                .change_storage(
+                    move |st| st.update_subsystem(&id, u).map(convert::subsystem),
+                    |_| None,
+                )
                 .await?;
             Ok(out)
         })
@@ -190,9 +213,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteSubsystem", async {
             let req = req.into_inner();
             let id = validate::name("name", &req.name, "subsystems")?.to_string();
-            self.ctl
-                .state
-                .mutate(move |st| st.delete_subsystem(&id, req.force))
+            self.change_storage(move |st| st.delete_subsystem(&id, req.force), |_| None)
                 .await?;
             Ok(pb::DeleteSubsystemResponse {})
         })
@@ -234,12 +255,13 @@ impl StorageService for Api {
             let (ns, has_uuid, has_nguid) = validate::namespace("namespace", &n)?;
             let limits = self.ctl.limits;
             let out = self
-                .ctl
-                .state
-                .mutate(move |st| {
-                    st.create_namespace(limits, &id, ns, has_uuid, has_nguid)
-                        .map(|n| convert::namespace(&id, n))
-                })
+                .change_storage(
+                    move |st| {
+                        st.create_namespace(limits, &id, ns, has_uuid, has_nguid)
+                            .map(|n| convert::namespace(&id, n))
+                    },
+                    |n| Some(&n.name),
+                )
                 .await?;
             Ok(out)
         })
@@ -294,12 +316,13 @@ impl StorageService for Api {
             let sid = sid.to_string();
             let limits = self.ctl.limits;
             let out = self
-                .ctl
-                .state
-                .mutate(move |st| {
-                    st.resize_namespace(limits, &sid, nsid, req.size_bytes)
-                        .map(|n| convert::namespace(&sid, n))
-                })
+                .change_storage(
+                    move |st| {
+                        st.resize_namespace(limits, &sid, nsid, req.size_bytes)
+                            .map(|n| convert::namespace(&sid, n))
+                    },
+                    |n| Some(&n.name),
+                )
                 .await?;
             Ok(out)
         })
@@ -313,9 +336,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteNamespace", async {
             let (sid, nsid) = validate::namespace_name("name", &req.get_ref().name)?;
             let sid = sid.to_string();
-            self.ctl
-                .state
-                .mutate(move |st| st.delete_namespace(&sid, nsid))
+            self.change_storage(move |st| st.delete_namespace(&sid, nsid), |_| None)
                 .await?;
             Ok(pb::DeleteNamespaceResponse {})
         })
@@ -332,12 +353,13 @@ impl StorageService for Api {
             let l = required("listener", req.listener)?;
             let listener = validate::listener("listener", &req.listener_id, &l)?;
             let out = self
-                .ctl
-                .state
-                .mutate(move |st| {
-                    st.create_listener(&sid, listener)
-                        .map(|l| convert::listener(&sid, l))
-                })
+                .change_storage(
+                    move |st| {
+                        st.create_listener(&sid, listener)
+                            .map(|l| convert::listener(&sid, l))
+                    },
+                    |l| Some(&l.name),
+                )
                 .await?;
             Ok(out)
         })
@@ -374,9 +396,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteListener", async {
             let (sid, lid) = validate::listener_name("name", &req.get_ref().name)?;
             let (sid, lid) = (sid.to_string(), lid.to_string());
-            self.ctl
-                .state
-                .mutate(move |st| st.delete_listener(&sid, &lid))
+            self.change_storage(move |st| st.delete_listener(&sid, &lid), |_| None)
                 .await?;
             Ok(pb::DeleteListenerResponse {})
         })
