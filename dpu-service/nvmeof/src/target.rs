@@ -2,10 +2,10 @@
 //! the live controllers. Shared by every connection of every transport.
 //!
 //! Configuration arrives as a whole ([`Target::apply`]): the target keeps the
-//! backend of every namespace whose backing store did not change (so a RAM
-//! namespace keeps its data across unrelated updates), resizes those whose
-//! size changed, opens new ones, and tells the controllers of each changed
-//! subsystem through an asynchronous event. A resize is seen by the next
+//! backend of every namespace whose identity (UUID and NGUID) and backing
+//! store did not change (so a RAM namespace keeps its data across unrelated
+//! updates), resizes those whose size changed, opens new ones, and tells
+//! the controllers of each changed subsystem through an asynchronous event. A resize is seen by the next
 //! command's range check; a backend that leaves service (namespace or
 //! subsystem deleted, store replaced) is retired before `apply` returns:
 //! I/O running on it finishes, I/O accepted but not started fails with
@@ -160,10 +160,11 @@ pub fn is_namespace_removed(e: &io::Error) -> bool {
 
 /// A namespace being served.
 ///
-/// A snapshot: a resize or a new UUID makes a new `Namespace` that shares
-/// the backend (and its [`Namespace::run`] gate) with the old one, so I/O
-/// accepted before the change goes on. When the backend leaves service (the
-/// namespace or its subsystem is deleted, or its store replaced),
+/// A snapshot: a resize or a new block size makes a new `Namespace` that
+/// shares the backend (and its [`Namespace::run`] gate) with the old one, so
+/// I/O accepted before the change goes on. When the backend leaves service
+/// (the namespace or its subsystem is deleted, its store replaced, or its
+/// NSID given to a namespace with another UUID or NGUID),
 /// [`Target::apply`] waits for the I/O running on it and fails the I/O that
 /// had not started yet: once `apply` returns, nothing touches that backend.
 #[derive(Debug)]
@@ -469,13 +470,24 @@ impl Target {
     }
 
     /// The namespace for `nc`, reusing `prev`'s backend when it is the same
-    /// store; the flag says whether hosts must be told (new or resized).
+    /// namespace (same UUID and NGUID) on the same store; the flag says
+    /// whether hosts must be told (new or resized).
+    ///
+    /// A namespace's UUID and NGUID stay fixed for its life (so the NVMe
+    /// base specification has it), so other identifiers under the same NSID
+    /// mean it was deleted and another created, even when one
+    /// configuration carries both changes: the new one gets a backend of
+    /// its own (empty, for RAM) and the old one is retired, failing the
+    /// commands accepted against it.
     fn namespace(
         prev: Option<&Arc<Namespace>>,
         nc: &NamespaceConfig,
     ) -> io::Result<(Arc<Namespace>, bool)> {
         let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
-        let (backend, removed, changed) = match prev.filter(|p| p.spec.same_store(&nc.backend)) {
+        let same = |p: &&Arc<Namespace>| {
+            p.uuid == nc.uuid && p.nguid == nc.nguid && p.spec.same_store(&nc.backend)
+        };
+        let (backend, removed, changed) = match prev.filter(same) {
             Some(p) => {
                 let resized = match nc.backend.size() {
                     Some(size) if size != p.backend.len() => {
@@ -484,8 +496,7 @@ impl Target {
                     }
                     _ => false,
                 };
-                let changed =
-                    resized || p.lba_shift != lba_shift || p.uuid != nc.uuid || p.nguid != nc.nguid;
+                let changed = resized || p.lba_shift != lba_shift;
                 if !changed && p.spec == nc.backend {
                     return Ok((p.clone(), false));
                 }

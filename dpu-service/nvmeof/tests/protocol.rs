@@ -1059,6 +1059,46 @@ fn write_data_arriving_after_its_namespace_is_recreated_goes_nowhere() {
     assert_eq!(t.health(NQN).media_errors.load(Ordering::Relaxed), 0);
 }
 
+/// A namespace deleted and created again under the same ID within one
+/// configuration change (another UUID and NGUID on the same kind of
+/// store) is a new namespace: empty, and the commands accepted against the
+/// old one fail, including a write whose data arrives afterwards.
+#[test]
+fn namespace_replaced_within_one_apply_is_a_new_namespace() {
+    let (t, mut a, aer, mut q) = two_namespaces();
+    let inv = Status::INVALID_NS.to_field();
+    assert_eq!(
+        q.rw_ns(2, nvm::WRITE, 0, 8, &[2; 4096]).cqe.unwrap().status,
+        0
+    );
+    let old = t.subsystem(NQN).unwrap().namespaces[&2].clone();
+    let write = q.rw_sqe(2, nvm::WRITE, 0, 16);
+    q.submit(&write);
+    assert!(matches!(q.next_pdu(), Some(Owned::R2T { .. })));
+
+    let mut cfg = config(&[]);
+    let mut other = namespace(2, 1 << 20);
+    other.uuid = [0xee; 16];
+    other.nguid = [0xef; 16];
+    cfg.subsystems[0].namespaces = vec![namespace(1, 1 << 20), other];
+    assert!(t.apply(&cfg).is_empty());
+    assert!(old.is_removed());
+
+    q.send_last_data(write.cid(), &[5; 8192]);
+    q.expect_completion(write.cid(), inv, "write to the replaced namespace");
+    assert_eq!(q.rw_ns(2, nvm::READ, 0, 16, &[]).data, vec![0; 8192]);
+    expect_ns_notice(&mut a, aer, &[2]);
+    // The same identifiers again keep it, and its data.
+    assert_eq!(
+        q.rw_ns(2, nvm::WRITE, 0, 1, &[3; 512]).cqe.unwrap().status,
+        0
+    );
+    let kept = t.subsystem(NQN).unwrap().namespaces[&2].clone();
+    assert!(t.apply(&cfg).is_empty());
+    assert!(!kept.is_removed());
+    assert_eq!(q.rw_ns(2, nvm::READ, 0, 1, &[]).data, vec![3; 512]);
+}
+
 /// Deleting a namespace waits for the I/O running on it: once `apply`
 /// returns, nothing touches the old backend.
 #[test]
