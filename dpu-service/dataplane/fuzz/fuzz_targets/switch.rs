@@ -1,8 +1,9 @@
 //! Fuzzes the per-tenant switch pipeline: a fixed multi-tenant
 //! configuration (whole ports, VLANs shared by tenants on different ports,
 //! two VLANs of one tenant on one port, stateless and stateful rules,
-//! anti-spoofing guards, an unattached port, and in two of the four
-//! configurations a tenant with enough rules for the flow cache) and a
+//! anti-spoofing guards, an unattached port, a VTEP on port 5 with VXLAN
+//! networks of some tenants, and in two of the four configurations a
+//! tenant with enough rules for the flow cache) and a
 //! stream of frames from any port, raw or built from a few fuzzed fields,
 //! with configuration changes in between. Tables are tiny, so their
 //! limits are reached.
@@ -11,7 +12,11 @@
 //! garbage), the switch must never panic, and:
 //! - every output (forwarded or flooded) is an attachment of the tenant
 //!   the frame entered on, never that attachment itself, and a flood
-//!   names no output twice;
+//!   names no output twice; into a tunnel only toward a remote VTEP of
+//!   that VXLAN attachment; decapsulated exactly when it came in VXLAN;
+//! - the VTEP answers ARP for its address where it came from, takes ARP
+//!   replies, and drops as `NoTenant` a VXLAN frame of nobody's VNI or
+//!   anything else addressed to it;
 //! - a frame that does not parse is `Malformed`, one nobody owns is
 //!   `NoTenant`;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
@@ -29,7 +34,8 @@
 //! - `0x00..=0x7f`: a raw frame: input port `op & 7`, then a length byte
 //!   and that many bytes;
 //! - `0x80..=0xbf`: a built frame: input port `op & 7`, then 8 bytes of
-//!   fields (see [`build`]);
+//!   fields (see [`build`]); into port 5 it may come in VXLAN, or be ARP
+//!   for the VTEP (see [`tunnelled`]);
 //! - `0xc0..=0xff`: a worker turn; if `op & 1`, first publish
 //!   configuration `(op >> 1) & 3` (at most [`MAX_PUBLISHES`] times).
 //!
@@ -42,9 +48,12 @@ use std::collections::BTreeMap;
 
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::memory::MemPacket;
-use dpu_dataplane::parse::{self, is_multicast, proto, ETH_ARP, ETH_IPV4, ETH_IPV6, L3};
+use dpu_dataplane::parse::{
+    self, is_multicast, proto, vtep_frame, VtepFrame, ETH_ARP, ETH_IPV4, ETH_IPV6, L3,
+    VXLAN_UDP_PORT,
+};
 use dpu_dataplane::switch::{
-    Attach, Guard, SwitchConfig, SwitchHandle, SwitchPipeline, SwitchRule, TenantConfig,
+    Attach, Guard, SwitchConfig, SwitchHandle, SwitchPipeline, SwitchRule, TenantConfig, Vtep,
     FLOW_CACHE_MIN_RULES,
 };
 use dpu_dataplane::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
@@ -53,6 +62,14 @@ use dpu_dataplane::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
 const PORTS: usize = 6;
 /// Configuration changes one input may make; later ones are only turns.
 const MAX_PUBLISHES: usize = 3;
+/// The port with a VTEP, its address (192.0.2.1) and MAC address.
+const VTEP_PORT: usize = 5;
+const VTEP_IP: u32 = 0xc000_0201;
+const VTEP_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xaa];
+/// Remote VTEPs (192.0.2.2 and .3).
+const REMOTES: [u32; 2] = [0xc000_0202, 0xc000_0203];
+/// VNIs frames may come in on: the last is nobody's.
+const VNIS: [u32; 3] = [100, 200, 300];
 
 fn rule(id: &str, order: u32, family: Family, allow: bool, stateful: bool) -> SwitchRule {
     SwitchRule {
@@ -86,6 +103,19 @@ fn tenant(
         rules,
         ..TenantConfig::default()
     }
+}
+
+/// `t` with a VXLAN attachment on the VTEP's port for `vni`, flooding to
+/// `remotes`.
+fn vxlan(mut t: TenantConfig, vni: u32, remotes: &[u32]) -> TenantConfig {
+    t.remote_vteps.resize(t.attachments.len(), Vec::new());
+    t.attachments.push(Attach {
+        port: VTEP_PORT,
+        vlan: 0,
+        vni,
+    });
+    t.remote_vteps.push(remotes.to_vec());
+    t
 }
 
 /// The guard of green's first attachment: two source MACs, two IPv4
@@ -164,16 +194,32 @@ fn config(variant: u8) -> SwitchConfig {
     };
     let tenants = match variant & 3 {
         0 => vec![
-            tenant("red", &[(0, 0), (1, 0), (3, 10)], true, red_rules),
-            tenant("blue", &[(2, 0), (3, 20), (3, 30)], false, blue_rules),
+            vxlan(
+                tenant("red", &[(0, 0), (1, 0), (3, 10)], true, red_rules),
+                100,
+                &REMOTES[..1],
+            ),
+            vxlan(
+                tenant("blue", &[(2, 0), (3, 20), (3, 30)], false, blue_rules),
+                200,
+                &REMOTES,
+            ),
             guarded(tenant("green", &[(4, 10), (4, 40)], false, green_rules)),
             tenant("bulk", &[], true, Vec::new()),
         ],
         // Attachments move; rules change order and statefulness; the
         // flow-cached tenant appears.
         1 => vec![
-            tenant("red", &[(0, 0), (4, 10), (4, 20)], false, blue_rules),
-            tenant("blue", &[(2, 0), (3, 20)], true, red_rules),
+            vxlan(
+                tenant("red", &[(0, 0), (4, 10), (4, 20)], false, blue_rules),
+                200,
+                &REMOTES[1..],
+            ),
+            vxlan(
+                tenant("blue", &[(2, 0), (3, 20)], true, red_rules),
+                100,
+                &REMOTES,
+            ),
             guarded(tenant(
                 "green",
                 &[(1, 0), (3, 10), (3, 40)],
@@ -199,12 +245,18 @@ fn config(variant: u8) -> SwitchConfig {
                 red_rules,
             ),
             tenant("blue", &[], false, blue_rules),
-            tenant("green", &[(4, 50)], false, Vec::new()),
+            vxlan(tenant("green", &[(4, 50)], false, Vec::new()), 100, &[]),
             tenant("bulk", &[(5, 0), (4, 10)], false, bulk_rules(3)),
         ],
     };
+    let mut vteps = vec![None; PORTS];
+    vteps[VTEP_PORT] = Some(Vtep {
+        ip: VTEP_IP,
+        mac: VTEP_MAC,
+    });
     SwitchConfig {
         ports: PORTS,
+        vteps,
         tenants,
         // Small tables: their limits are part of what is fuzzed.
         mac_table_size: 8,
@@ -227,8 +279,18 @@ fn owner(cfg: &SwitchConfig, port: usize, vlan: Option<u16>) -> Option<(usize, u
                 .map(|ai| (ti, ai))
         })
     };
-    vlan.and_then(|v| find(&|a| a.vlan != 0 && a.vlan == v))
-        .or_else(|| find(&|a| a.vlan == 0))
+    vlan.and_then(|v| find(&|a| a.vni == 0 && a.vlan != 0 && a.vlan == v))
+        .or_else(|| find(&|a| a.vni == 0 && a.vlan == 0))
+}
+
+/// The tenant and attachment (indices) of VXLAN network `vni` on `port`.
+fn vxlan_owner(cfg: &SwitchConfig, port: usize, vni: u32) -> Option<(usize, usize)> {
+    cfg.tenants.iter().enumerate().find_map(|(ti, t)| {
+        t.attachments
+            .iter()
+            .position(|a| a.port == port && a.vni == vni)
+            .map(|ai| (ti, ai))
+    })
 }
 
 /// Whether `guard` lets a frame from `src_mac` with network layer `l3` in
@@ -390,6 +452,43 @@ fn build(f: [u8; 8]) -> Vec<u8> {
     b
 }
 
+/// A built frame `frame` (fields `f`) as it enters the VTEP's port: as
+/// it is if `f[1] >> 6` is 0; else, for ARP, a request or reply to the
+/// VTEP's address; for any other frame, the frame in VXLAN from a remote
+/// VTEP (`f[2] >> 4 & 1`) on `VNIS[f[1] >> 6 - 1]`, with a broken outer
+/// checksum if `f[2] >> 5 & 1`.
+fn tunnelled(mut frame: Vec<u8>, f: [u8; 8]) -> Vec<u8> {
+    let sel = usize::from(f[1] >> 6);
+    if sel == 0 {
+        return frame;
+    }
+    if frame.len() >= 42 && frame[12..14] == ETH_ARP.to_be_bytes() {
+        frame[38..42].copy_from_slice(&VTEP_IP.to_be_bytes());
+        return frame;
+    }
+    let mut b = Vec::with_capacity(frame.len() + 50);
+    b.extend_from_slice(&VTEP_MAC);
+    b.extend_from_slice(&mac(5));
+    b.extend_from_slice(&ETH_IPV4.to_be_bytes());
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((36 + frame.len()) as u16).to_be_bytes());
+    ip[8] = 64;
+    ip[9] = proto::UDP;
+    ip[12..16].copy_from_slice(&REMOTES[usize::from(f[2] >> 4 & 1)].to_be_bytes());
+    ip[16..20].copy_from_slice(&VTEP_IP.to_be_bytes());
+    let sum = parse::ip_checksum(&ip) ^ u16::from(f[2] >> 5 & 1);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    b.extend_from_slice(&ip);
+    b.extend_from_slice(&49152u16.to_be_bytes());
+    b.extend_from_slice(&VXLAN_UDP_PORT.to_be_bytes());
+    b.extend_from_slice(&((16 + frame.len()) as u16).to_be_bytes());
+    b.extend_from_slice(&[0, 0, 0x08, 0, 0, 0]);
+    b.extend_from_slice(&(VNIS[sel - 1] << 8).to_be_bytes());
+    b.extend_from_slice(&frame);
+    b
+}
+
 /// Expected tenant counters: received, forwarded, dropped.
 type Counts = BTreeMap<String, (u64, u64, u64)>;
 
@@ -401,11 +500,37 @@ fn check(
     flood: &[Egress],
     counts: &mut Counts,
 ) {
-    let Ok(h) = parse::parse(frame) else {
+    // What the VTEP takes, and where a VXLAN frame's inner frame starts.
+    let (mut decap, mut network) = (0, None);
+    if port == VTEP_PORT {
+        match vtep_frame(frame, VTEP_IP) {
+            VtepFrame::Other => {}
+            VtepFrame::Invalid => {
+                assert_eq!(verdict, Verdict::Drop(DropReason::NoTenant));
+                return;
+            }
+            VtepFrame::ArpRequest { .. } => {
+                assert_eq!(verdict, Verdict::Forward(Egress::to(port)), "ARP reply");
+                return;
+            }
+            VtepFrame::ArpReply { .. } => {
+                assert_eq!((verdict, flood.len()), (Verdict::Flood, 0), "ARP taken");
+                return;
+            }
+            VtepFrame::Vxlan { inner, vni, .. } => {
+                let Some(o) = vxlan_owner(cfg, port, vni) else {
+                    assert_eq!(verdict, Verdict::Drop(DropReason::NoTenant), "VNI {vni}");
+                    return;
+                };
+                (decap, network) = (inner, Some(o));
+            }
+        }
+    }
+    let Ok(h) = parse::parse(&frame[decap..]) else {
         assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
         return;
     };
-    let Some((ti, ai)) = owner(cfg, port, h.vlan) else {
+    let Some((ti, ai)) = network.or_else(|| owner(cfg, port, h.vlan)) else {
         assert_eq!(verdict, Verdict::Drop(DropReason::NoTenant), "{h:?}");
         return;
     };
@@ -459,6 +584,7 @@ fn check(
     for (i, e) in outs.iter().enumerate() {
         assert!(e.port < PORTS, "output to port {}", e.port);
         assert!(!outs[..i].contains(e), "{e:?} twice in {outs:?}");
+        assert_eq!(usize::from(e.decap), decap, "outer headers stripped: {e:?}");
         let out_tag = match e.vlan {
             VlanOp::Keep => h.vlan,
             VlanOp::Strip => None,
@@ -467,8 +593,21 @@ fn check(
         if matches!(e.vlan, VlanOp::Strip | VlanOp::Set(_)) {
             assert!(h.vlan.is_some(), "{:?} on an untagged frame", e.vlan);
         }
-        let (to, at) = owner(cfg, e.port, out_tag)
-            .unwrap_or_else(|| panic!("{e:?} of a frame from {from:?} reaches nobody: {h:?}"));
+        let (to, at) = match e.tunnel {
+            Some(tun) => {
+                assert_eq!(
+                    (e.port, tun.src_ip, tun.src_mac),
+                    (VTEP_PORT, VTEP_IP, VTEP_MAC),
+                    "{e:?}"
+                );
+                // Flooded to the attachment's remote VTEPs, or unicast to
+                // where a station was learned.
+                assert!(REMOTES.contains(&tun.dst_ip), "{e:?}");
+                vxlan_owner(cfg, e.port, tun.vni)
+            }
+            None => owner(cfg, e.port, out_tag),
+        }
+        .unwrap_or_else(|| panic!("{e:?} of a frame from {from:?} reaches nobody: {h:?}"));
         assert_eq!(
             cfg.tenants[to].name, t.name,
             "a frame of {} on {from:?} leaked to {} at {:?}: {h:?}",
@@ -541,7 +680,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                     break;
                 };
                 rest = tail;
-                build(*f)
+                let frame = build(*f);
+                if port == VTEP_PORT {
+                    tunnelled(frame, *f)
+                } else {
+                    frame
+                }
             }
             _ => {
                 // Publishing compiles a configuration (4096-entry VLAN

@@ -81,8 +81,12 @@ def built(port, f):
     return bytes([0x80 | port]) + bytes(f)
 
 
-def fields(src, dst, vlan_i, kind, sip=0, dip=0, flags=0, ports=0, icmp=0, echo=0, extra=0):
-    return [dst << 3 | src, kind << 3 | vlan_i, dip << 2 | sip, flags, ports, icmp, echo, extra]
+def fields(src, dst, vlan_i, kind, sip=0, dip=0, flags=0, ports=0, icmp=0, echo=0, extra=0,
+           tun=0, remote=0, bad=0):
+    """tun (into port 5): 1..3 VXLAN on VNI 100/200/300 from remote VTEP
+    `remote`, with a broken outer checksum if `bad`; ARP then targets the VTEP."""
+    return [dst << 3 | src, tun << 6 | kind << 3 | vlan_i, bad << 5 | remote << 4 | dip << 2 | sip,
+            flags, ports, icmp, echo, extra]
 
 
 def raw(port, frame):
@@ -116,7 +120,20 @@ def switch_seeds():
     changes = learn + bytes([0xC3]) + learn + bytes([0xC5]) + learn + bytes([0xC7]) + learn + bytes([0xC1]) + learn
     frames = parse_seeds()
     raws = b"".join(raw(p, frames[n]) for p, n in [(0, "ipv4_tcp"), (3, "vlan_arp"), (2, "ipv6_udp"), (4, "ipv6_ext"), (1, "icmp_echo"), (0, "lldp")])
-    return {"learn": learn, "changes": changes, "raw": raws}
+    vxlan = b"".join(
+        [
+            built(5, fields(1, 7, 0, 0, sip=1, dip=2, tun=1)),  # red broadcast in VNI 100
+            built(0, fields(2, 1, 0, 0, sip=2, dip=1)),  # answer to it: into the tunnel
+            built(5, fields(1, 7, 0, 3, sip=1, dip=2, tun=1)),  # ARP request for the VTEP
+            built(5, fields(1, 7, 0, 3, sip=1, dip=2, flags=1, tun=1)),  # ARP reply to it
+            built(5, fields(3, 7, 0, 0, tun=2, remote=1)),  # blue VNI 200 from the other VTEP
+            built(5, fields(3, 7, 0, 0, tun=3)),  # VNI 300: nobody's
+            built(5, fields(3, 7, 0, 0, tun=1, bad=1)),  # broken outer checksum
+            bytes([0xC0]),
+        ]
+    )
+    vxlan += bytes([0xC3]) + vxlan
+    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan}
 
 
 def pb_varint(v):
