@@ -1548,22 +1548,17 @@ impl SwitchPipeline {
         }
     }
 
-    /// Classifies, ahead of the frames' turns, the keys of `seen` that
-    /// their tenants' rules must decide: tenant by tenant, in batches
-    /// whose tree walks overlap. `tags[i]` gets frame `i`'s answer; frames
-    /// that need none keep `None`.
-    fn classify_ahead(&mut self, seen: &[Inspected], tags: &mut [Option<Option<u32>>]) {
-        let mut todo = [(0u8, 0u32); BURST];
-        let mut n = 0;
-        for (i, x) in seen.iter().enumerate() {
-            match (self.needs_rules(x), &x.seen) {
-                (None, &Seen::Switch { ti, .. }) => {
-                    todo[n] = (i as u8, ti);
-                    n += 1;
-                }
-                (known, _) => tags[i] = known.flatten(),
-            }
-        }
+    /// Classifies, ahead of the frames' turns, the keys of the frames of
+    /// `seen` that their tenants' rules must decide, listed in `todo` as
+    /// (frame index, tenant): tenant by tenant, in batches whose tree
+    /// walks overlap. `tags[i]` gets frame `i`'s answer.
+    fn classify_ahead(
+        &mut self,
+        seen: &[Inspected],
+        todo: &mut [(u8, u32)],
+        tags: &mut [Option<Option<u32>>],
+    ) {
+        let mut n = todo.len();
         let compiled = &*self.compiled;
         let mut keys = [FlowKey::default(); BURST];
         let mut at = [0u8; BURST];
@@ -1848,25 +1843,32 @@ impl Pipeline for SwitchPipeline {
             let k = burst.len().min(BURST);
             seen.clear();
             let mut held: [Option<P>; BURST] = std::array::from_fn(|_| None);
+            let mut tags = [None; BURST];
+            let mut todo = [(0u8, 0u32); BURST];
+            let mut n = 0;
             for mut pkt in burst.drain(..k) {
                 let x = self.inspect(in_port, pkt.data_mut());
-                match self.needs_rules(&x) {
-                    Some(tag) if seen.is_empty() => {
+                let i = seen.len();
+                match (self.needs_rules(&x), &x.seen) {
+                    (Some(tag), _) if i == 0 => {
                         flood.clear();
                         let v = self.decide(in_port, &x, tag, flood);
                         sink(pkt, v, flood);
+                        continue;
                     }
-                    _ => {
-                        held[seen.len()] = Some(pkt);
-                        seen.push(x);
+                    (None, &Seen::Switch { ti, .. }) => {
+                        todo[n] = (i as u8, ti);
+                        n += 1;
                     }
+                    (known, _) => tags[i] = known.flatten(),
                 }
+                held[i] = Some(pkt);
+                seen.push(x);
             }
             if seen.is_empty() {
                 continue;
             }
-            let mut tags = [None; BURST];
-            self.classify_ahead(&seen, &mut tags);
+            self.classify_ahead(&seen, &mut todo[..n], &mut tags);
             for ((x, &tag), pkt) in seen.iter().zip(&tags).zip(&mut held) {
                 if let Some(pkt) = pkt.take() {
                     flood.clear();
