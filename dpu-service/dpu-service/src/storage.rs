@@ -225,7 +225,8 @@ mod tests {
     fn served() -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
         let state = StateHandle::open(None).expect("in-memory state");
         let first = state.published();
-        let storage = Storage::start(&first.state, None);
+        let storage = Storage::start(&first.state, None, &TcpConfig::default())
+            .expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);
         let api = crate::seed::tests::api_over(&state, Default::default(), 64 << 20, Some(applied));
         (storage, api, state)
