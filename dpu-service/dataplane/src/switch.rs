@@ -2761,11 +2761,7 @@ mod tests {
                 }
                 tenants.push(t);
             }
-            let mut vteps = vec![None; ports];
-            vteps[0] = Some(Vtep {
-                ip: VTEP,
-                mac: mac(0xaa),
-            });
+            let vteps = vtep_on_port_0(ports, VTEP);
             let h = SwitchHandle::new(&SwitchConfig {
                 ports,
                 vteps,
@@ -2906,6 +2902,13 @@ mod tests {
         );
     }
 
+    /// Per port of `ports`: a VTEP with address `ip` (MAC 0xaa) on port 0.
+    fn vtep_on_port_0(ports: usize, ip: u32) -> Vec<Option<Vtep>> {
+        let mut vteps = vec![None; ports];
+        vteps[0] = Some(Vtep { ip, mac: mac(0xaa) });
+        vteps
+    }
+
     /// A pipeline given whole bursts decides exactly what it decides
     /// frame by frame: verdicts, outputs and rewritten bytes, with
     /// connections opened, closed and refused inside a burst, MAC
@@ -2977,11 +2980,7 @@ mod tests {
                 }
                 tenants.push(t);
             }
-            let mut vteps = vec![None; ports];
-            vteps[0] = Some(Vtep {
-                ip: VTEP,
-                mac: mac(0xaa),
-            });
+            let vteps = vtep_on_port_0(ports, VTEP);
             let config = SwitchConfig {
                 ports,
                 vteps,

@@ -252,13 +252,8 @@ mod tests {
         .map(tonic::Response::into_inner)
     }
 
-    /// When DeleteNamespace returns, the target no longer serves the
-    /// namespace and the I/O that was running on it has ended; when
-    /// CreateNamespace and ResizeNamespace return, the target serves the
-    /// namespace at its new size.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn storage_calls_return_once_the_target_serves_their_change() {
-        let (storage, api, _state) = served();
+    /// Creates subsystem "vol" (NQN [`NQN`], any host).
+    async fn create_vol(api: &dpu_control::service::Api) {
         api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
             subsystem_id: "vol".into(),
             subsystem: Some(pb::Subsystem {
@@ -269,6 +264,16 @@ mod tests {
         }))
         .await
         .unwrap();
+    }
+
+    /// When DeleteNamespace returns, the target no longer serves the
+    /// namespace and the I/O that was running on it has ended; when
+    /// CreateNamespace and ResizeNamespace return, the target serves the
+    /// namespace at its new size.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn storage_calls_return_once_the_target_serves_their_change() {
+        let (storage, api, _state) = served();
+        create_vol(&api).await;
         let ns = create_namespace(&api, ram_namespace(1 << 20))
             .await
             .unwrap();
@@ -327,16 +332,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_the_target_cannot_apply_is_an_internal_error_naming_it() {
         let (storage, api, state) = served();
-        api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
-            subsystem_id: "vol".into(),
-            subsystem: Some(pb::Subsystem {
-                nqn: NQN.into(),
-                allow_any_host: true,
-                ..Default::default()
-            }),
-        }))
-        .await
-        .unwrap();
+        create_vol(&api).await;
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("no-such-dir").join("disk.img");
         let err = create_namespace(
