@@ -3,12 +3,27 @@
 //! fuzz targets build their commands here, so the Connect layout is written
 //! once.
 
+use crate::pdu::{self, Digests, IcReq};
 use crate::spec::{fctype, prop, sgl, Sqe, FABRICS, SQE_LEN};
 
 /// CC value that enables a controller with 64-byte SQEs and 16-byte CQEs.
 pub const CC_ENABLE: u32 = 1 | 6 << 16 | 4 << 20;
 /// Size of the Connect command's data.
 pub const CONNECT_DATA_LEN: usize = 1024;
+
+/// Appends to `out` the ICReq that opens a connection: PDU format 0, no
+/// header padding, at most one R2T outstanding, `digests` asked for.
+pub fn ic_req(out: &mut Vec<u8>, digests: Digests) {
+    pdu::encode_ic_req(
+        out,
+        &IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        },
+    );
+}
 
 /// A command with `opcode` and `cid`, its data described by one transport
 /// SGL descriptor of length 0 (set bytes 32..36 for a transfer).

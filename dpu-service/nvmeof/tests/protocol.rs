@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{self, admin, nvm, sgl, Cqe, Sqe, Status};
 use dpu_nvmeof::{host, identify};
 use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
@@ -70,15 +70,7 @@ impl Host {
             inbox: Vec::new(),
         };
         let mut b = Vec::new();
-        pdu::encode_ic_req(
-            &mut b,
-            &IcReq {
-                pfv: 0,
-                hpda: 0,
-                digests,
-                maxr2t: 0,
-            },
-        );
+        host::ic_req(&mut b, digests);
         h.send(&b);
         match h.next_pdu() {
             Some(Owned::IcResp(r)) => {

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::{host, BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
 use dpu_nvmeof::{TcpConfig, TcpTransport};
 
@@ -89,15 +89,7 @@ fn queue(addr: SocketAddr, qid: u16, cntlid: u16) -> (TcpStream, u16) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut b = Vec::new();
-    pdu::encode_ic_req(
-        &mut b,
-        &IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests: Digests::default(),
-            maxr2t: 0,
-        },
-    );
+    host::ic_req(&mut b, Digests::default());
     let data = host::connect_data([7; 16], cntlid, NQN, HOST);
     pdu::encode_capsule_cmd(
         &mut b,

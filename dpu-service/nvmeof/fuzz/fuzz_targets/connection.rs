@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use dpu_nvmeof::host;
-use dpu_nvmeof::pdu::{self, Digests, IcReq};
+use dpu_nvmeof::pdu::{self, Digests};
 use dpu_nvmeof::{BackendSpec, Connection, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
 
 const NQN: &str = "nqn.2024-01.io.example:fuzz";
@@ -42,15 +42,7 @@ fn connect(t: &Target, qid: u16, cntlid: u16) -> Connection {
     let local: SocketAddr = "127.0.0.1:4420".parse().unwrap();
     let mut c = Connection::new(t.clone(), local, "127.0.0.1:1".parse().unwrap());
     let mut b = Vec::new();
-    pdu::encode_ic_req(
-        &mut b,
-        &IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests: Digests::default(),
-            maxr2t: 0,
-        },
-    );
+    host::ic_req(&mut b, Digests::default());
     let sqe = host::connect(0, qid, 64, 0);
     let data = host::connect_data([0; 16], cntlid, NQN, HOST);
     pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &data);

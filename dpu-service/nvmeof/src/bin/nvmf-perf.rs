@@ -16,7 +16,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use dpu_nvmeof::host;
-use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, IcReq, Limits};
+use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
 
 type Error = Box<dyn std::error::Error>;
@@ -115,15 +115,7 @@ impl Queue {
             keep_data: true,
             out: Vec::with_capacity(1 << 20),
         };
-        pdu::encode_ic_req(
-            &mut q.out,
-            &IcReq {
-                pfv: 0,
-                hpda: 0,
-                digests: Digests::default(),
-                maxr2t: 0,
-            },
-        );
+        host::ic_req(&mut q.out, Digests::default());
         q.flush()?;
         match q.next()? {
             Owned::IcResp => Ok(q),
