@@ -1507,45 +1507,37 @@ impl SwitchPipeline {
         }
     }
 
-    /// The key tenant `ti`'s rules must classify for a frame of it with
-    /// network layer `l3`, unless the connection table alone will decide it (a
-    /// live connection checked against the current rules).
-    fn wants_rules<'h>(&self, ti: usize, l3: &'h L3) -> Option<&'h FlowKey> {
-        let L3::Ip {
-            key,
-            later_fragment,
-            echo_id,
+    /// What frame `x` needs before its turn: its tenant's rules for its
+    /// key, unless the tenant has none or the connection table alone will
+    /// decide it (a live connection checked against the current rules).
+    fn need(&self, x: &Inspected) -> Need {
+        let Seen::Switch {
+            ti,
+            l3:
+                L3::Ip {
+                    ref key,
+                    later_fragment,
+                    echo_id,
+                    ..
+                },
             ..
-        } = l3
+        } = x.seen
         else {
-            return None;
+            return Need::Ready(None);
         };
-        let t = &self.compiled.tenants[ti];
+        let t = &self.compiled.tenants[ti as usize];
+        if t.order.is_empty() {
+            // No rules: no rule matches.
+            return Need::Ready(Some(None));
+        }
         if t.tracks && !later_fragment {
-            if let Some(ck) = ConnKey::of(t.uid, key, *echo_id) {
+            if let Some(ck) = ConnKey::of(t.uid, key, echo_id) {
                 if self.conns.is_current(&ck, self.now, self.generation) {
-                    return None;
+                    return Need::Ready(None);
                 }
             }
         }
-        Some(key)
-    }
-
-    /// `None` if frame `x` needs its tenant's rules looked up; else what
-    /// [`SwitchPipeline::decide`] may be given as its classification.
-    fn needs_rules(&self, x: &Inspected) -> Option<Option<Option<u32>>> {
-        let Seen::Switch { ti, ref l3, .. } = x.seen else {
-            return Some(None);
-        };
-        let ti = ti as usize;
-        if self.compiled.tenants[ti].order.is_empty() {
-            // No rules: no rule matches.
-            return Some(Some(None));
-        }
-        match self.wants_rules(ti, l3) {
-            Some(_) => None,
-            None => Some(None),
-        }
+        Need::Rules(ti)
     }
 
     /// Classifies, ahead of the frames' turns, the keys of the frames of
@@ -1751,6 +1743,16 @@ impl SwitchPipeline {
     }
 }
 
+/// What a frame of a burst needs before its turn.
+#[derive(Debug, Clone, Copy)]
+enum Need {
+    /// Its tenant's (index) rules, for its key.
+    Rules(u32),
+    /// Nothing more: what [`SwitchPipeline::decide`] takes as its
+    /// classification.
+    Ready(Option<Option<u32>>),
+}
+
 /// A frame between the stages of a burst.
 struct Inspected {
     seen: Seen,
@@ -1849,18 +1851,18 @@ impl Pipeline for SwitchPipeline {
             for mut pkt in burst.drain(..k) {
                 let x = self.inspect(in_port, pkt.data_mut());
                 let i = seen.len();
-                match (self.needs_rules(&x), &x.seen) {
-                    (Some(tag), _) if i == 0 => {
+                match self.need(&x) {
+                    Need::Ready(tag) if i == 0 => {
                         flood.clear();
                         let v = self.decide(in_port, &x, tag, flood);
                         sink(pkt, v, flood);
                         continue;
                     }
-                    (None, &Seen::Switch { ti, .. }) => {
+                    Need::Ready(tag) => tags[i] = tag,
+                    Need::Rules(ti) => {
                         todo[n] = (i as u8, ti);
                         n += 1;
                     }
-                    (known, _) => tags[i] = known.flatten(),
                 }
                 held[i] = Some(pkt);
                 seen.push(x);
