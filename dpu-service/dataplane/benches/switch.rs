@@ -4,7 +4,8 @@
 //! `--stateful` the matching rule is stateful, so after the first 65,536
 //! packets every packet is a connection-table hit (`--conntrack-max N`
 //! sizes the table, default the service's; `--flow-cache` turns on a
-//! 65,536-entry flow cache). Frames go through `process_burst` in bursts
+//! 65,536-entry flow cache; `--rules 0`: no rules, the tenant's default
+//! policy allows). Frames go through `process_burst` in bursts
 //! of 32, as a worker hands them over; `--single` passes them one by one
 //! to `process` instead. Prints
 //! nanoseconds and millions of packets per second on one core; under
@@ -89,21 +90,24 @@ fn main() {
             }
         })
         .collect();
-    let mut last = AclRule::any(rules as u32, 0, Family::V4);
-    last.dst_port = (53, 53);
-    list.push(SwitchRule {
-        id: "dns".into(),
-        matches: last,
-        allow: true,
-        stateful,
-        rate_limit: None,
-    });
+    // With no rules at all the tenant's default policy passes everything.
+    if rules > 0 {
+        let mut last = AclRule::any(rules as u32, 0, Family::V4);
+        last.dst_port = (53, 53);
+        list.push(SwitchRule {
+            id: "dns".into(),
+            matches: last,
+            allow: true,
+            stateful,
+            rate_limit: None,
+        });
+    }
     let h = SwitchHandle::new(&SwitchConfig {
         ports: 2,
         tenants: vec![TenantConfig {
             name: "bench".into(),
             attachments: vec![Attach::port(0, 0), Attach::port(1, 0)],
-            default_allow: false,
+            default_allow: rules == 0,
             rules: list,
             ..TenantConfig::default()
         }],

@@ -272,6 +272,7 @@ pub fn ip_checksum(bytes: &[u8]) -> u16 {
 ///
 /// # Errors
 /// [`ParseError`] if a header is truncated or inconsistent.
+#[inline]
 pub fn parse(frame: &[u8]) -> Result<Headers, ParseError> {
     if frame.len() < ETH_HLEN {
         return Err(ParseError::Truncated("Ethernet"));
@@ -319,6 +320,7 @@ fn parse_arp(b: &[u8]) -> Result<L3, ParseError> {
     })
 }
 
+#[inline]
 fn parse_ipv4(b: &[u8]) -> Result<L3, ParseError> {
     if b.len() < 20 {
         return Err(ParseError::Truncated("IPv4"));
@@ -335,14 +337,16 @@ fn parse_ipv4(b: &[u8]) -> Result<L3, ParseError> {
     }
     let frag = be16(b, 6).ok_or(ParseError::Truncated("IPv4"))?;
     let later_fragment = frag & 0x1fff != 0;
-    let proto = b[9];
-    let key = FlowKey {
-        src: u128::from(be32(b, 12).ok_or(ParseError::Truncated("IPv4"))?),
-        dst: u128::from(be32(b, 16).ok_or(ParseError::Truncated("IPv4"))?),
-        proto,
-        ..FlowKey::default()
-    };
-    transport(key, &b[ihl..total], later_fragment)
+    let src = be32(b, 12).ok_or(ParseError::Truncated("IPv4"))?;
+    let dst = be32(b, 16).ok_or(ParseError::Truncated("IPv4"))?;
+    ip(
+        u128::from(src),
+        u128::from(dst),
+        b[9],
+        false,
+        &b[ihl..total],
+        later_fragment,
+    )
 }
 
 /// Extension headers walked before giving up on an IPv6 packet.
@@ -400,62 +404,90 @@ fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
     if matches!(next, 0 | 43 | 44 | 51 | 60) {
         return Err(ParseError::Invalid("IPv6 extension header chain"));
     }
-    let key = FlowKey {
-        src,
-        dst,
-        proto: next,
-        v6: true,
-        ..FlowKey::default()
-    };
-    transport(key, &b[off..end], later_fragment)
+    ip(src, dst, next, true, &b[off..end], later_fragment)
 }
 
-fn transport(mut key: FlowKey, l4: &[u8], later_fragment: bool) -> Result<L3, ParseError> {
-    let mut tcp_flags = 0;
-    let mut echo_id = 0;
-    if !later_fragment {
-        match key.proto {
-            proto::TCP => {
-                if l4.len() < 20 {
-                    return Err(ParseError::Truncated("TCP"));
-                }
-                if usize::from(l4[12] >> 4) * 4 < 20 || usize::from(l4[12] >> 4) * 4 > l4.len() {
-                    return Err(ParseError::Invalid("TCP"));
-                }
-                key.src_port = u16::from_be_bytes([l4[0], l4[1]]);
-                key.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
-                tcp_flags = l4[13];
-            }
-            proto::UDP | proto::SCTP => {
-                let need = if key.proto == proto::UDP { 8 } else { 12 };
-                if l4.len() < need {
-                    return Err(ParseError::Truncated(if key.proto == proto::UDP {
-                        "UDP"
-                    } else {
-                        "SCTP"
-                    }));
-                }
-                key.src_port = u16::from_be_bytes([l4[0], l4[1]]);
-                key.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
-            }
-            proto::ICMP | proto::ICMPV6 => {
-                if l4.len() < 4 {
-                    return Err(ParseError::Truncated("ICMP"));
-                }
-                key.src_port = u16::from(l4[0]);
-                key.dst_port = u16::from(l4[1]);
-                if is_echo(key.proto, l4[0]).is_some() && l4.len() >= 6 {
-                    echo_id = u16::from_be_bytes([l4[4], l4[5]]);
-                }
-            }
-            _ => {}
-        }
+/// What the transport header adds to a key: the ports (ICMP type and
+/// code), the TCP flags and the echo identifier.
+#[derive(Default)]
+struct Transport {
+    src_port: u16,
+    dst_port: u16,
+    tcp_flags: u8,
+    echo_id: u16,
+}
+
+/// The transport fields of `l4`, a `proto` header (none for a later
+/// fragment or a protocol without ports).
+#[inline(always)]
+fn transport(proto: u8, l4: &[u8], later_fragment: bool) -> Result<Transport, ParseError> {
+    let mut t = Transport::default();
+    if later_fragment {
+        return Ok(t);
     }
+    match proto {
+        proto::TCP => {
+            if l4.len() < 20 {
+                return Err(ParseError::Truncated("TCP"));
+            }
+            if usize::from(l4[12] >> 4) * 4 < 20 || usize::from(l4[12] >> 4) * 4 > l4.len() {
+                return Err(ParseError::Invalid("TCP"));
+            }
+            t.src_port = u16::from_be_bytes([l4[0], l4[1]]);
+            t.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
+            t.tcp_flags = l4[13];
+        }
+        proto::UDP | proto::SCTP => {
+            let need = if proto == proto::UDP { 8 } else { 12 };
+            if l4.len() < need {
+                return Err(ParseError::Truncated(if proto == proto::UDP {
+                    "UDP"
+                } else {
+                    "SCTP"
+                }));
+            }
+            t.src_port = u16::from_be_bytes([l4[0], l4[1]]);
+            t.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
+        }
+        proto::ICMP | proto::ICMPV6 => {
+            if l4.len() < 4 {
+                return Err(ParseError::Truncated("ICMP"));
+            }
+            t.src_port = u16::from(l4[0]);
+            t.dst_port = u16::from(l4[1]);
+            if is_echo(proto, l4[0]).is_some() && l4.len() >= 6 {
+                t.echo_id = u16::from_be_bytes([l4[4], l4[5]]);
+            }
+        }
+        _ => {}
+    }
+    Ok(t)
+}
+
+/// The network layer of an IP packet from `src` to `dst` whose `proto`
+/// header is `l4`: the key built once, in place.
+#[inline(always)]
+fn ip(
+    src: u128,
+    dst: u128,
+    proto: u8,
+    v6: bool,
+    l4: &[u8],
+    later_fragment: bool,
+) -> Result<L3, ParseError> {
+    let t = transport(proto, l4, later_fragment)?;
     Ok(L3::Ip {
-        key,
-        tcp_flags,
+        key: FlowKey {
+            src,
+            dst,
+            src_port: t.src_port,
+            dst_port: t.dst_port,
+            proto,
+            v6,
+        },
+        tcp_flags: t.tcp_flags,
         later_fragment,
-        echo_id,
+        echo_id: t.echo_id,
     })
 }
 

@@ -1835,7 +1835,7 @@ impl Pipeline for SwitchPipeline {
         in_port: usize,
         burst: &mut Vec<P>,
         flood: &mut Vec<Egress>,
-        mut sink: impl FnMut(P, Verdict, &[Egress]),
+        mut sink: impl FnMut(P, &Verdict, &[Egress]),
     ) {
         // Frames are decided at once while none waits for the rules;
         // from the first that needs them on, they wait, and are decided
@@ -1855,7 +1855,7 @@ impl Pipeline for SwitchPipeline {
                     Need::Ready(tag) if i == 0 => {
                         flood.clear();
                         let v = self.decide(in_port, &x, tag, flood);
-                        sink(pkt, v, flood);
+                        sink(pkt, &v, flood);
                         continue;
                     }
                     Need::Ready(tag) => tags[i] = tag,
@@ -1875,7 +1875,7 @@ impl Pipeline for SwitchPipeline {
                 if let Some(pkt) = pkt.take() {
                     flood.clear();
                     let v = self.decide(in_port, x, tag, flood);
-                    sink(pkt, v, flood);
+                    sink(pkt, &v, flood);
                 }
             }
         }
@@ -3079,7 +3079,7 @@ mod tests {
                 let mut flood = Vec::new();
                 let mut got = Vec::new();
                 burst.process_burst(port, &mut b, &mut flood, |pkt, v, flood| {
-                    got.push((pkt.0, v, flood.to_vec()));
+                    got.push((pkt.0, *v, flood.to_vec()));
                 });
                 assert!(b.is_empty());
                 assert_eq!(got.len(), n);

@@ -215,12 +215,12 @@ pub trait Pipeline: Send + 'static {
         in_port: usize,
         burst: &mut Vec<P>,
         flood: &mut Vec<Egress>,
-        mut sink: impl FnMut(P, Verdict, &[Egress]),
+        mut sink: impl FnMut(P, &Verdict, &[Egress]),
     ) {
         for mut pkt in burst.drain(..) {
             flood.clear();
             let v = self.process(in_port, pkt.data_mut(), flood);
-            sink(pkt, v, flood);
+            sink(pkt, &v, flood);
         }
     }
 
@@ -424,13 +424,13 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                                 let Some((last, copies)) = flood.split_last() else {
                                     return;
                                 };
-                                for &e in copies {
+                                for e in copies {
                                     match pkt.try_clone() {
                                         Some(copy) => emit(copy, e, out, out_bytes, &c),
                                         None => bump(&c.drops[DropReason::TxFull.index()], 1),
                                     }
                                 }
-                                emit(pkt, *last, out, out_bytes, &c);
+                                emit(pkt, last, out, out_bytes, &c);
                             }
                             Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
                         }
@@ -477,7 +477,7 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
 /// Queues `pkt` for output `e` after its tag operation, or counts the drop.
 fn emit<P: Packet>(
     mut pkt: P,
-    e: Egress,
+    e: &Egress,
     out: &mut [Vec<P>],
     out_bytes: &mut [u64],
     c: &WorkerCounters,
@@ -485,7 +485,9 @@ fn emit<P: Packet>(
     if e.port >= out.len()
         || (e.decap > 0 && !pkt.trim_front(usize::from(e.decap)))
         || !apply_vlan(&mut pkt, e.vlan)
-        || e.tunnel.is_some_and(|t| !apply_tunnel(&mut pkt, &t))
+        || e.tunnel
+            .as_ref()
+            .is_some_and(|t| !apply_tunnel(&mut pkt, t))
     {
         bump(&c.drops[DropReason::TxFull.index()], 1);
         return;

@@ -636,7 +636,7 @@ impl Burst {
         q.process_burst(self.port, &mut self.frames, &mut flood, |pkt, v, f| {
             let (bytes, verdict, outs) = &decided[i];
             assert_eq!(
-                (v, f),
+                (*v, f),
                 (*verdict, outs.as_slice()),
                 "frame {i} of a burst of {}",
                 decided.len()
