@@ -24,6 +24,7 @@ pub mod classify;
 pub mod conntrack;
 pub mod flowcache;
 pub mod io;
+mod mactable;
 pub mod parse;
 pub mod switch;
 pub mod worker;

@@ -39,6 +39,7 @@ use crate::classify::{AclRule, Classifier};
 use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
 use crate::flowcache::FlowCache;
 use crate::io::Packet;
+use crate::mactable::MacTable;
 use crate::parse::{is_multicast, parse, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, L3};
 use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST};
 use dpdk::hint::prefetch;
@@ -1102,7 +1103,7 @@ impl SwitchHandle {
     /// then undercount).
     pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
-        let macs = hashbrown::HashMap::with_capacity(compiled.mac_table_size);
+        let macs = MacTable::new(compiled.mac_table_size);
         let (max, per_tenant) = compiled.conntrack;
         let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
         conns.reserve_tenants(compiled.tracking.len());
@@ -1135,16 +1136,6 @@ impl SwitchHandle {
     }
 }
 
-/// A learned address: where it was seen and when (seconds since the
-/// pipeline started).
-#[derive(Debug, Clone, Copy)]
-struct Learned {
-    attachment: u32,
-    /// For a VXLAN attachment: the remote VTEP it was seen behind.
-    vtep: u32,
-    seen: u64,
-}
-
 /// Most remote VTEPs (and next hops) a worker knows the MAC address of.
 const NEIGHBOURS_MAX: usize = 4096;
 
@@ -1160,7 +1151,7 @@ pub struct SwitchPipeline {
     worker: usize,
     /// Unix seconds, read once per turn (rule last-hit times).
     unix_now: u64,
-    macs: hashbrown::HashMap<(u32, [u8; 6]), Learned>,
+    macs: MacTable,
     /// MAC addresses of remote VTEPs by (port, IPv4 address), and when
     /// they were last seen: learned from their ARP and VXLAN frames.
     neighbours: hashbrown::HashMap<(u32, u32), ([u8; 6], u64)>,
@@ -1341,25 +1332,8 @@ impl SwitchPipeline {
     }
 
     fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize, vtep: u32) {
-        let key = (tenant as u32, mac);
-        let entry = Learned {
-            attachment: attachment as u32,
-            vtep,
-            seen: self.now,
-        };
-        if let Some(e) = self.macs.get_mut(&key) {
-            *e = entry;
-        } else if self.macs.len() < self.compiled.mac_table_size {
-            // Within the reserved capacity: no allocation.
-            self.macs.insert(key, entry);
-        }
-    }
-
-    /// The attachment `mac` was learned on in `tenant`, and its remote VTEP.
-    fn lookup(&self, tenant: usize, mac: [u8; 6]) -> Option<(usize, u32)> {
-        let e = self.macs.get(&(tenant as u32, mac))?;
-        (self.now.saturating_sub(e.seen) < self.compiled.mac_ageing.as_secs())
-            .then_some((e.attachment as usize, e.vtep))
+        self.macs
+            .learn(tenant as u32, mac, attachment as u32, vtep, self.now);
     }
 
     /// Remembers that `ip` is at `mac` behind `port`.
@@ -1704,7 +1678,10 @@ impl SwitchPipeline {
         let to = if is_multicast(&dst_mac) {
             None
         } else {
-            self.lookup(ti, dst_mac)
+            let ageing = self.compiled.mac_ageing.as_secs();
+            self.macs
+                .lookup(ti as u32, ai as u32, dst_mac, self.now, ageing)
+                .map(|(a, vtep)| (a as usize, vtep))
         };
         let start = flood.len();
         match to {
@@ -1810,7 +1787,7 @@ impl Pipeline for SwitchPipeline {
         if self.now >= self.last_sweep + 10 {
             self.last_sweep = self.now;
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
-            self.macs.retain(|_, e| now.saturating_sub(e.seen) < ageing);
+            self.macs.age(now, ageing);
             self.neighbours
                 .retain(|_, (_, seen)| now.saturating_sub(*seen) < ageing);
         }
@@ -2619,8 +2596,13 @@ mod tests {
         other.extend_from_slice(&[0; 46]);
         assert_eq!(run(&mut p, 0, other).0, Verdict::Drop(DropReason::AclDeny));
         // A denied frame teaches nothing: mac(7) stays unknown.
-        assert_eq!(p.lookup(0, mac(7)), None);
-        assert_eq!(p.lookup(0, mac(1)), Some((0, 0)), "an allowed one does");
+        let now = p.now;
+        assert_eq!(p.macs.lookup(0, 1, mac(7), now, u64::MAX), None);
+        assert_eq!(
+            p.macs.lookup(0, 1, mac(1), now, u64::MAX),
+            Some((0, 0)),
+            "an allowed one does"
+        );
     }
 
     #[test]
