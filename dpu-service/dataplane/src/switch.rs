@@ -1112,6 +1112,7 @@ impl SwitchHandle {
             cache: FlowCache::new(compiled.flow_cache_entries),
             shared: self.shared.clone(),
             generation,
+            shard: worker % compiled.shards.len().max(1),
             compiled,
             worker,
             unix_now: 0,
@@ -1147,8 +1148,12 @@ pub struct SwitchPipeline {
     shared: Arc<Shared>,
     generation: u64,
     compiled: Arc<Compiled>,
-    /// This worker's index: its counter shard.
+    /// This worker's index.
     worker: usize,
+    /// Its counter shard in `compiled.shards` (the worker's index modulo
+    /// their number, worked out once per snapshot: a division per packet
+    /// costs more than the rest of the counting).
+    shard: usize,
     /// Unix seconds, read once per turn (rule last-hit times).
     unix_now: u64,
     macs: MacTable,
@@ -1322,7 +1327,7 @@ fn filter_ip(
 impl SwitchPipeline {
     /// Stores this worker's connection counts in its shard's gauges.
     fn store_gauges(&self) {
-        let shard = &self.compiled.shards[self.worker % self.compiled.shards.len()];
+        let shard = &self.compiled.shards[self.shard];
         for (t, cells) in self.compiled.tenants.iter().zip(shard.tenants.iter()) {
             let n = u64::from(self.conns.tenant_len(t.uid));
             if cells.conntrack.load(Ordering::Relaxed) != n {
@@ -1562,7 +1567,7 @@ impl SwitchPipeline {
             t.classifier.lookup_batch(&keys[..k], &mut found[..k]);
             // What the frames' turns read next, by tag: its misses start now,
             // all together.
-            let cells = &compiled.shards[self.worker % compiled.shards.len()].rules[ti as usize];
+            let cells = &compiled.shards[self.shard].rules[ti as usize];
             for &tag in found[..k].iter().flatten() {
                 if let (Some(a), Some(c)) = (t.actions.get(tag as usize), cells.get(tag as usize)) {
                     prefetch(a);
@@ -1615,7 +1620,7 @@ impl SwitchPipeline {
             ),
         };
         let t = &self.compiled.tenants[ti];
-        let shard = &self.compiled.shards[self.worker % self.compiled.shards.len()];
+        let shard = &self.compiled.shards[self.shard];
         let cells = &shard.tenants[ti];
         bump(&cells.rx_packets, 1);
         bump(&cells.rx_bytes, len);
@@ -1771,6 +1776,7 @@ impl Pipeline for SwitchPipeline {
             self.compiled = cur.clone();
             self.generation = self.shared.generation.load(Ordering::Acquire);
             drop(cur);
+            self.shard = self.worker % self.compiled.shards.len().max(1);
             // Attachment indices belong to the old snapshot.
             self.macs.clear();
             self.conns.reserve_tenants(self.compiled.tracking.len());
