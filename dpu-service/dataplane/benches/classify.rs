@@ -82,8 +82,8 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
         .collect()
 }
 
-/// Keys per `lookup_batch` call in the burst measurement (a worker's
-/// receive burst).
+/// Keys per `lookup_batch` call in the burst measurement by default (a
+/// worker's receive burst; `--burst N` for another).
 const BURST: usize = 32;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -96,6 +96,7 @@ fn main() {
     let mut sets = "acl1_1k,acl1_10k".to_string();
     let mut runs = 3usize;
     let mut secs = 3.0f64;
+    let mut burst_len = BURST;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -104,6 +105,7 @@ fn main() {
             "--sets" => sets = val(),
             "--runs" => runs = val().parse().expect("--runs"),
             "--secs" => secs = val().parse().expect("--secs"),
+            "--burst" => burst_len = val().parse().expect("--burst"),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -146,9 +148,9 @@ fn main() {
             .map(|_| {
                 let t = Instant::now();
                 let mut n = 0u64;
-                let mut out = [None; BURST];
+                let mut out = vec![None; burst_len];
                 while t.elapsed() < Duration::from_secs_f64(secs) {
-                    for burst in trace.chunks(BURST) {
+                    for burst in trace.chunks(burst_len) {
                         c.lookup_batch(black_box(burst), &mut out);
                         black_box(&out);
                     }
@@ -180,7 +182,7 @@ fn main() {
             .collect();
         println!(
             "{set}: {} rules, build {:.1} ms, {:.2} MB, lookups {:.2} M/s (runs: {}), \
-             in bursts of {BURST} {:.2} M/s (runs: {}), single-rule change {:.2} us",
+             in bursts of {burst_len} {:.2} M/s (runs: {}), single-rule change {:.2} us",
             rules.len(),
             median(builds) * 1e3,
             c.memory_bytes() as f64 / 1e6,
