@@ -12,6 +12,11 @@
 //! A consumer may skip generations: every state holds all earlier changes,
 //! so a report for generation `g` covers every change up to `g`.
 //!
+//! What a waiting call learns ([`Unapplied`]) decides what becomes of its
+//! change: one the consumer tried and could not apply is undone by the
+//! caller (see [`crate::state::State::revert`]); one it has not reported
+//! on yet stays stored, as it may still be applied.
+//!
 //! This module does no I/O and starts no task; the consumer's loop lives
 //! with the consumer (the daemon).
 
@@ -19,8 +24,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-
-use crate::error::{ControlError, Result};
 
 /// How long [`Applied::wait`] waits by default: far longer than applying
 /// a change takes, short enough that a stuck consumer is reported.
@@ -63,6 +66,22 @@ impl Reporter {
     }
 }
 
+/// Why [`Applied::wait`] cannot answer that a change is applied. The
+/// message names the consumer and, where it reported one, the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unapplied {
+    /// The consumer tried and could not apply some of the change's
+    /// resources with what it runs on (a backing file whose directory is
+    /// missing, an address another socket holds); names each with its
+    /// reason. The client can remove the cause and try again.
+    #[error("{0}")]
+    Problems(String),
+    /// The consumer stopped following the state, or has not reached the
+    /// change within the limit: it may still apply it.
+    #[error("{0}")]
+    Pending(String),
+}
+
 /// The waiting side: how far the consumer has got. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Applied {
@@ -78,7 +97,7 @@ pub struct Applied {
 pub fn follow(consumer: &'static str, generation: u64) -> (Reporter, Applied) {
     let (tx, rx) = watch::channel(Report {
         generation,
-        problems: Arc::default(),
+        ..Report::default()
     });
     let applied = Applied {
         consumer,
@@ -105,10 +124,11 @@ impl Applied {
     /// changed.
     ///
     /// # Errors
-    /// [`ControlError::NotApplied`] if the consumer reports a problem with
-    /// one of `resources`, if it stopped, or if it has not got that far
-    /// within the limit. The change itself stays stored either way.
-    pub async fn wait(&self, generation: u64, resources: &[&str]) -> Result<()> {
+    /// [`Unapplied::Problems`] if the consumer reports a problem with one
+    /// of `resources`; [`Unapplied::Pending`] if it stopped or has not got
+    /// that far within the limit. The change stays stored in every case:
+    /// what becomes of it is the caller's decision.
+    pub async fn wait(&self, generation: u64, resources: &[&str]) -> Result<(), Unapplied> {
         let mut rx = self.rx.clone();
         let consumer = self.consumer;
         let report = match tokio::time::timeout(
@@ -119,12 +139,12 @@ impl Applied {
         {
             Ok(Ok(r)) => r.clone(),
             Ok(Err(_)) => {
-                return Err(ControlError::NotApplied(format!(
+                return Err(Unapplied::Pending(format!(
                     "{consumer} stopped applying changes"
                 )))
             }
             Err(_) => {
-                return Err(ControlError::NotApplied(format!(
+                return Err(Unapplied::Pending(format!(
                     "{consumer} has not applied the change within {:?}; it applies it when it catches up",
                     self.limit
                 )))
@@ -139,8 +159,8 @@ impl Applied {
         if failed.is_empty() {
             Ok(())
         } else {
-            Err(ControlError::NotApplied(format!(
-                "{consumer} could not apply it ({}); it tries again at the next change",
+            Err(Unapplied::Problems(format!(
+                "{consumer} could not apply it ({})",
                 failed.join("; ")
             )))
         }
@@ -181,11 +201,11 @@ mod tests {
             .wait(6, &["subsystems/a/namespaces/2"])
             .await
             .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Internal);
-        let msg = err.to_string();
-        assert!(
-            msg.contains("the target could not apply it (subsystems/a/namespaces/2: disk on fire)"),
-            "{msg}"
+        assert_eq!(
+            err,
+            Unapplied::Problems(
+                "the target could not apply it (subsystems/a/namespaces/2: disk on fire)".into()
+            )
         );
     }
 
@@ -194,10 +214,16 @@ mod tests {
         let (rep, applied) = follow("the target", 0);
         let applied = applied.with_limit(Duration::from_millis(50));
         let err = applied.wait(1, &[]).await.unwrap_err();
-        assert!(err.to_string().contains("within"), "{err}");
+        assert!(
+            matches!(&err, Unapplied::Pending(m) if m.contains("within")),
+            "{err}"
+        );
         drop(rep);
         let err = applied.wait(1, &[]).await.unwrap_err();
-        assert!(err.to_string().contains("stopped"), "{err}");
+        assert!(
+            matches!(&err, Unapplied::Pending(m) if m.contains("stopped")),
+            "{err}"
+        );
         // What it had applied before it stopped still counts.
         applied.wait(0, &[]).await.unwrap();
     }

@@ -30,10 +30,17 @@ pub enum ControlError {
     /// The accepted change could not be persisted; nothing was applied (`UNAVAILABLE`).
     #[error("state store: {0}")]
     Storage(String),
-    /// The change is persisted, but what serves it did not apply it; it
+    /// The change is persisted, but what serves it has not applied it
+    /// (it stopped, it is late, or the change could not be undone); it
     /// stays stored and is applied again with later changes (`INTERNAL`).
     #[error("stored, but {0}")]
     NotApplied(String),
+    /// What serves the change could not apply it with what it runs on (a
+    /// backing file whose directory is missing, a port another socket
+    /// holds), so the change was undone: the state is as before the call,
+    /// and the same call succeeds once the cause is gone (`FAILED_PRECONDITION`).
+    #[error("{0}")]
+    CannotApply(String),
 }
 
 impl ControlError {
@@ -54,6 +61,7 @@ impl ControlError {
             Self::FailedPrecondition(_) => Code::FailedPrecondition,
             Self::Storage(_) => Code::Unavailable,
             Self::NotApplied(_) => Code::Internal,
+            Self::CannotApply(_) => Code::FailedPrecondition,
         }
     }
 }

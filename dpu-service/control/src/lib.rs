@@ -15,7 +15,9 @@
 //! binary serves [`service::Api`] with tonic.
 //!
 //! Invariants: a request is fully validated before anything changes; a
-//! refused request changes nothing; no input makes a handler panic.
+//! refused request changes nothing, and neither does one whose change a
+//! consumer reports it could not apply (the change is undone); no input
+//! makes a handler panic.
 
 #![forbid(unsafe_code)]
 

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::convert::{listener_name, namespace_name};
 use crate::error::{ControlError, Result};
 use crate::model::{
     Action, Attachment, Backend, Listener, Namespace, PortSpec, Rule, RuleSet, State, Subsystem,
@@ -45,6 +46,46 @@ pub struct SubsystemUpdate {
     pub allowed_hosts: Option<BTreeSet<String>>,
     /// New model number.
     pub model_number: Option<String>,
+}
+
+/// One part of the state that a single call changes, and that undoing the
+/// call puts back: what [`State::revert`] works on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// A namespace of a subsystem.
+    Namespace {
+        /// The subsystem's ID.
+        subsystem: String,
+        /// The namespace's ID.
+        nsid: u32,
+    },
+    /// A listener of a subsystem.
+    Listener {
+        /// The subsystem's ID.
+        subsystem: String,
+        /// The listener's ID.
+        id: String,
+    },
+}
+
+impl Part {
+    /// The part's resource name, as the API spells it.
+    pub fn resource(&self) -> String {
+        match self {
+            Part::Namespace { subsystem, nsid } => namespace_name(subsystem, *nsid),
+            Part::Listener { subsystem, id } => listener_name(subsystem, id),
+        }
+    }
+}
+
+/// What [`State::revert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reverted {
+    /// The part is as it was before the change.
+    Done,
+    /// A later change to the part came first: it stands, and nothing
+    /// was changed.
+    Superseded,
 }
 
 fn check_version(tenant: &Tenant, expected: Option<u64>) -> Result<()> {
@@ -571,6 +612,87 @@ impl State {
             .map(|_| ())
             .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/listeners/{lid}")))
     }
+
+    fn namespace_at(&self, id: &str, nsid: u32) -> Option<&Namespace> {
+        self.subsystems.get(id)?.namespaces.get(&nsid)
+    }
+
+    fn listener_at(&self, id: &str, lid: &str) -> Option<&Listener> {
+        self.subsystems.get(id)?.listeners.get(lid)
+    }
+
+    /// Undoes what one committed change, from `before` to `after`, did to
+    /// `part`: puts the part back as it was in `before`, through the same
+    /// checks as the calls that create, resize or delete it, provided it is
+    /// still as `after` left it. Every other part, and every change made
+    /// since, stays as it is.
+    ///
+    /// # Errors
+    /// As the call that puts the part back, when what it held before (a
+    /// backing file, an address, RAM) has been taken since; then nothing
+    /// changes.
+    pub fn revert(
+        &mut self,
+        limits: Limits,
+        part: &Part,
+        before: &State,
+        after: &State,
+    ) -> Result<Reverted> {
+        match part {
+            Part::Namespace {
+                subsystem: id,
+                nsid,
+            } => {
+                let (was, made) = (
+                    before.namespace_at(id, *nsid),
+                    after.namespace_at(id, *nsid),
+                );
+                if self.namespace_at(id, *nsid) != made {
+                    return Ok(Reverted::Superseded);
+                }
+                match (was, made) {
+                    (None, None) => {}
+                    (None, Some(_)) => self.delete_namespace(id, *nsid)?,
+                    (Some(was), None) => {
+                        self.create_namespace(limits, id, was.clone(), true, true)?;
+                    }
+                    (Some(was), Some(_)) => {
+                        if let Backend::Ram { size_bytes } = was.backend {
+                            self.check_ram(limits, Some((id, *nsid)), size_bytes)?;
+                        }
+                        if let Some(n) = self.subsystem_mut(id)?.namespaces.get_mut(nsid) {
+                            *n = was.clone();
+                        }
+                    }
+                }
+            }
+            Part::Listener {
+                subsystem: id,
+                id: lid,
+            } => {
+                let (was, made) = (before.listener_at(id, lid), after.listener_at(id, lid));
+                if self.listener_at(id, lid) != made {
+                    return Ok(Reverted::Superseded);
+                }
+                match (was, made) {
+                    (None, None) => {}
+                    (None, Some(_)) => self.delete_listener(id, lid)?,
+                    (Some(was), None) => {
+                        self.create_listener(id, was.clone())?;
+                    }
+                    (Some(was), Some(made)) => {
+                        let made = made.clone();
+                        self.delete_listener(id, lid)?;
+                        if let Err(e) = self.create_listener(id, was.clone()) {
+                            self.subsystem_mut(id)?.listeners.insert(lid.clone(), made);
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Reverted::Done)
+    }
 }
 
 /// 16 random bytes from the OS, or from std's randomly keyed hasher if
@@ -856,5 +978,158 @@ mod tests {
             Err(ControlError::NotFound(_))
         ));
         s.delete_subsystem("a", true).unwrap();
+    }
+
+    fn file(path: &str, size: u64) -> Namespace {
+        Namespace {
+            backend: Backend::File {
+                path: path.into(),
+                size_bytes: size,
+            },
+            ..ram(0)
+        }
+    }
+
+    fn listener(id: &str, port: u16) -> Listener {
+        Listener {
+            id: id.into(),
+            transport: Transport::Tcp,
+            address: "127.0.0.1".parse().unwrap(),
+            port,
+        }
+    }
+
+    fn ns_part(nsid: u32) -> Part {
+        Part::Namespace {
+            subsystem: "a".into(),
+            nsid,
+        }
+    }
+
+    /// Runs `change` on `s`, answering the states before and after it.
+    fn committed(s: &mut State, change: impl FnOnce(&mut State)) -> (State, State) {
+        let before = s.clone();
+        change(s);
+        (before, s.clone())
+    }
+
+    #[test]
+    fn revert_undoes_one_change_and_keeps_later_ones() {
+        let lim = Limits { ram_bytes: 1 << 20 };
+        let mut s = State::default();
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        s.subsystems.get_mut("a").unwrap().max_namespaces = 8;
+
+        // A created namespace is deleted again; one created since stays.
+        let (before, after) = committed(&mut s, |s| {
+            s.create_namespace(lim, "a", file("/x/1.img", 4096), false, false)
+                .unwrap();
+        });
+        s.create_namespace(lim, "a", ram(4096), false, false)
+            .unwrap();
+        let seq = s.id_seq;
+        assert_eq!(
+            s.revert(lim, &ns_part(1), &before, &after).unwrap(),
+            Reverted::Done
+        );
+        assert!(!s.subsystems["a"].namespaces.contains_key(&1));
+        assert!(s.subsystems["a"].namespaces.contains_key(&2));
+        assert_eq!(s.id_seq, seq, "service-assigned IDs are never reused");
+        assert_eq!(
+            Part::Namespace {
+                subsystem: "a".into(),
+                nsid: 1
+            }
+            .resource(),
+            "subsystems/a/namespaces/1"
+        );
+
+        // A resize goes back to the old size.
+        let (before, after) = committed(&mut s, |s| {
+            s.resize_namespace(lim, "a", 2, 8192).unwrap();
+        });
+        s.revert(lim, &ns_part(2), &before, &after).unwrap();
+        assert_eq!(
+            s.subsystems["a"].namespaces[&2].backend,
+            Backend::Ram { size_bytes: 4096 }
+        );
+
+        // A part changed again since is left alone.
+        let (before, after) = committed(&mut s, |s| {
+            s.resize_namespace(lim, "a", 2, 8192).unwrap();
+        });
+        s.resize_namespace(lim, "a", 2, 16384).unwrap();
+        assert_eq!(
+            s.revert(lim, &ns_part(2), &before, &after).unwrap(),
+            Reverted::Superseded
+        );
+        assert_eq!(
+            s.subsystems["a"].namespaces[&2].backend,
+            Backend::Ram { size_bytes: 16384 }
+        );
+
+        // A deleted namespace comes back, through create's checks: not
+        // once its file backs another namespace.
+        let ns3 = s
+            .create_namespace(lim, "a", file("/x/3.img", 4096), false, false)
+            .unwrap()
+            .clone();
+        let (before, after) = committed(&mut s, |s| s.delete_namespace("a", ns3.nsid).unwrap());
+        let part = ns_part(ns3.nsid);
+        let mut other = s.clone();
+        let elsewhere = Namespace {
+            nsid: 5,
+            ..file("/x/3.img", 4096)
+        };
+        other
+            .create_namespace(lim, "a", elsewhere, false, false)
+            .unwrap();
+        let kept = other.clone();
+        assert!(matches!(
+            other.revert(lim, &part, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept, "a refused revert changes nothing");
+        s.revert(lim, &part, &before, &after).unwrap();
+        assert_eq!(s.subsystems["a"].namespaces[&ns3.nsid], ns3);
+    }
+
+    #[test]
+    fn revert_listeners() {
+        let mut s = State::default();
+        let lim = Limits { ram_bytes: 0 };
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        let part = Part::Listener {
+            subsystem: "a".into(),
+            id: "l".into(),
+        };
+        assert_eq!(part.resource(), "subsystems/a/listeners/l");
+        let (before, after) = committed(&mut s, |s| {
+            s.create_listener("a", listener("l", 4420)).unwrap();
+        });
+        s.create_listener("a", listener("m", 4421)).unwrap();
+        s.revert(lim, &part, &before, &after).unwrap();
+        assert_eq!(
+            s.subsystems["a"].listeners.keys().collect::<Vec<_>>(),
+            ["m"]
+        );
+        // A deleted listener comes back unless its address was taken since.
+        let (before, after) = committed(&mut s, |s| s.delete_listener("a", "m").unwrap());
+        let mut other = s.clone();
+        other.create_listener("a", listener("n", 4421)).unwrap();
+        let kept = other.clone();
+        let m = Part::Listener {
+            subsystem: "a".into(),
+            id: "m".into(),
+        };
+        assert!(matches!(
+            other.revert(lim, &m, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept);
+        s.revert(lim, &m, &before, &after).unwrap();
+        assert_eq!(s.subsystems["a"].listeners["m"], listener("m", 4421));
     }
 }

@@ -66,6 +66,18 @@ pub struct Published {
     pub state: Arc<State>,
 }
 
+/// A change the store accepted: the states before and after it, and the
+/// generation the new state was published as.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// The generation of `after`.
+    pub generation: u64,
+    /// The state the change was made on.
+    pub before: Arc<State>,
+    /// The state the change made.
+    pub after: Arc<State>,
+}
+
 #[derive(Deserialize)]
 struct FileIn {
     format: u32,
@@ -166,27 +178,35 @@ impl StateHandle {
         self.commit(change).map(|(out, _)| out)
     }
 
-    /// [`StateHandle::mutate_blocking`] that also answers the generation
-    /// the new state was published as.
-    fn commit<T>(&self, change: impl FnOnce(&mut State) -> Result<T>) -> Result<(T, u64)> {
+    /// [`StateHandle::mutate_blocking`] that also answers what it committed.
+    fn commit<T>(&self, change: impl FnOnce(&mut State) -> Result<T>) -> Result<(T, Committed)> {
         let store = self
             .store
             .lock()
             .map_err(|_| ControlError::Storage("store lock poisoned by an earlier panic".into()))?;
-        let (mut next, generation) = {
+        let (before, generation) = {
             let cur = store.tx.borrow();
-            (State::clone(&cur.state), cur.generation + 1)
+            (cur.state.clone(), cur.generation + 1)
         };
+        let mut next = State::clone(&before);
         let out = change(&mut next)?;
         store.persist(&next).map_err(|e| {
             tracing::error!(error = %e, "persisting state failed; change refused");
             ControlError::Storage(e.to_string())
         })?;
+        let after = Arc::new(next);
         store.tx.send_replace(Published {
             generation,
-            state: Arc::new(next),
+            state: after.clone(),
         });
-        Ok((out, generation))
+        Ok((
+            out,
+            Committed {
+                generation,
+                before,
+                after,
+            },
+        ))
     }
 
     /// [`StateHandle::mutate_blocking`] on a blocking thread, for async callers.
@@ -198,16 +218,18 @@ impl StateHandle {
         T: Send + 'static,
         F: FnOnce(&mut State) -> Result<T> + Send + 'static,
     {
-        self.mutate_numbered(change).await.map(|(out, _)| out)
+        self.mutate_committed(change).await.map(|(out, _)| out)
     }
 
-    /// [`StateHandle::mutate`] that also answers the generation the new
-    /// state was published as, to wait for a consumer to apply it
-    /// ([`crate::apply::Applied::wait`]).
+    /// [`StateHandle::mutate`] that also answers what it committed: the
+    /// generation, to wait for a consumer to apply it
+    /// ([`crate::apply::Applied::wait`]), and the states before and after,
+    /// to undo the change should the consumer fail to
+    /// ([`crate::state::State::revert`]).
     ///
     /// # Errors
     /// As [`StateHandle::mutate_blocking`].
-    pub async fn mutate_numbered<T, F>(&self, change: F) -> Result<(T, u64)>
+    pub async fn mutate_committed<T, F>(&self, change: F) -> Result<(T, Committed)>
     where
         T: Send + 'static,
         F: FnOnce(&mut State) -> Result<T> + Send + 'static,

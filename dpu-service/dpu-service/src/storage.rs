@@ -223,7 +223,14 @@ mod tests {
     /// A target following a fresh in-memory state, and an API whose
     /// storage calls wait for it.
     fn served() -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
-        let state = StateHandle::open(None).expect("in-memory state");
+        served_in(None)
+    }
+
+    /// [`served`] with the state kept in `dir`.
+    fn served_in(
+        dir: Option<&std::path::Path>,
+    ) -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
+        let state = StateHandle::open(dir).expect("state");
         let first = state.published();
         let storage = Storage::start(&first.state, None, &TcpConfig::default())
             .expect("no CPUs named: nothing to refuse");
@@ -327,48 +334,53 @@ mod tests {
         storage.shutdown();
     }
 
-    /// A change the target cannot apply is stored, and the call says that
-    /// the target does not serve it, naming what.
+    /// A change the target cannot apply is undone, in the state file too,
+    /// and the call fails naming what and why; once the cause is gone,
+    /// the same call succeeds and the target serves it.
     #[tokio::test]
-    async fn a_change_the_target_cannot_apply_is_an_internal_error_naming_it() {
-        let (storage, api, state) = served();
+    async fn a_change_the_target_cannot_apply_is_undone_and_can_be_retried() {
+        let state_dir = tempfile::tempdir().unwrap();
+        let (storage, api, state) = served_in(Some(state_dir.path()));
         create_vol(&api).await;
+        let stored_namespaces = || {
+            let on_disk = StateHandle::open(Some(state_dir.path())).expect("state file");
+            let n = on_disk.snapshot().subsystems["vol"].namespaces.len();
+            (state.snapshot().subsystems["vol"].namespaces.len(), n)
+        };
         let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("no-such-dir").join("disk.img");
-        let err = create_namespace(
-            &api,
-            pb::Namespace {
-                backend: Some(pb::namespace::Backend::File(pb::FileBackend {
-                    path: missing.display().to_string(),
-                    size_bytes: 1 << 20,
-                })),
-                block_size: 512,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        let parent = dir.path().join("no-such-dir");
+        let file = || pb::Namespace {
+            backend: Some(pb::namespace::Backend::File(pb::FileBackend {
+                path: parent.join("disk.img").display().to_string(),
+                size_bytes: 1 << 20,
+            })),
+            block_size: 512,
+            ..Default::default()
+        };
+        let err = create_namespace(&api, file()).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        let msg = err.message();
         assert!(
-            err.message().starts_with(
-                "stored, but the NVMe-oF target could not apply it (subsystems/vol/namespaces/1: "
-            ),
-            "{}",
-            err.message()
+            msg.starts_with("the NVMe-oF target could not apply it (subsystems/vol/namespaces/1: ")
+                && msg.ends_with("; the change was undone"),
+            "{msg}"
         );
-        assert!(state.snapshot().subsystems["vol"]
-            .namespaces
-            .contains_key(&1));
-        // Another namespace's problem is not this call's.
-        create_namespace(&api, ram_namespace(1 << 20))
-            .await
-            .unwrap();
+        assert_eq!(stored_namespaces(), (0, 0), "neither stored nor persisted");
+
+        std::fs::create_dir(&parent).unwrap();
+        let ns = create_namespace(&api, file()).await.unwrap();
+        assert_eq!(ns.name, "subsystems/vol/namespaces/1");
+        assert!(storage
+            .target
+            .subsystem(NQN)
+            .is_some_and(|s| s.namespaces.contains_key(&1)));
+        assert_eq!(stored_namespaces(), (1, 1));
 
         // A listener on a port another socket holds.
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = taken.local_addr().unwrap().port();
-        let err = api
-            .create_listener(Request::new(pb::CreateListenerRequest {
+        let create_listener = || {
+            api.create_listener(Request::new(pb::CreateListenerRequest {
                 parent: "subsystems/vol".into(),
                 listener_id: "l".into(),
                 listener: Some(pb::Listener {
@@ -378,16 +390,20 @@ mod tests {
                     ..Default::default()
                 }),
             }))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        };
+        let err = create_listener().await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
         assert!(
             err.message().contains(&format!(
                 "subsystems/vol/listeners/l: cannot listen on 127.0.0.1:{port}"
-            )),
+            )) && err.message().ends_with("; the change was undone"),
             "{}",
             err.message()
         );
+        assert!(state.snapshot().subsystems["vol"].listeners.is_empty());
+        drop(taken);
+        create_listener().await.unwrap();
+        std::net::TcpStream::connect(("127.0.0.1", port)).expect("the target listens");
         storage.shutdown();
     }
 }

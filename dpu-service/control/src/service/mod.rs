@@ -17,11 +17,11 @@ use std::sync::Arc;
 
 use tonic::{Code, Response, Status};
 
-use crate::apply::Applied;
+use crate::apply::{Applied, Unapplied};
 use crate::error::{ControlError, Result};
-use crate::model::Timestamp;
-use crate::state::{Limits, PortRegistry};
-use crate::store::StateHandle;
+use crate::model::{State, Timestamp};
+use crate::state::{Limits, Part, PortRegistry, Reverted};
+use crate::store::{Committed, StateHandle};
 use crate::telemetry::Telemetry;
 
 /// Static facts about the running service, for `GetServiceInfo`.
@@ -57,8 +57,9 @@ pub struct Control {
     /// Facts for `GetServiceInfo`.
     pub facts: ServiceFacts,
     /// How far the NVMe-oF target has applied the state: a storage call
-    /// returns once the target serves its change. `None` when nothing
-    /// serves storage (then the call returns once the change is stored).
+    /// returns once the target serves its change, and a change the target
+    /// cannot apply is undone. `None` when nothing serves storage (then
+    /// the call returns once the change is stored).
     pub storage_applied: Option<Applied>,
 }
 
@@ -72,6 +73,70 @@ impl Api {
     /// Wraps the shared control state.
     pub fn new(ctl: Arc<Control>) -> Self {
         Self { ctl }
+    }
+
+    /// Runs `change`, which answers the part of the state it changed, if
+    /// any, and, when `consumer` follows the state, waits until the
+    /// consumer has applied it. A change the consumer tried and could not
+    /// apply is undone ([`State::revert`]) and the consumer waited for
+    /// again, so that when the call returns neither the store nor the
+    /// consumer holds it.
+    ///
+    /// # Errors
+    /// The change's own error (nothing changed);
+    /// [`ControlError::CannotApply`] (the change was undone);
+    /// [`ControlError::NotApplied`] (the change stays stored: the consumer
+    /// has not reported on it, or it could not be undone).
+    async fn change_served<T, F>(&self, consumer: Option<&Applied>, change: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<(T, Option<Part>)> + Send + 'static,
+    {
+        let ((out, part), committed) = self.ctl.state.mutate_committed(change).await?;
+        let Some(consumer) = consumer else {
+            return Ok(out);
+        };
+        let resource = part.as_ref().map(Part::resource);
+        let resources: Vec<&str> = resource.iter().map(String::as_str).collect();
+        let why = match consumer.wait(committed.generation, &resources).await {
+            Ok(()) => return Ok(out),
+            Err(Unapplied::Pending(why)) => return Err(ControlError::NotApplied(why)),
+            Err(Unapplied::Problems(why)) => why,
+        };
+        Err(match part {
+            Some(part) => self.undo(consumer, part, committed, why).await,
+            None => ControlError::NotApplied(why),
+        })
+    }
+
+    /// Undoes what `committed` did to `part`, which `consumer` could not
+    /// apply for `why`, and waits until the consumer has applied the state
+    /// without it; answers the call's error.
+    async fn undo(
+        &self,
+        consumer: &Applied,
+        part: Part,
+        committed: Committed,
+        why: String,
+    ) -> ControlError {
+        let limits = self.ctl.limits;
+        let undone = self
+            .ctl
+            .state
+            .mutate_committed(move |s| s.revert(limits, &part, &committed.before, &committed.after))
+            .await;
+        match undone {
+            Ok((Reverted::Done, c)) => {
+                if let Err(e) = consumer.wait(c.generation, &[]).await {
+                    tracing::warn!(error = %e, "the state without an undone change is not applied yet");
+                }
+                ControlError::CannotApply(format!("{why}; the change was undone"))
+            }
+            Ok((Reverted::Superseded, _)) => ControlError::NotApplied(format!(
+                "{why}; a later change to it stands, so it was not undone"
+            )),
+            Err(e) => ControlError::NotApplied(format!("{why}; undoing it failed: {e}")),
+        }
     }
 
     /// Runs a read-only request: counts it and maps its error.
@@ -111,9 +176,40 @@ impl Api {
             Err(ControlError::NotApplied(e)) => {
                 tracing::error!(method, error = %e, "stored but not applied")
             }
+            Err(ControlError::CannotApply(e)) => {
+                tracing::warn!(method, error = %e, "not applied; undone")
+            }
             Err(e) => tracing::debug!(method, error = %e, "refused"),
         }
         r.map(Response::new).map_err(Status::from)
+    }
+}
+
+#[cfg(test)]
+impl Api {
+    /// An API over `state` with no ports, `limits`, its storage calls
+    /// waiting for `storage_applied`.
+    pub(crate) fn for_tests(
+        state: StateHandle,
+        limits: Limits,
+        storage_applied: Option<Applied>,
+    ) -> Api {
+        Api::new(Arc::new(Control {
+            state,
+            ports: PortRegistry::new(),
+            telemetry: Arc::new(Telemetry::default()),
+            limits,
+            facts: ServiceFacts {
+                version: String::new(),
+                target_triple: String::new(),
+                dpdk_version: String::new(),
+                dataplane_driver: String::new(),
+                capabilities: Vec::new(),
+                start_time: Timestamp::now(),
+                hostname: String::new(),
+            },
+            storage_applied,
+        }))
     }
 }
 

@@ -10,7 +10,7 @@ use super::{mask_paths, num_key, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
 use crate::model::{State, Subsystem, Timestamp};
-use crate::state::SubsystemUpdate;
+use crate::state::{Part, SubsystemUpdate};
 use crate::validate::{self, DISCOVERY_NQN};
 
 const DEFAULT_MODEL: &str = "dpu-service";
@@ -50,23 +50,19 @@ impl Api {
     /// state, waits until the target has applied it: once the call
     /// returns, the target serves what it answers (a deleted namespace
     /// takes no new command and the I/O that was running on it has
-    /// ended; a removed host cannot connect). `served` names the resource
-    /// the change created or resized, which the target must then serve.
+    /// ended; a removed host cannot connect). `change` answers the
+    /// namespace or listener it created or resized, which the target must
+    /// then serve; if the target cannot, the change is undone.
     ///
     /// # Errors
-    /// The change's own error (nothing changed), or
-    /// [`ControlError::NotApplied`] (the change is stored).
-    async fn change_storage<T, F>(&self, change: F, served: fn(&T) -> Option<&str>) -> Result<T>
+    /// As [`Api::change_served`].
+    async fn change_storage<T, F>(&self, change: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut State) -> Result<T> + Send + 'static,
+        F: FnOnce(&mut State) -> Result<(T, Option<Part>)> + Send + 'static,
     {
-        let (out, generation) = self.ctl.state.mutate_numbered(change).await?;
-        if let Some(target) = &self.ctl.storage_applied {
-            let names: Vec<&str> = served(&out).into_iter().collect();
-            target.wait(generation, &names).await?;
-        }
-        Ok(out)
+        self.change_served(self.ctl.storage_applied.as_ref(), change)
+            .await
     }
 
     /// Validates a (subsystem, host NQN) pair and applies `change` to it.
@@ -78,11 +74,8 @@ impl Api {
     ) -> Result<pb::Subsystem> {
         let id = validate::name("subsystem", subsystem, "subsystems")?.to_string();
         validate::nqn("host_nqn", &host)?;
-        self.change_storage(
-            move |st| change(st, &id, &host).map(convert::subsystem),
-            |_| None,
-        )
-        .await
+        self.change_storage(move |st| Ok((convert::subsystem(change(st, &id, &host)?), None)))
+            .await
     }
 }
 
@@ -131,7 +124,7 @@ impl StorageService for Api {
                 listeners: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
-            self.change_storage(move |st| st.create_subsystem(sub), |_| None)
+            self.change_storage(move |st| st.create_subsystem(sub).map(|()| ((), None)))
                 .await?;
             Ok(out)
         })
@@ -196,10 +189,9 @@ impl StorageService for Api {
                 }
             }
             let out = self
-                .change_storage(
-                    move |st| st.update_subsystem(&id, u).map(convert::subsystem),
-                    |_| None,
-                )
+                .change_storage(move |st| {
+                    Ok((convert::subsystem(st.update_subsystem(&id, u)?), None))
+                })
                 .await?;
             Ok(out)
         })
@@ -213,7 +205,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteSubsystem", async {
             let req = req.into_inner();
             let id = validate::name("name", &req.name, "subsystems")?.to_string();
-            self.change_storage(move |st| st.delete_subsystem(&id, req.force), |_| None)
+            self.change_storage(move |st| st.delete_subsystem(&id, req.force).map(|()| ((), None)))
                 .await?;
             Ok(pb::DeleteSubsystemResponse {})
         })
@@ -255,13 +247,14 @@ impl StorageService for Api {
             let (ns, has_uuid, has_nguid) = validate::namespace("namespace", &n)?;
             let limits = self.ctl.limits;
             let out = self
-                .change_storage(
-                    move |st| {
-                        st.create_namespace(limits, &id, ns, has_uuid, has_nguid)
-                            .map(|n| convert::namespace(&id, n))
-                    },
-                    |n| Some(&n.name),
-                )
+                .change_storage(move |st| {
+                    let n = st.create_namespace(limits, &id, ns, has_uuid, has_nguid)?;
+                    let part = Part::Namespace {
+                        subsystem: id.clone(),
+                        nsid: n.nsid,
+                    };
+                    Ok((convert::namespace(&id, n), Some(part)))
+                })
                 .await?;
             Ok(out)
         })
@@ -316,13 +309,17 @@ impl StorageService for Api {
             let sid = sid.to_string();
             let limits = self.ctl.limits;
             let out = self
-                .change_storage(
-                    move |st| {
-                        st.resize_namespace(limits, &sid, nsid, req.size_bytes)
-                            .map(|n| convert::namespace(&sid, n))
-                    },
-                    |n| Some(&n.name),
-                )
+                .change_storage(move |st| {
+                    let n = st.resize_namespace(limits, &sid, nsid, req.size_bytes)?;
+                    let out = convert::namespace(&sid, n);
+                    Ok((
+                        out,
+                        Some(Part::Namespace {
+                            subsystem: sid,
+                            nsid,
+                        }),
+                    ))
+                })
                 .await?;
             Ok(out)
         })
@@ -336,7 +333,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteNamespace", async {
             let (sid, nsid) = validate::namespace_name("name", &req.get_ref().name)?;
             let sid = sid.to_string();
-            self.change_storage(move |st| st.delete_namespace(&sid, nsid), |_| None)
+            self.change_storage(move |st| st.delete_namespace(&sid, nsid).map(|()| ((), None)))
                 .await?;
             Ok(pb::DeleteNamespaceResponse {})
         })
@@ -353,13 +350,14 @@ impl StorageService for Api {
             let l = required("listener", req.listener)?;
             let listener = validate::listener("listener", &req.listener_id, &l)?;
             let out = self
-                .change_storage(
-                    move |st| {
-                        st.create_listener(&sid, listener)
-                            .map(|l| convert::listener(&sid, l))
-                    },
-                    |l| Some(&l.name),
-                )
+                .change_storage(move |st| {
+                    let l = st.create_listener(&sid, listener)?;
+                    let part = Part::Listener {
+                        subsystem: sid.clone(),
+                        id: l.id.clone(),
+                    };
+                    Ok((convert::listener(&sid, l), Some(part)))
+                })
                 .await?;
             Ok(out)
         })
@@ -396,7 +394,7 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteListener", async {
             let (sid, lid) = validate::listener_name("name", &req.get_ref().name)?;
             let (sid, lid) = (sid.to_string(), lid.to_string());
-            self.change_storage(move |st| st.delete_listener(&sid, &lid), |_| None)
+            self.change_storage(move |st| st.delete_listener(&sid, &lid).map(|()| ((), None)))
                 .await?;
             Ok(pb::DeleteListenerResponse {})
         })
@@ -406,7 +404,185 @@ impl StorageService for Api {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::watch;
+    use tonic::Code;
+
     use super::*;
+    use crate::apply::{self, Applied, Problem};
+    use crate::model::Backend;
+    use crate::state::Limits;
+    use crate::store::{Published, StateHandle};
+
+    const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
+
+    /// A stand-in for the NVMe-oF target following `state`: it cannot
+    /// serve a file namespace under a directory listed in `missing`, and
+    /// applies nothing while `paused` holds true. Answers its [`Applied`]
+    /// and the newest state it applied.
+    fn follower(
+        state: &StateHandle,
+        missing: Arc<Mutex<Vec<String>>>,
+        paused: watch::Receiver<bool>,
+    ) -> (Applied, Arc<Mutex<Published>>) {
+        let (reporter, applied) = apply::follow("the target", state.published().generation);
+        let seen = Arc::new(Mutex::new(state.published()));
+        let mut rx = state.subscribe();
+        let last = seen.clone();
+        tokio::spawn(async move {
+            let mut paused = paused;
+            while rx.changed().await.is_ok() {
+                if paused.wait_for(|p| !*p).await.is_err() {
+                    return;
+                }
+                let p = rx.borrow_and_update().clone();
+                let missing = missing.lock().unwrap().clone();
+                let mut problems = Vec::new();
+                for (sid, sub) in &p.state.subsystems {
+                    for n in sub.namespaces.values() {
+                        if let Backend::File { path, .. } = &n.backend {
+                            if missing.iter().any(|m| path.starts_with(m.as_str())) {
+                                problems.push(Problem {
+                                    resource: crate::convert::namespace_name(sid, n.nsid),
+                                    reason: format!("{path}: no such directory"),
+                                });
+                            }
+                        }
+                    }
+                }
+                *last.lock().unwrap() = p.clone();
+                reporter.report(p.generation, problems);
+            }
+        });
+        (applied, seen)
+    }
+
+    fn namespace(ns: pb::namespace::Backend) -> Request<pb::CreateNamespaceRequest> {
+        Request::new(pb::CreateNamespaceRequest {
+            parent: "subsystems/s".into(),
+            namespace: Some(pb::Namespace {
+                backend: Some(ns),
+                block_size: 512,
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn file(path: &str, size_bytes: u64) -> Request<pb::CreateNamespaceRequest> {
+        namespace(pb::namespace::Backend::File(pb::FileBackend {
+            path: path.into(),
+            size_bytes,
+        }))
+    }
+
+    async fn create_subsystem(api: &Api) {
+        api.create_subsystem(Request::new(pb::CreateSubsystemRequest {
+            subsystem_id: "s".into(),
+            subsystem: Some(pb::Subsystem {
+                nqn: "nqn.2024-01.io.example:s".into(),
+                ..Default::default()
+            }),
+        }))
+        .await
+        .unwrap();
+    }
+
+    /// Waits until the store has published `generation`.
+    async fn stored(state: &StateHandle, generation: u64) {
+        let mut rx = state.subscribe();
+        rx.wait_for(|p| p.generation >= generation).await.unwrap();
+    }
+
+    /// A change the target reports it could not apply is undone, in the
+    /// store, on disk and in the target, while a change published between
+    /// it and the report stays; the call fails naming the resource and
+    /// why, and succeeds again once the cause is gone.
+    #[tokio::test]
+    async fn a_change_the_target_cannot_apply_is_undone_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateHandle::open(Some(dir.path())).unwrap();
+        let missing = Arc::new(Mutex::new(vec!["/missing/".to_string()]));
+        let (pause, paused) = watch::channel(false);
+        let (applied, seen) = follower(&state, missing.clone(), paused);
+        let api = Api::for_tests(state.clone(), LIMITS, Some(applied));
+        create_subsystem(&api).await;
+        let g = state.published().generation;
+
+        // The target reports on both changes at once, the file
+        // namespace's first.
+        pause.send_replace(true);
+        let broken = tokio::spawn({
+            let api = api.clone();
+            async move {
+                api.create_namespace(file("/missing/disk.img", 1 << 20))
+                    .await
+            }
+        });
+        stored(&state, g + 1).await;
+        let other = tokio::spawn({
+            let api = api.clone();
+            async move {
+                let ram = pb::namespace::Backend::Ram(pb::RamBackend { size_bytes: 4096 });
+                api.create_namespace(namespace(ram)).await
+            }
+        });
+        stored(&state, g + 2).await;
+        pause.send_replace(false);
+
+        let other = other.await.unwrap().unwrap().into_inner();
+        assert_eq!(other.name, "subsystems/s/namespaces/2");
+        let err = broken.await.unwrap().unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert_eq!(
+            err.message(),
+            "the target could not apply it (subsystems/s/namespaces/1: \
+             /missing/disk.img: no such directory); the change was undone"
+        );
+        let now = state.published();
+        let nsids = |s: &State| {
+            s.subsystems["s"]
+                .namespaces
+                .keys()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(nsids(&now.state), [2]);
+        assert_eq!(now.generation, g + 3, "the undo is a change of its own");
+        let target = seen.lock().unwrap().clone();
+        assert_eq!(target.generation, now.generation, "the target was told");
+        assert_eq!(nsids(&target.state), [2]);
+        drop(state);
+        let reopened = StateHandle::open(Some(dir.path())).unwrap();
+        assert_eq!(*reopened.snapshot(), *now.state, "the undo is persisted");
+
+        // Once the directory is there, the same call succeeds.
+        missing.lock().unwrap().clear();
+        let ns = api
+            .create_namespace(file("/missing/disk.img", 1 << 20))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ns.name, "subsystems/s/namespaces/1");
+
+        // A resize the target cannot apply goes back to the old size.
+        missing.lock().unwrap().push("/missing/".into());
+        let err = api
+            .resize_namespace(Request::new(pb::ResizeNamespaceRequest {
+                name: ns.name.clone(),
+                size_bytes: 2 << 20,
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().ends_with("the change was undone"), "{err:?}");
+        let got = api
+            .get_namespace(Request::new(pb::GetNamespaceRequest { name: ns.name }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.size_bytes, 1 << 20);
+    }
 
     #[test]
     fn serial_is_stable_and_valid() {
