@@ -42,10 +42,22 @@ pub struct Problem {
 /// The newest report of a consumer.
 #[derive(Debug, Clone, Default)]
 struct Report {
-    /// The newest generation applied.
+    /// The newest generation applied (or refused).
     generation: u64,
     /// What that generation's state asks for and is not served.
     problems: Arc<Vec<Problem>>,
+    /// Why the consumer refused that generation's state as a whole, if it
+    /// did; it then serves the state it had.
+    refused: Option<Arc<Refusal>>,
+}
+
+/// A consumer's refusal of a whole state.
+#[derive(Debug)]
+struct Refusal {
+    /// Why, as the consumer says it.
+    reason: String,
+    /// The resources whose changes are at fault.
+    resources: Vec<String>,
 }
 
 /// The consumer's side: reports the generations it applied.
@@ -62,6 +74,23 @@ impl Reporter {
         self.tx.send_replace(Report {
             generation,
             problems: Arc::new(problems),
+            refused: None,
+        });
+    }
+
+    /// The consumer has refused the state of `generation` as a whole, for
+    /// `reason`, which concerns `resources` (named as the API does), and
+    /// keeps serving the state it had. The control plane accepted that
+    /// state, so the two disagree on what is valid: a fault of the
+    /// service, not of a request. A call that changed one of `resources`
+    /// fails ([`Unapplied::Refused`]) and undoes its change; one that
+    /// changed something else waits on for the state the consumer takes
+    /// once that is done.
+    pub fn refuse(&self, generation: u64, reason: String, resources: Vec<String>) {
+        self.tx.send_replace(Report {
+            generation,
+            problems: Arc::default(),
+            refused: Some(Arc::new(Refusal { reason, resources })),
         });
     }
 }
@@ -76,6 +105,11 @@ pub enum Unapplied {
     /// reason. The client can remove the cause and try again.
     #[error("{0}")]
     Problems(String),
+    /// The consumer refused the state holding the change as a whole,
+    /// naming one of the change's resources ([`Reporter::refuse`]), and
+    /// serves the state it had.
+    #[error("{0}")]
+    Refused(String),
     /// The consumer stopped following the state, or has not reached the
     /// change within the limit: it may still apply it.
     #[error("{0}")]
@@ -125,18 +159,21 @@ impl Applied {
     ///
     /// # Errors
     /// [`Unapplied::Problems`] if the consumer reports a problem with one
-    /// of `resources`; [`Unapplied::Pending`] if it stopped or has not got
-    /// that far within the limit. The change stays stored in every case:
+    /// of `resources`; [`Unapplied::Refused`] if it refused the state
+    /// naming one of `resources` (a refusal naming others is waited out);
+    /// [`Unapplied::Pending`] if it stopped or has not got that far within
+    /// the limit. The change stays stored in every case:
     /// what becomes of it is the caller's decision.
     pub async fn wait(&self, generation: u64, resources: &[&str]) -> Result<(), Unapplied> {
         let mut rx = self.rx.clone();
         let consumer = self.consumer;
-        let report = match tokio::time::timeout(
-            self.limit,
-            rx.wait_for(|r| r.generation >= generation),
-        )
-        .await
-        {
+        let settled = |r: &Report| {
+            r.generation >= generation
+                && r.refused
+                    .as_ref()
+                    .is_none_or(|f| f.resources.iter().any(|n| resources.contains(&n.as_str())))
+        };
+        let report = match tokio::time::timeout(self.limit, rx.wait_for(settled)).await {
             Ok(Ok(r)) => r.clone(),
             Ok(Err(_)) => {
                 return Err(Unapplied::Pending(format!(
@@ -144,12 +181,24 @@ impl Applied {
                 )))
             }
             Err(_) => {
-                return Err(Unapplied::Pending(format!(
-                    "{consumer} has not applied the change within {:?}; it applies it when it catches up",
-                    self.limit
-                )))
+                let limit = self.limit;
+                return Err(Unapplied::Pending(match &self.rx.borrow().refused {
+                    Some(f) => format!(
+                        "{consumer} has not applied the change within {limit:?}: it refuses the state holding it ({})",
+                        f.reason
+                    ),
+                    None => format!(
+                        "{consumer} has not applied the change within {limit:?}; it applies it when it catches up"
+                    ),
+                }));
             }
         };
+        if let Some(f) = &report.refused {
+            return Err(Unapplied::Refused(format!(
+                "{consumer} refused the state holding the change ({})",
+                f.reason
+            )));
+        }
         let failed: Vec<String> = report
             .problems
             .iter()
@@ -207,6 +256,46 @@ mod tests {
                 "the target could not apply it (subsystems/a/namespaces/2: disk on fire)".into()
             )
         );
+    }
+
+    #[tokio::test]
+    async fn a_refused_state_fails_the_changes_it_names_and_holds_up_others() {
+        let (rep, applied) = follow("the switch", 1);
+        let red = ["tenants/red"];
+        let waiter = {
+            let a = applied.clone();
+            tokio::spawn(async move { a.wait(2, &["tenants/blue"]).await })
+        };
+        rep.refuse(
+            3,
+            "tenant red: port 9 does not exist".into(),
+            vec![red[0].into()],
+        );
+        for g in [2, 3] {
+            assert_eq!(
+                applied.wait(g, &red).await.unwrap_err(),
+                Unapplied::Refused(
+                    "the switch refused the state holding the change \
+                     (tenant red: port 9 does not exist)"
+                        .into()
+                )
+            );
+        }
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "blue's change is not at fault");
+        let err = applied
+            .clone()
+            .with_limit(Duration::from_millis(20))
+            .wait(2, &["tenants/blue"])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Unapplied::Pending(m) if m.ends_with("it refuses the state holding it (tenant red: port 9 does not exist)")),
+            "{err}"
+        );
+        // The state without red's change holds blue's.
+        rep.report(4, vec![]);
+        waiter.await.unwrap().unwrap();
     }
 
     #[tokio::test]

@@ -41,6 +41,12 @@ pub enum ControlError {
     /// and the same call succeeds once the cause is gone (`FAILED_PRECONDITION`).
     #[error("{0}")]
     CannotApply(String),
+    /// What serves the change refused the state holding it, which the
+    /// control plane had accepted: a fault of the service, not of the
+    /// request. The change was undone: the state is as before the call
+    /// (`INTERNAL`).
+    #[error("{0}")]
+    Rejected(String),
 }
 
 impl ControlError {
@@ -62,6 +68,7 @@ impl ControlError {
             Self::Storage(_) => Code::Unavailable,
             Self::NotApplied(_) => Code::Internal,
             Self::CannotApply(_) => Code::FailedPrecondition,
+            Self::Rejected(_) => Code::Internal,
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct SubsystemUpdate {
 /// call puts back: what [`State::revert`] works on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
+    /// A tenant, with its attachments and rules.
+    Tenant(String),
     /// A namespace of a subsystem.
     Namespace {
         /// The subsystem's ID.
@@ -72,6 +74,7 @@ impl Part {
     /// The part's resource name, as the API spells it.
     pub fn resource(&self) -> String {
         match self {
+            Part::Tenant(id) => format!("tenants/{id}"),
             Part::Namespace { subsystem, nsid } => namespace_name(subsystem, *nsid),
             Part::Listener { subsystem, id } => listener_name(subsystem, id),
         }
@@ -144,10 +147,16 @@ impl State {
         owner: &str,
         atts: &[Attachment],
     ) -> Result<()> {
+        if let Some(a) = atts.iter().find(|a| !ports.contains_key(a.port())) {
+            return Err(ControlError::NotFound(format!("ports/{}", a.port())));
+        }
+        self.check_claims(owner, atts)
+    }
+
+    /// Checks that `atts` collide with no attachment of a tenant other
+    /// than `owner`.
+    fn check_claims(&self, owner: &str, atts: &[Attachment]) -> Result<()> {
         for a in atts {
-            if !ports.contains_key(a.port()) {
-                return Err(ControlError::NotFound(format!("ports/{}", a.port())));
-            }
             for t in self.tenants.values().filter(|t| t.id != owner) {
                 if let Some(o) = t.attachments.iter().find(|o| o.conflicts_with(a)) {
                     return Err(ControlError::AlreadyExists(format!(
@@ -623,14 +632,15 @@ impl State {
 
     /// Undoes what one committed change, from `before` to `after`, did to
     /// `part`: puts the part back as it was in `before`, through the same
-    /// checks as the calls that create, resize or delete it, provided it is
-    /// still as `after` left it. Every other part, and every change made
-    /// since, stays as it is.
+    /// checks as the calls that create, change or delete it, provided it
+    /// is still as `after` left it. Every other part, and every change
+    /// made since, stays as it is. A tenant's rule-set version goes on
+    /// growing when its rules are put back.
     ///
     /// # Errors
-    /// As the call that puts the part back, when what it held before (a
-    /// backing file, an address, RAM) has been taken since; then nothing
-    /// changes.
+    /// As the call that puts the part back, when what it held before (an
+    /// attachment, a backing file, an address, RAM) has been taken since;
+    /// then nothing changes.
     pub fn revert(
         &mut self,
         limits: Limits,
@@ -639,6 +649,32 @@ impl State {
         after: &State,
     ) -> Result<Reverted> {
         match part {
+            Part::Tenant(id) => {
+                let (was, made) = (before.tenants.get(id), after.tenants.get(id));
+                if self.tenants.get(id) != made {
+                    return Ok(Reverted::Superseded);
+                }
+                match (was, made) {
+                    (None, None) => {}
+                    (None, Some(_)) => self.delete_tenant(id, true)?,
+                    (Some(was), made) => {
+                        // Attachments it gave up may have been taken since.
+                        self.check_claims(id, &was.attachments)?;
+                        let mut t = was.clone();
+                        // Undoing a rule change is a rule change: versions
+                        // only grow, so no client takes the undone rules
+                        // for the current ones.
+                        if let Some(made) = made {
+                            t.rules.version = if made.rules.rules == was.rules.rules {
+                                made.rules.version
+                            } else {
+                                made.rules.version + 1
+                            };
+                        }
+                        self.tenants.insert(id.clone(), t);
+                    }
+                }
+            }
             Part::Namespace {
                 subsystem: id,
                 nsid,
@@ -1131,5 +1167,67 @@ mod tests {
         assert_eq!(other, kept);
         s.revert(lim, &m, &before, &after).unwrap();
         assert_eq!(s.subsystems["a"].listeners["m"], listener("m", 4421));
+    }
+
+    #[test]
+    fn revert_tenants() {
+        let p = ports();
+        let lim = Limits { ram_bytes: 0 };
+        let red = Part::Tenant("red".into());
+        assert_eq!(red.resource(), "tenants/red");
+        let mut s = State::default();
+        // A created tenant goes, with whatever it was created with.
+        let (before, after) = committed(&mut s, |s| {
+            s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+                .unwrap();
+        });
+        s.create_tenant(&p, tenant("blue", vec![])).unwrap();
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants.keys().collect::<Vec<_>>(), ["blue"]);
+
+        // Rules come back with a newer version.
+        s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+            .unwrap();
+        s.add_rule("red", rule("r1", 1), None).unwrap();
+        let (before, after) = committed(&mut s, |s| {
+            s.replace_rules("red", vec![(None, rule("", 5))], Some(1))
+                .unwrap();
+        });
+        s.revert(lim, &red, &before, &after).unwrap();
+        let rs = &s.tenants["red"].rules;
+        assert_eq!(
+            (rs.version, rs.rules.as_slice()),
+            (3, [rule("r1", 1)].as_slice())
+        );
+        // A change that left the rules alone leaves the version alone.
+        let (before, after) = committed(&mut s, |s| {
+            s.detach("p0", 10).unwrap();
+        });
+        let mut other = s.clone();
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants["red"], before.tenants["red"]);
+        // Not if the attachment it gave up was taken since.
+        other.attach(&p, "blue", port("p0", 0)).unwrap();
+        let kept = other.clone();
+        assert!(matches!(
+            other.revert(lim, &red, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept);
+
+        // A deleted tenant comes back; a tenant changed since stays.
+        let (before, after) = committed(&mut s, |s| s.delete_tenant("red", true).unwrap());
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants["red"], before.tenants["red"]);
+        let (before, after) = committed(&mut s, |s| {
+            s.add_rule("red", rule("r2", 2), None).unwrap();
+        });
+        s.add_rule("red", rule("r3", 3), None).unwrap();
+        let now = s.clone();
+        assert_eq!(
+            s.revert(lim, &red, &before, &after).unwrap(),
+            Reverted::Superseded
+        );
+        assert_eq!(s, now);
     }
 }

@@ -29,10 +29,13 @@
 //! [`Compiled`] snapshot and published through a [`SwitchHandle`]; each
 //! worker picks up a new snapshot between bursts (one atomic load per
 //! turn) and starts it with an empty MAC table, so no verdict or learned
-//! port of an older configuration survives the switch.
+//! port of an older configuration survives the switch. A worker that takes
+//! a new snapshot stores its generation (one more atomic store, only
+//! then), so the handle can tell when every worker has taken one
+//! ([`SwitchHandle::taken`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::classify::{AclRule, Classifier};
@@ -950,6 +953,8 @@ struct Shared {
     current: Mutex<Arc<Compiled>>,
     /// Replaced snapshots and the counts of those no worker holds any more.
     history: Mutex<History>,
+    /// The generation each pipeline has taken, for [`SwitchHandle::taken`].
+    pipelines: Mutex<Vec<Weak<AtomicU64>>>,
 }
 
 /// Counters of snapshots that are no longer current.
@@ -1005,6 +1010,7 @@ impl SwitchHandle {
                 ids: Mutex::new(ids),
                 current: Mutex::new(Arc::new(first)),
                 history: Mutex::new(History::default()),
+                pipelines: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -1093,6 +1099,36 @@ impl SwitchHandle {
         self.shared.generation.load(Ordering::Acquire)
     }
 
+    /// True once every pipeline still alive has taken configuration
+    /// `generation` (or a later one) at a turn; true without pipelines.
+    pub fn taken(&self, generation: u64) -> bool {
+        let mut all = self
+            .shared
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        all.retain(|p| p.strong_count() > 0);
+        all.iter().all(|p| {
+            p.upgrade()
+                .is_none_or(|g| g.load(Ordering::Acquire) >= generation)
+        })
+    }
+
+    /// Waits until [`SwitchHandle::taken`] holds for `generation`,
+    /// polling, for at most `limit`; answers whether it does.
+    pub fn wait_taken(&self, generation: u64, limit: Duration) -> bool {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(10);
+        while !self.taken(generation) {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+        true
+    }
+
     /// A pipeline for worker 0.
     pub fn pipeline(&self) -> SwitchPipeline {
         self.pipeline_for(0)
@@ -1107,6 +1143,15 @@ impl SwitchHandle {
         let (max, per_tenant) = compiled.conntrack;
         let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
         conns.reserve_tenants(compiled.tracking.len());
+        let taken = Arc::new(AtomicU64::new(generation));
+        let mut all = self
+            .shared
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        all.retain(|p| p.strong_count() > 0);
+        all.push(Arc::downgrade(&taken));
+        drop(all);
         SwitchPipeline {
             conns,
             cache: FlowCache::new(compiled.flow_cache_entries),
@@ -1115,6 +1160,7 @@ impl SwitchHandle {
             shard: worker % compiled.shards.len().max(1),
             compiled,
             worker,
+            taken,
             unix_now: 0,
             macs,
             neighbours: hashbrown::HashMap::with_capacity(NEIGHBOURS_MAX),
@@ -1147,6 +1193,8 @@ pub struct SwitchPipeline {
     cache: FlowCache,
     shared: Arc<Shared>,
     generation: u64,
+    /// `generation`, for the handle to see (stored when it changes).
+    taken: Arc<AtomicU64>,
     compiled: Arc<Compiled>,
     /// This worker's index.
     worker: usize,
@@ -1781,6 +1829,7 @@ impl Pipeline for SwitchPipeline {
             self.macs.clear();
             self.conns.reserve_tenants(self.compiled.tracking.len());
             self.store_gauges();
+            self.taken.store(self.generation, Ordering::Release);
         }
         let elapsed = self.epoch.elapsed();
         self.now_us = elapsed.as_micros() as u64;
@@ -2645,6 +2694,40 @@ mod tests {
         let g = h.generation();
         p.turn();
         assert_eq!(p.generation, g);
+    }
+
+    #[test]
+    fn the_handle_waits_until_every_pipeline_took_a_configuration() {
+        let (h, mut p) = switch(2, vec![tenant("t1", &[(0, 0), (1, 0)], true)]);
+        let mut q = h.pipeline_for(1);
+        let gone = h.pipeline_for(2);
+        assert!(h.taken(h.generation()), "they start with the current one");
+        let g = h
+            .publish(&SwitchConfig {
+                ports: 2,
+                tenants: vec![tenant("t1", &[(0, 0), (1, 0)], false)],
+                ..SwitchConfig::default()
+            })
+            .unwrap()
+            .generation;
+        drop(gone);
+        let waiter = {
+            let h = h.clone();
+            std::thread::spawn(move || h.wait_taken(g, Duration::from_secs(30)))
+        };
+        assert!(!h.wait_taken(g, Duration::from_millis(20)));
+        p.turn();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "one pipeline has not turned");
+        assert!(!h.taken(g));
+        q.turn();
+        assert!(waiter.join().unwrap());
+        assert!(h.taken(g));
+        // Once every pipeline is gone there is nobody to wait for.
+        drop((p, q));
+        let h2 = SwitchHandle::new(&SwitchConfig::default()).unwrap();
+        let g2 = h2.publish(&SwitchConfig::default()).unwrap().generation;
+        assert!(h2.wait_taken(g2, Duration::ZERO));
     }
 
     #[test]

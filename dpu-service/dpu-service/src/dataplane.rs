@@ -3,19 +3,27 @@
 //! worker threads running the per-tenant switch, the feed from the control
 //! plane's state into the switch, and the port counters for gRPC telemetry
 //! and `/metrics`.
+//!
+//! The feed follows the store ([`Feed::follow`]) and reports each
+//! generation once every worker has taken it, or the switch's refusal of
+//! it, so that a tenant, rule or attachment call returns only once every
+//! worker switches by its change ([`dpu_control::apply`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dpu_control::apply::{self, Applied};
 use dpu_control::model::{Action, Attachment, IpPrefix, Rule, SourceGuard, State, Timestamp};
+use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::switch::{
-    Attach, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig, Vtep,
+    Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig,
+    Vtep,
 };
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
 
@@ -279,27 +287,113 @@ pub struct Feed {
     base: SwitchConfig,
 }
 
+/// How long the feed waits on a blocking thread for the workers to take a
+/// configuration before it looks whether a newer state has come.
+const TAKE_SLICE: Duration = Duration::from_millis(50);
+
 impl Feed {
-    /// Compiles `state` into the switch and publishes it to the workers.
-    pub fn apply(&self, state: &State) {
+    /// Compiles `state` into the switch and publishes it to the workers;
+    /// answers the switch's generation for it, which each worker takes at
+    /// its next turn.
+    ///
+    /// # Errors
+    /// The switch's refusal; it keeps the previous configuration.
+    pub fn apply(&self, state: &State) -> Result<u64, ConfigError> {
         let start = std::time::Instant::now();
         let cfg = switch_config(&self.base, &self.ids, state);
         let t = std::time::Instant::now();
         match self.switch.publish(&cfg) {
-            Ok(p) => tracing::info!(
-                generation = p.generation,
-                tenants = cfg.tenants.len(),
-                tenants_rebuilt = p.built,
-                tenants_patched = p.patched,
-                compile_ms = t.elapsed().as_secs_f64() * 1e3,
-                apply_ms = start.elapsed().as_secs_f64() * 1e3,
-                "switch configuration published"
-            ),
+            Ok(p) => {
+                tracing::info!(
+                    generation = p.generation,
+                    tenants = cfg.tenants.len(),
+                    tenants_rebuilt = p.built,
+                    tenants_patched = p.patched,
+                    compile_ms = t.elapsed().as_secs_f64() * 1e3,
+                    apply_ms = start.elapsed().as_secs_f64() * 1e3,
+                    "switch configuration published"
+                );
+                Ok(p.generation)
+            }
             // The control plane validated the state; reaching this is a bug
             // worth a loud log, and the previous configuration stays.
-            Err(e) => tracing::error!("switch configuration refused, previous one kept: {e}"),
+            Err(e) => {
+                tracing::error!("switch configuration refused, previous one kept: {e}");
+                Err(e)
+            }
         }
     }
+
+    /// Publishes every state `state` publishes from now on (the newest,
+    /// when several arrived while one was being published), having
+    /// published generation `applied` already, and reports each
+    /// generation once every worker has taken it, or the switch's refusal
+    /// naming the tenants at fault, through the answered [`Applied`], for
+    /// tenant calls to wait on. A worker slow to take a configuration
+    /// holds up its report, never the next state, whose report covers it.
+    ///
+    /// Compiling runs on a blocking thread (large rule sets take a
+    /// while). Should it panic, following stops: the task ends, and
+    /// waiting calls fail rather than hang.
+    pub fn follow(
+        self,
+        state: &StateHandle,
+        applied: u64,
+    ) -> (tokio::task::JoinHandle<()>, Applied) {
+        let (reporter, waiters) = apply::follow("the switch", applied);
+        let mut rx = state.subscribe();
+        let feed = Arc::new(self);
+        let task = tokio::spawn(async move {
+            'states: while rx.changed().await.is_ok() {
+                let p = rx.borrow_and_update().clone();
+                let f = feed.clone();
+                let published = tokio::task::spawn_blocking(move || {
+                    let g = f.apply(&p.state)?;
+                    Ok::<_, ConfigError>((g, f.switch.wait_taken(g, TAKE_SLICE)))
+                })
+                .await;
+                let (g, mut taken) = match published {
+                    Ok(Ok(v)) => v,
+                    Ok(Err(e)) => {
+                        reporter.refuse(p.generation, e.to_string(), at_fault(&e));
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(generation = p.generation, error = %e, "publishing to the switch failed; the switch no longer follows changes");
+                        break;
+                    }
+                };
+                while !taken {
+                    if rx.has_changed().unwrap_or(true) {
+                        continue 'states;
+                    }
+                    let s = feed.switch.clone();
+                    taken = tokio::task::spawn_blocking(move || s.wait_taken(g, TAKE_SLICE))
+                        .await
+                        .unwrap_or(false);
+                }
+                reporter.report(p.generation, Vec::new());
+            }
+        });
+        (task, waiters)
+    }
+}
+
+/// The tenants a refusal of the switch concerns, named as the API does.
+fn at_fault(e: &ConfigError) -> Vec<String> {
+    let (tenant, other) = match e {
+        ConfigError::NoSuchPort { tenant, .. }
+        | ConfigError::BadVlan { tenant, .. }
+        | ConfigError::NoVtep { tenant, .. }
+        | ConfigError::BadVni { tenant, .. }
+        | ConfigError::DuplicateOrder { tenant, .. } => (tenant, None),
+        ConfigError::Overlap { tenant, other, .. }
+        | ConfigError::VniOverlap { tenant, other, .. } => (tenant, Some(other)),
+    };
+    std::iter::once(tenant)
+        .chain(other)
+        .map(|t| format!("tenants/{t}"))
+        .collect()
 }
 
 fn fmt_mac(m: [u8; 6]) -> String {
@@ -507,6 +601,151 @@ impl<D: Driver> CounterSource for PortSource<D> {
 mod tests {
     use super::*;
     use dpu_control::model::{PortRange, RuleSet, Tenant, Timestamp};
+    use dpu_dataplane::io::memory::MemoryDriver;
+    use dpu_dataplane::worker::{DropReason, Pipeline, Verdict};
+    use dpu_proto::v1 as pb;
+    use dpu_proto::v1::filter_service_server::FilterService;
+    use dpu_proto::v1::tenant_service_server::TenantService;
+    use tonic::Request;
+
+    /// A UDP/IPv4 frame from 10.0.0.1 to `dst`, to a MAC address nobody
+    /// has shown yet (so it floods).
+    fn udp_to(dst: [u8; 4]) -> Vec<u8> {
+        let mut f = vec![2, 0, 0, 0, 0, 9, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
+        let mut ip = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1];
+        ip.extend_from_slice(&dst);
+        let sum = dpu_dataplane::parse::ip_checksum(&ip);
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&[0x30, 0x39, 0, 53, 0, 8, 0, 0]);
+        f.resize(60, 0);
+        f
+    }
+
+    /// Polls `done` for up to 10 seconds.
+    async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..1000 {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Tenant and rule calls return only once every worker has taken their
+    /// change: a worker that has not turned since holds them up, and once
+    /// one returns, the running worker's very next packet meets the new
+    /// rule. Without workers nothing holds them up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tenant_calls_return_once_every_worker_took_their_change() {
+        let mut config: Config = toml::from_str(
+            "[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\n\
+             [[ports]]\nid = \"p1\"\ndriver = \"kernel\"\n",
+        )
+        .unwrap();
+        config.dataplane.idle = IdleMode::Backoff;
+        let ports: Vec<&PortConfig> = config.ports.iter().collect();
+        let ids = Arc::new(vec!["p0".to_string(), "p1".to_string()]);
+        let state = StateHandle::open(None).unwrap();
+        let first = state.published();
+        let driver = MemoryDriver::new(2);
+        let start = Start {
+            config: &config,
+            ports: &ports,
+            ids: &ids,
+            base: SwitchConfig {
+                ports: 2,
+                ..SwitchConfig::default()
+            },
+            state: &first.state,
+        };
+        let (mut workers, _counters, switch, base) = start.run(driver.clone()).unwrap();
+        // A second worker, which turns only when the test says.
+        let mut held = switch.pipeline_for(1);
+        let feed = Feed {
+            switch: switch.clone(),
+            ids,
+            base,
+        };
+        let (task, applied) = feed.follow(&state, first.generation);
+        let registry = config
+            .port_specs()
+            .into_iter()
+            .map(|p| (p.id.clone(), p))
+            .collect();
+        let api = crate::seed::tests::api_over(&state, registry, 0, None, Some(applied));
+
+        let attach = |port: &str| pb::Attachment {
+            kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+                port: format!("ports/{port}"),
+                ..Default::default()
+            })),
+        };
+        let create = tokio::spawn({
+            let api = api.clone();
+            let tenant = pb::Tenant {
+                attachments: vec![attach("p0"), attach("p1")],
+                default_policy: pb::DefaultPolicy::Allow as i32,
+                ..Default::default()
+            };
+            async move {
+                api.create_tenant(Request::new(pb::CreateTenantRequest {
+                    tenant_id: "red".into(),
+                    tenant: Some(tenant),
+                }))
+                .await
+            }
+        });
+        let deny = |dst: &str, priority| pb::AddRuleRequest {
+            parent: "tenants/red".into(),
+            rule: Some(pb::FilterRule {
+                priority,
+                dst_prefix: dst.into(),
+                action: pb::RuleAction::Deny as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !create.is_finished(),
+            "returned before every worker took it"
+        );
+        held.turn();
+        create.await.unwrap().unwrap();
+
+        let add = tokio::spawn({
+            let api = api.clone();
+            async move { api.add_rule(Request::new(deny("10.0.0.2/32", 10))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!add.is_finished(), "returned before every worker took it");
+        held.turn();
+        add.await.unwrap().unwrap();
+        let mut frame = udp_to([10, 0, 0, 2]);
+        let mut flood = Vec::new();
+        assert_eq!(
+            held.process(0, &mut frame, &mut flood),
+            Verdict::Drop(DropReason::AclDeny)
+        );
+        driver.inject(0, udp_to([10, 0, 0, 2])).unwrap();
+        assert!(
+            eventually(|| workers.totals().dropped(DropReason::AclDeny) == 1).await,
+            "the running worker dropped it"
+        );
+        assert!(driver.take_sent(1).is_empty());
+
+        // Workers gone, nothing to wait for.
+        drop(held);
+        workers.stop();
+        let rule = api.add_rule(Request::new(deny("10.0.0.3/32", 20)));
+        tokio::time::timeout(Duration::from_secs(10), rule)
+            .await
+            .expect("returns without workers")
+            .unwrap();
+        task.abort();
+    }
 
     fn rule(priority: u32) -> Rule {
         Rule {

@@ -164,19 +164,20 @@ async fn shutdown_signal() -> Result<&'static str> {
 
 async fn run(config: Config) -> Result<()> {
     let state = StateHandle::open(config.state.dir.as_deref())?;
+    let first = state.published();
     {
-        let s = state.snapshot();
+        let s = &first.state;
         tracing::info!(
             state_dir = ?config.state.dir,
             tenants = s.tenants.len(),
             subsystems = s.subsystems.len(),
             "state loaded"
         );
-        warn_dangling(&s, &config);
+        warn_dangling(s, &config);
     }
     let telemetry = Arc::new(Telemetry::default());
     let dp = if dataplane::wanted(&config).is_some() {
-        let (cfg, s) = (config.clone(), state.snapshot());
+        let (cfg, s) = (config.clone(), first.state.clone());
         let dp = tokio::task::spawn_blocking(move || dataplane::Dataplane::start(&cfg, &s))
             .await
             .context("data-plane start task")??;
@@ -186,19 +187,15 @@ async fn run(config: Config) -> Result<()> {
         tracing::info!("no port has a data-plane driver; switching is off");
         None
     };
-    let feed_task = dp.as_ref().map(|dp| {
-        let feed = dp.feed();
-        let mut rx = state.subscribe();
-        tokio::spawn(async move {
-            while rx.changed().await.is_ok() {
-                let p = rx.borrow_and_update().clone();
-                let feed_ref = &feed;
-                // Compiling large rule sets takes a while: off the runtime's workers.
-                tokio::task::block_in_place(|| feed_ref.apply(&p.state));
-            }
-        })
-    });
-    let first = state.published();
+    // Tenant, rule and attachment calls return once every worker has
+    // taken their change.
+    let (feed_task, switch_applied) = match &dp {
+        Some(dp) => {
+            let (task, applied) = dp.feed().follow(&state, first.generation);
+            (Some(task), Some(applied))
+        }
+        None => (None, None),
+    };
     let nvmf = {
         let s = first.state.clone();
         let discovery = config.storage.discovery_listen;
@@ -243,6 +240,7 @@ async fn run(config: Config) -> Result<()> {
             hostname: hostname(),
         },
         storage_applied: Some(storage_applied),
+        switch_applied,
     });
     let api = Api::new(ctl.clone());
     seed::seed_storage(&api, &config.storage).await?;

@@ -147,16 +147,18 @@ pub(crate) mod tests {
     /// limited to `ram_bytes` (the declared-tenant tests use it too).
     pub(crate) fn api_with(ports: PortRegistry, ram_bytes: u64) -> (Api, StateHandle) {
         let state = StateHandle::open(None).expect("in-memory state");
-        (api_over(&state, ports, ram_bytes, None), state)
+        (api_over(&state, ports, ram_bytes, None, None), state)
     }
 
     /// An API over `state` with `ports`, RAM namespaces limited to
-    /// `ram_bytes`, its storage calls waiting for `storage_applied`.
+    /// `ram_bytes`, its storage calls waiting for `storage_applied` and
+    /// its tenant calls for `switch_applied`.
     pub(crate) fn api_over(
         state: &StateHandle,
         ports: PortRegistry,
         ram_bytes: u64,
         storage_applied: Option<Applied>,
+        switch_applied: Option<Applied>,
     ) -> Api {
         let ctl = Arc::new(Control {
             state: state.clone(),
@@ -173,6 +175,7 @@ pub(crate) mod tests {
                 hostname: String::new(),
             },
             storage_applied,
+            switch_applied,
         });
         Api::new(ctl)
     }

@@ -30,9 +30,7 @@ impl FilterService for Api {
             let rule = validate::rule("rule", &req.rule_id, &pbr)?;
             let expected = req.expected_version;
             let (rule, version) = self
-                .ctl
-                .state
-                .mutate(move |s| {
+                .change_tenant(move |s| {
                     let mut rule = rule;
                     if rule.id.is_empty() {
                         let taken: Vec<String> = s
@@ -45,7 +43,7 @@ impl FilterService for Api {
                         rule.id = s.next_id("rule", |c| taken.iter().any(|t| t == c));
                     }
                     let v = s.add_rule(&tid, rule.clone(), expected)?;
-                    Ok((convert::rule(&tid, &rule), v))
+                    Ok(((convert::rule(&tid, &rule), v), tid))
                 })
                 .await?;
             Ok(pb::AddRuleResponse {
@@ -84,9 +82,10 @@ impl FilterService for Api {
             let (tid, rid) = validate::rule_name("name", &req.name)?;
             let (tid, rid) = (tid.to_string(), rid.to_string());
             let v = self
-                .ctl
-                .state
-                .mutate(move |s| s.delete_rule(&tid, &rid, req.expected_version))
+                .change_tenant(move |s| {
+                    let v = s.delete_rule(&tid, &rid, req.expected_version)?;
+                    Ok((v, tid))
+                })
                 .await?;
             Ok(pb::DeleteRuleResponse {
                 rule_set_version: v,
@@ -129,9 +128,10 @@ impl FilterService for Api {
             let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self
-                .ctl
-                .state
-                .mutate(move |s| s.replace_rules(&tid, rules, req.expected_version))
+                .change_tenant(move |s| {
+                    let v = s.replace_rules(&tid, rules, req.expected_version)?;
+                    Ok((v, tid))
+                })
                 .await?;
             Ok(pb::ReplaceRulesResponse {
                 rule_set_version: v,

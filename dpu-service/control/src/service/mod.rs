@@ -61,6 +61,11 @@ pub struct Control {
     /// cannot apply is undone. `None` when nothing serves storage (then
     /// the call returns once the change is stored).
     pub storage_applied: Option<Applied>,
+    /// How far the switch's workers have taken the state: a tenant, rule
+    /// or attachment call returns once every worker switches by its
+    /// change, and a change the switch refuses is undone. `None` without
+    /// a data plane (then the call returns once the change is stored).
+    pub switch_applied: Option<Applied>,
 }
 
 /// Implements every `dpu.v1` service over one [`Control`].
@@ -84,7 +89,8 @@ impl Api {
     ///
     /// # Errors
     /// The change's own error (nothing changed);
-    /// [`ControlError::CannotApply`] (the change was undone);
+    /// [`ControlError::CannotApply`] or, when the consumer refused the
+    /// whole state, [`ControlError::Rejected`] (the change was undone);
     /// [`ControlError::NotApplied`] (the change stays stored: the consumer
     /// has not reported on it, or it could not be undone).
     async fn change_served<T, F>(&self, consumer: Option<&Applied>, change: F) -> Result<T>
@@ -98,39 +104,63 @@ impl Api {
         };
         let resource = part.as_ref().map(Part::resource);
         let resources: Vec<&str> = resource.iter().map(String::as_str).collect();
-        let why = match consumer.wait(committed.generation, &resources).await {
-            Ok(()) => return Ok(out),
-            Err(Unapplied::Pending(why)) => return Err(ControlError::NotApplied(why)),
-            Err(Unapplied::Problems(why)) => why,
-        };
+        let (why, undone): (_, fn(String) -> ControlError) =
+            match consumer.wait(committed.generation, &resources).await {
+                Ok(()) => return Ok(out),
+                Err(Unapplied::Pending(why)) => return Err(ControlError::NotApplied(why)),
+                Err(Unapplied::Problems(why)) => (why, ControlError::CannotApply),
+                Err(Unapplied::Refused(why)) => (why, ControlError::Rejected),
+            };
         Err(match part {
-            Some(part) => self.undo(consumer, part, committed, why).await,
+            Some(part) => self.undo(consumer, part, committed, why, undone).await,
             None => ControlError::NotApplied(why),
         })
     }
 
+    /// Runs a change to the tenant whose ID `change` answers and, when the
+    /// switch follows the state, waits until every worker has taken it; a
+    /// change the switch refuses is undone.
+    ///
+    /// # Errors
+    /// As [`Api::change_served`].
+    async fn change_tenant<T, F>(&self, change: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<(T, String)> + Send + 'static,
+    {
+        self.change_served(self.ctl.switch_applied.as_ref(), move |s| {
+            change(s).map(|(out, id)| (out, Some(Part::Tenant(id))))
+        })
+        .await
+    }
+
     /// Undoes what `committed` did to `part`, which `consumer` could not
     /// apply for `why`, and waits until the consumer has applied the state
-    /// without it; answers the call's error.
+    /// without it; answers the call's error, made by `undone` if the
+    /// change was undone.
     async fn undo(
         &self,
         consumer: &Applied,
         part: Part,
         committed: Committed,
         why: String,
+        undone: fn(String) -> ControlError,
     ) -> ControlError {
         let limits = self.ctl.limits;
-        let undone = self
+        let resource = part.resource();
+        let reverted = self
             .ctl
             .state
             .mutate_committed(move |s| s.revert(limits, &part, &committed.before, &committed.after))
             .await;
-        match undone {
+        match reverted {
             Ok((Reverted::Done, c)) => {
-                if let Err(e) = consumer.wait(c.generation, &[]).await {
-                    tracing::warn!(error = %e, "the state without an undone change is not applied yet");
+                // Naming the part, so that a consumer which still cannot
+                // apply it (or refuses the state for it) answers at once.
+                if let Err(e) = consumer.wait(c.generation, &[resource.as_str()]).await {
+                    tracing::warn!(%resource, error = %e, "the state without an undone change is not applied");
                 }
-                ControlError::CannotApply(format!("{why}; the change was undone"))
+                undone(format!("{why}; the change was undone"))
             }
             Ok((Reverted::Superseded, _)) => ControlError::NotApplied(format!(
                 "{why}; a later change to it stands, so it was not undone"
@@ -179,6 +209,9 @@ impl Api {
             Err(ControlError::CannotApply(e)) => {
                 tracing::warn!(method, error = %e, "not applied; undone")
             }
+            Err(ControlError::Rejected(e)) => {
+                tracing::error!(method, error = %e, "rejected by the data plane; undone")
+            }
             Err(e) => tracing::debug!(method, error = %e, "refused"),
         }
         r.map(Response::new).map_err(Status::from)
@@ -187,16 +220,19 @@ impl Api {
 
 #[cfg(test)]
 impl Api {
-    /// An API over `state` with no ports, `limits`, its storage calls
-    /// waiting for `storage_applied`.
+    /// An API over `state` with `ports` and `limits`, its storage calls
+    /// waiting for `storage_applied` and its tenant calls for
+    /// `switch_applied`.
     pub(crate) fn for_tests(
         state: StateHandle,
+        ports: PortRegistry,
         limits: Limits,
         storage_applied: Option<Applied>,
+        switch_applied: Option<Applied>,
     ) -> Api {
         Api::new(Arc::new(Control {
             state,
-            ports: PortRegistry::new(),
+            ports,
             telemetry: Arc::new(Telemetry::default()),
             limits,
             facts: ServiceFacts {
@@ -209,7 +245,63 @@ impl Api {
                 hostname: String::new(),
             },
             storage_applied,
+            switch_applied,
         }))
+    }
+}
+
+/// Stand-ins for the consumers of the state, for the services' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::watch;
+
+    use crate::apply::{self, Applied, Problem};
+    use crate::model::State;
+    use crate::state::Limits;
+    use crate::store::{Published, StateHandle};
+
+    /// Limits for tests: 1 MiB of RAM namespaces.
+    pub(crate) const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
+
+    /// A consumer called `name` following `state`, which applies nothing
+    /// while `paused` holds true and then applies the newest state:
+    /// `judge` answers what it cannot serve of it, or why it refuses it
+    /// and the resources at fault. Answers its [`Applied`] and the newest
+    /// state it applied.
+    pub(crate) fn follower(
+        name: &'static str,
+        state: &StateHandle,
+        judge: impl Fn(&State) -> Result<Vec<Problem>, (String, Vec<String>)> + Send + 'static,
+        mut paused: watch::Receiver<bool>,
+    ) -> (Applied, Arc<Mutex<Published>>) {
+        let (reporter, applied) = apply::follow(name, state.published().generation);
+        let seen = Arc::new(Mutex::new(state.published()));
+        let mut rx = state.subscribe();
+        let last = seen.clone();
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                if paused.wait_for(|p| !*p).await.is_err() {
+                    return;
+                }
+                let p = rx.borrow_and_update().clone();
+                match judge(&p.state) {
+                    Ok(problems) => {
+                        *last.lock().unwrap() = p.clone();
+                        reporter.report(p.generation, problems);
+                    }
+                    Err((why, at_fault)) => reporter.refuse(p.generation, why, at_fault),
+                }
+            }
+        });
+        (applied, seen)
+    }
+
+    /// Waits until the store has published `generation`.
+    pub(crate) async fn stored(state: &StateHandle, generation: u64) {
+        let mut rx = state.subscribe();
+        rx.wait_for(|p| p.generation >= generation).await.unwrap();
     }
 }
 

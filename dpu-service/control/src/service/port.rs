@@ -91,11 +91,9 @@ impl PortService for Api {
             let tid = validate::name("tenant", &req.tenant, "tenants")?.to_string();
             let ctl = self.ctl.clone();
             let t = self
-                .ctl
-                .state
-                .mutate(move |s| {
-                    s.attach(&ctl.ports, &tid, Attachment::port_vlan(&port, vlan))
-                        .map(convert::tenant)
+                .change_tenant(move |s| {
+                    let t = s.attach(&ctl.ports, &tid, Attachment::port_vlan(&port, vlan))?;
+                    Ok((convert::tenant(t), tid))
                 })
                 .await?;
             Ok(t)
@@ -112,9 +110,10 @@ impl PortService for Api {
             let port = validate::name("port", &req.port, "ports")?.to_string();
             let vlan = validate::vlan("vlan_id", req.vlan_id)?;
             let t = self
-                .ctl
-                .state
-                .mutate(move |s| s.detach(&port, vlan).map(convert::tenant))
+                .change_tenant(move |s| {
+                    let t = s.detach(&port, vlan)?;
+                    Ok((convert::tenant(t), t.id.clone()))
+                })
                 .await?;
             Ok(t)
         })

@@ -410,52 +410,29 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::apply::{self, Applied, Problem};
+    use crate::apply::Problem;
     use crate::model::Backend;
-    use crate::state::Limits;
-    use crate::store::{Published, StateHandle};
+    use crate::service::testing::{follower, stored, LIMITS};
+    use crate::store::StateHandle;
 
-    const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
-
-    /// A stand-in for the NVMe-oF target following `state`: it cannot
-    /// serve a file namespace under a directory listed in `missing`, and
-    /// applies nothing while `paused` holds true. Answers its [`Applied`]
-    /// and the newest state it applied.
-    fn follower(
-        state: &StateHandle,
-        missing: Arc<Mutex<Vec<String>>>,
-        paused: watch::Receiver<bool>,
-    ) -> (Applied, Arc<Mutex<Published>>) {
-        let (reporter, applied) = apply::follow("the target", state.published().generation);
-        let seen = Arc::new(Mutex::new(state.published()));
-        let mut rx = state.subscribe();
-        let last = seen.clone();
-        tokio::spawn(async move {
-            let mut paused = paused;
-            while rx.changed().await.is_ok() {
-                if paused.wait_for(|p| !*p).await.is_err() {
-                    return;
-                }
-                let p = rx.borrow_and_update().clone();
-                let missing = missing.lock().unwrap().clone();
-                let mut problems = Vec::new();
-                for (sid, sub) in &p.state.subsystems {
-                    for n in sub.namespaces.values() {
-                        if let Backend::File { path, .. } = &n.backend {
-                            if missing.iter().any(|m| path.starts_with(m.as_str())) {
-                                problems.push(Problem {
-                                    resource: crate::convert::namespace_name(sid, n.nsid),
-                                    reason: format!("{path}: no such directory"),
-                                });
-                            }
-                        }
+    /// What a stand-in NVMe-oF target cannot serve of `state`: a file
+    /// namespace under a directory listed in `missing`.
+    fn unservable(state: &State, missing: &Mutex<Vec<String>>) -> Vec<Problem> {
+        let missing = missing.lock().unwrap();
+        let mut problems = Vec::new();
+        for (sid, sub) in &state.subsystems {
+            for n in sub.namespaces.values() {
+                if let Backend::File { path, .. } = &n.backend {
+                    if missing.iter().any(|m| path.starts_with(m.as_str())) {
+                        problems.push(Problem {
+                            resource: convert::namespace_name(sid, n.nsid),
+                            reason: format!("{path}: no such directory"),
+                        });
                     }
                 }
-                *last.lock().unwrap() = p.clone();
-                reporter.report(p.generation, problems);
             }
-        });
-        (applied, seen)
+        }
+        problems
     }
 
     fn namespace(ns: pb::namespace::Backend) -> Request<pb::CreateNamespaceRequest> {
@@ -488,12 +465,6 @@ mod tests {
         .unwrap();
     }
 
-    /// Waits until the store has published `generation`.
-    async fn stored(state: &StateHandle, generation: u64) {
-        let mut rx = state.subscribe();
-        rx.wait_for(|p| p.generation >= generation).await.unwrap();
-    }
-
     /// A change the target reports it could not apply is undone, in the
     /// store, on disk and in the target, while a change published between
     /// it and the report stays; the call fails naming the resource and
@@ -504,8 +475,18 @@ mod tests {
         let state = StateHandle::open(Some(dir.path())).unwrap();
         let missing = Arc::new(Mutex::new(vec!["/missing/".to_string()]));
         let (pause, paused) = watch::channel(false);
-        let (applied, seen) = follower(&state, missing.clone(), paused);
-        let api = Api::for_tests(state.clone(), LIMITS, Some(applied));
+        let judge = {
+            let missing = missing.clone();
+            move |s: &State| Ok(unservable(s, &missing))
+        };
+        let (applied, seen) = follower("the target", &state, judge, paused);
+        let api = Api::for_tests(
+            state.clone(),
+            Default::default(),
+            LIMITS,
+            Some(applied),
+            None,
+        );
         create_subsystem(&api).await;
         let g = state.published().generation;
 

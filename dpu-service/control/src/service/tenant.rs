@@ -34,10 +34,11 @@ impl TenantService for Api {
             };
             let ctl = self.ctl.clone();
             let out = convert::tenant(&tenant);
-            self.ctl
-                .state
-                .mutate(move |s| s.create_tenant(&ctl.ports, tenant))
-                .await?;
+            self.change_tenant(move |s| {
+                let id = tenant.id.clone();
+                s.create_tenant(&ctl.ports, tenant).map(|()| ((), id))
+            })
+            .await?;
             Ok(out)
         })
         .await
@@ -108,9 +109,10 @@ impl TenantService for Api {
             }
             let ctl = self.ctl.clone();
             let updated = self
-                .ctl
-                .state
-                .mutate(move |s| s.update_tenant(&ctl.ports, &id, u).map(convert::tenant))
+                .change_tenant(move |s| {
+                    let t = convert::tenant(s.update_tenant(&ctl.ports, &id, u)?);
+                    Ok((t, id))
+                })
                 .await?;
             Ok(updated)
         })
@@ -124,12 +126,137 @@ impl TenantService for Api {
         self.write("/dpu.v1.TenantService/DeleteTenant", async {
             let req = req.into_inner();
             let id = validate::name("name", &req.name, "tenants")?.to_string();
-            self.ctl
-                .state
-                .mutate(move |s| s.delete_tenant(&id, req.force))
+            self.change_tenant(move |s| s.delete_tenant(&id, req.force).map(|()| ((), id)))
                 .await?;
             Ok(pb::DeleteTenantResponse {})
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dpu_proto::v1::filter_service_server::FilterService;
+    use tokio::sync::watch;
+    use tonic::Code;
+
+    use super::*;
+    use crate::apply::Problem;
+    use crate::model::{PortRole, PortSpec, State};
+    use crate::service::testing::{follower, stored, LIMITS};
+    use crate::state::PortRegistry;
+    use crate::store::StateHandle;
+
+    /// A stand-in for the switch: it refuses a state in which a rule's
+    /// description is "refuse me", naming that rule's tenant.
+    fn judge(s: &State) -> Result<Vec<Problem>, (String, Vec<String>)> {
+        for t in s.tenants.values() {
+            if let Some(r) = t.rules.rules.iter().find(|r| r.description == "refuse me") {
+                return Err((
+                    format!("tenant {}: rule {} does not compile", t.id, r.id),
+                    vec![format!("tenants/{}", t.id)],
+                ));
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn p0() -> PortRegistry {
+        let p = PortSpec {
+            id: "p0".into(),
+            driver: "none".into(),
+            device: String::new(),
+            role: PortRole::Software,
+        };
+        [("p0".to_string(), p)].into()
+    }
+
+    fn create(id: &str, vlan: u32) -> Request<pb::CreateTenantRequest> {
+        Request::new(pb::CreateTenantRequest {
+            tenant_id: id.into(),
+            tenant: Some(pb::Tenant {
+                attachments: vec![pb::Attachment {
+                    kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
+                        port: "ports/p0".into(),
+                        vlan_id: vlan,
+                        ..Default::default()
+                    })),
+                }],
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn add_rule(id: &str, description: &str) -> Request<pb::AddRuleRequest> {
+        Request::new(pb::AddRuleRequest {
+            parent: "tenants/red".into(),
+            rule_id: id.into(),
+            rule: Some(pb::FilterRule {
+                priority: 10,
+                action: pb::RuleAction::Deny as i32,
+                description: description.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// A tenant call returns once the switch has taken its change; one
+    /// the switch refuses is undone (in the state file too) and fails
+    /// naming why, while a change published between it and the refusal
+    /// waits for the state without it, and stays.
+    #[tokio::test]
+    async fn a_change_the_switch_refuses_is_undone_and_others_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateHandle::open(Some(dir.path())).unwrap();
+        let (pause, paused) = watch::channel(false);
+        let (applied, seen) = follower("the switch", &state, judge, paused);
+        let api = Api::for_tests(state.clone(), p0(), LIMITS, None, Some(applied));
+        api.create_tenant(create("red", 10)).await.unwrap();
+        let g = state.published().generation;
+
+        pause.send_replace(true);
+        let refused = tokio::spawn({
+            let api = api.clone();
+            async move { api.add_rule(add_rule("bad", "refuse me")).await }
+        });
+        stored(&state, g + 1).await;
+        let blue = tokio::spawn({
+            let api = api.clone();
+            async move { api.create_tenant(create("blue", 20)).await }
+        });
+        stored(&state, g + 2).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            !refused.is_finished() && !blue.is_finished(),
+            "no call returns before the switch has taken its change"
+        );
+        pause.send_replace(false);
+
+        blue.await.unwrap().unwrap();
+        let err = refused.await.unwrap().unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        assert_eq!(
+            err.message(),
+            "the switch refused the state holding the change \
+             (tenant red: rule bad does not compile); the change was undone"
+        );
+        let now = state.published();
+        assert_eq!(now.generation, g + 3, "the undo is a change of its own");
+        assert!(now.state.tenants.contains_key("blue"));
+        let red = &now.state.tenants["red"].rules;
+        assert!(red.rules.is_empty());
+        assert_eq!(red.version, 2, "the undo is a new version");
+        assert_eq!(
+            *seen.lock().unwrap().state,
+            *now.state,
+            "the switch took it"
+        );
+        drop(state);
+        let reopened = StateHandle::open(Some(dir.path())).unwrap();
+        assert_eq!(*reopened.snapshot(), *now.state, "the undo is persisted");
+
+        let added = api.add_rule(add_rule("good", "")).await.unwrap();
+        assert_eq!(added.into_inner().rule_set_version, 3);
     }
 }
