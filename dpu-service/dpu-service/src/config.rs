@@ -277,7 +277,8 @@ pub struct StorageConfig {
     /// I/O queue `qid` of every controller pins its thread to
     /// `io_cpus[(qid - 1) % len]` once it is connected, so a host's queues
     /// spread over them; listeners, admin and discovery queues run on the
-    /// process's other CPUs (anywhere if these are all of them). Each must
+    /// process's other CPUs (anywhere if these are all of them), and so do
+    /// the control plane's threads, off the workers' CPUs too. Each must
     /// be a CPU the process may use, listed once, and no data-plane
     /// worker's (`dataplane.worker_cpus`). Empty (the default): NVMe/TCP
     /// threads run where the scheduler puts them.

@@ -10,6 +10,7 @@
 mod config;
 mod dataplane;
 mod metrics;
+mod runtime;
 mod seed;
 mod seed_tenants;
 mod storage;
@@ -73,18 +74,28 @@ fn main() -> ExitCode {
             }
         };
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("dpu-control")
-        .build()
-    {
+    // The CPUs this process may use: nothing has pinned this thread yet.
+    let all = match dpdk::os::current_thread_cpus() {
+        Ok(all) => Some(all),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read this process's CPUs; the control plane's threads run anywhere");
+            None
+        }
+    };
+    let control = all
+        .as_deref()
+        .and_then(|all| runtime::control_cpus(all, &config));
+    let runtime = match runtime::build("dpu-control", control.clone()) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("dpu-service: error: starting the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    if let Some(cpus) = &control {
+        runtime::keep_to(cpus);
+    }
+    match runtime.block_on(run(config, all)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -162,7 +173,9 @@ async fn shutdown_signal() -> Result<&'static str> {
     }
 }
 
-async fn run(config: Config) -> Result<()> {
+/// Runs the daemon until a signal stops it; `all` are the CPUs of the
+/// process, on which the data plane and the NVMe/TCP target start.
+async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let state = StateHandle::open(config.state.dir.as_deref())?;
     let first = state.published();
     {
@@ -178,9 +191,8 @@ async fn run(config: Config) -> Result<()> {
     let telemetry = Arc::new(Telemetry::default());
     let dp = if dataplane::wanted(&config).is_some() {
         let (cfg, s) = (config.clone(), first.state.clone());
-        let dp = tokio::task::spawn_blocking(move || dataplane::Dataplane::start(&cfg, &s))
-            .await
-            .context("data-plane start task")??;
+        let start = move || dataplane::Dataplane::start(&cfg, &s);
+        let dp = runtime::start_on(all.clone(), "the data plane", start).await??;
         telemetry.register(dp.counters());
         Some(dp)
     } else {
@@ -202,9 +214,9 @@ async fn run(config: Config) -> Result<()> {
         let tcp = config.storage.transport();
         // Placement was checked with the configuration; this only fails
         // if the process's CPUs changed since.
-        tokio::task::spawn_blocking(move || storage::Storage::start(&s, discovery, &tcp))
-            .await
-            .context("NVMe/TCP target start task")?
+        let start = move || storage::Storage::start(&s, discovery, &tcp);
+        runtime::start_on(all, "the NVMe/TCP target", start)
+            .await?
             .map_err(|e| anyhow::anyhow!("storage.{e}"))?
     };
     telemetry.register(nvmf.counters(state.clone()));
