@@ -1102,13 +1102,7 @@ impl SwitchHandle {
     /// True once every pipeline still alive has taken configuration
     /// `generation` (or a later one) at a turn; true without pipelines.
     pub fn taken(&self, generation: u64) -> bool {
-        let mut all = self
-            .shared
-            .pipelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        all.retain(|p| p.strong_count() > 0);
-        all.iter().all(|p| {
+        self.live_pipelines().iter().all(|p| {
             p.upgrade()
                 .is_none_or(|g| g.load(Ordering::Acquire) >= generation)
         })
@@ -1129,6 +1123,18 @@ impl SwitchHandle {
         true
     }
 
+    /// The generations the pipelines took, those of dropped ones
+    /// forgotten.
+    fn live_pipelines(&self) -> std::sync::MutexGuard<'_, Vec<Weak<AtomicU64>>> {
+        let mut all = self
+            .shared
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        all.retain(|p| p.strong_count() > 0);
+        all
+    }
+
     /// A pipeline for worker 0.
     pub fn pipeline(&self) -> SwitchPipeline {
         self.pipeline_for(0)
@@ -1144,14 +1150,7 @@ impl SwitchHandle {
         let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
         conns.reserve_tenants(compiled.tracking.len());
         let taken = Arc::new(AtomicU64::new(generation));
-        let mut all = self
-            .shared
-            .pipelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        all.retain(|p| p.strong_count() > 0);
-        all.push(Arc::downgrade(&taken));
-        drop(all);
+        self.live_pipelines().push(Arc::downgrade(&taken));
         SwitchPipeline {
             conns,
             cache: FlowCache::new(compiled.flow_cache_entries),

@@ -548,9 +548,80 @@ pub fn current_thread_cpus() -> io::Result<Vec<usize>> {
         .collect())
 }
 
+/// Parses a CPU list as Linux writes them ("0-3,6"); `None` if it is
+/// not one.
+pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                if a > b {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+/// The CPUs each thread of this process named `name` may run on, as the
+/// kernel reports them (`Cpus_allowed_list` in `/proc/self/task/*/status`):
+/// how a placement can be checked from outside the threads.
+///
+/// # Errors
+/// If the task list cannot be read, or a thread's CPU list is not one.
+pub fn thread_cpus_by_name(name: &str) -> io::Result<Vec<Vec<usize>>> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(str::trim)
+                .unwrap_or_default()
+        };
+        if field("Name:") == name {
+            let list = field("Cpus_allowed_list:");
+            found.push(parse_cpu_list(list).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("CPU list {list:?}"))
+            })?);
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_linux_writes_them() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("1"), Some(vec![1]));
+        assert_eq!(parse_cpu_list(""), Some(vec![]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+    }
+
+    #[test]
+    fn this_threads_cpus_are_found_by_its_name() {
+        let me = std::thread::Builder::new()
+            .name("cpus-by-name".into())
+            .spawn(|| {
+                let mine = current_thread_cpus().unwrap();
+                (mine, thread_cpus_by_name("cpus-by-name").unwrap())
+            })
+            .unwrap();
+        let (mine, found) = me.join().unwrap();
+        assert_eq!(found, [mine]);
+        assert!(thread_cpus_by_name("no-such-thread").unwrap().is_empty());
+    }
 
     #[test]
     fn interface_names_are_checked_before_the_kernel_sees_them() {

@@ -106,40 +106,9 @@ pub async fn start_on<T: Send + 'static>(
 mod tests {
     use super::*;
 
-    /// Parses a Linux CPU list ("0-3,6").
-    fn parse_cpu_list(s: &str) -> Vec<usize> {
-        let mut out = Vec::new();
-        for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-            match part.split_once('-') {
-                Some((a, b)) => out.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
-                None => out.push(part.parse().unwrap()),
-            }
-        }
-        out
-    }
-
-    /// The CPUs each thread of this process named `name` may run on, as
-    /// the kernel reports them (`/proc/self/task/*/status`).
+    /// The CPUs each thread of this process named `name` may run on.
     fn cpus_of(name: &str) -> Vec<Vec<usize>> {
-        let mut found = Vec::new();
-        for task in std::fs::read_dir("/proc/self/task").unwrap() {
-            let dir = task.unwrap().path();
-            let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
-                continue; // the thread ended meanwhile
-            };
-            let field = |key: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .map(str::trim)
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            if field("Name:") == name {
-                found.push(parse_cpu_list(&field("Cpus_allowed_list:")));
-            }
-        }
-        found
+        dpdk::os::thread_cpus_by_name(name).expect("thread CPU lists")
     }
 
     fn config(text: &str) -> Config {

@@ -134,7 +134,7 @@ pub(crate) mod tests {
     use std::sync::Arc;
 
     use dpu_control::apply::Applied;
-    use dpu_control::model::{Backend, Timestamp};
+    use dpu_control::model::Backend;
     use dpu_control::service::{Control, ServiceFacts};
     use dpu_control::state::{Limits, PortRegistry};
     use dpu_control::store::StateHandle;
@@ -165,15 +165,7 @@ pub(crate) mod tests {
             ports,
             telemetry: Arc::new(Telemetry::default()),
             limits: Limits { ram_bytes },
-            facts: ServiceFacts {
-                version: String::new(),
-                target_triple: String::new(),
-                dpdk_version: String::new(),
-                dataplane_driver: String::new(),
-                capabilities: Vec::new(),
-                start_time: Timestamp::now(),
-                hostname: String::new(),
-            },
+            facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
         });

@@ -43,6 +43,21 @@ pub struct ServiceFacts {
     pub hostname: String,
 }
 
+impl Default for ServiceFacts {
+    /// Nothing known but the start time, now (a service under test).
+    fn default() -> Self {
+        ServiceFacts {
+            version: String::new(),
+            target_triple: String::new(),
+            dpdk_version: String::new(),
+            dataplane_driver: String::new(),
+            capabilities: Vec::new(),
+            start_time: Timestamp::now(),
+            hostname: String::new(),
+        }
+    }
+}
+
 /// Everything the services share.
 #[derive(Debug)]
 pub struct Control {
@@ -235,15 +250,7 @@ impl Api {
             ports,
             telemetry: Arc::new(Telemetry::default()),
             limits,
-            facts: ServiceFacts {
-                version: String::new(),
-                target_triple: String::new(),
-                dpdk_version: String::new(),
-                dataplane_driver: String::new(),
-                capabilities: Vec::new(),
-                start_time: Timestamp::now(),
-                hostname: String::new(),
-            },
+            facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
         }))
