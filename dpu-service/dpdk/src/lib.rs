@@ -10,7 +10,8 @@
 //! - [`Port`]: an ethdev port configured with RX/TX queues (symmetric RSS
 //!   when there are several), and its [`RxQueue`]/[`TxQueue`] handles.
 //! - [`os`]: packet sockets (`AF_PACKET`) for the kernel driver, interface
-//!   queries and CPU affinity; [`hint`]: cache prefetch. They need no
+//!   queries and CPU affinity; [`hint`]: cache prefetch; [`hugemem`]:
+//!   anonymous memory in transparent huge pages. They need no
 //!   DPDK: without the `eal` feature (on by default) they are all this
 //!   crate builds.
 //!
@@ -24,6 +25,7 @@ mod eal;
 #[cfg(feature = "eal")]
 mod error;
 pub mod hint;
+pub mod hugemem;
 #[cfg(feature = "eal")]
 mod mbuf;
 #[cfg(feature = "eal")]

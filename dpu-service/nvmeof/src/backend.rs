@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
+use dpdk::hugemem::{HugeMem, HUGE_PAGE};
 use rustix::fs::{AtFlags, FallocateFlags, OFlags, StatxFlags};
 use rustix::io::{Errno, ReadWriteFlags};
 
@@ -118,17 +119,21 @@ const ZERO_CHUNK: u64 = 1 << 20;
 // RAM
 // ---------------------------------------------------------------------------
 
-/// Bytes per RAM segment.
-const SEGMENT: u64 = 1 << 20;
+/// Bytes per RAM segment: one huge page.
+const SEGMENT: u64 = HUGE_PAGE as u64;
 
 /// One RAM segment: `None` until written, and again once zeroed whole.
-type Segment = RwLock<Option<Box<[u8]>>>;
+type Segment = RwLock<Option<HugeMem>>;
 
-/// Memory, allocated a segment (1 MiB) at a time as it is written; segments
-/// never written, or zeroed or deallocated whole, read as zeros and hold no
-/// memory. Each segment has its own lock, so I/O to different segments runs
-/// in parallel; the segment table's lock is taken for writing only by
-/// [`Backend::resize`].
+/// Memory, allocated a segment (2 MiB, one huge page) at a time as it is
+/// written; segments never written, or zeroed or deallocated whole, read as
+/// zeros and hold no memory. Each segment has its own lock, so I/O to
+/// different segments runs in parallel; the segment table's lock is taken
+/// for writing only by [`Backend::resize`].
+///
+/// Segments ask for transparent huge pages: random 4 KiB reads over a
+/// large namespace then miss the TLB once per 2 MiB rather than on almost
+/// every read, which roughly halves the cost of copying the data out.
 #[derive(Debug)]
 pub struct RamBackend {
     /// Size in bytes; changed only under the table's write lock.
@@ -153,7 +158,7 @@ impl RamBackend {
         }
     }
 
-    /// Memory held for data, in bytes (a multiple of the 1 MiB segment).
+    /// Memory held for data, in bytes (a multiple of the 2 MiB segment).
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed) * SEGMENT
     }
@@ -228,14 +233,26 @@ impl Backend for RamBackend {
     }
 
     fn write_at(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {
+        let mut failed = None;
         self.each(offset, data.len() as u64, |seg, at, r, _| {
             let mut s = write(seg);
-            let d = s.get_or_insert_with(|| {
-                self.allocated.fetch_add(1, Ordering::Relaxed);
-                vec![0u8; SEGMENT as usize].into_boxed_slice()
-            });
-            d[at..at + r.len()].copy_from_slice(&data[r]);
-        })
+            if s.is_none() {
+                match HugeMem::zeroed(SEGMENT as usize) {
+                    Ok(m) => {
+                        self.allocated.fetch_add(1, Ordering::Relaxed);
+                        *s = Some(m);
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        return;
+                    }
+                }
+            }
+            if let Some(d) = s.as_mut() {
+                d[at..at + r.len()].copy_from_slice(&data[r]);
+            }
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -1016,31 +1033,33 @@ mod tests {
 
     #[test]
     fn ram_memory_is_lazy_and_freed() {
-        let b = RamBackend::new(8 * MIB + 5);
+        const SEG: u64 = SEGMENT;
+        let b = RamBackend::new(8 * SEG + 5);
         assert_eq!(
             (b.kind(), b.len(), b.allocated_bytes()),
-            ("ram", 8 * MIB + 5, 0)
+            ("ram", 8 * SEG + 5, 0)
         );
         assert!(!b.volatile_write_cache());
         assert!(is_zero(&read(&b, 0, b.len() as usize)));
         assert_eq!(b.allocated_bytes(), 0);
-        b.write_at(MIB - 1, &[1, 2], false).unwrap();
-        assert_eq!(b.allocated_bytes(), 2 * MIB);
-        b.write_at(8 * MIB, &[7; 5], false).unwrap();
-        assert_eq!(b.allocated_bytes(), 3 * MIB);
+        b.write_at(SEG - 1, &[1, 2], false).unwrap();
+        assert_eq!(b.allocated_bytes(), 2 * SEG);
+        b.write_at(8 * SEG, &[7; 5], false).unwrap();
+        assert_eq!(b.allocated_bytes(), 3 * SEG);
         // Partial zeroing keeps a segment, whole-segment zeroing frees it.
-        b.write_zeroes(0, MIB - 1).unwrap();
-        b.deallocate(MIB + 1, MIB - 1).unwrap();
-        assert_eq!(b.allocated_bytes(), 3 * MIB);
-        b.deallocate(0, 2 * MIB).unwrap();
-        assert_eq!(b.allocated_bytes(), MIB);
+        b.write_zeroes(0, SEG - 1).unwrap();
+        b.deallocate(SEG + 1, SEG - 1).unwrap();
+        assert_eq!(b.allocated_bytes(), 3 * SEG);
+        assert_eq!(read(&b, SEG - 2, 4), [0, 1, 2, 0]);
+        b.deallocate(0, 2 * SEG).unwrap();
+        assert_eq!(b.allocated_bytes(), SEG);
         // The last, partial segment counts as whole when zeroed to the end.
-        b.write_zeroes(8 * MIB, 5).unwrap();
+        b.write_zeroes(8 * SEG, 5).unwrap();
         assert_eq!(b.allocated_bytes(), 0);
-        b.write_at(3 * MIB, &[1], false).unwrap();
-        b.write_at(7 * MIB, &[1], false).unwrap();
-        b.resize(5 * MIB).unwrap();
-        assert_eq!(b.allocated_bytes(), MIB);
+        b.write_at(3 * SEG, &[1], false).unwrap();
+        b.write_at(7 * SEG, &[1], false).unwrap();
+        b.resize(5 * SEG).unwrap();
+        assert_eq!(b.allocated_bytes(), SEG);
         b.resize(0).unwrap();
         assert_eq!((b.len(), b.allocated_bytes()), (0, 0));
         assert!(b.is_empty());
