@@ -155,6 +155,13 @@ const SPARE_BUFFERS: usize = 16;
 /// behind the header; below it, the copy costs less than another slice.
 pub const SEND_FROM_BUFFER: usize = 16 * 1024;
 
+/// Completions of a batch of block requests after which
+/// [`Connection::execute_requests`] first lets the transport send. On
+/// loopback with 4 KiB random reads at QD 32, 8 gave 1.5x the IOPS of one
+/// send per batch, more than 4 or 16 did, and cost nothing at QD 128 or
+/// with 128 KiB reads.
+pub const FIRST_SEND: usize = 8;
+
 /// Initial capacity of the buffer PDUs are encoded into.
 const OUT_CAPACITY: usize = 64 * 1024;
 
@@ -309,6 +316,25 @@ impl Connection {
     /// The next block request to run, if any.
     pub fn next_request(&mut self) -> Option<BlockRequest> {
         self.requests.pop_front()
+    }
+
+    /// Runs every waiting block request on the calling thread, calling
+    /// `send` once the first [`FIRST_SEND`] have completed, then after 16,
+    /// 32, ... in all: a transport sends the output there, so the host has
+    /// its first answers, and sends its next commands, while the rest of
+    /// a deep batch runs. Returns how many requests ran; what the last
+    /// ones produced is left in the output.
+    pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
+        let (mut done, mut send_at) = (0, FIRST_SEND);
+        while let Some(r) = self.next_request() {
+            self.complete(r.execute());
+            done += 1;
+            if done == send_at {
+                send_at *= 2;
+                send(self);
+            }
+        }
+        done
     }
 
     /// Bytes to send to the host (the output is left empty).

@@ -482,9 +482,11 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
                 placement.place_queue(qid, discovery, peer);
             }
         }
-        while let Some(r) = conn.next_request() {
-            conn.complete(r.execute());
-        }
+        conn.execute_requests(|conn| {
+            if let Err(e) = send_output(&mut stream, conn) {
+                conn.close(&format!("write failed: {e}"));
+            }
+        });
         let now = Instant::now();
         if now.duration_since(last_tick) >= TICK {
             last_tick = now;

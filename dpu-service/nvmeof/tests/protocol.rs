@@ -638,6 +638,49 @@ fn deallocate_and_write_zeroes_read_back_zeros() {
     assert!(r[4096..].iter().all(|&b| b == 0));
 }
 
+/// A deep batch of reads lets the transport send after the first
+/// `FIRST_SEND` answers, then after twice as many in all, and so on; the
+/// answers come in order and the last ones wait in the output.
+#[test]
+fn a_deep_batch_is_sent_in_growing_parts() {
+    let t = target(&[]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    // Within the queue's 32 entries: sends after 8 and 16 answers.
+    let f = dpu_nvmeof::conn::FIRST_SEND;
+    let n = 3 * f + f / 2;
+    let cids: Vec<u16> = (0..n as u64)
+        .map(|i| {
+            let sqe = q.rw_sqe(1, nvm::READ, i, 1);
+            q.submit(&sqe);
+            sqe.cid()
+        })
+        .collect();
+    let mut parts = Vec::new();
+    let ran = q.conn.execute_requests(|c| parts.push(c.take_output()));
+    parts.push(q.conn.take_output());
+    assert_eq!(ran, n);
+    let mut answered = Vec::new();
+    let mut sizes = Vec::new();
+    for part in parts {
+        q.inbox.extend(part);
+        let before = answered.len();
+        while let Some(p) = q.next_pdu() {
+            match p {
+                Owned::Data { data, .. } => assert_eq!(data.len(), 512),
+                Owned::Resp(c) => {
+                    assert_eq!(c.status, 0);
+                    answered.push(c.cid);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        sizes.push(answered.len() - before);
+    }
+    assert_eq!(sizes, [f, f, n - 2 * f]);
+    assert_eq!(answered, cids);
+}
+
 /// Random and mutated command streams on a live controller's queues: the
 /// target answers or terminates, never panics, and the target stays usable.
 #[test]
