@@ -150,6 +150,9 @@ fn sized(buf: &mut Vec<u8>, len: usize) {
 /// holding more than a few MiB per connection.
 const SPARE_BUFFERS: usize = 16;
 
+/// Most buffers to encode PDUs into a connection keeps for reuse.
+const SPARE_OUT: usize = 4;
+
 /// Read data of at least this many bytes goes out from its own buffer, its
 /// C2HData header beside it in a vectored write, instead of being copied
 /// behind the header; below it, the copy costs less than another slice.
@@ -248,13 +251,19 @@ pub struct Connection {
     pub(crate) aers: Vec<u16>,
     /// Output being encoded, after everything in `tx`.
     out: Vec<u8>,
-    /// Output ahead of `out`, in order: buffers of encoded PDUs and read
-    /// data sent from its own buffer ([`SEND_FROM_BUFFER`]).
-    tx: VecDeque<Vec<u8>>,
+    /// Output ahead of `out`, in order: buffers of encoded PDUs (flagged
+    /// `true`) and read data sent from its own buffer
+    /// ([`SEND_FROM_BUFFER`]).
+    tx: VecDeque<(Vec<u8>, bool)>,
     /// Bytes of the front of the output (the first of `tx`, else `out`)
     /// already sent.
     sent: usize,
+    /// Data buffers for reuse, which keep their length: a read of the
+    /// same size as an earlier one zeroes nothing before it fills its
+    /// buffer.
     spare: Vec<Vec<u8>>,
+    /// Buffers to encode PDUs into, for reuse.
+    spare_out: Vec<Vec<u8>>,
     close_reason: Option<String>,
 }
 
@@ -284,6 +293,7 @@ impl Connection {
             tx: VecDeque::new(),
             sent: 0,
             spare: Vec::new(),
+            spare_out: Vec::new(),
             close_reason: None,
         }
     }
@@ -359,10 +369,10 @@ impl Connection {
     /// side keeps its buffers).
     pub fn drain_output_into(&mut self, buf: &mut Vec<u8>) {
         let mut skip = std::mem::take(&mut self.sent);
-        while let Some(c) = self.tx.pop_front() {
+        while let Some((c, pdus)) = self.tx.pop_front() {
             buf.extend_from_slice(&c[skip..]);
             skip = 0;
-            self.recycle(c);
+            self.release(c, pdus);
         }
         buf.extend_from_slice(&self.out[skip..]);
         self.out.clear();
@@ -379,7 +389,11 @@ impl Connection {
     /// never copied. Report what the write took with
     /// [`Connection::output_sent`].
     pub fn output_slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
-        let chunks = self.tx.iter().chain(std::iter::once(&self.out));
+        let chunks = self
+            .tx
+            .iter()
+            .map(|(c, _)| c)
+            .chain(std::iter::once(&self.out));
         let mut n = 0;
         for (i, c) in chunks.enumerate() {
             if n == slices.len() {
@@ -398,14 +412,14 @@ impl Connection {
     /// [`Connection::output_slices`] lent); their buffers are reused.
     pub fn output_sent(&mut self, n: usize) {
         let mut n = n + std::mem::take(&mut self.sent);
-        while let Some(front) = self.tx.front() {
+        while let Some((front, _)) = self.tx.front() {
             if n < front.len() {
                 self.sent = n;
                 return;
             }
             n -= front.len();
-            if let Some(c) = self.tx.pop_front() {
-                self.recycle(c);
+            if let Some((c, pdus)) = self.tx.pop_front() {
+                self.release(c, pdus);
             }
         }
         if n < self.out.len() {
@@ -418,12 +432,13 @@ impl Connection {
     /// Queues `data` to be sent from its own buffer after the output so far.
     fn send_buffer(&mut self, data: Vec<u8>) {
         if !self.out.is_empty() {
-            let mut next = self.spare.pop().unwrap_or_default();
+            let mut next = self.spare_out.pop().unwrap_or_default();
             next.clear();
             next.reserve(OUT_CAPACITY);
-            self.tx.push_back(std::mem::replace(&mut self.out, next));
+            self.tx
+                .push_back((std::mem::replace(&mut self.out, next), true));
         }
-        self.tx.push_back(data);
+        self.tx.push_back((data, false));
     }
 
     /// True once the connection is over: send what output is left, then
@@ -840,6 +855,15 @@ impl Connection {
         let mut buf = self.spare.pop().unwrap_or_default();
         sized(&mut buf, len);
         buf
+    }
+
+    /// Keeps a sent buffer: `pdus` when it held encoded PDUs, else data.
+    fn release(&mut self, buf: Vec<u8>, pdus: bool) {
+        if !pdus {
+            self.recycle(buf);
+        } else if self.spare_out.len() < SPARE_OUT {
+            self.spare_out.push(buf);
+        }
     }
 
     /// Keeps a data buffer for a later command.
