@@ -277,11 +277,11 @@ pub struct StorageConfig {
     /// I/O queue `qid` of every controller pins its thread to
     /// `io_cpus[(qid - 1) % len]` once it is connected, so a host's queues
     /// spread over them; listeners, admin and discovery queues run on the
-    /// process's other CPUs (anywhere if these are all of them), and so do
-    /// the control plane's threads, off the workers' CPUs too. Each must
+    /// process's other CPUs, off the data-plane workers' too (anywhere if
+    /// that leaves none), and so do the control plane's threads. Each must
     /// be a CPU the process may use, listed once, and no data-plane
     /// worker's (`dataplane.worker_cpus`). Empty (the default): NVMe/TCP
-    /// threads run where the scheduler puts them.
+    /// threads run where the scheduler puts them, off the workers' CPUs.
     pub io_cpus: Vec<usize>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
@@ -380,15 +380,6 @@ pub enum SeedTransport {
     /// NVMe/TCP.
     #[default]
     Tcp,
-}
-
-impl StorageConfig {
-    /// How the NVMe/TCP transport places its threads.
-    pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
-        dpu_nvmeof::TcpConfig {
-            io_cpus: self.io_cpus.clone(),
-        }
-    }
 }
 
 impl SeedSubsystem {
@@ -1035,6 +1026,21 @@ impl Config {
         Ok(())
     }
 
+    /// How the NVMe/TCP transport places its threads: I/O queues on
+    /// `storage.io_cpus`, and, when a data plane runs, nothing on its
+    /// workers' CPUs (`dataplane.worker_cpus`).
+    pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
+        let workers = if crate::dataplane::wanted(self).is_some() {
+            self.dataplane.worker_cpus.clone()
+        } else {
+            Vec::new()
+        };
+        dpu_nvmeof::TcpConfig {
+            io_cpus: self.storage.io_cpus.clone(),
+            avoid_cpus: workers,
+        }
+    }
+
     /// Checks `[storage]`: the I/O CPUs against the data plane's and the
     /// CPUs this process may use; the declared subsystems, namespaces and
     /// listeners with the rules the API applies to them. Names the
@@ -1048,8 +1054,7 @@ impl Config {
                 );
             }
         }
-        self.storage
-            .transport()
+        self.transport()
             .validate()
             .map_err(|e| anyhow::anyhow!("storage.{e}"))?;
         let mut ids = BTreeSet::new();
@@ -1821,12 +1826,25 @@ allow_any_host = true
         // Unset: nothing pinned, nothing asked of the machine.
         let c = load("").unwrap();
         assert!(c.storage.io_cpus.is_empty());
-        assert_eq!(c.storage.transport(), dpu_nvmeof::TcpConfig::default());
+        assert_eq!(c.transport(), dpu_nvmeof::TcpConfig::default());
         let allowed = dpdk::os::current_thread_cpus().unwrap();
         let &cpu = allowed.last().unwrap();
         let c = load(&format!("[storage]\nio_cpus = [{cpu}]\n")).unwrap();
-        assert_eq!(c.storage.transport().io_cpus, [cpu]);
-        assert_eq!(c.storage.transport().io_cpu(7), Some(cpu));
+        assert_eq!(c.transport().io_cpus, [cpu]);
+        assert_eq!(c.transport().io_cpu(7), Some(cpu));
+        // The target's threads keep off the workers' CPUs when a data
+        // plane runs them.
+        let workers = format!("[dataplane]\nworker_cpus = [{cpu}]\n");
+        let c = load(&workers).unwrap();
+        assert!(
+            c.transport().avoid_cpus.is_empty(),
+            "no ports, no data plane"
+        );
+        let c = load(&format!(
+            "[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"lo\"\n{workers}"
+        ))
+        .unwrap();
+        assert_eq!(c.transport().avoid_cpus, [cpu]);
         for (text, want) in [
             (
                 "[storage]\nio_cpus = [100000]\n".to_string(),

@@ -211,7 +211,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let nvmf = {
         let s = first.state.clone();
         let discovery = config.storage.discovery_listen;
-        let tcp = config.storage.transport();
+        let tcp = config.transport();
         // Placement was checked with the configuration; this only fails
         // if the process's CPUs changed since.
         let start = move || storage::Storage::start(&s, discovery, &tcp);

@@ -56,12 +56,27 @@ pub struct TcpConfig {
     /// Each must be among the CPUs the process may use, once. Empty (the
     /// default): no thread is pinned.
     pub io_cpus: Vec<usize>,
+    /// CPUs other work of the process holds, such as the data plane's
+    /// poll-mode workers: no thread of the transport runs there. Listeners,
+    /// admin and discovery queues, and I/O queues when `io_cpus` is empty,
+    /// keep to the allowed CPUs less `io_cpus` and these (anywhere, when
+    /// that leaves none). None of them may be in `io_cpus`; CPUs outside
+    /// the allowed set are ignored.
+    pub avoid_cpus: Vec<usize>,
 }
 
 /// Why a [`TcpConfig`] was refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TcpConfigError {
+    /// A CPU of `io_cpus` is also in `avoid_cpus`.
+    #[error("io_cpus[{index}]: CPU {cpu} is one the transport must keep off (held by other work)")]
+    AvoidedCpu {
+        /// Position in `io_cpus`.
+        index: usize,
+        /// The CPU.
+        cpu: usize,
+    },
     /// A CPU is listed twice in `io_cpus`.
     #[error("io_cpus[{index}]: CPU {cpu} is listed twice")]
     DuplicateCpu {
@@ -100,28 +115,37 @@ impl TcpConfig {
 
     /// Checks `io_cpus` against the CPUs this process may use (those of
     /// the calling thread, which are the process's until something pins
-    /// it). Makes no system call when `io_cpus` is empty.
+    /// it). Makes no system call when `io_cpus` and `avoid_cpus` are empty.
     ///
     /// # Errors
-    /// A CPU listed twice or outside the allowed set, naming it; or the
-    /// allowed set could not be read.
+    /// A CPU listed twice, outside the allowed set or in `avoid_cpus`,
+    /// naming it; or the allowed set could not be read.
     pub fn validate(&self) -> Result<(), TcpConfigError> {
         self.placement().map(drop)
     }
 
     /// The placement of the threads, checked against the allowed CPUs.
     fn placement(&self) -> Result<Placement, TcpConfigError> {
-        if self.io_cpus.is_empty() {
+        if self.io_cpus.is_empty() && self.avoid_cpus.is_empty() {
             return Ok(Placement::default());
         }
         let allowed = dpdk::os::current_thread_cpus().map_err(TcpConfigError::Affinity)?;
         self.check(&allowed)?;
+        let others: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|c| !self.io_cpus.contains(c) && !self.avoid_cpus.contains(c))
+            .collect();
+        if others.is_empty() {
+            tracing::warn!(
+                io_cpus = %cpu_list(&self.io_cpus),
+                avoid_cpus = %cpu_list(&self.avoid_cpus),
+                "no CPU is left for the NVMe/TCP listeners and admin queues; they run anywhere"
+            );
+        }
         Ok(Placement {
             config: self.clone(),
-            others: allowed
-                .into_iter()
-                .filter(|c| !self.io_cpus.contains(c))
-                .collect(),
+            others,
         })
     }
 
@@ -130,6 +154,9 @@ impl TcpConfig {
         for (index, &cpu) in self.io_cpus.iter().enumerate() {
             if self.io_cpus[..index].contains(&cpu) {
                 return Err(TcpConfigError::DuplicateCpu { index, cpu });
+            }
+            if self.avoid_cpus.contains(&cpu) {
+                return Err(TcpConfigError::AvoidedCpu { index, cpu });
             }
             if !allowed.contains(&cpu) {
                 return Err(TcpConfigError::CpuNotAllowed {
@@ -173,15 +200,16 @@ fn cpu_list(cpus: &[usize]) -> String {
 #[derive(Debug, Default)]
 struct Placement {
     config: TcpConfig,
-    /// The allowed CPUs that are not I/O CPUs: the listeners' and (by
-    /// inheritance) every connection's until it is an I/O queue. Empty:
-    /// leave those threads where they are.
+    /// The allowed CPUs that are neither I/O CPUs nor avoided: the
+    /// listeners' and (by inheritance) every connection's unless it is
+    /// pinned as an I/O queue. Empty: leave those threads where they are.
     others: Vec<usize>,
 }
 
 impl Placement {
-    /// Restricts the calling (listener) thread to the non-I/O CPUs.
-    fn keep_off_io_cpus(&self, what: &str) {
+    /// Restricts the calling (listener) thread to the CPUs neither for I/O
+    /// queues nor avoided.
+    fn keep_to_others(&self, what: &str) {
         if self.others.is_empty() {
             return;
         }
@@ -321,7 +349,7 @@ impl TcpTransport {
             .spawn(move || {
                 // Connection threads inherit this set until they know
                 // their queue.
-                placement.keep_off_io_cpus("listener");
+                placement.keep_to_others("listener");
                 for s in sock.incoming() {
                     if stop_l.load(Ordering::Acquire) || stop_all.load(Ordering::Acquire) {
                         break;
@@ -513,6 +541,7 @@ mod tests {
     fn cfg(io_cpus: &[usize]) -> TcpConfig {
         TcpConfig {
             io_cpus: io_cpus.to_vec(),
+            avoid_cpus: Vec::new(),
         }
     }
 
@@ -538,6 +567,14 @@ mod tests {
         );
         let e = cfg(&[2, 3, 2]).check(&allowed).unwrap_err();
         assert_eq!(e.to_string(), "io_cpus[2]: CPU 2 is listed twice");
+        let avoiding = TcpConfig {
+            avoid_cpus: vec![1, 9],
+            ..cfg(&[2, 1])
+        };
+        assert_eq!(
+            avoiding.check(&allowed).unwrap_err().to_string(),
+            "io_cpus[1]: CPU 1 is one the transport must keep off (held by other work)"
+        );
         // Against the real affinity: no machine has this CPU.
         let e = cfg(&[100_000]).validate().unwrap_err();
         assert!(
@@ -561,5 +598,25 @@ mod tests {
         let p = cfg(&[last]).placement().unwrap();
         assert_eq!(p.others, allowed[..allowed.len() - 1]);
         assert!(cfg(&[]).placement().unwrap().others.is_empty());
+        // Avoided CPUs are left out too, with or without I/O CPUs; unknown
+        // ones change nothing.
+        let &first = allowed.first().unwrap();
+        let avoid = |io: &[usize], avoid: &[usize]| {
+            TcpConfig {
+                avoid_cpus: avoid.to_vec(),
+                ..cfg(io)
+            }
+            .placement()
+            .unwrap()
+            .others
+        };
+        let middle: Vec<usize> = allowed[1..allowed.len() - 1].to_vec();
+        if allowed.len() > 1 {
+            assert_eq!(avoid(&[last], &[first]), middle);
+            assert_eq!(avoid(&[], &[first]), allowed[1..]);
+        }
+        assert_eq!(avoid(&[], &[100_000]), allowed);
+        // Nothing left: threads stay where they are.
+        assert!(avoid(&[], &allowed).is_empty());
     }
 }

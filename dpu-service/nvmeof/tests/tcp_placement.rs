@@ -1,7 +1,8 @@
 //! Where the kernel TCP transport runs its queues: hosts connect over
 //! loopback TCP, and the kernel's view of each serving thread
 //! (`/proc/self/task/*/status`) shows it pinned to its I/O CPU, or kept off
-//! the I/O CPUs while it serves an admin queue.
+//! the I/O CPUs (and CPUs held by other work) while it serves an admin
+//! queue.
 //!
 //! One test in this binary: it finds threads by name, and two transports
 //! alive at once would both have an `nvme-io-q1`.
@@ -19,7 +20,7 @@ const NQN: &str = "nqn.2024-01.io.example:placement";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-placement";
 
 /// A transport serving one RAM namespace on a loopback port of its own.
-fn serve(io_cpus: &[usize]) -> (TcpTransport, SocketAddr) {
+fn serve(io_cpus: &[usize], avoid_cpus: &[usize]) -> (TcpTransport, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let target = Target::new();
     let cfg = TargetConfig {
@@ -45,6 +46,7 @@ fn serve(io_cpus: &[usize]) -> (TcpTransport, SocketAddr) {
         target.clone(),
         &TcpConfig {
             io_cpus: io_cpus.to_vec(),
+            avoid_cpus: avoid_cpus.to_vec(),
         },
     )
     .unwrap();
@@ -150,7 +152,7 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     let (first, last) = (allowed[0], allowed[allowed.len() - 1]);
 
     // One I/O CPU: both I/O queues on it, everything else off it.
-    let (transport, addr) = serve(&[last]);
+    let (transport, addr) = serve(&[last], &[]);
     let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != last).collect();
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let (_q1, _) = queue(addr, 1, cntlid);
@@ -164,7 +166,7 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     stop(transport);
 
     // Two I/O CPUs: queues take them in turn, from the first listed.
-    let (transport, addr) = serve(&[last, first]);
+    let (transport, addr) = serve(&[last, first], &[]);
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let _qs: Vec<_> = (1..=3).map(|q| queue(addr, q, cntlid)).collect();
     assert_eq!(cpus_of_one("nvme-io-q1"), [last]);
@@ -183,10 +185,21 @@ fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
     stop(transport);
 
     // No I/O CPUs: nothing is pinned.
-    let (transport, addr) = serve(&[]);
+    let (transport, addr) = serve(&[], &[]);
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let (_q1, _) = queue(addr, 1, cntlid);
     assert_eq!(cpus_of_one("nvme-io-q1"), allowed);
     assert_eq!(cpus_of_one("nvme-admin"), allowed);
+    stop(transport);
+
+    // A CPU held by other work (a data-plane worker): no thread of the
+    // transport runs there, I/O queues without I/O CPUs included.
+    let (transport, addr) = serve(&[], &[last]);
+    let (_admin, cntlid) = queue(addr, 0, 0xffff);
+    let (_q1, _) = queue(addr, 1, cntlid);
+    assert_eq!(cpus_of_one("nvme-io-q1"), others);
+    assert_eq!(cpus_of_one("nvme-admin"), others);
+    let listener = format!("nvmf-listen-{}", addr.port());
+    assert_eq!(cpus_of_one(&listener[..listener.len().min(15)]), others);
     stop(transport);
 }
