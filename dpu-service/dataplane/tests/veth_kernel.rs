@@ -105,7 +105,11 @@ fn crossing(tag: &str, subnet: u8, queues: u16) {
     assert!(link.up && link.mtu == 1500, "{link:?}");
     w.stop();
     let t = w.totals();
-    assert!(t.rx_packets[0] >= 9 && t.rx_packets[1] >= 9, "{t:?}");
+    // At least what the exchanges above must send: from a, the ARP
+    // request, 3 echo requests, 3 echo replies and the tagged frame; from
+    // b, the ARP reply and 3 replies and 3 requests (b learned a's address
+    // from its ARP request). IPv6 autoconfiguration may add more.
+    assert!(t.rx_packets[0] >= 8 && t.rx_packets[1] >= 7, "{t:?}");
     // Nothing the driver sent came back to it: what crossed equals what
     // the workers received on the other side.
     let (s0, s1) = (driver.stats(0), driver.stats(1));
