@@ -477,10 +477,23 @@ struct Flat4 {
     runs: Vec<Rec>,
 }
 
+/// Most keys [`Classifier::lookup_multi`] walks side by side.
+pub const MULTI: usize = 32;
+
 /// Keys [`Classifier::lookup_batch`] walks side by side (a power of two).
 pub const BATCH: usize = 16;
 
 impl Flat4 {
+    /// No trees: every lookup misses.
+    const EMPTY: Flat4 = Flat4 {
+        trees: Vec::new(),
+        nodes: Vec::new(),
+        leaf0: 0,
+        pairs: Vec::new(),
+        run_at: Vec::new(),
+        runs: Vec::new(),
+    };
+
     fn new(rules: &[AclRule], trees: &[Tree]) -> Flat4 {
         fn kids<'t>(t: &'t Tree, n: &Node) -> &'t [u32] {
             &t.children[n.first as usize..n.first as usize + (1 << n.bits)]
@@ -697,6 +710,56 @@ impl Flat4 {
             for (&e, &i) in es.iter().zip(&lane) {
                 let i = usize::from(i);
                 best[i] = best[i].min(self.leaf_match(e, &keys[i], dead));
+            }
+        }
+    }
+
+    /// [`Flat4::lookup_many`] for keys of different sets: lane `i` looks
+    /// `keys[i]` up in `flats[i]` (with `deads[i]`), and every lane's walk
+    /// of its set's first tree, then of its second, and so on, runs side
+    /// by side with the others', so a burst spread over many tenants
+    /// overlaps as many loads as one tenant's would. Lanes whose set has
+    /// no tree at that index, or whose best rule so far comes before the
+    /// tree's first, sit the walk out; a lane at its leaf stays there.
+    #[inline]
+    fn lookup_lanes(flats: &[&Flat4], deads: &[Option<&[u64]>], keys: &[Key4], best: &mut [u32]) {
+        let n = keys
+            .len()
+            .min(best.len())
+            .min(flats.len())
+            .min(deads.len())
+            .min(MULTI);
+        best[..n].fill(u32::MAX);
+        let mut lane = [0u8; MULTI];
+        let mut es = [0 as Entry; MULTI];
+        // Each walking lane's nodes and key fields, side by side.
+        let mut nodes: [&[Entry]; MULTI] = [&[]; MULTI];
+        let mut dims = [[0u32; 8]; MULTI];
+        for t in 0.. {
+            let (mut lanes, mut depth) = (0, 0);
+            for i in 0..n {
+                if let Some(&(root, d, min_pos)) = flats[i].trees.get(t) {
+                    if min_pos < best[i] {
+                        lane[lanes] = i as u8;
+                        es[lanes] = root;
+                        nodes[lanes] = &flats[i].nodes;
+                        dims[lanes] = keys[i].dims;
+                        lanes += 1;
+                        depth = depth.max(d);
+                    }
+                }
+            }
+            if lanes == 0 {
+                break;
+            }
+            for _ in 0..depth {
+                for ((e, nodes), k) in es[..lanes].iter_mut().zip(&nodes).zip(&dims) {
+                    *e = step(nodes, k, *e);
+                }
+            }
+            for (&e, &i) in es[..lanes].iter().zip(&lane) {
+                let i = usize::from(i);
+                best[i] = best[i].min(flats[i].leaf_match(e, &keys[i], deads[i]));
             }
         }
     }
@@ -1286,6 +1349,55 @@ impl Classifier {
         }
     }
 
+    /// The tag of the first rule matching each key, like
+    /// [`Classifier::lookup_batch`], for keys of different classifiers:
+    /// `out[i]` answers `keys[i]` in `classifiers[i]`. The IPv4 keys of up
+    /// to [`MULTI`] lookups walk their trees side by side whatever
+    /// classifier they belong to (a burst spread over tenants has few keys
+    /// per tenant); IPv6 keys, and keys of a classifier with rules added
+    /// since its build, go through [`Classifier::lookup`].
+    ///
+    /// # Panics
+    /// If `classifiers` or `out` is shorter than `keys`.
+    pub fn lookup_multi(classifiers: &[&Classifier], keys: &[FlowKey], out: &mut [Option<u32>]) {
+        assert!(
+            classifiers.len() >= keys.len() && out.len() >= keys.len(),
+            "lookup_multi: classifiers or out shorter than keys"
+        );
+        for ((cs, keys), out) in classifiers
+            .chunks(MULTI)
+            .zip(keys.chunks(MULTI))
+            .zip(out.chunks_mut(MULTI))
+        {
+            let empty = Flat4::EMPTY;
+            let mut flats: [&Flat4; MULTI] = [&empty; MULTI];
+            let mut deads: [Option<&[u64]>; MULTI] = [None; MULTI];
+            let mut k4 = [Key4 {
+                dims: [0; 8],
+                packed: 0,
+            }; MULTI];
+            let mut slot = [0u8; MULTI];
+            let mut n = 0;
+            for (i, ((c, key), o)) in cs.iter().zip(keys).zip(out.iter_mut()).enumerate() {
+                if key.v6 || !c.overlay_rules.is_empty() {
+                    *o = c.lookup(key).map(|r| r.tag);
+                    continue;
+                }
+                flats[n] = &c.main.v4.flat;
+                deads[n] = (c.removed > 0).then_some(c.dead_v4.as_slice());
+                k4[n] = Key4::new(key);
+                slot[n] = i as u8;
+                n += 1;
+            }
+            let mut best = [u32::MAX; MULTI];
+            Flat4::lookup_lanes(&flats[..n], &deads[..n], &k4[..n], &mut best);
+            for (&i, &p) in slot[..n].iter().zip(&best) {
+                let i = usize::from(i);
+                out[i] = cs[i].main.v4.ids.get(p as usize).map(|&(_, tag)| tag);
+            }
+        }
+    }
+
     /// Number of live rules.
     pub fn len(&self) -> usize {
         self.live_main() + self.overlay_rules.len()
@@ -1677,6 +1789,58 @@ pub(crate) mod tests {
                 let keys: Vec<FlowKey> = (0..1000).map(|_| random_key(&mut rng, &rules)).collect();
                 check_batches(&c, &rules, &keys, &format!("seed {seed}, change {step}"));
             }
+        }
+    }
+
+    /// Keys spread over several classifiers (fresh, changed, empty),
+    /// looked up together in bursts of every size up to past [`MULTI`],
+    /// get each classifier's own answer.
+    #[test]
+    fn multi_classifier_lookups_agree_with_each_classifier() {
+        let mut rng = Rng(0x5eed);
+        let mut sets: Vec<(Classifier, Vec<AclRule>)> = [0usize, 5, 60, 700, 3000]
+            .iter()
+            .map(|&n| {
+                let rules = random_rules(&mut rng, n, 20);
+                (Classifier::build(&rules), rules)
+            })
+            .collect();
+        // One with removals and additions (dead rules and an overlay), one
+        // with removals only.
+        for (which, add) in [(3usize, 4usize), (4, 0)] {
+            let (c, rules) = &mut sets[which];
+            let remove: Vec<u32> = (0..5).map(|_| rules.swap_remove(0).order).collect();
+            let mut added = random_rules(&mut rng, add, 20);
+            for (j, a) in added.iter_mut().enumerate() {
+                a.order = 50_000_000 + j as u32;
+            }
+            rules.extend_from_slice(&added);
+            *c = c.with_changes(&remove, &added).expect("a small change");
+        }
+        let mut picks = Vec::new();
+        let mut keys = Vec::new();
+        for _ in 0..3000 {
+            let s = rng.below(sets.len() as u64) as usize;
+            picks.push(s);
+            keys.push(random_key(&mut rng, &sets[s].1));
+        }
+        let cs: Vec<&Classifier> = picks.iter().map(|&s| &sets[s].0).collect();
+        let mut out = vec![Some(u32::MAX); keys.len()];
+        let (mut at, mut size) = (0, 1);
+        while at < keys.len() {
+            let end = (at + size).min(keys.len());
+            Classifier::lookup_multi(&cs[at..end], &keys[at..end], &mut out[at..end]);
+            at = end;
+            size = size % (MULTI + 9) + 1;
+        }
+        for ((k, &s), &got) in keys.iter().zip(&picks).zip(&out) {
+            let (c, rules) = &sets[s];
+            assert_eq!(got, c.lookup(k).map(|r| r.tag), "set {s}, key {k:?}");
+            assert_eq!(
+                got,
+                reference(rules, k).map(|r| r.tag),
+                "set {s}, key {k:?}"
+            );
         }
     }
 

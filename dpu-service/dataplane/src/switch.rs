@@ -1568,65 +1568,66 @@ impl SwitchPipeline {
 
     /// Classifies, ahead of the frames' turns, the keys of the frames of
     /// `seen` that their tenants' rules must decide, listed in `todo` as
-    /// (frame index, tenant): tenant by tenant, in batches whose tree
-    /// walks overlap. `tags[i]` gets frame `i`'s answer.
+    /// (frame index, tenant): all of them at once, whatever their
+    /// tenant, so that their tree walks overlap. `tags[i]` gets frame
+    /// `i`'s answer.
     fn classify_ahead(
         &mut self,
         seen: &[Inspected],
-        todo: &mut [(u8, u32)],
+        todo: &[(u8, u32)],
         tags: &mut [Option<Option<u32>>],
     ) {
-        let mut n = todo.len();
         let compiled = &*self.compiled;
         let mut keys = [FlowKey::default(); BURST];
-        let mut at = [0u8; BURST];
+        let mut at = [(0u8, 0u32); BURST];
         let mut found = [None; BURST];
-        while n > 0 {
-            // Take the first tenant's frames; keep the others' for later.
-            let ti = todo[0].1;
+        let mut k = 0;
+        for &(i, ti) in todo.iter() {
             let t = &compiled.tenants[ti as usize];
-            let (mut k, mut rest) = (0, 0);
-            for j in 0..n {
-                let (i, tj) = todo[j];
-                if tj != ti {
-                    todo[rest] = todo[j];
-                    rest += 1;
+            let Seen::Switch {
+                l3: L3::Ip { key, .. },
+                ..
+            } = seen[usize::from(i)].seen
+            else {
+                continue;
+            };
+            if t.cached {
+                if let Some(hit) = self.cache.get(t.uid, &key, self.generation) {
+                    tags[usize::from(i)] = Some(hit);
                     continue;
                 }
-                let Seen::Switch {
-                    l3: L3::Ip { key, .. },
-                    ..
-                } = seen[usize::from(i)].seen
-                else {
-                    continue;
-                };
-                if t.cached {
-                    if let Some(hit) = self.cache.get(t.uid, &key, self.generation) {
-                        tags[usize::from(i)] = Some(hit);
-                        continue;
-                    }
-                }
-                keys[k] = key;
-                at[k] = i;
-                k += 1;
             }
-            n = rest;
-            t.classifier.lookup_batch(&keys[..k], &mut found[..k]);
-            // What the frames' turns read next, by tag: its misses start now,
-            // all together.
-            let cells = &compiled.shards[self.shard].rules[ti as usize];
-            for &tag in found[..k].iter().flatten() {
-                if let (Some(a), Some(c)) = (t.actions.get(tag as usize), cells.get(tag as usize)) {
+            keys[k] = key;
+            at[k] = (i, ti);
+            k += 1;
+        }
+        if k == 0 {
+            return;
+        }
+        // Every tenant's keys walk their trees together.
+        let mut classifiers = [&compiled.tenants[at[0].1 as usize].classifier; BURST];
+        for (c, &(_, ti)) in classifiers.iter_mut().zip(&at[..k]) {
+            *c = &compiled.tenants[ti as usize].classifier;
+        }
+        Classifier::lookup_multi(&classifiers[..k], &keys[..k], &mut found[..k]);
+        // What the frames' turns read next, by tag: its misses start now,
+        // all together.
+        let cells = &compiled.shards[self.shard].rules;
+        for (&(_, ti), &tag) in at[..k].iter().zip(&found[..k]) {
+            let ti = ti as usize;
+            if let (Some(tag), Some(t), Some(c)) = (tag, compiled.tenants.get(ti), cells.get(ti)) {
+                if let (Some(a), Some(c)) = (t.actions.get(tag as usize), c.get(tag as usize)) {
                     prefetch(a);
                     prefetch(c);
                 }
             }
-            for ((key, &i), &tag) in keys[..k].iter().zip(&at[..k]).zip(&found[..k]) {
-                if t.cached {
-                    self.cache.put(t.uid, key, self.generation, tag);
-                }
-                tags[usize::from(i)] = Some(tag);
+        }
+        for ((key, &(i, ti)), &tag) in keys[..k].iter().zip(&at[..k]).zip(&found[..k]) {
+            let t = &compiled.tenants[ti as usize];
+            if t.cached {
+                self.cache.put(t.uid, key, self.generation, tag);
             }
+            tags[usize::from(i)] = Some(tag);
         }
     }
 
@@ -1901,7 +1902,7 @@ impl Pipeline for SwitchPipeline {
             if seen.is_empty() {
                 continue;
             }
-            self.classify_ahead(&seen, &mut todo[..n], &mut tags);
+            self.classify_ahead(&seen, &todo[..n], &mut tags);
             for ((x, &tag), pkt) in seen.iter().zip(&tags).zip(&mut held) {
                 if let Some(pkt) = pkt.take() {
                     flood.clear();
