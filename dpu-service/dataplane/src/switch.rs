@@ -1578,8 +1578,12 @@ impl SwitchPipeline {
         tags: &mut [Option<Option<u32>>],
     ) {
         let compiled = &*self.compiled;
+        let Some(&(_, first)) = todo.first() else {
+            return;
+        };
         let mut keys = [FlowKey::default(); BURST];
         let mut at = [(0u8, 0u32); BURST];
+        let mut classifiers = [&compiled.tenants[first as usize].classifier; BURST];
         let mut found = [None; BURST];
         let mut k = 0;
         for &(i, ti) in todo.iter() {
@@ -1599,16 +1603,10 @@ impl SwitchPipeline {
             }
             keys[k] = key;
             at[k] = (i, ti);
+            classifiers[k] = &t.classifier;
             k += 1;
         }
-        if k == 0 {
-            return;
-        }
         // Every tenant's keys walk their trees together.
-        let mut classifiers = [&compiled.tenants[at[0].1 as usize].classifier; BURST];
-        for (c, &(_, ti)) in classifiers.iter_mut().zip(&at[..k]) {
-            *c = &compiled.tenants[ti as usize].classifier;
-        }
         Classifier::lookup_multi(&classifiers[..k], &keys[..k], &mut found[..k]);
         // What the frames' turns read next, by tag: its misses start now,
         // all together.

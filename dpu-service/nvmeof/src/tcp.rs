@@ -136,13 +136,6 @@ impl TcpConfig {
             .copied()
             .filter(|c| !self.io_cpus.contains(c) && !self.avoid_cpus.contains(c))
             .collect();
-        if others.is_empty() {
-            tracing::warn!(
-                io_cpus = %cpu_list(&self.io_cpus),
-                avoid_cpus = %cpu_list(&self.avoid_cpus),
-                "no CPU is left for the NVMe/TCP listeners and admin queues; they run anywhere"
-            );
-        }
         Ok(Placement {
             config: self.clone(),
             others,
@@ -271,6 +264,15 @@ impl TcpTransport {
     /// As [`TcpConfig::validate`].
     pub fn with_config(target: Target, config: &TcpConfig) -> Result<Self, TcpConfigError> {
         let placement = config.placement()?;
+        let placing = !config.io_cpus.is_empty() || !config.avoid_cpus.is_empty();
+        if placing && placement.others.is_empty() {
+            // Said once, here, not by every `validate`.
+            tracing::warn!(
+                io_cpus = %cpu_list(&config.io_cpus),
+                avoid_cpus = %cpu_list(&config.avoid_cpus),
+                "no CPU is left for the NVMe/TCP listeners and admin queues; they run anywhere"
+            );
+        }
         if !config.io_cpus.is_empty() {
             tracing::info!(
                 io_cpus = ?config.io_cpus,
