@@ -48,6 +48,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use dpdk::hint::prefetch;
+
 use crate::parse::FlowKey;
 
 /// Rules a leaf holds before the builder tries to cut it: two fit the
@@ -624,6 +626,15 @@ impl Flat4 {
         u32::MAX
     }
 
+    /// Starts loading the records of the leaf `e`.
+    #[inline(always)]
+    fn prefetch_leaf(&self, e: Entry) {
+        let leaf = (e as u32).wrapping_sub(self.leaf0) as usize;
+        if let Some(p) = self.pairs.get(leaf) {
+            prefetch(p);
+        }
+    }
+
     /// Position of the first rule (in order) matching `k` whose bit in
     /// `dead` is clear.
     #[inline]
@@ -683,6 +694,9 @@ impl Flat4 {
                 }
             }
         }
+        for &e in &es[..n] {
+            self.prefetch_leaf(e);
+        }
         for ((b, &e), k) in best.iter_mut().zip(&es).zip(keys) {
             *b = self.leaf_match(e, k, dead);
         }
@@ -706,6 +720,9 @@ impl Flat4 {
                 for (e, k) in es.iter_mut().zip(&dims) {
                     *e = step(&self.nodes, k, *e);
                 }
+            }
+            for &e in es.iter() {
+                self.prefetch_leaf(e);
             }
             for (&e, &i) in es.iter().zip(&lane) {
                 let i = usize::from(i);
@@ -756,6 +773,11 @@ impl Flat4 {
                 for ((e, nodes), k) in es[..lanes].iter_mut().zip(&nodes).zip(&dims) {
                     *e = step(nodes, k, *e);
                 }
+            }
+            // Every lane's leaf is known: start all their misses before
+            // the matches, whose branches would hold later lanes' loads.
+            for (&e, &i) in es[..lanes].iter().zip(&lane) {
+                flats[usize::from(i)].prefetch_leaf(e);
             }
             for (&e, &i) in es[..lanes].iter().zip(&lane) {
                 let i = usize::from(i);
