@@ -372,8 +372,11 @@ struct TenantCells {
     conntrack: AtomicU64,
 }
 
-/// One rule's counters in one worker's shard.
+/// One rule's counters in one worker's shard, on a cache line of its
+/// own: at 40 bytes, one rule in four had the counters a match bumps
+/// split over two lines, of which only the first was prefetched.
 #[derive(Debug, Default)]
+#[repr(align(64))]
 struct RuleCells {
     packets: AtomicU64,
     bytes: AtomicU64,
