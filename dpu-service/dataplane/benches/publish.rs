@@ -96,7 +96,7 @@ fn main() {
         std::path::Path::new(&path).exists(),
         "{path} is missing: run ../shared/bench/gen_data.py"
     );
-    let mut cfg = rules::switch_config(&path, false);
+    let mut cfg = rules::switch_config(&path, 0);
     if one {
         cfg = one_tenant(cfg);
     }

@@ -3,8 +3,8 @@
 //! stateless rules (the last one matches), counters included; with
 //! `--stateful` the matching rule is stateful, so after the first 65,536
 //! packets every packet is a connection-table hit (`--conntrack-max N`
-//! sizes the table, default the service's; `--flow-cache` turns on a
-//! 65,536-entry flow cache; `--rules 0`: no rules, the tenant's default
+//! sizes the table, default the service's; `--flow-cache N` puts an
+//! N-entry flow cache in front; `--rules 0`: no rules, the tenant's default
 //! policy allows). Frames go through `process_burst` in bursts
 //! of 32, as a worker hands them over; `--single` passes them one by one
 //! to `process` instead. Prints
@@ -64,7 +64,12 @@ fn main() {
             }
             "--stateful" => stateful = true,
             "--single" => single = true,
-            "--flow-cache" => flow_cache_entries = 65_536,
+            "--flow-cache" => {
+                flow_cache_entries = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--flow-cache N")
+            }
             "--conntrack-max" => {
                 conntrack_max = args
                     .next()

@@ -1,51 +1,74 @@
 //! An exact-match flow cache in front of the classifier, one per worker.
 //!
-//! It remembers, per tenant and 5-tuple, which rule the classifier found
-//! (or that none matched), stamped with the configuration generation the
-//! answer came from. A lookup only answers for the generation the worker
-//! runs now, so no verdict of an older rule set is ever served: a new
-//! configuration makes every entry a miss at once, without a flush.
+//! It remembers, per tenant and IPv4 5-tuple, which rule the classifier
+//! found (or that none matched), stamped with the configuration generation
+//! the answer came from. A lookup only answers for the generation the
+//! worker runs now, so no verdict of an older rule set is ever served: a
+//! new configuration makes every entry a miss at once, without a flush.
 //!
-//! Two-way set associative, one 64-byte line per entry, allocated in full
-//! when the worker starts; a full set replaces its older entry. Hashes are
-//! keyed per cache.
+//! Four-way set associative: an entry is 32 bytes, a set of four is two
+//! cache lines, allocated in full when the worker starts. A set first
+//! reuses an entry of an older generation, else replaces its ways in turn.
+//! Hashes are keyed per cache. IPv6 keys are not cached: they would
+//! double every entry for the few flows that have them.
 
 use std::hash::BuildHasher;
+
+use dpdk::hint::prefetch;
 
 use crate::parse::FlowKey;
 
 /// A cached classification: the matching rule's tag, or `NO_RULE`.
 const NO_RULE: u32 = u32::MAX;
 
-#[derive(Debug, Clone, Copy)]
-#[repr(C, align(64))]
+/// Ways per set.
+const WAYS: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(32))]
 struct Entry {
-    key: FlowKey,
-    tenant: u32,
-    tag: u32,
+    /// Source address above, destination below.
+    addrs: u64,
     /// 0: empty (generations start at 1).
     generation: u64,
+    /// Source port above, destination port below.
+    ports: u32,
+    tenant: u32,
+    tag: u32,
+    proto: u8,
 }
 
 const EMPTY: Entry = Entry {
-    key: FlowKey {
-        src: 0,
-        dst: 0,
-        src_port: 0,
-        dst_port: 0,
-        proto: 0,
-        v6: false,
-    },
+    addrs: 0,
+    generation: 0,
+    ports: 0,
     tenant: 0,
     tag: NO_RULE,
-    generation: 0,
+    proto: 0,
 };
+
+/// One set: its ways on two cache lines of their own.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(128))]
+struct Set([Entry; WAYS]);
+
+/// The fields of an IPv4 key as the cache stores them; `None` for a key
+/// it does not hold.
+#[inline]
+fn packed(key: &FlowKey) -> Option<(u64, u32, u8)> {
+    let (src, dst) = (u32::try_from(key.src).ok()?, u32::try_from(key.dst).ok()?);
+    (!key.v6).then_some((
+        u64::from(src) << 32 | u64::from(dst),
+        u32::from(key.src_port) << 16 | u32::from(key.dst_port),
+        key.proto,
+    ))
+}
 
 /// One worker's flow cache.
 #[derive(Debug)]
 pub struct FlowCache {
-    entries: Box<[Entry]>,
-    /// Mask of a set's first index (even).
+    sets: Box<[Set]>,
+    /// Sets - 1 (a power of two).
     mask: usize,
     hasher: hashbrown::DefaultHashBuilder,
     /// Which way of a full set to replace next.
@@ -54,19 +77,37 @@ pub struct FlowCache {
 
 impl FlowCache {
     /// A cache of `entries` entries (rounded up to a power of two, at
-    /// least 2), allocated now.
+    /// least one set of four), allocated now.
     pub fn new(entries: usize) -> FlowCache {
-        let n = entries.next_power_of_two().max(2);
+        let n = (entries.next_power_of_two() / WAYS).max(1);
         FlowCache {
-            entries: vec![EMPTY; n].into_boxed_slice(),
-            mask: (n - 1) & !1,
+            sets: vec![Set([EMPTY; WAYS]); n].into_boxed_slice(),
+            mask: n - 1,
             hasher: hashbrown::DefaultHashBuilder::default(),
             victim: 0,
         }
     }
 
-    fn set(&self, tenant: u32, key: &FlowKey) -> usize {
-        self.hasher.hash_one((tenant, key)) as usize & self.mask
+    /// The set `key` of `tenant` lives in, for [`FlowCache::get_in`] and
+    /// [`FlowCache::put_in`]; `None` for a key the cache does not hold
+    /// (IPv6).
+    #[inline]
+    pub fn set(&self, tenant: u32, key: &FlowKey) -> Option<usize> {
+        let (addrs, ports, proto) = packed(key)?;
+        let h = self
+            .hasher
+            .hash_one((addrs, u64::from(ports) << 32 | u64::from(tenant), proto));
+        Some(h as usize & self.mask)
+    }
+
+    /// Starts loading set `set`, so that the lookups of a burst's keys
+    /// wait for their cache misses together, not one after another.
+    #[inline]
+    pub fn prefetch(&self, set: usize) {
+        if let Some(s) = self.sets.get(set) {
+            prefetch(&s.0[0]);
+            prefetch(&s.0[WAYS / 2]);
+        }
     }
 
     /// The cached classification of `key` for `tenant` under configuration
@@ -74,37 +115,87 @@ impl FlowCache {
     /// rule, `None` if the cache does not know.
     #[inline]
     pub fn get(&self, tenant: u32, key: &FlowKey, generation: u64) -> Option<Option<u32>> {
-        let i = self.set(tenant, key);
-        self.entries[i..i + 2]
+        self.get_in(self.set(tenant, key)?, tenant, key, generation)
+    }
+
+    /// [`FlowCache::get`] in set `set`, [`FlowCache::set`]'s answer for
+    /// `tenant` and `key` (in another set it finds nothing, or this very
+    /// key's entry: never a wrong answer).
+    #[inline]
+    pub fn get_in(
+        &self,
+        set: usize,
+        tenant: u32,
+        key: &FlowKey,
+        generation: u64,
+    ) -> Option<Option<u32>> {
+        let (addrs, ports, proto) = packed(key)?;
+        self.sets[set & self.mask]
+            .0
             .iter()
-            .find(|e| e.generation == generation && e.tenant == tenant && e.key == *key)
+            .find(|e| {
+                e.generation == generation
+                    && e.addrs == addrs
+                    && e.ports == ports
+                    && e.tenant == tenant
+                    && e.proto == proto
+            })
             .map(|e| (e.tag != NO_RULE).then_some(e.tag))
     }
 
     /// Remembers that `key` of `tenant` classifies as `tag` under
-    /// `generation`.
+    /// `generation` (nothing for a key the cache does not hold).
     #[inline]
     pub fn put(&mut self, tenant: u32, key: &FlowKey, generation: u64, tag: Option<u32>) {
-        let i = self.set(tenant, key);
-        let way = if self.entries[i].generation != generation {
-            0
-        } else if self.entries[i + 1].generation != generation {
-            1
-        } else {
-            self.victim ^= 1;
-            self.victim
+        if let Some(set) = self.set(tenant, key) {
+            self.put_in(set, tenant, key, generation, tag);
+        }
+    }
+
+    /// [`FlowCache::put`] in set `set`, [`FlowCache::set`]'s answer for
+    /// `tenant` and `key`.
+    #[inline]
+    pub fn put_in(
+        &mut self,
+        set: usize,
+        tenant: u32,
+        key: &FlowKey,
+        generation: u64,
+        tag: Option<u32>,
+    ) {
+        let Some((addrs, ports, proto)) = packed(key) else {
+            return;
         };
-        self.entries[i + way] = Entry {
-            key: *key,
+        let entry = Entry {
+            addrs,
+            generation,
+            ports,
             tenant,
             tag: tag.unwrap_or(NO_RULE),
-            generation,
+            proto,
         };
+        let ways = &mut self.sets[set & self.mask].0;
+        // The key's own entry (two frames of a flow in one burst both
+        // missed), else a stale or empty way, else the next in turn.
+        let same = |e: &Entry| {
+            e.addrs == addrs && e.ports == ports && e.tenant == tenant && e.proto == proto
+        };
+        let way = match ways.iter().position(same) {
+            Some(w) => w,
+            None => match ways.iter().position(|e| e.generation != generation) {
+                Some(w) => w,
+                None => {
+                    self.victim = (self.victim + 1) % WAYS;
+                    self.victim
+                }
+            },
+        };
+        ways[way] = entry;
     }
 
     /// Entries the cache holds room for.
     pub fn capacity(&self) -> usize {
-        self.entries.len()
+        self.sets.len() * WAYS
     }
 }
 
@@ -153,5 +244,55 @@ mod tests {
             }
         }
         assert_eq!(c.capacity(), 16);
+    }
+
+    #[test]
+    fn four_flows_of_one_set_all_stay() {
+        // One set: every key lands in it.
+        let mut c = FlowCache::new(4);
+        assert_eq!(c.capacity(), 4);
+        c.put(0, &key(1), 1, Some(10));
+        c.put(0, &key(1), 1, Some(11));
+        for n in 2..=4 {
+            c.put(0, &key(n), 1, Some(10 * n));
+        }
+        assert_eq!(
+            c.get(0, &key(1), 1),
+            Some(Some(11)),
+            "one entry, the latest"
+        );
+        for n in 2..=4 {
+            assert_eq!(c.get(0, &key(n), 1), Some(Some(10 * n)), "flow {n}");
+        }
+        c.put(0, &key(5), 1, None);
+        assert_eq!(c.get(0, &key(5), 1), Some(None));
+        let kept = (1..=4).filter(|&n| c.get(0, &key(n), 1).is_some()).count();
+        assert_eq!(kept, 3, "a fifth flow replaces exactly one");
+        // A new generation reuses stale ways before live ones.
+        for n in 6..=9 {
+            c.put(0, &key(n), 2, Some(n));
+        }
+        assert!((6..=9).all(|n| c.get(0, &key(n), 2) == Some(Some(n))));
+    }
+
+    #[test]
+    fn ipv6_keys_are_not_cached() {
+        let mut c = FlowCache::new(64);
+        let mut k = key(1);
+        k.v6 = true;
+        assert_eq!(c.set(0, &k), None);
+        c.put(0, &k, 1, Some(3));
+        assert_eq!(c.get(0, &k, 1), None);
+        let mut wide = key(1);
+        wide.dst = 1 << 40;
+        c.put(0, &wide, 1, Some(3));
+        assert_eq!(c.get(0, &wide, 1), None, "no address bits are dropped");
+        assert_eq!(c.get(0, &key(1), 1), None, "nor confused with a v4 key");
+    }
+
+    #[test]
+    fn entries_and_sets_keep_their_size() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        assert_eq!(std::mem::size_of::<Set>(), 128);
     }
 }

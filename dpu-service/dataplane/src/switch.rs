@@ -1589,7 +1589,32 @@ impl SwitchPipeline {
         let mut classifiers = [&compiled.tenants[first as usize].classifier; BURST];
         let mut found = [None; BURST];
         let mut k = 0;
-        for &(i, ti) in todo.iter() {
+        // Cached tenants' keys: their sets first, every miss started at
+        // once; then the answers.
+        let mut sets = [None; BURST];
+        let cached = todo
+            .iter()
+            .any(|&(_, ti)| compiled.tenants[ti as usize].cached);
+        if cached {
+            for (s, &(i, ti)) in sets.iter_mut().zip(todo) {
+                let t = &compiled.tenants[ti as usize];
+                if let (
+                    true,
+                    Seen::Switch {
+                        l3: L3::Ip { ref key, .. },
+                        ..
+                    },
+                ) = (t.cached, &seen[usize::from(i)].seen)
+                {
+                    *s = self.cache.set(t.uid, key);
+                    if let Some(s) = *s {
+                        self.cache.prefetch(s);
+                    }
+                }
+            }
+        }
+        for (j, &(i, ti)) in todo.iter().enumerate() {
+            let set = sets[j];
             let t = &compiled.tenants[ti as usize];
             let Seen::Switch {
                 l3: L3::Ip { key, .. },
@@ -1598,8 +1623,8 @@ impl SwitchPipeline {
             else {
                 continue;
             };
-            if t.cached {
-                if let Some(hit) = self.cache.get(t.uid, &key, self.generation) {
+            if let Some(set) = set {
+                if let Some(hit) = self.cache.get_in(set, t.uid, &key, self.generation) {
                     tags[usize::from(i)] = Some(hit);
                     continue;
                 }
@@ -1607,6 +1632,7 @@ impl SwitchPipeline {
             keys[k] = key;
             at[k] = (i, ti);
             classifiers[k] = &t.classifier;
+            sets[k] = set;
             k += 1;
         }
         // Every tenant's keys walk their trees together.
@@ -1623,10 +1649,12 @@ impl SwitchPipeline {
                 }
             }
         }
-        for ((key, &(i, ti)), &tag) in keys[..k].iter().zip(&at[..k]).zip(&found[..k]) {
-            let t = &compiled.tenants[ti as usize];
-            if t.cached {
-                self.cache.put(t.uid, key, self.generation, tag);
+        for (((key, &(i, ti)), &tag), &set) in
+            keys[..k].iter().zip(&at[..k]).zip(&found[..k]).zip(&sets)
+        {
+            if let Some(set) = set {
+                let uid = compiled.tenants[ti as usize].uid;
+                self.cache.put_in(set, uid, key, self.generation, tag);
             }
             tags[usize::from(i)] = Some(tag);
         }

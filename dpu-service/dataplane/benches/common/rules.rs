@@ -16,8 +16,9 @@ fn prefix(s: &str) -> (u128, u128) {
 
 /// The switch configuration of a bench set's `rules.json` (format
 /// `vswitch-bench-rules/1`): one tenant per VLAN, attached to that VLAN on
-/// both ports, rules in list order.
-pub fn switch_config(path: &str, flow_cache: bool) -> SwitchConfig {
+/// both ports, rules in list order; `flow_cache` entries of flow cache
+/// (0: none).
+pub fn switch_config(path: &str, flow_cache: usize) -> SwitchConfig {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let doc: serde_json::Value = serde_json::from_str(&text).expect("rules.json");
     assert_eq!(
@@ -77,7 +78,7 @@ pub fn switch_config(path: &str, flow_cache: bool) -> SwitchConfig {
     SwitchConfig {
         ports: 2,
         tenants,
-        flow_cache_entries: if flow_cache { 65_536 } else { 0 },
+        flow_cache_entries: flow_cache,
         ..SwitchConfig::default()
     }
 }
