@@ -1626,6 +1626,17 @@ impl SwitchPipeline {
             if let Some(set) = set {
                 if let Some(hit) = self.cache.get_in(set, t.uid, &key, self.generation) {
                     tags[usize::from(i)] = Some(hit);
+                    // What the frame's turn reads next (as for the
+                    // classifier's answers below).
+                    let cells = compiled.shards[self.shard].rules.get(ti as usize);
+                    if let (Some(tag), Some(c)) = (hit, cells) {
+                        if let (Some(a), Some(c)) =
+                            (t.actions.get(tag as usize), c.get(tag as usize))
+                        {
+                            prefetch(a);
+                            prefetch(c);
+                        }
+                    }
                     continue;
                 }
             }
