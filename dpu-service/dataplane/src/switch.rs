@@ -1879,9 +1879,13 @@ impl Pipeline for SwitchPipeline {
         let now = elapsed.as_secs();
         let tick = now != self.now;
         self.now = now;
-        self.unix_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        if tick || self.unix_now == 0 {
+            // Whole seconds are all a rule's last hit keeps: the wall
+            // clock is read once a second, not on every turn.
+            self.unix_now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+        }
         if self.now >= self.last_sweep + 10 {
             self.last_sweep = self.now;
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
