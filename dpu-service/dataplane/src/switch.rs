@@ -1539,6 +1539,55 @@ impl SwitchPipeline {
         }
     }
 
+    /// The key of the connection frame `x` would be looked up under, if
+    /// its tenant tracks connections.
+    fn conn_key(&self, x: &Inspected) -> Option<ConnKey> {
+        let Seen::Switch {
+            ti,
+            l3:
+                L3::Ip {
+                    ref key,
+                    later_fragment: false,
+                    echo_id,
+                    ..
+                },
+            ..
+        } = x.seen
+        else {
+            return None;
+        };
+        let t = self.compiled.tenants.get(ti as usize)?;
+        if !t.tracks {
+            return None;
+        }
+        ConnKey::of(t.uid, key, echo_id)
+    }
+
+    /// The end of a burst: the keys of `todo` (frame index in `seen`,
+    /// tenant) classified together, then every frame still held decided
+    /// in arrival order.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn finish_burst<P: Packet>(
+        &mut self,
+        in_port: usize,
+        seen: &[Inspected],
+        todo: &[(u8, u32)],
+        tags: &mut [Option<Option<u32>>; BURST],
+        held: &mut [Option<P>; BURST],
+        flood: &mut Vec<Egress>,
+        sink: &mut impl FnMut(P, &Verdict, &[Egress]),
+    ) {
+        self.classify_ahead(seen, todo, tags);
+        for ((x, &tag), pkt) in seen.iter().zip(tags.iter()).zip(held.iter_mut()) {
+            if let Some(pkt) = pkt.take() {
+                flood.clear();
+                let v = self.decide(in_port, x, tag, flood);
+                sink(pkt, &v, flood);
+            }
+        }
+    }
+
     /// What frame `x` needs before its turn: its tenant's rules for its
     /// key, unless the tenant has none or the connection table alone will
     /// decide it (a live connection checked against the current rules).
@@ -1920,6 +1969,7 @@ impl Pipeline for SwitchPipeline {
         // from the first that needs them on, they wait, and are decided
         // in order once their keys have been classified together.
         let mut seen = std::mem::take(&mut self.stage);
+        let tracks = self.compiled.tracking.contains(&true);
         while !burst.is_empty() {
             let k = burst.len().min(BURST);
             seen.clear();
@@ -1927,6 +1977,50 @@ impl Pipeline for SwitchPipeline {
             let mut tags = [None; BURST];
             let mut todo = [(0u8, 0u32); BURST];
             let mut n = 0;
+            if tracks {
+                // Connections to look up: the whole burst is inspected
+                // first, so that their table misses start together.
+                for pkt in burst[..k].iter_mut() {
+                    seen.push(self.inspect(in_port, pkt.data_mut()));
+                }
+                for x in &seen {
+                    if let Some(ck) = self.conn_key(x) {
+                        self.conns.prefetch(&ck);
+                    }
+                }
+                let mut staged = 0;
+                for (i, pkt) in burst.drain(..k).enumerate() {
+                    let x = &seen[i];
+                    match self.need(x) {
+                        Need::Ready(tag) if staged == 0 => {
+                            flood.clear();
+                            let v = self.decide(in_port, x, tag, flood);
+                            sink(pkt, &v, flood);
+                            continue;
+                        }
+                        Need::Ready(tag) => tags[i] = tag,
+                        Need::Rules(ti) => {
+                            todo[n] = (i as u8, ti);
+                            n += 1;
+                        }
+                    }
+                    held[i] = Some(pkt);
+                    staged += 1;
+                }
+                if staged == 0 {
+                    continue;
+                }
+                self.finish_burst(
+                    in_port,
+                    &seen,
+                    &todo[..n],
+                    &mut tags,
+                    &mut held,
+                    flood,
+                    &mut sink,
+                );
+                continue;
+            }
             for mut pkt in burst.drain(..k) {
                 let x = self.inspect(in_port, pkt.data_mut());
                 let i = seen.len();
@@ -1949,14 +2043,15 @@ impl Pipeline for SwitchPipeline {
             if seen.is_empty() {
                 continue;
             }
-            self.classify_ahead(&seen, &todo[..n], &mut tags);
-            for ((x, &tag), pkt) in seen.iter().zip(&tags).zip(&mut held) {
-                if let Some(pkt) = pkt.take() {
-                    flood.clear();
-                    let v = self.decide(in_port, x, tag, flood);
-                    sink(pkt, &v, flood);
-                }
-            }
+            self.finish_burst(
+                in_port,
+                &seen,
+                &todo[..n],
+                &mut tags,
+                &mut held,
+                flood,
+                &mut sink,
+            );
         }
         self.stage = seen;
     }
