@@ -1563,31 +1563,6 @@ impl SwitchPipeline {
         ConnKey::of(t.uid, key, echo_id)
     }
 
-    /// The end of a burst: the keys of `todo` (frame index in `seen`,
-    /// tenant) classified together, then every frame still held decided
-    /// in arrival order.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn finish_burst<P: Packet>(
-        &mut self,
-        in_port: usize,
-        seen: &[Inspected],
-        todo: &[(u8, u32)],
-        tags: &mut [Option<Option<u32>>; BURST],
-        held: &mut [Option<P>; BURST],
-        flood: &mut Vec<Egress>,
-        sink: &mut impl FnMut(P, &Verdict, &[Egress]),
-    ) {
-        self.classify_ahead(seen, todo, tags);
-        for ((x, &tag), pkt) in seen.iter().zip(tags.iter()).zip(held.iter_mut()) {
-            if let Some(pkt) = pkt.take() {
-                flood.clear();
-                let v = self.decide(in_port, x, tag, flood);
-                sink(pkt, &v, flood);
-            }
-        }
-    }
-
     /// What frame `x` needs before its turn: its tenant's rules for its
     /// key, unless the tenant has none or the connection table alone will
     /// decide it (a live connection checked against the current rules).
@@ -1875,6 +1850,47 @@ enum Need {
     Ready(Option<Option<u32>>),
 }
 
+/// The frames of a burst held for their turn, by index in the burst's
+/// stage, with what each needs.
+struct Waiting<P> {
+    held: [Option<P>; BURST],
+    /// Classifications known already ([`Need::Ready`]).
+    tags: [Option<Option<u32>>; BURST],
+    /// Frames whose tenant's rules must classify them: (index, tenant).
+    todo: [(u8, u32); BURST],
+    /// Entries of `todo`.
+    n: usize,
+    /// Frames held.
+    staged: usize,
+}
+
+impl<P> Waiting<P> {
+    fn new() -> Waiting<P> {
+        Waiting {
+            held: std::array::from_fn(|_| None),
+            tags: [None; BURST],
+            todo: [(0, 0); BURST],
+            n: 0,
+            staged: 0,
+        }
+    }
+
+    /// Holds `pkt`, frame `i` of the stage, with what it needs.
+    #[inline(always)]
+    fn hold(&mut self, i: usize, pkt: P, need: Need) {
+        let i = i % BURST;
+        match need {
+            Need::Ready(tag) => self.tags[i] = tag,
+            Need::Rules(ti) => {
+                self.todo[self.n % BURST] = (i as u8, ti);
+                self.n += 1;
+            }
+        }
+        self.held[i] = Some(pkt);
+        self.staged += 1;
+    }
+}
+
 /// A frame between the stages of a burst.
 struct Inspected {
     seen: Seen,
@@ -1973,10 +1989,7 @@ impl Pipeline for SwitchPipeline {
         while !burst.is_empty() {
             let k = burst.len().min(BURST);
             seen.clear();
-            let mut held: [Option<P>; BURST] = std::array::from_fn(|_| None);
-            let mut tags = [None; BURST];
-            let mut todo = [(0u8, 0u32); BURST];
-            let mut n = 0;
+            let mut w = Waiting::new();
             if tracks {
                 // Connections to look up: the whole burst is inspected
                 // first, so that their table misses start together.
@@ -1988,70 +2001,44 @@ impl Pipeline for SwitchPipeline {
                         self.conns.prefetch(&ck);
                     }
                 }
-                let mut staged = 0;
                 for (i, pkt) in burst.drain(..k).enumerate() {
                     let x = &seen[i];
                     match self.need(x) {
-                        Need::Ready(tag) if staged == 0 => {
+                        Need::Ready(tag) if w.staged == 0 => {
                             flood.clear();
                             let v = self.decide(in_port, x, tag, flood);
                             sink(pkt, &v, flood);
-                            continue;
                         }
-                        Need::Ready(tag) => tags[i] = tag,
-                        Need::Rules(ti) => {
-                            todo[n] = (i as u8, ti);
-                            n += 1;
+                        need => w.hold(i, pkt, need),
+                    }
+                }
+            } else {
+                for mut pkt in burst.drain(..k) {
+                    let x = self.inspect(in_port, pkt.data_mut());
+                    match self.need(&x) {
+                        Need::Ready(tag) if w.staged == 0 => {
+                            flood.clear();
+                            let v = self.decide(in_port, &x, tag, flood);
+                            sink(pkt, &v, flood);
+                        }
+                        need => {
+                            w.hold(seen.len(), pkt, need);
+                            seen.push(x);
                         }
                     }
-                    held[i] = Some(pkt);
-                    staged += 1;
                 }
-                if staged == 0 {
-                    continue;
-                }
-                self.finish_burst(
-                    in_port,
-                    &seen,
-                    &todo[..n],
-                    &mut tags,
-                    &mut held,
-                    flood,
-                    &mut sink,
-                );
+            }
+            if w.staged == 0 {
                 continue;
             }
-            for mut pkt in burst.drain(..k) {
-                let x = self.inspect(in_port, pkt.data_mut());
-                let i = seen.len();
-                match self.need(&x) {
-                    Need::Ready(tag) if i == 0 => {
-                        flood.clear();
-                        let v = self.decide(in_port, &x, tag, flood);
-                        sink(pkt, &v, flood);
-                        continue;
-                    }
-                    Need::Ready(tag) => tags[i] = tag,
-                    Need::Rules(ti) => {
-                        todo[n] = (i as u8, ti);
-                        n += 1;
-                    }
+            self.classify_ahead(&seen, &w.todo[..w.n], &mut w.tags);
+            for ((x, &tag), pkt) in seen.iter().zip(&w.tags).zip(&mut w.held) {
+                if let Some(pkt) = pkt.take() {
+                    flood.clear();
+                    let v = self.decide(in_port, x, tag, flood);
+                    sink(pkt, &v, flood);
                 }
-                held[i] = Some(pkt);
-                seen.push(x);
             }
-            if seen.is_empty() {
-                continue;
-            }
-            self.finish_burst(
-                in_port,
-                &seen,
-                &todo[..n],
-                &mut tags,
-                &mut held,
-                flood,
-                &mut sink,
-            );
         }
         self.stage = seen;
     }
