@@ -338,6 +338,12 @@ fn pack(v: [u32; DIMS]) -> u128 {
 }
 
 impl Key4 {
+    /// A placeholder for a batch's unused slots.
+    const NONE: Key4 = Key4 {
+        dims: [0; 8],
+        packed: 0,
+    };
+
     #[inline]
     fn new(key: &FlowKey) -> Key4 {
         let v = [
@@ -1364,10 +1370,7 @@ impl Classifier {
             "lookup_batch: out shorter than keys"
         );
         for (keys, out) in keys.chunks(BATCH).zip(out.chunks_mut(BATCH)) {
-            let mut k4 = [Key4 {
-                dims: [0; 8],
-                packed: 0,
-            }; BATCH];
+            let mut k4 = [Key4::NONE; BATCH];
             let mut slot = [0u8; BATCH];
             let mut n = 0;
             for (i, (key, o)) in keys.iter().zip(out.iter_mut()).enumerate() {
@@ -1427,10 +1430,7 @@ impl Classifier {
             let empty = Flat4::EMPTY;
             let mut flats: [&Flat4; MULTI] = [&empty; MULTI];
             let mut deads: [Option<&[u64]>; MULTI] = [None; MULTI];
-            let mut k4 = [Key4 {
-                dims: [0; 8],
-                packed: 0,
-            }; MULTI];
+            let mut k4 = [Key4::NONE; MULTI];
             let mut slot = [0u8; MULTI];
             let mut n = 0;
             for (i, ((c, key), o)) in cs.iter().zip(keys).zip(out.iter_mut()).enumerate() {
