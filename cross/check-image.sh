@@ -29,7 +29,8 @@ mkdir -p "$tdir"
 rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 c=$(buildah from --quiet --pull-never "$img")
-trap 'buildah rm "$c" >/dev/null 2>&1 || true' EXIT
+# The image exists only for this check (2 GB): removed with its container.
+trap 'buildah rm "$c" >/dev/null 2>&1 || true; buildah rmi "$img" >/dev/null 2>&1 || true' EXIT
 buildah run --isolation chroot \
   -v "$rustup_home:/rust/rustup" -v "$cargo_home:/rust/cargo" -v "$PWD:/project" -v "$tdir:/target" \
   --workingdir /project \

@@ -169,6 +169,8 @@ for a in "${arches[@]}"; do
   base_args=()
   if [ "$debootstrap_base" = 1 ]; then base_args=(--build-arg "BASE=$(base_image "$a")"); fi
   echo "images/build.sh: building $tag" >&2
+  previous=""
+  if [ "$engine" = buildah ]; then previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$tag" 2>/dev/null || true); fi
   build=(--platform "linux/$a" --build-arg "TARGETARCH=$a" "${base_args[@]}"
     --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "CREATED=$created"
     -f images/Containerfile -t "$tag" "$ctx")
@@ -179,6 +181,11 @@ for a in "${arches[@]}"; do
     docker) docker build "${build[@]}" ;;
   esac
   tags+=("$tag")
+  # A rebuild leaves the image it replaced untagged: remove it, so repeated
+  # builds do not fill the disk (one image of each architecture is kept).
+  if [ -n "$previous" ] && [ "$(buildah inspect --type image --format '{{.FromImageID}}' "$tag")" != "$previous" ]; then
+    buildah rmi "$previous" >/dev/null 2>&1 || true
+  fi
 done
 
 if [ "$engine" = buildah ]; then
