@@ -6,6 +6,9 @@
 //! bounds and never panics: any length or field that does not add up is a
 //! [`ParseError`], and the packet is dropped as malformed. Nothing is
 //! copied but the fields themselves; the frame is not modified.
+//! [`parse_l2`] stops after the Ethernet and 802.1Q headers, and
+//! [`network_layer`] finishes the job, for a switch that looks into the
+//! network layer only where a policy needs it.
 //!
 //! The classification key puts ICMP's type and code where TCP/UDP keep
 //! their ports (source and destination), so one classifier serves both.
@@ -98,7 +101,8 @@ pub enum L3 {
         /// Target protocol address.
         target_ip: u32,
     },
-    /// Another EtherType, carried as opaque L2.
+    /// An EtherType carried as opaque L2: one the parser does not know,
+    /// or any, as [`parse_l2`] leaves it.
     Other(u16),
 }
 
@@ -274,6 +278,21 @@ pub fn ip_checksum(bytes: &[u8]) -> u16 {
 /// [`ParseError`] if a header is truncated or inconsistent.
 #[inline]
 pub fn parse(frame: &[u8]) -> Result<Headers, ParseError> {
+    let mut h = parse_l2(frame)?;
+    if let L3::Other(ethertype) = h.l3 {
+        h.l3 = network_layer(ethertype, &frame[h.l3_offset..])?;
+    }
+    Ok(h)
+}
+
+/// Parses a frame's Ethernet header and optional 802.1Q tag only: its
+/// network layer is left as [`L3::Other`] of its EtherType, at
+/// `l3_offset`, for [`network_layer`] to parse if it is needed.
+///
+/// # Errors
+/// [`ParseError`] if the Ethernet header or the tag is truncated.
+#[inline]
+pub fn parse_l2(frame: &[u8]) -> Result<Headers, ParseError> {
     if frame.len() < ETH_HLEN {
         return Err(ParseError::Truncated("Ethernet"));
     }
@@ -288,19 +307,29 @@ pub fn parse(frame: &[u8]) -> Result<Headers, ParseError> {
         vlan = Some(tci & 0x0fff);
         off += VLAN_HLEN;
     }
-    let l3 = match ethertype {
-        ETH_IPV4 => parse_ipv4(&frame[off..])?,
-        ETH_IPV6 => parse_ipv6(&frame[off..])?,
-        ETH_ARP => parse_arp(&frame[off..])?,
-        other => L3::Other(other),
-    };
     Ok(Headers {
         dst_mac,
         src_mac,
         vlan,
         l3_offset: off,
-        l3,
+        l3: L3::Other(ethertype),
     })
+}
+
+/// Parses the network layer `b` of EtherType `ethertype` (what follows
+/// the headers [`parse_l2`] read): IPv4, IPv6 or ARP and their
+/// transport ports; another EtherType is [`L3::Other`].
+///
+/// # Errors
+/// [`ParseError`] if a header is truncated or inconsistent.
+#[inline]
+pub fn network_layer(ethertype: u16, b: &[u8]) -> Result<L3, ParseError> {
+    match ethertype {
+        ETH_IPV4 => parse_ipv4(b),
+        ETH_IPV6 => parse_ipv6(b),
+        ETH_ARP => parse_arp(b),
+        other => Ok(L3::Other(other)),
+    }
 }
 
 fn parse_arp(b: &[u8]) -> Result<L3, ParseError> {

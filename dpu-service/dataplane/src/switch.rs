@@ -43,7 +43,10 @@ use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
 use crate::flowcache::FlowCache;
 use crate::io::Packet;
 use crate::mactable::MacTable;
-use crate::parse::{is_multicast, parse, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, L3};
+use crate::parse::{
+    is_multicast, network_layer, parse_l2, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, ETH_IPV4,
+    ETH_IPV6, L3,
+};
 use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST};
 use dpdk::hint::prefetch;
 
@@ -480,6 +483,10 @@ struct CompiledTenant {
     name: String,
     /// Per attachment: its anti-spoofing, if it has any.
     guards: Vec<Option<Guard>>,
+    /// Per attachment: IP frames entering through it are switched at L2,
+    /// their network layer unparsed, as nothing would look at it (no
+    /// rules, allow by default, no address guard).
+    opaque_ip: Vec<bool>,
     /// Stable across configurations while the name stays (connection keys).
     uid: u32,
     /// Has stateful rules: look packets up in the connection table.
@@ -883,6 +890,18 @@ impl Compiled {
                 c.tracking.resize(uid as usize + 1, false);
             }
             c.tracking[uid as usize] = tracks;
+            let guards: Vec<Option<Guard>> = (0..t.attachments.len())
+                .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
+                .collect();
+            let opaque_ip = guards
+                .iter()
+                .map(|g| {
+                    order.is_empty()
+                        && t.default_allow
+                        && g.as_ref()
+                            .is_none_or(|g| g.v4.is_empty() && g.v6.is_empty())
+                })
+                .collect();
             c.tenants.push(CompiledTenant {
                 limits: slots
                     .iter()
@@ -894,9 +913,8 @@ impl Compiled {
                     })
                     .collect(),
                 name: t.name.clone(),
-                guards: (0..t.attachments.len())
-                    .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
-                    .collect(),
+                guards,
+                opaque_ip,
                 uid,
                 tracks,
                 cached: config.flow_cache_entries > 0 && t.rules.len() >= FLOW_CACHE_MIN_RULES,
@@ -1511,13 +1529,26 @@ impl SwitchPipeline {
             }
         }
         let (decap, remote) = vxlan.map_or((0, 0), |(off, _, _, ip)| (off, ip));
-        let Ok(h) = parse(&packet[decap..]) else {
+        let frame = &packet[decap..];
+        let Ok(mut h) = parse_l2(frame) else {
             return done(Verdict::Drop(DropReason::Malformed), neighbour);
         };
         let found = match vxlan {
             Some((_, t, a, _)) => Some((t, a)),
             None => self.compiled.tenant_of(port, h.vlan),
         };
+        if let L3::Other(ethertype) = h.l3 {
+            // The network layer, unless the frame's tenant would not look
+            // at it: an IP frame of an attachment switched at L2.
+            let opaque = matches!(ethertype, ETH_IPV4 | ETH_IPV6)
+                && found.is_some_and(|(ti, ai)| self.compiled.tenants[ti].opaque_ip[ai]);
+            if !opaque {
+                match network_layer(ethertype, &frame[h.l3_offset..]) {
+                    Ok(l3) => h.l3 = l3,
+                    Err(_) => return done(Verdict::Drop(DropReason::Malformed), neighbour),
+                }
+            }
+        }
         let Some((ti, ai)) = found else {
             return done(Verdict::Drop(DropReason::NoTenant), neighbour);
         };
@@ -2204,6 +2235,71 @@ mod tests {
                 assert_eq!(got, want, "round {round}: {key:?}");
             }
         }
+    }
+
+    /// A tenant with no rules that allows everything switches IP at L2:
+    /// a frame whose IPv4 header is broken passes where nothing looks
+    /// at it, and is dropped as malformed wherever a rule, a default
+    /// deny or an address guard would need its header.
+    #[test]
+    fn only_what_needs_the_network_layer_parses_it() {
+        let mut broken = udp(1, mac(2), None, 53);
+        broken[14] = 0x43; // IHL 3: shorter than an IPv4 header
+        let mut ruled = tenant("ruled", &[(2, 0), (3, 0)], true);
+        ruled.rules = dns_and_deny_7();
+        let mut guarded = tenant("guarded", &[(4, 0), (5, 0), (6, 0)], true);
+        guarded.guards = vec![
+            Guard {
+                macs: vec![mac(1)],
+                ..Guard::default()
+            },
+            Guard {
+                v4: vec![(0x0a00_0000, 0x0a00_00ff)],
+                ..Guard::default()
+            },
+        ];
+        let (h, mut p) = switch(
+            9,
+            vec![
+                tenant("open", &[(0, 0), (1, 0)], true),
+                ruled,
+                guarded,
+                tenant("closed", &[(7, 0), (8, 0)], false),
+            ],
+        );
+        let malformed = Verdict::Drop(DropReason::Malformed);
+        let forwarded = |v: &Verdict| matches!(v, Verdict::Forward(_) | Verdict::Flood);
+        assert!(forwarded(&run(&mut p, 0, broken.clone()).0), "no rules");
+        assert!(forwarded(&run(&mut p, 4, broken.clone()).0), "MAC guard");
+        for (port, what) in [(2, "rules"), (5, "address guard"), (7, "default deny")] {
+            assert_eq!(run(&mut p, port, broken.clone()).0, malformed, "{what}");
+        }
+        // Unattached, it is malformed before it is nobody's.
+        assert_eq!(
+            SwitchHandle::new(&SwitchConfig {
+                ports: 1,
+                ..SwitchConfig::default()
+            })
+            .map(|h| run(&mut h.pipeline(), 0, broken.clone()).0)
+            .unwrap(),
+            malformed
+        );
+        // A broken ARP body and a truncated tag stay malformed everywhere.
+        let mut arp = build::arp(mac(1), BCAST, None, 1, [10, 0, 0, 1], [10, 0, 0, 2]);
+        arp.truncate(20);
+        assert_eq!(run(&mut p, 0, arp).0, malformed);
+        let mut tagged = udp(1, mac(2), Some(5), 53);
+        tagged.truncate(16);
+        assert_eq!(run(&mut p, 0, tagged).0, malformed);
+        // A good frame passes the open tenant as before, and the rules
+        // still see theirs.
+        assert!(forwarded(&run(&mut p, 0, udp(1, mac(2), None, 53)).0));
+        assert!(forwarded(&run(&mut p, 2, udp(1, mac(2), None, 53)).0));
+        assert_eq!(
+            run(&mut p, 2, udp(7, mac(2), None, 53)).0,
+            Verdict::Drop(DropReason::AclDeny)
+        );
+        assert_eq!(h.traffic().tenants["open"].forwarded_packets, 2);
     }
 
     /// Port 0 may send only from MAC 1 and 10.0.0.1; port 1 is open.

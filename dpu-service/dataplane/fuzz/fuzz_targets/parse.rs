@@ -1,7 +1,8 @@
 //! Fuzzes the frame parser with arbitrary bytes. It must never panic, and
 //! whatever it accepts must add up: every offset and length it reports
 //! lies within the frame, the fields are the frame's bytes, a reparse gives
-//! the same headers, Ethernet padding changes nothing, and removing or
+//! the same headers, `parse_l2` reads the same link layer and fails only
+//! on a short one, Ethernet padding changes nothing, and removing or
 //! adding the outer 802.1Q tag changes only the tag. The VTEP classifier
 //! (`vtep_frame`) runs on the same bytes and must keep its inner frame
 //! within them. Run with
@@ -10,8 +11,8 @@
 #![no_main]
 
 use dpu_dataplane::parse::{
-    parse, proto, vtep_frame, Headers, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN,
-    L3, VLAN_HLEN,
+    parse, parse_l2, proto, vtep_frame, Headers, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6,
+    ETH_VLAN, L3, VLAN_HLEN,
 };
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -28,8 +29,9 @@ fn be128(b: &[u8], at: usize) -> u128 {
     u128::from_be_bytes(a)
 }
 
-/// Checks what `parse` accepted against the frame's bytes.
-fn check_fields(frame: &[u8], h: &Headers) {
+/// Checks the Ethernet header and 802.1Q tag of accepted headers
+/// against the frame's bytes.
+fn check_link(frame: &[u8], h: &Headers) {
     assert!(
         frame.len() >= ETH_HLEN,
         "accepted a {}-byte frame",
@@ -45,6 +47,11 @@ fn check_fields(frame: &[u8], h: &Headers) {
     if let Some(v) = h.vlan {
         assert_eq!(v, be16(frame, 14) & 0x0fff, "{h:?}");
     }
+}
+
+/// Checks what `parse` accepted against the frame's bytes.
+fn check_fields(frame: &[u8], h: &Headers) {
+    check_link(frame, h);
     let ethertype = be16(frame, h.l3_offset - 2);
     let l3 = &frame[h.l3_offset..];
     match h.l3 {
@@ -156,6 +163,26 @@ libfuzzer_sys::fuzz_target!(|frame: &[u8]| {
     let first = parse(frame);
     // Deterministic, success or not.
     assert_eq!(parse(frame), first);
+    // The link layer alone fails only on a short Ethernet header or tag,
+    // and leaves the network layer's EtherType as it found it.
+    match parse_l2(frame) {
+        Ok(l2) => {
+            check_link(frame, &l2);
+            assert_eq!(l2.l3, L3::Other(be16(frame, l2.l3_offset - 2)));
+            if let Ok(h) = &first {
+                assert_eq!(
+                    (l2.dst_mac, l2.src_mac, l2.vlan),
+                    (h.dst_mac, h.src_mac, h.vlan)
+                );
+                assert_eq!(l2.l3_offset, h.l3_offset);
+            }
+        }
+        Err(e) => {
+            assert_eq!(first, Err(e));
+            let tagged = frame.len() >= ETH_HLEN && be16(frame, 12) == ETH_VLAN;
+            assert!(frame.len() < ETH_HLEN + if tagged { VLAN_HLEN } else { 0 });
+        }
+    }
     let Ok(h) = first else {
         return;
     };

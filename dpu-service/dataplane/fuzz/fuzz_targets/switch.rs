@@ -18,7 +18,9 @@
 //!   replies, and drops as `NoTenant` a VXLAN frame of nobody's VNI or
 //!   anything else addressed to it;
 //! - a frame that does not parse is `Malformed`, one nobody owns is
-//!   `NoTenant`;
+//!   `NoTenant`, but for the IP layer of an attachment switched at L2
+//!   (a tenant without rules that allows by default, no address guard),
+//!   which is not parsed;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
 //!   `Spoofed`;
 //! - a tenant without stateful rules passes exactly what its first
@@ -526,11 +528,32 @@ fn check(
             }
         }
     }
-    let Ok(h) = parse::parse(&frame[decap..]) else {
+    let Ok(l2) = parse::parse_l2(&frame[decap..]) else {
         assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
         return;
     };
-    let Some((ti, ai)) = network.or_else(|| owner(cfg, port, h.vlan)) else {
+    let found = network.or_else(|| owner(cfg, port, l2.vlan));
+    // IP is switched at L2, unparsed, where nothing would look at it.
+    let opaque = matches!(l2.l3, L3::Other(ETH_IPV4 | ETH_IPV6))
+        && found.is_some_and(|(ti, ai)| {
+            let t = &cfg.tenants[ti];
+            t.rules.is_empty()
+                && t.default_allow
+                && t.guards
+                    .get(ai)
+                    .is_none_or(|g| g.v4.is_empty() && g.v6.is_empty())
+        });
+    let h = match opaque {
+        true => l2,
+        false => match parse::parse(&frame[decap..]) {
+            Ok(h) => h,
+            Err(_) => {
+                assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
+                return;
+            }
+        },
+    };
+    let Some((ti, ai)) = found else {
         assert_eq!(verdict, Verdict::Drop(DropReason::NoTenant), "{h:?}");
         return;
     };

@@ -133,7 +133,12 @@ def switch_seeds():
         ]
     )
     vxlan += bytes([0xC3]) + vxlan
-    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan}
+    # Configuration 2 switches red (ports 0 and 1) at L2: a broken IPv4
+    # header passes there, and is malformed again under configuration 1.
+    broken = bytearray(frames["ipv4_tcp"])
+    broken[14] = 0x43
+    l2 = bytes([0xC5]) + raw(0, bytes(broken)) + raw(1, bytes(broken)) + bytes([0xC3]) + raw(0, bytes(broken))
+    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan, "l2": l2}
 
 
 def pb_varint(v):
