@@ -23,6 +23,7 @@ if ! command -v buildah >/dev/null; then
 fi
 
 img=localhost/dpu-service-cross:check
+buildah rmi "$img" >/dev/null 2>&1 || true # one an interrupted run left
 buildah bud --quiet --isolation chroot "${from[@]}" -f cross/Containerfile -t "$img" . >/dev/null
 tdir=$(realpath -m "${CARGO_TARGET_DIR:-target}/cross-image")
 mkdir -p "$tdir"
