@@ -483,10 +483,10 @@ struct CompiledTenant {
     name: String,
     /// Per attachment: its anti-spoofing, if it has any.
     guards: Vec<Option<Guard>>,
-    /// Per attachment: IP frames entering through it are switched at L2,
-    /// their network layer unparsed, as nothing would look at it (no
-    /// rules, allow by default, no address guard).
-    opaque_ip: Vec<bool>,
+    /// IP frames are switched at L2, their network layer unparsed, as
+    /// nothing would look at it (no rules, allow by default, no address
+    /// guard on any attachment).
+    opaque_ip: bool,
     /// Stable across configurations while the name stays (connection keys).
     uid: u32,
     /// Has stateful rules: look packets up in the connection table.
@@ -893,15 +893,12 @@ impl Compiled {
             let guards: Vec<Option<Guard>> = (0..t.attachments.len())
                 .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
                 .collect();
-            let opaque_ip = guards
-                .iter()
-                .map(|g| {
-                    order.is_empty()
-                        && t.default_allow
-                        && g.as_ref()
-                            .is_none_or(|g| g.v4.is_empty() && g.v6.is_empty())
-                })
-                .collect();
+            let opaque_ip = order.is_empty()
+                && t.default_allow
+                && guards
+                    .iter()
+                    .flatten()
+                    .all(|g| g.v4.is_empty() && g.v6.is_empty());
             c.tenants.push(CompiledTenant {
                 limits: slots
                     .iter()
@@ -1539,9 +1536,9 @@ impl SwitchPipeline {
         };
         if let L3::Other(ethertype) = h.l3 {
             // The network layer, unless the frame's tenant would not look
-            // at it: an IP frame of an attachment switched at L2.
+            // at it: an IP frame of a tenant switched at L2.
             let opaque = matches!(ethertype, ETH_IPV4 | ETH_IPV6)
-                && found.is_some_and(|(ti, ai)| self.compiled.tenants[ti].opaque_ip[ai]);
+                && found.is_some_and(|(ti, _)| self.compiled.tenants[ti].opaque_ip);
             if !opaque {
                 match network_layer(ethertype, &frame[h.l3_offset..]) {
                     Ok(l3) => h.l3 = l3,
@@ -2239,31 +2236,36 @@ mod tests {
 
     /// A tenant with no rules that allows everything switches IP at L2:
     /// a frame whose IPv4 header is broken passes where nothing looks
-    /// at it, and is dropped as malformed wherever a rule, a default
-    /// deny or an address guard would need its header.
+    /// at it, and is dropped as malformed in a tenant with a rule, a
+    /// default deny or an address guard on any attachment.
     #[test]
     fn only_what_needs_the_network_layer_parses_it() {
         let mut broken = udp(1, mac(2), None, 53);
         broken[14] = 0x43; // IHL 3: shorter than an IPv4 header
         let mut ruled = tenant("ruled", &[(2, 0), (3, 0)], true);
         ruled.rules = dns_and_deny_7();
-        let mut guarded = tenant("guarded", &[(4, 0), (5, 0), (6, 0)], true);
-        guarded.guards = vec![
-            Guard {
-                macs: vec![mac(1)],
-                ..Guard::default()
-            },
+        // One attachment guarded by source MAC only, the other open.
+        let mut by_mac = tenant("by_mac", &[(4, 0), (9, 0)], true);
+        by_mac.guards = vec![Guard {
+            macs: vec![mac(1)],
+            ..Guard::default()
+        }];
+        // A source prefix on one attachment: the whole tenant parses.
+        let mut by_ip = tenant("by_ip", &[(5, 0), (6, 0)], true);
+        by_ip.guards = vec![
+            Guard::default(),
             Guard {
                 v4: vec![(0x0a00_0000, 0x0a00_00ff)],
                 ..Guard::default()
             },
         ];
         let (h, mut p) = switch(
-            9,
+            10,
             vec![
                 tenant("open", &[(0, 0), (1, 0)], true),
                 ruled,
-                guarded,
+                by_mac,
+                by_ip,
                 tenant("closed", &[(7, 0), (8, 0)], false),
             ],
         );

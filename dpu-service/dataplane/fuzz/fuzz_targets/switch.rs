@@ -18,9 +18,8 @@
 //!   replies, and drops as `NoTenant` a VXLAN frame of nobody's VNI or
 //!   anything else addressed to it;
 //! - a frame that does not parse is `Malformed`, one nobody owns is
-//!   `NoTenant`, but for the IP layer of an attachment switched at L2
-//!   (a tenant without rules that allows by default, no address guard),
-//!   which is not parsed;
+//!   `NoTenant`, but for the IP layer of a tenant switched at L2 (no
+//!   rules, allow by default, no address guard), which is not parsed;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
 //!   `Spoofed`;
 //! - a tenant without stateful rules passes exactly what its first
@@ -535,13 +534,14 @@ fn check(
     let found = network.or_else(|| owner(cfg, port, l2.vlan));
     // IP is switched at L2, unparsed, where nothing would look at it.
     let opaque = matches!(l2.l3, L3::Other(ETH_IPV4 | ETH_IPV6))
-        && found.is_some_and(|(ti, ai)| {
+        && found.is_some_and(|(ti, _)| {
             let t = &cfg.tenants[ti];
             t.rules.is_empty()
                 && t.default_allow
                 && t.guards
-                    .get(ai)
-                    .is_none_or(|g| g.v4.is_empty() && g.v6.is_empty())
+                    .iter()
+                    .take(t.attachments.len())
+                    .all(|g| g.v4.is_empty() && g.v6.is_empty())
         });
     let h = match opaque {
         true => l2,
