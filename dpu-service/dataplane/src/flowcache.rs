@@ -11,6 +11,14 @@
 //! reuses an entry of an older generation, else replaces its ways in turn.
 //! Hashes are keyed per cache. IPv6 keys are not cached: they would
 //! double every entry for the few flows that have them.
+//!
+//! A cache that keeps missing (far more flows than entries, or a flood of
+//! new ones) costs every lookup a hash, a probe and a write for nothing.
+//! So it watches its hit rate over windows of [`WINDOW`] lookups: below
+//! one in [`MIN_HIT_SHARE`], it rests for the next [`REST`] lookups,
+//! which [`FlowCache::admit`] sends straight to the classifier, then
+//! tries again with what it still holds. Its users count what it
+//! answered ([`FlowCache::tally`]), a burst at a time.
 
 use std::hash::BuildHasher;
 
@@ -23,6 +31,15 @@ const NO_RULE: u32 = u32::MAX;
 
 /// Ways per set.
 const WAYS: usize = 4;
+
+/// Lookups over which the hit rate is judged.
+pub const WINDOW: u32 = 4096;
+/// A window with fewer hits than one lookup in this many sends the
+/// cache to rest.
+pub const MIN_HIT_SHARE: u32 = 4;
+/// Lookups a resting cache lets pass: sixteen windows, so a cache that
+/// never hits is used for one lookup in seventeen.
+pub const REST: u32 = 16 * WINDOW;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C, align(32))]
@@ -73,6 +90,13 @@ pub struct FlowCache {
     hasher: hashbrown::DefaultHashBuilder,
     /// Which way of a full set to replace next.
     victim: usize,
+    /// Lookups and hits of the current window.
+    looked: u32,
+    hits: u32,
+    /// Lookups still to let pass while resting; 0: in use.
+    resting: u32,
+    /// Windows that sent the cache to rest, ever.
+    rests: u64,
 }
 
 impl FlowCache {
@@ -85,7 +109,53 @@ impl FlowCache {
             mask: n - 1,
             hasher: hashbrown::DefaultHashBuilder::default(),
             victim: 0,
+            looked: 0,
+            hits: 0,
+            resting: 0,
+            rests: 0,
         }
+    }
+
+    /// Whether the next `n` lookups should go through the cache: false
+    /// while it rests after a window of too few hits (the lookups are
+    /// then counted off its rest).
+    #[inline]
+    pub fn admit(&mut self, n: usize) -> bool {
+        if self.resting == 0 {
+            return true;
+        }
+        self.resting = self
+            .resting
+            .saturating_sub(u32::try_from(n).unwrap_or(u32::MAX));
+        false
+    }
+
+    /// Times the cache went to rest for missing too often.
+    pub fn rests(&self) -> u64 {
+        self.rests
+    }
+
+    /// Counts `looked` lookups the cache was admitted for, `hits` of
+    /// which it answered; judges each full window.
+    #[inline]
+    pub fn tally(&mut self, looked: usize, hits: usize) {
+        self.looked += looked as u32;
+        self.hits += hits as u32;
+        if self.looked >= WINDOW {
+            self.judge();
+        }
+    }
+
+    /// Ends a window: to rest if it hit too rarely.
+    #[cold]
+    #[inline(never)]
+    fn judge(&mut self) {
+        if self.hits < WINDOW / MIN_HIT_SHARE {
+            self.resting = REST;
+            self.rests += 1;
+        }
+        self.looked = 0;
+        self.hits = 0;
     }
 
     /// The set `key` of `tenant` lives in, for [`FlowCache::get_in`] and
@@ -288,6 +358,62 @@ mod tests {
         c.put(0, &wide, 1, Some(3));
         assert_eq!(c.get(0, &wide, 1), None, "no address bits are dropped");
         assert_eq!(c.get(0, &key(1), 1), None, "nor confused with a v4 key");
+    }
+
+    #[test]
+    fn a_cache_that_keeps_missing_rests_then_tries_again() {
+        let mut c = FlowCache::new(64);
+        // Repeated flows hit: the cache stays in use.
+        for n in 0..3 * WINDOW {
+            assert!(c.admit(1), "lookup {n}");
+            let k = key(n % 8);
+            let hit = c.get(0, &k, 1).is_some();
+            c.tally(1, usize::from(hit));
+            if !hit {
+                c.put(0, &k, 1, Some(1));
+            }
+        }
+        assert_eq!(c.rests(), 0);
+        // A flood of new flows: one window of misses, then it rests.
+        let mut fresh = 1000;
+        let mut miss = |c: &mut FlowCache| {
+            fresh += 1;
+            assert_eq!(c.get(0, &key(fresh), 1), None);
+            c.tally(1, 0);
+        };
+        let mut looked = 0;
+        while c.admit(1) {
+            miss(&mut c);
+            looked += 1;
+            assert!(looked <= 2 * WINDOW, "never rests");
+        }
+        assert_eq!(c.rests(), 1);
+        // The rest is counted in lookups, a burst at a time.
+        let mut passed = 1;
+        while !c.admit(32) {
+            passed += 32;
+            assert!(passed <= REST + 32, "rests for ever");
+        }
+        assert!(passed >= REST, "rested {passed} lookups");
+        // Back in use; still missing, so back to rest after a window.
+        for _ in 0..WINDOW {
+            miss(&mut c);
+        }
+        assert!(!c.admit(1));
+        assert_eq!(c.rests(), 2);
+        // A quarter of hits keeps it in use.
+        while !c.admit(1) {}
+        c.put(0, &key(1), 1, Some(1));
+        for n in 0..2 * WINDOW {
+            if n % 4 == 0 {
+                assert_eq!(c.get(0, &key(1), 1), Some(Some(1)), "still held");
+                c.tally(1, 1);
+            } else {
+                miss(&mut c);
+            }
+        }
+        assert!(c.admit(1));
+        assert_eq!(c.rests(), 2);
     }
 
     #[test]

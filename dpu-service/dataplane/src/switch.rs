@@ -1287,10 +1287,12 @@ fn classify(
     key: &FlowKey,
     generation: u64,
 ) -> Option<u32> {
-    if !t.cached {
+    if !t.cached || !cache.admit(1) {
         return t.classifier.lookup(key).map(|r| r.tag);
     }
-    if let Some(hit) = cache.get(t.uid, key, generation) {
+    let found = cache.get(t.uid, key, generation);
+    cache.tally(1, usize::from(found.is_some()));
+    if let Some(hit) = found {
         return hit;
     }
     let tag = t.classifier.lookup(key).map(|r| r.tag);
@@ -1650,7 +1652,9 @@ impl SwitchPipeline {
         let cached = todo
             .iter()
             .any(|&(_, ti)| compiled.tenants[ti as usize].cached);
-        if cached {
+        // (A resting cache counts the burst's keys off its rest, cached
+        // tenants' or not: close enough.)
+        if cached && self.cache.admit(todo.len()) {
             for (s, &(i, ti)) in sets.iter_mut().zip(todo) {
                 let t = &compiled.tenants[ti as usize];
                 if let (
@@ -1668,6 +1672,7 @@ impl SwitchPipeline {
                 }
             }
         }
+        let (mut probed, mut hits) = (0, 0);
         for (j, &(i, ti)) in todo.iter().enumerate() {
             let set = sets[j];
             let t = &compiled.tenants[ti as usize];
@@ -1679,7 +1684,9 @@ impl SwitchPipeline {
                 continue;
             };
             if let Some(set) = set {
+                probed += 1;
                 if let Some(hit) = self.cache.get_in(set, t.uid, &key, self.generation) {
+                    hits += 1;
                     tags[usize::from(i)] = Some(hit);
                     // What the frame's turn reads next (as for the
                     // classifier's answers below).
@@ -1700,6 +1707,9 @@ impl SwitchPipeline {
             classifiers[k] = &t.classifier;
             sets[k] = set;
             k += 1;
+        }
+        if probed > 0 {
+            self.cache.tally(probed, hits);
         }
         // Every tenant's keys walk their trees together.
         Classifier::lookup_multi(&classifiers[..k], &keys[..k], &mut found[..k]);
@@ -2232,6 +2242,104 @@ mod tests {
                 assert_eq!(got, want, "round {round}: {key:?}");
             }
         }
+    }
+
+    /// A flow cache far too small for its flows goes to rest and comes
+    /// back, one by one and in bursts, and no verdict changes on the way.
+    #[test]
+    fn a_thrashed_flow_cache_rests_without_changing_a_verdict() {
+        use crate::flowcache::{REST, WINDOW};
+        use crate::io::memory::MemPacket;
+        let mut rng = crate::classify::tests::Rng(0x7e57);
+        let mut t = tenant("t", &[(0, 0), (1, 0)], false);
+        t.rules = (0..FLOW_CACHE_MIN_RULES as u32 + 4)
+            .map(|i| {
+                let mut m = AclRule::any(i, 0, Family::V4);
+                let d = 50 + rng.below(8) as u16;
+                m.dst_port = (d, d);
+                m.src = AclRule::prefix_range(0x0a00_0000 | rng.below(8) as u128, 32, 32);
+                SwitchRule {
+                    id: format!("r{i}"),
+                    matches: m,
+                    allow: rng.below(2) == 0,
+                    stateful: false,
+                    rate_limit: None,
+                }
+            })
+            .collect();
+        let h = SwitchHandle::new(&SwitchConfig {
+            ports: 2,
+            tenants: vec![t.clone()],
+            flow_cache_entries: 4,
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        let mut p = h.pipeline();
+        p.turn();
+        assert!(p.compiled.tenants[0].cached);
+        // Flow `n`: new source ports while `n` grows; 4 flows repeat.
+        let frame = |n: u32| {
+            let (src, dport) = (n % 8, 50 + (n / 8 % 8) as u16);
+            let key = FlowKey {
+                src: 0x0a00_0000 | u128::from(src),
+                dst: 0x0a00_0063,
+                src_port: 1024 + (n / 64) as u16,
+                dst_port: dport,
+                proto: proto::UDP,
+                v6: false,
+            };
+            let f = build::udp4(
+                mac(1),
+                mac(2),
+                None,
+                [10, 0, 0, src as u8],
+                [10, 0, 0, 99],
+                key.src_port,
+                dport,
+            );
+            let want = t
+                .rules
+                .iter()
+                .find(|r| r.matches.matches(&key))
+                .is_some_and(|r| r.allow);
+            (f, want)
+        };
+        let passes = |v: &Verdict| !matches!(v, Verdict::Drop(_));
+        // One by one: every frame a new flow, until well past a rest.
+        let total = 2 * WINDOW + REST;
+        for n in 0..total {
+            let (f, want) = frame(n);
+            assert_eq!(passes(&run(&mut p, 0, f).0), want, "frame {n}");
+        }
+        assert!(p.cache.rests() >= 2, "rested {} times", p.cache.rests());
+        // In bursts: new flows still, then the same four (one set).
+        let rests = p.cache.rests();
+        for (phase, flows) in [(0, total), (1, 4)] {
+            for b in 0..(2 * WINDOW + REST) / BURST as u32 {
+                let ns: Vec<u32> = (0..BURST as u32)
+                    .map(|i| match phase {
+                        0 => total + b * BURST as u32 + i,
+                        _ => i % flows,
+                    })
+                    .collect();
+                let mut burst: Vec<MemPacket> = ns.iter().map(|&n| MemPacket(frame(n).0)).collect();
+                let mut got = Vec::new();
+                p.process_burst(0, &mut burst, &mut Vec::new(), |_, v, _| {
+                    got.push(passes(v))
+                });
+                let want: Vec<bool> = ns.iter().map(|&n| frame(n).1).collect();
+                assert_eq!(got, want, "phase {phase} burst {b}");
+            }
+            if phase == 0 {
+                assert!(p.cache.rests() > rests, "rests in bursts too");
+            }
+        }
+        let settled = p.cache.rests();
+        for _ in 0..4 * WINDOW {
+            let (f, want) = frame(3);
+            assert_eq!(passes(&run(&mut p, 0, f).0), want);
+        }
+        assert_eq!(p.cache.rests(), settled, "a cache that hits stays in use");
     }
 
     /// A tenant with no rules that allows everything switches IP at L2:
