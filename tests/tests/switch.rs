@@ -419,6 +419,34 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
     svc.dpuctl_json(&["rule", "delete", "red", "no-icmp"])?;
     eventually("ICMP to pass again", || a1.ping("10.230.0.2"))?;
 
+    // 64 rules, none for ICMP: the worker looks red's flows up in its
+    // flow cache, and the cache's counts reach /metrics.
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("rules.json");
+    let rules: Vec<serde_json::Value> = (0..64)
+        .map(|i| {
+            serde_json::json!({
+                "priority": 10 + i,
+                "ipProtocol": 6,
+                "dstPorts": {"first": 1000 + i, "last": 1000 + i},
+                "action": "RULE_ACTION_DENY",
+            })
+        })
+        .collect();
+    std::fs::write(&file, serde_json::to_vec(&rules)?)?;
+    let path = file.display().to_string();
+    svc.dpuctl_json(&["rule", "replace", "red", "--file", &path])?;
+    eventually("ICMP through 64 rules", || a1.ping("10.230.0.2"))?;
+    for _ in 0..3 {
+        assert!(a1.ping("10.230.0.2"), "ICMP through 64 rules");
+    }
+    eventually("flow-cache counts on /metrics", || {
+        svc.http_get("/metrics").is_ok_and(|(_, body)| {
+            metric(&body, "dpu_flow_cache_lookups_total") >= 6
+                && metric(&body, "dpu_flow_cache_hits_total") >= 4
+        })
+    })?;
+
     // Ports: status and counters through gRPC and /metrics.
     let ports = svc.dpuctl_json(&["port", "list"])?;
     let text = ports.to_string();

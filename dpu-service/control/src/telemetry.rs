@@ -169,6 +169,19 @@ pub struct Counters {
     pub drops: BTreeMap<DropReason, u64>,
     /// Subsystem counters by subsystem ID.
     pub subsystems: BTreeMap<String, SubsystemCounters>,
+    /// The data-plane workers' flow caches, summed.
+    pub flow_cache: FlowCacheCounters,
+}
+
+/// Counters of the data-plane workers' flow caches, summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowCacheCounters {
+    /// Classifications looked up in a cache.
+    pub lookups: u64,
+    /// Lookups a cache answered.
+    pub hits: u64,
+    /// Times a worker's cache rested for missing too often.
+    pub rests: u64,
 }
 
 /// Something that counts: the data plane, the NVMe-oF target.
@@ -225,82 +238,15 @@ impl Telemetry {
         ports: &PortRegistry,
         tenant: Option<&str>,
     ) -> pb::CounterSnapshot {
-        let c = self.collect();
-        let keep = |t: &str| tenant.is_none_or(|want| want == t);
-        pb::CounterSnapshot {
-            time: Some(convert::timestamp(Timestamp::now())),
-            ports: ports
-                .keys()
-                .map(|id| pb::PortCounterEntry {
-                    port: format!("ports/{id}"),
-                    counters: Some(port_counters(c.ports.get(id).copied().unwrap_or_default())),
-                })
-                .collect(),
-            tenants: state
-                .tenants
-                .keys()
-                .filter(|t| keep(t))
-                .map(|id| {
-                    let t = c.tenants.get(id).copied().unwrap_or_default();
-                    pb::TenantCounters {
-                        tenant: format!("tenants/{id}"),
-                        rx_packets: t.rx_packets,
-                        rx_bytes: t.rx_bytes,
-                        forwarded_packets: t.forwarded_packets,
-                        dropped_packets: t.dropped_packets,
-                        conntrack_entries: t.conntrack_entries,
-                    }
-                })
-                .collect(),
-            rules: state
-                .tenants
-                .values()
-                .filter(|t| keep(&t.id))
-                .flat_map(|t| t.rules.rules.iter().map(move |r| (&t.id, r)))
-                .map(|(tid, r)| {
-                    let rc = c
-                        .rules
-                        .get(&(tid.clone(), r.id.clone()))
-                        .copied()
-                        .unwrap_or_default();
-                    pb::RuleCounters {
-                        rule: format!("tenants/{tid}/rules/{}", r.id),
-                        packets: rc.packets,
-                        bytes: rc.bytes,
-                        last_hit_time: rc.last_hit.map(convert::timestamp),
-                    }
-                })
-                .collect(),
-            drops: DropReason::ALL
-                .iter()
-                .map(|r| pb::DropCounter {
-                    reason: r.to_pb() as i32,
-                    packets: c.drops.get(r).copied().unwrap_or(0),
-                })
-                .collect(),
-            subsystems: state
-                .subsystems
-                .keys()
-                .map(|id| {
-                    let s = c.subsystems.get(id).copied().unwrap_or_default();
-                    pb::SubsystemCounters {
-                        subsystem: format!("subsystems/{id}"),
-                        connections: s.connections,
-                        read_ops: s.read_ops,
-                        write_ops: s.write_ops,
-                        read_bytes: s.read_bytes,
-                        write_bytes: s.write_bytes,
-                        errors: s.errors,
-                    }
-                })
-                .collect(),
-        }
+        snapshot_of(&self.collect(), state, ports, tenant)
     }
 
     /// Renders all counters and state gauges in the Prometheus text
     /// exposition format (version 0.0.4).
     pub fn render_prometheus(&self, state: &State, ports: &PortRegistry) -> String {
-        let snap = self.snapshot(state, ports, None);
+        // Counted once: every source is asked once per scrape.
+        let c = self.collect();
+        let snap = snapshot_of(&c, state, ports, None);
         let mut m = Metrics::default();
         m.family("dpu_up", "gauge", "1 while the service runs.");
         m.sample("dpu_up", &[], 1);
@@ -390,7 +336,7 @@ impl Telemetry {
             .map(|p| (strip(&p.port), p.counters.as_ref().unwrap_or(&zero)))
             .collect();
         m.fields(&port_fields, "port", &port_rows);
-        let status = self.collect().port_status;
+        let status = &c.port_status;
         m.family(
             "dpu_port_link_up",
             "gauge",
@@ -466,6 +412,28 @@ impl Telemetry {
             );
         }
 
+        let cache_counters: [(&str, &str, u64); 3] = [
+            (
+                "dpu_flow_cache_lookups_total",
+                "Classifications looked up in the workers' flow caches.",
+                c.flow_cache.lookups,
+            ),
+            (
+                "dpu_flow_cache_hits_total",
+                "Flow-cache lookups answered from the cache.",
+                c.flow_cache.hits,
+            ),
+            (
+                "dpu_flow_cache_rests_total",
+                "Times a worker's flow cache rested for missing too often.",
+                c.flow_cache.rests,
+            ),
+        ];
+        for (name, help, v) in cache_counters {
+            m.family(name, "counter", help);
+            m.sample(name, &[], v);
+        }
+
         let ss_fields: [Field<pb::SubsystemCounters>; 6] = [
             (
                 "dpu_nvmf_connections",
@@ -527,6 +495,84 @@ impl Telemetry {
             }
         }
         m.out
+    }
+}
+
+/// [`Telemetry::snapshot`] of the counters `c`.
+fn snapshot_of(
+    c: &Counters,
+    state: &State,
+    ports: &PortRegistry,
+    tenant: Option<&str>,
+) -> pb::CounterSnapshot {
+    let keep = |t: &str| tenant.is_none_or(|want| want == t);
+    pb::CounterSnapshot {
+        time: Some(convert::timestamp(Timestamp::now())),
+        ports: ports
+            .keys()
+            .map(|id| pb::PortCounterEntry {
+                port: format!("ports/{id}"),
+                counters: Some(port_counters(c.ports.get(id).copied().unwrap_or_default())),
+            })
+            .collect(),
+        tenants: state
+            .tenants
+            .keys()
+            .filter(|t| keep(t))
+            .map(|id| {
+                let t = c.tenants.get(id).copied().unwrap_or_default();
+                pb::TenantCounters {
+                    tenant: format!("tenants/{id}"),
+                    rx_packets: t.rx_packets,
+                    rx_bytes: t.rx_bytes,
+                    forwarded_packets: t.forwarded_packets,
+                    dropped_packets: t.dropped_packets,
+                    conntrack_entries: t.conntrack_entries,
+                }
+            })
+            .collect(),
+        rules: state
+            .tenants
+            .values()
+            .filter(|t| keep(&t.id))
+            .flat_map(|t| t.rules.rules.iter().map(move |r| (&t.id, r)))
+            .map(|(tid, r)| {
+                let rc = c
+                    .rules
+                    .get(&(tid.clone(), r.id.clone()))
+                    .copied()
+                    .unwrap_or_default();
+                pb::RuleCounters {
+                    rule: format!("tenants/{tid}/rules/{}", r.id),
+                    packets: rc.packets,
+                    bytes: rc.bytes,
+                    last_hit_time: rc.last_hit.map(convert::timestamp),
+                }
+            })
+            .collect(),
+        drops: DropReason::ALL
+            .iter()
+            .map(|r| pb::DropCounter {
+                reason: r.to_pb() as i32,
+                packets: c.drops.get(r).copied().unwrap_or(0),
+            })
+            .collect(),
+        subsystems: state
+            .subsystems
+            .keys()
+            .map(|id| {
+                let s = c.subsystems.get(id).copied().unwrap_or_default();
+                pb::SubsystemCounters {
+                    subsystem: format!("subsystems/{id}"),
+                    connections: s.connections,
+                    read_ops: s.read_ops,
+                    write_ops: s.write_ops,
+                    read_bytes: s.read_bytes,
+                    write_bytes: s.write_bytes,
+                    errors: s.errors,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -613,6 +659,9 @@ mod tests {
             out.ports.entry("p0".into()).or_default().rx_packets += 5;
             *out.drops.entry(DropReason::AclDeny).or_default() += 3;
             out.tenants.entry("a".into()).or_default().forwarded_packets += 2;
+            out.flow_cache.lookups += 100;
+            out.flow_cache.hits += 90;
+            out.flow_cache.rests += 1;
         }
     }
 
@@ -675,6 +724,12 @@ mod tests {
         );
         assert!(text.contains("dpu_dropped_packets_total{reason=\"acl_deny\"} 3\n"));
         assert!(text.contains("dpu_tenants 2\n"));
+        assert!(
+            text.contains("dpu_flow_cache_lookups_total 100\n"),
+            "{text}"
+        );
+        assert!(text.contains("dpu_flow_cache_hits_total 90\n"));
+        assert!(text.contains("dpu_flow_cache_rests_total 1\n"));
         assert!(text.contains(
             "dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/CreateTenant\",code=\"Ok\"} 2\n"
         ));

@@ -81,6 +81,27 @@ fn packed(key: &FlowKey) -> Option<(u64, u32, u8)> {
     ))
 }
 
+/// What a flow cache did: lookups it was admitted for, how many it
+/// answered, and how often it went to rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowCacheStats {
+    /// Lookups made in the cache.
+    pub lookups: u64,
+    /// Lookups it answered.
+    pub hits: u64,
+    /// Windows after which it rested for missing too often.
+    pub rests: u64,
+}
+
+impl FlowCacheStats {
+    /// Adds `other` into these.
+    pub fn add(&mut self, other: FlowCacheStats) {
+        self.lookups += other.lookups;
+        self.hits += other.hits;
+        self.rests += other.rests;
+    }
+}
+
 /// One worker's flow cache.
 #[derive(Debug)]
 pub struct FlowCache {
@@ -95,8 +116,8 @@ pub struct FlowCache {
     hits: u32,
     /// Lookups still to let pass while resting; 0: in use.
     resting: u32,
-    /// Windows that sent the cache to rest, ever.
-    rests: u64,
+    /// Since the cache was made.
+    stats: FlowCacheStats,
 }
 
 impl FlowCache {
@@ -112,7 +133,7 @@ impl FlowCache {
             looked: 0,
             hits: 0,
             resting: 0,
-            rests: 0,
+            stats: FlowCacheStats::default(),
         }
     }
 
@@ -130,9 +151,9 @@ impl FlowCache {
         false
     }
 
-    /// Times the cache went to rest for missing too often.
-    pub fn rests(&self) -> u64 {
-        self.rests
+    /// What the cache did since it was made.
+    pub fn stats(&self) -> FlowCacheStats {
+        self.stats
     }
 
     /// Counts `looked` lookups the cache was admitted for, `hits` of
@@ -141,6 +162,8 @@ impl FlowCache {
     pub fn tally(&mut self, looked: usize, hits: usize) {
         self.looked += looked as u32;
         self.hits += hits as u32;
+        self.stats.lookups += looked as u64;
+        self.stats.hits += hits as u64;
         if self.looked >= WINDOW {
             self.judge();
         }
@@ -152,7 +175,7 @@ impl FlowCache {
     fn judge(&mut self) {
         if self.hits < WINDOW / MIN_HIT_SHARE {
             self.resting = REST;
-            self.rests += 1;
+            self.stats.rests += 1;
         }
         self.looked = 0;
         self.hits = 0;
@@ -373,7 +396,7 @@ mod tests {
                 c.put(0, &k, 1, Some(1));
             }
         }
-        assert_eq!(c.rests(), 0);
+        assert_eq!(c.stats().rests, 0);
         // A flood of new flows: one window of misses, then it rests.
         let mut fresh = 1000;
         let mut miss = |c: &mut FlowCache| {
@@ -387,7 +410,7 @@ mod tests {
             looked += 1;
             assert!(looked <= 2 * WINDOW, "never rests");
         }
-        assert_eq!(c.rests(), 1);
+        assert_eq!(c.stats().rests, 1);
         // The rest is counted in lookups, a burst at a time.
         let mut passed = 1;
         while !c.admit(32) {
@@ -400,7 +423,7 @@ mod tests {
             miss(&mut c);
         }
         assert!(!c.admit(1));
-        assert_eq!(c.rests(), 2);
+        assert_eq!(c.stats().rests, 2);
         // A quarter of hits keeps it in use.
         while !c.admit(1) {}
         c.put(0, &key(1), 1, Some(1));
@@ -413,7 +436,7 @@ mod tests {
             }
         }
         assert!(c.admit(1));
-        assert_eq!(c.rests(), 2);
+        assert_eq!(c.stats().rests, 2);
     }
 
     #[test]

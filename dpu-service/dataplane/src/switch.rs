@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use crate::classify::{AclRule, Classifier};
 use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
-use crate::flowcache::FlowCache;
+use crate::flowcache::{FlowCache, FlowCacheStats};
 use crate::io::Packet;
 use crate::mactable::MacTable;
 use crate::parse::{
@@ -971,8 +971,44 @@ struct Shared {
     current: Mutex<Arc<Compiled>>,
     /// Replaced snapshots and the counts of those no worker holds any more.
     history: Mutex<History>,
-    /// The generation each pipeline has taken, for [`SwitchHandle::taken`].
-    pipelines: Mutex<Vec<Weak<AtomicU64>>>,
+    /// What each pipeline publishes of itself, and what dropped ones
+    /// left behind.
+    pipelines: Mutex<Pipelines>,
+}
+
+/// The pipelines a handle made.
+#[derive(Default)]
+struct Pipelines {
+    live: Vec<Weak<PipelineCells>>,
+    /// The flow-cache counts of dropped pipelines.
+    gone: FlowCacheStats,
+}
+
+/// What a pipeline publishes of itself.
+#[derive(Default)]
+struct PipelineCells {
+    /// The generation it has taken, for [`SwitchHandle::taken`].
+    taken: AtomicU64,
+    /// Its flow cache's counts, stored once a second.
+    cache_lookups: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_rests: AtomicU64,
+}
+
+impl PipelineCells {
+    fn cache(&self) -> FlowCacheStats {
+        FlowCacheStats {
+            lookups: self.cache_lookups.load(Ordering::Relaxed),
+            hits: self.cache_hits.load(Ordering::Relaxed),
+            rests: self.cache_rests.load(Ordering::Relaxed),
+        }
+    }
+
+    fn store_cache(&self, s: FlowCacheStats) {
+        self.cache_lookups.store(s.lookups, Ordering::Relaxed);
+        self.cache_hits.store(s.hits, Ordering::Relaxed);
+        self.cache_rests.store(s.rests, Ordering::Relaxed);
+    }
 }
 
 /// Counters of snapshots that are no longer current.
@@ -1028,7 +1064,7 @@ impl SwitchHandle {
                 ids: Mutex::new(ids),
                 current: Mutex::new(Arc::new(first)),
                 history: Mutex::new(History::default()),
-                pipelines: Mutex::new(Vec::new()),
+                pipelines: Mutex::new(Pipelines::default()),
             }),
         })
     }
@@ -1120,10 +1156,21 @@ impl SwitchHandle {
     /// True once every pipeline still alive has taken configuration
     /// `generation` (or a later one) at a turn; true without pipelines.
     pub fn taken(&self, generation: u64) -> bool {
-        self.live_pipelines().iter().all(|p| {
+        self.live_pipelines().live.iter().all(|p| {
             p.upgrade()
-                .is_none_or(|g| g.load(Ordering::Acquire) >= generation)
+                .is_none_or(|c| c.taken.load(Ordering::Acquire) >= generation)
         })
+    }
+
+    /// The flow caches' counts, summed over the pipelines, as each last
+    /// stored them (once a second), dropped ones included.
+    pub fn flow_cache(&self) -> FlowCacheStats {
+        let p = self.live_pipelines();
+        let mut sum = p.gone;
+        for c in p.live.iter().filter_map(Weak::upgrade) {
+            sum.add(c.cache());
+        }
+        sum
     }
 
     /// Waits until [`SwitchHandle::taken`] holds for `generation`,
@@ -1141,15 +1188,14 @@ impl SwitchHandle {
         true
     }
 
-    /// The generations the pipelines took, those of dropped ones
-    /// forgotten.
-    fn live_pipelines(&self) -> std::sync::MutexGuard<'_, Vec<Weak<AtomicU64>>> {
+    /// The pipelines, dropped ones forgotten.
+    fn live_pipelines(&self) -> std::sync::MutexGuard<'_, Pipelines> {
         let mut all = self
             .shared
             .pipelines
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        all.retain(|p| p.strong_count() > 0);
+        all.live.retain(|p| p.strong_count() > 0);
         all
     }
 
@@ -1167,8 +1213,11 @@ impl SwitchHandle {
         let (max, per_tenant) = compiled.conntrack;
         let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
         conns.reserve_tenants(compiled.tracking.len());
-        let taken = Arc::new(AtomicU64::new(generation));
-        self.live_pipelines().push(Arc::downgrade(&taken));
+        let cells = Arc::new(PipelineCells {
+            taken: AtomicU64::new(generation),
+            ..PipelineCells::default()
+        });
+        self.live_pipelines().live.push(Arc::downgrade(&cells));
         SwitchPipeline {
             conns,
             cache: FlowCache::new(compiled.flow_cache_entries),
@@ -1177,7 +1226,7 @@ impl SwitchHandle {
             shard: worker % compiled.shards.len().max(1),
             compiled,
             worker,
-            taken,
+            cells,
             unix_now: 0,
             macs,
             neighbours: hashbrown::HashMap::with_capacity(NEIGHBOURS_MAX),
@@ -1210,8 +1259,9 @@ pub struct SwitchPipeline {
     cache: FlowCache,
     shared: Arc<Shared>,
     generation: u64,
-    /// `generation`, for the handle to see (stored when it changes).
-    taken: Arc<AtomicU64>,
+    /// What the handle sees of this pipeline: `generation` (stored when
+    /// it changes), the flow cache's counts (once a second).
+    cells: Arc<PipelineCells>,
     compiled: Arc<Compiled>,
     /// This worker's index.
     worker: usize,
@@ -1233,6 +1283,20 @@ pub struct SwitchPipeline {
     last_sweep: u64,
     /// The frames of a burst between its stages (kept for its memory).
     stage: Vec<Inspected>,
+}
+
+impl Drop for SwitchPipeline {
+    /// Leaves the flow cache's counts to the handle. Under the handle's
+    /// lock, so that a reader sees them either here or there.
+    fn drop(&mut self) {
+        let mut p = self
+            .shared
+            .pipelines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        p.gone.add(self.cache.stats());
+        self.cells.store_cache(FlowCacheStats::default());
+    }
 }
 
 impl std::fmt::Debug for SwitchPipeline {
@@ -1975,7 +2039,7 @@ impl Pipeline for SwitchPipeline {
             self.macs.clear();
             self.conns.reserve_tenants(self.compiled.tracking.len());
             self.store_gauges();
-            self.taken.store(self.generation, Ordering::Release);
+            self.cells.taken.store(self.generation, Ordering::Release);
         }
         let elapsed = self.epoch.elapsed();
         self.now_us = elapsed.as_micros() as u64;
@@ -2004,6 +2068,7 @@ impl Pipeline for SwitchPipeline {
         }
         if tick {
             self.store_gauges();
+            self.cells.store_cache(self.cache.stats());
         }
     }
 
@@ -2311,9 +2376,13 @@ mod tests {
             let (f, want) = frame(n);
             assert_eq!(passes(&run(&mut p, 0, f).0), want, "frame {n}");
         }
-        assert!(p.cache.rests() >= 2, "rested {} times", p.cache.rests());
+        assert!(
+            p.cache.stats().rests >= 2,
+            "rested {} times",
+            p.cache.stats().rests
+        );
         // In bursts: new flows still, then the same four (one set).
-        let rests = p.cache.rests();
+        let rests = p.cache.stats().rests;
         for (phase, flows) in [(0, total), (1, 4)] {
             for b in 0..(2 * WINDOW + REST) / BURST as u32 {
                 let ns: Vec<u32> = (0..BURST as u32)
@@ -2331,15 +2400,35 @@ mod tests {
                 assert_eq!(got, want, "phase {phase} burst {b}");
             }
             if phase == 0 {
-                assert!(p.cache.rests() > rests, "rests in bursts too");
+                assert!(p.cache.stats().rests > rests, "rests in bursts too");
             }
         }
-        let settled = p.cache.rests();
+        let settled = p.cache.stats().rests;
         for _ in 0..4 * WINDOW {
             let (f, want) = frame(3);
             assert_eq!(passes(&run(&mut p, 0, f).0), want);
         }
-        assert_eq!(p.cache.rests(), settled, "a cache that hits stays in use");
+        assert_eq!(
+            p.cache.stats().rests,
+            settled,
+            "a cache that hits stays in use"
+        );
+        // The handle sees the counts a second later, and keeps them once
+        // the pipeline is gone.
+        let seen = p.cache.stats();
+        assert!(seen.hits >= 4 * WINDOW as u64 && seen.lookups > seen.hits);
+        assert_eq!(
+            h.flow_cache(),
+            FlowCacheStats::default(),
+            "not a second yet"
+        );
+        p.epoch -= Duration::from_secs(1);
+        p.turn();
+        assert_eq!(h.flow_cache(), seen);
+        let mut q = h.pipeline();
+        q.turn();
+        drop(p);
+        assert_eq!(h.flow_cache(), seen, "kept when it is dropped");
     }
 
     /// A tenant with no rules that allows everything switches IP at L2:

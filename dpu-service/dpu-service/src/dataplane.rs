@@ -573,6 +573,10 @@ impl<D: Driver> CounterSource for PortSource<D> {
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }
+        let cache = self.switch.flow_cache();
+        out.flow_cache.lookups += cache.lookups;
+        out.flow_cache.hits += cache.hits;
+        out.flow_cache.rests += cache.rests;
         let traffic = self.switch.traffic();
         for (name, t) in traffic.tenants {
             let c = out.tenants.entry(name).or_default();
