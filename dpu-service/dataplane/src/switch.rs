@@ -2242,6 +2242,29 @@ mod tests {
         );
     }
 
+    /// Enough random rules for the flow cache: UDP to one of ports
+    /// 50-57, from one of 10.0.0.0-7 or anywhere, allow or deny.
+    fn cacheable_rules(rng: &mut crate::classify::tests::Rng) -> Vec<SwitchRule> {
+        (0..FLOW_CACHE_MIN_RULES as u32 + 4)
+            .map(|i| {
+                let mut m = AclRule::any(i, 0, Family::V4);
+                m.proto = (proto::UDP, proto::UDP);
+                let d = 50 + rng.below(8) as u16;
+                m.dst_port = (d, d);
+                if rng.below(2) == 0 {
+                    m.src = AclRule::prefix_range(0x0a00_0000 | rng.below(8) as u128, 32, 32);
+                }
+                SwitchRule {
+                    id: format!("r{i}"),
+                    matches: m,
+                    allow: rng.below(2) == 0,
+                    stateful: false,
+                    rate_limit: None,
+                }
+            })
+            .collect()
+    }
+
     /// A tenant with enough rules to use the flow cache: every verdict
     /// agrees with a first-match scan of the rules in force, through many
     /// rule changes, while the same 64 flows keep coming back.
@@ -2258,24 +2281,8 @@ mod tests {
         let h = SwitchHandle::new(&config(&t)).unwrap();
         let mut p = h.pipeline();
         for round in 0..40 {
-            t.rules = (0..FLOW_CACHE_MIN_RULES as u32 + 4)
-                .map(|i| {
-                    let mut m = AclRule::any(i, 0, Family::V4);
-                    m.proto = (proto::UDP, proto::UDP);
-                    let d = 50 + rng.below(8) as u16;
-                    m.dst_port = (d, d);
-                    if rng.below(2) == 0 {
-                        m.src = AclRule::prefix_range(0x0a00_0000 | rng.below(8) as u128, 32, 32);
-                    }
-                    SwitchRule {
-                        id: format!("r{i}"),
-                        matches: m,
-                        allow: rng.below(2) == 0,
-                        stateful: false,
-                        rate_limit: None,
-                    }
-                })
-                .collect();
+            t.rules = cacheable_rules(&mut rng);
+
             h.publish(&config(&t)).unwrap();
             p.turn();
             assert!(p.compiled.tenants[0].cached);
@@ -2317,21 +2324,7 @@ mod tests {
         use crate::io::memory::MemPacket;
         let mut rng = crate::classify::tests::Rng(0x7e57);
         let mut t = tenant("t", &[(0, 0), (1, 0)], false);
-        t.rules = (0..FLOW_CACHE_MIN_RULES as u32 + 4)
-            .map(|i| {
-                let mut m = AclRule::any(i, 0, Family::V4);
-                let d = 50 + rng.below(8) as u16;
-                m.dst_port = (d, d);
-                m.src = AclRule::prefix_range(0x0a00_0000 | rng.below(8) as u128, 32, 32);
-                SwitchRule {
-                    id: format!("r{i}"),
-                    matches: m,
-                    allow: rng.below(2) == 0,
-                    stateful: false,
-                    rate_limit: None,
-                }
-            })
-            .collect();
+        t.rules = cacheable_rules(&mut rng);
         let h = SwitchHandle::new(&SwitchConfig {
             ports: 2,
             tenants: vec![t.clone()],
