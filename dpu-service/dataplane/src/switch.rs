@@ -1343,7 +1343,7 @@ const SWEEP_SLOTS: usize = 32;
 pub const FLOW_CACHE_MIN_RULES: usize = 64;
 
 /// The tag of the first rule of tenant `t` matching `key`, through the
-/// worker's flow cache if the tenant uses it.
+/// worker's flow cache if the tenant uses it and the cache is not resting.
 #[inline]
 fn classify(
     t: &CompiledTenant,
@@ -1351,16 +1351,22 @@ fn classify(
     key: &FlowKey,
     generation: u64,
 ) -> Option<u32> {
-    if !t.cached || !cache.admit(1) {
+    // Hashed once, for the lookup and the fill; IPv6 keys have no set.
+    let set = if t.cached {
+        cache.set(t.uid, key)
+    } else {
+        None
+    };
+    let Some(set) = set.filter(|_| cache.admit(1)) else {
         return t.classifier.lookup(key).map(|r| r.tag);
-    }
-    let found = cache.get(t.uid, key, generation);
+    };
+    let found = cache.get_in(set, t.uid, key, generation);
     cache.tally(1, usize::from(found.is_some()));
     if let Some(hit) = found {
         return hit;
     }
     let tag = t.classifier.lookup(key).map(|r| r.tag);
-    cache.put(t.uid, key, generation, tag);
+    cache.put_in(set, t.uid, key, generation, tag);
     tag
 }
 
