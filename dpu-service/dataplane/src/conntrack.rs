@@ -65,6 +65,17 @@ pub struct ConnKey {
     canon: Canon,
     /// The packet comes from the `lo` end.
     from_lo: bool,
+    /// `canon` hashed ([`canon_hash`]): once per packet, whatever the
+    /// table does with the key (prefetch, look up, open).
+    hash: u32,
+}
+
+/// The hash of a canonical key: keyed once per process with a random
+/// key, so that no one can choose 5-tuples that collide in every table.
+fn canon_hash(c: &Canon) -> u32 {
+    use std::hash::BuildHasher;
+    static HASHER: std::sync::OnceLock<hashbrown::DefaultHashBuilder> = std::sync::OnceLock::new();
+    HASHER.get_or_init(Default::default).hash_one(c) as u32
 }
 
 fn words(a: u128) -> [u32; 4] {
@@ -102,17 +113,19 @@ impl ConnKey {
             }
             _ => (dst, src, key.dst_port, key.src_port, false),
         };
+        let canon = Canon {
+            tenant,
+            lo,
+            hi,
+            lo_port,
+            hi_port,
+            proto: key.proto,
+            v6: key.v6,
+        };
         Some(ConnKey {
-            canon: Canon {
-                tenant,
-                lo,
-                hi,
-                lo_port,
-                hi_port,
-                proto: key.proto,
-                v6: key.v6,
-            },
+            canon,
             from_lo,
+            hash: canon_hash(&canon),
         })
     }
 
@@ -255,7 +268,6 @@ pub enum Refused {
 pub struct ConnTable {
     buckets: Box<[Bucket]>,
     mask: usize,
-    hasher: hashbrown::DefaultHashBuilder,
     /// Connections per tenant ID.
     per_tenant: Vec<u32>,
     max: usize,
@@ -280,7 +292,6 @@ impl ConnTable {
         ConnTable {
             buckets: vec![EMPTY; n].into_boxed_slice(),
             mask: n - 1,
-            hasher: hashbrown::DefaultHashBuilder::default(),
             per_tenant: Vec::new(),
             max,
             tenant_max: u32::try_from(tenant_max).unwrap_or(u32::MAX),
@@ -313,11 +324,6 @@ impl ConnTable {
         self.per_tenant.get(tenant as usize).copied().unwrap_or(0)
     }
 
-    fn hash(&self, key: &Canon) -> u32 {
-        use std::hash::BuildHasher;
-        self.hasher.hash_one(key) as u32
-    }
-
     /// The bucket holding `key`, or the empty one where it would go.
     fn probe(&self, key: &Canon, hash: u32) -> (usize, bool) {
         let mut i = hash as usize & self.mask;
@@ -338,7 +344,7 @@ impl ConnTable {
     /// another.
     #[inline]
     pub fn prefetch(&self, key: &ConnKey) {
-        let i = self.hash(&key.canon) as usize & self.mask;
+        let i = key.hash as usize & self.mask;
         if let Some(b) = self.buckets.get(i) {
             dpdk::hint::prefetch(b);
         }
@@ -347,7 +353,7 @@ impl ConnTable {
     /// The live connection `key` belongs to, and the packet's direction in
     /// it. An expired connection is removed and not returned.
     pub fn find(&mut self, key: &ConnKey, now: u64) -> Option<(u32, Dir)> {
-        let (i, found) = self.probe(&key.canon, self.hash(&key.canon));
+        let (i, found) = self.probe(&key.canon, key.hash);
         if !found {
             return None;
         }
@@ -367,7 +373,7 @@ impl ConnTable {
     /// last checked against generation `g`: what [`ConnTable::find`] and
     /// [`ConnTable::checked_at`] would say, without changing anything.
     pub fn is_current(&self, key: &ConnKey, now: u64, g: u64) -> bool {
-        let (i, found) = self.probe(&key.canon, self.hash(&key.canon));
+        let (i, found) = self.probe(&key.canon, key.hash);
         found && u64::from(self.buckets[i].expires) > now && self.checked_at(i as u32, g)
     }
 
@@ -465,7 +471,7 @@ impl ConnTable {
             proto::UDP => (ConnState::Datagram { replied: false }, t.udp_unreplied),
             _ => (ConnState::Datagram { replied: false }, t.other_unreplied),
         };
-        let hash = self.hash(&key.canon);
+        let hash = key.hash;
         let (i, found) = self.probe(&key.canon, hash);
         if found {
             return Err(Refused::Invalid);

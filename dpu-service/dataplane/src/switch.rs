@@ -1235,6 +1235,7 @@ impl SwitchHandle {
             epoch: Instant::now(),
             last_sweep: 0,
             stage: Vec::with_capacity(BURST),
+            conn_keys: [None; BURST],
         }
     }
 
@@ -1283,6 +1284,9 @@ pub struct SwitchPipeline {
     last_sweep: u64,
     /// The frames of a burst between its stages (kept for its memory).
     stage: Vec<Inspected>,
+    /// Their connection keys, when a tenant tracks connections: made
+    /// (and hashed) once a frame.
+    conn_keys: [Option<ConnKey>; BURST],
 }
 
 impl Drop for SwitchPipeline {
@@ -1666,16 +1670,11 @@ impl SwitchPipeline {
     /// What frame `x` needs before its turn: its tenant's rules for its
     /// key, unless the tenant has none or the connection table alone will
     /// decide it (a live connection checked against the current rules).
-    fn need(&self, x: &Inspected) -> Need {
+    /// `conn` is the frame's [`SwitchPipeline::conn_key`].
+    fn need(&self, x: &Inspected, conn: Option<&ConnKey>) -> Need {
         let Seen::Switch {
             ti,
-            l3:
-                L3::Ip {
-                    ref key,
-                    later_fragment,
-                    echo_id,
-                    ..
-                },
+            l3: L3::Ip { .. },
             ..
         } = x.seen
         else {
@@ -1686,11 +1685,9 @@ impl SwitchPipeline {
             // No rules: no rule matches.
             return Need::Ready(Some(None));
         }
-        if t.tracks && !later_fragment {
-            if let Some(ck) = ConnKey::of(t.uid, key, echo_id) {
-                if self.conns.is_current(&ck, self.now, self.generation) {
-                    return Need::Ready(None);
-                }
+        if let Some(ck) = conn {
+            if self.conns.is_current(ck, self.now, self.generation) {
+                return Need::Ready(None);
             }
         }
         Need::Rules(ti)
@@ -1809,12 +1806,13 @@ impl SwitchPipeline {
     /// The second stage of a frame received on `port`, in arrival order:
     /// learns what it reveals and decides its fate, pushing a flood's
     /// outputs onto `flood`. `tag` is its classification if it was
-    /// looked up ahead.
+    /// looked up ahead, `conn` its [`SwitchPipeline::conn_key`].
     fn decide(
         &mut self,
         port: usize,
         x: &Inspected,
         tag: Option<Option<u32>>,
+        conn: Option<ConnKey>,
         flood: &mut Vec<Egress>,
     ) -> Verdict {
         if let Some((ip, mac)) = x.neighbour {
@@ -1854,17 +1852,7 @@ impl SwitchPipeline {
             }
         }
         let passed = match *l3 {
-            L3::Ip {
-                key,
-                tcp_flags,
-                later_fragment,
-                echo_id,
-            } => {
-                let conn = if t.tracks && !later_fragment {
-                    ConnKey::of(t.uid, &key, echo_id)
-                } else {
-                    None
-                };
+            L3::Ip { key, tcp_flags, .. } => {
                 let clock = Clock {
                     secs: self.now,
                     micros: self.now_us,
@@ -2080,7 +2068,8 @@ impl Pipeline for SwitchPipeline {
 
     fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
         let x = self.inspect(in_port, packet);
-        self.decide(in_port, &x, None, flood)
+        let conn = self.conn_key(&x);
+        self.decide(in_port, &x, None, conn, flood)
     }
 
     fn process_burst<P: Packet>(
@@ -2105,17 +2094,19 @@ impl Pipeline for SwitchPipeline {
                 for pkt in burst[..k].iter_mut() {
                     seen.push(self.inspect(in_port, pkt.data_mut()));
                 }
-                for x in &seen {
-                    if let Some(ck) = self.conn_key(x) {
-                        self.conns.prefetch(&ck);
+                for (i, x) in seen.iter().enumerate() {
+                    let ck = self.conn_key(x);
+                    if let Some(ck) = &ck {
+                        self.conns.prefetch(ck);
                     }
+                    self.conn_keys[i] = ck;
                 }
                 for (i, pkt) in burst.drain(..k).enumerate() {
-                    let x = &seen[i];
-                    match self.need(x) {
+                    let (x, ck) = (&seen[i], self.conn_keys[i]);
+                    match self.need(x, ck.as_ref()) {
                         Need::Ready(tag) if w.staged == 0 => {
                             flood.clear();
-                            let v = self.decide(in_port, x, tag, flood);
+                            let v = self.decide(in_port, x, tag, ck, flood);
                             sink(pkt, &v, flood);
                         }
                         need => w.hold(i, pkt, need),
@@ -2124,10 +2115,11 @@ impl Pipeline for SwitchPipeline {
             } else {
                 for mut pkt in burst.drain(..k) {
                     let x = self.inspect(in_port, pkt.data_mut());
-                    match self.need(&x) {
+                    // No tenant tracks connections: no frame has a key.
+                    match self.need(&x, None) {
                         Need::Ready(tag) if w.staged == 0 => {
                             flood.clear();
-                            let v = self.decide(in_port, &x, tag, flood);
+                            let v = self.decide(in_port, &x, tag, None, flood);
                             sink(pkt, &v, flood);
                         }
                         need => {
@@ -2141,10 +2133,11 @@ impl Pipeline for SwitchPipeline {
                 continue;
             }
             self.classify_ahead(&seen, &w.todo[..w.n], &mut w.tags);
-            for ((x, &tag), pkt) in seen.iter().zip(&w.tags).zip(&mut w.held) {
+            for (i, ((x, &tag), pkt)) in seen.iter().zip(&w.tags).zip(&mut w.held).enumerate() {
                 if let Some(pkt) = pkt.take() {
                     flood.clear();
-                    let v = self.decide(in_port, x, tag, flood);
+                    let ck = if tracks { self.conn_keys[i] } else { None };
+                    let v = self.decide(in_port, x, tag, ck, flood);
                     sink(pkt, &v, flood);
                 }
             }
