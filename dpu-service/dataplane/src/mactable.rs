@@ -95,7 +95,7 @@ impl MacTable {
     /// Records that `mac` of `tenant` was seen at `now` on `attachment`
     /// (behind remote VTEP `vtep`, 0 for none). A new address is not
     /// learned while the table is full.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn learn(
         &mut self,
         tenant: u32,
@@ -116,6 +116,20 @@ impl MacTable {
             // The table holds exactly this already.
             return;
         }
+        self.learn_in_map(s, tenant, mac, attachment, vtep, now);
+    }
+
+    /// [`MacTable::learn`] past its memo: the table itself.
+    #[inline(never)]
+    fn learn_in_map(
+        &mut self,
+        s: usize,
+        tenant: u32,
+        mac: [u8; 6],
+        attachment: u32,
+        vtep: u32,
+        now: u64,
+    ) {
         let entry = Learned {
             attachment,
             vtep,
@@ -147,7 +161,7 @@ impl MacTable {
     /// The attachment `mac` of `tenant` was learned on and its remote
     /// VTEP, unless not seen for `ageing` seconds at `now`; `from` is the
     /// attachment asking.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lookup(
         &mut self,
         tenant: u32,
@@ -166,6 +180,20 @@ impl MacTable {
         {
             return m.found;
         }
+        self.lookup_in_map(s, tenant, from, mac, now, ageing)
+    }
+
+    /// [`MacTable::lookup`] past its memo: the table itself.
+    #[inline(never)]
+    fn lookup_in_map(
+        &mut self,
+        s: usize,
+        tenant: u32,
+        from: u32,
+        mac: [u8; 6],
+        now: u64,
+        ageing: u64,
+    ) -> Option<(u32, u32)> {
         let found = self
             .map
             .get(&(tenant, mac))

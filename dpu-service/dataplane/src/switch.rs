@@ -1480,6 +1480,7 @@ impl SwitchPipeline {
         }
     }
 
+    #[inline(always)]
     fn learn(&mut self, tenant: usize, mac: [u8; 6], attachment: usize, vtep: u32) {
         self.macs
             .learn(tenant as u32, mac, attachment as u32, vtep, self.now);
