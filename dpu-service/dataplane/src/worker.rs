@@ -475,7 +475,27 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
 }
 
 /// Queues `pkt` for output `e` after its tag operation, or counts the drop.
+#[inline(always)]
 fn emit<P: Packet>(
+    pkt: P,
+    e: &Egress,
+    out: &mut [Vec<P>],
+    out_bytes: &mut [u64],
+    c: &WorkerCounters,
+) {
+    // The frame as it came, to a port that exists: queued in place.
+    if let (0, VlanOp::Keep, None, Some(q)) = (e.decap, e.vlan, &e.tunnel, out.get_mut(e.port)) {
+        out_bytes[e.port] += pkt.len() as u64;
+        q.push(pkt);
+        return;
+    }
+    emit_rewritten(pkt, e, out, out_bytes, c);
+}
+
+/// [`emit`] of a frame to rewrite first: decapsulated, tagged, untagged
+/// or tunnelled.
+#[inline(never)]
+fn emit_rewritten<P: Packet>(
     mut pkt: P,
     e: &Egress,
     out: &mut [Vec<P>],
