@@ -111,13 +111,12 @@ pub struct FlowCache {
     hasher: hashbrown::DefaultHashBuilder,
     /// Which way of a full set to replace next.
     victim: usize,
-    /// Lookups and hits of the current window.
-    looked: u32,
-    hits: u32,
     /// Lookups still to let pass while resting; 0: in use.
     resting: u32,
     /// Since the cache was made.
     stats: FlowCacheStats,
+    /// `stats` when the current window began.
+    window: FlowCacheStats,
 }
 
 impl FlowCache {
@@ -130,10 +129,9 @@ impl FlowCache {
             mask: n - 1,
             hasher: hashbrown::DefaultHashBuilder::default(),
             victim: 0,
-            looked: 0,
-            hits: 0,
             resting: 0,
             stats: FlowCacheStats::default(),
+            window: FlowCacheStats::default(),
         }
     }
 
@@ -160,11 +158,9 @@ impl FlowCache {
     /// which it answered; judges each full window.
     #[inline]
     pub fn tally(&mut self, looked: usize, hits: usize) {
-        self.looked += looked as u32;
-        self.hits += hits as u32;
         self.stats.lookups += looked as u64;
         self.stats.hits += hits as u64;
-        if self.looked >= WINDOW {
+        if self.stats.lookups - self.window.lookups >= u64::from(WINDOW) {
             self.judge();
         }
     }
@@ -173,12 +169,11 @@ impl FlowCache {
     #[cold]
     #[inline(never)]
     fn judge(&mut self) {
-        if self.hits < WINDOW / MIN_HIT_SHARE {
+        if self.stats.hits - self.window.hits < u64::from(WINDOW / MIN_HIT_SHARE) {
             self.resting = REST;
             self.stats.rests += 1;
         }
-        self.looked = 0;
-        self.hits = 0;
+        self.window = self.stats;
     }
 
     /// The set `key` of `tenant` lives in, for [`FlowCache::get_in`] and
