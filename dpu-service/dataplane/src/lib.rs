@@ -15,6 +15,8 @@
 //!   and incremental changes.
 //! - [`conntrack`]: connection tracking for stateful rules, per worker.
 //! - [`flowcache`]: an exact-match cache of classifications, per worker.
+//! - `l2memo`: decisions remembered by link-layer header, per worker,
+//!   for tenants that switch without looking past it.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
@@ -24,6 +26,7 @@ pub mod classify;
 pub mod conntrack;
 pub mod flowcache;
 pub mod io;
+mod l2memo;
 mod mactable;
 pub mod parse;
 pub mod switch;

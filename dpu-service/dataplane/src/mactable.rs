@@ -80,6 +80,12 @@ impl MacTable {
         self.map.len()
     }
 
+    /// The table's version: it changes with every write, so that an
+    /// answer derived from the table holds while it has not changed.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
     /// Forgets every address.
     pub(crate) fn clear(&mut self) {
         self.map.clear();

@@ -42,6 +42,7 @@ use crate::classify::{AclRule, Classifier};
 use crate::conntrack::{ConnKey, ConnTable, Refused, Timeouts};
 use crate::flowcache::{FlowCache, FlowCacheStats};
 use crate::io::Packet;
+use crate::l2memo::{Decision, Header, L2Memo};
 use crate::mactable::MacTable;
 use crate::parse::{
     is_multicast, network_layer, parse_l2, vtep_frame, FlowKey, VtepFrame, ETH_HLEN, ETH_IPV4,
@@ -685,6 +686,10 @@ pub struct Compiled {
     flow_cache_entries: usize,
     /// Tenant IDs in use (below `uids`) that track connections.
     tracking: Vec<bool>,
+    /// Whether any tenant switches IP unparsed ([`CompiledTenant`]'s
+    /// `opaque_ip`): whether workers remember decisions by link-layer
+    /// header ([`L2Memo`]).
+    l2_memo: bool,
     shards: Box<[Shard]>,
     /// How the tenants were compiled.
     stats: Published,
@@ -772,6 +777,7 @@ impl Compiled {
             conntrack_timeouts: config.conntrack_timeouts,
             flow_cache_entries: config.flow_cache_entries,
             tracking: Vec::new(),
+            l2_memo: false,
             shards: Box::default(),
             stats: Published::default(),
         };
@@ -929,6 +935,7 @@ impl Compiled {
                 classifier,
             });
         }
+        c.l2_memo = c.tenants.iter().any(|t| t.opaque_ip);
         c.shards = (0..workers)
             .map(|_| Shard {
                 tenants: c.tenants.iter().map(|_| TenantCells::default()).collect(),
@@ -1229,6 +1236,7 @@ impl SwitchHandle {
             cells,
             unix_now: 0,
             macs,
+            memo: L2Memo::new(),
             neighbours: hashbrown::HashMap::with_capacity(NEIGHBOURS_MAX),
             now: 0,
             now_us: 0,
@@ -1273,6 +1281,8 @@ pub struct SwitchPipeline {
     /// Unix seconds, read once per turn (rule last-hit times).
     unix_now: u64,
     macs: MacTable,
+    /// Decisions by link-layer header, for tenants that switch unparsed.
+    memo: L2Memo,
     /// MAC addresses of remote VTEPs by (port, IPv4 address), and when
     /// they were last seen: learned from their ARP and VXLAN frames.
     neighbours: hashbrown::HashMap<(u32, u32), ([u8; 6], u64)>,
@@ -1668,6 +1678,62 @@ impl SwitchPipeline {
         ConnKey::of(t.uid, key, echo_id)
     }
 
+    /// The decision remembered for `frame`, received on `port`, by its
+    /// link-layer header, counted as [`SwitchPipeline::decide`] counts
+    /// it: what `decide` would make of it now.
+    #[inline(always)]
+    fn recall(&self, port: usize, frame: &[u8]) -> Option<Verdict> {
+        let h = Header::of(port, frame)?;
+        let d = self.memo.recall(&h, self.macs.version(), self.now)?;
+        let cells = &self.compiled.shards[self.shard].tenants[d.tenant as usize];
+        bump(&cells.rx_packets, 1);
+        bump(&cells.rx_bytes, frame.len() as u64);
+        bump(&cells.forwarded, 1);
+        Some(Verdict::Forward(Egress {
+            port: d.port as usize,
+            vlan: d.vlan,
+            decap: 0,
+            tunnel: None,
+        }))
+    }
+
+    /// Remembers verdict `v` on frame `x` (bytes `frame`, received on
+    /// `port`) by its link-layer header, if that header alone decided it:
+    /// forwarded unparsed past the link layer, not through a tunnel or a
+    /// VTEP, and without changing the MAC table (still at `version`), so
+    /// that the same header would be decided the same way until the table
+    /// or the second changes.
+    #[inline]
+    fn remember(&mut self, port: usize, frame: &[u8], x: &Inspected, v: &Verdict, version: u64) {
+        let (
+            Seen::Switch {
+                ti,
+                decap: 0,
+                l3: L3::Other(_),
+                ..
+            },
+            Verdict::Forward(e),
+        ) = (&x.seen, v)
+        else {
+            return;
+        };
+        if e.decap != 0
+            || e.tunnel.is_some()
+            || self.macs.version() != version
+            || self.compiled.vteps.get(port).copied().flatten().is_some()
+        {
+            return;
+        }
+        if let Some(h) = Header::of(port, frame) {
+            let d = Decision {
+                tenant: *ti,
+                port: e.port as u32,
+                vlan: e.vlan,
+            };
+            self.memo.remember(h, version, self.now, d);
+        }
+    }
+
     /// What frame `x` needs before its turn: its tenant's rules for its
     /// key, unless the tenant has none or the connection table alone will
     /// decide it (a live connection checked against the current rules).
@@ -2032,6 +2098,7 @@ impl Pipeline for SwitchPipeline {
             self.shard = self.worker % self.compiled.shards.len().max(1);
             // Attachment indices belong to the old snapshot.
             self.macs.clear();
+            self.memo.clear();
             self.conns.reserve_tenants(self.compiled.tracking.len());
             self.store_gauges();
             self.cells.taken.store(self.generation, Ordering::Release);
@@ -2114,13 +2181,24 @@ impl Pipeline for SwitchPipeline {
                     }
                 }
             } else {
+                let memo = self.compiled.l2_memo;
                 for mut pkt in burst.drain(..k) {
+                    if memo && w.staged == 0 {
+                        if let Some(v) = self.recall(in_port, pkt.data()) {
+                            sink(pkt, &v, &[]);
+                            continue;
+                        }
+                    }
                     let x = self.inspect(in_port, pkt.data_mut());
                     // No tenant tracks connections: no frame has a key.
                     match self.need(&x, None) {
                         Need::Ready(tag) if w.staged == 0 => {
                             flood.clear();
+                            let version = self.macs.version();
                             let v = self.decide(in_port, &x, tag, None, flood);
+                            if memo {
+                                self.remember(in_port, pkt.data(), &x, &v, version);
+                            }
                             sink(pkt, &v, flood);
                         }
                         need => {
@@ -2492,6 +2570,73 @@ mod tests {
             Verdict::Drop(DropReason::AclDeny)
         );
         assert_eq!(h.traffic().tenants["open"].forwarded_packets, 2);
+    }
+
+    /// A link-layer tenant's frames are decided from memory while their
+    /// header repeats, and as the MAC table and the rules say the moment
+    /// either changes: a host that moves within a burst, a frame from a
+    /// host no longer allowed, a rule published for the tenant.
+    #[test]
+    fn headers_decided_from_memory_follow_the_table_and_the_rules() {
+        let (h, mut p) = switch(3, vec![tenant("t", &[(0, 0), (1, 0), (2, 0)], true)]);
+        let burst = |p: &mut SwitchPipeline, port: usize, frames: &[Vec<u8>]| {
+            let mut b: Vec<_> = frames
+                .iter()
+                .map(|f| crate::io::memory::MemPacket(f.clone()))
+                .collect();
+            let mut got = Vec::new();
+            p.process_burst(port, &mut b, &mut Vec::new(), |_, v, fl| {
+                got.push((*v, fl.to_vec()))
+            });
+            got
+        };
+        let out = |port| Verdict::Forward(Egress::to(port));
+        // Host 2 is behind port 1; host 1 on port 0 sends to it.
+        assert_eq!(run(&mut p, 1, udp(2, mac(1), None, 53)).0, Verdict::Flood);
+        let to_2 = udp(1, mac(2), None, 53);
+        let got = burst(&mut p, 0, &vec![to_2.clone(); 20]);
+        assert!(got.iter().all(|(v, fl)| *v == out(1) && fl.is_empty()));
+        assert!(p.memo.hits.get() >= 18, "{} from memory", p.memo.hits.get());
+        // Host 2 moves to port 0 in the middle of a burst: host 1's next
+        // frame to it stays on its segment, and an IPv6 frame, the same
+        // addresses, is decided on its own.
+        let moved = udp(2, mac(9), None, 53);
+        let mut v6 = build::eth(mac(2), mac(1), None, crate::parse::ETH_IPV6);
+        v6.extend(build::ipv6(1, 2, proto::UDP, &build::udp(5000, 53, 8)));
+        let got = burst(&mut p, 0, &[to_2.clone(), moved, to_2.clone(), v6.clone()]);
+        assert_eq!(got[0].0, out(1));
+        assert_eq!(got[1].0, Verdict::Flood);
+        assert_eq!(got[2], (Verdict::Flood, Vec::new()), "filtered");
+        assert_eq!(got[3], (Verdict::Flood, Vec::new()), "filtered");
+        // Back behind port 2.
+        run(&mut p, 2, udp(2, mac(1), None, 53));
+        let got = burst(&mut p, 0, &vec![to_2.clone(); 4]);
+        assert!(got.iter().all(|(v, _)| *v == out(2)), "{got:?}");
+        // Counted as decided: all of them passed the filter.
+        let traffic = h.traffic().tenants["t"];
+        assert_eq!(traffic.rx_packets, 30);
+        assert_eq!(traffic.forwarded_packets, 30);
+        assert_eq!(traffic.rx_bytes, 29 * to_2.len() as u64 + v6.len() as u64);
+        // A rule for the tenant: the same header is filtered at once.
+        let mut t = tenant("t", &[(0, 0), (1, 0), (2, 0)], true);
+        t.rules = dns_and_deny_7();
+        t.rules[0].allow = false;
+        h.publish(&SwitchConfig {
+            ports: 3,
+            tenants: vec![t],
+            ..SwitchConfig::default()
+        })
+        .unwrap();
+        p.turn();
+        let got = burst(&mut p, 0, &vec![to_2.clone(); 3]);
+        assert!(got
+            .iter()
+            .all(|(v, _)| *v == Verdict::Drop(DropReason::AclDeny)));
+        v6[14] = 0; // now parsed: malformed
+        assert_eq!(
+            burst(&mut p, 0, &[v6])[0].0,
+            Verdict::Drop(DropReason::Malformed)
+        );
     }
 
     /// Port 0 may send only from MAC 1 and 10.0.0.1; port 1 is open.
@@ -3400,10 +3545,11 @@ mod tests {
     }
 
     /// A pipeline given whole bursts decides exactly what it decides
-    /// frame by frame: verdicts, outputs and rewritten bytes, with
-    /// connections opened, closed and refused inside a burst, MAC
-    /// learning, VTEP neighbours, flow-cached tenants and bursts longer
-    /// than [`BURST`].
+    /// frame by frame: verdicts, outputs, rewritten bytes and tenant
+    /// counters, with connections opened, closed and refused inside a
+    /// burst, MAC learning, VTEP neighbours, flow-cached tenants, tenants
+    /// switched at the link layer (decided by header from memory) and
+    /// bursts longer than [`BURST`].
     #[test]
     fn bursts_decide_like_frames_one_by_one() {
         use crate::conntrack::{ACK, FIN, RST, SYN};
@@ -3413,8 +3559,12 @@ mod tests {
         const REMOTE: u32 = 0xc000_0202;
         let mut rng = crate::classify::tests::Rng(0xb0b5);
         let mut seen = std::collections::HashMap::<String, usize>::new();
+        let mut recalled = 0;
         for round in 0..60 {
             let ports = 3;
+            // Some rounds: tenant 0 switches at the link layer, and no
+            // tenant tracks connections.
+            let plain = round % 3 == 2;
             let mut tenants = Vec::new();
             for (ti, att) in [vec![(0, 10), (1, 0)], vec![(0, 20), (2, 0)]]
                 .into_iter()
@@ -3468,6 +3618,13 @@ mod tests {
                         });
                     }
                 }
+                if plain {
+                    if ti == 0 {
+                        t.rules.clear();
+                        t.default_allow = true;
+                    }
+                    t.rules.iter_mut().for_each(|r| r.stateful = false);
+                }
                 tenants.push(t);
             }
             let vteps = vtep_on_port_0(ports, VTEP);
@@ -3490,7 +3647,13 @@ mod tests {
                 let n = 1 + rng.below(2 * BURST as u64 + 8) as usize;
                 let frames: Vec<Vec<u8>> = (0..n)
                     .map(|_| {
-                        let (a, z) = (1 + rng.below(6) as u8, 1 + rng.below(6) as u8);
+                        let (a, z) = if plain && port == 1 && rng.below(4) != 0 {
+                            // Two hosts of the link-layer tenant talking
+                            // to two behind port 0: headers that repeat.
+                            (11 + rng.below(2) as u8, 1 + rng.below(2) as u8)
+                        } else {
+                            (1 + rng.below(6) as u8, 1 + rng.below(6) as u8)
+                        };
                         let ip = |h: u8| [10, 0, 0, h];
                         let dst = if rng.below(4) == 0 { BCAST } else { mac(z) };
                         let vlan = match port {
@@ -3581,7 +3744,14 @@ mod tests {
                         .or_default() += 1;
                 }
             }
+            assert_eq!(
+                ha.traffic().tenants,
+                hb.traffic().tenants,
+                "round {round}: counters"
+            );
+            recalled += burst.memo.hits.get();
         }
+        assert!(recalled > 200, "decided from memory: {recalled}");
         // Every kind of decision was compared, many times.
         for kind in [
             "Forward",
