@@ -67,7 +67,8 @@ pub fn switch_config(path: &str, flow_cache: usize) -> SwitchConfig {
                         id: format!("r{i}"),
                         matches: m,
                         allow: r["action"] == "allow",
-                        stateful: false,
+                        // Not in the harness's format: a set may add it.
+                        stateful: r["stateful"] == true,
                         rate_limit: None,
                     }
                 })

@@ -206,7 +206,8 @@ fn config(variant: u8) -> SwitchConfig {
                 &REMOTES,
             ),
             guarded(tenant("green", &[(4, 10), (4, 40)], false, green_rules)),
-            tenant("bulk", &[], true, Vec::new()),
+            // Switched at L2 beside tenants that track connections.
+            tenant("bulk", &[(5, 0), (3, 50)], true, Vec::new()),
         ],
         // Attachments move; rules change order and statefulness; the
         // flow-cached tenant appears.

@@ -138,7 +138,24 @@ def switch_seeds():
     broken = bytearray(frames["ipv4_tcp"])
     broken[14] = 0x43
     l2 = bytes([0xC5]) + raw(0, bytes(broken)) + raw(1, bytes(broken)) + bytes([0xC3]) + raw(0, bytes(broken))
-    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan, "l2": l2}
+    # Decisions remembered by link-layer header, then a station that moves
+    # within a burst: under configuration 0 bulk (port 5, port 3 VLAN 50)
+    # beside tenants that track connections; under configuration 2 red
+    # (port 3 VLAN 10) behind a frame of blue (VLAN 20) that needs rules.
+    turn = bytes([0xC0])
+    memo = b"".join(
+        [
+            built(5, fields(2, 1, 0, 0)), turn,
+            built(3, fields(1, 2, 5, 0)), built(3, fields(1, 2, 5, 0)), built(3, fields(1, 2, 5, 0)), turn,
+            built(3, fields(1, 2, 5, 0)), built(3, fields(2, 4, 5, 0)), built(3, fields(1, 2, 5, 0)), turn,
+            bytes([0xC5]),
+            built(1, fields(2, 1, 0, 0)), turn,
+            built(3, fields(1, 2, 1, 0)), built(3, fields(1, 2, 1, 0)), built(3, fields(1, 2, 1, 0)), turn,
+            built(3, fields(4, 5, 2, 0)), built(3, fields(1, 2, 1, 0)), built(3, fields(2, 4, 1, 0)),
+            built(3, fields(1, 2, 1, 0)), turn,
+        ]
+    )
+    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan, "l2": l2, "memo": memo}
 
 
 def pb_varint(v):
