@@ -1967,6 +1967,7 @@ impl SwitchPipeline {
         }
         let (ti, ai, decap, remote, len, src_mac, dst_mac, l3) = match x.seen {
             Seen::Done(v) => return v,
+            // Fresh: `settle` decides stale ones itself.
             Seen::Recalled { decision, len, .. } => {
                 return self.forward_recalled(decision, u64::from(len))
             }
