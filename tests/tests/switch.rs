@@ -446,6 +446,12 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
                 && metric(&body, "dpu_flow_cache_hits_total") >= 4
         })
     })?;
+    // And in gRPC telemetry, at least as many as /metrics showed.
+    let fc = svc.dpuctl_json(&["counters"])?["flowCache"].clone();
+    assert!(
+        num(&fc["lookups"]) >= 6 && num(&fc["hits"]) >= 4,
+        "flow cache in gRPC telemetry: {fc}"
+    );
 
     // Ports: status and counters through gRPC and /metrics.
     let ports = svc.dpuctl_json(&["port", "list"])?;

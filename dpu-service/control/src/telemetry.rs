@@ -573,6 +573,11 @@ fn snapshot_of(
                 }
             })
             .collect(),
+        flow_cache: Some(pb::FlowCacheCounters {
+            lookups: c.flow_cache.lookups,
+            hits: c.flow_cache.hits,
+            rests: c.flow_cache.rests,
+        }),
     }
 }
 
@@ -705,6 +710,14 @@ mod tests {
         assert_eq!(snap.tenants.len(), 2);
         assert_eq!(snap.drops.len(), DropReason::ALL.len());
         assert_eq!(snap.drops[2].packets, 6);
+        assert_eq!(
+            snap.flow_cache,
+            Some(pb::FlowCacheCounters {
+                lookups: 200,
+                hits: 180,
+                rests: 2
+            })
+        );
         let only_b = t.snapshot(&state, &ports, Some("b"));
         assert_eq!(only_b.tenants.len(), 1);
         assert_eq!(only_b.tenants[0].forwarded_packets, 0);

@@ -424,6 +424,16 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
     }
     out.push('\n');
     out.push_str(&ss.render());
+    let fc = s.flow_cache.unwrap_or_default();
+    let mut f = Table::new(&["FLOW CACHE", "LOOKUPS", "HITS", "RESTS"]);
+    f.row(vec![
+        "all workers".into(),
+        fc.lookups.to_string(),
+        fc.hits.to_string(),
+        fc.rests.to_string(),
+    ]);
+    out.push('\n');
+    out.push_str(&f.render());
     out
 }
 
@@ -438,6 +448,22 @@ mod tests {
         assert_eq!(bytes(1536), "1536 B");
         assert_eq!(enum_name("RULE_ACTION_ALLOW", "RULE_ACTION_"), "allow");
         assert_eq!(id("tenants/a/rules/r"), "r");
+    }
+
+    #[test]
+    fn counters_end_with_the_flow_cache() {
+        let s = pb::CounterSnapshot {
+            flow_cache: Some(pb::FlowCacheCounters {
+                lookups: 1200,
+                hits: 1100,
+                rests: 3,
+            }),
+            ..Default::default()
+        };
+        let text = counters(&s);
+        let last = text.lines().last().unwrap();
+        let cells: Vec<&str> = last.split_whitespace().collect();
+        assert_eq!(cells, ["all", "workers", "1200", "1100", "3"], "{text}");
     }
 
     #[test]
