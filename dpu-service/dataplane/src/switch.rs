@@ -1683,9 +1683,16 @@ impl SwitchPipeline {
     /// it: what `decide` would make of it now.
     #[inline(always)]
     fn recall(&self, port: usize, frame: &[u8]) -> Option<Verdict> {
-        let h = Header::of(port, frame)?;
-        let d = self.memo.recall(&h, self.macs.version(), self.now)?;
+        let d = self.remembered(port, frame)?;
         Some(self.forward_recalled(d, frame.len() as u64))
+    }
+
+    /// The decision remembered for `frame`'s header on `port` that holds
+    /// with the MAC table as it is now.
+    #[inline(always)]
+    fn remembered(&self, port: usize, frame: &[u8]) -> Option<Decision> {
+        let h = Header::of(port, frame)?;
+        self.memo.recall(&h, self.macs.version(), self.now)
     }
 
     /// Counts a frame of `len` bytes forwarded as remembered decision `d`
@@ -1710,18 +1717,15 @@ impl SwitchPipeline {
     #[inline]
     fn inspect_or_recall(&self, port: usize, packet: &mut [u8]) -> Inspected {
         if self.compiled.l2_memo {
-            if let Some(h) = Header::of(port, packet) {
-                let version = self.macs.version();
-                if let Some(decision) = self.memo.recall(&h, version, self.now) {
-                    return Inspected {
-                        seen: Seen::Recalled {
-                            decision,
-                            version,
-                            len: packet.len() as u32,
-                        },
-                        neighbour: None,
-                    };
-                }
+            if let Some(decision) = self.remembered(port, packet) {
+                return Inspected {
+                    seen: Seen::Recalled {
+                        decision,
+                        version: self.macs.version(),
+                        len: packet.len() as u32,
+                    },
+                    neighbour: None,
+                };
             }
         }
         self.inspect(port, packet)
@@ -1757,6 +1761,20 @@ impl SwitchPipeline {
         if !self.compiled.l2_memo {
             return self.decide(port, x, tag, conn, flood);
         }
+        self.decide_remembering(port, packet, x, tag, conn, flood)
+    }
+
+    /// [`SwitchPipeline::decide`], then [`SwitchPipeline::remember`].
+    #[inline(always)]
+    fn decide_remembering(
+        &mut self,
+        port: usize,
+        packet: &[u8],
+        x: &Inspected,
+        tag: Option<Option<u32>>,
+        conn: Option<ConnKey>,
+        flood: &mut Vec<Egress>,
+    ) -> Verdict {
         let version = self.macs.version();
         let v = self.decide(port, x, tag, conn, flood);
         self.remember(port, packet, x, &v, version);
@@ -1771,10 +1789,7 @@ impl SwitchPipeline {
     #[inline(never)]
     fn settle_stale(&mut self, port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
         let x = self.inspect(port, packet);
-        let version = self.macs.version();
-        let v = self.decide(port, &x, None, None, flood);
-        self.remember(port, packet, &x, &v, version);
-        v
+        self.decide_remembering(port, packet, &x, None, None, flood)
     }
 
     /// Remembers verdict `v` on frame `x` (bytes `frame`, received on
@@ -1797,8 +1812,7 @@ impl SwitchPipeline {
         else {
             return;
         };
-        if e.decap != 0
-            || e.tunnel.is_some()
+        if e.tunnel.is_some()
             || self.macs.version() != version
             || self.compiled.vteps.get(port).copied().flatten().is_some()
         {
