@@ -51,6 +51,7 @@ use std::sync::Arc;
 use dpdk::hint::prefetch;
 
 use crate::parse::FlowKey;
+use crate::rfc::{self, Rfc};
 
 /// Rules a leaf holds before the builder tries to cut it: two fit the
 /// one cache line an IPv4 lookup reads per leaf (`Pair`).
@@ -59,6 +60,12 @@ const LEAF_RULES: usize = 2;
 /// counts as progress (zooming adds a level without separating rules;
 /// with leaves of at most [`LEAF_RULES`], every node that is cut may zoom).
 const ZOOM_RULES: usize = 2;
+fn knob(name: &str, d: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
 /// Most cut bits (2^n children) at one node.
 const MAX_CUT_BITS: u32 = 8;
 /// Child-list entries a cut may create per rule of the node (space
@@ -483,6 +490,10 @@ struct Flat4 {
     /// The records of long leaves from their third on, each run closed by
     /// a sentinel.
     runs: Vec<Rec>,
+    /// The same rules as tables of Recursive Flow Classification, when
+    /// they fit its budget: lookups read those instead of walking the
+    /// trees, unless the rule they find was removed since.
+    rfc: Option<Box<Rfc>>,
 }
 
 /// Most keys [`Classifier::lookup_multi`] walks side by side.
@@ -500,6 +511,7 @@ impl Flat4 {
         pairs: Vec::new(),
         run_at: Vec::new(),
         runs: Vec::new(),
+        rfc: None,
     };
 
     fn new(rules: &[AclRule], trees: &[Tree]) -> Flat4 {
@@ -641,10 +653,32 @@ impl Flat4 {
         }
     }
 
+    /// The position the RFC tables give for `k`, when there are tables
+    /// and their answer stands: `Some(u32::MAX)` for no match, `None` if
+    /// the trees must answer (no tables, or the rule found was removed).
+    #[inline(always)]
+    fn rfc_lookup(&self, k: &Key4, dead: Option<&[u64]>) -> Option<u32> {
+        let p = self.rfc.as_ref()?.lookup(&k.dims);
+        if p == rfc::NONE {
+            return Some(u32::MAX);
+        }
+        let p = u32::from(p);
+        dead.is_none_or(|d| !is_set(d, p)).then_some(p)
+    }
+
     /// Position of the first rule (in order) matching `k` whose bit in
     /// `dead` is clear.
     #[inline]
     fn lookup(&self, k: &Key4, dead: Option<&[u64]>) -> Option<usize> {
+        match self.rfc_lookup(k, dead) {
+            Some(p) => (p != u32::MAX).then_some(p as usize),
+            None => self.lookup_trees(k, dead),
+        }
+    }
+
+    /// [`Flat4::lookup`] by the trees.
+    #[inline]
+    fn lookup_trees(&self, k: &Key4, dead: Option<&[u64]>) -> Option<usize> {
         if let [a, b] = self.trees[..] {
             // Two trees (the usual case): both walks side by side, since a
             // single key's walk waits on one load per level; the second
@@ -679,6 +713,19 @@ impl Flat4 {
     fn lookup_many(&self, keys: &[Key4], dead: Option<&[u64]>, best: &mut [u32]) {
         let n = keys.len().min(best.len()).min(BATCH);
         let (keys, best) = (&keys[..n], &mut best[..n]);
+        if let Some(rfc) = &self.rfc {
+            rfc.lookup_many(keys, |k| &k.dims, best);
+            if let Some(dead) = dead {
+                for (b, k) in best.iter_mut().zip(keys) {
+                    if is_set(dead, *b) {
+                        *b = self
+                            .lookup_trees(k, Some(dead))
+                            .map_or(u32::MAX, |p| p as u32);
+                    }
+                }
+            }
+            return;
+        }
         let mut trees = self.trees.iter();
         let Some(&(root, depth, _)) = trees.next() else {
             best.fill(u32::MAX);
@@ -753,6 +800,14 @@ impl Flat4 {
             .min(deads.len())
             .min(MULTI);
         best[..n].fill(u32::MAX);
+        // Lanes whose set answers from its RFC tables take no walk.
+        let mut answered = 0u64;
+        for i in 0..n {
+            if let Some(p) = flats[i].rfc_lookup(&keys[i], deads[i]) {
+                best[i] = p;
+                answered |= 1 << i;
+            }
+        }
         let mut lane = [0u8; MULTI];
         let mut es = [0 as Entry; MULTI];
         // Each walking lane's nodes and key fields, side by side.
@@ -762,7 +817,7 @@ impl Flat4 {
             let (mut lanes, mut depth) = (0, 0);
             for i in 0..n {
                 if let Some(&(root, d, min_pos)) = flats[i].trees.get(t) {
-                    if min_pos < best[i] {
+                    if min_pos < best[i] && answered & (1 << i) == 0 {
                         lane[lanes] = i as u8;
                         es[lanes] = root;
                         nodes[lanes] = &flats[i].nodes;
@@ -794,6 +849,7 @@ impl Flat4 {
             + self.pairs.len() * std::mem::size_of::<Pair>()
             + self.run_at.len() * 4
             + self.runs.len() * std::mem::size_of::<Rec>()
+            + self.rfc.as_ref().map_or(0, |r| r.memory())
     }
 }
 
@@ -868,9 +924,15 @@ impl<'a> Builder<'a> {
                 nodes: vec![LEAF],
                 ..Tree::default()
             },
-            node_budget: NODES_PER_RULE * ids.len() + 256,
-            space: SPACE_FACTOR[usize::from(ids.len() > SMALL_TREE)],
-            max_depth: MAX_DEPTH[usize::from(ids.len() > SMALL_TREE)],
+            node_budget: knob("CLS_NPR", NODES_PER_RULE) * ids.len() + 256,
+            space: [
+                knob("CLS_SPACE0", SPACE_FACTOR[0]),
+                knob("CLS_SPACE1", SPACE_FACTOR[1]),
+            ][usize::from(ids.len() > SMALL_TREE)],
+            max_depth: [
+                knob("CLS_DEPTH0", MAX_DEPTH[0]),
+                knob("CLS_DEPTH1", MAX_DEPTH[1]),
+            ][usize::from(ids.len() > SMALL_TREE)],
         };
         let root = Region::whole(addr_bits);
         let ids = b.prune(&root, ids);
@@ -948,7 +1010,7 @@ impl<'a> Builder<'a> {
                 .sum::<usize>()
                 + (1 << k)
         };
-        let max_k = region.bits[dim].min(MAX_CUT_BITS);
+        let max_k = region.bits[dim].min(knob("CLS_CUT", MAX_CUT_BITS as usize) as u32);
         let mut k = 0;
         while k < max_k && entries(k + 1) <= budget {
             k += 1;
@@ -1147,7 +1209,7 @@ impl Set {
             .iter()
             .copied()
             .filter(|&m| groups[m].len() >= min_group)
-            .take(MAX_TREES - 1)
+            .take(knob("CLS_TREES", MAX_TREES) - 1)
             .collect();
         let mut rest = Vec::new();
         for &m in &by_size {
@@ -1310,7 +1372,17 @@ pub struct Classifier {
 impl Classifier {
     /// Builds a classifier for `rules` (any order; `order` decides).
     pub fn build(rules: &[AclRule]) -> Classifier {
-        let main = Trees::build(rules);
+        Classifier::build_with(rules, true)
+    }
+
+    /// [`Classifier::build`], with RFC tables for IPv4 if `rfc` and they
+    /// fit (tests check the trees alone with `false`).
+    fn build_with(rules: &[AclRule], rfc: bool) -> Classifier {
+        let mut main = Trees::build(rules);
+        // Overlays, rebuilt on every change, keep to their trees.
+        if rfc {
+            main.v4.flat.rfc = Rfc::build(&main.v4.rules).map(Box::new);
+        }
         Classifier {
             dead_v4: Arc::new(vec![0; main.v4.rules.len().div_ceil(64)]),
             dead_v6: Arc::new(vec![0; main.v6.rules.len().div_ceil(64)]),
@@ -1551,8 +1623,11 @@ impl Classifier {
                 .iter()
                 .map(|(n, l, d)| format!("{n}n/{l}l/{d}d"))
                 .collect();
+            let rfc = s.flat.rfc.as_ref().map_or(String::new(), |r| {
+                format!(", RFC tables {:.2} MB", r.memory() as f64 / 1e6)
+            });
             format!(
-                "{} rules in {} trees [{}]",
+                "{} rules in {} trees [{}]{rfc}",
                 s.rules.len(),
                 s.shapes.len(),
                 trees.join(" ")
@@ -1702,20 +1777,28 @@ pub(crate) mod tests {
         }
     }
 
+    /// Both lookup forms of IPv4 rules: the trees alone, and RFC tables
+    /// in front of them. Every random set below fits the tables' budget.
+    const FORMS: [bool; 2] = [false, true];
+
     #[test]
     fn agrees_with_the_reference_on_random_rules_and_keys() {
-        for seed in 1..=20u64 {
+        for (seed, rfc) in (1..=20u64).flat_map(|s| FORMS.map(|f| (s, f))) {
             let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let n = [0usize, 1, 5, 50, 500, 3000][seed as usize % 6];
             let rules = random_rules(&mut rng, n, 30);
-            let c = Classifier::build(&rules);
+            let c = Classifier::build_with(&rules, rfc);
+            assert_eq!(
+                c.main.v4.flat.rfc.is_some(),
+                rfc && !c.main.v4.rules.is_empty()
+            );
             assert_eq!(c.len(), n);
             for _ in 0..3000 {
                 let k = random_key(&mut rng, &rules);
                 assert_eq!(
                     c.lookup(&k).map(|r| r.tag),
                     reference(&rules, &k).map(|r| r.tag),
-                    "seed {seed}, {n} rules, key {k:?}"
+                    "seed {seed}, {n} rules, RFC {rfc}, key {k:?}"
                 );
             }
         }
@@ -1723,9 +1806,15 @@ pub(crate) mod tests {
 
     #[test]
     fn incremental_changes_agree_with_a_rebuild() {
+        for rfc in FORMS {
+            incremental_changes_agree_with_a_rebuild_in(rfc);
+        }
+    }
+
+    fn incremental_changes_agree_with_a_rebuild_in(rfc: bool) {
         let mut rng = Rng(77);
         let mut rules = random_rules(&mut rng, 2000, 20);
-        let mut c = Classifier::build(&rules);
+        let mut c = Classifier::build_with(&rules, rfc);
         let mut next_order = 1_000_000;
         for step in 0..60 {
             // Remove one or two, add one or two (some at the front).
@@ -1748,7 +1837,7 @@ pub(crate) mod tests {
             rules.extend_from_slice(&add);
             c = match changed {
                 Ok(c) => c,
-                Err(e) if e.needs_rebuild() => Classifier::build(&rules),
+                Err(e) if e.needs_rebuild() => Classifier::build_with(&rules, rfc),
                 Err(e) => panic!("{e}"),
             };
             assert_eq!(c.len(), rules.len(), "step {step}");
@@ -1757,7 +1846,7 @@ pub(crate) mod tests {
                 assert_eq!(
                     c.lookup(&k).map(|r| r.order),
                     reference(&rules, &k).map(|r| r.order),
-                    "step {step}, key {k:?}"
+                    "step {step}, RFC {rfc}, key {k:?}"
                 );
             }
         }
@@ -1806,13 +1895,13 @@ pub(crate) mod tests {
 
     #[test]
     fn batch_lookups_agree_with_single_lookups_across_families_and_changes() {
-        for seed in 1..=8u64 {
+        for (seed, rfc) in (1..=8u64).flat_map(|s| FORMS.map(|f| (s, f))) {
             let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
             let n = [0usize, 3, 40, 400, 2500][seed as usize % 5];
             let mut rules = random_rules(&mut rng, n, 30);
-            let mut c = Classifier::build(&rules);
+            let mut c = Classifier::build_with(&rules, rfc);
             let keys: Vec<FlowKey> = (0..2000).map(|_| random_key(&mut rng, &rules)).collect();
-            check_batches(&c, &rules, &keys, &format!("seed {seed}, build"));
+            check_batches(&c, &rules, &keys, &format!("seed {seed}, RFC {rfc}, build"));
             // Removals (dead rules in the main trees) and additions (the
             // overlay), then the same keys again.
             let mut next = 10_000_000;
@@ -1838,11 +1927,12 @@ pub(crate) mod tests {
                 rules.extend_from_slice(&add);
                 c = match c.with_changes(&remove, &add) {
                     Ok(c) => c,
-                    Err(e) if e.needs_rebuild() => Classifier::build(&rules),
+                    Err(e) if e.needs_rebuild() => Classifier::build_with(&rules, rfc),
                     Err(e) => panic!("{e}"),
                 };
                 let keys: Vec<FlowKey> = (0..1000).map(|_| random_key(&mut rng, &rules)).collect();
-                check_batches(&c, &rules, &keys, &format!("seed {seed}, change {step}"));
+                let what = format!("seed {seed}, RFC {rfc}, change {step}");
+                check_batches(&c, &rules, &keys, &what);
             }
         }
     }
@@ -1853,16 +1943,18 @@ pub(crate) mod tests {
     #[test]
     fn multi_classifier_lookups_agree_with_each_classifier() {
         let mut rng = Rng(0x5eed);
+        // The trees alone and RFC tables side by side in one burst.
         let mut sets: Vec<(Classifier, Vec<AclRule>)> = [0usize, 5, 60, 700, 3000]
             .iter()
-            .map(|&n| {
+            .flat_map(|&n| FORMS.map(|rfc| (n, rfc)))
+            .map(|(n, rfc)| {
                 let rules = random_rules(&mut rng, n, 20);
-                (Classifier::build(&rules), rules)
+                (Classifier::build_with(&rules, rfc), rules)
             })
             .collect();
         // One with removals and additions (dead rules and an overlay), one
         // with removals only.
-        for (which, add) in [(3usize, 4usize), (4, 0)] {
+        for (which, add) in [(6usize, 4usize), (7, 4), (8, 0), (9, 0)] {
             let (c, rules) = &mut sets[which];
             let remove: Vec<u32> = (0..5).map(|_| rules.swap_remove(0).order).collect();
             let mut added = random_rules(&mut rng, add, 20);
@@ -1981,7 +2073,8 @@ pub(crate) mod tests {
         let mut cover = AclRule::any(1, 9999, Family::V4);
         cover.src = AclRule::prefix_range(base, 22, 32);
         rules.push(cover);
-        let c = Classifier::build(&rules);
+        // The walk is what skips bits: the trees alone.
+        let c = Classifier::build_with(&rules, false);
         let keys: Vec<FlowKey> = (0..20_000)
             .map(|_| {
                 let mut k = random_key(&mut rng, &rules);

@@ -1,0 +1,625 @@
+//! Recursive Flow Classification (Gupta and McKeown, 1999) for IPv4 keys:
+//! a lookup of a fixed, short sequence of table reads with no compare and
+//! no branch on the key, for rule sets whose tables fit a memory budget.
+//!
+//! The 104 bits of a key are cut into seven chunks: the high and low 16
+//! bits of each address, each port, and the protocol. Phase 0 maps each
+//! chunk's value to its equivalence class: values matched by exactly the
+//! same rules share a class. Phase 1 maps pairs of classes (both halves
+//! of an address; protocol, source port and destination port together)
+//! to the class of the rules matching both; phase 2 joins two of the
+//! three fields so found, and phase 3 the third, into the first matching
+//! rule. Every table is indexed by the classes before it, so a lookup is
+//! eleven loads (seven independent, then four in a chain), whatever the
+//! number of rules, and the loads of keys looked up one after another
+//! overlap.
+//!
+//! The price is memory: the tables of later phases are cross products of
+//! class counts, which grow with how the rules overlap. [`Rfc::build`]
+//! computes each class count before it allocates the table it sizes, and
+//! gives up (the classifier then walks its trees) once the tables would
+//! pass a budget. Which two fields phase 2 joins first is chosen for the
+//! smallest tables.
+
+use hashbrown::HashMap;
+
+use crate::classify::AclRule;
+
+/// Most keys [`Rfc::lookup_many`] takes at once.
+pub(crate) const BATCH: usize = 32;
+
+/// A rule position meaning "no rule matches".
+pub(crate) const NONE: u16 = u16::MAX;
+
+/// Table entries (`u16`) a build may allocate beyond phase 0: a base,
+/// and so many per rule.
+const BUDGET_BASE: usize = 1 << 20;
+/// See [`BUDGET_BASE`].
+const BUDGET_PER_RULE: usize = 768;
+
+/// One chunk of the key: the classes of its values.
+#[derive(Debug)]
+struct Chunk {
+    /// Class per value; a single entry when every value has the same one.
+    table: Vec<u16>,
+    /// `table.len() - 1` when it has an entry per value, else 0.
+    mask: u32,
+}
+
+impl Chunk {
+    #[inline(always)]
+    fn class(&self, v: u32) -> usize {
+        usize::from(self.table[(v & self.mask) as usize])
+    }
+}
+
+/// A cross product of two class tables: the class of each pair.
+#[derive(Debug)]
+struct Join {
+    table: Vec<u16>,
+    /// Classes of the second operand (the row length).
+    width: usize,
+}
+
+impl Join {
+    #[inline(always)]
+    fn get(&self, a: usize, b: usize) -> usize {
+        usize::from(self.table[a * self.width + b])
+    }
+}
+
+/// The tables of one IPv4 rule set; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Rfc {
+    /// Source high, source low, destination high, destination low,
+    /// protocol, source port, destination port.
+    chunks: [Chunk; 7],
+    /// Phase 1: source address, destination address, ports and protocol
+    /// (joined in two steps: protocol with source port, then with
+    /// destination port).
+    src: Join,
+    dst: Join,
+    proto_sport: Join,
+    ports: Join,
+    /// Which of the three fields (0 source, 1 destination, 2 ports)
+    /// phase 2 joins, in order, and which phase 3 adds.
+    order: [u8; 3],
+    /// Phase 2: the first two fields' classes.
+    pair: Join,
+    /// Phase 3: the first matching rule's position, or [`NONE`].
+    first: Join,
+}
+
+/// A set of rule positions, sorted.
+type Class = Vec<u32>;
+
+/// Classes found so far, each with its number.
+struct Interner {
+    ids: HashMap<Class, u16>,
+    classes: Vec<Class>,
+}
+
+impl Interner {
+    fn new() -> Interner {
+        Interner {
+            ids: HashMap::new(),
+            classes: Vec::new(),
+        }
+    }
+
+    /// The number of `class`, new or not; `None` past `u16` numbers.
+    fn intern(&mut self, class: &[u32]) -> Option<u16> {
+        if let Some(&id) = self.ids.get(class) {
+            return Some(id);
+        }
+        let id = u16::try_from(self.classes.len()).ok()?;
+        self.ids.insert(class.to_vec(), id);
+        self.classes.push(class.to_vec());
+        Some(id)
+    }
+}
+
+/// The phase-0 classes of a chunk `bits` wide whose rules match the
+/// inclusive value ranges `ranges` (one per rule, by position).
+fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
+    let end = 1u32 << bits;
+    // Every value where some rule's range starts or stops.
+    let mut starts: Vec<(u32, u32)> = Vec::with_capacity(2 * ranges.len() + 1);
+    for (r, &(lo, hi)) in ranges.iter().enumerate() {
+        starts.push((lo, r as u32));
+        if hi + 1 < end {
+            starts.push((hi + 1, r as u32));
+        }
+    }
+    starts.sort_unstable();
+    let mut points: Vec<u32> = starts.iter().map(|&(v, _)| v).collect();
+    points.push(0);
+    points.sort_unstable();
+    points.dedup();
+    let mut active = vec![0u64; ranges.len().div_ceil(64)];
+    let mut interner = Interner::new();
+    let mut table = vec![0u16; end as usize];
+    let mut events = starts.iter().peekable();
+    let mut class = Vec::new();
+    for (i, &p) in points.iter().enumerate() {
+        while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == p) {
+            // A rule's range starts at its low end and stops one past
+            // its high end, which is never its low end.
+            let w = &mut active[r as usize / 64];
+            if ranges[r as usize].0 == p {
+                *w |= 1 << (r % 64);
+            } else {
+                *w &= !(1 << (r % 64));
+            }
+        }
+        class.clear();
+        for (w, &bits) in active.iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                class.push(w as u32 * 64 + b.trailing_zeros());
+                b &= b - 1;
+            }
+        }
+        let id = interner.intern(&class)?;
+        let next = points.get(i + 1).copied().unwrap_or(end);
+        table[p as usize..next as usize].fill(id);
+    }
+    let classes = interner.classes;
+    if classes.len() == 1 {
+        return Some((
+            Chunk {
+                table: vec![0],
+                mask: 0,
+            },
+            classes,
+        ));
+    }
+    Some((
+        Chunk {
+            table,
+            mask: end - 1,
+        },
+        classes,
+    ))
+}
+
+/// Per rule position, the classes (numbers) of `classes` holding it.
+fn holders(classes: &[Class], rules: usize) -> Vec<Vec<u32>> {
+    let mut of = vec![Vec::new(); rules];
+    for (c, class) in classes.iter().enumerate() {
+        for &r in class {
+            of[r as usize].push(c as u32);
+        }
+    }
+    of
+}
+
+/// The cross product of two class lists: the class of `a[i] ∩ b[j]` at
+/// `i * b.len() + j`. Work is in proportion to the table and to the
+/// intersections' sizes (each rule of `a[i]` visits the classes of `b`
+/// holding it), not to the pairs times the classes' sizes.
+fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(Join, Vec<Class>)> {
+    let size = a.len().checked_mul(b.len())?;
+    *budget = budget.checked_sub(size)?;
+    let of = holders(b, rules);
+    let mut interner = Interner::new();
+    let mut table = vec![0u16; size];
+    let mut meet: Vec<Class> = vec![Vec::new(); b.len()];
+    let mut touched = Vec::new();
+    let mut empty = None;
+    for (i, ca) in a.iter().enumerate() {
+        for &r in ca {
+            for &j in &of[r as usize] {
+                let m = &mut meet[j as usize];
+                if m.is_empty() {
+                    touched.push(j);
+                }
+                m.push(r);
+            }
+        }
+        let row = &mut table[i * b.len()..(i + 1) * b.len()];
+        if touched.len() < b.len() {
+            let e = match empty {
+                Some(e) => e,
+                None => *empty.insert(interner.intern(&[])?),
+            };
+            row.fill(e);
+        }
+        for &j in &touched {
+            let m = &mut meet[j as usize];
+            row[j as usize] = interner.intern(m)?;
+            m.clear();
+        }
+        touched.clear();
+    }
+    Some((
+        Join {
+            table,
+            width: b.len(),
+        },
+        interner.classes,
+    ))
+}
+
+/// The last phase: the first rule of `a[i] ∩ b[j]` at `i * b.len() + j`.
+fn firsts(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<Join> {
+    let size = a.len().checked_mul(b.len())?;
+    *budget = budget.checked_sub(size)?;
+    let of = holders(b, rules);
+    let mut table = vec![NONE; size];
+    for (i, ca) in a.iter().enumerate() {
+        let row = &mut table[i * b.len()..(i + 1) * b.len()];
+        // Positions ascend, so the first rule to reach a cell is its first.
+        let mut left = b.len();
+        for &r in ca {
+            for &j in &of[r as usize] {
+                let cell = &mut row[j as usize];
+                if *cell == NONE {
+                    *cell = r as u16;
+                    left -= 1;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    Some(Join {
+        table,
+        width: b.len(),
+    })
+}
+
+/// The high and low 16-bit halves of an IPv4 address range, as ranges
+/// whose product is the range; `None` if it is no such product (a range
+/// that is not a prefix, crossing a 65,536-address boundary unaligned).
+fn halves((lo, hi): (u128, u128)) -> Option<((u32, u32), (u32, u32))> {
+    let (lo, hi) = (u32::try_from(lo).ok()?, u32::try_from(hi).ok()?);
+    let (lh, hh) = (lo >> 16, hi >> 16);
+    let (ll, hl) = (lo & 0xffff, hi & 0xffff);
+    if lh == hh {
+        Some(((lh, hh), (ll, hl)))
+    } else if ll == 0 && hl == 0xffff {
+        Some(((lh, hh), (0, 0xffff)))
+    } else {
+        None
+    }
+}
+
+impl Rfc {
+    /// The tables for `rules` (IPv4, in order: a lookup answers with a
+    /// position in this slice), or `None` if a rule's address range is
+    /// not a prefix-like product of halves, there are 65,535 rules or
+    /// more, or the tables would pass the memory budget.
+    pub(crate) fn build(rules: &[AclRule]) -> Option<Rfc> {
+        Rfc::build_within(rules, BUDGET_BASE + BUDGET_PER_RULE * rules.len())
+    }
+
+    /// [`Rfc::build`] with a budget of `budget` table entries beyond
+    /// phase 0.
+    fn build_within(rules: &[AclRule], mut budget: usize) -> Option<Rfc> {
+        // Nothing behind a rule that matches every key is ever found.
+        let whole = AclRule::any(0, 0, crate::classify::Family::V4);
+        let covers = |r: &AclRule| {
+            (r.src, r.dst, r.src_port, r.dst_port, r.proto)
+                == (
+                    whole.src,
+                    whole.dst,
+                    whole.src_port,
+                    whole.dst_port,
+                    whole.proto,
+                )
+        };
+        let rules = match rules.iter().position(covers) {
+            Some(p) => &rules[..=p],
+            None => rules,
+        };
+        if rules.is_empty() || rules.len() >= usize::from(NONE) {
+            return None;
+        }
+        let n = rules.len();
+        let mut src = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut dst = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for r in rules {
+            let (h, l) = halves(r.src)?;
+            src.0.push(h);
+            src.1.push(l);
+            let (h, l) = halves(r.dst)?;
+            dst.0.push(h);
+            dst.1.push(l);
+        }
+        let proto: Vec<(u32, u32)> = rules
+            .iter()
+            .map(|r| (u32::from(r.proto.0), u32::from(r.proto.1)))
+            .collect();
+        let sport: Vec<(u32, u32)> = rules
+            .iter()
+            .map(|r| (u32::from(r.src_port.0), u32::from(r.src_port.1)))
+            .collect();
+        let dport: Vec<(u32, u32)> = rules
+            .iter()
+            .map(|r| (u32::from(r.dst_port.0), u32::from(r.dst_port.1)))
+            .collect();
+        let (c0, k0) = chunk(&src.0, 16)?;
+        let (c1, k1) = chunk(&src.1, 16)?;
+        let (c2, k2) = chunk(&dst.0, 16)?;
+        let (c3, k3) = chunk(&dst.1, 16)?;
+        let (c4, k4) = chunk(&proto, 8)?;
+        let (c5, k5) = chunk(&sport, 16)?;
+        let (c6, k6) = chunk(&dport, 16)?;
+        let (src, ks) = join(&k0, &k1, n, &mut budget)?;
+        let (dst, kd) = join(&k2, &k3, n, &mut budget)?;
+        let (proto_sport, kps) = join(&k4, &k5, n, &mut budget)?;
+        let (ports, kp) = join(&kps, &k6, n, &mut budget)?;
+        let fields = [&ks, &kd, &kp];
+        // Phase 2 joins the pair whose tables, with phase 3's, come out
+        // smallest; the pair's class count is known only once it is
+        // joined, so the cheapest-looking pairs are tried first.
+        let mut orders = [[0u8, 1, 2], [0, 2, 1], [1, 2, 0]];
+        orders.sort_by_key(|o| fields[o[0] as usize].len() * fields[o[1] as usize].len());
+        let mut best: Option<(usize, [u8; 3], Join, Vec<Class>)> = None;
+        for o in orders {
+            let [a, b, c] = o.map(|f| fields[usize::from(f)]);
+            // A join whose own table is past the best total so far is
+            // given up as soon as its size is known.
+            let mut left = best.as_ref().map_or(budget, |b| b.0.min(budget));
+            let Some((pair, kab)) = join(a, b, n, &mut left) else {
+                continue;
+            };
+            let total = pair.table.len() + kab.len() * c.len();
+            if total <= budget && best.as_ref().is_none_or(|b| total < b.0) {
+                best = Some((total, o, pair, kab));
+            }
+        }
+        let (_, order, pair, kab) = best?;
+        let mut left = budget - pair.table.len();
+        let first = firsts(&kab, fields[usize::from(order[2])], n, &mut left)?;
+        Some(Rfc {
+            chunks: [c0, c1, c2, c3, c4, c5, c6],
+            src,
+            dst,
+            proto_sport,
+            ports,
+            order,
+            pair,
+            first,
+        })
+    }
+
+    /// The position of the first rule matching the key whose fields are
+    /// `dims` (source, destination, source port, destination port,
+    /// protocol), [`NONE`] if none does.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u16 {
+        let [sh, sl, dh, dl, pr, sp, dp] = &self.chunks;
+        let s = self.src.get(sh.class(dims[0] >> 16), sl.class(dims[0]));
+        let d = self.dst.get(dh.class(dims[1] >> 16), dl.class(dims[1]));
+        let ps = self.proto_sport.get(pr.class(dims[4]), sp.class(dims[2]));
+        let p = self.ports.get(ps, dp.class(dims[3]));
+        let f = [s, d, p];
+        let [a, b, c] = self.order.map(|i| f[usize::from(i) % 3]);
+        self.first.table[self.pair.get(a, b) * self.first.width + c]
+    }
+
+    /// [`Rfc::lookup`] for up to [`BATCH`] keys (`dims` gives each key's
+    /// fields) into `out`, phase by phase: each phase's loads for all the
+    /// keys go out before any of them is needed, so their cache misses
+    /// overlap even where one key's chain of four would not.
+    #[inline]
+    pub(crate) fn lookup_many<K>(
+        &self,
+        keys: &[K],
+        dims: impl Fn(&K) -> &[u32; 8],
+        out: &mut [u32],
+    ) {
+        let n = keys.len().min(out.len()).min(BATCH);
+        let [sh, sl, dh, dl, pr, sp, dp] = &self.chunks;
+        let mut f = [[0usize; 3]; BATCH];
+        for (f, k) in f.iter_mut().zip(&keys[..n]) {
+            let d = dims(k);
+            *f = [
+                self.src.get(sh.class(d[0] >> 16), sl.class(d[0])),
+                self.dst.get(dh.class(d[1] >> 16), dl.class(d[1])),
+                self.proto_sport.get(pr.class(d[4]), sp.class(d[2])),
+            ];
+        }
+        for (f, k) in f.iter_mut().zip(&keys[..n]) {
+            f[2] = self.ports.get(f[2], dp.class(dims(k)[3]));
+        }
+        let [a, b, c] = self.order.map(|i| usize::from(i) % 3);
+        let mut at = [0usize; BATCH];
+        for (at, f) in at.iter_mut().zip(&f[..n]) {
+            *at = self.pair.get(f[a], f[b]) * self.first.width + f[c];
+        }
+        for (o, &at) in out[..n].iter_mut().zip(&at) {
+            let p = self.first.table[at];
+            *o = if p == NONE { u32::MAX } else { u32::from(p) };
+        }
+    }
+
+    /// Bytes of table memory.
+    pub(crate) fn memory(&self) -> usize {
+        let joins = [
+            &self.src,
+            &self.dst,
+            &self.proto_sport,
+            &self.ports,
+            &self.pair,
+            &self.first,
+        ];
+        2 * (self.chunks.iter().map(|c| c.table.len()).sum::<usize>()
+            + joins.iter().map(|j| j.table.len()).sum::<usize>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Family;
+    use crate::parse::FlowKey;
+
+    /// A small xorshift generator: reproducible cases without a crate.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn rule(rng: &mut Rng, pos: u32, bases: &[u32]) -> AclRule {
+        let prefix = |rng: &mut Rng| {
+            let len = [0, 8, 12, 16, 20, 24, 28, 32][rng.below(8) as usize];
+            let a = bases[rng.below(bases.len() as u64) as usize] ^ (rng.next() as u32 & 0xff);
+            AclRule::prefix_range(u128::from(a), len, 32)
+        };
+        let ports = |rng: &mut Rng| match rng.below(3) {
+            0 => (0, u16::MAX),
+            1 => {
+                let p = rng.below(64) as u16;
+                (p, p)
+            }
+            _ => {
+                let a = rng.below(64) as u16;
+                (a, a + rng.below(32) as u16)
+            }
+        };
+        AclRule {
+            order: pos,
+            tag: pos,
+            family: Family::V4,
+            src: prefix(rng),
+            dst: prefix(rng),
+            src_port: ports(rng),
+            dst_port: ports(rng),
+            proto: match rng.below(3) {
+                0 => (0, 255),
+                1 => (6, 6),
+                _ => (17, 17),
+            },
+        }
+    }
+
+    fn dims(k: &FlowKey) -> [u32; 8] {
+        [
+            k.src as u32,
+            k.dst as u32,
+            u32::from(k.src_port),
+            u32::from(k.dst_port),
+            u32::from(k.proto),
+            0,
+            0,
+            0,
+        ]
+    }
+
+    #[test]
+    fn agrees_with_a_scan_of_the_rules() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..40 {
+            let bases: Vec<u32> = (0..4).map(|_| rng.next() as u32).collect();
+            let n = 1 + rng.below(if case % 4 == 0 { 400 } else { 40 }) as u32;
+            let rules: Vec<AclRule> = (0..n).map(|i| rule(&mut rng, i, &bases)).collect();
+            let rfc = Rfc::build_within(&rules, 1 << 26).expect("prefix rules build");
+            for _ in 0..2000 {
+                // Keys near the rules' addresses and ports, so they match.
+                let b = |rng: &mut Rng| {
+                    bases[rng.below(bases.len() as u64) as usize] ^ (rng.next() as u32 & 0x1ff)
+                };
+                let k = FlowKey {
+                    src: u128::from(b(&mut rng)),
+                    dst: u128::from(b(&mut rng)),
+                    src_port: rng.below(100) as u16,
+                    dst_port: rng.below(100) as u16,
+                    proto: [6, 17, 1][rng.below(3) as usize],
+                    v6: false,
+                };
+                let want = rules.iter().position(|r| r.matches(&k));
+                let got = rfc.lookup(&dims(&k));
+                assert_eq!(
+                    (got != NONE).then_some(usize::from(got)),
+                    want,
+                    "case {case}, key {k:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn edges_of_every_field() {
+        // Ranges that start at 0 and end at the top of each field, and a
+        // one-value range at the very top.
+        let any = AclRule::any(0, 0, Family::V4);
+        let rules = [
+            AclRule {
+                src: (u128::from(u32::MAX), u128::from(u32::MAX)),
+                ..any
+            },
+            AclRule {
+                src_port: (u16::MAX, u16::MAX),
+                proto: (255, 255),
+                ..any
+            },
+            AclRule {
+                dst: (0, 0xffff),
+                dst_port: (0, 0),
+                ..any
+            },
+            any,
+        ];
+        let rfc = Rfc::build(&rules).expect("builds");
+        let k = |src: u32, dst: u32, sp: u16, dp: u16, proto: u8| {
+            dims(&FlowKey {
+                src: u128::from(src),
+                dst: u128::from(dst),
+                src_port: sp,
+                dst_port: dp,
+                proto,
+                v6: false,
+            })
+        };
+        assert_eq!(rfc.lookup(&k(u32::MAX, 5, 1, 1, 6)), 0);
+        assert_eq!(rfc.lookup(&k(u32::MAX - 1, 5, u16::MAX, 1, 255)), 1);
+        assert_eq!(rfc.lookup(&k(7, 0xffff, 3, 0, 6)), 2);
+        assert_eq!(rfc.lookup(&k(7, 0x1_0000, 3, 0, 6)), 3);
+    }
+
+    #[test]
+    fn declines_what_it_cannot_cut_or_afford() {
+        let any = AclRule::any(0, 0, Family::V4);
+        // A range across 65,536-address blocks, not aligned to them.
+        let odd = AclRule {
+            src: (0x1_8000, 0x2_7fff),
+            ..any
+        };
+        assert!(Rfc::build(&[odd]).is_none());
+        assert!(Rfc::build(&[]).is_none());
+        // Rules that each split every field differently: their classes
+        // multiply past the budget.
+        let spread: Vec<AclRule> = (0..4000u32)
+            .map(|i| AclRule {
+                order: i,
+                tag: i,
+                src: AclRule::prefix_range(u128::from(i.wrapping_mul(0x9e37_79b9)), 32, 32),
+                dst: AclRule::prefix_range(u128::from(i.wrapping_mul(0x85eb_ca6b)), 16, 32),
+                src_port: (i as u16, i as u16),
+                dst_port: ((i * 7) as u16, (i * 7) as u16),
+                ..any
+            })
+            .collect();
+        let wide = AclRule {
+            order: 5000,
+            tag: 5000,
+            ..any
+        };
+        let mut rules = spread;
+        rules.push(wide);
+        assert!(Rfc::build(&rules).is_none());
+    }
+}
