@@ -2,7 +2,11 @@
 //! time, table memory, lookups per second on one core (one key per call,
 //! and in bursts of 32 through `lookup_batch`, as a worker's receive
 //! burst and as `dpdk-test-acl` calls `rte_acl_classify`), and the cost
-//! of a single-rule insert and delete. Reads the `dpdk-test-acl` files that
+//! of a single-rule insert and delete; then, where the set has its
+//! `rules.json` and `expected.csv`, the same trace spread over the
+//! tenants as the switch sees it: one classifier per tenant, each key
+//! looked up in its packet's tenant's, bursts of 32 through
+//! `Classifier::lookup_multi`. Reads the `dpdk-test-acl` files that
 //! ../shared/bench/gen_data.py writes, so `dpdk-test-acl` can run on the
 //! same rules and trace side by side. Every lookup, single and batched,
 //! is first checked against a plain first-match scan of the rules.
@@ -18,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use dpu_dataplane::classify::{AclRule, Classifier, Family};
 use dpu_dataplane::parse::FlowKey;
+
+#[path = "common/rules.rs"]
+mod rules;
 
 fn ip(s: &str) -> (u128, u8) {
     let (a, len) = s.split_once('/').expect("prefix");
@@ -85,6 +92,45 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
 /// Keys per `lookup_batch` call in the burst measurement by default (a
 /// worker's receive burst; `--burst N` for another).
 const BURST: usize = 32;
+
+/// Per tenant of `dir`'s `rules.json`, a classifier of its rules; per
+/// packet of `expected.csv` (the trace's order), its tenant. `None` if
+/// the set has no such files.
+fn tenants(dir: &str) -> Option<(Vec<Classifier>, Vec<usize>)> {
+    let rules = format!("{dir}/rules.json");
+    let expected = std::fs::read_to_string(format!("{dir}/expected.csv")).ok()?;
+    std::fs::metadata(&rules).ok()?;
+    let cfg = rules::switch_config(&rules, 0);
+    let names: Vec<&str> = cfg.tenants.iter().map(|t| t.name.as_str()).collect();
+    let of_packet = expected
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let name = l.split(',').nth(1).expect("tenant column");
+            names
+                .iter()
+                .position(|n| *n == name)
+                .expect("a known tenant")
+        })
+        .collect();
+    let classifiers = cfg
+        .tenants
+        .iter()
+        .map(|t| {
+            let acl: Vec<AclRule> = t
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| AclRule {
+                    tag: i as u32,
+                    ..r.matches
+                })
+                .collect();
+            Classifier::build(&acl)
+        })
+        .collect();
+    Some((classifiers, of_packet))
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -199,6 +245,61 @@ fn main() {
                 .collect::<Vec<_>>()
                 .join(" "),
             median(changes) * 1e6,
+        );
+        let Some((classifiers, of_packet)) = tenants(&format!("{data}/{set}")) else {
+            continue;
+        };
+        assert_eq!(
+            of_packet.len(),
+            trace.len(),
+            "{set}: expected.csv and trace"
+        );
+        let per_key: Vec<&Classifier> = of_packet.iter().map(|&t| &classifiers[t]).collect();
+        // Checked against each tenant's own single lookups first.
+        let mut out = vec![None; trace.len()];
+        for ((cs, keys), out) in per_key
+            .chunks(burst_len)
+            .zip(trace.chunks(burst_len))
+            .zip(out.chunks_mut(burst_len))
+        {
+            Classifier::lookup_multi(cs, keys, out);
+        }
+        for ((k, c), got) in trace.iter().zip(&per_key).zip(&out) {
+            assert_eq!(
+                *got,
+                c.lookup(k).map(|r| r.tag),
+                "{set}: tenants, key {k:?}"
+            );
+        }
+        let multi_rates: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                let mut n = 0u64;
+                let mut out = vec![None; burst_len];
+                while t.elapsed() < Duration::from_secs_f64(secs) {
+                    for (cs, keys) in per_key.chunks(burst_len).zip(trace.chunks(burst_len)) {
+                        Classifier::lookup_multi(cs, black_box(keys), &mut out);
+                        black_box(&out);
+                    }
+                    n += trace.len() as u64;
+                }
+                n as f64 / t.elapsed().as_secs_f64() / 1e6
+            })
+            .collect();
+        println!(
+            "{set}: over {} tenants, {:.2} MB, in bursts of {burst_len} {:.2} M/s (runs: {})",
+            classifiers.len(),
+            classifiers
+                .iter()
+                .map(Classifier::memory_bytes)
+                .sum::<usize>() as f64
+                / 1e6,
+            median(multi_rates.clone()),
+            multi_rates
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         );
     }
 }

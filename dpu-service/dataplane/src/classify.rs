@@ -714,7 +714,7 @@ impl Flat4 {
         let n = keys.len().min(best.len()).min(BATCH);
         let (keys, best) = (&keys[..n], &mut best[..n]);
         if let Some(rfc) = &self.rfc {
-            rfc.lookup_many(keys, |k| &k.dims, best);
+            rfc.lookup_many(keys, |k| k.dims, best);
             if let Some(dead) = dead {
                 for (b, k) in best.iter_mut().zip(keys) {
                     if is_set(dead, *b) {
@@ -800,14 +800,6 @@ impl Flat4 {
             .min(deads.len())
             .min(MULTI);
         best[..n].fill(u32::MAX);
-        // Lanes whose set answers from its RFC tables take no walk.
-        let mut answered = 0u64;
-        for i in 0..n {
-            if let Some(p) = flats[i].rfc_lookup(&keys[i], deads[i]) {
-                best[i] = p;
-                answered |= 1 << i;
-            }
-        }
         let mut lane = [0u8; MULTI];
         let mut es = [0 as Entry; MULTI];
         // Each walking lane's nodes and key fields, side by side.
@@ -817,7 +809,7 @@ impl Flat4 {
             let (mut lanes, mut depth) = (0, 0);
             for i in 0..n {
                 if let Some(&(root, d, min_pos)) = flats[i].trees.get(t) {
-                    if min_pos < best[i] && answered & (1 << i) == 0 {
+                    if min_pos < best[i] {
                         lane[lanes] = i as u8;
                         es[lanes] = root;
                         nodes[lanes] = &flats[i].nodes;
@@ -1505,9 +1497,19 @@ impl Classifier {
             let mut k4 = [Key4::NONE; MULTI];
             let mut slot = [0u8; MULTI];
             let mut n = 0;
+            // Keys whose classifier has RFC tables read them, side by side.
+            let mut tables: [&Rfc; MULTI] = [&rfc::EMPTY; MULTI];
+            let mut read = [0u8; MULTI];
+            let mut m = 0;
             for (i, ((c, key), o)) in cs.iter().zip(keys).zip(out.iter_mut()).enumerate() {
                 if key.v6 || !c.overlay_rules.is_empty() {
                     *o = c.lookup(key).map(|r| r.tag);
+                    continue;
+                }
+                if let Some(t) = &c.main.v4.flat.rfc {
+                    tables[m] = t;
+                    read[m] = i as u8;
+                    m += 1;
                     continue;
                 }
                 flats[n] = &c.main.v4.flat;
@@ -1515,6 +1517,23 @@ impl Classifier {
                 k4[n] = Key4::new(key);
                 slot[n] = i as u8;
                 n += 1;
+            }
+            let read = &read[..m];
+            let mut found = [u32::MAX; MULTI];
+            let dims = |j: usize| {
+                let k = &keys[usize::from(read[j])];
+                let p = (u32::from(k.src_port), u32::from(k.dst_port));
+                [k.src as u32, k.dst as u32, p.0, p.1, u32::from(k.proto)]
+            };
+            Rfc::lookup_lanes(m, |j| tables[j], dims, &mut found);
+            for (&i, &p) in read.iter().zip(&found) {
+                let (i, c) = (usize::from(i), cs[usize::from(i)]);
+                // A rule removed since the build: the trees answer.
+                out[i] = if c.removed > 0 && is_set(&c.dead_v4, p) {
+                    c.lookup(&keys[i]).map(|r| r.tag)
+                } else {
+                    c.main.v4.ids.get(p as usize).map(|&(_, tag)| tag)
+                };
             }
             let mut best = [u32::MAX; MULTI];
             Flat4::lookup_lanes(&flats[..n], &deads[..n], &k4[..n], &mut best);

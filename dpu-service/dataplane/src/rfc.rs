@@ -37,19 +37,51 @@ const BUDGET_BASE: usize = 1 << 20;
 /// See [`BUDGET_BASE`].
 const BUDGET_PER_RULE: usize = 768;
 
-/// One chunk of the key: the classes of its values.
+/// Tables of no rules, never read: what fills unused places of an
+/// array of tables.
+pub(crate) static EMPTY: Rfc = {
+    const NO_CHUNK: Chunk = Chunk {
+        top: [0; BLOCKS],
+        blocks: Vec::new(),
+    };
+    const NO_JOIN: Join = Join {
+        table: Vec::new(),
+        width: 0,
+    };
+    Rfc {
+        chunks: [NO_CHUNK; 7],
+        src: NO_JOIN,
+        dst: NO_JOIN,
+        proto_sport: NO_JOIN,
+        ports: NO_JOIN,
+        order: [0, 1, 2],
+        pair: NO_JOIN,
+        first: NO_JOIN,
+    }
+};
+
+/// Values per block of a chunk's table, and blocks per chunk.
+const BLOCK: usize = 256;
+/// See [`BLOCK`].
+const BLOCKS: usize = 256;
+
+/// One chunk of the key: the class of each of its values, in blocks of
+/// [`BLOCK`] consecutive values stored once however many times they
+/// recur. Rules' ranges are mostly aligned runs of whole blocks, so most
+/// blocks hold one class throughout and a table of 65,536 values takes a
+/// few kilobytes of cache instead of 128.
 #[derive(Debug)]
 struct Chunk {
-    /// Class per value; a single entry when every value has the same one.
-    table: Vec<u16>,
-    /// `table.len() - 1` when it has an entry per value, else 0.
-    mask: u32,
+    /// Per high byte of a value, where its block starts in `blocks`.
+    top: [u32; BLOCKS],
+    blocks: Vec<u16>,
 }
 
 impl Chunk {
     #[inline(always)]
     fn class(&self, v: u32) -> usize {
-        usize::from(self.table[(v & self.mask) as usize])
+        let at = self.top[(v as usize >> 8) % BLOCKS] as usize + v as usize % BLOCK;
+        usize::from(self.blocks[at])
     }
 }
 
@@ -164,23 +196,17 @@ fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
         let next = points.get(i + 1).copied().unwrap_or(end);
         table[p as usize..next as usize].fill(id);
     }
-    let classes = interner.classes;
-    if classes.len() == 1 {
-        return Some((
-            Chunk {
-                table: vec![0],
-                mask: 0,
-            },
-            classes,
-        ));
+    let mut top = [0u32; BLOCKS];
+    let mut blocks = Vec::new();
+    let mut seen: HashMap<&[u16], u32> = HashMap::new();
+    for (t, block) in top.iter_mut().zip(table.chunks(BLOCK)) {
+        *t = *seen.entry(block).or_insert_with(|| {
+            blocks.extend_from_slice(block);
+            (blocks.len() - block.len()) as u32
+        });
     }
-    Some((
-        Chunk {
-            table,
-            mask: end - 1,
-        },
-        classes,
-    ))
+    // An 8-bit chunk has one block, which its other places never reach.
+    Some((Chunk { top, blocks }, interner.classes))
 }
 
 /// Per rule position, the classes (numbers) of `classes` holding it.
@@ -194,21 +220,54 @@ fn holders(classes: &[Class], rules: usize) -> Vec<Vec<u32>> {
     of
 }
 
+/// A class's key in [`join`], borrowed: looked up without a copy.
+#[derive(Hash)]
+struct Split<'a>(u16, &'a [u32]);
+
+impl hashbrown::Equivalent<(u16, Class)> for Split<'_> {
+    fn equivalent(&self, key: &(u16, Class)) -> bool {
+        self.0 == key.0 && self.1 == key.1.as_slice()
+    }
+}
+
 /// The cross product of two class lists: the class of `a[i] ∩ b[j]` at
 /// `i * b.len() + j`. Work is in proportion to the table and to the
 /// intersections' sizes (each rule of `a[i]` visits the classes of `b`
-/// holding it), not to the pairs times the classes' sizes.
+/// holding it), not to the pairs times the classes' sizes. Rules in
+/// every class of `b` (a field's wildcards) visit none: they are in
+/// every cell of `a[i]`'s row, and a class is found by that common part
+/// and the rest.
 fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(Join, Vec<Class>)> {
     let size = a.len().checked_mul(b.len())?;
     *budget = budget.checked_sub(size)?;
     let of = holders(b, rules);
-    let mut interner = Interner::new();
+    let everywhere: Vec<bool> = of.iter().map(|h| h.len() == b.len()).collect();
+    // Classes by (number of their part in every cell, the rest).
+    let mut commons = Interner::new();
+    let mut ids: HashMap<(u16, Class), u16> = HashMap::new();
+    let mut classes: Vec<Class> = Vec::new();
+    let mut intern = |common: u16, part: &[u32], rest: &[u32]| -> Option<u16> {
+        if let Some(&id) = ids.get(&Split(common, rest)) {
+            return Some(id);
+        }
+        let id = u16::try_from(classes.len()).ok()?;
+        let mut class: Class = part.iter().chain(rest).copied().collect();
+        class.sort_unstable();
+        ids.insert((common, rest.to_vec()), id);
+        classes.push(class);
+        Some(id)
+    };
     let mut table = vec![0u16; size];
     let mut meet: Vec<Class> = vec![Vec::new(); b.len()];
     let mut touched = Vec::new();
-    let mut empty = None;
+    let mut part = Vec::new();
     for (i, ca) in a.iter().enumerate() {
+        part.clear();
         for &r in ca {
+            if everywhere[r as usize] {
+                part.push(r);
+                continue;
+            }
             for &j in &of[r as usize] {
                 let m = &mut meet[j as usize];
                 if m.is_empty() {
@@ -217,17 +276,14 @@ fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(J
                 m.push(r);
             }
         }
+        let common = commons.intern(&part)?;
         let row = &mut table[i * b.len()..(i + 1) * b.len()];
         if touched.len() < b.len() {
-            let e = match empty {
-                Some(e) => e,
-                None => *empty.insert(interner.intern(&[])?),
-            };
-            row.fill(e);
+            row.fill(intern(common, &part, &[])?);
         }
         for &j in &touched {
             let m = &mut meet[j as usize];
-            row[j as usize] = interner.intern(m)?;
+            row[j as usize] = intern(common, &part, m)?;
             m.clear();
         }
         touched.clear();
@@ -237,7 +293,7 @@ fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(J
             table,
             width: b.len(),
         },
-        interner.classes,
+        classes,
     ))
 }
 
@@ -402,37 +458,54 @@ impl Rfc {
     }
 
     /// [`Rfc::lookup`] for up to [`BATCH`] keys (`dims` gives each key's
-    /// fields) into `out`, phase by phase: each phase's loads for all the
-    /// keys go out before any of them is needed, so their cache misses
-    /// overlap even where one key's chain of four would not.
+    /// fields) into `out`.
     #[inline]
     pub(crate) fn lookup_many<K>(
         &self,
         keys: &[K],
-        dims: impl Fn(&K) -> &[u32; 8],
+        dims: impl Fn(&K) -> [u32; 8],
         out: &mut [u32],
     ) {
-        let n = keys.len().min(out.len()).min(BATCH);
-        let [sh, sl, dh, dl, pr, sp, dp] = &self.chunks;
+        Rfc::lookup_lanes(keys.len(), |_| self, |i| dims(&keys[i]), out);
+    }
+
+    /// [`Rfc::lookup`] for up to [`BATCH`] keys, key `i` (of `n`) with
+    /// the fields `dims(i)` (the first five of [`Rfc::lookup`]'s) in the
+    /// tables `rfc(i)`, into `out`
+    /// (`u32::MAX` for no match), phase by phase: each phase's loads for
+    /// all the keys go out before any of them is needed, so their cache
+    /// misses overlap where one key's chain of four would wait on each.
+    #[inline(always)]
+    pub(crate) fn lookup_lanes<'r, const D: usize>(
+        n: usize,
+        rfc: impl Fn(usize) -> &'r Rfc,
+        dims: impl Fn(usize) -> [u32; D],
+        out: &mut [u32],
+    ) {
+        let n = n.min(out.len()).min(BATCH);
         let mut f = [[0usize; 3]; BATCH];
-        for (f, k) in f.iter_mut().zip(&keys[..n]) {
-            let d = dims(k);
+        for (i, f) in f[..n].iter_mut().enumerate() {
+            let t = rfc(i);
+            let [sh, sl, dh, dl, pr, sp, _] = &t.chunks;
+            let d = dims(i);
             *f = [
-                self.src.get(sh.class(d[0] >> 16), sl.class(d[0])),
-                self.dst.get(dh.class(d[1] >> 16), dl.class(d[1])),
-                self.proto_sport.get(pr.class(d[4]), sp.class(d[2])),
+                t.src.get(sh.class(d[0] >> 16), sl.class(d[0])),
+                t.dst.get(dh.class(d[1] >> 16), dl.class(d[1])),
+                t.proto_sport.get(pr.class(d[4]), sp.class(d[2])),
             ];
         }
-        for (f, k) in f.iter_mut().zip(&keys[..n]) {
-            f[2] = self.ports.get(f[2], dp.class(dims(k)[3]));
+        for (i, f) in f[..n].iter_mut().enumerate() {
+            let t = rfc(i);
+            f[2] = t.ports.get(f[2], t.chunks[6].class(dims(i)[3]));
         }
-        let [a, b, c] = self.order.map(|i| usize::from(i) % 3);
         let mut at = [0usize; BATCH];
-        for (at, f) in at.iter_mut().zip(&f[..n]) {
-            *at = self.pair.get(f[a], f[b]) * self.first.width + f[c];
+        for (i, (at, f)) in at.iter_mut().zip(&f[..n]).enumerate() {
+            let t = rfc(i);
+            let [a, b, c] = t.order.map(|i| usize::from(i) % 3);
+            *at = t.pair.get(f[a], f[b]) * t.first.width + f[c];
         }
-        for (o, &at) in out[..n].iter_mut().zip(&at) {
-            let p = self.first.table[at];
+        for (i, (o, &at)) in out[..n].iter_mut().zip(&at).enumerate() {
+            let p = rfc(i).first.table[at];
             *o = if p == NONE { u32::MAX } else { u32::from(p) };
         }
     }
@@ -447,8 +520,9 @@ impl Rfc {
             &self.pair,
             &self.first,
         ];
-        2 * (self.chunks.iter().map(|c| c.table.len()).sum::<usize>()
-            + joins.iter().map(|j| j.table.len()).sum::<usize>())
+        std::mem::size_of::<Rfc>()
+            + 2 * (self.chunks.iter().map(|c| c.blocks.len()).sum::<usize>()
+                + joins.iter().map(|j| j.table.len()).sum::<usize>())
     }
 }
 
