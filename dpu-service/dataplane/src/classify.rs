@@ -34,6 +34,13 @@
 //! as rte_acl does with its multi-flow loops, so their cache misses
 //! overlap. IPv6 keys walk the trees as built, with 128-bit bounds.
 //!
+//! IPv4 rule sets whose tables fit a memory budget are also compiled to
+//! Recursive Flow Classification tables (`crate::rfc`): a fixed sequence
+//! of table reads, no compare, no walk. IPv4 lookups read those first;
+//! the trees answer when a set has no tables (rules that are neither
+//! prefixes nor fit the budget), and for the keys whose answer was
+//! removed since the build ([`Classifier::with_changes`]).
+//!
 //! A lookup walks the trees in order of their first rule and stops as soon
 //! as no later tree can hold an earlier match. IPv4 and IPv6 have separate
 //! trees; a rule without addresses is in both.
@@ -1525,7 +1532,14 @@ impl Classifier {
                 let p = (u32::from(k.src_port), u32::from(k.dst_port));
                 [k.src as u32, k.dst as u32, p.0, p.1, u32::from(k.proto)]
             };
-            Rfc::lookup_lanes(m, |j| tables[j], dims, &mut found);
+            // A burst of one tenant's keys (one VF's, say) reads one set of
+            // tables, whose addresses and sizes then stay in registers.
+            let one = tables[..m].iter().all(|&t| std::ptr::eq(t, tables[0]));
+            if one {
+                Rfc::lookup_lanes(m, |_| tables[0], dims, &mut found);
+            } else {
+                Rfc::lookup_lanes(m, |j| tables[j], dims, &mut found);
+            }
             for (&i, &p) in read.iter().zip(&found) {
                 let (i, c) = (usize::from(i), cs[usize::from(i)]);
                 // A rule removed since the build: the trees answer.
