@@ -132,6 +132,31 @@ fn tenants(dir: &str) -> Option<(Vec<Classifier>, Vec<usize>)> {
     Some((classifiers, of_packet))
 }
 
+/// Millions of lookups a second, one figure per run: `pass` (which looks
+/// up `keys` keys) repeated for `secs` seconds, `runs` times.
+fn timed(runs: usize, secs: f64, keys: usize, mut pass: impl FnMut()) -> Vec<f64> {
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let mut n = 0u64;
+            while t.elapsed() < Duration::from_secs_f64(secs) {
+                pass();
+                n += keys as u64;
+            }
+            n as f64 / t.elapsed().as_secs_f64() / 1e6
+        })
+        .collect()
+}
+
+/// Each run's figure, for the report.
+fn list(rates: &[f64]) -> String {
+    rates
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -175,36 +200,20 @@ fn main() {
             assert_eq!(c.lookup(k).map(|r| r.tag), want, "{set}: key {k:?}");
             assert_eq!(*got, want, "{set}: batch, key {k:?}");
         }
-        let rates: Vec<f64> = (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                let mut n = 0u64;
-                while t.elapsed() < Duration::from_secs_f64(secs) {
-                    for k in &trace {
-                        black_box(c.lookup(black_box(k)));
-                    }
-                    n += trace.len() as u64;
-                }
-                n as f64 / t.elapsed().as_secs_f64() / 1e6
-            })
-            .collect();
+        let rates = timed(runs, secs, trace.len(), || {
+            for k in &trace {
+                black_box(c.lookup(black_box(k)));
+            }
+        });
         // The same in bursts, as a worker would (and as dpdk-test-acl
         // calls rte_acl_classify).
-        let batch_rates: Vec<f64> = (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                let mut n = 0u64;
-                let mut out = vec![None; burst_len];
-                while t.elapsed() < Duration::from_secs_f64(secs) {
-                    for burst in trace.chunks(burst_len) {
-                        c.lookup_batch(black_box(burst), &mut out);
-                        black_box(&out);
-                    }
-                    n += trace.len() as u64;
-                }
-                n as f64 / t.elapsed().as_secs_f64() / 1e6
-            })
-            .collect();
+        let mut out = vec![None; burst_len];
+        let batch_rates = timed(runs, secs, trace.len(), || {
+            for burst in trace.chunks(burst_len) {
+                c.lookup_batch(black_box(burst), &mut out);
+                black_box(&out);
+            }
+        });
         // One rule in, one rule out, off a fresh build: what a single
         // gRPC rule change costs the control plane.
         let mid = rules[rules.len() / 2];
@@ -233,17 +242,9 @@ fn main() {
             median(builds) * 1e3,
             c.memory_bytes() as f64 / 1e6,
             median(rates.clone()),
-            rates
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            list(&rates),
             median(batch_rates.clone()),
-            batch_rates
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            list(&batch_rates),
             median(changes) * 1e6,
         );
         let Some((classifiers, of_packet)) = tenants(&format!("{data}/{set}")) else {
@@ -271,21 +272,13 @@ fn main() {
                 "{set}: tenants, key {k:?}"
             );
         }
-        let multi_rates: Vec<f64> = (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                let mut n = 0u64;
-                let mut out = vec![None; burst_len];
-                while t.elapsed() < Duration::from_secs_f64(secs) {
-                    for (cs, keys) in per_key.chunks(burst_len).zip(trace.chunks(burst_len)) {
-                        Classifier::lookup_multi(cs, black_box(keys), &mut out);
-                        black_box(&out);
-                    }
-                    n += trace.len() as u64;
-                }
-                n as f64 / t.elapsed().as_secs_f64() / 1e6
-            })
-            .collect();
+        let mut out = vec![None; burst_len];
+        let multi_rates = timed(runs, secs, trace.len(), || {
+            for (cs, keys) in per_key.chunks(burst_len).zip(trace.chunks(burst_len)) {
+                Classifier::lookup_multi(cs, black_box(keys), &mut out);
+                black_box(&out);
+            }
+        });
         println!(
             "{set}: over {} tenants, {:.2} MB, in bursts of {burst_len} {:.2} M/s (runs: {})",
             classifiers.len(),
@@ -295,11 +288,7 @@ fn main() {
                 .sum::<usize>() as f64
                 / 1e6,
             median(multi_rates.clone()),
-            multi_rates
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            list(&multi_rates),
         );
     }
 }
