@@ -67,12 +67,6 @@ const LEAF_RULES: usize = 2;
 /// counts as progress (zooming adds a level without separating rules;
 /// with leaves of at most [`LEAF_RULES`], every node that is cut may zoom).
 const ZOOM_RULES: usize = 2;
-fn knob(name: &str, d: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
-}
 /// Most cut bits (2^n children) at one node.
 const MAX_CUT_BITS: u32 = 8;
 /// Child-list entries a cut may create per rule of the node (space
@@ -923,15 +917,9 @@ impl<'a> Builder<'a> {
                 nodes: vec![LEAF],
                 ..Tree::default()
             },
-            node_budget: knob("CLS_NPR", NODES_PER_RULE) * ids.len() + 256,
-            space: [
-                knob("CLS_SPACE0", SPACE_FACTOR[0]),
-                knob("CLS_SPACE1", SPACE_FACTOR[1]),
-            ][usize::from(ids.len() > SMALL_TREE)],
-            max_depth: [
-                knob("CLS_DEPTH0", MAX_DEPTH[0]),
-                knob("CLS_DEPTH1", MAX_DEPTH[1]),
-            ][usize::from(ids.len() > SMALL_TREE)],
+            node_budget: NODES_PER_RULE * ids.len() + 256,
+            space: SPACE_FACTOR[usize::from(ids.len() > SMALL_TREE)],
+            max_depth: MAX_DEPTH[usize::from(ids.len() > SMALL_TREE)],
         };
         let root = Region::whole(addr_bits);
         let ids = b.prune(&root, ids);
@@ -1009,7 +997,7 @@ impl<'a> Builder<'a> {
                 .sum::<usize>()
                 + (1 << k)
         };
-        let max_k = region.bits[dim].min(knob("CLS_CUT", MAX_CUT_BITS as usize) as u32);
+        let max_k = region.bits[dim].min(MAX_CUT_BITS);
         let mut k = 0;
         while k < max_k && entries(k + 1) <= budget {
             k += 1;
@@ -1208,7 +1196,7 @@ impl Set {
             .iter()
             .copied()
             .filter(|&m| groups[m].len() >= min_group)
-            .take(knob("CLS_TREES", MAX_TREES) - 1)
+            .take(MAX_TREES - 1)
             .collect();
         let mut rest = Vec::new();
         for &m in &by_size {
