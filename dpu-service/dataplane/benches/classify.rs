@@ -10,6 +10,8 @@
 //! ../shared/bench/gen_data.py writes, so `dpdk-test-acl` can run on the
 //! same rules and trace side by side. Every lookup, single and batched,
 //! is first checked against a plain first-match scan of the rules.
+//! `--trees` builds the classifiers without their RFC tables
+//! (`Classifier::build_trees`), for the trees alone.
 //!
 //! ```text
 //! cargo bench -p dpu-dataplane --bench classify --no-run
@@ -93,10 +95,13 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
 /// worker's receive burst; `--burst N` for another).
 const BURST: usize = 32;
 
-/// Per tenant of `dir`'s `rules.json`, a classifier of its rules; per
-/// packet of `expected.csv` (the trace's order), its tenant. `None` if
-/// the set has no such files.
-fn tenants(dir: &str) -> Option<(Vec<Classifier>, Vec<usize>)> {
+/// Per tenant of `dir`'s `rules.json`, a classifier of its rules made by
+/// `build`; per packet of `expected.csv` (the trace's order), its tenant.
+/// `None` if the set has no such files.
+fn tenants(
+    dir: &str,
+    build: fn(&[AclRule]) -> Classifier,
+) -> Option<(Vec<Classifier>, Vec<usize>)> {
     let rules = format!("{dir}/rules.json");
     let expected = std::fs::read_to_string(format!("{dir}/expected.csv")).ok()?;
     std::fs::metadata(&rules).ok()?;
@@ -126,7 +131,7 @@ fn tenants(dir: &str) -> Option<(Vec<Classifier>, Vec<usize>)> {
                     ..r.matches
                 })
                 .collect();
-            Classifier::build(&acl)
+            build(&acl)
         })
         .collect();
     Some((classifiers, of_packet))
@@ -168,6 +173,7 @@ fn main() {
     let mut runs = 3usize;
     let mut secs = 3.0f64;
     let mut burst_len = BURST;
+    let mut build: fn(&[AclRule]) -> Classifier = Classifier::build;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -177,6 +183,7 @@ fn main() {
             "--runs" => runs = val().parse().expect("--runs"),
             "--secs" => secs = val().parse().expect("--secs"),
             "--burst" => burst_len = val().parse().expect("--burst"),
+            "--trees" => build = Classifier::build_trees,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -187,11 +194,11 @@ fn main() {
         let builds: Vec<f64> = (0..runs)
             .map(|_| {
                 let t = Instant::now();
-                black_box(Classifier::build(&rules));
+                black_box(build(&rules));
                 t.elapsed().as_secs_f64()
             })
             .collect();
-        let c = Classifier::build(&rules);
+        let c = build(&rules);
         println!("{set}: {}", c.shape());
         let mut out = vec![None; trace.len()];
         c.lookup_batch(&trace, &mut out);
@@ -247,7 +254,7 @@ fn main() {
             list(&batch_rates),
             median(changes) * 1e6,
         );
-        let Some((classifiers, of_packet)) = tenants(&format!("{data}/{set}")) else {
+        let Some((classifiers, of_packet)) = tenants(&format!("{data}/{set}"), build) else {
             continue;
         };
         assert_eq!(

@@ -1362,8 +1362,16 @@ impl Classifier {
         Classifier::build_with(rules, true)
     }
 
+    /// [`Classifier::build`] without RFC tables: every lookup walks the
+    /// trees. A fifth of the memory at 10,000 ClassBench rules (2 MB
+    /// against 12.5), and a twentieth of the build time, for lookups
+    /// about 0.6× as fast in bursts; what the benchmarks compare against.
+    pub fn build_trees(rules: &[AclRule]) -> Classifier {
+        Classifier::build_with(rules, false)
+    }
+
     /// [`Classifier::build`], with RFC tables for IPv4 if `rfc` and they
-    /// fit (tests check the trees alone with `false`).
+    /// fit.
     fn build_with(rules: &[AclRule], rfc: bool) -> Classifier {
         let mut main = Trees::build(rules);
         // Overlays, rebuilt on every change, keep to their trees.
