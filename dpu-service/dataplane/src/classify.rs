@@ -352,15 +352,21 @@ impl Key4 {
         packed: 0,
     };
 
-    #[inline]
-    fn new(key: &FlowKey) -> Key4 {
-        let v = [
+    /// An IPv4 key's five fields in dimension order.
+    #[inline(always)]
+    fn fields(key: &FlowKey) -> [u32; DIMS] {
+        [
             key.src as u32,
             key.dst as u32,
             u32::from(key.src_port),
             u32::from(key.dst_port),
             u32::from(key.proto),
-        ];
+        ]
+    }
+
+    #[inline]
+    fn new(key: &FlowKey) -> Key4 {
+        let v = Key4::fields(key);
         Key4 {
             dims: [v[0], v[1], v[2], v[3], v[4], 0, 0, 0],
             packed: pack(v) | GUARDS,
@@ -660,10 +666,6 @@ impl Flat4 {
     #[inline(always)]
     fn rfc_lookup(&self, k: &Key4, dead: Option<&[u64]>) -> Option<u32> {
         let p = self.rfc.as_ref()?.lookup(&k.dims);
-        if p == rfc::NONE {
-            return Some(u32::MAX);
-        }
-        let p = u32::from(p);
         dead.is_none_or(|d| !is_set(d, p)).then_some(p)
     }
 
@@ -1523,11 +1525,7 @@ impl Classifier {
             }
             let read = &read[..m];
             let mut found = [u32::MAX; MULTI];
-            let dims = |j: usize| {
-                let k = &keys[usize::from(read[j])];
-                let p = (u32::from(k.src_port), u32::from(k.dst_port));
-                [k.src as u32, k.dst as u32, p.0, p.1, u32::from(k.proto)]
-            };
+            let dims = |j: usize| Key4::fields(&keys[usize::from(read[j])]);
             // A burst of one tenant's keys (one VF's, say) reads one set of
             // tables, whose addresses and sizes then stay in registers.
             let one = tables[..m].iter().all(|&t| std::ptr::eq(t, tables[0]));

@@ -29,7 +29,18 @@ use crate::classify::AclRule;
 pub(crate) const BATCH: usize = 32;
 
 /// A rule position meaning "no rule matches".
-pub(crate) const NONE: u16 = u16::MAX;
+const NONE: u16 = u16::MAX;
+
+/// A position from the last phase's table as lookups give it: `u32::MAX`
+/// for [`NONE`].
+#[inline(always)]
+fn position(p: u16) -> u32 {
+    if p == NONE {
+        u32::MAX
+    } else {
+        u32::from(p)
+    }
+}
 
 /// Table entries (`u16`) a build may allocate beyond phase 0: a base,
 /// and so many per rule, up to [`BUDGET_MAX`]. ClassBench acl1 takes
@@ -449,9 +460,9 @@ impl Rfc {
 
     /// The position of the first rule matching the key whose fields are
     /// `dims` (source, destination, source port, destination port,
-    /// protocol), [`NONE`] if none does.
+    /// protocol), `u32::MAX` if none does.
     #[inline(always)]
-    pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u16 {
+    pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u32 {
         let [sh, sl, dh, dl, pr, sp, dp] = &self.chunks;
         let s = self.src.get(sh.class(dims[0] >> 16), sl.class(dims[0]));
         let d = self.dst.get(dh.class(dims[1] >> 16), dl.class(dims[1]));
@@ -459,7 +470,7 @@ impl Rfc {
         let p = self.ports.get(ps, dp.class(dims[3]));
         let f = [s, d, p];
         let [a, b, c] = self.order.map(|i| f[usize::from(i) % 3]);
-        self.first.table[self.pair.get(a, b) * self.first.width + c]
+        position(self.first.table[self.pair.get(a, b) * self.first.width + c])
     }
 
     /// [`Rfc::lookup`] for up to [`BATCH`] keys (`dims` gives each key's
@@ -511,7 +522,7 @@ impl Rfc {
         }
         for (i, (o, &at)) in out[..n].iter_mut().zip(&at).enumerate() {
             let p = rfc(i).first.table[at];
-            *o = if p == NONE { u32::MAX } else { u32::from(p) };
+            *o = position(p);
         }
     }
 
@@ -622,7 +633,7 @@ mod tests {
                 let want = rules.iter().position(|r| r.matches(&k));
                 let got = rfc.lookup(&dims(&k));
                 assert_eq!(
-                    (got != NONE).then_some(usize::from(got)),
+                    (got != u32::MAX).then_some(got as usize),
                     want,
                     "case {case}, key {k:?}"
                 );
