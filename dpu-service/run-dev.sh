@@ -24,4 +24,4 @@ if ! can_create_taps; then
   args+=(--no-dataplane)
 fi
 exec cargo run --release --locked -p dpu-service -- \
-  --config dpu-service/dpu-service/config/dev.toml "${args[@]}" "$@"
+  --config dpu-service/daemon/config/dev.toml "${args[@]}" "$@"

@@ -134,7 +134,7 @@ for a in "${arches[@]}"; do
     "$strip_tool" --strip-debug -o "$ctx/bin/$a/$b" "$src"
   done
 done
-cp dpu-service/dpu-service/config/production.toml "$ctx/config.toml"
+cp dpu-service/daemon/config/production.toml "$ctx/config.toml"
 
 # A Debian 12 minbase root file system as the base, from the Debian mirror.
 base_image() {

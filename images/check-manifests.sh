@@ -89,7 +89,7 @@ step "kubernetes-validate --strict (Kubernetes 1.30)"
 
 step "DPU properties"
 "$venv/bin/python" images/check_manifests.py images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml" \
-  "$work/dpu-other-config.yaml" dpu-service/dpu-service/config/production.toml "$work/config.toml" ||
+  "$work/dpu-other-config.yaml" dpu-service/daemon/config/production.toml "$work/config.toml" ||
   fail "DPU properties (images/check_manifests.py, messages above)"
 
 "$venv/bin/python" - images/k8s/dpu-service.yaml "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" \

@@ -62,7 +62,7 @@ fn swap(text: &str, from: &str, to: &str) -> Result<String> {
 /// disk; tenants, rules and everything else as shipped.
 fn dev_config(ifs: &[String; 4]) -> Result<String> {
     let mut c =
-        std::fs::read_to_string(repo_root().join("dpu-service/dpu-service/config/dev.toml"))
+        std::fs::read_to_string(repo_root().join("dpu-service/daemon/config/dev.toml"))
             .context("reading dev.toml")?;
     for (i, (port, name)) in ["p0", "pf0vf0", "pf0vf1", "pf0vf2"]
         .iter()
