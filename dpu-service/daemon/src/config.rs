@@ -1829,7 +1829,7 @@ allow_any_host = true
         let c = load("").unwrap();
         assert!(c.storage.io_cpus.is_empty());
         assert_eq!(c.transport(), dpu_nvmeof::TcpConfig::default());
-        let allowed = dpdk::os::current_thread_cpus().unwrap();
+        let allowed = dpu_os::affinity::current_thread_cpus().unwrap();
         let &cpu = allowed.last().unwrap();
         let c = load(&format!("[storage]\nio_cpus = [{cpu}]\n")).unwrap();
         assert_eq!(c.transport().io_cpus, [cpu]);

@@ -75,7 +75,7 @@ fn main() -> ExitCode {
         };
     }
     // The CPUs this process may use: nothing has pinned this thread yet.
-    let all = match dpdk::os::current_thread_cpus() {
+    let all = match dpu_os::affinity::current_thread_cpus() {
         Ok(all) => Some(all),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read this process's CPUs; the control plane's threads run anywhere");

@@ -70,7 +70,7 @@ pub fn build(name: &str, cpus: Option<Vec<usize>>) -> io::Result<Runtime> {
 /// Keeps the calling thread, a control-plane one, to `cpus`; logs why
 /// not if it cannot.
 pub fn keep_to(cpus: &[usize]) {
-    if let Err(e) = dpdk::os::set_current_thread_cpus(cpus) {
+    if let Err(e) = dpu_os::affinity::set_current_thread_cpus(cpus) {
         tracing::warn!(error = %e, "a control-plane thread cannot keep off the I/O and worker CPUs");
     }
 }
@@ -91,7 +91,7 @@ pub async fn start_on<T: Send + 'static>(
         .name("dpu-start".into())
         .spawn(move || {
             if let Some(all) = all {
-                if let Err(e) = dpdk::os::set_current_thread_cpus(&all) {
+                if let Err(e) = dpu_os::affinity::set_current_thread_cpus(&all) {
                     tracing::warn!(error = %e, "{what} starts on the control plane's CPUs");
                 }
             }
@@ -108,7 +108,7 @@ mod tests {
 
     /// The CPUs each thread of this process named `name` may run on.
     fn cpus_of(name: &str) -> Vec<Vec<usize>> {
-        dpdk::os::thread_cpus_by_name(name).expect("thread CPU lists")
+        dpu_os::affinity::thread_cpus_by_name(name).expect("thread CPU lists")
     }
 
     fn config(text: &str) -> Config {
@@ -126,7 +126,7 @@ mod tests {
                 tokio::task::spawn_blocking(|| ()).await.unwrap();
                 let seen = cpus_of(name);
                 let started = start_on(Some(all), "test", || {
-                    dpdk::os::current_thread_cpus().unwrap()
+                    dpu_os::affinity::current_thread_cpus().unwrap()
                 });
                 (seen, started.await.unwrap())
             })
@@ -143,7 +143,7 @@ mod tests {
     /// keep off, the threads run anywhere.
     #[test]
     fn runtime_threads_keep_off_the_io_and_worker_cpus() {
-        let all = dpdk::os::current_thread_cpus().unwrap();
+        let all = dpu_os::affinity::current_thread_cpus().unwrap();
         let [first, .., last] = all[..] else {
             eprintln!("skipped: this process may use one CPU only");
             return;

@@ -55,7 +55,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dpdk::hint::prefetch;
+use dpu_os::hint::prefetch;
 
 use crate::parse::FlowKey;
 use crate::rfc::{self, Rfc};

@@ -346,7 +346,7 @@ impl ConnTable {
     pub fn prefetch(&self, key: &ConnKey) {
         let i = key.hash as usize & self.mask;
         if let Some(b) = self.buckets.get(i) {
-            dpdk::hint::prefetch(b);
+            dpu_os::hint::prefetch(b);
         }
     }
 

@@ -22,7 +22,7 @@
 
 use std::hash::BuildHasher;
 
-use dpdk::hint::prefetch;
+use dpu_os::hint::prefetch;
 
 use crate::parse::FlowKey;
 

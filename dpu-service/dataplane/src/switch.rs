@@ -49,7 +49,7 @@ use crate::parse::{
     ETH_IPV6, L3,
 };
 use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST};
-use dpdk::hint::prefetch;
+use dpu_os::hint::prefetch;
 
 /// No tenant: the marker in the attachment tables.
 const NONE: u32 = u32::MAX;

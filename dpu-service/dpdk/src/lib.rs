@@ -1,6 +1,6 @@
-//! A safe layer over DPDK (`dpdk-sys`) and over the Linux calls the data
-//! plane makes besides DPDK: the only crate besides `dpdk-sys` that
-//! contains `unsafe`.
+//! A safe layer over DPDK (`dpdk-sys`). With `dpdk-sys` and `dpu-os` (the
+//! Linux calls made besides DPDK), one of the three crates allowed to
+//! contain `unsafe`.
 //!
 //! - [`Eal`]: the Environment Abstraction Layer, initialised once per
 //!   process from an [`EalConfig`] and cleaned up when the last handle drops.
@@ -9,11 +9,8 @@
 //!   owns a burst of them. Packet bytes are borrowed as slices.
 //! - [`Port`]: an ethdev port configured with RX/TX queues (symmetric RSS
 //!   when there are several), and its [`RxQueue`]/[`TxQueue`] handles.
-//! - [`os`]: packet sockets (`AF_PACKET`) for the kernel driver, interface
-//!   queries and CPU affinity; [`hint`]: cache prefetch; [`hugemem`]:
-//!   anonymous memory in transparent huge pages. They need no
-//!   DPDK: without the `eal` feature (on by default) they are all this
-//!   crate builds.
+//! - Without the `eal` feature (on by default) the crate is empty, so a
+//!   workspace built without DPDK still resolves it.
 //!
 //! Invariants: every raw pointer handed out by DPDK is owned by exactly one
 //! value here and released exactly once; errors from DPDK become
@@ -24,13 +21,10 @@
 mod eal;
 #[cfg(feature = "eal")]
 mod error;
-pub mod hint;
-pub mod hugemem;
 #[cfg(feature = "eal")]
 mod mbuf;
 #[cfg(feature = "eal")]
 mod mempool;
-pub mod os;
 #[cfg(feature = "eal")]
 mod port;
 

@@ -18,8 +18,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
-use dpdk::hint::prefetch;
-use dpdk::hugemem::{HugeMem, HUGE_PAGE};
+use dpu_os::hint::prefetch;
+use dpu_os::hugemem::{HugeMem, HUGE_PAGE};
 use rustix::fs::{AtFlags, FallocateFlags, OFlags, StatxFlags};
 use rustix::io::{Errno, ReadWriteFlags};
 

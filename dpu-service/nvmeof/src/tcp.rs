@@ -129,7 +129,7 @@ impl TcpConfig {
         if self.io_cpus.is_empty() && self.avoid_cpus.is_empty() {
             return Ok(Placement::default());
         }
-        let allowed = dpdk::os::current_thread_cpus().map_err(TcpConfigError::Affinity)?;
+        let allowed = dpu_os::affinity::current_thread_cpus().map_err(TcpConfigError::Affinity)?;
         self.check(&allowed)?;
         let others: Vec<usize> = allowed
             .iter()
@@ -206,7 +206,7 @@ impl Placement {
         if self.others.is_empty() {
             return;
         }
-        if let Err(e) = dpdk::os::set_current_thread_cpus(&self.others) {
+        if let Err(e) = dpu_os::affinity::set_current_thread_cpus(&self.others) {
             tracing::warn!(thread = what, error = %e, "cannot keep the thread off the NVMe/TCP I/O CPUs");
         }
     }
@@ -224,7 +224,7 @@ impl Placement {
             let _ = rustix::thread::set_name(&n);
         }
         if let Some(cpu) = self.config.io_cpu(qid) {
-            match dpdk::os::pin_current_thread(cpu) {
+            match dpu_os::affinity::pin_current_thread(cpu) {
                 Ok(()) => tracing::debug!(%peer, qid, cpu, "I/O queue pinned"),
                 Err(e) => {
                     tracing::warn!(%peer, qid, cpu, error = %e, "cannot pin the I/O queue's thread; it runs where it was")
@@ -595,7 +595,7 @@ mod tests {
 
     #[test]
     fn others_are_the_allowed_cpus_left_by_the_io_cpus() {
-        let allowed = dpdk::os::current_thread_cpus().unwrap();
+        let allowed = dpu_os::affinity::current_thread_cpus().unwrap();
         let &last = allowed.last().unwrap();
         let p = cfg(&[last]).placement().unwrap();
         assert_eq!(p.others, allowed[..allowed.len() - 1]);

@@ -115,7 +115,7 @@ fn queue(addr: SocketAddr, qid: u16, cntlid: u16) -> (TcpStream, u16) {
 
 /// The CPUs each thread of this process named `name` may run on.
 fn cpus_of(name: &str) -> Vec<Vec<usize>> {
-    dpdk::os::thread_cpus_by_name(name).expect("thread CPU lists")
+    dpu_os::affinity::thread_cpus_by_name(name).expect("thread CPU lists")
 }
 
 /// The one thread named `name`'s CPUs.
@@ -144,7 +144,7 @@ fn stop(transport: TcpTransport) {
 
 #[test]
 fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
-    let allowed = dpdk::os::current_thread_cpus().unwrap();
+    let allowed = dpu_os::affinity::current_thread_cpus().unwrap();
     if allowed.len() < 2 {
         eprintln!("skipped: one CPU ({allowed:?}), nothing to place queues on");
         return;

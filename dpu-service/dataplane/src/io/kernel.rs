@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
-use dpdk::os::{PacketSocket, RxMeta, MAX_BURST};
+use dpu_os::packet::{PacketSocket, RxMeta, MAX_BURST};
 
 use super::{claim, Driver, IoError, LinkState, Packet, PortStats, RxQueue, TxQueue};
 
