@@ -5,8 +5,9 @@
 #   fuzz/run.sh                          # every target, FUZZ_SECONDS each
 #   FUZZ_SECONDS=600 fuzz/run.sh switch  # only the named targets
 #
-# Fuzz crates: dpu-service/nvmeof/fuzz (pdu, connection) and
-# dpu-service/dataplane/fuzz (parse, switch, rules, rule_proto). Each
+# Fuzz crates, one beside each crate that parses untrusted input:
+# dpu-service/nvmeof/fuzz (pdu, connection), dpu-service/dataplane/fuzz
+# (parse, switch, rules) and dpu-service/control/fuzz (rule_proto). Each
 # target runs on:
 #   <crate>/corpus/<target>       the growing corpus (gitignored, kept
 #                                 between runs if the directory is)
@@ -34,7 +35,7 @@ seconds=${FUZZ_SECONDS:-30}
 timeout=${FUZZ_TIMEOUT:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 target_dir=${FUZZ_TARGET_DIR:-$root/target/fuzz}
-crates=(dpu-service/nvmeof/fuzz dpu-service/dataplane/fuzz)
+crates=(dpu-service/nvmeof/fuzz dpu-service/dataplane/fuzz dpu-service/control/fuzz)
 
 cargo_cmd=(cargo)
 if [ -n "${FUZZ_TOOLCHAIN:-}" ]; then

@@ -61,9 +61,8 @@ fn swap(text: &str, from: &str, to: &str) -> Result<String> {
 /// pf0vf0..pf0vf2), EAL file prefix and NVMe/TCP ports, and a small RAM
 /// disk; tenants, rules and everything else as shipped.
 fn dev_config(ifs: &[String; 4]) -> Result<String> {
-    let mut c =
-        std::fs::read_to_string(repo_root().join("dpu-service/daemon/config/dev.toml"))
-            .context("reading dev.toml")?;
+    let mut c = std::fs::read_to_string(repo_root().join("dpu-service/daemon/config/dev.toml"))
+        .context("reading dev.toml")?;
     for (i, (port, name)) in ["p0", "pf0vf0", "pf0vf1", "pf0vf2"]
         .iter()
         .zip(ifs)

@@ -17,66 +17,19 @@ use crate::convert;
 use crate::model::{State, Timestamp};
 use crate::state::PortRegistry;
 
-/// Why the data plane dropped a packet (mirrors `dpu.v1.DropReason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DropReason {
-    /// No tenant attachment matched.
-    NoTenant,
-    /// Anti-spoofing refused the source.
-    Spoofed,
-    /// A deny rule or the default policy.
-    AclDeny,
-    /// Connection tracking found the packet invalid.
-    ConntrackInvalid,
-    /// The tenant's connection table was full.
-    TableFull,
-    /// A rule's rate limit.
-    RateLimited,
-    /// The packet could not be parsed.
-    Malformed,
-    /// The output queue was full.
-    TxFull,
+/// Every reason `dpu.v1.DropReason` names, in its order (`UNSPECIFIED`
+/// left out). Drops are counted by the contract's own enum: a reason added
+/// to the proto is listed, counted and exported without another copy here.
+pub fn drop_reasons() -> impl Iterator<Item = pb::DropReason> {
+    (1..).map_while(|i| pb::DropReason::try_from(i).ok())
 }
 
-impl DropReason {
-    /// Every reason, in `dpu.v1.DropReason` order.
-    pub const ALL: [DropReason; 8] = [
-        Self::NoTenant,
-        Self::Spoofed,
-        Self::AclDeny,
-        Self::ConntrackInvalid,
-        Self::TableFull,
-        Self::RateLimited,
-        Self::Malformed,
-        Self::TxFull,
-    ];
-
-    fn to_pb(self) -> pb::DropReason {
-        match self {
-            Self::NoTenant => pb::DropReason::NoTenant,
-            Self::Spoofed => pb::DropReason::Spoofed,
-            Self::AclDeny => pb::DropReason::AclDeny,
-            Self::ConntrackInvalid => pb::DropReason::ConntrackInvalid,
-            Self::TableFull => pb::DropReason::TableFull,
-            Self::RateLimited => pb::DropReason::RateLimited,
-            Self::Malformed => pb::DropReason::Malformed,
-            Self::TxFull => pb::DropReason::TxFull,
-        }
-    }
-
-    /// Lower-case label used in metrics, e.g. `acl_deny`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::NoTenant => "no_tenant",
-            Self::Spoofed => "spoofed",
-            Self::AclDeny => "acl_deny",
-            Self::ConntrackInvalid => "conntrack_invalid",
-            Self::TableFull => "table_full",
-            Self::RateLimited => "rate_limited",
-            Self::Malformed => "malformed",
-            Self::TxFull => "tx_full",
-        }
-    }
+/// The lower-case label a drop reason has in metrics, e.g. `acl_deny`.
+pub fn drop_label(reason: pb::DropReason) -> String {
+    let name = reason.as_str_name();
+    name.strip_prefix("DROP_REASON_")
+        .unwrap_or(name)
+        .to_ascii_lowercase()
 }
 
 /// Live state of a port as its driver reports it.
@@ -90,25 +43,6 @@ pub struct PortStatus {
     pub mac_address: String,
     /// MTU, 0 if unknown.
     pub mtu: u32,
-}
-
-/// Counters of one port.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PortCounters {
-    /// Packets received.
-    pub rx_packets: u64,
-    /// Bytes received.
-    pub rx_bytes: u64,
-    /// Packets transmitted.
-    pub tx_packets: u64,
-    /// Bytes transmitted.
-    pub tx_bytes: u64,
-    /// Packets the driver could not receive.
-    pub rx_missed: u64,
-    /// Receive errors.
-    pub rx_errors: u64,
-    /// Transmit errors.
-    pub tx_errors: u64,
 }
 
 /// Counters of one tenant.
@@ -159,14 +93,14 @@ pub struct SubsystemCounters {
 pub struct Counters {
     /// Port status by port ID.
     pub port_status: BTreeMap<String, PortStatus>,
-    /// Port counters by port ID.
-    pub ports: BTreeMap<String, PortCounters>,
+    /// Port counters by port ID, in the contract's own message.
+    pub ports: BTreeMap<String, pb::PortCounters>,
     /// Tenant counters by tenant ID.
     pub tenants: BTreeMap<String, TenantCounters>,
     /// Rule counters by (tenant ID, rule ID).
     pub rules: BTreeMap<(String, String), RuleCounters>,
     /// Drops by reason.
-    pub drops: BTreeMap<DropReason, u64>,
+    pub drops: BTreeMap<pb::DropReason, u64>,
     /// Subsystem counters by subsystem ID.
     pub subsystems: BTreeMap<String, SubsystemCounters>,
     /// The data-plane workers' flow caches, summed.
@@ -404,10 +338,10 @@ impl Telemetry {
             "counter",
             "Packets dropped by the data plane, by reason.",
         );
-        for (reason, d) in DropReason::ALL.iter().zip(&snap.drops) {
+        for (reason, d) in drop_reasons().zip(&snap.drops) {
             m.sample(
                 "dpu_dropped_packets_total",
-                &[("reason", reason.label())],
+                &[("reason", &drop_label(reason))],
                 d.packets,
             );
         }
@@ -512,7 +446,7 @@ fn snapshot_of(
             .keys()
             .map(|id| pb::PortCounterEntry {
                 port: format!("ports/{id}"),
-                counters: Some(port_counters(c.ports.get(id).copied().unwrap_or_default())),
+                counters: Some(c.ports.get(id).cloned().unwrap_or_default()),
             })
             .collect(),
         tenants: state
@@ -550,11 +484,10 @@ fn snapshot_of(
                 }
             })
             .collect(),
-        drops: DropReason::ALL
-            .iter()
+        drops: drop_reasons()
             .map(|r| pb::DropCounter {
-                reason: r.to_pb() as i32,
-                packets: c.drops.get(r).copied().unwrap_or(0),
+                reason: r as i32,
+                packets: c.drops.get(&r).copied().unwrap_or(0),
             })
             .collect(),
         subsystems: state
@@ -583,18 +516,6 @@ fn snapshot_of(
 
 /// A metric family fed from one field of a counter message: name, type, help, getter.
 type Field<C> = (&'static str, &'static str, &'static str, fn(&C) -> u64);
-
-fn port_counters(c: PortCounters) -> pb::PortCounters {
-    pb::PortCounters {
-        rx_packets: c.rx_packets,
-        rx_bytes: c.rx_bytes,
-        tx_packets: c.tx_packets,
-        tx_bytes: c.tx_bytes,
-        rx_missed: c.rx_missed,
-        rx_errors: c.rx_errors,
-        tx_errors: c.tx_errors,
-    }
-}
 
 /// The ID part of a resource name (`"ports/p0"` → `"p0"`).
 fn strip(name: &str) -> &str {
@@ -662,7 +583,7 @@ mod tests {
     impl CounterSource for Fixed {
         fn collect(&self, out: &mut Counters) {
             out.ports.entry("p0".into()).or_default().rx_packets += 5;
-            *out.drops.entry(DropReason::AclDeny).or_default() += 3;
+            *out.drops.entry(pb::DropReason::AclDeny).or_default() += 3;
             out.tenants.entry("a".into()).or_default().forwarded_packets += 2;
             out.flow_cache.lookups += 100;
             out.flow_cache.hits += 90;
@@ -700,6 +621,24 @@ mod tests {
     }
 
     #[test]
+    fn drop_reasons_are_the_contracts_with_their_metric_labels() {
+        let labels: Vec<String> = drop_reasons().map(drop_label).collect();
+        assert_eq!(
+            labels,
+            [
+                "no_tenant",
+                "spoofed",
+                "acl_deny",
+                "conntrack_invalid",
+                "table_full",
+                "rate_limited",
+                "malformed",
+                "tx_full"
+            ]
+        );
+    }
+
+    #[test]
     fn snapshot_lists_everything_and_sums_sources() {
         let (state, ports) = fixture();
         let t = Telemetry::default();
@@ -708,7 +647,8 @@ mod tests {
         let snap = t.snapshot(&state, &ports, None);
         assert_eq!(snap.ports[0].counters.as_ref().unwrap().rx_packets, 10);
         assert_eq!(snap.tenants.len(), 2);
-        assert_eq!(snap.drops.len(), DropReason::ALL.len());
+        assert_eq!(snap.drops.len(), drop_reasons().count());
+        assert_eq!(drop_reasons().count(), 8);
         assert_eq!(snap.drops[2].packets, 6);
         assert_eq!(
             snap.flow_cache,

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use dpu_control::apply::{self, Applied};
 use dpu_control::model::{Action, Attachment, IpPrefix, Rule, SourceGuard, State, Timestamp};
 use dpu_control::store::StateHandle;
-use dpu_control::telemetry::{self, CounterSource, Counters, PortCounters, PortStatus};
+use dpu_control::telemetry::{CounterSource, Counters, PortStatus};
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
@@ -26,6 +26,7 @@ use dpu_dataplane::switch::{
     Vtep,
 };
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
+use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
 
@@ -537,7 +538,7 @@ impl<D: Driver> CounterSource for PortSource<D> {
             let s = self.driver.stats(i);
             out.ports.insert(
                 id.clone(),
-                PortCounters {
+                pb::PortCounters {
                     rx_packets: s.rx_packets,
                     rx_bytes: s.rx_bytes,
                     tx_packets: s.tx_packets,
@@ -561,15 +562,16 @@ impl<D: Driver> CounterSource for PortSource<D> {
         }
         let totals = self.reader.totals();
         for r in worker::DropReason::ALL {
+            // The data plane's reasons and the contract's, named alike.
             let reason = match r {
-                worker::DropReason::NoTenant => telemetry::DropReason::NoTenant,
-                worker::DropReason::Spoofed => telemetry::DropReason::Spoofed,
-                worker::DropReason::AclDeny => telemetry::DropReason::AclDeny,
-                worker::DropReason::ConntrackInvalid => telemetry::DropReason::ConntrackInvalid,
-                worker::DropReason::TableFull => telemetry::DropReason::TableFull,
-                worker::DropReason::RateLimited => telemetry::DropReason::RateLimited,
-                worker::DropReason::Malformed => telemetry::DropReason::Malformed,
-                worker::DropReason::TxFull => telemetry::DropReason::TxFull,
+                worker::DropReason::NoTenant => pb::DropReason::NoTenant,
+                worker::DropReason::Spoofed => pb::DropReason::Spoofed,
+                worker::DropReason::AclDeny => pb::DropReason::AclDeny,
+                worker::DropReason::ConntrackInvalid => pb::DropReason::ConntrackInvalid,
+                worker::DropReason::TableFull => pb::DropReason::TableFull,
+                worker::DropReason::RateLimited => pb::DropReason::RateLimited,
+                worker::DropReason::Malformed => pb::DropReason::Malformed,
+                worker::DropReason::TxFull => pb::DropReason::TxFull,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }

@@ -926,7 +926,9 @@ mod tests {
             Verdict::Drop(DropReason::NoTenant)
         }
         fn turn(&mut self) {
-            if let (Ok(cpus), Ok(mut seen)) = (dpu_os::affinity::current_thread_cpus(), self.0.lock()) {
+            if let (Ok(cpus), Ok(mut seen)) =
+                (dpu_os::affinity::current_thread_cpus(), self.0.lock())
+            {
                 *seen = cpus;
             }
         }
@@ -935,7 +937,10 @@ mod tests {
     #[test]
     fn workers_are_pinned_to_their_cpu_or_fail_to_start() {
         let d = MemoryDriver::new(1);
-        let &cpu = dpu_os::affinity::current_thread_cpus().unwrap().last().unwrap();
+        let &cpu = dpu_os::affinity::current_thread_cpus()
+            .unwrap()
+            .last()
+            .unwrap();
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let cfg = WorkerConfig {
             rx: vec![(0, 0)],

@@ -486,7 +486,6 @@ mod tests {
         assert!(e.to_string().contains("no-such-if0"), "{e}");
     }
 
-
     /// Needs CAP_NET_RAW: skipped (passes) without it.
     fn open_lo() -> Option<PacketSocket> {
         match PacketSocket::open("lo", false) {

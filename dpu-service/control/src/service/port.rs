@@ -26,15 +26,7 @@ impl Api {
             m.mtu = s.mtu;
         }
         if let Some(pc) = c.ports.get(&p.id) {
-            m.counters = Some(pb::PortCounters {
-                rx_packets: pc.rx_packets,
-                rx_bytes: pc.rx_bytes,
-                tx_packets: pc.tx_packets,
-                tx_bytes: pc.tx_bytes,
-                rx_missed: pc.rx_missed,
-                rx_errors: pc.rx_errors,
-                tx_errors: pc.tx_errors,
-            });
+            m.counters = Some(pc.clone());
         }
         m
     }
