@@ -1,0 +1,163 @@
+//! `dpuctl namespace`: its subcommands and flags, and their handler.
+
+use clap::{ArgGroup, Subcommand};
+use dpu_client::{namespace_name, parse_size, pb, subsystem_name, DpuClient};
+
+use crate::common::{all_pages, deleted, json, Paging, Shown};
+use crate::{render, Failure};
+
+#[derive(Debug, Subcommand)]
+pub enum NamespaceCmd {
+    /// Creates a namespace backed by RAM, a file or a block device.
+    #[command(group(ArgGroup::new("backend").required(true)))]
+    Create {
+        /// Subsystem ID.
+        subsystem: String,
+        /// Namespace ID (lowest free if absent).
+        #[arg(long)]
+        nsid: Option<u32>,
+        /// Memory-backed, of this size (e.g. 256M).
+        #[arg(long, group = "backend", value_name = "SIZE", value_parser = parse_size)]
+        ram: Option<u64>,
+        /// File-backed, at this absolute path.
+        #[arg(long, group = "backend", value_name = "PATH")]
+        file: Option<String>,
+        /// Size of a file backend (default: the existing file's size).
+        #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "file")]
+        size: Option<u64>,
+        /// Block-device-backed, at this path.
+        #[arg(long, group = "backend", value_name = "PATH")]
+        block_device: Option<String>,
+        /// Logical block size, 512 or 4096.
+        #[arg(long)]
+        block_size: Option<u32>,
+        /// Namespace UUID (generated if absent).
+        #[arg(long)]
+        uuid: Option<String>,
+    },
+    /// Shows a namespace.
+    Get {
+        /// Subsystem ID.
+        subsystem: String,
+        /// Namespace ID.
+        nsid: u32,
+    },
+    /// Lists a subsystem's namespaces.
+    List {
+        /// Subsystem ID.
+        subsystem: String,
+        #[command(flatten)]
+        paging: Paging,
+    },
+    /// Resizes a RAM- or file-backed namespace.
+    Resize {
+        /// Subsystem ID.
+        subsystem: String,
+        /// Namespace ID.
+        nsid: u32,
+        /// New size (e.g. 1G).
+        #[arg(value_name = "SIZE", value_parser = parse_size)]
+        size: u64,
+    },
+    /// Deletes a namespace.
+    Delete {
+        /// Subsystem ID.
+        subsystem: String,
+        /// Namespace ID.
+        nsid: u32,
+    },
+}
+
+/// `dpuctl namespace ...`.
+pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure> {
+    let one = |n: pb::Namespace| Shown {
+        json: json(&n),
+        text: render::namespaces(std::slice::from_ref(&n)),
+    };
+    Ok(match cmd {
+        NamespaceCmd::Create {
+            subsystem,
+            nsid,
+            ram,
+            file,
+            size,
+            block_device,
+            block_size,
+            uuid,
+        } => {
+            let backend = match (ram, file, block_device) {
+                (Some(size_bytes), _, _) => pb::namespace::Backend::Ram(pb::RamBackend {
+                    size_bytes: *size_bytes,
+                }),
+                (_, Some(path), _) => pb::namespace::Backend::File(pb::FileBackend {
+                    path: path.clone(),
+                    size_bytes: size.unwrap_or(0),
+                }),
+                (_, _, Some(path)) => pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend {
+                    path: path.clone(),
+                }),
+                _ => {
+                    return Err(Failure::Input(
+                        "give one of --ram SIZE, --file PATH, --block-device PATH".into(),
+                    ))
+                }
+            };
+            let n = pb::Namespace {
+                nsid: nsid.unwrap_or(0),
+                backend: Some(backend),
+                block_size: block_size.unwrap_or(0),
+                uuid: uuid.clone().unwrap_or_default(),
+                ..Default::default()
+            };
+            one(c
+                .create_namespace(pb::CreateNamespaceRequest {
+                    parent: subsystem_name(subsystem),
+                    namespace: Some(n),
+                })
+                .await?)
+        }
+        NamespaceCmd::Get { subsystem, nsid } => one(c
+            .get_namespace(pb::GetNamespaceRequest {
+                name: namespace_name(subsystem, *nsid),
+            })
+            .await?),
+        NamespaceCmd::List { subsystem, paging } => {
+            let parent = subsystem_name(subsystem);
+            let all = all_pages(|page_token| {
+                let parent = parent.clone();
+                async move {
+                    let r = c
+                        .list_namespaces(pb::ListNamespacesRequest {
+                            parent,
+                            page_size: paging.page_size,
+                            page_token,
+                        })
+                        .await?;
+                    Ok((r.namespaces, r.next_page_token))
+                }
+            })
+            .await?;
+            Shown {
+                json: json(&all),
+                text: render::namespaces(&all),
+            }
+        }
+        NamespaceCmd::Resize {
+            subsystem,
+            nsid,
+            size,
+        } => one(c
+            .resize_namespace(pb::ResizeNamespaceRequest {
+                name: namespace_name(subsystem, *nsid),
+                size_bytes: *size,
+            })
+            .await?),
+        NamespaceCmd::Delete { subsystem, nsid } => {
+            c.delete_namespace(pb::DeleteNamespaceRequest {
+                name: namespace_name(subsystem, *nsid),
+            })
+            .await?;
+            deleted(namespace_name(subsystem, *nsid))
+        }
+    })
+}

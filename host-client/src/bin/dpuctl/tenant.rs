@@ -1,0 +1,223 @@
+//! `dpuctl tenant`: its subcommands and flags, and their handler; also the
+//! parsers of the attachments `--port` and `--vxlan` give.
+
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
+use dpu_client::{pb, port_name, tenant_name, DpuClient};
+use dpu_proto::text::port_attachment;
+
+use crate::common::{all_pages, deleted, json, mask, Paging, Shown};
+use crate::{render, Failure};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Policy {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Args)]
+pub struct TenantFields {
+    /// Human-readable name.
+    #[arg(long)]
+    pub display_name: Option<String>,
+    /// Verdict for packets no rule matches.
+    #[arg(long, value_enum)]
+    pub default_policy: Option<Policy>,
+    /// Attach a port, or one VLAN of it: PORT or PORT.VLAN (repeatable),
+    /// optionally with anti-spoofing: `,mac=MAC` and `,ip=PREFIX` (each
+    /// repeatable) list the only source MACs and IP prefixes it may send
+    /// from, e.g. `pf0vf0,mac=02:00:00:00:00:01,ip=10.0.0.1/32`.
+    #[arg(
+        long = "port",
+        value_name = "PORT[.VLAN][,mac=MAC][,ip=PREFIX]",
+        value_parser = port_attachment
+    )]
+    pub ports: Vec<pb::Attachment>,
+    /// Attach a VXLAN network on an uplink: UPLINK:VNI, or
+    /// UPLINK:VNI:VTEP[,VTEP...] with the remote VTEPs that get its
+    /// flooded frames (repeatable).
+    #[arg(long = "vxlan", value_name = "UPLINK:VNI[:VTEPS]", value_parser = vxlan_attachment)]
+    pub vxlans: Vec<pb::Attachment>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    /// Creates a tenant.
+    Create {
+        /// Tenant ID.
+        id: String,
+        #[command(flatten)]
+        fields: TenantFields,
+    },
+    /// Shows a tenant.
+    Get {
+        /// Tenant ID.
+        id: String,
+    },
+    /// Lists tenants.
+    List(Paging),
+    /// Changes a tenant; only the fields given change.
+    #[command(group(
+        ArgGroup::new("change")
+            .required(true)
+            .multiple(true)
+            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments"])
+    ))]
+    Update {
+        /// Tenant ID.
+        id: String,
+        #[command(flatten)]
+        fields: TenantFields,
+        /// Remove every attachment (with --port/--vxlan: replace them).
+        #[arg(long)]
+        clear_attachments: bool,
+    },
+    /// Deletes a tenant.
+    Delete {
+        /// Tenant ID.
+        id: String,
+        /// Also delete its rules and release its attachments.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `--vxlan UPLINK:VNI[:VTEP,...]`.
+fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
+    let (uplink, rest) = s
+        .split_once(':')
+        .filter(|(u, _)| !u.is_empty())
+        .ok_or("expected UPLINK:VNI[:VTEP,...]")?;
+    let (vni, vteps) = rest.split_once(':').unwrap_or((rest, ""));
+    let vni = vni
+        .parse()
+        .map_err(|_| format!("VNI {vni:?} is not a number"))?;
+    Ok(pb::Attachment {
+        kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+            uplink: port_name(uplink),
+            vni,
+            remote_vteps: vteps
+                .split(',')
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+                .collect(),
+        })),
+    })
+}
+
+/// Every attachment given, ports first.
+pub fn attachments(f: &TenantFields) -> Vec<pb::Attachment> {
+    f.ports.iter().chain(&f.vxlans).cloned().collect()
+}
+
+fn policy(p: Option<Policy>) -> i32 {
+    match p {
+        Some(Policy::Allow) => pb::DefaultPolicy::Allow as i32,
+        Some(Policy::Deny) => pb::DefaultPolicy::Deny as i32,
+        None => pb::DefaultPolicy::Unspecified as i32,
+    }
+}
+
+/// `dpuctl tenant ...`.
+pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
+    let one = |t: pb::Tenant| Shown {
+        json: json(&t),
+        text: render::tenants(std::slice::from_ref(&t)),
+    };
+    Ok(match cmd {
+        TenantCmd::Create { id, fields } => {
+            let t = pb::Tenant {
+                display_name: fields.display_name.clone().unwrap_or_default(),
+                attachments: attachments(fields),
+                default_policy: policy(fields.default_policy),
+                ..Default::default()
+            };
+            one(c
+                .create_tenant(pb::CreateTenantRequest {
+                    tenant_id: id.clone(),
+                    tenant: Some(t),
+                })
+                .await?)
+        }
+        TenantCmd::Get { id } => one(c
+            .get_tenant(pb::GetTenantRequest {
+                name: tenant_name(id),
+            })
+            .await?),
+        TenantCmd::List(Paging { page_size }) => {
+            let all = all_pages(|page_token| async move {
+                let r = c
+                    .list_tenants(pb::ListTenantsRequest {
+                        page_size: *page_size,
+                        page_token,
+                    })
+                    .await?;
+                Ok((r.tenants, r.next_page_token))
+            })
+            .await?;
+            Shown {
+                json: json(&all),
+                text: render::tenants(&all),
+            }
+        }
+        TenantCmd::Update {
+            id,
+            fields,
+            clear_attachments,
+        } => {
+            let mut paths = Vec::new();
+            if fields.display_name.is_some() {
+                paths.push("display_name");
+            }
+            if fields.default_policy.is_some() {
+                paths.push("default_policy");
+            }
+            if *clear_attachments || !fields.ports.is_empty() || !fields.vxlans.is_empty() {
+                paths.push("attachments");
+            }
+            if paths.is_empty() {
+                return Err(Failure::Input(
+                    "nothing to update: give --display-name, --default-policy, --port, --vxlan or --clear-attachments".into(),
+                ));
+            }
+            let t = pb::Tenant {
+                name: tenant_name(id),
+                display_name: fields.display_name.clone().unwrap_or_default(),
+                attachments: attachments(fields),
+                default_policy: policy(fields.default_policy),
+                ..Default::default()
+            };
+            one(c
+                .update_tenant(pb::UpdateTenantRequest {
+                    tenant: Some(t),
+                    update_mask: mask(&paths),
+                })
+                .await?)
+        }
+        TenantCmd::Delete { id, force } => {
+            c.delete_tenant(pb::DeleteTenantRequest {
+                name: tenant_name(id),
+                force: *force,
+            })
+            .await?;
+            deleted(tenant_name(id))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse() {
+        // PORT[.VLAN], ranges, protocols and rates: see dpu_proto::text.
+        assert!(
+            matches!(vxlan_attachment("p0:5001").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.uplink == "ports/p0" && v.vni == 5001)
+        );
+        assert!(
+            matches!(vxlan_attachment("p0:7:192.0.2.2,192.0.2.3").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.vni == 7 && v.remote_vteps == ["192.0.2.2", "192.0.2.3"])
+        );
+        assert!(vxlan_attachment("p0").is_err());
+        assert!(vxlan_attachment(":5").is_err());
+    }
+}
