@@ -495,27 +495,9 @@ pub fn listener_name(subsystem: &str, listener: &str) -> String {
     }
 }
 
-/// Parses a size: bytes, or a number with K, M, G, T (powers of 1024, also
-/// KiB, MiB, GiB, TiB; any case).
-///
-/// # Errors
-/// A message naming the problem.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KIB" => 10,
-        "M" | "MIB" => 20,
-        "G" | "GIB" => 30,
-        "T" | "TIB" => 40,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (use K, M, G, T)")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
+/// Parses a size such as `64M` or `1GiB`: the syntax the service's
+/// configuration file reads too ([`dpu_proto::text::size`]).
+pub use dpu_proto::text::size as parse_size;
 
 #[cfg(test)]
 mod tests {
@@ -533,23 +515,6 @@ mod tests {
             "subsystems/s/listeners/l"
         );
         assert_eq!(port_name("p0"), "ports/p0");
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("2t"), Ok(2 << 40));
-        assert_eq!(parse_size("8 KiB"), Ok(8 << 10));
-        assert_eq!(parse_size("0"), Ok(0));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("1KB").is_err(), "KB could mean 1000");
-        assert!(parse_size("1.5G").is_err());
-        assert!(parse_size("5X").is_err());
-        assert!(parse_size("99999999T").is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The short text forms of a few `dpu.v1` messages, shared by `dpuctl`'s
-//! flags and the service's configuration file so both read the same
-//! syntax the same way. They only split text: the service checks values
-//! (VLAN ranges, MAC and prefix syntax, port IDs) as it checks any request.
+//! The short text forms of a few `dpu.v1` messages and values (sizes),
+//! shared by `dpuctl`'s flags and the service's configuration file so both
+//! read the same syntax the same way. They only split text: the service
+//! checks values (VLAN ranges, MAC and prefix syntax, port IDs) as it
+//! checks any request.
 
 use crate::v1 as pb;
 
@@ -125,9 +126,57 @@ pub fn rate_limit(s: &str) -> Result<pb::RateLimit, String> {
     })
 }
 
+/// `N[UNIT]`: a size in bytes, with an optional unit K, M, G or T (powers
+/// of 1024, also written KiB, MiB, GiB, TiB; any case, spaces allowed
+/// before the unit): `4096`, `64M`, `1GiB`, `2 t`. `KB` and decimals are
+/// refused (`KB` could mean 1000).
+///
+/// # Errors
+/// A message naming what is not a size, an unknown unit, or a size past
+/// 64 bits.
+pub fn size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KIB" => 10,
+        "M" | "MIB" => 20,
+        "G" | "GIB" => 30,
+        "T" | "TIB" => 40,
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} in {s:?} (use K, M, G, T or KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_alike_in_any_case() {
+        assert_eq!(size("4096"), Ok(4096));
+        assert_eq!(size("64M"), Ok(64 << 20));
+        assert_eq!(size("1GiB"), Ok(1 << 30));
+        assert_eq!(size("1g"), size("1G"));
+        assert_eq!(size("2t"), Ok(2 << 40));
+        assert_eq!(size("8 KiB"), Ok(8 << 10));
+        assert_eq!(size("2 gib"), Ok(2 << 30));
+        assert_eq!(size("0"), Ok(0));
+        assert!(size("").is_err());
+        assert!(size("M").is_err());
+        assert!(size("-1").is_err());
+        assert!(size("1KB").is_err(), "KB could mean 1000");
+        assert!(size("1.5G").is_err());
+        assert!(size("5X").unwrap_err().contains("\"X\""));
+        assert!(size("99999999T").unwrap_err().contains("too large"));
+    }
 
     fn port(a: pb::Attachment) -> pb::PortAttachment {
         match a.kind {

@@ -32,7 +32,7 @@ pub struct Paging {
     pub page_size: i32,
 }
 
-/// `--sport`/`--dport`: `PORT` or `FIRST-LAST` (the service checks the order).
+/// What a successful delete shows: an empty JSON object, or one line of text.
 pub fn deleted(what: String) -> Shown {
     Shown {
         json: Value::Object(Default::default()),
