@@ -35,7 +35,7 @@
 //! overlap. IPv6 keys walk the trees as built, with 128-bit bounds.
 //!
 //! IPv4 rule sets whose tables fit a memory budget are also compiled to
-//! Recursive Flow Classification tables (`crate::rfc`): a fixed sequence
+//! Recursive Flow Classification tables (`rfc`): a fixed sequence
 //! of table reads, no compare, no walk. IPv4 lookups read those first;
 //! the trees answer when a set has no tables (rules that are neither
 //! prefixes nor fit the budget), and for the keys whose answer was
@@ -58,7 +58,9 @@ use std::sync::Arc;
 use dpdk::hint::prefetch;
 
 use crate::parse::FlowKey;
-use crate::rfc::{self, Rfc};
+use rfc::Rfc;
+
+mod rfc;
 
 /// Rules a leaf holds before the builder tries to cut it: two fit the
 /// one cache line an IPv4 lookup reads per leaf (`Pair`).

@@ -23,7 +23,7 @@
 
 use hashbrown::HashMap;
 
-use crate::classify::AclRule;
+use super::AclRule;
 
 /// Most keys [`Rfc::lookup_many`] takes at once.
 pub(crate) const BATCH: usize = 32;
@@ -371,7 +371,7 @@ impl Rfc {
     /// phase 0.
     fn build_within(rules: &[AclRule], mut budget: usize) -> Option<Rfc> {
         // Nothing behind a rule that matches every key is ever found.
-        let whole = AclRule::any(0, 0, crate::classify::Family::V4);
+        let whole = AclRule::any(0, 0, super::Family::V4);
         let covers = |r: &AclRule| {
             (r.src, r.dst, r.src_port, r.dst_port, r.proto)
                 == (
