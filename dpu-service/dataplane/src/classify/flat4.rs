@@ -86,7 +86,7 @@ impl Key4 {
 /// the field is at least its low end; `span` minus that difference keeps
 /// it iff the field is at most its high end. Two subtractions and a mask
 /// test all ten bounds, without a branch. The bits above the fields hold
-/// the rule's position in its [`Set`](super::set::Set) (19 in each half): they take no
+/// the rule's position in its `Set` (19 in each half): they take no
 /// part in the test, and the position comes with the record's cache line.
 /// 32 bytes, two to a cache line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,7 +182,7 @@ impl Pair {
     }
 }
 
-/// The IPv4 trees of a [`Set`](super::set::Set) in their lookup form: every node of every
+/// The IPv4 trees of a `Set` in their lookup form: every node of every
 /// tree in one flat array of [`Entry`], every leaf a [`Pair`] of records,
 /// so a lookup touches one cache line per level and one per tree's leaf,
 /// branches on nothing but the tree's depth, and allocates nothing.

@@ -52,12 +52,14 @@
 //! others from the trees, the caller builds from scratch
 //! ([`ChangeError::needs_rebuild`]).
 //!
-//! The code is in files by concern: `rule` (the rules, their fields,
-//! the reference match), `tree` (building the decision trees, and the
-//! walk IPv6 keys take), `flat4` (the trees' compact IPv4 form and its
-//! walks), `rfc` (Recursive Flow Classification tables), `set` (the
-//! [`Classifier`]: a family's rule set and its trees and tables,
-//! changes, single, batched and multi-classifier lookups).
+//! The code is in files by concern, each using only those listed before
+//! it: `rule` (the rules, their fields, the reference match), `tree`
+//! (building the decision trees, and the walk IPv6 keys take), `rfc`
+//! (Recursive Flow Classification tables), `flat4` (the trees' compact
+//! IPv4 form and its walks, with the tables in front), `set` (the
+//! [`Classifier`]: per family a rule set with its trees and tables,
+//! changes, and single, batched and multi-classifier lookups). `tests`
+//! holds test support that other modules' tests share.
 
 mod flat4;
 mod rfc;
