@@ -14,7 +14,8 @@
 //! - [`classify`]: first-match packet classification with a decision tree
 //!   and incremental changes.
 //!   Rule sets that fit its memory budget are also compiled to the tables
-//!   of Recursive Flow Classification (`rfc`), which IPv4 lookups read.
+//!   of Recursive Flow Classification (`classify::rfc`), which IPv4
+//!   lookups read.
 //! - [`conntrack`]: connection tracking for stateful rules, per worker.
 //! - [`flowcache`]: an exact-match cache of classifications, per worker.
 //! - `l2memo`: decisions remembered by link-layer header, per worker,
@@ -31,6 +32,5 @@ pub mod io;
 mod l2memo;
 mod mactable;
 pub mod parse;
-mod rfc;
 pub mod switch;
 pub mod worker;

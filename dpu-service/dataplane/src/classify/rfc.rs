@@ -23,7 +23,7 @@
 
 use hashbrown::HashMap;
 
-use crate::classify::AclRule;
+use super::rule::{AclRule, Family};
 
 /// Most keys [`Rfc::lookup_many`] takes at once.
 pub(crate) const BATCH: usize = 32;
@@ -371,7 +371,7 @@ impl Rfc {
     /// phase 0.
     fn build_within(rules: &[AclRule], mut budget: usize) -> Option<Rfc> {
         // Nothing behind a rule that matches every key is ever found.
-        let whole = AclRule::any(0, 0, crate::classify::Family::V4);
+        let whole = AclRule::any(0, 0, Family::V4);
         let covers = |r: &AclRule| {
             (r.src, r.dst, r.src_port, r.dst_port, r.proto)
                 == (
@@ -545,7 +545,6 @@ impl Rfc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::Family;
     use crate::parse::FlowKey;
 
     /// A small xorshift generator: reproducible cases without a crate.

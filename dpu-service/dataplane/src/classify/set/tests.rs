@@ -1,0 +1,308 @@
+//! Tests of the classifier as a whole: every lookup form (one key, a
+//! batch, keys of many classifiers; the trees alone and RFC tables in
+//! front of them) against a scan of the rules, after a build and after
+//! incremental changes.
+
+use super::*;
+use crate::classify::tests::{random_key, random_rules, Rng};
+
+fn reference<'a>(rules: &'a [AclRule], key: &FlowKey) -> Option<&'a AclRule> {
+    rules
+        .iter()
+        .filter(|r| r.matches(key))
+        .min_by_key(|r| r.order)
+}
+
+/// A family-less rule ignores its address fields, whatever they hold
+/// (the reference semantics), in the main trees and the overlay.
+#[test]
+fn family_less_rules_ignore_their_address_fields() {
+    let mut any = AclRule::any(1, 7, Family::Any);
+    any.src = (5, 9);
+    any.dst = (1 << 40, 1 << 41);
+    any.dst_port = (53, 53);
+    let key = |src: u128, v6: bool| FlowKey {
+        src,
+        dst: 0x0a00_0001,
+        src_port: 1000,
+        dst_port: 53,
+        proto: 17,
+        v6,
+    };
+    let c = Classifier::build(&[any]);
+    let added = Classifier::build(&[]).with_changes(&[], &[any]).unwrap();
+    for k in [key(0x0a00_0002, false), key(1 << 100, true), key(6, false)] {
+        assert!(any.matches(&k));
+        assert_eq!(c.lookup(&k).map(|r| r.tag), Some(7), "{k:?}");
+        assert_eq!(added.lookup(&k).map(|r| r.tag), Some(7), "overlay {k:?}");
+    }
+}
+
+/// Both lookup forms of IPv4 rules: the trees alone, and RFC tables
+/// in front of them. Every random set below fits the tables' budget.
+const FORMS: [bool; 2] = [false, true];
+
+#[test]
+fn agrees_with_the_reference_on_random_rules_and_keys() {
+    for (seed, rfc) in (1..=20u64).flat_map(|s| FORMS.map(|f| (s, f))) {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let n = [0usize, 1, 5, 50, 500, 3000][seed as usize % 6];
+        let rules = random_rules(&mut rng, n, 30);
+        let c = Classifier::build_with(&rules, rfc);
+        assert_eq!(
+            c.main.v4.flat.rfc.is_some(),
+            rfc && !c.main.v4.rules.is_empty()
+        );
+        assert_eq!(c.len(), n);
+        for _ in 0..3000 {
+            let k = random_key(&mut rng, &rules);
+            assert_eq!(
+                c.lookup(&k).map(|r| r.tag),
+                reference(&rules, &k).map(|r| r.tag),
+                "seed {seed}, {n} rules, RFC {rfc}, key {k:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn incremental_changes_agree_with_a_rebuild() {
+    for rfc in FORMS {
+        incremental_changes_agree_with_a_rebuild_in(rfc);
+    }
+}
+
+fn incremental_changes_agree_with_a_rebuild_in(rfc: bool) {
+    let mut rng = Rng(77);
+    let mut rules = random_rules(&mut rng, 2000, 20);
+    let mut c = Classifier::build_with(&rules, rfc);
+    let mut next_order = 1_000_000;
+    for step in 0..60 {
+        // Remove one or two, add one or two (some at the front).
+        let mut remove = Vec::new();
+        for _ in 0..=rng.below(2) {
+            let i = rng.below(rules.len() as u64) as usize;
+            remove.push(rules.swap_remove(i).order);
+        }
+        let k = 1 + rng.below(2) as usize;
+        let mut add = random_rules(&mut rng, k, 20);
+        for a in &mut add {
+            a.order = if rng.below(2) == 0 { 0 } else { next_order };
+            a.order += step * 10 + rng.below(3) as u32;
+            a.tag = next_order + step;
+            next_order += 100;
+        }
+        add.dedup_by_key(|a| a.order);
+        add.retain(|a| rules.iter().all(|r| r.order != a.order));
+        let changed = c.with_changes(&remove, &add);
+        rules.extend_from_slice(&add);
+        c = match changed {
+            Ok(c) => c,
+            Err(e) if e.needs_rebuild() => Classifier::build_with(&rules, rfc),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.len(), rules.len(), "step {step}");
+        for _ in 0..500 {
+            let k = random_key(&mut rng, &rules);
+            assert_eq!(
+                c.lookup(&k).map(|r| r.order),
+                reference(&rules, &k).map(|r| r.order),
+                "step {step}, RFC {rfc}, key {k:?}"
+            );
+        }
+    }
+    assert!(c.with_changes(&[u32::MAX - 1], &[]).is_err());
+}
+
+#[test]
+fn a_catch_all_rule_prunes_what_follows_it() {
+    let mut rules = vec![AclRule::any(0, 0, Family::Any)];
+    let mut rng = Rng(5);
+    rules.extend(random_rules(&mut rng, 5000, 0).into_iter().map(|mut r| {
+        r.order += 10;
+        r
+    }));
+    let c = Classifier::build(&rules);
+    let nodes: usize = c.main.v4.shapes.iter().map(|s| s.0).sum();
+    assert!(
+        nodes <= c.main.v4.shapes.len(),
+        "one leaf per tree: {nodes}"
+    );
+    let k = random_key(&mut rng, &rules);
+    assert_eq!(c.lookup(&k).map(|r| r.tag), Some(0));
+    // The catch-all hides every other rule: dropping it must rebuild.
+    let err = c.with_changes(&[0], &[]).unwrap_err();
+    assert_eq!(err, ChangeError::Shadows(0));
+    assert!(err.needs_rebuild());
+}
+
+/// Looks `keys` up in bursts of every size from 1 to past [`BATCH`]
+/// and checks each answer against single lookups and the reference.
+fn check_batches(c: &Classifier, rules: &[AclRule], keys: &[FlowKey], what: &str) {
+    let mut out = vec![None; keys.len()];
+    let mut at = 0;
+    let mut size = 1;
+    while at < keys.len() {
+        let end = (at + size).min(keys.len());
+        c.lookup_batch(&keys[at..end], &mut out[at..end]);
+        at = end;
+        size = size % (2 * BATCH + 3) + 1;
+    }
+    for (k, &got) in keys.iter().zip(&out) {
+        assert_eq!(got, c.lookup(k).map(|r| r.tag), "{what}: single, key {k:?}");
+        assert_eq!(got, reference(rules, k).map(|r| r.tag), "{what}: key {k:?}");
+    }
+}
+
+#[test]
+fn batch_lookups_agree_with_single_lookups_across_families_and_changes() {
+    for (seed, rfc) in (1..=8u64).flat_map(|s| FORMS.map(|f| (s, f))) {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let n = [0usize, 3, 40, 400, 2500][seed as usize % 5];
+        let mut rules = random_rules(&mut rng, n, 30);
+        let mut c = Classifier::build_with(&rules, rfc);
+        let keys: Vec<FlowKey> = (0..2000).map(|_| random_key(&mut rng, &rules)).collect();
+        check_batches(&c, &rules, &keys, &format!("seed {seed}, RFC {rfc}, build"));
+        // Removals (dead rules in the main trees) and additions (the
+        // overlay), then the same keys again.
+        let mut next = 10_000_000;
+        for step in 0..4 {
+            let mut remove = Vec::new();
+            for _ in 0..rules.len().min(3) {
+                let i = rng.below(rules.len() as u64) as usize;
+                remove.push(rules.swap_remove(i).order);
+            }
+            let mut add = random_rules(&mut rng, 3, 30);
+            for a in &mut add {
+                // Some between existing rules, some after all of them.
+                a.order = if rng.below(2) == 0 {
+                    3 * rng.below(rules.len() as u64 + 1) as u32 + 2
+                } else {
+                    next
+                };
+                next += 1;
+            }
+            add.sort_by_key(|a| a.order);
+            add.dedup_by_key(|a| a.order);
+            add.retain(|a| rules.iter().all(|r| r.order != a.order));
+            rules.extend_from_slice(&add);
+            c = match c.with_changes(&remove, &add) {
+                Ok(c) => c,
+                Err(e) if e.needs_rebuild() => Classifier::build_with(&rules, rfc),
+                Err(e) => panic!("{e}"),
+            };
+            let keys: Vec<FlowKey> = (0..1000).map(|_| random_key(&mut rng, &rules)).collect();
+            let what = format!("seed {seed}, RFC {rfc}, change {step}");
+            check_batches(&c, &rules, &keys, &what);
+        }
+    }
+}
+
+/// Keys spread over several classifiers (fresh, changed, empty),
+/// looked up together in bursts of every size up to past [`MULTI`],
+/// get each classifier's own answer.
+#[test]
+fn multi_classifier_lookups_agree_with_each_classifier() {
+    let mut rng = Rng(0x5eed);
+    // The trees alone and RFC tables side by side in one burst.
+    let mut sets: Vec<(Classifier, Vec<AclRule>)> = [0usize, 5, 60, 700, 3000]
+        .iter()
+        .flat_map(|&n| FORMS.map(|rfc| (n, rfc)))
+        .map(|(n, rfc)| {
+            let rules = random_rules(&mut rng, n, 20);
+            (Classifier::build_with(&rules, rfc), rules)
+        })
+        .collect();
+    // One with removals and additions (dead rules and an overlay), one
+    // with removals only.
+    for (which, add) in [(6usize, 4usize), (7, 4), (8, 0), (9, 0)] {
+        let (c, rules) = &mut sets[which];
+        let remove: Vec<u32> = (0..5).map(|_| rules.swap_remove(0).order).collect();
+        let mut added = random_rules(&mut rng, add, 20);
+        for (j, a) in added.iter_mut().enumerate() {
+            a.order = 50_000_000 + j as u32;
+        }
+        rules.extend_from_slice(&added);
+        *c = c.with_changes(&remove, &added).expect("a small change");
+    }
+    let mut picks = Vec::new();
+    let mut keys = Vec::new();
+    for _ in 0..3000 {
+        let s = rng.below(sets.len() as u64) as usize;
+        picks.push(s);
+        keys.push(random_key(&mut rng, &sets[s].1));
+    }
+    let cs: Vec<&Classifier> = picks.iter().map(|&s| &sets[s].0).collect();
+    let mut out = vec![Some(u32::MAX); keys.len()];
+    let (mut at, mut size) = (0, 1);
+    while at < keys.len() {
+        let end = (at + size).min(keys.len());
+        Classifier::lookup_multi(&cs[at..end], &keys[at..end], &mut out[at..end]);
+        at = end;
+        size = size % (MULTI + 9) + 1;
+    }
+    for ((k, &s), &got) in keys.iter().zip(&picks).zip(&out) {
+        let (c, rules) = &sets[s];
+        assert_eq!(got, c.lookup(k).map(|r| r.tag), "set {s}, key {k:?}");
+        assert_eq!(
+            got,
+            reference(rules, k).map(|r| r.tag),
+            "set {s}, key {k:?}"
+        );
+    }
+}
+
+#[test]
+#[should_panic(expected = "out shorter than keys")]
+fn a_batch_needs_room_for_every_answer() {
+    let c = Classifier::build(&[AclRule::any(1, 1, Family::Any)]);
+    c.lookup_batch(&[FlowKey::default(); 3], &mut [None; 2]);
+}
+
+/// Many rules under one long prefix, behind and in front of wide ones:
+/// the trees skip the shared prefix bits, and keys outside the prefix
+/// (which walk as if inside) still find the wide rules, while a rule
+/// that covers the cluster's box never hides a later one from them.
+#[test]
+fn skipped_prefix_bits_lose_no_match() {
+    let mut rng = Rng(4242);
+    let mut rules = Vec::new();
+    let base = 0xb013_b400u128;
+    for i in 0..400u32 {
+        let mut r = AclRule::any(2 * i + 10, i, Family::V4);
+        let len = [32u8, 31, 30, 28, 24, 23][rng.below(6) as usize];
+        r.src = AclRule::prefix_range(base | u128::from(rng.below(0x400) as u32), len, 32);
+        r.dst = AclRule::prefix_range(
+            u128::from(rng.next() as u32),
+            [32u8, 24, 16, 1][rng.below(4) as usize],
+            32,
+        );
+        r.proto = [(6, 6), (17, 17), (0, 255)][rng.below(3) as usize];
+        if rng.below(8) == 0 {
+            r.src = (0, u128::from(u32::MAX));
+        }
+        rules.push(r);
+    }
+    // A rule covering the whole cluster, early: below the skipped
+    // bits it covers every box, yet keys outside the cluster must
+    // still reach the rules behind it.
+    let mut cover = AclRule::any(1, 9999, Family::V4);
+    cover.src = AclRule::prefix_range(base, 22, 32);
+    rules.push(cover);
+    // The walk is what skips bits: the trees alone.
+    let c = Classifier::build_with(&rules, false);
+    let keys: Vec<FlowKey> = (0..20_000)
+        .map(|_| {
+            let mut k = random_key(&mut rng, &rules);
+            k.v6 = false;
+            k.src &= u128::from(u32::MAX);
+            k.dst &= u128::from(u32::MAX);
+            if rng.below(2) == 0 {
+                // Same low bits as the cluster, another prefix.
+                k.src = (k.src & 0x3ff) | (u128::from(rng.next() as u32) & !0x3ff);
+            }
+            k
+        })
+        .collect();
+    check_batches(&c, &rules, &keys, "clustered");
+}
