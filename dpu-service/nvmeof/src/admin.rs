@@ -1,20 +1,23 @@
-//! Admin-queue commands and controller properties of a [`Connection`]:
-//! Property Get/Set (the enable and shutdown sequences), Identify, Get Log
-//! Page (including the discovery log), Get/Set Features, Keep Alive,
-//! Asynchronous Event Request and Abort.
+//! Admin-queue commands and controller properties: Property Get/Set (the
+//! enable and shutdown sequences), Identify, Get Log Page (including the
+//! discovery log), Get/Set Features, Keep Alive, Asynchronous Event Request
+//! and Abort. They run on the [`AdminQueue`] a connection lends them and
+//! know nothing of connections: [`crate::conn`] uses this module, never the
+//! other way round.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::conn::{Connection, Outcome, IN_CAPSULE_DATA, MDTS, VERSION};
+use crate::command::{Outcome, IN_CAPSULE_DATA, IO_CMDS, IO_CTRL_ADMIN, IO_WRITES, MDTS, VERSION};
 use crate::controller::{
-    cc, csts, ControllerKind, AER_SLOTS, ERROR_LOG_SLOTS, MAX_IO_QUEUES, MAX_QUEUE_SIZE,
+    cc, csts, Controller, ControllerKind, AER_SLOTS, ERROR_LOG_SLOTS, MAX_IO_QUEUES, MAX_QUEUE_SIZE,
 };
 use crate::identify::{
     self, feature, AddressFamily, ControllerInfo, DiscoveryEntry, DiscoverySubtype, NamespaceInfo,
 };
-use crate::spec::{admin, nvm, prop, Sqe, Status, CQE_LEN, SQE_LEN};
+use crate::spec::{admin, prop, Sqe, Status, CQE_LEN, SQE_LEN};
+use crate::target::Target;
 
 /// PCI vendor ID reported (none: a software controller).
 const VENDOR_ID: u16 = 0;
@@ -30,30 +33,25 @@ const KAS: u16 = 1;
 /// CAP.TO: worst-case time to become ready, 500 ms units.
 const CAP_TIMEOUT: u64 = 30;
 
-/// Admin opcodes of an I/O controller.
-pub const IO_CTRL_ADMIN: &[u8] = &[
-    admin::GET_LOG_PAGE,
-    admin::IDENTIFY,
-    admin::ABORT,
-    admin::SET_FEATURES,
-    admin::GET_FEATURES,
-    admin::ASYNC_EVENT,
-    admin::KEEP_ALIVE,
-];
-/// NVM opcodes served.
-pub const IO_CMDS: &[u8] = &[
-    nvm::FLUSH,
-    nvm::WRITE,
-    nvm::READ,
-    nvm::WRITE_ZEROES,
-    nvm::DSM,
-];
-/// NVM opcodes that change logical block content.
-pub const IO_WRITES: &[u8] = &[nvm::WRITE, nvm::WRITE_ZEROES, nvm::DSM];
+/// What an admin command sees of the admin queue it arrived on: the
+/// connection lends it these, so the admin command set knows nothing of
+/// connections.
+#[derive(Debug)]
+pub(crate) struct AdminQueue<'a> {
+    /// The queue's controller.
+    pub(crate) ctrl: &'a Controller,
+    /// The target serving it.
+    pub(crate) target: &'a Target,
+    /// The address the connection was accepted on (the discovery log's
+    /// address for a listener on the unspecified address).
+    pub(crate) local: SocketAddr,
+    /// Command identifiers of the parked Asynchronous Event Requests.
+    pub(crate) aers: &'a mut Vec<u16>,
+}
 
-impl Connection {
+impl AdminQueue<'_> {
     pub(crate) fn property_get(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let eight = sqe.cdw(10) & 7 == 1;
         let value: u64 = match (sqe.cdw(11), eight) {
             (prop::CAP, true) => {
@@ -74,7 +72,7 @@ impl Connection {
     }
 
     pub(crate) fn property_set(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         if sqe.cdw(11) != prop::CC || sqe.cdw(10) & 7 != 0 {
             return Outcome::status(sqe, Status::INVALID_FIELD);
         }
@@ -102,7 +100,7 @@ impl Connection {
     }
 
     pub(crate) fn admin(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         if !ctrl.ready() {
             return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
         }
@@ -131,7 +129,7 @@ impl Connection {
     }
 
     fn identify(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let cns = (sqe.cdw(10) & 0xff) as u8;
         if ctrl.kind == ControllerKind::Discovery {
             if cns != 0x01 {
@@ -236,7 +234,7 @@ impl Connection {
     }
 
     fn get_log_page(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let cdw10 = sqe.cdw(10);
         let lid = (cdw10 & 0xff) as u8;
         let retain = cdw10 & (1 << 15) != 0;
@@ -342,7 +340,7 @@ impl Connection {
     }
 
     fn get_features(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         let sel = (sqe.cdw(10) >> 8) & 7;
         let current = sel == 0;
@@ -375,7 +373,7 @@ impl Connection {
     }
 
     fn set_features(&mut self, sqe: &Sqe, _data: &[u8]) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         if sqe.cdw(10) & (1 << 31) != 0 {
             return Outcome::status(sqe, Status::FEATURE_NOT_SAVEABLE);

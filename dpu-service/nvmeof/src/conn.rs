@@ -14,136 +14,24 @@
 //! fatal error status; it never affects another connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::admin::AdminQueue;
 use crate::backend::is_out_of_range;
+use crate::block::sized;
+use crate::command::{Outcome, IO_CMDS};
 use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
 use crate::identify::ErrorEntry;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
 use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
 use crate::target::{is_namespace_removed, Namespace, Target};
 
-/// Largest data part of an H2CData PDU we accept (MAXH2CDATA).
-pub const MAX_H2C_DATA: u32 = 128 * 1024;
-/// Largest in-capsule data of a command capsule.
-pub const IN_CAPSULE_DATA: u32 = 8192;
-/// Maximum Data Transfer Size as a power of two of 4 KiB pages.
-pub const MDTS: u8 = 7;
-/// Largest transfer of one command, bytes.
-pub const MAX_TRANSFER: u32 = 4096 << MDTS;
-/// Version reported in VS and Identify (1.3).
-pub const VERSION: u32 = 0x0001_0300;
-
-/// A block operation a transport must run for a connection.
-#[derive(Debug)]
-pub struct BlockRequest {
-    /// Identifies the command; hand it back in the completion.
-    pub cid: u16,
-    /// The namespace; the I/O runs through [`Namespace::run`], so it fails
-    /// cleanly once the namespace has left service.
-    pub namespace: Arc<Namespace>,
-    /// What to do.
-    pub op: BlockOp,
-}
-
-/// The operations of [`BlockRequest`].
-#[derive(Debug)]
-pub enum BlockOp {
-    /// Read `len` bytes at `offset` into `buf`.
-    Read {
-        /// Byte offset.
-        offset: u64,
-        /// Bytes.
-        len: usize,
-        /// A buffer to read into, reused from an earlier command (its
-        /// contents are overwritten, its allocation kept).
-        buf: Vec<u8>,
-    },
-    /// Write `data` at `offset`, durable on return with `fua`.
-    Write {
-        /// Byte offset.
-        offset: u64,
-        /// The data.
-        data: Vec<u8>,
-        /// Force unit access.
-        fua: bool,
-    },
-    /// Make completed writes durable.
-    Flush,
-    /// Zero `len` bytes at `offset`; also deallocate with `deallocate`.
-    WriteZeroes {
-        /// Byte offset.
-        offset: u64,
-        /// Bytes.
-        len: u64,
-        /// Deallocate the range as well.
-        deallocate: bool,
-    },
-    /// Deallocate (offset, len) byte ranges.
-    Deallocate {
-        /// The ranges.
-        ranges: Vec<(u64, u64)>,
-    },
-}
-
-/// The result of a [`BlockRequest`].
-#[derive(Debug)]
-pub struct BlockCompletion {
-    /// The request's command identifier.
-    pub cid: u16,
-    /// The data read, or for a write the buffer written (returned for
-    /// reuse; empty for other operations), or the failure.
-    pub result: io::Result<Vec<u8>>,
-}
-
-impl BlockRequest {
-    /// Runs the request on the calling thread.
-    pub fn execute(self) -> BlockCompletion {
-        let result = self.namespace.run(|b| match self.op {
-            BlockOp::Read {
-                offset,
-                len,
-                mut buf,
-            } => {
-                sized(&mut buf, len);
-                b.read_at(offset, &mut buf).map(|()| buf)
-            }
-            BlockOp::Write { offset, data, fua } => b.write_at(offset, &data, fua).map(|()| data),
-            BlockOp::Flush => b.flush().map(|()| Vec::new()),
-            BlockOp::WriteZeroes {
-                offset,
-                len,
-                deallocate,
-            } => if deallocate {
-                b.deallocate(offset, len)
-            } else {
-                b.write_zeroes(offset, len)
-            }
-            .map(|()| Vec::new()),
-            BlockOp::Deallocate { ranges } => ranges
-                .iter()
-                .try_for_each(|&(o, l)| b.deallocate(o, l))
-                .map(|()| Vec::new()),
-        });
-        BlockCompletion {
-            cid: self.cid,
-            result,
-        }
-    }
-}
-
-/// Makes `buf` exactly `len` bytes long, zeroing only bytes it never held.
-fn sized(buf: &mut Vec<u8>, len: usize) {
-    if buf.len() >= len {
-        buf.truncate(len);
-    } else {
-        buf.resize(len, 0);
-    }
-}
+pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
+pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
 
 /// Most data buffers a connection keeps for reuse (reads, and writes that
 /// arrive through R2T): enough for a deep queue's steady state without
@@ -202,41 +90,11 @@ enum Pending {
     Executing { sqe: Sqe, read: bool, bytes: u64 },
 }
 
-/// What handling a command produced.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// Complete now, with this data for the host (if any).
-    Done(Cqe, Option<Vec<u8>>),
-    /// Run this block request, complete when it is back.
-    Block(BlockRequest, u64),
-    /// Completes later (Asynchronous Event Request).
-    Parked,
-    /// Complete, then close the connection (Disconnect).
-    DoneAndClose(Cqe),
-}
-
-impl Outcome {
-    pub(crate) fn status(sqe: &Sqe, st: Status) -> Self {
-        Self::Done(Cqe::new(sqe.cid(), st), None)
-    }
-    pub(crate) fn ok(sqe: &Sqe) -> Self {
-        Self::status(sqe, Status::SUCCESS)
-    }
-    pub(crate) fn dw0(sqe: &Sqe, dw0: u32) -> Self {
-        let mut c = Cqe::new(sqe.cid(), Status::SUCCESS);
-        c.dw0 = dw0;
-        Self::Done(c, None)
-    }
-    pub(crate) fn data(sqe: &Sqe, data: Vec<u8>) -> Self {
-        Self::Done(Cqe::new(sqe.cid(), Status::SUCCESS), Some(data))
-    }
-}
-
 /// One NVMe/TCP connection: one admin or I/O queue.
 #[derive(Debug)]
 pub struct Connection {
-    pub(crate) target: Target,
-    pub(crate) local: SocketAddr,
+    target: Target,
+    local: SocketAddr,
     pub(crate) peer: SocketAddr,
     phase: Phase,
     digests: Digests,
@@ -248,7 +106,7 @@ pub struct Connection {
     sqflow_disabled: bool,
     pending: HashMap<u16, Pending>,
     requests: VecDeque<BlockRequest>,
-    pub(crate) aers: Vec<u16>,
+    aers: Vec<u16>,
     /// Output being encoded, after everything in `tx`.
     out: Vec<u8>,
     /// Output ahead of `out`, in order: buffers of encoded PDUs (flagged
@@ -806,7 +664,7 @@ impl Connection {
         } else if self.ctrl.is_none() {
             Outcome::status(&sqe, Status::COMMAND_SEQUENCE)
         } else if self.qid == 0 {
-            self.admin(&sqe, &data)
+            self.admin_queue().admin(&sqe, &data)
         } else {
             self.io(&sqe, ns, data)
         };
@@ -911,6 +769,17 @@ impl Connection {
         pdu::encode_capsule_resp(&mut self.out, self.digests, &cqe);
     }
 
+    /// What the admin command set sees of this queue, which must be a
+    /// connected admin queue.
+    fn admin_queue(&mut self) -> AdminQueue<'_> {
+        AdminQueue {
+            ctrl: self.ctrl.as_deref().expect("connected admin queue"),
+            target: &self.target,
+            local: self.local,
+            aers: &mut self.aers,
+        }
+    }
+
     /// The namespace `nsid` of this connection's subsystem.
     pub(crate) fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
         let ctrl = self.ctrl.as_ref()?;
@@ -939,7 +808,7 @@ impl Connection {
     }
 
     fn io(&mut self, sqe: &Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) -> Outcome {
-        if !crate::admin::IO_CMDS.contains(&sqe.opcode()) {
+        if !IO_CMDS.contains(&sqe.opcode()) {
             return Outcome::status(sqe, Status::INVALID_OPCODE);
         }
         // A namespace that left service after the command was accepted
@@ -1033,8 +902,8 @@ impl Connection {
             fctype::PROPERTY_GET | fctype::PROPERTY_SET if self.ctrl.is_none() || self.qid != 0 => {
                 Outcome::status(sqe, Status::COMMAND_SEQUENCE)
             }
-            fctype::PROPERTY_GET => self.property_get(sqe),
-            fctype::PROPERTY_SET => self.property_set(sqe),
+            fctype::PROPERTY_GET => self.admin_queue().property_get(sqe),
+            fctype::PROPERTY_SET => self.admin_queue().property_set(sqe),
             fctype::DISCONNECT if self.ctrl.is_some() => {
                 Outcome::DoneAndClose(Cqe::new(sqe.cid(), Status::SUCCESS))
             }
