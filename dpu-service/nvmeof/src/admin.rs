@@ -99,7 +99,9 @@ impl AdminQueue<'_> {
         Outcome::ok(sqe)
     }
 
-    pub(crate) fn admin(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+    /// Runs an admin command; a Keep Alive (or a Set Features of the
+    /// keep-alive timeout) restarts the keep-alive timer at `now`.
+    pub(crate) fn admin(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         let ctrl = self.ctrl;
         if !ctrl.ready() {
             return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
@@ -107,13 +109,13 @@ impl AdminQueue<'_> {
         let discovery = ctrl.kind == ControllerKind::Discovery;
         match sqe.opcode() {
             admin::KEEP_ALIVE => {
-                ctrl.keep_alive(Instant::now());
+                ctrl.keep_alive(now);
                 Outcome::ok(sqe)
             }
             admin::IDENTIFY => self.identify(sqe),
             admin::GET_LOG_PAGE => self.get_log_page(sqe),
             admin::GET_FEATURES => self.get_features(sqe),
-            admin::SET_FEATURES => self.set_features(sqe, data),
+            admin::SET_FEATURES => self.set_features(sqe, data, now),
             admin::ASYNC_EVENT => {
                 if self.aers.len() >= AER_SLOTS {
                     return Outcome::status(sqe, Status::AER_LIMIT);
@@ -372,7 +374,7 @@ impl AdminQueue<'_> {
         Outcome::dw0(sqe, v)
     }
 
-    fn set_features(&mut self, sqe: &Sqe, _data: &[u8]) -> Outcome {
+    fn set_features(&mut self, sqe: &Sqe, _data: &[u8], now: Instant) -> Outcome {
         let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         if sqe.cdw(10) & (1 << 31) != 0 {
@@ -385,7 +387,7 @@ impl AdminQueue<'_> {
             match fid {
                 feature::KEEP_ALIVE => {
                     s.kato = Duration::from_millis(u64::from(v));
-                    s.last_keep_alive = Instant::now();
+                    s.last_keep_alive = now;
                 }
                 feature::ASYNC_EVENT => f.async_event = v,
                 _ if discovery => return Err(Status::INVALID_FIELD),
@@ -418,5 +420,80 @@ impl AdminQueue<'_> {
             Ok(dw0) => Outcome::dw0(sqe, dw0),
             Err(st) => Outcome::status(sqe, st),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A ready discovery controller whose keep-alive timer started at `t0`.
+    fn controller(kato: Duration, t0: Instant) -> Controller {
+        let c = Controller::new(
+            1,
+            ControllerKind::Discovery,
+            crate::spec::DISCOVERY_NQN.into(),
+            "nqn.2024-01.io.example:host".into(),
+            [0; 16],
+            kato,
+            32,
+            Arc::default(),
+            t0,
+        );
+        c.with(|s| s.csts |= csts::RDY);
+        c
+    }
+
+    fn sqe(opcode: u8, cdw10: u32, cdw11: u32) -> Sqe {
+        let mut b = [0u8; SQE_LEN];
+        b[0] = opcode;
+        b[40..44].copy_from_slice(&cdw10.to_le_bytes());
+        b[44..48].copy_from_slice(&cdw11.to_le_bytes());
+        Sqe(b)
+    }
+
+    /// Runs `sqe` on `ctrl`'s admin queue at `now`; answers the status.
+    fn run(ctrl: &Controller, sqe: &Sqe, now: Instant) -> u16 {
+        let target = Target::new();
+        let mut aers = Vec::new();
+        let mut q = AdminQueue {
+            ctrl,
+            target: &target,
+            local: ([127, 0, 0, 1], 4420).into(),
+            aers: &mut aers,
+        };
+        match q.admin(sqe, &[], now) {
+            Outcome::Done(c, _) => c.status,
+            other => panic!("expected a completion, got {other:?}"),
+        }
+    }
+
+    /// Keep Alive restarts the timer at the time the command is handled at,
+    /// as given, whatever the clock says.
+    #[test]
+    fn keep_alive_restarts_the_timer_at_the_time_given() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ctrl = controller(Duration::from_millis(500), t0);
+        assert!(ctrl.keep_alive_expired(at(501)));
+        assert_eq!(run(&ctrl, &sqe(admin::KEEP_ALIVE, 0, 0), at(400)), 0);
+        assert!(!ctrl.keep_alive_expired(at(900)));
+        assert!(ctrl.keep_alive_expired(at(901)));
+    }
+
+    /// Set Features of the keep-alive timeout starts the timer afresh at
+    /// the time given.
+    #[test]
+    fn setting_the_keep_alive_timeout_restarts_the_timer() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ctrl = controller(Duration::ZERO, t0);
+        assert!(!ctrl.keep_alive_expired(at(10_000)), "zero disables it");
+        let set = sqe(admin::SET_FEATURES, u32::from(feature::KEEP_ALIVE), 1_000);
+        assert_eq!(run(&ctrl, &set, at(5_000)), 0);
+        assert!(!ctrl.keep_alive_expired(at(6_000)));
+        assert!(ctrl.keep_alive_expired(at(6_001)));
     }
 }

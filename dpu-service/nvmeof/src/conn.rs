@@ -158,7 +158,12 @@ impl Connection {
 
     /// Consumes whole PDUs from the front of `input` and returns how many
     /// bytes it used; the rest must be offered again with more bytes.
-    pub fn receive(&mut self, input: &[u8]) -> usize {
+    ///
+    /// `now` is the time the bytes are handled at, the only clock the
+    /// commands see: a new controller's keep-alive timer starts at `now`,
+    /// and a Keep Alive command (or a Set Features of the timeout) restarts
+    /// it there.
+    pub fn receive(&mut self, input: &[u8], now: Instant) -> usize {
         let mut used = 0;
         while self.phase != Phase::Closed {
             let rest = &input[used..];
@@ -166,7 +171,7 @@ impl Connection {
                 Ok(None) => break,
                 Ok(Some((p, n))) => {
                     used += n;
-                    self.on_pdu(p, &rest[..n]);
+                    self.on_pdu(p, &rest[..n], now);
                 }
                 Err(e) => {
                     let hdr = &rest[..e.header_len.min(rest.len())];
@@ -441,7 +446,7 @@ impl Connection {
         self.close(why);
     }
 
-    fn on_pdu(&mut self, p: HostPdu<'_>, raw: &[u8]) {
+    fn on_pdu(&mut self, p: HostPdu<'_>, raw: &[u8], now: Instant) {
         let hdr = &raw[..raw.len().min(usize::from(raw.get(2).copied().unwrap_or(8)))];
         match (self.phase, p) {
             (Phase::IcReq, HostPdu::IcReq(r)) => {
@@ -485,7 +490,7 @@ impl Connection {
                     data,
                     data_digest_ok,
                 },
-            ) => self.on_command(sqe, data, data_digest_ok, hdr),
+            ) => self.on_command(sqe, data, data_digest_ok, hdr, now),
             (
                 Phase::Ready,
                 HostPdu::H2CData {
@@ -496,12 +501,12 @@ impl Connection {
                     last,
                     data_digest_ok,
                 },
-            ) => self.on_h2c_data(cccid, ttag, datao, data, last, data_digest_ok, hdr),
+            ) => self.on_h2c_data(cccid, ttag, datao, data, last, data_digest_ok, hdr, now),
             _ => self.fatal(Fes::PduSequence, 0, hdr, "PDU out of sequence"),
         }
     }
 
-    fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8]) {
+    fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8], now: Instant) {
         let cid = sqe.cid();
         self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
         if self.pending.contains_key(&cid) || self.aers.contains(&cid) {
@@ -543,7 +548,7 @@ impl Connection {
                     return self.finish(&sqe, Cqe::new(cid, Status::SGL_LENGTH_INVALID), None);
                 }
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, data.to_vec());
+                self.dispatch(sqe, ns, data.to_vec(), now);
             }
             sgl::TRANSPORT => {
                 if !data.is_empty() {
@@ -572,12 +577,12 @@ impl Connection {
                     return;
                 }
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, Vec::new());
+                self.dispatch(sqe, ns, Vec::new(), now);
             }
             // No data at all, whatever the descriptor type.
             _ if len == 0 => {
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, Vec::new());
+                self.dispatch(sqe, ns, Vec::new(), now);
             }
             _ => self.finish(&sqe, Cqe::new(cid, Status::SGL_TYPE_INVALID), None),
         }
@@ -593,6 +598,7 @@ impl Connection {
         last: bool,
         ok: bool,
         hdr: &[u8],
+        now: Instant,
     ) {
         let Some(Pending::Receiving {
             buf,
@@ -651,20 +657,20 @@ impl Connection {
             Some(Pending::Receiving {
                 sqe, corrupt: true, ..
             }) => self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None),
-            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf),
+            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf, now),
             _ => {}
         }
     }
 
     /// Runs a command whose data (if any) is all here; an I/O command runs
     /// against `ns`, the namespace it was accepted against.
-    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) {
+    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>, now: Instant) {
         let outcome = if sqe.opcode() == FABRICS {
-            self.fabrics(&sqe, &data)
+            self.fabrics(&sqe, &data, now)
         } else if self.ctrl.is_none() {
             Outcome::status(&sqe, Status::COMMAND_SEQUENCE)
         } else if self.qid == 0 {
-            self.admin_queue().admin(&sqe, &data)
+            self.admin_queue().admin(&sqe, &data, now)
         } else {
             self.io(&sqe, ns, data)
         };
@@ -896,9 +902,9 @@ impl Connection {
         }
     }
 
-    fn fabrics(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+    fn fabrics(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         match sqe.fctype() {
-            fctype::CONNECT => self.connect(sqe, data),
+            fctype::CONNECT => self.connect(sqe, data, now),
             fctype::PROPERTY_GET | fctype::PROPERTY_SET if self.ctrl.is_none() || self.qid != 0 => {
                 Outcome::status(sqe, Status::COMMAND_SEQUENCE)
             }
@@ -912,7 +918,7 @@ impl Connection {
         }
     }
 
-    fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+    fn connect(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         /// Connect: Invalid Parameters, naming the parameter (in the data or
         /// in the command, at byte offset `at`).
         fn invalid(sqe: &Sqe, in_data: bool, at: u16) -> Outcome {
@@ -987,6 +993,7 @@ impl Connection {
                     kato,
                     sqsize + 1,
                     health,
+                    now,
                 )
             });
             let Some(c) = made else {
