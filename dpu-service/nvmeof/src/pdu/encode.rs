@@ -178,7 +178,7 @@ pub fn encode_r2t(out: &mut Vec<u8>, d: Digests, cccid: u16, ttag: u16, r2to: u3
 
 /// Appends a C2HTermReq (never digests) echoing `offending_header`,
 /// truncated to [`MAX_TERM_DATA`] bytes so that PLEN stays within
-/// [`MAX_TERM_PLEN`].
+/// [`MAX_TERM_PLEN`](super::MAX_TERM_PLEN).
 pub fn encode_c2h_term_req(out: &mut Vec<u8>, fes: u16, fei: u32, offending_header: &[u8]) {
     term_req(out, pdu_type::C2H_TERM_REQ, fes, fei, offending_header);
 }
