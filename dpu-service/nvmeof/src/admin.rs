@@ -1,20 +1,23 @@
-//! Admin-queue commands and controller properties of a [`Connection`]:
-//! Property Get/Set (the enable and shutdown sequences), Identify, Get Log
-//! Page (including the discovery log), Get/Set Features, Keep Alive,
-//! Asynchronous Event Request and Abort.
+//! Admin-queue commands and controller properties: Property Get/Set (the
+//! enable and shutdown sequences), Identify, Get Log Page (including the
+//! discovery log), Get/Set Features, Keep Alive, Asynchronous Event Request
+//! and Abort. They run on the [`AdminQueue`] a connection lends them and
+//! know nothing of connections: [`crate::conn`] uses this module, never the
+//! other way round.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::conn::{Connection, Outcome, IN_CAPSULE_DATA, MDTS, VERSION};
+use crate::command::{Outcome, IN_CAPSULE_DATA, IO_CMDS, IO_CTRL_ADMIN, IO_WRITES, MDTS, VERSION};
 use crate::controller::{
-    cc, csts, ControllerKind, AER_SLOTS, ERROR_LOG_SLOTS, MAX_IO_QUEUES, MAX_QUEUE_SIZE,
+    cc, csts, Controller, ControllerKind, AER_SLOTS, ERROR_LOG_SLOTS, MAX_IO_QUEUES, MAX_QUEUE_SIZE,
 };
 use crate::identify::{
     self, feature, AddressFamily, ControllerInfo, DiscoveryEntry, DiscoverySubtype, NamespaceInfo,
 };
-use crate::spec::{admin, nvm, prop, Sqe, Status, CQE_LEN, SQE_LEN};
+use crate::spec::{admin, prop, Sqe, Status, CQE_LEN, SQE_LEN};
+use crate::target::Target;
 
 /// PCI vendor ID reported (none: a software controller).
 const VENDOR_ID: u16 = 0;
@@ -30,30 +33,25 @@ const KAS: u16 = 1;
 /// CAP.TO: worst-case time to become ready, 500 ms units.
 const CAP_TIMEOUT: u64 = 30;
 
-/// Admin opcodes of an I/O controller.
-pub const IO_CTRL_ADMIN: &[u8] = &[
-    admin::GET_LOG_PAGE,
-    admin::IDENTIFY,
-    admin::ABORT,
-    admin::SET_FEATURES,
-    admin::GET_FEATURES,
-    admin::ASYNC_EVENT,
-    admin::KEEP_ALIVE,
-];
-/// NVM opcodes served.
-pub const IO_CMDS: &[u8] = &[
-    nvm::FLUSH,
-    nvm::WRITE,
-    nvm::READ,
-    nvm::WRITE_ZEROES,
-    nvm::DSM,
-];
-/// NVM opcodes that change logical block content.
-pub const IO_WRITES: &[u8] = &[nvm::WRITE, nvm::WRITE_ZEROES, nvm::DSM];
+/// What an admin command sees of the admin queue it arrived on: the
+/// connection lends it these, so the admin command set knows nothing of
+/// connections.
+#[derive(Debug)]
+pub(crate) struct AdminQueue<'a> {
+    /// The queue's controller.
+    pub(crate) ctrl: &'a Controller,
+    /// The target serving it.
+    pub(crate) target: &'a Target,
+    /// The address the connection was accepted on (the discovery log's
+    /// address for a listener on the unspecified address).
+    pub(crate) local: SocketAddr,
+    /// Command identifiers of the parked Asynchronous Event Requests.
+    pub(crate) aers: &'a mut Vec<u16>,
+}
 
-impl Connection {
+impl AdminQueue<'_> {
     pub(crate) fn property_get(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let eight = sqe.cdw(10) & 7 == 1;
         let value: u64 = match (sqe.cdw(11), eight) {
             (prop::CAP, true) => {
@@ -74,7 +72,7 @@ impl Connection {
     }
 
     pub(crate) fn property_set(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         if sqe.cdw(11) != prop::CC || sqe.cdw(10) & 7 != 0 {
             return Outcome::status(sqe, Status::INVALID_FIELD);
         }
@@ -101,21 +99,23 @@ impl Connection {
         Outcome::ok(sqe)
     }
 
-    pub(crate) fn admin(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+    /// Runs an admin command; a Keep Alive (or a Set Features of the
+    /// keep-alive timeout) restarts the keep-alive timer at `now`.
+    pub(crate) fn admin(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
+        let ctrl = self.ctrl;
         if !ctrl.ready() {
             return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
         }
         let discovery = ctrl.kind == ControllerKind::Discovery;
         match sqe.opcode() {
             admin::KEEP_ALIVE => {
-                ctrl.keep_alive(Instant::now());
+                ctrl.keep_alive(now);
                 Outcome::ok(sqe)
             }
             admin::IDENTIFY => self.identify(sqe),
             admin::GET_LOG_PAGE => self.get_log_page(sqe),
             admin::GET_FEATURES => self.get_features(sqe),
-            admin::SET_FEATURES => self.set_features(sqe, data),
+            admin::SET_FEATURES => self.set_features(sqe, data, now),
             admin::ASYNC_EVENT => {
                 if self.aers.len() >= AER_SLOTS {
                     return Outcome::status(sqe, Status::AER_LIMIT);
@@ -131,7 +131,7 @@ impl Connection {
     }
 
     fn identify(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let cns = (sqe.cdw(10) & 0xff) as u8;
         if ctrl.kind == ControllerKind::Discovery {
             if cns != 0x01 {
@@ -236,7 +236,7 @@ impl Connection {
     }
 
     fn get_log_page(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let cdw10 = sqe.cdw(10);
         let lid = (cdw10 & 0xff) as u8;
         let retain = cdw10 & (1 << 15) != 0;
@@ -342,7 +342,7 @@ impl Connection {
     }
 
     fn get_features(&mut self, sqe: &Sqe) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+        let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         let sel = (sqe.cdw(10) >> 8) & 7;
         let current = sel == 0;
@@ -374,8 +374,8 @@ impl Connection {
         Outcome::dw0(sqe, v)
     }
 
-    fn set_features(&mut self, sqe: &Sqe, _data: &[u8]) -> Outcome {
-        let ctrl = self.ctrl.clone().expect("connected admin queue");
+    fn set_features(&mut self, sqe: &Sqe, _data: &[u8], now: Instant) -> Outcome {
+        let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         if sqe.cdw(10) & (1 << 31) != 0 {
             return Outcome::status(sqe, Status::FEATURE_NOT_SAVEABLE);
@@ -387,7 +387,7 @@ impl Connection {
             match fid {
                 feature::KEEP_ALIVE => {
                     s.kato = Duration::from_millis(u64::from(v));
-                    s.last_keep_alive = Instant::now();
+                    s.last_keep_alive = now;
                 }
                 feature::ASYNC_EVENT => f.async_event = v,
                 _ if discovery => return Err(Status::INVALID_FIELD),
@@ -420,5 +420,80 @@ impl Connection {
             Ok(dw0) => Outcome::dw0(sqe, dw0),
             Err(st) => Outcome::status(sqe, st),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A ready discovery controller whose keep-alive timer started at `t0`.
+    fn controller(kato: Duration, t0: Instant) -> Controller {
+        let c = Controller::new(
+            1,
+            ControllerKind::Discovery,
+            crate::spec::DISCOVERY_NQN.into(),
+            "nqn.2024-01.io.example:host".into(),
+            [0; 16],
+            kato,
+            32,
+            Arc::default(),
+            t0,
+        );
+        c.with(|s| s.csts |= csts::RDY);
+        c
+    }
+
+    fn sqe(opcode: u8, cdw10: u32, cdw11: u32) -> Sqe {
+        let mut b = [0u8; SQE_LEN];
+        b[0] = opcode;
+        b[40..44].copy_from_slice(&cdw10.to_le_bytes());
+        b[44..48].copy_from_slice(&cdw11.to_le_bytes());
+        Sqe(b)
+    }
+
+    /// Runs `sqe` on `ctrl`'s admin queue at `now`; answers the status.
+    fn run(ctrl: &Controller, sqe: &Sqe, now: Instant) -> u16 {
+        let target = Target::new();
+        let mut aers = Vec::new();
+        let mut q = AdminQueue {
+            ctrl,
+            target: &target,
+            local: ([127, 0, 0, 1], 4420).into(),
+            aers: &mut aers,
+        };
+        match q.admin(sqe, &[], now) {
+            Outcome::Done(c, _) => c.status,
+            other => panic!("expected a completion, got {other:?}"),
+        }
+    }
+
+    /// Keep Alive restarts the timer at the time the command is handled at,
+    /// as given, whatever the clock says.
+    #[test]
+    fn keep_alive_restarts_the_timer_at_the_time_given() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ctrl = controller(Duration::from_millis(500), t0);
+        assert!(ctrl.keep_alive_expired(at(501)));
+        assert_eq!(run(&ctrl, &sqe(admin::KEEP_ALIVE, 0, 0), at(400)), 0);
+        assert!(!ctrl.keep_alive_expired(at(900)));
+        assert!(ctrl.keep_alive_expired(at(901)));
+    }
+
+    /// Set Features of the keep-alive timeout starts the timer afresh at
+    /// the time given.
+    #[test]
+    fn setting_the_keep_alive_timeout_restarts_the_timer() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let ctrl = controller(Duration::ZERO, t0);
+        assert!(!ctrl.keep_alive_expired(at(10_000)), "zero disables it");
+        let set = sqe(admin::SET_FEATURES, u32::from(feature::KEEP_ALIVE), 1_000);
+        assert_eq!(run(&ctrl, &set, at(5_000)), 0);
+        assert!(!ctrl.keep_alive_expired(at(6_000)));
+        assert!(ctrl.keep_alive_expired(at(6_001)));
     }
 }

@@ -14,136 +14,24 @@
 //! fatal error status; it never affects another connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::admin::AdminQueue;
 use crate::backend::is_out_of_range;
+use crate::block::sized;
+use crate::command::{Outcome, IO_CMDS};
 use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
 use crate::identify::ErrorEntry;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
 use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
 use crate::target::{is_namespace_removed, Namespace, Target};
 
-/// Largest data part of an H2CData PDU we accept (MAXH2CDATA).
-pub const MAX_H2C_DATA: u32 = 128 * 1024;
-/// Largest in-capsule data of a command capsule.
-pub const IN_CAPSULE_DATA: u32 = 8192;
-/// Maximum Data Transfer Size as a power of two of 4 KiB pages.
-pub const MDTS: u8 = 7;
-/// Largest transfer of one command, bytes.
-pub const MAX_TRANSFER: u32 = 4096 << MDTS;
-/// Version reported in VS and Identify (1.3).
-pub const VERSION: u32 = 0x0001_0300;
-
-/// A block operation a transport must run for a connection.
-#[derive(Debug)]
-pub struct BlockRequest {
-    /// Identifies the command; hand it back in the completion.
-    pub cid: u16,
-    /// The namespace; the I/O runs through [`Namespace::run`], so it fails
-    /// cleanly once the namespace has left service.
-    pub namespace: Arc<Namespace>,
-    /// What to do.
-    pub op: BlockOp,
-}
-
-/// The operations of [`BlockRequest`].
-#[derive(Debug)]
-pub enum BlockOp {
-    /// Read `len` bytes at `offset` into `buf`.
-    Read {
-        /// Byte offset.
-        offset: u64,
-        /// Bytes.
-        len: usize,
-        /// A buffer to read into, reused from an earlier command (its
-        /// contents are overwritten, its allocation kept).
-        buf: Vec<u8>,
-    },
-    /// Write `data` at `offset`, durable on return with `fua`.
-    Write {
-        /// Byte offset.
-        offset: u64,
-        /// The data.
-        data: Vec<u8>,
-        /// Force unit access.
-        fua: bool,
-    },
-    /// Make completed writes durable.
-    Flush,
-    /// Zero `len` bytes at `offset`; also deallocate with `deallocate`.
-    WriteZeroes {
-        /// Byte offset.
-        offset: u64,
-        /// Bytes.
-        len: u64,
-        /// Deallocate the range as well.
-        deallocate: bool,
-    },
-    /// Deallocate (offset, len) byte ranges.
-    Deallocate {
-        /// The ranges.
-        ranges: Vec<(u64, u64)>,
-    },
-}
-
-/// The result of a [`BlockRequest`].
-#[derive(Debug)]
-pub struct BlockCompletion {
-    /// The request's command identifier.
-    pub cid: u16,
-    /// The data read, or for a write the buffer written (returned for
-    /// reuse; empty for other operations), or the failure.
-    pub result: io::Result<Vec<u8>>,
-}
-
-impl BlockRequest {
-    /// Runs the request on the calling thread.
-    pub fn execute(self) -> BlockCompletion {
-        let result = self.namespace.run(|b| match self.op {
-            BlockOp::Read {
-                offset,
-                len,
-                mut buf,
-            } => {
-                sized(&mut buf, len);
-                b.read_at(offset, &mut buf).map(|()| buf)
-            }
-            BlockOp::Write { offset, data, fua } => b.write_at(offset, &data, fua).map(|()| data),
-            BlockOp::Flush => b.flush().map(|()| Vec::new()),
-            BlockOp::WriteZeroes {
-                offset,
-                len,
-                deallocate,
-            } => if deallocate {
-                b.deallocate(offset, len)
-            } else {
-                b.write_zeroes(offset, len)
-            }
-            .map(|()| Vec::new()),
-            BlockOp::Deallocate { ranges } => ranges
-                .iter()
-                .try_for_each(|&(o, l)| b.deallocate(o, l))
-                .map(|()| Vec::new()),
-        });
-        BlockCompletion {
-            cid: self.cid,
-            result,
-        }
-    }
-}
-
-/// Makes `buf` exactly `len` bytes long, zeroing only bytes it never held.
-fn sized(buf: &mut Vec<u8>, len: usize) {
-    if buf.len() >= len {
-        buf.truncate(len);
-    } else {
-        buf.resize(len, 0);
-    }
-}
+pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
+pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
 
 /// Most data buffers a connection keeps for reuse (reads, and writes that
 /// arrive through R2T): enough for a deep queue's steady state without
@@ -202,41 +90,11 @@ enum Pending {
     Executing { sqe: Sqe, read: bool, bytes: u64 },
 }
 
-/// What handling a command produced.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// Complete now, with this data for the host (if any).
-    Done(Cqe, Option<Vec<u8>>),
-    /// Run this block request, complete when it is back.
-    Block(BlockRequest, u64),
-    /// Completes later (Asynchronous Event Request).
-    Parked,
-    /// Complete, then close the connection (Disconnect).
-    DoneAndClose(Cqe),
-}
-
-impl Outcome {
-    pub(crate) fn status(sqe: &Sqe, st: Status) -> Self {
-        Self::Done(Cqe::new(sqe.cid(), st), None)
-    }
-    pub(crate) fn ok(sqe: &Sqe) -> Self {
-        Self::status(sqe, Status::SUCCESS)
-    }
-    pub(crate) fn dw0(sqe: &Sqe, dw0: u32) -> Self {
-        let mut c = Cqe::new(sqe.cid(), Status::SUCCESS);
-        c.dw0 = dw0;
-        Self::Done(c, None)
-    }
-    pub(crate) fn data(sqe: &Sqe, data: Vec<u8>) -> Self {
-        Self::Done(Cqe::new(sqe.cid(), Status::SUCCESS), Some(data))
-    }
-}
-
 /// One NVMe/TCP connection: one admin or I/O queue.
 #[derive(Debug)]
 pub struct Connection {
-    pub(crate) target: Target,
-    pub(crate) local: SocketAddr,
+    target: Target,
+    local: SocketAddr,
     pub(crate) peer: SocketAddr,
     phase: Phase,
     digests: Digests,
@@ -248,7 +106,7 @@ pub struct Connection {
     sqflow_disabled: bool,
     pending: HashMap<u16, Pending>,
     requests: VecDeque<BlockRequest>,
-    pub(crate) aers: Vec<u16>,
+    aers: Vec<u16>,
     /// Output being encoded, after everything in `tx`.
     out: Vec<u8>,
     /// Output ahead of `out`, in order: buffers of encoded PDUs (flagged
@@ -300,7 +158,12 @@ impl Connection {
 
     /// Consumes whole PDUs from the front of `input` and returns how many
     /// bytes it used; the rest must be offered again with more bytes.
-    pub fn receive(&mut self, input: &[u8]) -> usize {
+    ///
+    /// `now` is the time the bytes are handled at, the only clock the
+    /// commands see: a new controller's keep-alive timer starts at `now`,
+    /// and a Keep Alive command (or a Set Features of the timeout) restarts
+    /// it there.
+    pub fn receive(&mut self, input: &[u8], now: Instant) -> usize {
         let mut used = 0;
         while self.phase != Phase::Closed {
             let rest = &input[used..];
@@ -308,7 +171,7 @@ impl Connection {
                 Ok(None) => break,
                 Ok(Some((p, n))) => {
                     used += n;
-                    self.on_pdu(p, &rest[..n]);
+                    self.on_pdu(p, &rest[..n], now);
                 }
                 Err(e) => {
                     let hdr = &rest[..e.header_len.min(rest.len())];
@@ -583,7 +446,7 @@ impl Connection {
         self.close(why);
     }
 
-    fn on_pdu(&mut self, p: HostPdu<'_>, raw: &[u8]) {
+    fn on_pdu(&mut self, p: HostPdu<'_>, raw: &[u8], now: Instant) {
         let hdr = &raw[..raw.len().min(usize::from(raw.get(2).copied().unwrap_or(8)))];
         match (self.phase, p) {
             (Phase::IcReq, HostPdu::IcReq(r)) => {
@@ -627,7 +490,7 @@ impl Connection {
                     data,
                     data_digest_ok,
                 },
-            ) => self.on_command(sqe, data, data_digest_ok, hdr),
+            ) => self.on_command(sqe, data, data_digest_ok, hdr, now),
             (
                 Phase::Ready,
                 HostPdu::H2CData {
@@ -638,12 +501,12 @@ impl Connection {
                     last,
                     data_digest_ok,
                 },
-            ) => self.on_h2c_data(cccid, ttag, datao, data, last, data_digest_ok, hdr),
+            ) => self.on_h2c_data(cccid, ttag, datao, data, last, data_digest_ok, hdr, now),
             _ => self.fatal(Fes::PduSequence, 0, hdr, "PDU out of sequence"),
         }
     }
 
-    fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8]) {
+    fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8], now: Instant) {
         let cid = sqe.cid();
         self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
         if self.pending.contains_key(&cid) || self.aers.contains(&cid) {
@@ -685,7 +548,7 @@ impl Connection {
                     return self.finish(&sqe, Cqe::new(cid, Status::SGL_LENGTH_INVALID), None);
                 }
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, data.to_vec());
+                self.dispatch(sqe, ns, data.to_vec(), now);
             }
             sgl::TRANSPORT => {
                 if !data.is_empty() {
@@ -714,12 +577,12 @@ impl Connection {
                     return;
                 }
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, Vec::new());
+                self.dispatch(sqe, ns, Vec::new(), now);
             }
             // No data at all, whatever the descriptor type.
             _ if len == 0 => {
                 let ns = self.accepted_namespace(&sqe);
-                self.dispatch(sqe, ns, Vec::new());
+                self.dispatch(sqe, ns, Vec::new(), now);
             }
             _ => self.finish(&sqe, Cqe::new(cid, Status::SGL_TYPE_INVALID), None),
         }
@@ -735,6 +598,7 @@ impl Connection {
         last: bool,
         ok: bool,
         hdr: &[u8],
+        now: Instant,
     ) {
         let Some(Pending::Receiving {
             buf,
@@ -793,20 +657,20 @@ impl Connection {
             Some(Pending::Receiving {
                 sqe, corrupt: true, ..
             }) => self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None),
-            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf),
+            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf, now),
             _ => {}
         }
     }
 
     /// Runs a command whose data (if any) is all here; an I/O command runs
     /// against `ns`, the namespace it was accepted against.
-    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) {
+    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>, now: Instant) {
         let outcome = if sqe.opcode() == FABRICS {
-            self.fabrics(&sqe, &data)
+            self.fabrics(&sqe, &data, now)
         } else if self.ctrl.is_none() {
             Outcome::status(&sqe, Status::COMMAND_SEQUENCE)
         } else if self.qid == 0 {
-            self.admin(&sqe, &data)
+            self.admin_queue().admin(&sqe, &data, now)
         } else {
             self.io(&sqe, ns, data)
         };
@@ -911,6 +775,17 @@ impl Connection {
         pdu::encode_capsule_resp(&mut self.out, self.digests, &cqe);
     }
 
+    /// What the admin command set sees of this queue, which must be a
+    /// connected admin queue.
+    fn admin_queue(&mut self) -> AdminQueue<'_> {
+        AdminQueue {
+            ctrl: self.ctrl.as_deref().expect("connected admin queue"),
+            target: &self.target,
+            local: self.local,
+            aers: &mut self.aers,
+        }
+    }
+
     /// The namespace `nsid` of this connection's subsystem.
     pub(crate) fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
         let ctrl = self.ctrl.as_ref()?;
@@ -939,7 +814,7 @@ impl Connection {
     }
 
     fn io(&mut self, sqe: &Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) -> Outcome {
-        if !crate::admin::IO_CMDS.contains(&sqe.opcode()) {
+        if !IO_CMDS.contains(&sqe.opcode()) {
             return Outcome::status(sqe, Status::INVALID_OPCODE);
         }
         // A namespace that left service after the command was accepted
@@ -1027,14 +902,14 @@ impl Connection {
         }
     }
 
-    fn fabrics(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+    fn fabrics(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         match sqe.fctype() {
-            fctype::CONNECT => self.connect(sqe, data),
+            fctype::CONNECT => self.connect(sqe, data, now),
             fctype::PROPERTY_GET | fctype::PROPERTY_SET if self.ctrl.is_none() || self.qid != 0 => {
                 Outcome::status(sqe, Status::COMMAND_SEQUENCE)
             }
-            fctype::PROPERTY_GET => self.property_get(sqe),
-            fctype::PROPERTY_SET => self.property_set(sqe),
+            fctype::PROPERTY_GET => self.admin_queue().property_get(sqe),
+            fctype::PROPERTY_SET => self.admin_queue().property_set(sqe),
             fctype::DISCONNECT if self.ctrl.is_some() => {
                 Outcome::DoneAndClose(Cqe::new(sqe.cid(), Status::SUCCESS))
             }
@@ -1043,7 +918,7 @@ impl Connection {
         }
     }
 
-    fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> Outcome {
+    fn connect(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         /// Connect: Invalid Parameters, naming the parameter (in the data or
         /// in the command, at byte offset `at`).
         fn invalid(sqe: &Sqe, in_data: bool, at: u16) -> Outcome {
@@ -1118,6 +993,7 @@ impl Connection {
                     kato,
                     sqsize + 1,
                     health,
+                    now,
                 )
             });
             let Some(c) = made else {

@@ -166,7 +166,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// A new, disabled controller.
+    /// A new, disabled controller, its keep-alive timer started at `now`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         cntlid: u16,
@@ -177,6 +177,7 @@ impl Controller {
         kato: Duration,
         admin_queue_size: u16,
         health: Arc<Health>,
+        now: Instant,
     ) -> Self {
         Self {
             cntlid,
@@ -191,7 +192,7 @@ impl Controller {
                 cc: 0,
                 csts: 0,
                 kato,
-                last_keep_alive: Instant::now(),
+                last_keep_alive: now,
                 io_queues: MAX_IO_QUEUES,
                 connected: Vec::new(),
                 features: Features::default(),
@@ -270,5 +271,36 @@ impl Controller {
     /// Restarts the keep-alive timer.
     pub fn keep_alive(&self, now: Instant) {
         self.with(|s| s.last_keep_alive = now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keep-alive timer runs on the times it is given, from the one the
+    /// controller was made at: nothing here reads a clock.
+    #[test]
+    fn keep_alive_timer_runs_on_the_times_given() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let c = Controller::new(
+            1,
+            ControllerKind::Io,
+            "nqn.2024-01.io.example:sub".into(),
+            "nqn.2024-01.io.example:host".into(),
+            [0; 16],
+            Duration::from_millis(100),
+            32,
+            Arc::default(),
+            at(1_000),
+        );
+        assert!(!c.keep_alive_expired(at(1_100)), "started when made");
+        assert!(c.keep_alive_expired(at(1_101)));
+        c.keep_alive(at(1_050));
+        assert!(!c.keep_alive_expired(at(1_150)));
+        assert!(c.keep_alive_expired(at(1_151)));
+        c.with(|s| s.kato = Duration::ZERO);
+        assert!(!c.keep_alive_expired(at(1_000_000)), "zero disables it");
     }
 }

@@ -17,6 +17,8 @@
 
 mod admin;
 pub mod backend;
+mod block;
+mod command;
 pub mod conn;
 pub mod controller;
 pub mod host;

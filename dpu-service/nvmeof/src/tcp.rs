@@ -497,7 +497,7 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => conn.close(&format!("read failed: {e}")),
         }
-        let used = conn.receive(&buf[..filled]);
+        let used = conn.receive(&buf[..filled], Instant::now());
         buf.copy_within(used..filled, 0);
         filled -= used;
         if !placed {

@@ -83,7 +83,7 @@ impl Host {
     }
 
     fn send(&mut self, bytes: &[u8]) {
-        let used = self.conn.receive(bytes);
+        let used = self.conn.receive(bytes, Instant::now());
         assert_eq!(used, bytes.len(), "whole PDUs are consumed");
         while let Some(r) = self.conn.next_request() {
             let done = r.execute();
@@ -288,7 +288,7 @@ impl Host {
     fn submit(&mut self, sqe: &Sqe) {
         let mut b = Vec::new();
         pdu::encode_capsule_cmd(&mut b, self.digests, sqe, &[]);
-        assert_eq!(self.conn.receive(&b), b.len());
+        assert_eq!(self.conn.receive(&b, Instant::now()), b.len());
         self.inbox.extend(self.conn.take_output());
     }
 
@@ -580,7 +580,7 @@ fn malformed_pdus_terminate_only_their_connection() {
     let mut b = Vec::new();
     let sqe = good.sqe(nvm::READ);
     pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &[]);
-    c.receive(&b);
+    c.receive(&b, Instant::now());
     assert!(c.is_closed());
     // The other queue is untouched.
     assert_eq!(good.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
@@ -735,7 +735,7 @@ fn hostile_byte_streams_never_panic() {
                 break;
             }
             pending.extend_from_slice(chunk);
-            let used = q.conn.receive(&pending);
+            let used = q.conn.receive(&pending, Instant::now());
             assert!(used <= pending.len());
             pending.drain(..used);
             while let Some(r) = q.conn.next_request() {
@@ -968,7 +968,7 @@ fn shrink_under_an_accepted_command_answers_lba_out_of_range() {
     let mut b = Vec::new();
     pdu::encode_capsule_cmd(&mut b, q.digests, &w, &[9; 512]);
     resized(&t, 1, 1 << 20);
-    assert_eq!(q.conn.receive(&b), b.len());
+    assert_eq!(q.conn.receive(&b, Instant::now()), b.len());
     resized(&t, 1, 256 << 10);
     q.run_requests();
     match q.next_pdu() {

@@ -19,7 +19,7 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz";
 
 fn drive(c: &mut Connection, bytes: &[u8], pending: &mut Vec<u8>) {
     pending.extend_from_slice(bytes);
-    let used = c.receive(pending);
+    let used = c.receive(pending, Instant::now());
     pending.drain(..used);
     while let Some(r) = c.next_request() {
         let done = r.execute();

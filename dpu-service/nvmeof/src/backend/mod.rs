@@ -1,0 +1,149 @@
+//! Block backends: where a namespace's blocks live.
+//!
+//! The target runs one OS thread per NVMe/TCP queue, and many queues of many
+//! hosts at once, so every backend is `Send + Sync` and takes `&self`. The
+//! caller checks LBA ranges against [`Backend::len`] first, but a backend
+//! still answers an error (never a panic) for a range past the end, which
+//! also keeps I/O racing a [`Backend::resize`] clean.
+//!
+//! - [`RamBackend`]: memory, allocated lazily a segment at a time.
+//! - [`FileBackend`]: a regular file or a block device, with `O_DIRECT` where
+//!   the filesystem allows it.
+//! - [`NullBackend`]: reads zeros and forgets writes, for benchmarks.
+
+use std::io;
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+
+mod file;
+mod null;
+mod ram;
+#[cfg(test)]
+mod suite;
+
+pub use file::FileBackend;
+pub use null::NullBackend;
+pub use ram::RamBackend;
+
+/// A namespace's backing store.
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn len(&self) -> u64;
+    /// True when the size is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// What this is, for logs and the API: "ram", "file", "block", "null".
+    fn kind(&self) -> &'static str;
+    /// Fills `buf` from `offset`: every byte of it, or fails. Read buffers
+    /// are reused across commands, so a byte left untouched would send
+    /// an earlier command's data.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Hints that `len` bytes at `offset` are read soon, so that a backend
+    /// in memory starts bringing them into the cache while the caller does
+    /// other work. Changes nothing but speed; by default does nothing.
+    fn prefetch(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
+    /// Writes `data` at `offset`; with `fua`, the data is durable when this
+    /// returns.
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Zeroes `len` bytes at `offset`.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Deallocates (TRIM) `len` bytes at `offset`; afterwards the range reads
+    /// as zeros, for every backend here.
+    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Grows or shrinks to `new_len` bytes (RAM and file; a block device
+    /// answers an [`io::ErrorKind::Unsupported`] error). Safe while other
+    /// threads do I/O: I/O past the new end fails cleanly.
+    fn resize(&self, new_len: u64) -> io::Result<()>;
+    /// True when writes may sit in a volatile cache until [`Backend::flush`],
+    /// i.e. the controller should report a volatile write cache.
+    fn volatile_write_cache(&self) -> bool;
+}
+
+/// A range that does not lie within the backend, carried inside the
+/// [`io::Error`] (kind [`io::ErrorKind::InvalidInput`]) that every backend
+/// answers for it. The size may have changed since the caller checked it
+/// (a resize racing the I/O), so callers tell this apart from a media error
+/// with [`is_out_of_range`] and answer LBA Out of Range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("range {offset}+{len} beyond the end ({size} bytes)")]
+pub struct OutOfRange {
+    /// Byte offset asked for.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub len: u64,
+    /// The backend's size at the time.
+    pub size: u64,
+}
+
+impl From<OutOfRange> for io::Error {
+    fn from(e: OutOfRange) -> Self {
+        io::Error::new(io::ErrorKind::InvalidInput, e)
+    }
+}
+
+/// True when `e` is a backend's [`OutOfRange`] answer.
+pub fn is_out_of_range(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<OutOfRange>())
+}
+
+/// Checks that `offset..offset + n` lies within `len` bytes.
+fn check(len: u64, offset: u64, n: u64) -> io::Result<()> {
+    match offset.checked_add(n) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(OutOfRange {
+            offset,
+            len: n,
+            size: len,
+        }
+        .into()),
+    }
+}
+
+/// Read-locks, ignoring poison: the data behind these locks is plain bytes
+/// with no invariant a panicking holder could have broken.
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Write-locks, ignoring poison (see [`read`]).
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks, ignoring poison (see [`read`]).
+fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Bytes in the largest chunk of zeros written at once, and so the most
+/// memory a zeroing fallback allocates.
+const ZERO_CHUNK: u64 = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_range_errors_are_out_of_range() {
+        assert!(!is_out_of_range(&io::Error::other("disk on fire")));
+        assert!(!is_out_of_range(&io::Error::from(
+            io::ErrorKind::InvalidInput
+        )));
+        assert!(!is_out_of_range(&io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "beyond the end"
+        )));
+        let e: io::Error = OutOfRange {
+            offset: 1,
+            len: 2,
+            size: 0,
+        }
+        .into();
+        assert!(is_out_of_range(&e));
+        assert_eq!(e.to_string(), "range 1+2 beyond the end (0 bytes)");
+    }
+}
