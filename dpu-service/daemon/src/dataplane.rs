@@ -484,35 +484,38 @@ fn prefix_range(p: Option<&IpPrefix>, width: u32) -> (u128, u128) {
     }
 }
 
-/// A validated rule as the classifier sees it. ICMP type and code sit
-/// where the ports are (see `FlowKey`).
+/// A validated rule as the switch holds it.
 pub fn switch_rule(r: &Rule) -> SwitchRule {
-    let family = match (r.src.or(r.dst)).map(|p| p.is_ipv4()) {
-        Some(true) => Family::V4,
-        Some(false) => Family::V6,
-        None => Family::Any,
-    };
-    let width = if family == Family::V6 { 128 } else { 32 };
-    let range =
-        |p: Option<dpu_control::model::PortRange>| p.map_or((0, u16::MAX), |p| (p.first, p.last));
-    let one = |v: Option<u8>| v.map_or((0, u16::MAX), |v| (u16::from(v), u16::from(v)));
-    let (src_port, dst_port) = if r.icmp_type.is_some() || r.icmp_code.is_some() {
-        (one(r.icmp_type), one(r.icmp_code))
+    let mut m =
+        AclRule::for_addresses(r.priority, r.src.map(|p| p.addr()), r.dst.map(|p| p.addr()));
+    if let Some(p) = r.src {
+        m = m.with_src_prefix(p.addr(), p.len());
+    }
+    if let Some(p) = r.dst {
+        m = m.with_dst_prefix(p.addr(), p.len());
+    }
+    if let Some(p) = r.protocol {
+        m = m.with_protocol(p);
+    }
+    if r.icmp_type.is_some() || r.icmp_code.is_some() {
+        // ICMP has no ports: its type and code take their place.
+        if let Some(t) = r.icmp_type {
+            m = m.with_icmp_type(t);
+        }
+        if let Some(c) = r.icmp_code {
+            m = m.with_icmp_code(c);
+        }
     } else {
-        (range(r.src_ports), range(r.dst_ports))
-    };
+        if let Some(p) = r.src_ports {
+            m = m.with_src_ports(p.first, p.last);
+        }
+        if let Some(p) = r.dst_ports {
+            m = m.with_dst_ports(p.first, p.last);
+        }
+    }
     SwitchRule {
         id: r.id.clone(),
-        matches: AclRule {
-            order: r.priority,
-            tag: 0,
-            family,
-            src: prefix_range(r.src.as_ref(), width),
-            dst: prefix_range(r.dst.as_ref(), width),
-            src_port,
-            dst_port,
-            proto: r.protocol.map_or((0, u8::MAX), |p| (p, p)),
-        },
+        matches: m,
         allow: r.action == Action::Allow,
         stateful: r.stateful,
         rate_limit: r.rate_limit.map(|l| RateLimit {

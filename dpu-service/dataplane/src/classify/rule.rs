@@ -2,6 +2,8 @@
 //! constructors, the reference match (what every lookup form must
 //! agree with), and the five dimensions rules and keys are read in.
 
+use std::net::IpAddr;
+
 use crate::parse::FlowKey;
 
 /// Address family a rule applies to.
@@ -57,6 +59,84 @@ impl AclRule {
             dst_port: (0, u16::MAX),
             proto: (0, u8::MAX),
         }
+    }
+
+    /// A rule for this address family, as [`AclRule::any`], narrowed by
+    /// the `with_*` constructors below: how a configured filter rule
+    /// becomes a classifier rule without its caller knowing the key's
+    /// layout.
+    ///
+    /// The family follows the rule's addresses: IPv4 if a prefix given is
+    /// IPv4, IPv6 if it is IPv6, either for a rule without addresses.
+    pub fn for_addresses(order: u32, src: Option<IpAddr>, dst: Option<IpAddr>) -> AclRule {
+        let family = match src.or(dst) {
+            Some(IpAddr::V4(_)) => Family::V4,
+            Some(IpAddr::V6(_)) => Family::V6,
+            None => Family::Any,
+        };
+        AclRule::any(order, 0, family)
+    }
+
+    /// Only sources within `addr/len`.
+    #[must_use]
+    pub fn with_src_prefix(mut self, addr: IpAddr, len: u8) -> AclRule {
+        self.src = self.ip_prefix_range(addr, len);
+        self
+    }
+
+    /// Only destinations within `addr/len`.
+    #[must_use]
+    pub fn with_dst_prefix(mut self, addr: IpAddr, len: u8) -> AclRule {
+        self.dst = self.ip_prefix_range(addr, len);
+        self
+    }
+
+    /// Only source ports `first..=last`.
+    #[must_use]
+    pub fn with_src_ports(mut self, first: u16, last: u16) -> AclRule {
+        self.src_port = (first, last);
+        self
+    }
+
+    /// Only destination ports `first..=last`.
+    #[must_use]
+    pub fn with_dst_ports(mut self, first: u16, last: u16) -> AclRule {
+        self.dst_port = (first, last);
+        self
+    }
+
+    /// Only IP protocol (IPv6: next header) `proto`.
+    #[must_use]
+    pub fn with_protocol(mut self, proto: u8) -> AclRule {
+        self.proto = (proto, proto);
+        self
+    }
+
+    /// Only ICMP (or ICMPv6) messages of this type: the key carries it
+    /// where TCP and UDP carry the source port (see [`FlowKey`]).
+    #[must_use]
+    pub fn with_icmp_type(mut self, icmp_type: u8) -> AclRule {
+        self.src_port = (u16::from(icmp_type), u16::from(icmp_type));
+        self
+    }
+
+    /// Only ICMP (or ICMPv6) messages with this code: the key carries it
+    /// where TCP and UDP carry the destination port (see [`FlowKey`]).
+    #[must_use]
+    pub fn with_icmp_code(mut self, icmp_code: u8) -> AclRule {
+        self.dst_port = (u16::from(icmp_code), u16::from(icmp_code));
+        self
+    }
+
+    /// The range of an address prefix in this rule's address fields: 32
+    /// bits wide unless the rule is IPv6.
+    fn ip_prefix_range(&self, addr: IpAddr, len: u8) -> (u128, u128) {
+        let width = if self.family == Family::V6 { 128 } else { 32 };
+        let addr = match addr {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        };
+        AclRule::prefix_range(addr, len, width)
     }
 
     /// The range of `prefix/len` in a field `width` bits wide.
