@@ -1,12 +1,7 @@
-//! The validated domain model: what the service has accepted and persisted.
-//!
-//! Values of these types are only built by [`crate::validate`] (from
-//! requests) or read back from the state file, so code that consumes them
-//! (the data plane, the NVMe-oF target) can trust every field: IDs are well
-//! formed, prefixes have no host bits, port ranges are ordered, rule
-//! priorities are unique and sorted.
+//! Network-side domain types: IP prefixes, MAC addresses, tenants with
+//! their attachments and filter rules, and the data-plane ports the
+//! configuration declares.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -14,27 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// Wall-clock time as seconds and nanoseconds since the Unix epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
-pub struct Timestamp {
-    /// Whole seconds since 1970-01-01T00:00:00Z.
-    pub secs: i64,
-    /// Nanoseconds within the second, 0..1e9.
-    pub nanos: u32,
-}
-
-impl Timestamp {
-    /// The current wall-clock time.
-    pub fn now() -> Self {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Self {
-            secs: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-            nanos: d.subsec_nanos(),
-        }
-    }
-}
+use super::Timestamp;
 
 /// An IPv4 or IPv6 prefix whose host bits are zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -424,108 +399,6 @@ pub struct Tenant {
     pub create_time: Timestamp,
     /// The tenant's filter rules.
     pub rules: RuleSet,
-}
-
-/// Where a namespace's blocks live.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Backend {
-    /// Memory of the given size.
-    Ram {
-        /// Size in bytes.
-        size_bytes: u64,
-    },
-    /// A regular file, created with `size_bytes` if missing.
-    File {
-        /// Absolute path.
-        path: String,
-        /// Size in bytes.
-        size_bytes: u64,
-    },
-    /// A block device, size taken from the device.
-    BlockDevice {
-        /// Absolute path.
-        path: String,
-    },
-}
-
-/// A namespace of a subsystem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Namespace {
-    /// Namespace ID, 1..=max_namespaces.
-    pub nsid: u32,
-    /// Backend.
-    pub backend: Backend,
-    /// Logical block size, 512 or 4096.
-    pub block_size: u32,
-    /// Namespace UUID.
-    pub uuid: [u8; 16],
-    /// Namespace globally unique identifier.
-    pub nguid: [u8; 16],
-}
-
-/// NVMe-oF transport of a listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// NVMe/TCP.
-    Tcp,
-}
-
-/// A transport address a subsystem accepts connections on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Listener {
-    /// Listener ID, unique within the subsystem.
-    pub id: String,
-    /// Transport.
-    pub transport: Transport,
-    /// Address to listen on.
-    pub address: IpAddr,
-    /// TCP port.
-    pub port: u16,
-}
-
-/// An NVM subsystem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Subsystem {
-    /// Subsystem ID.
-    pub id: String,
-    /// NVMe Qualified Name, unique across subsystems.
-    pub nqn: String,
-    /// Serial number, 1..=20 printable ASCII characters.
-    pub serial_number: String,
-    /// Model number, 1..=40 printable ASCII characters.
-    pub model_number: String,
-    /// Any host may connect.
-    pub allow_any_host: bool,
-    /// Host NQNs allowed to connect.
-    pub allowed_hosts: BTreeSet<String>,
-    /// Largest namespace ID accepted.
-    pub max_namespaces: u32,
-    /// When the subsystem was created.
-    pub create_time: Timestamp,
-    /// Namespaces by NSID.
-    pub namespaces: BTreeMap<u32, Namespace>,
-    /// Listeners by ID.
-    pub listeners: BTreeMap<String, Listener>,
-}
-
-impl Subsystem {
-    /// True if `host_nqn` may connect to this subsystem.
-    pub fn allows_host(&self, host_nqn: &str) -> bool {
-        self.allow_any_host || self.allowed_hosts.contains(host_nqn)
-    }
-}
-
-/// Everything the service has accepted: the content of the state file.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct State {
-    /// Tenants by ID.
-    pub tenants: BTreeMap<String, Tenant>,
-    /// Subsystems by ID.
-    pub subsystems: BTreeMap<String, Subsystem>,
-    /// Counter for service-assigned IDs; never reused.
-    pub id_seq: u64,
 }
 
 /// What a data-plane port is connected to.

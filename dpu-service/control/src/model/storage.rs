@@ -1,0 +1,100 @@
+//! Storage-side domain types: NVM subsystems, their namespaces with
+//! backends, and their listeners.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::Timestamp;
+
+/// Where a namespace's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Backend {
+    /// Memory of the given size.
+    Ram {
+        /// Size in bytes.
+        size_bytes: u64,
+    },
+    /// A regular file, created with `size_bytes` if missing.
+    File {
+        /// Absolute path.
+        path: String,
+        /// Size in bytes.
+        size_bytes: u64,
+    },
+    /// A block device, size taken from the device.
+    BlockDevice {
+        /// Absolute path.
+        path: String,
+    },
+}
+
+/// A namespace of a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespace {
+    /// Namespace ID, 1..=max_namespaces.
+    pub nsid: u32,
+    /// Backend.
+    pub backend: Backend,
+    /// Logical block size, 512 or 4096.
+    pub block_size: u32,
+    /// Namespace UUID.
+    pub uuid: [u8; 16],
+    /// Namespace globally unique identifier.
+    pub nguid: [u8; 16],
+}
+
+/// NVMe-oF transport of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+}
+
+/// A transport address a subsystem accepts connections on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listener {
+    /// Listener ID, unique within the subsystem.
+    pub id: String,
+    /// Transport.
+    pub transport: Transport,
+    /// Address to listen on.
+    pub address: IpAddr,
+    /// TCP port.
+    pub port: u16,
+}
+
+/// An NVM subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subsystem {
+    /// Subsystem ID.
+    pub id: String,
+    /// NVMe Qualified Name, unique across subsystems.
+    pub nqn: String,
+    /// Serial number, 1..=20 printable ASCII characters.
+    pub serial_number: String,
+    /// Model number, 1..=40 printable ASCII characters.
+    pub model_number: String,
+    /// Any host may connect.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    pub allowed_hosts: BTreeSet<String>,
+    /// Largest namespace ID accepted.
+    pub max_namespaces: u32,
+    /// When the subsystem was created.
+    pub create_time: Timestamp,
+    /// Namespaces by NSID.
+    pub namespaces: BTreeMap<u32, Namespace>,
+    /// Listeners by ID.
+    pub listeners: BTreeMap<String, Listener>,
+}
+
+impl Subsystem {
+    /// True if `host_nqn` may connect to this subsystem.
+    pub fn allows_host(&self, host_nqn: &str) -> bool {
+        self.allow_any_host || self.allowed_hosts.contains(host_nqn)
+    }
+}

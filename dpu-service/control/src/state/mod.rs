@@ -1,0 +1,128 @@
+//! State transitions: each accepted request is one method on [`State`].
+//!
+//! Methods check the request against the whole state (references exist,
+//! claims do not collide, versions match) and either change the state or
+//! return an error having changed nothing. They do no I/O; [`crate::store`]
+//! runs them on a copy and persists the result before it becomes visible.
+//!
+//! What every part shares lives here: the machine's [`Limits`], the
+//! [`Part`]s a call changes, service-assigned IDs and [`State::revert`],
+//! which hands each part to its side. The network side (tenants,
+//! attachments, rules) is in `network`, the storage side (subsystems,
+//! hosts, namespaces, listeners) in `storage`.
+
+mod network;
+mod storage;
+
+pub use network::{PortRegistry, TenantUpdate};
+pub use storage::SubsystemUpdate;
+
+use crate::convert::{listener_name, namespace_name};
+use crate::error::Result;
+use crate::model::State;
+
+/// Limits that depend on the machine, not on the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes all RAM-backed namespaces together may use.
+    pub ram_bytes: u64,
+}
+
+/// One part of the state that a single call changes, and that undoing the
+/// call puts back: what [`State::revert`] works on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// A tenant, with its attachments and rules.
+    Tenant(String),
+    /// A namespace of a subsystem.
+    Namespace {
+        /// The subsystem's ID.
+        subsystem: String,
+        /// The namespace's ID.
+        nsid: u32,
+    },
+    /// A listener of a subsystem.
+    Listener {
+        /// The subsystem's ID.
+        subsystem: String,
+        /// The listener's ID.
+        id: String,
+    },
+}
+
+impl Part {
+    /// The part's resource name, as the API spells it.
+    pub fn resource(&self) -> String {
+        match self {
+            Part::Tenant(id) => format!("tenants/{id}"),
+            Part::Namespace { subsystem, nsid } => namespace_name(subsystem, *nsid),
+            Part::Listener { subsystem, id } => listener_name(subsystem, id),
+        }
+    }
+}
+
+/// What [`State::revert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reverted {
+    /// The part is as it was before the change.
+    Done,
+    /// A later change to the part came first: it stands, and nothing
+    /// was changed.
+    Superseded,
+}
+
+impl State {
+    /// Returns a fresh service-assigned ID `"{prefix}-{n}"` that `taken` rejects.
+    pub fn next_id(&mut self, prefix: &str, taken: impl Fn(&str) -> bool) -> String {
+        loop {
+            self.id_seq += 1;
+            let id = format!("{prefix}-{}", self.id_seq);
+            if !taken(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Undoes what one committed change, from `before` to `after`, did to
+    /// `part`: puts the part back as it was in `before`, through the same
+    /// checks as the calls that create, change or delete it, provided it
+    /// is still as `after` left it. Every other part, and every change
+    /// made since, stays as it is. A tenant's rule-set version goes on
+    /// growing when its rules are put back.
+    ///
+    /// # Errors
+    /// As the call that puts the part back, when what it held before (an
+    /// attachment, a backing file, an address, RAM) has been taken since;
+    /// then nothing changes.
+    pub fn revert(
+        &mut self,
+        limits: Limits,
+        part: &Part,
+        before: &State,
+        after: &State,
+    ) -> Result<Reverted> {
+        match part {
+            Part::Tenant(id) => self.revert_tenant(id, before, after),
+            Part::Namespace {
+                subsystem: id,
+                nsid,
+            } => self.revert_namespace(limits, id, *nsid, before, after),
+            Part::Listener {
+                subsystem: id,
+                id: lid,
+            } => self.revert_listener(id, lid, before, after),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `change` on `s`, answering the states before and after it.
+    pub(super) fn committed(s: &mut State, change: impl FnOnce(&mut State)) -> (State, State) {
+        let before = s.clone();
+        change(s);
+        (before, s.clone())
+    }
+}

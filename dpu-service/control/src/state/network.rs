@@ -1,0 +1,530 @@
+//! Network-side transitions: tenants, their attachments to ports and VXLAN
+//! networks, and their filter rules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::Reverted;
+use crate::error::{ControlError, Result};
+use crate::model::{Action, Attachment, PortSpec, Rule, RuleSet, State, Tenant};
+use crate::validate::MAX_RULES_PER_TENANT;
+
+/// The ports the configuration declares, by ID.
+pub type PortRegistry = BTreeMap<String, PortSpec>;
+
+/// Changes to a tenant; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct TenantUpdate {
+    /// New display name.
+    pub display_name: Option<String>,
+    /// New default policy.
+    pub default_policy: Option<Action>,
+    /// New attachment list (replaces the old one).
+    pub attachments: Option<Vec<Attachment>>,
+}
+
+fn check_version(tenant: &Tenant, expected: Option<u64>) -> Result<()> {
+    match expected {
+        Some(v) if v != tenant.rules.version => Err(ControlError::FailedPrecondition(format!(
+            "rule set of tenants/{} is at version {}, not {v}",
+            tenant.id, tenant.rules.version
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl State {
+    /// The tenant with `id`, or NOT_FOUND.
+    pub fn tenant(&self, id: &str) -> Result<&Tenant> {
+        self.tenants
+            .get(id)
+            .ok_or_else(|| ControlError::NotFound(format!("tenants/{id}")))
+    }
+
+    fn tenant_mut(&mut self, id: &str) -> Result<&mut Tenant> {
+        self.tenants
+            .get_mut(id)
+            .ok_or_else(|| ControlError::NotFound(format!("tenants/{id}")))
+    }
+
+    /// Checks that `atts` name existing ports and collide with no
+    /// attachment of a tenant other than `owner`.
+    fn check_attachments(
+        &self,
+        ports: &PortRegistry,
+        owner: &str,
+        atts: &[Attachment],
+    ) -> Result<()> {
+        if let Some(a) = atts.iter().find(|a| !ports.contains_key(a.port())) {
+            return Err(ControlError::NotFound(format!("ports/{}", a.port())));
+        }
+        self.check_claims(owner, atts)
+    }
+
+    /// Checks that `atts` collide with no attachment of a tenant other
+    /// than `owner`.
+    fn check_claims(&self, owner: &str, atts: &[Attachment]) -> Result<()> {
+        for a in atts {
+            for t in self.tenants.values().filter(|t| t.id != owner) {
+                if let Some(o) = t.attachments.iter().find(|o| o.conflicts_with(a)) {
+                    return Err(ControlError::AlreadyExists(format!(
+                        "{a} overlaps {o}, which belongs to tenants/{}",
+                        t.id
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a tenant.
+    pub fn create_tenant(&mut self, ports: &PortRegistry, tenant: Tenant) -> Result<()> {
+        if self.tenants.contains_key(&tenant.id) {
+            return Err(ControlError::AlreadyExists(format!(
+                "tenants/{} already exists",
+                tenant.id
+            )));
+        }
+        self.check_attachments(ports, &tenant.id, &tenant.attachments)?;
+        self.tenants.insert(tenant.id.clone(), tenant);
+        Ok(())
+    }
+
+    /// Updates a tenant and returns it.
+    pub fn update_tenant(
+        &mut self,
+        ports: &PortRegistry,
+        id: &str,
+        u: TenantUpdate,
+    ) -> Result<&Tenant> {
+        self.tenant(id)?;
+        if let Some(atts) = &u.attachments {
+            self.check_attachments(ports, id, atts)?;
+        }
+        let t = self.tenant_mut(id)?;
+        if let Some(d) = u.display_name {
+            t.display_name = d;
+        }
+        if let Some(p) = u.default_policy {
+            t.default_policy = p;
+        }
+        if let Some(a) = u.attachments {
+            t.attachments = a;
+        }
+        Ok(t)
+    }
+
+    /// Deletes a tenant; without `force` it must hold no rules or attachments.
+    pub fn delete_tenant(&mut self, id: &str, force: bool) -> Result<()> {
+        let t = self.tenant(id)?;
+        if !force && (!t.rules.rules.is_empty() || !t.attachments.is_empty()) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "tenants/{id} still has {} rules and {} attachments; delete them first or set force",
+                t.rules.rules.len(),
+                t.attachments.len()
+            )));
+        }
+        self.tenants.remove(id);
+        Ok(())
+    }
+
+    /// Attaches `att` to tenant `id` and returns the tenant.
+    pub fn attach(&mut self, ports: &PortRegistry, id: &str, att: Attachment) -> Result<&Tenant> {
+        let t = self.tenant(id)?;
+        if let Some(o) = t.attachments.iter().find(|o| o.conflicts_with(&att)) {
+            return Err(ControlError::AlreadyExists(format!(
+                "{att} overlaps {o}, which tenants/{id} already holds"
+            )));
+        }
+        self.check_attachments(ports, id, std::slice::from_ref(&att))?;
+        let t = self.tenant_mut(id)?;
+        t.attachments.push(att);
+        Ok(t)
+    }
+
+    /// Removes the port attachment (`port`, `vlan`) from whichever tenant
+    /// holds it and returns that tenant.
+    pub fn detach(&mut self, port: &str, vlan: u16) -> Result<&Tenant> {
+        let want = Attachment::port_vlan(port, vlan);
+        let owner = self
+            .tenants
+            .values()
+            .find(|t| t.attachments.iter().any(|a| a.is_port_vlan(port, vlan)))
+            .map(|t| t.id.clone())
+            .ok_or_else(|| ControlError::NotFound(format!("attachment {want}")))?;
+        let t = self.tenant_mut(&owner)?;
+        t.attachments.retain(|a| !a.is_port_vlan(port, vlan));
+        Ok(t)
+    }
+
+    /// Adds a rule to tenant `id`; returns the new rule-set version.
+    pub fn add_rule(&mut self, id: &str, rule: Rule, expected: Option<u64>) -> Result<u64> {
+        let t = self.tenant(id)?;
+        check_version(t, expected)?;
+        let rules = &t.rules.rules;
+        if rules.len() >= MAX_RULES_PER_TENANT {
+            return Err(ControlError::FailedPrecondition(format!(
+                "tenants/{id} already holds the maximum of {MAX_RULES_PER_TENANT} rules"
+            )));
+        }
+        if rules.iter().any(|r| r.id == rule.id) {
+            return Err(ControlError::AlreadyExists(format!(
+                "tenants/{id}/rules/{} already exists",
+                rule.id
+            )));
+        }
+        let pos = match rules.binary_search_by_key(&rule.priority, |r| r.priority) {
+            Ok(i) => {
+                return Err(ControlError::AlreadyExists(format!(
+                    "priority {} is taken by tenants/{id}/rules/{}",
+                    rule.priority, rules[i].id
+                )))
+            }
+            Err(pos) => pos,
+        };
+        let t = self.tenant_mut(id)?;
+        let mut new = Vec::with_capacity(t.rules.rules.len() + 1);
+        new.extend_from_slice(&t.rules.rules[..pos]);
+        new.push(rule);
+        new.extend_from_slice(&t.rules.rules[pos..]);
+        t.rules = RuleSet {
+            version: t.rules.version + 1,
+            rules: Arc::new(new),
+        };
+        Ok(t.rules.version)
+    }
+
+    /// Deletes rule `rule_id` of tenant `id`; returns the new version.
+    pub fn delete_rule(&mut self, id: &str, rule_id: &str, expected: Option<u64>) -> Result<u64> {
+        let t = self.tenant(id)?;
+        check_version(t, expected)?;
+        if !t.rules.rules.iter().any(|r| r.id == rule_id) {
+            return Err(ControlError::NotFound(format!(
+                "tenants/{id}/rules/{rule_id}"
+            )));
+        }
+        let t = self.tenant_mut(id)?;
+        let new: Vec<Rule> = t
+            .rules
+            .rules
+            .iter()
+            .filter(|r| r.id != rule_id)
+            .cloned()
+            .collect();
+        t.rules = RuleSet {
+            version: t.rules.version + 1,
+            rules: Arc::new(new),
+        };
+        Ok(t.rules.version)
+    }
+
+    /// Replaces the whole rule set of tenant `id`. `rules` carry their IDs
+    /// (`None` = assign one). Returns the new version.
+    pub fn replace_rules(
+        &mut self,
+        id: &str,
+        rules: Vec<(Option<String>, Rule)>,
+        expected: Option<u64>,
+    ) -> Result<u64> {
+        let t = self.tenant(id)?;
+        check_version(t, expected)?;
+        if rules.len() > MAX_RULES_PER_TENANT {
+            return Err(ControlError::invalid(
+                "rules",
+                format!(
+                    "{} rules, at most {MAX_RULES_PER_TENANT} per tenant",
+                    rules.len()
+                ),
+            ));
+        }
+        let mut by_priority: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut ids: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, (rid, r)) in rules.iter().enumerate() {
+            if let Some(j) = by_priority.insert(r.priority, i) {
+                return Err(ControlError::invalid(
+                    format!("rules[{i}].priority"),
+                    format!("{} is also the priority of rules[{j}]", r.priority),
+                ));
+            }
+            if let Some(rid) = rid {
+                if let Some(j) = ids.insert(rid.clone(), i) {
+                    return Err(ControlError::invalid(
+                        format!("rules[{i}].name"),
+                        format!("rule ID {rid} is also used by rules[{j}]"),
+                    ));
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(rules.len());
+        for (rid, mut r) in rules {
+            r.id = match rid {
+                Some(rid) => rid,
+                None => self.next_id("rule", |c| ids.contains_key(c)),
+            };
+            out.push(r);
+        }
+        out.sort_by_key(|r| r.priority);
+        let t = self.tenant_mut(id)?;
+        t.rules = RuleSet {
+            version: t.rules.version + 1,
+            rules: Arc::new(out),
+        };
+        Ok(t.rules.version)
+    }
+
+    /// [`State::revert`] for the tenant `id`.
+    pub(super) fn revert_tenant(
+        &mut self,
+        id: &str,
+        before: &State,
+        after: &State,
+    ) -> Result<Reverted> {
+        let (was, made) = (before.tenants.get(id), after.tenants.get(id));
+        if self.tenants.get(id) != made {
+            return Ok(Reverted::Superseded);
+        }
+        match (was, made) {
+            (None, None) => {}
+            (None, Some(_)) => self.delete_tenant(id, true)?,
+            (Some(was), made) => {
+                // Attachments it gave up may have been taken since.
+                self.check_claims(id, &was.attachments)?;
+                let mut t = was.clone();
+                // Undoing a rule change is a rule change: versions
+                // only grow, so no client takes the undone rules
+                // for the current ones.
+                if let Some(made) = made {
+                    t.rules.version = if made.rules.rules == was.rules.rules {
+                        made.rules.version
+                    } else {
+                        made.rules.version + 1
+                    };
+                }
+                self.tenants.insert(id.to_string(), t);
+            }
+        }
+        Ok(Reverted::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{PortRole, Timestamp};
+    use crate::state::tests::committed;
+    use crate::state::{Limits, Part};
+
+    fn ports() -> PortRegistry {
+        ["p0", "p1", "pf0vf0"]
+            .into_iter()
+            .map(|id| {
+                (
+                    id.to_string(),
+                    PortSpec {
+                        id: id.into(),
+                        driver: "none".into(),
+                        device: String::new(),
+                        role: PortRole::Software,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn tenant(id: &str, atts: Vec<Attachment>) -> Tenant {
+        Tenant {
+            id: id.into(),
+            display_name: String::new(),
+            attachments: atts,
+            default_policy: Action::Deny,
+            create_time: Timestamp::now(),
+            rules: RuleSet::default(),
+        }
+    }
+
+    fn port(p: &str, vlan: u16) -> Attachment {
+        Attachment::port_vlan(p, vlan)
+    }
+
+    fn rule(id: &str, prio: u32) -> Rule {
+        Rule {
+            id: id.into(),
+            priority: prio,
+            src: None,
+            dst: None,
+            src_ports: None,
+            dst_ports: None,
+            protocol: None,
+            icmp_type: None,
+            icmp_code: None,
+            action: Action::Allow,
+            stateful: false,
+            description: String::new(),
+            rate_limit: None,
+        }
+    }
+
+    #[test]
+    fn tenants_cannot_share_traffic() {
+        let mut s = State::default();
+        let p = ports();
+        s.create_tenant(&p, tenant("a", vec![port("p0", 10)]))
+            .unwrap();
+        assert!(matches!(
+            s.create_tenant(&p, tenant("b", vec![port("p0", 10)])),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.create_tenant(&p, tenant("b", vec![port("p0", 0)])),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.create_tenant(&p, tenant("b", vec![port("nope", 0)])),
+            Err(ControlError::NotFound(_))
+        ));
+        s.create_tenant(&p, tenant("b", vec![port("p0", 20)]))
+            .unwrap();
+        assert!(matches!(
+            s.attach(&p, "b", port("p0", 10)),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.attach(&p, "b", port("p0", 20)),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        s.attach(&p, "b", port("p1", 0)).unwrap();
+        assert_eq!(s.detach("p0", 10).unwrap().id, "a");
+        assert!(matches!(s.detach("p0", 10), Err(ControlError::NotFound(_))));
+        s.attach(&p, "b", port("p0", 10)).unwrap();
+        // An update may keep the tenant's own attachments.
+        s.update_tenant(
+            &p,
+            "b",
+            TenantUpdate {
+                attachments: Some(vec![port("p0", 10)]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn rules_stay_sorted_and_versioned() {
+        let mut s = State::default();
+        s.create_tenant(&ports(), tenant("a", vec![])).unwrap();
+        assert_eq!(s.add_rule("a", rule("r30", 30), Some(0)).unwrap(), 1);
+        assert_eq!(s.add_rule("a", rule("r10", 10), None).unwrap(), 2);
+        assert_eq!(s.add_rule("a", rule("r20", 20), Some(2)).unwrap(), 3);
+        let order: Vec<u32> = s.tenants["a"]
+            .rules
+            .rules
+            .iter()
+            .map(|r| r.priority)
+            .collect();
+        assert_eq!(order, [10, 20, 30]);
+        assert!(matches!(
+            s.add_rule("a", rule("x", 20), None),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.add_rule("a", rule("r10", 99), None),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.add_rule("a", rule("y", 5), Some(1)),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        assert_eq!(s.delete_rule("a", "r20", Some(3)).unwrap(), 4);
+        assert!(matches!(
+            s.delete_rule("a", "r20", None),
+            Err(ControlError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.delete_tenant("a", false),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        let v = s
+            .replace_rules(
+                "a",
+                vec![(None, rule("", 2)), (Some("keep".into()), rule("", 1))],
+                Some(4),
+            )
+            .unwrap();
+        assert_eq!(v, 5);
+        let rs = &s.tenants["a"].rules.rules;
+        assert_eq!(rs[0].id, "keep");
+        assert!(rs[1].id.starts_with("rule-"));
+        assert!(matches!(
+            s.replace_rules("a", vec![(None, rule("", 1)), (None, rule("", 1))], None),
+            Err(ControlError::InvalidArgument { field, .. }) if field == "rules[1].priority"
+        ));
+        assert_eq!(
+            s.tenants["a"].rules.version, 5,
+            "a refused replace changes nothing"
+        );
+        s.delete_tenant("a", true).unwrap();
+        assert!(s.tenants.is_empty());
+    }
+
+    #[test]
+    fn revert_tenants() {
+        let p = ports();
+        let lim = Limits { ram_bytes: 0 };
+        let red = Part::Tenant("red".into());
+        assert_eq!(red.resource(), "tenants/red");
+        let mut s = State::default();
+        // A created tenant goes, with whatever it was created with.
+        let (before, after) = committed(&mut s, |s| {
+            s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+                .unwrap();
+        });
+        s.create_tenant(&p, tenant("blue", vec![])).unwrap();
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants.keys().collect::<Vec<_>>(), ["blue"]);
+
+        // Rules come back with a newer version.
+        s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+            .unwrap();
+        s.add_rule("red", rule("r1", 1), None).unwrap();
+        let (before, after) = committed(&mut s, |s| {
+            s.replace_rules("red", vec![(None, rule("", 5))], Some(1))
+                .unwrap();
+        });
+        s.revert(lim, &red, &before, &after).unwrap();
+        let rs = &s.tenants["red"].rules;
+        assert_eq!(
+            (rs.version, rs.rules.as_slice()),
+            (3, [rule("r1", 1)].as_slice())
+        );
+        // A change that left the rules alone leaves the version alone.
+        let (before, after) = committed(&mut s, |s| {
+            s.detach("p0", 10).unwrap();
+        });
+        let mut other = s.clone();
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants["red"], before.tenants["red"]);
+        // Not if the attachment it gave up was taken since.
+        other.attach(&p, "blue", port("p0", 0)).unwrap();
+        let kept = other.clone();
+        assert!(matches!(
+            other.revert(lim, &red, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept);
+
+        // A deleted tenant comes back; a tenant changed since stays.
+        let (before, after) = committed(&mut s, |s| s.delete_tenant("red", true).unwrap());
+        s.revert(lim, &red, &before, &after).unwrap();
+        assert_eq!(s.tenants["red"], before.tenants["red"]);
+        let (before, after) = committed(&mut s, |s| {
+            s.add_rule("red", rule("r2", 2), None).unwrap();
+        });
+        s.add_rule("red", rule("r3", 3), None).unwrap();
+        let now = s.clone();
+        assert_eq!(
+            s.revert(lim, &red, &before, &after).unwrap(),
+            Reverted::Superseded
+        );
+        assert_eq!(s, now);
+    }
+}

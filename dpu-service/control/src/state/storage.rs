@@ -1,0 +1,648 @@
+//! Storage-side transitions: NVM subsystems, their allowed hosts,
+//! namespaces (with the RAM limit) and listeners.
+
+use std::collections::BTreeSet;
+
+use super::{Limits, Reverted};
+use crate::error::{ControlError, Result};
+use crate::model::{Backend, Listener, Namespace, State, Subsystem};
+use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
+
+/// Changes to a subsystem; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct SubsystemUpdate {
+    /// New allow-any-host flag.
+    pub allow_any_host: Option<bool>,
+    /// New allow list (replaces the old one).
+    pub allowed_hosts: Option<BTreeSet<String>>,
+    /// New model number.
+    pub model_number: Option<String>,
+}
+
+impl State {
+    /// The subsystem with `id`, or NOT_FOUND.
+    pub fn subsystem(&self, id: &str) -> Result<&Subsystem> {
+        self.subsystems
+            .get(id)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}")))
+    }
+
+    fn subsystem_mut(&mut self, id: &str) -> Result<&mut Subsystem> {
+        self.subsystems
+            .get_mut(id)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}")))
+    }
+
+    /// Creates a subsystem.
+    pub fn create_subsystem(&mut self, s: Subsystem) -> Result<()> {
+        if self.subsystems.contains_key(&s.id) {
+            return Err(ControlError::AlreadyExists(format!(
+                "subsystems/{} already exists",
+                s.id
+            )));
+        }
+        if let Some(o) = self.subsystems.values().find(|o| o.nqn == s.nqn) {
+            return Err(ControlError::AlreadyExists(format!(
+                "NQN {} is already used by subsystems/{}",
+                s.nqn, o.id
+            )));
+        }
+        self.subsystems.insert(s.id.clone(), s);
+        Ok(())
+    }
+
+    /// Updates a subsystem and returns it.
+    pub fn update_subsystem(&mut self, id: &str, u: SubsystemUpdate) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if let Some(a) = u.allow_any_host {
+            s.allow_any_host = a;
+        }
+        if let Some(h) = u.allowed_hosts {
+            s.allowed_hosts = h;
+        }
+        if let Some(m) = u.model_number {
+            s.model_number = m;
+        }
+        Ok(s)
+    }
+
+    /// Deletes a subsystem; without `force` it must hold no namespaces or listeners.
+    pub fn delete_subsystem(&mut self, id: &str, force: bool) -> Result<()> {
+        let s = self.subsystem(id)?;
+        if !force && (!s.namespaces.is_empty() || !s.listeners.is_empty()) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "subsystems/{id} still has {} namespaces and {} listeners; delete them first or set force",
+                s.namespaces.len(),
+                s.listeners.len()
+            )));
+        }
+        self.subsystems.remove(id);
+        Ok(())
+    }
+
+    /// Adds `host` to the allow list of subsystem `id`.
+    pub fn add_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if s.allowed_hosts.contains(host) {
+            return Err(ControlError::AlreadyExists(format!(
+                "host {host} is already allowed on subsystems/{id}"
+            )));
+        }
+        if s.allowed_hosts.len() >= MAX_HOSTS_PER_SUBSYSTEM {
+            return Err(ControlError::FailedPrecondition(format!(
+                "subsystems/{id} already allows the maximum of {MAX_HOSTS_PER_SUBSYSTEM} hosts"
+            )));
+        }
+        s.allowed_hosts.insert(host.to_string());
+        Ok(s)
+    }
+
+    /// Removes `host` from the allow list of subsystem `id`.
+    pub fn remove_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if !s.allowed_hosts.remove(host) {
+            return Err(ControlError::NotFound(format!(
+                "host {host} on subsystems/{id}"
+            )));
+        }
+        Ok(s)
+    }
+
+    fn ram_in_use(&self, except: Option<(&str, u32)>) -> u64 {
+        self.subsystems
+            .values()
+            .flat_map(|s| s.namespaces.values().map(move |n| (s.id.as_str(), n)))
+            .filter(|(sid, n)| except != Some((sid, n.nsid)))
+            .map(|(_, n)| match n.backend {
+                Backend::Ram { size_bytes } => size_bytes,
+                _ => 0,
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
+    fn check_ram(&self, limits: Limits, except: Option<(&str, u32)>, extra: u64) -> Result<()> {
+        let total = self.ram_in_use(except).saturating_add(extra);
+        if total > limits.ram_bytes {
+            return Err(ControlError::FailedPrecondition(format!(
+                "RAM namespaces would use {total} bytes; the service allows {} (storage.ram_limit)",
+                limits.ram_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates a namespace in subsystem `id`; NSID 0 picks the lowest free
+    /// one. `uuid`/`nguid` of `None` are generated. Returns the namespace.
+    pub fn create_namespace(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        mut ns: Namespace,
+        given_uuid: bool,
+        given_nguid: bool,
+    ) -> Result<&Namespace> {
+        let s = self.subsystem(id)?;
+        if ns.nsid == 0 {
+            ns.nsid = (1..=s.max_namespaces)
+                .find(|n| !s.namespaces.contains_key(n))
+                .ok_or_else(|| {
+                    ControlError::FailedPrecondition(format!(
+                        "subsystems/{id} has no free namespace ID (max_namespaces {})",
+                        s.max_namespaces
+                    ))
+                })?;
+        } else if ns.nsid > s.max_namespaces {
+            return Err(ControlError::invalid(
+                "namespace.nsid",
+                format!(
+                    "{} exceeds max_namespaces {} of subsystems/{id}",
+                    ns.nsid, s.max_namespaces
+                ),
+            ));
+        } else if s.namespaces.contains_key(&ns.nsid) {
+            return Err(ControlError::AlreadyExists(format!(
+                "subsystems/{id}/namespaces/{} already exists",
+                ns.nsid
+            )));
+        }
+        if let Backend::Ram { size_bytes } = ns.backend {
+            self.check_ram(limits, None, size_bytes)?;
+        }
+        let all = || self.subsystems.values().flat_map(|s| s.namespaces.values());
+        if given_uuid && all().any(|o| o.uuid == ns.uuid) {
+            return Err(ControlError::AlreadyExists(
+                "namespace.uuid is used by another namespace".into(),
+            ));
+        }
+        if given_nguid && all().any(|o| o.nguid == ns.nguid) {
+            return Err(ControlError::AlreadyExists(
+                "namespace.nguid is used by another namespace".into(),
+            ));
+        }
+        let path_of = |b: &Backend| match b {
+            Backend::File { path, .. } | Backend::BlockDevice { path } => Some(path.clone()),
+            Backend::Ram { .. } => None,
+        };
+        if let Some(p) = path_of(&ns.backend) {
+            if let Some((sid, o)) = self
+                .subsystems
+                .values()
+                .flat_map(|s| s.namespaces.values().map(move |n| (&s.id, n)))
+                .find(|(_, o)| path_of(&o.backend).as_deref() == Some(p.as_str()))
+            {
+                return Err(ControlError::AlreadyExists(format!(
+                    "{p} already backs subsystems/{sid}/namespaces/{}",
+                    o.nsid
+                )));
+            }
+        }
+        if !given_uuid {
+            ns.uuid = random_uuid();
+        }
+        if !given_nguid {
+            ns.nguid = random_bytes();
+        }
+        let nsid = ns.nsid;
+        let s = self.subsystem_mut(id)?;
+        Ok(s.namespaces.entry(nsid).or_insert(ns))
+    }
+
+    /// Resizes a RAM- or file-backed namespace.
+    pub fn resize_namespace(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        nsid: u32,
+        size: u64,
+    ) -> Result<&Namespace> {
+        let s = self.subsystem(id)?;
+        let ns = s
+            .namespaces
+            .get(&nsid)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        if size == 0 || !size.is_multiple_of(u64::from(ns.block_size)) {
+            return Err(ControlError::invalid(
+                "size_bytes",
+                format!(
+                    "{size} is not a non-zero multiple of the block size {}",
+                    ns.block_size
+                ),
+            ));
+        }
+        match ns.backend {
+            Backend::Ram { .. } => self.check_ram(limits, Some((id, nsid)), size)?,
+            Backend::File { .. } => {}
+            Backend::BlockDevice { .. } => {
+                return Err(ControlError::FailedPrecondition(
+                    "a block-device namespace takes its size from the device".into(),
+                ))
+            }
+        }
+        let ns = self
+            .subsystem_mut(id)?
+            .namespaces
+            .get_mut(&nsid)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        match &mut ns.backend {
+            Backend::Ram { size_bytes } | Backend::File { size_bytes, .. } => *size_bytes = size,
+            Backend::BlockDevice { .. } => {}
+        }
+        Ok(ns)
+    }
+
+    /// Deletes a namespace.
+    pub fn delete_namespace(&mut self, id: &str, nsid: u32) -> Result<()> {
+        self.subsystem_mut(id)?
+            .namespaces
+            .remove(&nsid)
+            .map(|_| ())
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))
+    }
+
+    /// Creates a listener in subsystem `id`.
+    pub fn create_listener(&mut self, id: &str, l: Listener) -> Result<&Listener> {
+        let s = self.subsystem_mut(id)?;
+        if s.listeners.contains_key(&l.id) {
+            return Err(ControlError::AlreadyExists(format!(
+                "subsystems/{id}/listeners/{} already exists",
+                l.id
+            )));
+        }
+        if let Some(o) = s
+            .listeners
+            .values()
+            .find(|o| o.transport == l.transport && o.address == l.address && o.port == l.port)
+        {
+            return Err(ControlError::AlreadyExists(format!(
+                "subsystems/{id}/listeners/{} already listens on {}:{}",
+                o.id, l.address, l.port
+            )));
+        }
+        let lid = l.id.clone();
+        Ok(s.listeners.entry(lid).or_insert(l))
+    }
+
+    /// Deletes a listener.
+    pub fn delete_listener(&mut self, id: &str, lid: &str) -> Result<()> {
+        self.subsystem_mut(id)?
+            .listeners
+            .remove(lid)
+            .map(|_| ())
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/listeners/{lid}")))
+    }
+
+    fn namespace_at(&self, id: &str, nsid: u32) -> Option<&Namespace> {
+        self.subsystems.get(id)?.namespaces.get(&nsid)
+    }
+
+    fn listener_at(&self, id: &str, lid: &str) -> Option<&Listener> {
+        self.subsystems.get(id)?.listeners.get(lid)
+    }
+
+    /// [`State::revert`] for namespace `nsid` of subsystem `id`.
+    pub(super) fn revert_namespace(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        nsid: u32,
+        before: &State,
+        after: &State,
+    ) -> Result<Reverted> {
+        let (was, made) = (before.namespace_at(id, nsid), after.namespace_at(id, nsid));
+        if self.namespace_at(id, nsid) != made {
+            return Ok(Reverted::Superseded);
+        }
+        match (was, made) {
+            (None, None) => {}
+            (None, Some(_)) => self.delete_namespace(id, nsid)?,
+            (Some(was), None) => {
+                self.create_namespace(limits, id, was.clone(), true, true)?;
+            }
+            (Some(was), Some(_)) => {
+                if let Backend::Ram { size_bytes } = was.backend {
+                    self.check_ram(limits, Some((id, nsid)), size_bytes)?;
+                }
+                if let Some(n) = self.subsystem_mut(id)?.namespaces.get_mut(&nsid) {
+                    *n = was.clone();
+                }
+            }
+        }
+        Ok(Reverted::Done)
+    }
+
+    /// [`State::revert`] for listener `lid` of subsystem `id`.
+    pub(super) fn revert_listener(
+        &mut self,
+        id: &str,
+        lid: &str,
+        before: &State,
+        after: &State,
+    ) -> Result<Reverted> {
+        let (was, made) = (before.listener_at(id, lid), after.listener_at(id, lid));
+        if self.listener_at(id, lid) != made {
+            return Ok(Reverted::Superseded);
+        }
+        match (was, made) {
+            (None, None) => {}
+            (None, Some(_)) => self.delete_listener(id, lid)?,
+            (Some(was), None) => {
+                self.create_listener(id, was.clone())?;
+            }
+            (Some(was), Some(made)) => {
+                let made = made.clone();
+                self.delete_listener(id, lid)?;
+                if let Err(e) = self.create_listener(id, was.clone()) {
+                    self.subsystem_mut(id)?
+                        .listeners
+                        .insert(lid.to_string(), made);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Reverted::Done)
+    }
+}
+
+/// 16 random bytes from the OS, or from std's randomly keyed hasher if
+/// `/dev/urandom` cannot be read.
+fn random_bytes() -> [u8; 16] {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        use std::hash::{BuildHasher, Hasher};
+        for half in b.chunks_exact_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    b
+}
+
+/// A random (version 4, RFC 4122 variant) UUID.
+fn random_uuid() -> [u8; 16] {
+    let mut b = random_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::{Timestamp, Transport};
+    use crate::state::tests::committed;
+    use crate::state::Part;
+
+    fn subsystem(id: &str, nqn: &str) -> Subsystem {
+        Subsystem {
+            id: id.into(),
+            nqn: nqn.into(),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host: false,
+            allowed_hosts: BTreeSet::new(),
+            max_namespaces: 2,
+            create_time: Timestamp::now(),
+            namespaces: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+        }
+    }
+
+    fn ram(size: u64) -> Namespace {
+        Namespace {
+            nsid: 0,
+            backend: Backend::Ram { size_bytes: size },
+            block_size: 512,
+            uuid: [0; 16],
+            nguid: [0; 16],
+        }
+    }
+
+    #[test]
+    fn storage_objects() {
+        let lim = Limits { ram_bytes: 1 << 20 };
+        let mut s = State::default();
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        assert!(matches!(
+            s.create_subsystem(subsystem("b", "nqn.2024-01.io.example:a")),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        let n1 = s
+            .create_namespace(lim, "a", ram(4096), false, false)
+            .unwrap()
+            .clone();
+        assert_eq!(n1.nsid, 1);
+        assert_eq!(n1.uuid[6] >> 4, 4, "version 4 UUID");
+        assert_ne!(n1.uuid, n1.nguid);
+        assert!(matches!(
+            s.create_namespace(lim, "a", ram(1 << 20), false, false),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        assert_eq!(
+            s.create_namespace(lim, "a", ram(4096), false, false)
+                .unwrap()
+                .nsid,
+            2
+        );
+        assert!(matches!(
+            s.create_namespace(lim, "a", ram(4096), false, false),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        s.resize_namespace(lim, "a", 1, 8192).unwrap();
+        assert!(matches!(
+            s.resize_namespace(lim, "a", 1, 8193),
+            Err(ControlError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            s.delete_subsystem("a", false),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        s.add_host("a", "nqn.2024-01.io.example:host1").unwrap();
+        assert!(s.subsystems["a"].allows_host("nqn.2024-01.io.example:host1"));
+        assert!(!s.subsystems["a"].allows_host("nqn.2024-01.io.example:host2"));
+        assert!(matches!(
+            s.add_host("a", "nqn.2024-01.io.example:host1"),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        s.remove_host("a", "nqn.2024-01.io.example:host1").unwrap();
+        let l = Listener {
+            id: "l".into(),
+            transport: Transport::Tcp,
+            address: "127.0.0.1".parse().unwrap(),
+            port: 4420,
+        };
+        s.create_listener("a", l.clone()).unwrap();
+        let dup = Listener {
+            id: "other".into(),
+            ..l
+        };
+        assert!(matches!(
+            s.create_listener("a", dup),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        s.delete_namespace("a", 2).unwrap();
+        assert!(matches!(
+            s.delete_namespace("a", 2),
+            Err(ControlError::NotFound(_))
+        ));
+        s.delete_subsystem("a", true).unwrap();
+    }
+
+    fn file(path: &str, size: u64) -> Namespace {
+        Namespace {
+            backend: Backend::File {
+                path: path.into(),
+                size_bytes: size,
+            },
+            ..ram(0)
+        }
+    }
+
+    fn listener(id: &str, port: u16) -> Listener {
+        Listener {
+            id: id.into(),
+            transport: Transport::Tcp,
+            address: "127.0.0.1".parse().unwrap(),
+            port,
+        }
+    }
+
+    fn ns_part(nsid: u32) -> Part {
+        Part::Namespace {
+            subsystem: "a".into(),
+            nsid,
+        }
+    }
+
+    #[test]
+    fn revert_undoes_one_change_and_keeps_later_ones() {
+        let lim = Limits { ram_bytes: 1 << 20 };
+        let mut s = State::default();
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        s.subsystems.get_mut("a").unwrap().max_namespaces = 8;
+
+        // A created namespace is deleted again; one created since stays.
+        let (before, after) = committed(&mut s, |s| {
+            s.create_namespace(lim, "a", file("/x/1.img", 4096), false, false)
+                .unwrap();
+        });
+        s.create_namespace(lim, "a", ram(4096), false, false)
+            .unwrap();
+        let seq = s.id_seq;
+        assert_eq!(
+            s.revert(lim, &ns_part(1), &before, &after).unwrap(),
+            Reverted::Done
+        );
+        assert!(!s.subsystems["a"].namespaces.contains_key(&1));
+        assert!(s.subsystems["a"].namespaces.contains_key(&2));
+        assert_eq!(s.id_seq, seq, "service-assigned IDs are never reused");
+        assert_eq!(
+            Part::Namespace {
+                subsystem: "a".into(),
+                nsid: 1
+            }
+            .resource(),
+            "subsystems/a/namespaces/1"
+        );
+
+        // A resize goes back to the old size.
+        let (before, after) = committed(&mut s, |s| {
+            s.resize_namespace(lim, "a", 2, 8192).unwrap();
+        });
+        s.revert(lim, &ns_part(2), &before, &after).unwrap();
+        assert_eq!(
+            s.subsystems["a"].namespaces[&2].backend,
+            Backend::Ram { size_bytes: 4096 }
+        );
+
+        // A part changed again since is left alone.
+        let (before, after) = committed(&mut s, |s| {
+            s.resize_namespace(lim, "a", 2, 8192).unwrap();
+        });
+        s.resize_namespace(lim, "a", 2, 16384).unwrap();
+        assert_eq!(
+            s.revert(lim, &ns_part(2), &before, &after).unwrap(),
+            Reverted::Superseded
+        );
+        assert_eq!(
+            s.subsystems["a"].namespaces[&2].backend,
+            Backend::Ram { size_bytes: 16384 }
+        );
+
+        // A deleted namespace comes back, through create's checks: not
+        // once its file backs another namespace.
+        let ns3 = s
+            .create_namespace(lim, "a", file("/x/3.img", 4096), false, false)
+            .unwrap()
+            .clone();
+        let (before, after) = committed(&mut s, |s| s.delete_namespace("a", ns3.nsid).unwrap());
+        let part = ns_part(ns3.nsid);
+        let mut other = s.clone();
+        let elsewhere = Namespace {
+            nsid: 5,
+            ..file("/x/3.img", 4096)
+        };
+        other
+            .create_namespace(lim, "a", elsewhere, false, false)
+            .unwrap();
+        let kept = other.clone();
+        assert!(matches!(
+            other.revert(lim, &part, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept, "a refused revert changes nothing");
+        s.revert(lim, &part, &before, &after).unwrap();
+        assert_eq!(s.subsystems["a"].namespaces[&ns3.nsid], ns3);
+    }
+
+    #[test]
+    fn revert_listeners() {
+        let mut s = State::default();
+        let lim = Limits { ram_bytes: 0 };
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        let part = Part::Listener {
+            subsystem: "a".into(),
+            id: "l".into(),
+        };
+        assert_eq!(part.resource(), "subsystems/a/listeners/l");
+        let (before, after) = committed(&mut s, |s| {
+            s.create_listener("a", listener("l", 4420)).unwrap();
+        });
+        s.create_listener("a", listener("m", 4421)).unwrap();
+        s.revert(lim, &part, &before, &after).unwrap();
+        assert_eq!(
+            s.subsystems["a"].listeners.keys().collect::<Vec<_>>(),
+            ["m"]
+        );
+        // A deleted listener comes back unless its address was taken since.
+        let (before, after) = committed(&mut s, |s| s.delete_listener("a", "m").unwrap());
+        let mut other = s.clone();
+        other.create_listener("a", listener("n", 4421)).unwrap();
+        let kept = other.clone();
+        let m = Part::Listener {
+            subsystem: "a".into(),
+            id: "m".into(),
+        };
+        assert!(matches!(
+            other.revert(lim, &m, &before, &after),
+            Err(ControlError::AlreadyExists(_))
+        ));
+        assert_eq!(other, kept);
+        s.revert(lim, &m, &before, &after).unwrap();
+        assert_eq!(s.subsystems["a"].listeners["m"], listener("m", 4421));
+    }
+}

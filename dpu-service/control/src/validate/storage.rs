@@ -1,0 +1,421 @@
+//! Storage-side validation: NVMe subsystems (NQNs, serial and model
+//! numbers, host allow lists), namespaces (backends, block sizes, UUIDs) and
+//! listeners.
+
+use std::net::IpAddr;
+
+use dpu_proto::v1 as pb;
+
+use super::{child_name, id};
+use crate::error::{ControlError, Result};
+use crate::model::{Backend, Listener, Namespace, Transport};
+
+/// Longest NQN, in bytes (NVMe base specification).
+pub const MAX_NQN_LEN: usize = 223;
+/// Most namespaces per subsystem.
+pub const MAX_NAMESPACES: u32 = 1_024;
+/// Default largest NSID of a subsystem.
+pub const DEFAULT_MAX_NAMESPACES: u32 = 32;
+/// Most allowed host NQNs per subsystem.
+pub const MAX_HOSTS_PER_SUBSYSTEM: usize = 1_024;
+/// The well-known NQN of the discovery subsystem, which cannot be created.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// Default NVMe/TCP port (IANA).
+pub const DEFAULT_NVME_TCP_PORT: u16 = 4420;
+
+/// Parses a namespace name `subsystems/{subsystem}/namespaces/{nsid}`.
+pub fn namespace_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, u32)> {
+    let (s, ns) = child_name(field, n, "subsystems", "namespaces")?;
+    id(field, s)?;
+    let nsid = ns
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_NAMESPACES).contains(n) && !ns.starts_with(['+', '0']))
+        .ok_or_else(|| {
+            ControlError::invalid(
+                field,
+                format!("namespace ID {ns:?} is not in 1..={MAX_NAMESPACES}"),
+            )
+        })?;
+    Ok((s, nsid))
+}
+
+/// Parses a listener name `subsystems/{subsystem}/listeners/{listener}`.
+pub fn listener_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, &'a str)> {
+    let (s, l) = child_name(field, n, "subsystems", "listeners")?;
+    id(field, s)?;
+    id(field, l)?;
+    Ok((s, l))
+}
+
+/// Checks an NVMe Qualified Name (NVMe base spec, "NVMe Qualified Names"):
+/// `nqn.yyyy-mm.reverse.domain[:anything]`, or the UUID form
+/// `nqn.2014-08.org.nvmexpress:uuid:<uuid>`; at most 223 bytes, printable ASCII.
+pub fn nqn(field: &str, s: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not a valid NQN: {why}"),
+        ))
+    };
+    if s.is_empty() {
+        return bad("empty");
+    }
+    if s.len() > MAX_NQN_LEN {
+        return bad("longer than 223 bytes");
+    }
+    if !s.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return bad("only printable ASCII without spaces is allowed");
+    }
+    let Some(rest) = s.strip_prefix("nqn.") else {
+        return bad("must start with \"nqn.\"");
+    };
+    let date = rest.get(..7).unwrap_or("");
+    let db = date.as_bytes();
+    let date_ok = db.len() == 7
+        && db[..4].iter().all(u8::is_ascii_digit)
+        && db[4] == b'-'
+        && db[5..].iter().all(u8::is_ascii_digit)
+        && matches!(
+            &date[5..],
+            "01" | "02" | "03" | "04" | "05" | "06" | "07" | "08" | "09" | "10" | "11" | "12"
+        );
+    if !date_ok {
+        return bad("expected a yyyy-mm date after \"nqn.\"");
+    }
+    let after = &rest[7..];
+    let Some(domain_and_more) = after.strip_prefix('.') else {
+        return bad("expected '.' and a reverse domain name after the date");
+    };
+    let domain = domain_and_more.split(':').next().unwrap_or("");
+    if domain.is_empty()
+        || !domain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    {
+        return bad("the reverse domain name may hold only letters, digits, '.' and '-'");
+    }
+    Ok(())
+}
+
+/// Checks an ASCII identity string of 1..=`max` printable characters.
+pub fn ascii_id(field: &str, s: &str, max: usize) -> Result<()> {
+    if s.is_empty() || s.len() > max || !s.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} must be 1 to {max} printable ASCII characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Converts the `max_namespaces` field; 0 means the default.
+pub fn max_namespaces(field: &str, v: u32) -> Result<u32> {
+    match v {
+        0 => Ok(DEFAULT_MAX_NAMESPACES),
+        1..=MAX_NAMESPACES => Ok(v),
+        _ => Err(ControlError::invalid(
+            field,
+            format!("{v} is not in 1..={MAX_NAMESPACES}"),
+        )),
+    }
+}
+
+fn block_size(field: &str, v: u32) -> Result<u32> {
+    match v {
+        0 => Ok(512),
+        512 | 4096 => Ok(v),
+        _ => Err(ControlError::invalid(
+            field,
+            format!("{v} is not 512 or 4096"),
+        )),
+    }
+}
+
+fn size(field: &str, size: u64, block: u32) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(u64::from(block)) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{size} is not a non-zero multiple of the block size {block}"),
+        ));
+    }
+    Ok(())
+}
+
+fn abs_path(field: &str, p: &str) -> Result<()> {
+    if !p.starts_with('/') || p.contains('\0') || p.len() > 4096 {
+        return Err(ControlError::invalid(
+            field,
+            format!("{p:?} is not an absolute path"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a UUID in RFC 4122 text form.
+pub fn uuid(field: &str, s: &str) -> Result<[u8; 16]> {
+    let groups: Vec<&str> = s.split('-').collect();
+    let shape_ok = groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12]);
+    let hex: String = groups.concat();
+    if !shape_ok {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not a UUID (8-4-4-4-12 hex digits)"),
+        ));
+    }
+    hex16(field, &hex)
+}
+
+/// Parses 32 hex digits into 16 bytes.
+pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
+    let bytes = s.as_bytes();
+    let mut out = [0u8; 16];
+    if bytes.len() != 32 {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not 32 hex digits"),
+        ));
+    }
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let digits = std::str::from_utf8(pair).ok();
+        out[i] = digits
+            .and_then(|d| u8::from_str_radix(d, 16).ok())
+            .ok_or_else(|| ControlError::invalid(field, format!("{s:?} is not hexadecimal")))?;
+    }
+    Ok(out)
+}
+
+/// Converts a namespace to create. `uuid`/`nguid` come back as given or
+/// `None` when the caller left them empty (the state generates them).
+pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, bool)> {
+    let f = |s: &str| format!("{field}.{s}");
+    let block_size = block_size(&f("block_size"), n.block_size)?;
+    let backend = match &n.backend {
+        Some(pb::namespace::Backend::Ram(r)) => {
+            size(&f("ram.size_bytes"), r.size_bytes, block_size)?;
+            Backend::Ram {
+                size_bytes: r.size_bytes,
+            }
+        }
+        Some(pb::namespace::Backend::File(fb)) => {
+            abs_path(&f("file.path"), &fb.path)?;
+            if fb.size_bytes != 0 {
+                size(&f("file.size_bytes"), fb.size_bytes, block_size)?;
+            }
+            Backend::File {
+                path: fb.path.clone(),
+                size_bytes: fb.size_bytes,
+            }
+        }
+        Some(pb::namespace::Backend::BlockDevice(b)) => {
+            abs_path(&f("block_device.path"), &b.path)?;
+            Backend::BlockDevice {
+                path: b.path.clone(),
+            }
+        }
+        None => {
+            return Err(ControlError::invalid(
+                f("backend"),
+                "one of ram, file, block_device is required",
+            ))
+        }
+    };
+    if n.nsid > MAX_NAMESPACES {
+        return Err(ControlError::invalid(
+            f("nsid"),
+            format!("{} is not in 0..={MAX_NAMESPACES}", n.nsid),
+        ));
+    }
+    let (uuid, has_uuid) = if n.uuid.is_empty() {
+        ([0; 16], false)
+    } else {
+        (uuid(&f("uuid"), &n.uuid)?, true)
+    };
+    let (nguid, has_nguid) = if n.nguid.is_empty() {
+        ([0; 16], false)
+    } else {
+        (hex16(&f("nguid"), &n.nguid)?, true)
+    };
+    Ok((
+        Namespace {
+            nsid: n.nsid,
+            backend,
+            block_size,
+            uuid,
+            nguid,
+        },
+        has_uuid,
+        has_nguid,
+    ))
+}
+
+/// Converts a listener to create, deriving its ID when `listener_id` is empty.
+pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<Listener> {
+    let f = |s: &str| format!("{field}.{s}");
+    let transport = match pb::Transport::try_from(l.transport) {
+        Ok(pb::Transport::Unspecified | pb::Transport::Tcp) => Transport::Tcp,
+        Err(_) => {
+            return Err(ControlError::invalid(
+                f("transport"),
+                format!("unknown transport value {}", l.transport),
+            ))
+        }
+    };
+    let address: IpAddr = l.address.parse().map_err(|_| {
+        ControlError::invalid(
+            f("address"),
+            format!("{:?} is not an IP address", l.address),
+        )
+    })?;
+    let port = match l.port {
+        0 => DEFAULT_NVME_TCP_PORT,
+        p => u16::try_from(p)
+            .map_err(|_| ControlError::invalid(f("port"), format!("{p} is not in 1..=65535")))?,
+    };
+    let id_str = if listener_id.is_empty() {
+        let addr: String = address
+            .to_string()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let derived = format!("tcp-{addr}-{port}").replace("--", "-");
+        derived.trim_end_matches('-').to_string()
+    } else {
+        id("listener_id", listener_id)?;
+        listener_id.to_string()
+    };
+    Ok(Listener {
+        id: id_str,
+        transport,
+        address,
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::tests::field_of;
+
+    #[test]
+    fn nqns() {
+        for good in [
+            "nqn.2024-01.io.example:vol1",
+            "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+            "nqn.2016-06.io.spdk:cnode1",
+            "nqn.2024-12.com.example",
+        ] {
+            nqn("nqn", good).unwrap();
+        }
+        for bad in [
+            "",
+            "iqn.2024-01.io.example",
+            "nqn.2024-13.io.example",
+            "nqn.24-01.io.example",
+            "nqn.2024-01",
+            "nqn.2024-01.:x",
+            "nqn.2024-01.io example",
+            &format!("nqn.2024-01.io.example:{}", "x".repeat(220)),
+        ] {
+            assert!(nqn("nqn", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn namespaces() {
+        let mut n = pb::Namespace {
+            backend: Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 1 << 20,
+            })),
+            ..Default::default()
+        };
+        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        assert_eq!(ns.block_size, 512);
+        assert!(!has_uuid);
+        n.block_size = 4096;
+        n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
+            size_bytes: 512,
+        }));
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.ram.size_bytes"
+        );
+        n.backend = Some(pb::namespace::Backend::File(pb::FileBackend {
+            path: "rel".into(),
+            size_bytes: 0,
+        }));
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.file.path"
+        );
+        n.backend = None;
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.backend"
+        );
+        n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
+            size_bytes: 4096,
+        }));
+        n.uuid = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6".into();
+        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        assert!(has_uuid);
+        assert_eq!(ns.uuid[0], 0xf8);
+        n.uuid = "f81d4fae7dec11d0a76500a0c91e6bf6".into();
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.uuid"
+        );
+        n.uuid.clear();
+        n.block_size = 1024;
+        assert_eq!(
+            field_of(namespace("namespace", &n).unwrap_err()),
+            "namespace.block_size"
+        );
+    }
+
+    #[test]
+    fn listeners() {
+        let l = listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "127.0.0.1".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(l.port, 4420);
+        assert_eq!(l.id, "tcp-127-0-0-1-4420");
+        id("x", &l.id).unwrap();
+        let l6 = listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "::1".into(),
+                port: 4421,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        id("x", &l6.id).unwrap();
+        assert!(listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "localhost".into(),
+                ..Default::default()
+            }
+        )
+        .is_err());
+        assert!(listener(
+            "listener",
+            "",
+            &pb::Listener {
+                address: "::1".into(),
+                port: 70000,
+                ..Default::default()
+            }
+        )
+        .is_err());
+    }
+}
