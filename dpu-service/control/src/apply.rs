@@ -14,7 +14,7 @@
 //!
 //! What a waiting call learns ([`Unapplied`]) decides what becomes of its
 //! change: one the consumer tried and could not apply is undone by the
-//! caller (see [`crate::state::State::revert`]); one it has not reported
+//! caller (see [`crate::model::State::revert`]); one it has not reported
 //! on yet stays stored, as it may still be applied.
 //!
 //! This module does no I/O and starts no task; the consumer's loop lives

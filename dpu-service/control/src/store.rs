@@ -225,7 +225,7 @@ impl StateHandle {
     /// generation, to wait for a consumer to apply it
     /// ([`crate::apply::Applied::wait`]), and the states before and after,
     /// to undo the change should the consumer fail to
-    /// ([`crate::state::State::revert`]).
+    /// ([`crate::model::State::revert`]).
     ///
     /// # Errors
     /// As [`StateHandle::mutate_blocking`].

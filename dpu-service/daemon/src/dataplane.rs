@@ -18,7 +18,7 @@ use dpu_control::apply::{self, Applied};
 use dpu_control::model::{Action, Attachment, IpPrefix, Rule, SourceGuard, State, Timestamp};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters, PortStatus};
-use dpu_dataplane::classify::{AclRule, Family};
+use dpu_dataplane::classify::AclRule;
 use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::switch::{
@@ -610,6 +610,7 @@ impl<D: Driver> CounterSource for PortSource<D> {
 mod tests {
     use super::*;
     use dpu_control::model::{PortRange, RuleSet, Tenant, Timestamp};
+    use dpu_dataplane::classify::Family;
     use dpu_dataplane::io::memory::MemoryDriver;
     use dpu_dataplane::worker::{DropReason, Pipeline, Verdict};
     use dpu_proto::v1 as pb;
