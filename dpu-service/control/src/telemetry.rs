@@ -446,7 +446,7 @@ fn snapshot_of(
             .keys()
             .map(|id| pb::PortCounterEntry {
                 port: format!("ports/{id}"),
-                counters: Some(c.ports.get(id).cloned().unwrap_or_default()),
+                counters: Some(c.ports.get(id).copied().unwrap_or_default()),
             })
             .collect(),
         tenants: state

@@ -26,7 +26,7 @@ impl Api {
             m.mtu = s.mtu;
         }
         if let Some(pc) = c.ports.get(&p.id) {
-            m.counters = Some(pc.clone());
+            m.counters = Some(*pc);
         }
         m
     }
