@@ -100,7 +100,7 @@ impl Slot {
 const PATCH_MAX: usize = crate::classify::OVERLAY_MAX;
 
 /// A tenant's compiled rules.
-pub(super) struct Rules {
+struct Rules {
     /// See [`CompiledTenant::slots`].
     slots: Arc<Vec<Option<Slot>>>,
     /// See [`CompiledTenant::order`].

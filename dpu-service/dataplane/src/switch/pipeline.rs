@@ -237,6 +237,27 @@ impl SwitchPipeline {
             tags[usize::from(i)] = Some(tag);
         }
     }
+
+    /// Settles frame `x` (`pkt`, received on `port`) at its turn, as
+    /// [`SwitchPipeline::settle`] with `tag` and `conn`, and hands it to
+    /// `sink` with its verdict and a flood's outputs: the one way a frame
+    /// of a burst leaves [`Pipeline::process_burst`] once decided.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn settle_into<P: Packet>(
+        &mut self,
+        port: usize,
+        mut pkt: P,
+        x: &Inspected,
+        tag: Option<Option<u32>>,
+        conn: Option<ConnKey>,
+        flood: &mut Vec<Egress>,
+        sink: &mut impl FnMut(P, &Verdict, &[Egress]),
+    ) {
+        flood.clear();
+        let v = self.settle(port, pkt.data_mut(), x, tag, conn, flood);
+        sink(pkt, &v, flood);
+    }
 }
 
 /// What a frame of a burst needs before its turn.
@@ -376,13 +397,11 @@ impl Pipeline for SwitchPipeline {
                     }
                     self.conn_keys[i] = ck;
                 }
-                for (i, mut pkt) in burst.drain(..k).enumerate() {
+                for (i, pkt) in burst.drain(..k).enumerate() {
                     let (x, ck) = (&seen[i], self.conn_keys[i]);
                     match self.need(x, ck.as_ref()) {
                         Need::Ready(tag) if w.staged == 0 => {
-                            flood.clear();
-                            let v = self.settle(in_port, pkt.data_mut(), x, tag, ck, flood);
-                            sink(pkt, &v, flood);
+                            self.settle_into(in_port, pkt, x, tag, ck, flood, &mut sink);
                         }
                         need => w.hold(i, pkt, need),
                     }
@@ -406,9 +425,7 @@ impl Pipeline for SwitchPipeline {
                     // No tenant tracks connections: no frame has a key.
                     match self.need(&x, None) {
                         Need::Ready(tag) if w.staged == 0 => {
-                            flood.clear();
-                            let v = self.settle(in_port, pkt.data_mut(), &x, tag, None, flood);
-                            sink(pkt, &v, flood);
+                            self.settle_into(in_port, pkt, &x, tag, None, flood, &mut sink);
                         }
                         need => {
                             w.hold(seen.len(), pkt, need);
@@ -422,11 +439,9 @@ impl Pipeline for SwitchPipeline {
             }
             self.classify_ahead(&seen, &w.todo[..w.n], &mut w.tags);
             for (i, ((x, &tag), pkt)) in seen.iter().zip(&w.tags).zip(&mut w.held).enumerate() {
-                if let Some(mut pkt) = pkt.take() {
-                    flood.clear();
+                if let Some(pkt) = pkt.take() {
                     let ck = if tracks { self.conn_keys[i] } else { None };
-                    let v = self.settle(in_port, pkt.data_mut(), x, tag, ck, flood);
-                    sink(pkt, &v, flood);
+                    self.settle_into(in_port, pkt, x, tag, ck, flood, &mut sink);
                 }
             }
         }
