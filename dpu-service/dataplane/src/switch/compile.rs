@@ -191,6 +191,8 @@ fn patch_rules(prev: &CompiledTenant, rules: &[SwitchRule]) -> Option<(Rules, bo
 }
 
 /// How [`SwitchHandle::publish`] compiled the tenants' rule sets.
+///
+/// [`SwitchHandle::publish`]: super::SwitchHandle::publish
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Published {
     /// The generation the configuration was published as.
@@ -228,6 +230,8 @@ pub struct Compiled {
     /// Whether any tenant switches IP unparsed ([`CompiledTenant`]'s
     /// `opaque_ip`): whether workers remember decisions by link-layer
     /// header ([`L2Memo`]).
+    ///
+    /// [`L2Memo`]: crate::l2memo::L2Memo
     pub(super) l2_memo: bool,
     pub(super) shards: Box<[Shard]>,
     /// How the tenants were compiled.
@@ -235,6 +239,8 @@ pub struct Compiled {
 }
 
 /// Tenant IDs by name: stable for the life of a [`SwitchHandle`].
+///
+/// [`SwitchHandle`]: super::SwitchHandle
 pub(super) type TenantIds = std::collections::HashMap<String, u32>;
 
 impl Compiled {

@@ -163,6 +163,8 @@ pub struct SwitchConfig {
     /// each; 0, the default here, turns it off. It pays while a worker's
     /// flows fit in about half its entries (see the README's switch
     /// benchmarks).
+    ///
+    /// [`FLOW_CACHE_MIN_RULES`]: super::FLOW_CACHE_MIN_RULES
     pub flow_cache_entries: usize,
 }
 

@@ -2,6 +2,8 @@
 //! the current snapshot and its generation, and what each pipeline
 //! publishes of itself (the generation it has taken, its flow cache's
 //! counts).
+//!
+//! [`SwitchHandle`]: super::SwitchHandle
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -35,6 +37,8 @@ pub(super) struct Pipelines {
 #[derive(Default)]
 pub(super) struct PipelineCells {
     /// The generation it has taken, for [`SwitchHandle::taken`].
+    ///
+    /// [`SwitchHandle::taken`]: super::SwitchHandle::taken
     pub(super) taken: AtomicU64,
     /// Its flow cache's counts, stored once a second.
     pub(super) cache_lookups: AtomicU64,

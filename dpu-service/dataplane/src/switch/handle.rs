@@ -62,6 +62,7 @@ impl SwitchHandle {
     /// shares its classifier.
     ///
     /// [`OVERLAY_MAX`]: crate::classify::OVERLAY_MAX
+    /// [`Classifier::with_changes`]: crate::classify::Classifier::with_changes
     ///
     /// # Errors
     /// [`ConfigError`] if `config` does not compile.

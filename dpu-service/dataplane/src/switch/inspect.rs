@@ -148,6 +148,8 @@ pub(super) enum Seen {
     /// Decided from memory by its link-layer header ([`L2Memo`]): forward
     /// as `decision` says while the MAC table is still at `version`
     /// (see [`SwitchPipeline::settle`]); `len` bytes.
+    ///
+    /// [`L2Memo`]: crate::l2memo::L2Memo
     Recalled {
         decision: Decision,
         version: u64,

@@ -1,6 +1,8 @@
 //! Decisions remembered by link-layer header ([`L2Memo`]) for tenants
 //! switched at L2: recalled instead of inspected, checked still fresh at
 //! the frame's turn, remembered after a decision.
+//!
+//! [`L2Memo`]: crate::l2memo::L2Memo
 
 use crate::conntrack::ConnKey;
 use crate::l2memo::{Decision, Header};

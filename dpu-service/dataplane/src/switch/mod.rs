@@ -10,14 +10,14 @@
 //! only the tenant's attachments, and the ingress attachment is never an
 //! output. Tags are pushed, popped or rewritten per output attachment.
 //!
-//! IP packets go through the tenant's [`Classifier`](crate::classify::Classifier) (first matching rule
+//! IP packets go through the tenant's [`Classifier`] (first matching rule
 //! wins; no match takes the default policy), with a per-worker
-//! [`FlowCache`](crate::flowcache::FlowCache) in front for tenants with many rules. ARP passes; other EtherTypes
+//! [`FlowCache`] in front for tenants with many rules. ARP passes; other EtherTypes
 //! take the default policy. Source MACs are learned only from frames that
 //! pass, so a denied frame cannot move a learned address.
 //!
 //! A packet a *stateful* allow rule lets through opens a connection in the
-//! worker's [`ConnTable`](crate::conntrack::ConnTable); for a tenant with stateful rules, packets of
+//! worker's [`ConnTable`]; for a tenant with stateful rules, packets of
 //! known connections (both directions) pass on the connection's state
 //! before any rule is looked at, and packets that do not fit it are
 //! dropped as `ConntrackInvalid` (a lone ACK or RST opens nothing). When
@@ -43,6 +43,10 @@
 //! - `police`: rate limits;
 //! - `pipeline`: [`SwitchPipeline`], its turn and the burst loop;
 //! - `inspect`, `memo`, `filter`, `decide`: the stages of a frame.
+//!
+//! [`Classifier`]: crate::classify::Classifier
+//! [`FlowCache`]: crate::flowcache::FlowCache
+//! [`ConnTable`]: crate::conntrack::ConnTable
 
 mod compile;
 mod config;
