@@ -1,0 +1,655 @@
+//! Compilation: a [`SwitchConfig`] checked and turned into an immutable
+//! [`Compiled`] snapshot, its tenants' classifiers built from scratch or
+//! patched from the snapshot it replaces.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::classify::{AclRule, Classifier};
+use crate::conntrack::Timeouts;
+
+use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
+use super::counters::{RuleCells, Shard, TenantCells};
+use super::filter::FLOW_CACHE_MIN_RULES;
+use super::police::Bucket;
+
+/// No tenant: the marker in the attachment tables.
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug)]
+pub(super) struct CompiledTenant {
+    pub(super) name: String,
+    /// Per attachment: its anti-spoofing, if it has any.
+    pub(super) guards: Vec<Option<Guard>>,
+    /// IP frames are switched at L2, their network layer unparsed, as
+    /// nothing would look at it (no rules, allow by default, no address
+    /// guard on any attachment).
+    pub(super) opaque_ip: bool,
+    /// Stable across configurations while the name stays (connection keys).
+    pub(super) uid: u32,
+    /// Has stateful rules: look packets up in the connection table.
+    pub(super) tracks: bool,
+    /// Enough rules to look classifications up in the flow cache first.
+    pub(super) cached: bool,
+    /// What each rule does, by rule tag: [`ALLOWS`], [`OPENS`] and
+    /// [`LIMITED`] bits (a byte a rule, so a big tenant's stay in cache).
+    pub(super) actions: Vec<u8>,
+    /// Rate limit (this worker's share) by rule tag.
+    pub(super) limits: Vec<Option<Bucket>>,
+    /// The rules by tag (`matches.tag` is the slot's index); `None`: a
+    /// slot whose rule was removed by an incremental change.
+    pub(super) slots: Arc<Vec<Option<Slot>>>,
+    /// The tags of the configuration's rules, in the configuration's order.
+    pub(super) order: Arc<Vec<u32>>,
+    pub(super) attachments: Vec<Attach>,
+    /// Remote VTEPs per attachment (empty but for VXLAN attachments).
+    pub(super) remotes: Vec<Vec<u32>>,
+    pub(super) default_allow: bool,
+    pub(super) classifier: Classifier,
+}
+
+/// An allow rule (else deny).
+pub(super) const ALLOWS: u8 = 1;
+
+/// An allow rule that opens connections (stateful).
+pub(super) const OPENS: u8 = 2;
+
+/// An allow rule with a rate limit.
+pub(super) const LIMITED: u8 = 4;
+
+/// A compiled rule: what the packet path and the counters need of a
+/// [`SwitchRule`], cheap to copy into the next snapshot.
+#[derive(Debug, Clone)]
+pub(super) struct Slot {
+    pub(super) id: Arc<str>,
+    /// `tag` is the slot's index.
+    matches: AclRule,
+    pub(super) allow: bool,
+    stateful: bool,
+    rate_limit: Option<RateLimit>,
+}
+
+impl Slot {
+    fn new(r: &SwitchRule, tag: u32) -> Slot {
+        Slot {
+            id: r.id.as_str().into(),
+            matches: AclRule { tag, ..r.matches },
+            allow: r.allow,
+            stateful: r.stateful,
+            rate_limit: r.rate_limit,
+        }
+    }
+
+    /// The same rule as `r`, whatever the tags: a patch may keep it.
+    fn same(&self, r: &SwitchRule) -> bool {
+        AclRule {
+            tag: 0,
+            ..self.matches
+        } == AclRule {
+            tag: 0,
+            ..r.matches
+        } && self.allow == r.allow
+            && self.stateful == r.stateful
+            && self.rate_limit == r.rate_limit
+            && *self.id == *r.id
+    }
+}
+
+/// Most rules an incremental change may remove and add together; more,
+/// and the tenant's classifier is built from scratch.
+const PATCH_MAX: usize = crate::classify::OVERLAY_MAX;
+
+/// A tenant's compiled rules.
+struct Rules {
+    /// See [`CompiledTenant::slots`].
+    slots: Arc<Vec<Option<Slot>>>,
+    /// See [`CompiledTenant::order`].
+    order: Arc<Vec<u32>>,
+    classifier: Classifier,
+}
+
+/// A tenant's rule slots and classifier: `rules` in tags that are their
+/// index, classified from scratch.
+fn build_rules(rules: &[SwitchRule]) -> Rules {
+    let slots: Vec<Option<Slot>> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Some(Slot::new(r, i as u32)))
+        .collect();
+    let acl: Vec<AclRule> = slots.iter().flatten().map(|r| r.matches).collect();
+    Rules {
+        classifier: Classifier::build(&acl),
+        slots: Arc::new(slots),
+        order: Arc::new((0..rules.len() as u32).collect()),
+    }
+}
+
+/// `prev`'s rule slots and classifier changed into `rules` without a
+/// full build: the rules both lists share at their head and tail keep
+/// their tags, those between are removed from and added to the
+/// classifier ([`Classifier::with_changes`]), and added rules take new
+/// tags; with it, whether anything changed. `None` when that would not
+/// pay or not work (a large change, many dead slots, a rule the
+/// classifier cannot remove alone, a duplicate order): the caller builds
+/// from scratch, which also reports errors.
+fn patch_rules(prev: &CompiledTenant, rules: &[SwitchRule]) -> Option<(Rules, bool)> {
+    let old = &prev.order;
+    let kept = |i: usize, r: &SwitchRule| {
+        prev.slots[old[i] as usize]
+            .as_ref()
+            .is_some_and(|o| o.same(r))
+    };
+    let mut head = 0;
+    while head < old.len() && head < rules.len() && kept(head, &rules[head]) {
+        head += 1;
+    }
+    let mut tail = 0;
+    while tail < old.len() - head
+        && tail < rules.len() - head
+        && kept(old.len() - 1 - tail, &rules[rules.len() - 1 - tail])
+    {
+        tail += 1;
+    }
+    let gone = &old[head..old.len() - tail];
+    let new = &rules[head..rules.len() - tail];
+    if gone.is_empty() && new.is_empty() {
+        let same = Rules {
+            slots: prev.slots.clone(),
+            order: prev.order.clone(),
+            classifier: prev.classifier.clone(),
+        };
+        return Some((same, false));
+    }
+    let live = rules.len();
+    let dead = prev.slots.len() + new.len() - live;
+    if gone.len() + new.len() > PATCH_MAX || dead > live / 4 + PATCH_MAX {
+        return None;
+    }
+    let mut slots = (*prev.slots).clone();
+    let remove: Vec<u32> = gone
+        .iter()
+        .filter_map(|&s| slots[s as usize].take().map(|r| r.matches.order))
+        .collect();
+    let mut order = Vec::with_capacity(live);
+    order.extend_from_slice(&old[..head]);
+    let mut add = Vec::with_capacity(new.len());
+    for r in new {
+        let tag = slots.len() as u32;
+        let r = Slot::new(r, tag);
+        add.push(r.matches);
+        order.push(tag);
+        slots.push(Some(r));
+    }
+    order.extend_from_slice(&old[old.len() - tail..]);
+    let classifier = prev.classifier.with_changes(&remove, &add).ok()?;
+    let patched = Rules {
+        slots: Arc::new(slots),
+        order: Arc::new(order),
+        classifier,
+    };
+    Some((patched, true))
+}
+
+/// How [`SwitchHandle::publish`] compiled the tenants' rule sets.
+///
+/// [`SwitchHandle::publish`]: super::SwitchHandle::publish
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The generation the configuration was published as.
+    pub generation: u64,
+    /// Tenants whose classifier was built from scratch (new tenants,
+    /// large changes).
+    pub built: usize,
+    /// Tenants whose classifier was patched ([`Classifier::with_changes`]).
+    pub patched: usize,
+    /// Tenants whose rules did not change (classifier shared).
+    pub unchanged: usize,
+}
+
+/// An immutable, compiled switch configuration.
+#[derive(Debug)]
+pub struct Compiled {
+    /// Per port: the tenant owning the whole port, and its attachment index.
+    whole: Vec<(u32, u32)>,
+    /// Per port: 4096 entries (tenant, attachment) by VLAN ID, or empty
+    /// if the port has no VLAN attachment.
+    vlans: Vec<Vec<(u32, u32)>>,
+    /// Per port: its VTEP.
+    pub(super) vteps: Vec<Option<Vtep>>,
+    /// (tenant, attachment) by (port, VNI).
+    pub(super) vxlan: hashbrown::HashMap<(u32, u32), (u32, u32)>,
+    pub(super) tenants: Vec<CompiledTenant>,
+    pub(super) mac_table_size: usize,
+    pub(super) mac_ageing: Duration,
+    /// Per worker: connection table size and per-tenant limit.
+    pub(super) conntrack: (usize, usize),
+    pub(super) conntrack_timeouts: Timeouts,
+    pub(super) flow_cache_entries: usize,
+    /// Tenant IDs in use (below `uids`) that track connections.
+    pub(super) tracking: Vec<bool>,
+    /// Whether any tenant switches IP unparsed ([`CompiledTenant`]'s
+    /// `opaque_ip`): whether workers remember decisions by link-layer
+    /// header ([`L2Memo`]).
+    ///
+    /// [`L2Memo`]: crate::l2memo::L2Memo
+    pub(super) l2_memo: bool,
+    pub(super) shards: Box<[Shard]>,
+    /// How the tenants were compiled.
+    pub(super) stats: Published,
+}
+
+/// Tenant IDs by name: stable for the life of a [`SwitchHandle`].
+///
+/// [`SwitchHandle`]: super::SwitchHandle
+pub(super) type TenantIds = std::collections::HashMap<String, u32>;
+
+impl Compiled {
+    /// Checks and compiles `config` (classifiers included).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first problem.
+    pub fn new(config: &SwitchConfig) -> Result<Compiled, ConfigError> {
+        Compiled::compile(config, &mut TenantIds::new(), None)
+    }
+
+    /// Compiles `config`; tenants of `prev` (the configuration it
+    /// replaces) whose rules changed little get their classifier patched
+    /// instead of built.
+    pub(super) fn compile(
+        config: &SwitchConfig,
+        ids: &mut TenantIds,
+        prev: Option<&Compiled>,
+    ) -> Result<Compiled, ConfigError> {
+        let workers = config.workers.max(1);
+        let prev_tenants: std::collections::HashMap<&str, &CompiledTenant> = prev
+            .map(|p| p.tenants.iter().map(|t| (t.name.as_str(), t)).collect())
+            .unwrap_or_default();
+        let mut c = Compiled {
+            whole: vec![(NONE, NONE); config.ports],
+            vlans: vec![Vec::new(); config.ports],
+            vteps: (0..config.ports)
+                .map(|p| config.vteps.get(p).copied().flatten())
+                .collect(),
+            vxlan: hashbrown::HashMap::new(),
+            tenants: Vec::with_capacity(config.tenants.len()),
+            mac_table_size: config.mac_table_size,
+            mac_ageing: config.mac_ageing,
+            conntrack: (
+                config.conntrack_max.div_ceil(workers),
+                config.conntrack_per_tenant.div_ceil(workers),
+            ),
+            conntrack_timeouts: config.conntrack_timeouts,
+            flow_cache_entries: config.flow_cache_entries,
+            tracking: Vec::new(),
+            l2_memo: false,
+            shards: Box::default(),
+            stats: Published::default(),
+        };
+        for (ti, t) in config.tenants.iter().enumerate() {
+            for (ai, a) in t.attachments.iter().enumerate() {
+                let err_overlap = |other: u32| ConfigError::Overlap {
+                    tenant: t.name.clone(),
+                    port: a.port,
+                    vlan: a.vlan,
+                    other: config.tenants[other as usize].name.clone(),
+                };
+                if a.port >= config.ports {
+                    return Err(ConfigError::NoSuchPort {
+                        tenant: t.name.clone(),
+                        port: a.port,
+                    });
+                }
+                if a.vlan > 4094 {
+                    return Err(ConfigError::BadVlan {
+                        tenant: t.name.clone(),
+                        vlan: a.vlan,
+                    });
+                }
+                if a.vni != 0 {
+                    if a.vni > 0x00ff_ffff || a.vlan != 0 {
+                        return Err(ConfigError::BadVni {
+                            tenant: t.name.clone(),
+                            vni: a.vni,
+                            vlan: a.vlan,
+                        });
+                    }
+                    if c.vteps[a.port].is_none() {
+                        return Err(ConfigError::NoVtep {
+                            tenant: t.name.clone(),
+                            port: a.port,
+                            vni: a.vni,
+                        });
+                    }
+                    let key = (a.port as u32, a.vni);
+                    if let Some(&(other, _)) = c.vxlan.get(&key) {
+                        return Err(ConfigError::VniOverlap {
+                            tenant: t.name.clone(),
+                            port: a.port,
+                            vni: a.vni,
+                            other: config.tenants[other as usize].name.clone(),
+                        });
+                    }
+                    c.vxlan.insert(key, (ti as u32, ai as u32));
+                    continue;
+                }
+                let whole = c.whole[a.port].0;
+                if whole != NONE {
+                    return Err(err_overlap(whole));
+                }
+                let vl = &mut c.vlans[a.port];
+                if a.vlan == 0 {
+                    if let Some(&(other, _)) = vl.iter().find(|(t, _)| *t != NONE) {
+                        return Err(err_overlap(other));
+                    }
+                    c.whole[a.port] = (ti as u32, ai as u32);
+                } else {
+                    if vl.is_empty() {
+                        vl.resize(4096, (NONE, NONE));
+                    }
+                    let other = vl[usize::from(a.vlan)].0;
+                    if other != NONE {
+                        return Err(err_overlap(other));
+                    }
+                    vl[usize::from(a.vlan)] = (ti as u32, ai as u32);
+                }
+            }
+            let patched = prev_tenants
+                .get(t.name.as_str())
+                .and_then(|p| patch_rules(p, &t.rules));
+            let Rules {
+                slots,
+                order,
+                classifier,
+            } = match patched {
+                Some((p, changed)) => {
+                    if changed {
+                        c.stats.patched += 1;
+                    } else {
+                        c.stats.unchanged += 1;
+                    }
+                    p
+                }
+                None => {
+                    c.stats.built += 1;
+                    let mut orders: Vec<u32> = t.rules.iter().map(|r| r.matches.order).collect();
+                    orders.sort_unstable();
+                    if let Some(w) = orders.windows(2).find(|w| w[0] == w[1]) {
+                        return Err(ConfigError::DuplicateOrder {
+                            tenant: t.name.clone(),
+                            order: w[0],
+                        });
+                    }
+                    build_rules(&t.rules)
+                }
+            };
+            let next = ids.len() as u32;
+            let uid = *ids.entry(t.name.clone()).or_insert(next);
+            let actions: Vec<u8> = slots
+                .iter()
+                .map(|r| match r {
+                    Some(r) if r.allow => {
+                        ALLOWS
+                            | if r.stateful { OPENS } else { 0 }
+                            | if r.rate_limit.is_some() { LIMITED } else { 0 }
+                    }
+                    _ => 0,
+                })
+                .collect();
+            let tracks = actions.iter().any(|a| a & OPENS != 0);
+            if c.tracking.len() <= uid as usize {
+                c.tracking.resize(uid as usize + 1, false);
+            }
+            c.tracking[uid as usize] = tracks;
+            let guards: Vec<Option<Guard>> = (0..t.attachments.len())
+                .map(|i| t.guards.get(i).filter(|g| !g.is_open()).cloned())
+                .collect();
+            let opaque_ip = order.is_empty()
+                && t.default_allow
+                && guards
+                    .iter()
+                    .flatten()
+                    .all(|g| g.v4.is_empty() && g.v6.is_empty());
+            c.tenants.push(CompiledTenant {
+                limits: slots
+                    .iter()
+                    .map(|r| {
+                        r.as_ref()
+                            .filter(|r| r.allow)
+                            .and_then(|r| r.rate_limit)
+                            .map(|l| Bucket::share(&l, workers))
+                    })
+                    .collect(),
+                name: t.name.clone(),
+                guards,
+                opaque_ip,
+                uid,
+                tracks,
+                cached: config.flow_cache_entries > 0 && t.rules.len() >= FLOW_CACHE_MIN_RULES,
+                actions,
+                slots,
+                order,
+                attachments: t.attachments.clone(),
+                remotes: (0..t.attachments.len())
+                    .map(|i| match t.attachments[i].vni {
+                        0 => Vec::new(),
+                        _ => t.remote_vteps.get(i).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
+                default_allow: t.default_allow,
+                classifier,
+            });
+        }
+        c.l2_memo = c.tenants.iter().any(|t| t.opaque_ip);
+        c.shards = (0..workers)
+            .map(|_| Shard {
+                tenants: c.tenants.iter().map(|_| TenantCells::default()).collect(),
+                rules: c
+                    .tenants
+                    .iter()
+                    .map(|t| t.slots.iter().map(|_| RuleCells::default()).collect())
+                    .collect(),
+            })
+            .collect();
+        Ok(c)
+    }
+
+    /// The tenant and attachment a frame on `port` with outer VLAN `vlan`
+    /// belongs to.
+    #[inline]
+    pub(super) fn tenant_of(&self, port: usize, vlan: Option<u16>) -> Option<(usize, usize)> {
+        if let Some(v) = vlan {
+            if let Some(&(t, a)) = self
+                .vlans
+                .get(port)
+                .and_then(|vl| vl.get(usize::from(v & 0x0fff)))
+            {
+                if t != NONE {
+                    return Some((t as usize, a as usize));
+                }
+            }
+        }
+        match self.whole.get(port) {
+            Some(&(t, a)) if t != NONE => Some((t as usize, a as usize)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::switch::testing::*;
+
+    /// Single-rule inserts, deletes and edits published one after the
+    /// other patch the previous classifier, and every snapshot classifies
+    /// exactly as one compiled from scratch; big changes rebuild.
+    #[test]
+    fn small_rule_changes_patch_and_agree_with_a_full_build() {
+        let mut seed = 0x5eed_u64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut next_id = 0u32;
+        let mut rule = |rnd: &mut dyn FnMut(u64) -> u64| {
+            next_id += 1;
+            let mut m = AclRule::any(0, 0, Family::V4);
+            // Few, short prefixes of 10.0.0.0/8, so rules overlap.
+            let pick = |rnd: &mut dyn FnMut(u64) -> u64| {
+                let len = 8 + rnd(17) as u8;
+                AclRule::prefix_range(0x0a00_0000 | rnd(1 << 24) as u128, len, 32)
+            };
+            if rnd(2) == 0 {
+                m.src = pick(rnd);
+            }
+            if rnd(2) == 0 {
+                m.dst = pick(rnd);
+            }
+            if rnd(2) == 0 {
+                let lo = rnd(1024) as u16;
+                m.dst_port = (lo, lo + rnd(64) as u16);
+            }
+            if rnd(3) == 0 {
+                m.proto = (proto::TCP, proto::TCP);
+            }
+            SwitchRule {
+                id: format!("r{next_id}"),
+                matches: m,
+                allow: rnd(2) == 0,
+                stateful: false,
+                rate_limit: None,
+            }
+        };
+        let mut t = tenant("t", &[(0, 0), (1, 0)], false);
+        for i in 0..400 {
+            let mut r = rule(&mut rnd);
+            r.matches.order = i * 16;
+            t.rules.push(r);
+        }
+        let mut cfg = SwitchConfig {
+            ports: 3,
+            tenants: vec![t, tenant("other", &[(2, 0)], true)],
+            ..SwitchConfig::default()
+        };
+        let h = SwitchHandle::new(&cfg).unwrap();
+        let mut patched = 0;
+        for step in 0..300 {
+            let rules = &mut cfg.tenants[0].rules;
+            let at = rnd(rules.len() as u64) as usize;
+            match step % 4 {
+                0 => {
+                    let mut r = rule(&mut rnd);
+                    r.matches.order = rules[at].matches.order + 1 + rnd(14) as u32;
+                    r.matches.order = r.matches.order.min(rules[at].matches.order + 15);
+                    if rules.iter().all(|o| o.matches.order != r.matches.order) {
+                        rules.insert(at, r);
+                    }
+                }
+                1 => {
+                    rules.remove(at);
+                }
+                2 => rules[at].allow = !rules[at].allow,
+                _ => {
+                    let order = rules[at].matches.order;
+                    let id = rules[at].id.clone();
+                    rules[at] = rule(&mut rnd);
+                    rules[at].matches.order = order;
+                    rules[at].id = id;
+                }
+            }
+            let stats = h.publish(&cfg).unwrap();
+            assert_eq!(stats.built + stats.patched + stats.unchanged, 2);
+            assert!(stats.unchanged >= 1, "the other tenant: {stats:?}");
+            patched += stats.patched;
+            let (_, cur) = h.load();
+            let fresh = Compiled::new(&cfg).unwrap();
+            for _ in 0..200 {
+                let key = FlowKey {
+                    src: 0x0a00_0000 | u128::from(rnd(1 << 24) as u32),
+                    dst: 0x0a00_0000 | u128::from(rnd(1 << 24) as u32),
+                    src_port: rnd(2048) as u16,
+                    dst_port: rnd(1100) as u16,
+                    proto: if rnd(2) == 0 { proto::TCP } else { proto::UDP },
+                    v6: false,
+                };
+                assert_eq!(
+                    verdict(&cur, 0, &key),
+                    verdict(&fresh, 0, &key),
+                    "step {step}"
+                );
+            }
+            let live = cur.tenants[0].slots.iter().flatten().count();
+            assert_eq!(live, cfg.tenants[0].rules.len());
+            assert_eq!(cur.tenants[0].order.len(), live);
+        }
+        assert!(patched > 200, "only {patched} of 300 changes were patched");
+        // Replacing every rule is no patch: a full build.
+        for r in &mut cfg.tenants[0].rules {
+            r.id.push('x');
+        }
+        assert_eq!(h.publish(&cfg).unwrap().built, 1);
+        let (_, cur) = h.load();
+        assert_eq!(cur.tenants[0].classifier.overlay_len(), 0);
+        assert_eq!(cur.tenants[0].slots.len(), cfg.tenants[0].rules.len());
+        // A duplicate order is refused, patch or not.
+        let dup = cfg.tenants[0].rules[3].matches.order;
+        let mut r = cfg.tenants[0].rules[0].clone();
+        r.id = "dup".into();
+        r.matches.order = dup;
+        cfg.tenants[0].rules.push(r);
+        assert_eq!(
+            h.publish(&cfg),
+            Err(ConfigError::DuplicateOrder {
+                tenant: "t".into(),
+                order: dup
+            })
+        );
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        let cfg = |tenants| SwitchConfig {
+            ports: 2,
+            tenants,
+            ..SwitchConfig::default()
+        };
+        let err = |c| Compiled::new(&c).unwrap_err();
+        assert!(matches!(
+            err(cfg(vec![tenant("a", &[(2, 0)], true)])),
+            ConfigError::NoSuchPort { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![tenant("a", &[(0, 4095)], true)])),
+            ConfigError::BadVlan { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![
+                tenant("a", &[(0, 7)], true),
+                tenant("b", &[(0, 7)], true)
+            ])),
+            ConfigError::Overlap { .. }
+        ));
+        assert!(matches!(
+            err(cfg(vec![
+                tenant("a", &[(0, 7)], true),
+                tenant("b", &[(0, 0)], true)
+            ])),
+            ConfigError::Overlap { .. }
+        ));
+        let mut t = tenant("a", &[(0, 0)], true);
+        let r = SwitchRule {
+            id: "r".into(),
+            matches: AclRule::any(1, 0, Family::Any),
+            allow: true,
+            stateful: false,
+            rate_limit: None,
+        };
+        t.rules = vec![r.clone(), r];
+        assert!(matches!(
+            err(cfg(vec![t])),
+            ConfigError::DuplicateOrder { .. }
+        ));
+    }
+}
