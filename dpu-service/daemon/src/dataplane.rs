@@ -678,7 +678,7 @@ mod tests {
             .into_iter()
             .map(|p| (p.id.clone(), p))
             .collect();
-        let api = crate::seed::tests::api_over(&state, registry, 0, None, Some(applied));
+        let api = crate::config::seed::tests::api_over(&state, registry, 0, None, Some(applied));
 
         let attach = |port: &str| pb::Attachment {
             kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {
