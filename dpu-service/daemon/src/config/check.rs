@@ -1,14 +1,22 @@
 //! The checks of a configuration as a whole, naming the offending key.
+//!
+//! What is the daemon's alone (listeners, TLS, ports, the data plane, CPU
+//! placement) is checked here; the declared subsystems and tenants are
+//! checked by creating them through the control plane's API over a
+//! scratch in-memory state ([`Config::dry_run`]), so each of the API's
+//! rules lives in one place, the control plane.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use dpu_control::validate;
-use dpu_control::ControlError;
+use anyhow::{anyhow, bail, Context, Result};
+use dpu_control::service::{Api, Control, ServiceFacts};
+use dpu_control::state::Limits;
+use dpu_control::store::StateHandle;
+use dpu_control::telemetry::Telemetry;
+use dpu_control::{validate, ControlError};
 
-use super::declared::keyed;
-use super::{parse_size, Config, SeedNamespace};
+use super::{parse_size, seed, seed_tenants, Config};
 
 impl Config {
     /// Checks the configuration as a whole.
@@ -207,14 +215,14 @@ impl Config {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
         }
         self.validate_storage()?;
-        self.validate_tenants()?;
-        Ok(())
+        self.validate_declared_ids()?;
+        self.validate_explicit_values()?;
+        self.dry_run()
     }
 
-    /// Checks `[storage]`: the I/O CPUs against the data plane's and the
-    /// CPUs this process may use; the declared subsystems, namespaces and
-    /// listeners with the rules the API applies to them. Names the
-    /// offending key.
+    /// Checks `[storage]`'s placement: the I/O CPUs against the data
+    /// plane's and the CPUs this process may use. (The declared
+    /// subsystems are the API's to check, in [`Config::dry_run`].)
     fn validate_storage(&self) -> Result<()> {
         for (i, c) in self.storage.io_cpus.iter().enumerate() {
             if let Some(w) = self.dataplane.worker_cpus.iter().position(|w| w == c) {
@@ -226,240 +234,146 @@ impl Config {
         }
         self.transport()
             .validate()
-            .map_err(|e| anyhow::anyhow!("storage.{e}"))?;
+            .map_err(|e| anyhow::anyhow!("storage.{e}"))
+    }
+
+    /// Checks that no subsystem and no tenant is declared twice. The API
+    /// would not refuse the second: startup keeps a declared object the
+    /// state has already, so the dry run would take the second
+    /// declaration for the first one stored and skip it.
+    fn validate_declared_ids(&self) -> Result<()> {
         let mut ids = BTreeSet::new();
-        let mut nqns = BTreeMap::new();
-        let mut ram_total: u64 = 0;
+        for (i, s) in self.storage.subsystems.iter().enumerate() {
+            if !ids.insert(s.id.as_str()) {
+                bail!(
+                    "storage.subsystems[{i}].id: subsystem {:?} is declared twice",
+                    s.id
+                );
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if !ids.insert(t.id.as_str()) {
+                bail!("tenants[{i}].id: tenant {:?} is declared twice", t.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the declared values the API would read as unset: a request
+    /// carries an unset text as "" and an unset number as 0, so an
+    /// explicit `serial_number = ""` or `nsid = 0` would reach the API as
+    /// "pick the default" and the dry run could not refuse it. Where the
+    /// API has the rule, its own check (of [`validate`]) words the error.
+    fn validate_explicit_values(&self) -> Result<()> {
+        let text =
+            |key: &str, v: &Option<String>, check: &dyn Fn(&str, &str) -> Result<(), _>| match v {
+                Some(v) if v.is_empty() => check(key, v).map_err(|e: ControlError| anyhow!("{e}")),
+                _ => Ok(()),
+            };
         for (i, s) in self.storage.subsystems.iter().enumerate() {
             let at = format!("storage.subsystems[{i}]");
-            validate::id(&format!("{at}.id"), &s.id)?;
-            if !ids.insert(s.id.as_str()) {
-                bail!("{at}.id: subsystem {:?} is declared twice", s.id);
-            }
-            validate::nqn(&format!("{at}.nqn"), &s.nqn)?;
-            if s.nqn == validate::DISCOVERY_NQN {
-                bail!("{at}.nqn: the discovery NQN is reserved for the discovery controller");
-            }
-            if let Some(k) = nqns.insert(s.nqn.as_str(), i) {
-                bail!(
-                    "{at}.nqn: {} is also the NQN of storage.subsystems[{k}]",
-                    s.nqn
-                );
-            }
-            if let Some(v) = &s.serial_number {
-                validate::ascii_id(&format!("{at}.serial_number"), v, 20)?;
-            }
-            if let Some(v) = &s.model_number {
-                validate::ascii_id(&format!("{at}.model_number"), v, 40)?;
-            }
-            let mut hosts = BTreeSet::new();
-            for (k, h) in s.allowed_hosts.iter().enumerate() {
-                validate::nqn(&format!("{at}.allowed_hosts[{k}]"), h)?;
-                if !hosts.insert(h) {
-                    bail!("{at}.allowed_hosts[{k}]: {h} is listed twice");
-                }
-            }
-            if hosts.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
-                bail!(
-                    "{at}.allowed_hosts: at most {} hosts",
-                    validate::MAX_HOSTS_PER_SUBSYSTEM
-                );
-            }
+            text(&format!("{at}.serial_number"), &s.serial_number, &|k, v| {
+                validate::ascii_id(k, v, 20)
+            })?;
+            text(&format!("{at}.model_number"), &s.model_number, &|k, v| {
+                validate::ascii_id(k, v, 40)
+            })?;
             let max = match s.max_namespaces {
                 None => validate::DEFAULT_MAX_NAMESPACES,
-                Some(m @ 1..=validate::MAX_NAMESPACES) => m,
-                Some(m) => bail!(
-                    "{at}.max_namespaces: {m} is not in 1..={}",
+                Some(0) => bail!(
+                    "{at}.max_namespaces: 0 is not in 1..={}",
                     validate::MAX_NAMESPACES
                 ),
+                Some(m) => m,
             };
-            if s.namespaces.len() > max as usize {
-                bail!(
-                    "{at}.namespaces: {} namespaces do not fit in max_namespaces {max}",
-                    s.namespaces.len()
-                );
-            }
-            let mut nsids = BTreeMap::new();
             for (j, n) in s.namespaces.iter().enumerate() {
-                ram_total = ram_total.saturating_add(check_namespace(
-                    &format!("{at}.namespaces[{j}]"),
-                    j,
-                    n,
-                    max,
-                    &mut nsids,
-                )?);
-            }
-            let mut lids = BTreeSet::new();
-            let mut addrs = BTreeMap::new();
-            for (j, l) in s.listeners.iter().enumerate() {
-                let at = format!("{at}.listeners[{j}]");
-                if let Some(id) = &l.id {
-                    validate::id(&format!("{at}.id"), id)?;
-                    if !lids.insert(id) {
-                        bail!("{at}.id: listener {id:?} is declared twice");
+                let at = format!("{at}.namespaces[{j}]");
+                if n.size.is_some() && n.file.is_none() {
+                    bail!("{at}: size goes with file (a RAM namespace's size is the value of ram)");
+                }
+                if n.nsid == Some(0) {
+                    bail!("{at}.nsid: 0 is not in 1..={max} (the subsystem's max_namespaces)");
+                }
+                if n.block_size == Some(0) {
+                    bail!("{at}.block_size: 0 is not 512 or 4096");
+                }
+                if let Some(v) = &n.size {
+                    if parse_size(v).is_ok_and(|b| b == 0) {
+                        bail!("{at}.size: {v} is not a non-zero multiple of the block size");
                     }
                 }
+                text(&format!("{at}.uuid"), &n.uuid, &|k, v| {
+                    validate::uuid(k, v).map(drop)
+                })?;
+                text(&format!("{at}.nguid"), &n.nguid, &|k, v| {
+                    validate::hex16(k, v).map(drop)
+                })?;
+            }
+            for (j, l) in s.listeners.iter().enumerate() {
+                let at = format!("{at}.listeners[{j}]");
+                text(&format!("{at}.id"), &l.id, &|k, v| validate::id(k, v))?;
                 if l.port == 0 {
                     bail!("{at}.port: 0 is not in 1..=65535");
                 }
-                if let Some(k) = addrs.insert((l.transport, l.address, l.port), j) {
-                    bail!(
-                        "{at}: listeners[{k}] already listens on {}",
-                        SocketAddr::new(l.address, l.port)
-                    );
-                }
             }
         }
-        let limit = self.ram_limit();
-        if ram_total > limit {
-            bail!(
-                "storage.subsystems: the RAM namespaces declared total {ram_total} bytes, \
-                 more than storage.ram_limit ({limit} bytes)"
-            );
-        }
-        Ok(())
-    }
-
-    /// Checks `[[tenants]]` with the rules the API applies to them (and,
-    /// among the declared tenants, the conflicts the state would refuse),
-    /// naming the offending key.
-    fn validate_tenants(&self) -> Result<()> {
-        let mut ids = BTreeSet::new();
-        // Every declared attachment so far: (attachment, "tenants[i].attachments[k]").
-        let mut claimed: Vec<(dpu_control::model::Attachment, String)> = Vec::new();
         for (i, t) in self.tenants.iter().enumerate() {
-            let at = format!("tenants[{i}]");
-            validate::id(&format!("{at}.id"), &t.id)?;
-            if !ids.insert(t.id.as_str()) {
-                bail!("{at}.id: tenant {:?} is declared twice", t.id);
-            }
-            let pbt = t.to_proto(&at)?;
-            validate::text(&format!("{at}.display_name"), &pbt.display_name)?;
-            if t.attachments.len() > validate::MAX_ATTACHMENTS_PER_TENANT {
-                bail!(
-                    "{at}.attachments: {} attachments, at most {}",
-                    t.attachments.len(),
-                    validate::MAX_ATTACHMENTS_PER_TENANT
-                );
-            }
-            for (k, a) in pbt.attachments.iter().enumerate() {
-                let key = format!("{at}.attachments[{k}]");
-                // The key is the string itself: no sub-key.
-                let att = validate::attachment("a", a).map_err(|e| match e {
-                    ControlError::InvalidArgument { reason, .. } => {
-                        anyhow::anyhow!("{key}: {reason}")
-                    }
-                    e => anyhow::anyhow!("{key}: {e}"),
-                })?;
-                if !self.ports.iter().any(|p| p.id == att.port()) {
-                    bail!(
-                        "{key}: port {:?} is not declared under [[ports]]",
-                        att.port()
-                    );
-                }
-                if let Some((o, other)) = claimed.iter().find(|(o, _)| o.conflicts_with(&att)) {
-                    bail!("{key}: {att} overlaps {other} ({o})");
-                }
-                claimed.push((att, key));
-            }
-            if t.rules.len() > validate::MAX_RULES_PER_TENANT {
-                bail!(
-                    "{at}.rules: {} rules, at most {}",
-                    t.rules.len(),
-                    validate::MAX_RULES_PER_TENANT
-                );
-            }
-            let mut rule_ids = BTreeMap::new();
-            let mut priorities = BTreeMap::new();
             for (j, r) in t.rules.iter().enumerate() {
-                let at = format!("{at}.rules[{j}]");
-                if let Some(id) = &r.id {
-                    validate::id(&format!("{at}.id"), id)?;
-                    if let Some(k) = rule_ids.insert(id.as_str(), j) {
-                        bail!("{at}.id: rule {id:?} is also rules[{k}]'s ID");
-                    }
-                }
-                if let Some(k) = priorities.insert(r.priority, j) {
-                    bail!(
-                        "{at}.priority: {} is also the priority of rules[{k}]",
-                        r.priority
-                    );
-                }
-                let pbr = r.to_proto(&at)?;
-                validate::rule("rule", r.id.as_deref().unwrap_or(""), &pbr)
-                    .map_err(|e| keyed(&at, "rule", e))?;
+                let key = format!("tenants[{i}].rules[{j}].id");
+                text(&key, &r.id, &|k, v| validate::id(k, v))?;
             }
         }
         Ok(())
     }
-}
 
-/// Checks declared namespace `j` of a subsystem (`at` names it) whose
-/// largest namespace ID is `max`; `nsids` maps the IDs taken so far to the
-/// namespace taking it and whether its nsid was given. Returns the bytes of
-/// memory it takes (0 unless RAM-backed).
-fn check_namespace(
-    at: &str,
-    j: usize,
-    n: &SeedNamespace,
-    max: u32,
-    nsids: &mut BTreeMap<u32, (usize, bool)>,
-) -> Result<u64> {
-    let given = [n.ram.is_some(), n.file.is_some(), n.block_device.is_some()];
-    if given.iter().filter(|g| **g).count() != 1 {
-        bail!("{at}: give exactly one of ram, file, block_device");
-    }
-    if n.size.is_some() && n.file.is_none() {
-        bail!("{at}: size goes with file (a RAM namespace's size is the value of ram)");
-    }
-    let block = match n.block_size {
-        None => 512,
-        Some(b @ (512 | 4096)) => b,
-        Some(b) => bail!("{at}.block_size: {b} is not 512 or 4096"),
-    };
-    let mut ram = 0;
-    for (key, v) in [("ram", &n.ram), ("size", &n.size)] {
-        let Some(v) = v else { continue };
-        let bytes = parse_size(v).with_context(|| format!("{at}.{key}"))?;
-        if bytes == 0 || bytes % u64::from(block) != 0 {
-            bail!("{at}.{key}: {v} is not a non-zero multiple of the block size {block}");
+    /// Checks the declared subsystems (with their namespaces and
+    /// listeners) and tenants (with their rules) by creating them, as
+    /// startup does ([`seed::seed_storage`], [`seed_tenants::seed_tenants`]),
+    /// through the API over a fresh in-memory state with the declared
+    /// ports and RAM limit: every rule of the API's (IDs, NQNs, block
+    /// sizes, namespace IDs, the RAM total, attachments, rule fields and
+    /// priorities) is checked where it lives, in the control plane, and
+    /// the error names the configuration entry.
+    ///
+    /// Runs on a thread of its own with its own runtime, so it can be
+    /// called from inside a runtime too.
+    fn dry_run(&self) -> Result<()> {
+        if self.storage.subsystems.is_empty() && self.tenants.is_empty() {
+            return Ok(());
         }
-        if key == "ram" {
-            ram = bytes;
-        }
-    }
-    for (key, p) in [("file", &n.file), ("block_device", &n.block_device)] {
-        let Some(p) = p else { continue };
-        if !p.starts_with('/') || p.contains('\0') || p.len() > 4096 {
-            bail!("{at}.{key}: {p:?} is not an absolute path");
-        }
-    }
-    // The API gives a namespace without an nsid the lowest free one, in
-    // declaration order: mirror that, so a clash shows up here.
-    let id = match n.nsid {
-        Some(id) if id == 0 || id > max => {
-            bail!("{at}.nsid: {id} is not in 1..={max} (the subsystem's max_namespaces)")
-        }
-        Some(id) => id,
-        None => (1..=max)
-            .find(|id| !nsids.contains_key(id))
-            .with_context(|| format!("{at}: no namespace ID is left (max_namespaces {max})"))?,
-    };
-    if let Some((k, explicit)) = nsids.insert(id, (j, n.nsid.is_some())) {
-        let how = if explicit {
-            ""
-        } else {
-            " (the lowest free one: it has no nsid)"
+        let ctl = Control {
+            state: StateHandle::open(None).context("opening an in-memory state")?,
+            ports: self
+                .port_specs()
+                .into_iter()
+                .map(|p| (p.id.clone(), p))
+                .collect(),
+            telemetry: Arc::new(Telemetry::default()),
+            limits: Limits {
+                ram_bytes: self.ram_limit(),
+            },
+            facts: ServiceFacts::default(),
+            storage_applied: None,
+            switch_applied: None,
         };
-        bail!("{at}.nsid: namespace {id} is already namespaces[{k}]'s{how}");
+        let api = Api::new(Arc::new(ctl));
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .context("starting a runtime to check the declarations")?
+                        .block_on(async {
+                            seed::seed_storage(&api, &self.storage).await?;
+                            seed_tenants::seed_tenants(&api, &self.tenants).await
+                        })
+                })
+                .join()
+                .unwrap_or_else(|_| bail!("checking the declarations panicked"))
+        })
     }
-    if let Some(u) = &n.uuid {
-        validate::uuid(&format!("{at}.uuid"), u)?;
-    }
-    if let Some(g) = &n.nguid {
-        validate::hex16(&format!("{at}.nguid"), g)?;
-    }
-    Ok(ram)
 }
 
 #[cfg(test)]
@@ -677,7 +591,7 @@ mod tests {
         for (text, want) in [
             (
                 format!("{b}\nid = \"A\"\nnqn = \"nqn.2024-01.io.example:a\"\n"),
-                "storage.subsystems[0].id: \"A\" is not a valid ID",
+                "storage.subsystems[0] (\"A\"): name: \"A\" is not a valid ID",
             ),
             (
                 declared("", &format!("{b}\nid = \"a\"\nnqn = \"nqn.2024-01.io.example:b\"\n")),
@@ -685,15 +599,15 @@ mod tests {
             ),
             (
                 format!("{b}\nid = \"a\"\nnqn = \"vol-a\"\n"),
-                "storage.subsystems[0].nqn: \"vol-a\" is not a valid NQN",
+                "storage.subsystems[0] (\"a\"): subsystem.nqn: \"vol-a\" is not a valid NQN",
             ),
             (
                 format!("{b}\nid = \"a\"\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\n"),
-                "storage.subsystems[0].nqn: the discovery NQN is reserved",
+                "storage.subsystems[0] (\"a\"): subsystem.nqn: the discovery NQN is reserved for the discovery controller",
             ),
             (
                 declared("", &format!("{b}\nid = \"b\"\nnqn = \"nqn.2024-01.io.example:a\"\n")),
-                "storage.subsystems[1].nqn: nqn.2024-01.io.example:a is also the NQN of storage.subsystems[0]",
+                "storage.subsystems[1] (\"b\"): NQN nqn.2024-01.io.example:a is already used by subsystems/a",
             ),
             (
                 declared("serial_number = \"\"", ""),
@@ -701,15 +615,15 @@ mod tests {
             ),
             (
                 declared(&format!("model_number = \"{}\"", "m".repeat(41)), ""),
-                "storage.subsystems[0].model_number:",
+                "storage.subsystems[0] (\"a\"): subsystem.model_number: \"mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm\" must be 1 to 40 printable ASCII characters",
             ),
             (
                 declared("allowed_hosts = [\"host-1\"]", ""),
-                "storage.subsystems[0].allowed_hosts[0]: \"host-1\" is not a valid NQN",
+                "storage.subsystems[0] (\"a\"): subsystem.allowed_hosts[0]: \"host-1\" is not a valid NQN",
             ),
             (
                 declared("allowed_hosts = [\"nqn.2024-01.io.example:h\", \"nqn.2024-01.io.example:h\"]", ""),
-                "storage.subsystems[0].allowed_hosts[1]: nqn.2024-01.io.example:h is listed twice",
+                "storage.subsystems[0] (\"a\"): subsystem.allowed_hosts[1]: nqn.2024-01.io.example:h is listed twice",
             ),
             (
                 declared("max_namespaces = 0", ""),
@@ -717,7 +631,7 @@ mod tests {
             ),
             (
                 declared("max_namespaces = 1", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"1M\"\n")),
-                "storage.subsystems[0].namespaces: 2 namespaces do not fit in max_namespaces 1",
+                "storage.subsystems[0].namespaces[1]: subsystems/a has no free namespace ID (max_namespaces 1)",
             ),
             (
                 declared("", &format!("{ns}\nram = \"1M\"\nfile = \"/x\"\n")),
@@ -733,35 +647,35 @@ mod tests {
             ),
             (
                 declared("", &format!("{ns}\nram = \"lots\"\n")),
-                "storage.subsystems[0].namespaces[0].ram: \"lots\" is not a size",
+                "storage.subsystems[0].namespaces[0]: ram: \"lots\" is not a size: cannot parse integer from empty string",
             ),
             (
                 declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"1.5G\"\n")),
-                "storage.subsystems[0].namespaces[0].size: unknown size unit \".5G\"",
+                "storage.subsystems[0].namespaces[0]: size: unknown size unit \".5G\" (use K, M, G, T or KiB, MiB, GiB, TiB)",
             ),
             (
                 declared("", &format!("{ns}\nram = \"0\"\n")),
-                "storage.subsystems[0].namespaces[0].ram: 0 is not a non-zero multiple of the block size 512",
+                "storage.subsystems[0].namespaces[0]: namespace.ram.size_bytes: 0 is not a non-zero multiple of the block size 512",
             ),
             (
                 declared("", &format!("{ns}\nram = \"6K\"\nblock_size = 4096\n")),
-                "storage.subsystems[0].namespaces[0].ram: 6K is not a non-zero multiple of the block size 4096",
+                "storage.subsystems[0].namespaces[0]: namespace.ram.size_bytes: 6144 is not a non-zero multiple of the block size 4096",
             ),
             (
                 declared("", &format!("{ns}\nram = \"1M\"\nblock_size = 1024\n")),
-                "storage.subsystems[0].namespaces[0].block_size: 1024 is not 512 or 4096",
+                "storage.subsystems[0].namespaces[0]: namespace.block_size: 1024 is not 512 or 4096",
             ),
             (
                 declared("", &format!("{ns}\nfile = \"disk.img\"\n")),
-                "storage.subsystems[0].namespaces[0].file: \"disk.img\" is not an absolute path",
+                "storage.subsystems[0].namespaces[0]: namespace.file.path: \"disk.img\" is not an absolute path",
             ),
             (
                 declared("", &format!("{ns}\nblock_device = \"nvme0n1\"\n")),
-                "storage.subsystems[0].namespaces[0].block_device: \"nvme0n1\" is not an absolute path",
+                "storage.subsystems[0].namespaces[0]: namespace.block_device.path: \"nvme0n1\" is not an absolute path",
             ),
             (
                 declared("max_namespaces = 4", &format!("{ns}\nnsid = 5\nram = \"1M\"\n")),
-                "storage.subsystems[0].namespaces[0].nsid: 5 is not in 1..=4",
+                "storage.subsystems[0].namespaces[0]: namespace.nsid: 5 exceeds max_namespaces 4 of subsystems/a",
             ),
             (
                 declared("", &format!("{ns}\nnsid = 0\nram = \"1M\"\n")),
@@ -769,34 +683,34 @@ mod tests {
             ),
             (
                 declared("", &format!("{ns}\nnsid = 2\nram = \"1M\"\n{ns}\nnsid = 2\nram = \"1M\"\n")),
-                "storage.subsystems[0].namespaces[1].nsid: namespace 2 is already namespaces[0]'s",
+                "storage.subsystems[0].namespaces[1]: subsystems/a/namespaces/2 already exists",
             ),
             (
                 declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nnsid = 1\nram = \"1M\"\n")),
-                "storage.subsystems[0].namespaces[1].nsid: namespace 1 is already namespaces[0]'s (the lowest free one",
+                "storage.subsystems[0].namespaces[1]: subsystems/a/namespaces/1 already exists",
             ),
             (
                 declared("", &format!("{ns}\nram = \"1M\"\nuuid = \"not-a-uuid\"\n")),
-                "storage.subsystems[0].namespaces[0].uuid: \"not-a-uuid\" is not a UUID",
+                "storage.subsystems[0].namespaces[0]: namespace.uuid: \"not-a-uuid\" is not a UUID",
             ),
             (
                 declared("", &format!("{ns}\nram = \"1M\"\nnguid = \"00ff\"\n")),
-                "storage.subsystems[0].namespaces[0].nguid: \"00ff\" is not 32 hex digits",
+                "storage.subsystems[0].namespaces[0]: namespace.nguid: \"00ff\" is not 32 hex digits",
             ),
             (
                 format!(
                     "[storage]\nram_limit = \"1M\"\n{}",
                     declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"4K\"\n"))
                 ),
-                "storage.subsystems: the RAM namespaces declared total 1052672 bytes, more than storage.ram_limit (1048576 bytes)",
+                "storage.subsystems[0].namespaces[1]: RAM namespaces would use 1052672 bytes; the service allows 1048576 (storage.ram_limit)",
             ),
             (
                 declared("", &format!("{ls}\nid = \"Data\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
-                "storage.subsystems[0].listeners[0].id: \"Data\" is not a valid ID",
+                "storage.subsystems[0].listeners[0]: listener_id: \"Data\" is not a valid ID",
             ),
             (
                 declared("", &format!("{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4421\n")),
-                "storage.subsystems[0].listeners[1].id: listener \"d\" is declared twice",
+                "storage.subsystems[0].listeners[1]: subsystems/a/listeners/d already exists",
             ),
             (
                 declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 0\n")),
@@ -804,7 +718,29 @@ mod tests {
             ),
             (
                 declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"x\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
-                "storage.subsystems[0].listeners[1]: listeners[0] already listens on 127.0.0.1:4420",
+                "storage.subsystems[0].listeners[1]: subsystems/a/listeners/tcp-127-0-0-1-4420 already listens on 127.0.0.1:4420",
+            ),
+            // Values a request would carry as "unset": refused before the
+            // dry run, which could not tell them from defaults.
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nuuid = \"\"\n")),
+                "storage.subsystems[0].namespaces[0].uuid: \"\" is not a UUID",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nblock_size = 0\n")),
+                "storage.subsystems[0].namespaces[0].block_size: 0 is not 512 or 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"0\"\n")),
+                "storage.subsystems[0].namespaces[0].size: 0 is not a non-zero multiple",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[0].id: \"\" is not a valid ID",
+            ),
+            (
+                declared("max_namespaces = 5000", ""),
+                "storage.subsystems[0] (\"a\"): subsystem.max_namespaces:",
             ),
         ] {
             let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -873,7 +809,7 @@ mod tests {
             ),
             (
                 "[[tenants]]\nid = \"Blue\"\n".to_string(),
-                "tenants[0].id: \"Blue\" is not a valid ID",
+                "tenants[0] (\"Blue\"): name: \"Blue\" is not a valid ID",
             ),
             (
                 tenant("display_name = \"a\\nb\"", ""),
@@ -897,7 +833,7 @@ mod tests {
             ),
             (
                 tenant("attachments = [\"pf0vf9\"]", ""),
-                "tenants[0].attachments[0]: port \"pf0vf9\" is not declared under [[ports]]",
+                "tenants[0] (\"t\"): ports/pf0vf9 not found",
             ),
             (
                 tenant("attachments = [\"p0.100\", \"p0\"]", ""),
@@ -908,7 +844,7 @@ mod tests {
                     "attachments = [\"pf0vf0\"]",
                     "[[tenants]]\nid = \"u\"\nattachments = [\"pf0vf1\", \"pf0vf0\"]\n",
                 ),
-                "tenants[1].attachments[1]: ",
+                "tenants[1] (\"u\"): ports/pf0vf0 overlaps ports/pf0vf0, which belongs to tenants/t",
             ),
             (
                 tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndst = \"10.0.0.1/8\"\n")),
@@ -976,15 +912,19 @@ mod tests {
             ),
             (
                 tenant("", &format!("{r}\nid = \"Web\"\npriority = 1\naction = \"allow\"\n")),
-                "tenants[0].rules[0].id: \"Web\" is not a valid ID",
+                "tenants[0].rules[0]: rule_id: \"Web\" is not a valid ID",
             ),
             (
                 tenant("", &format!("{r}\nid = \"a\"\npriority = 1\naction = \"allow\"\n{r}\nid = \"a\"\npriority = 2\naction = \"allow\"\n")),
-                "tenants[0].rules[1].id: rule \"a\" is also rules[0]'s ID",
+                "tenants[0].rules[1]: tenants/t/rules/a already exists",
             ),
             (
                 tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\n{r}\npriority = 1\naction = \"deny\"\n")),
-                "tenants[0].rules[1].priority: 1 is also the priority of rules[0]",
+                "tenants[0].rules[1]: priority 1 is taken by tenants/t/rules/rule-1",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"\"\npriority = 1\naction = \"allow\"\n")),
+                "tenants[0].rules[0].id: \"\" is not a valid ID",
             ),
         ] {
             let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));

@@ -3,7 +3,6 @@
 //! configuration key of a field the API names in an error.
 
 use anyhow::{bail, Context, Result};
-use dpu_control::ControlError;
 use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
@@ -138,21 +137,6 @@ pub fn seed_key(api_field: &str) -> String {
         "dst_ports" => "dport".into(),
         "ip_protocol" => "proto".into(),
         h => h.into(),
-    }
-}
-
-/// `{at}.{key}: {reason}` for an error of the API's checks, whose field
-/// path starts with `api_head` (e.g. "rule"); `{at}: {e}` for others.
-pub(crate) fn keyed(at: &str, api_head: &str, e: ControlError) -> anyhow::Error {
-    match e {
-        ControlError::InvalidArgument { field, reason } => {
-            let rel = field
-                .strip_prefix(api_head)
-                .and_then(|f| f.strip_prefix('.'))
-                .unwrap_or(&field);
-            anyhow::anyhow!("{at}.{}: {reason}", seed_key(rel))
-        }
-        e => anyhow::anyhow!("{at}: {e}"),
     }
 }
 
