@@ -51,29 +51,15 @@ pub fn wanted(config: &Config) -> Option<&'static str> {
     })
 }
 
-/// DPDK's name for a port: the configured one, else the devargs' first field.
-#[cfg(feature = "dpdk")]
-fn dpdk_name(p: &PortConfig) -> &str {
-    p.dpdk_name
-        .as_deref()
-        .unwrap_or_else(|| p.device.split(',').next().unwrap_or(&p.device))
-}
-
-/// Virtual devices are named `net_*` (or `eth_*`); anything else is a bus
-/// device (PCI address, auxiliary device) for `-a`.
-#[cfg(feature = "dpdk")]
-fn is_vdev(devargs: &str) -> bool {
-    devargs.starts_with("net_") || devargs.starts_with("eth_")
-}
-
 /// Starts EAL with the DPDK ports and opens them, in order.
 #[cfg(feature = "dpdk")]
 fn open_dpdk(
     config: &Config,
     ports: &[&PortConfig],
 ) -> Result<dpu_dataplane::io::dpdk::DpdkDriver> {
+    use dpu_dataplane::io::dpdk::{DpdkDriver, DpdkPort};
     let d = &config.dataplane;
-    let mut eal_cfg = dpdk::EalConfig {
+    let base = dpdk::EalConfig {
         lcores: d.lcores.clone(),
         no_huge: d.no_huge,
         memory_mb: d.memory_mb,
@@ -82,36 +68,17 @@ fn open_dpdk(
         log_level: Some("lib.eal:notice".into()),
         ..Default::default()
     };
-    for p in ports {
-        if is_vdev(&p.device) {
-            eal_cfg.vdevs.push(p.device.clone());
-        } else if !eal_cfg.allow.contains(&p.device) {
-            // One probe per bus device spawns all its ports.
-            eal_cfg.allow.push(p.device.clone());
-        }
-    }
-    // Only named bus devices, never every device EAL can find.
-    eal_cfg.no_pci = eal_cfg.allow.is_empty();
+    let ports: Vec<DpdkPort> = ports
+        .iter()
+        .map(|p| DpdkPort {
+            id: p.id.clone(),
+            devargs: p.device.clone(),
+            name: p.dpdk_name.clone(),
+        })
+        .collect();
+    let eal_cfg = DpdkDriver::eal_config(&base, &ports);
     tracing::info!(args = ?eal_cfg.args(), "starting DPDK EAL");
-    let eal = dpdk::Eal::init(&eal_cfg).context("starting DPDK's EAL")?;
-    let pool = Arc::new(
-        dpdk::Mempool::new(&eal, "dp-rx", d.mbufs, 256, 2176)
-            .context("creating the packet-buffer pool")?,
-    );
-    let port_cfg = dpdk::PortConfig {
-        rx_queues: d.workers,
-        tx_queues: d.workers,
-        promiscuous: true,
-        ..Default::default()
-    };
-    let mut opened = Vec::new();
-    for p in ports {
-        let name = dpdk_name(p);
-        let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone())
-            .with_context(|| format!("opening port {} ({name})", p.id))?;
-        opened.push(port);
-    }
-    Ok(dpu_dataplane::io::dpdk::DpdkDriver::new(&eal, opened))
+    Ok(DpdkDriver::open(&eal_cfg, &ports, d.workers, d.mbufs)?)
 }
 
 impl Dataplane {
@@ -684,7 +651,7 @@ mod tests {
             .into_iter()
             .map(|p| (p.id.clone(), p))
             .collect();
-        let api = crate::seed::tests::api_over(&state, registry, 0, None, Some(applied));
+        let api = crate::config::seed::tests::api_over(&state, registry, 0, None, Some(applied));
 
         let attach = |port: &str| pb::Attachment {
             kind: Some(pb::attachment::Kind::Port(pb::PortAttachment {

@@ -11,8 +11,6 @@ mod config;
 mod dataplane;
 mod metrics;
 mod runtime;
-mod seed;
-mod seed_tenants;
 mod storage;
 
 use std::net::SocketAddr;
@@ -255,8 +253,8 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         switch_applied,
     });
     let api = Api::new(ctl.clone());
-    seed::seed_storage(&api, &config.storage).await?;
-    seed_tenants::seed_tenants(&api, &config.tenants).await?;
+    config::seed::seed_storage(&api, &config.storage).await?;
+    config::seed_tenants::seed_tenants(&api, &config.tenants).await?;
 
     let tls = tls_config(&config)?;
     let grpc_addr = config.grpc.listen;

@@ -235,8 +235,13 @@ mod tests {
         let storage = Storage::start(&first.state, None, &TcpConfig::default())
             .expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);
-        let api =
-            crate::seed::tests::api_over(&state, Default::default(), 64 << 20, Some(applied), None);
+        let api = crate::config::seed::tests::api_over(
+            &state,
+            Default::default(),
+            64 << 20,
+            Some(applied),
+            None,
+        );
         (storage, api, state)
     }
 

@@ -55,7 +55,116 @@ pub struct DpdkDriver {
     ports: Arc<Vec<dpdk::Port>>,
 }
 
+/// A port for [`DpdkDriver::open`] to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DpdkPort {
+    /// The caller's name of the port, for errors.
+    pub id: String,
+    /// The devargs EAL probes: of a virtual device
+    /// ("net_tap0,iface=pf0vf0") or of a bus device
+    /// ("0000:03:00.0,representor=vf[0-3]").
+    pub devargs: String,
+    /// DPDK's name of the port, if it is not the devargs' first field
+    /// (e.g. an mlx5 representor).
+    pub name: Option<String>,
+}
+
+impl DpdkPort {
+    /// DPDK's name for the port: the given one, else the devargs' first
+    /// field.
+    pub fn dpdk_name(&self) -> &str {
+        self.name
+            .as_deref()
+            .unwrap_or_else(|| self.devargs.split(',').next().unwrap_or(&self.devargs))
+    }
+
+    /// Virtual devices are named `net_*` (or `eth_*`); anything else is a
+    /// bus device (PCI address, auxiliary device) for `-a`.
+    pub fn is_vdev(&self) -> bool {
+        self.devargs.starts_with("net_") || self.devargs.starts_with("eth_")
+    }
+}
+
+/// Why [`DpdkDriver::open`] failed, naming the step.
+#[derive(Debug, thiserror::Error)]
+pub enum DpdkOpenError {
+    /// EAL did not start.
+    #[error("starting DPDK's EAL")]
+    Eal(#[source] dpdk::DpdkError),
+    /// The packet-buffer pool could not be created.
+    #[error("creating the packet-buffer pool")]
+    Pool(#[source] dpdk::DpdkError),
+    /// A port could not be opened.
+    #[error("opening port {id} ({name})")]
+    Port {
+        /// The caller's name of the port.
+        id: String,
+        /// DPDK's name of the port.
+        name: String,
+        /// What DPDK said.
+        #[source]
+        source: dpdk::DpdkError,
+    },
+}
+
 impl DpdkDriver {
+    /// `base` with the devices of `ports` for EAL to probe: each virtual
+    /// device as a vdev, each bus device once in the allow list (one
+    /// probe spawns all its ports), and no PCI scan unless a bus device
+    /// is named (only named bus devices, never every device EAL can find).
+    pub fn eal_config(base: &dpdk::EalConfig, ports: &[DpdkPort]) -> dpdk::EalConfig {
+        let mut eal_cfg = base.clone();
+        for p in ports {
+            if p.is_vdev() {
+                eal_cfg.vdevs.push(p.devargs.clone());
+            } else if !eal_cfg.allow.contains(&p.devargs) {
+                // One probe per bus device spawns all its ports.
+                eal_cfg.allow.push(p.devargs.clone());
+            }
+        }
+        // Only named bus devices, never every device EAL can find.
+        eal_cfg.no_pci = eal_cfg.allow.is_empty();
+        eal_cfg
+    }
+
+    /// Starts EAL with `eal_cfg` (from [`DpdkDriver::eal_config`]), a
+    /// pool of `mbufs` packet buffers, and opens `ports` (in that order
+    /// they become ports 0, 1, ...) with `queues` RX and TX queues each,
+    /// in promiscuous mode.
+    ///
+    /// # Errors
+    /// [`DpdkOpenError`] naming the step that failed (and the port).
+    pub fn open(
+        eal_cfg: &dpdk::EalConfig,
+        ports: &[DpdkPort],
+        queues: u16,
+        mbufs: u32,
+    ) -> Result<Self, DpdkOpenError> {
+        let eal = dpdk::Eal::init(eal_cfg).map_err(DpdkOpenError::Eal)?;
+        let pool = Arc::new(
+            dpdk::Mempool::new(&eal, "dp-rx", mbufs, 256, 2176).map_err(DpdkOpenError::Pool)?,
+        );
+        let port_cfg = dpdk::PortConfig {
+            rx_queues: queues,
+            tx_queues: queues,
+            promiscuous: true,
+            ..Default::default()
+        };
+        let mut opened = Vec::with_capacity(ports.len());
+        for p in ports {
+            let name = p.dpdk_name();
+            let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone()).map_err(|source| {
+                DpdkOpenError::Port {
+                    id: p.id.clone(),
+                    name: name.to_string(),
+                    source,
+                }
+            })?;
+            opened.push(port);
+        }
+        Ok(Self::new(&eal, opened))
+    }
+
     /// A driver over already opened ports.
     pub fn new(eal: &dpdk::Eal, ports: Vec<dpdk::Port>) -> Self {
         Self {
@@ -134,5 +243,42 @@ impl Driver for DpdkDriver {
         self.eal
             .register_thread()
             .map_err(|e| IoError::Thread(format!("registering the worker with EAL: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(id: &str, devargs: &str, name: Option<&str>) -> DpdkPort {
+        DpdkPort {
+            id: id.into(),
+            devargs: devargs.into(),
+            name: name.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn eal_probes_each_device_once() {
+        let vdevs = [
+            port("p0", "net_tap0,iface=p0", None),
+            port("p1", "eth_ring0", None),
+        ];
+        let c = DpdkDriver::eal_config(&dpdk::EalConfig::default(), &vdevs);
+        assert_eq!(c.vdevs, ["net_tap0,iface=p0", "eth_ring0"]);
+        assert!(c.allow.is_empty() && c.no_pci, "no bus device, no PCI scan");
+        assert_eq!(vdevs[0].dpdk_name(), "net_tap0");
+
+        let dev = "0000:03:00.0,representor=vf[0-1]";
+        let bus = [
+            port("p0", dev, None),
+            port("pf0vf0", dev, Some("representor_vf0")),
+        ];
+        let c = DpdkDriver::eal_config(&dpdk::EalConfig::default(), &bus);
+        assert!(c.vdevs.is_empty());
+        assert_eq!(c.allow, [dev], "one probe spawns every port of a device");
+        assert!(!c.no_pci);
+        assert_eq!(bus[0].dpdk_name(), "0000:03:00.0");
+        assert_eq!(bus[1].dpdk_name(), "representor_vf0");
     }
 }

@@ -104,6 +104,19 @@ pub async fn fill_or_undo<R, U: std::future::Future<Output = Result<R, tonic::St
     })
 }
 
+/// `msg` without the note [`fill_or_undo`] ends it with, saying that a
+/// partly created object was deleted again (or that deleting it failed).
+pub(crate) fn without_undo_note(msg: &str) -> &str {
+    let note = [" (the partly created ", " (deleting the partly created "]
+        .iter()
+        .filter_map(|n| msg.rfind(n))
+        .max();
+    match note {
+        Some(i) if msg.ends_with(')') => &msg[..i],
+        _ => msg,
+    }
+}
+
 /// Creates the namespaces and listeners of the just created subsystem
 /// `name`, declared at `at`.
 async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> {

@@ -14,8 +14,8 @@ use dpu_proto::v1::filter_service_server::FilterService;
 use dpu_proto::v1::tenant_service_server::TenantService;
 use tonic::{Code, Request, Status};
 
+use crate::config::seed::{already_stored, fill_or_undo};
 use crate::config::{seed_key, SeedTenant};
-use crate::seed::{already_stored, fill_or_undo};
 
 /// Creates the declared tenants the state does not have yet, each with its
 /// rules, in declaration order.
@@ -130,7 +130,7 @@ mod tests {
                 )
             })
             .collect();
-        crate::seed::tests::api_with(ports, 1 << 20)
+        crate::config::seed::tests::api_with(ports, 1 << 20)
     }
 
     /// The ports [`api`] knows, as configuration.

@@ -1,0 +1,1045 @@
+//! The checks of a configuration as a whole, naming the offending key.
+//!
+//! What is the daemon's alone (listeners, TLS, ports, the data plane, CPU
+//! placement) is checked here; the declared subsystems and tenants are
+//! checked by creating them through the control plane's API over a
+//! scratch in-memory state ([`Config::dry_run`]), so each of the API's
+//! rules lives in one place, the control plane.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use dpu_control::service::{Api, Control, ServiceFacts};
+use dpu_control::state::Limits;
+use dpu_control::store::StateHandle;
+use dpu_control::telemetry::Telemetry;
+use dpu_control::{validate, ControlError};
+
+use super::{parse_size, seed, seed_tenants, Config};
+
+impl Config {
+    /// Checks the configuration as a whole.
+    ///
+    /// # Errors
+    /// Names the first problem found.
+    pub fn validate(&self) -> Result<()> {
+        let g = &self.grpc;
+        match (&g.tls_cert, &g.tls_key) {
+            (Some(_), None) => bail!("grpc.tls_cert is set but grpc.tls_key is not"),
+            (None, Some(_)) => bail!("grpc.tls_key is set but grpc.tls_cert is not"),
+            _ => {}
+        }
+        if g.tls_client_ca.is_some() && g.tls_cert.is_none() {
+            bail!("grpc.tls_client_ca needs grpc.tls_cert and grpc.tls_key (mTLS runs over TLS)");
+        }
+        if g.tls_cert.is_none() && !g.listen.ip().is_loopback() && !g.allow_insecure_remote {
+            bail!(
+                "refusing plain-text gRPC on non-loopback address {}: configure grpc.tls_cert/tls_key \
+                 (and tls_client_ca for mTLS), or set grpc.allow_insecure_remote / --allow-insecure-remote",
+                g.listen
+            );
+        }
+        if let Some(h) = g.health_listen {
+            if h == g.listen {
+                bail!("grpc.health_listen {h} is also grpc.listen: give the health endpoint its own port");
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut bus_devices: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+        let mut dpdk_names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut ifaces: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut dataplane_driver: Option<(usize, &str)> = None;
+        for (i, p) in self.ports.iter().enumerate() {
+            dpu_control::validate::id(&format!("ports[{i}].id"), &p.id)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            if !seen.insert(&p.id) {
+                bail!("ports[{i}].id: port {:?} is declared twice", p.id);
+            }
+            if let Some(a) = p.vtep_address {
+                if p.driver == "none" {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address needs a data-plane driver (\"dpdk\" or \"kernel\")",
+                        p.id
+                    );
+                }
+                if !dpu_control::validate::is_unicast_v4(a) {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address {a} is not a unicast address",
+                        p.id
+                    );
+                }
+                if let Some(k) = self.ports[..i]
+                    .iter()
+                    .position(|o| o.vtep_address == Some(a))
+                {
+                    bail!(
+                        "ports[{i}] ({}): vtep_address {a} is also ports[{k}]'s",
+                        p.id
+                    );
+                }
+            }
+            match p.driver.as_str() {
+                "none" => {}
+                "dpdk" | "kernel" if dataplane_driver.is_some_and(|(_, d)| d != p.driver) => {
+                    let (k, d) = dataplane_driver.unwrap_or_default();
+                    bail!(
+                        "ports[{i}] ({}): driver {:?} cannot be mixed with driver {d:?} of ports[{k}]; \
+                         the data plane runs one driver for all its ports",
+                        p.id,
+                        p.driver
+                    )
+                }
+                "kernel" => {
+                    let dev = p.device.as_str();
+                    if dev.is_empty()
+                        || dev.len() > 15
+                        || dev == "."
+                        || dev == ".."
+                        || dev.contains(|c: char| c == '/' || c == ':' || c.is_whitespace())
+                    {
+                        bail!(
+                            "ports[{i}] ({}): driver \"kernel\" needs device = the name of a network \
+                             interface (1 to 15 characters, no '/', ':' or spaces), not {dev:?}",
+                            p.id
+                        );
+                    }
+                    if let Some(k) = ifaces.insert(dev, i) {
+                        bail!(
+                            "ports[{i}] ({}): interface {dev:?} is also ports[{k}]",
+                            p.id
+                        );
+                    }
+                }
+                "dpdk" if p.device.trim().is_empty() => {
+                    bail!(
+                        "ports[{i}] ({}): driver \"dpdk\" needs a device (devargs)",
+                        p.id
+                    )
+                }
+                "dpdk" => {
+                    // EAL probes a bus device once, with one set of devargs;
+                    // every port spawned from it (an mlx5 uplink and its
+                    // representors) must name the same set.
+                    let dev = p.device.trim();
+                    let bus = dev.split(',').next().unwrap_or(dev);
+                    if !(dev.starts_with("net_") || dev.starts_with("eth_")) {
+                        if let Some(&(k, other)) = bus_devices.get(bus) {
+                            if other != dev {
+                                bail!(
+                                    "ports[{i}] ({}): device {dev:?} probes {bus} with other devargs \
+                                     than ports[{k}] ({other:?}); EAL probes a device once, so \
+                                     every port of {bus} must give the same devargs",
+                                    p.id
+                                );
+                            }
+                        } else {
+                            bus_devices.insert(bus, (i, dev));
+                        }
+                    }
+                    let name = p.dpdk_name.clone().unwrap_or_else(|| bus.to_string());
+                    if let Some(k) = dpdk_names.insert(name.clone(), i) {
+                        bail!(
+                            "ports[{i}] ({}): DPDK port {name:?} is also ports[{k}]; give each \
+                             port spawned from one device its own dpdk_name",
+                            p.id
+                        );
+                    }
+                }
+                d => bail!(
+                    "ports[{i}] ({}): unknown driver {d:?} (use \"dpdk\", \"kernel\" or \"none\")",
+                    p.id
+                ),
+            }
+            if p.driver == "dpdk" && !cfg!(feature = "dpdk") {
+                bail!(
+                    "ports[{i}] ({}): this build of dpu-service has no DPDK support (built without \
+                     the \"dpdk\" feature); use driver \"kernel\" or a build with DPDK",
+                    p.id
+                );
+            }
+            if p.driver != "none" && dataplane_driver.is_none() {
+                dataplane_driver = Some((i, p.driver.as_str()));
+            }
+        }
+        let d = &self.dataplane;
+        if d.workers == 0 || d.workers > 64 {
+            bail!("dataplane.workers must be in 1..=64, not {}", d.workers);
+        }
+        if !d.worker_cpus.is_empty() {
+            if d.worker_cpus.len() != usize::from(d.workers) {
+                bail!(
+                    "dataplane.worker_cpus names {} CPUs for {} workers: give one per worker, or none",
+                    d.worker_cpus.len(),
+                    d.workers
+                );
+            }
+            let mut cpus = std::collections::BTreeSet::new();
+            for (w, c) in d.worker_cpus.iter().enumerate() {
+                if !cpus.insert(c) {
+                    bail!("dataplane.worker_cpus[{w}]: CPU {c} already runs another worker");
+                }
+            }
+        }
+        if d.mbufs < 1024 {
+            bail!("dataplane.mbufs must be at least 1024, not {}", d.mbufs);
+        }
+        if d.conntrack_max == 0 || d.conntrack_max > 1 << 26 {
+            bail!(
+                "dataplane.conntrack_max must be in 1..={}, not {}",
+                1 << 26,
+                d.conntrack_max
+            );
+        }
+        if d.conntrack_per_tenant == 0 || d.conntrack_per_tenant > d.conntrack_max {
+            bail!(
+                "dataplane.conntrack_per_tenant must be in 1..=conntrack_max ({}), not {}",
+                d.conntrack_max,
+                d.conntrack_per_tenant
+            );
+        }
+        if d.flow_cache_entries > 1 << 24 {
+            bail!(
+                "dataplane.flow_cache_entries must be at most {}, not {}",
+                1 << 24,
+                d.flow_cache_entries
+            );
+        }
+        if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
+            bail!(
+                "dataplane.file_prefix {:?} must be a non-empty name without '/'",
+                d.file_prefix
+            );
+        }
+        if let Some(r) = &self.storage.ram_limit {
+            parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
+        }
+        self.validate_storage()?;
+        self.validate_declared_ids()?;
+        self.validate_explicit_values()?;
+        self.dry_run()
+    }
+
+    /// Checks `[storage]`'s placement: the I/O CPUs against the data
+    /// plane's and the CPUs this process may use. (The declared
+    /// subsystems are the API's to check, in [`Config::dry_run`].)
+    fn validate_storage(&self) -> Result<()> {
+        for (i, c) in self.storage.io_cpus.iter().enumerate() {
+            if let Some(w) = self.dataplane.worker_cpus.iter().position(|w| w == c) {
+                bail!(
+                    "storage.io_cpus[{i}]: CPU {c} already runs data-plane worker {w} \
+                     (dataplane.worker_cpus[{w}]); give the NVMe/TCP I/O queues CPUs of their own"
+                );
+            }
+        }
+        self.transport()
+            .validate()
+            .map_err(|e| anyhow::anyhow!("storage.{e}"))
+    }
+
+    /// Checks that no subsystem and no tenant is declared twice. The API
+    /// would not refuse the second: startup keeps a declared object the
+    /// state has already, so the dry run would take the second
+    /// declaration for the first one stored and skip it.
+    fn validate_declared_ids(&self) -> Result<()> {
+        let mut ids = BTreeSet::new();
+        for (i, s) in self.storage.subsystems.iter().enumerate() {
+            if !ids.insert(s.id.as_str()) {
+                bail!(
+                    "storage.subsystems[{i}].id: subsystem {:?} is declared twice",
+                    s.id
+                );
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if !ids.insert(t.id.as_str()) {
+                bail!("tenants[{i}].id: tenant {:?} is declared twice", t.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the declared values the API would read as unset: a request
+    /// carries an unset text as "" and an unset number as 0, so an
+    /// explicit `serial_number = ""` or `nsid = 0` would reach the API as
+    /// "pick the default" and the dry run could not refuse it. Where the
+    /// API has the rule, its own check (of [`validate`]) words the error.
+    fn validate_explicit_values(&self) -> Result<()> {
+        let text =
+            |key: &str, v: &Option<String>, check: &dyn Fn(&str, &str) -> Result<(), _>| match v {
+                Some(v) if v.is_empty() => check(key, v).map_err(|e: ControlError| anyhow!("{e}")),
+                _ => Ok(()),
+            };
+        for (i, s) in self.storage.subsystems.iter().enumerate() {
+            let at = format!("storage.subsystems[{i}]");
+            text(&format!("{at}.serial_number"), &s.serial_number, &|k, v| {
+                validate::ascii_id(k, v, 20)
+            })?;
+            text(&format!("{at}.model_number"), &s.model_number, &|k, v| {
+                validate::ascii_id(k, v, 40)
+            })?;
+            let max = match s.max_namespaces {
+                None => validate::DEFAULT_MAX_NAMESPACES,
+                Some(0) => bail!(
+                    "{at}.max_namespaces: 0 is not in 1..={}",
+                    validate::MAX_NAMESPACES
+                ),
+                Some(m) => m,
+            };
+            for (j, n) in s.namespaces.iter().enumerate() {
+                let at = format!("{at}.namespaces[{j}]");
+                if n.size.is_some() && n.file.is_none() {
+                    bail!("{at}: size goes with file (a RAM namespace's size is the value of ram)");
+                }
+                if n.nsid == Some(0) {
+                    bail!("{at}.nsid: 0 is not in 1..={max} (the subsystem's max_namespaces)");
+                }
+                if n.block_size == Some(0) {
+                    bail!("{at}.block_size: 0 is not 512 or 4096");
+                }
+                if let Some(v) = &n.size {
+                    if parse_size(v).is_ok_and(|b| b == 0) {
+                        bail!("{at}.size: {v} is not a non-zero multiple of the block size");
+                    }
+                }
+                text(&format!("{at}.uuid"), &n.uuid, &|k, v| {
+                    validate::uuid(k, v).map(drop)
+                })?;
+                text(&format!("{at}.nguid"), &n.nguid, &|k, v| {
+                    validate::hex16(k, v).map(drop)
+                })?;
+            }
+            for (j, l) in s.listeners.iter().enumerate() {
+                let at = format!("{at}.listeners[{j}]");
+                text(&format!("{at}.id"), &l.id, &|k, v| validate::id(k, v))?;
+                if l.port == 0 {
+                    bail!("{at}.port: 0 is not in 1..=65535");
+                }
+            }
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            for (j, r) in t.rules.iter().enumerate() {
+                let key = format!("tenants[{i}].rules[{j}].id");
+                text(&key, &r.id, &|k, v| validate::id(k, v))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the declared subsystems (with their namespaces and
+    /// listeners) and tenants (with their rules) by creating them, as
+    /// startup does ([`seed::seed_storage`], [`seed_tenants::seed_tenants`]),
+    /// through the API over a fresh in-memory state with the declared
+    /// ports and RAM limit: every rule of the API's (IDs, NQNs, block
+    /// sizes, namespace IDs, the RAM total, attachments, rule fields and
+    /// priorities) is checked where it lives, in the control plane, and
+    /// the error names the configuration entry.
+    ///
+    /// Runs on a thread of its own with its own runtime, so it can be
+    /// called from inside a runtime too.
+    fn dry_run(&self) -> Result<()> {
+        if self.storage.subsystems.is_empty() && self.tenants.is_empty() {
+            return Ok(());
+        }
+        let ctl = Control {
+            state: StateHandle::open(None).context("opening an in-memory state")?,
+            ports: self
+                .port_specs()
+                .into_iter()
+                .map(|p| (p.id.clone(), p))
+                .collect(),
+            telemetry: Arc::new(Telemetry::default()),
+            limits: Limits {
+                ram_bytes: self.ram_limit(),
+            },
+            facts: ServiceFacts::default(),
+            storage_applied: None,
+            switch_applied: None,
+        };
+        let api = Api::new(Arc::new(ctl));
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .context("starting a runtime to check the declarations")?
+                        .block_on(async {
+                            seed::seed_storage(&api, &self.storage).await?;
+                            seed_tenants::seed_tenants(&api, &self.tenants).await
+                        })
+                })
+                .join()
+                .unwrap_or_else(|_| bail!("checking the declarations panicked"))
+        })
+        // What the scratch state undid is no news to the reader of a check.
+        .map_err(|e| anyhow!("{}", seed::without_undo_note(&format!("{e:#}"))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{declared, tenant};
+    use super::super::*;
+
+    #[test]
+    fn insecure_remote_needs_consent() {
+        let mut c: Config = toml::from_str("[grpc]\nlisten = \"0.0.0.0:50051\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("refusing plain-text"), "{err}");
+        c.grpc.allow_insecure_remote = true;
+        c.validate().unwrap();
+        c.grpc.allow_insecure_remote = false;
+        c.grpc.tls_cert = Some("c.pem".into());
+        assert!(c.validate().unwrap_err().to_string().contains("tls_key"));
+        c.grpc.tls_key = Some("k.pem".into());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn health_listener_has_its_own_port() {
+        let mut c: Config = toml::from_str(
+            "[grpc]\nlisten = \"127.0.0.1:50051\"\nhealth_listen = \"0.0.0.0:50052\"\n",
+        )
+        .unwrap();
+        // Health only: plain text on any address needs no consent.
+        c.validate().unwrap();
+        c.grpc.health_listen = Some(c.grpc.listen);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("its own port"), "{err}");
+    }
+
+    #[test]
+    #[cfg(feature = "dpdk")]
+    fn ports_of_one_bus_device_share_its_devargs() {
+        let port = |id: &str, dev: &str, name: Option<&str>| {
+            let name = name.map_or(String::new(), |n| format!("dpdk_name = \"{n}\"\n"));
+            format!("[[ports]]\nid = \"{id}\"\ndriver = \"dpdk\"\ndevice = \"{dev}\"\n{name}")
+        };
+        let dev = "0000:03:00.0,representor=vf[0-1]";
+        let ok = port("p0", dev, None) + &port("pf0vf0", dev, Some("0000:03:00.0_representor_vf0"));
+        toml::from_str::<Config>(&ok).unwrap().validate().unwrap();
+        let other = ok.clone() + &port("pf0vf1", "0000:03:00.0,representor=vf[1]", Some("x"));
+        let err = toml::from_str::<Config>(&other)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("same devargs"), "{err}");
+        let twice = ok + &port("pf0vf1", dev, Some("0000:03:00.0_representor_vf0"));
+        let err = toml::from_str::<Config>(&twice)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("own dpdk_name"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_or_bad_ports() {
+        let c: Config = toml::from_str("[[ports]]\nid = \"p0\"\n[[ports]]\nid = \"p0\"\n").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("declared twice"));
+        let c: Config = toml::from_str("[[ports]]\nid = \"P0\"\n").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ports[0].id"));
+    }
+
+    #[test]
+    fn data_plane_settings_are_checked() {
+        let bad = |text: &str, want: &str| {
+            let c: Config = toml::from_str(text).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        };
+        bad(
+            "[[ports]]\nid = \"p0\"\ndriver = \"dpdk\"\n",
+            "needs a device",
+        );
+        bad(
+            "[[ports]]\nid = \"p0\"\ndriver = \"xdp\"\n",
+            "unknown driver",
+        );
+        bad("[dataplane]\nworkers = 0\n", "dataplane.workers");
+        bad("[dataplane]\nmbufs = 10\n", "dataplane.mbufs");
+        bad("[dataplane]\nfile_prefix = \"a/b\"\n", "file_prefix");
+        bad(
+            "[dataplane]\nconntrack_max = 0\n",
+            "dataplane.conntrack_max",
+        );
+        bad(
+            "[dataplane]\nflow_cache_entries = 100000000\n",
+            "dataplane.flow_cache_entries",
+        );
+        bad(
+            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
+            "dataplane.conntrack_per_tenant",
+        );
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
+            "dataplane.worker_cpus names 1 CPUs for 2 workers",
+        );
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1, 1]\n",
+            "dataplane.worker_cpus[1]: CPU 1",
+        );
+        assert!(toml::from_str::<Config>("[dataplane]\nidle = \"sometimes\"\n").is_err());
+        // The CPUs of the data plane are the data plane's alone.
+        bad(
+            "[dataplane]\nworkers = 2\nworker_cpus = [1, 2]\n[storage]\nio_cpus = [3, 2]\n",
+            "storage.io_cpus[1]: CPU 2 already runs data-plane worker 1 (dataplane.worker_cpus[1])",
+        );
+        let c: Config = toml::from_str(
+            "[dataplane]\nidle = \"backoff\"\nno_huge = true\n[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"p0\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.dataplane.idle, IdleMode::Backoff);
+    }
+
+    #[test]
+    fn vtep_addresses_are_unicast_distinct_and_on_data_plane_ports() {
+        let port = |id: &str, driver: &str, vtep: &str| {
+            format!(
+                "[[ports]]\nid = \"{id}\"\ndriver = \"{driver}\"\ndevice = \"{id}\"\nvtep_address = \"{vtep}\"\n"
+            )
+        };
+        let check = |text: &str| {
+            toml::from_str::<Config>(text)
+                .map_err(|e| e.to_string())?
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        let c: Config = toml::from_str(&port("p0", "kernel", "192.0.2.1")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.ports[0].vtep_address, Some("192.0.2.1".parse().unwrap()));
+        for (text, want) in [
+            (
+                port("p0", "none", "192.0.2.1"),
+                "vtep_address needs a data-plane driver",
+            ),
+            (
+                port("p0", "kernel", "224.0.0.5"),
+                "224.0.0.5 is not a unicast address",
+            ),
+            (port("p0", "kernel", "0.0.0.0"), "is not a unicast address"),
+            (
+                port("p0", "kernel", "192.0.2.1") + &port("p1", "kernel", "192.0.2.1"),
+                "ports[1] (p1): vtep_address 192.0.2.1 is also ports[0]'s",
+            ),
+            (port("p0", "kernel", "2001:db8::1"), "vtep_address"),
+        ] {
+            let err = check(&text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn kernel_ports_name_interfaces_and_do_not_mix_with_dpdk_ports() {
+        let port = |id: &str, driver: &str, device: &str| {
+            format!("[[ports]]\nid = \"{id}\"\ndriver = \"{driver}\"\ndevice = \"{device}\"\n")
+        };
+        let check = |text: &str| {
+            toml::from_str::<Config>(text)
+                .unwrap()
+                .validate()
+                .map_err(|e| e.to_string())
+        };
+        let two = port("p0", "kernel", "veth0") + &port("pf0vf0", "kernel", "pf0vf0");
+        check(&two).unwrap();
+        for dev in ["", "a/b", "sixteen-chars-ab", "..", "eth0:1", "a b"] {
+            let err = check(&port("p0", "kernel", dev)).unwrap_err();
+            assert!(
+                err.contains("ports[0] (p0): driver \"kernel\" needs device"),
+                "{dev:?}: {err}"
+            );
+        }
+        let err =
+            check(&(port("p0", "kernel", "veth0") + &port("p1", "kernel", "veth0"))).unwrap_err();
+        assert!(
+            err.contains("ports[1] (p1): interface \"veth0\" is also ports[0]"),
+            "{err}"
+        );
+        let err =
+            check(&(port("p0", "kernel", "veth0") + &port("p1", "dpdk", "net_tap0"))).unwrap_err();
+        assert!(
+            err.contains(
+                "ports[1] (p1): driver \"dpdk\" cannot be mixed with driver \"kernel\" of ports[0]"
+            ),
+            "{err}"
+        );
+        // Ports for the API only mix with either.
+        check(&(port("p0", "kernel", "veth0") + "[[ports]]\nid = \"p1\"\n")).unwrap();
+        // A build without DPDK says so instead of failing at start.
+        let dpdk = check(&port("p0", "dpdk", "net_tap0,iface=p0"));
+        assert_eq!(dpdk.is_ok(), cfg!(feature = "dpdk"), "{dpdk:?}");
+        if let Err(e) = dpdk {
+            assert!(e.contains("no DPDK support"), "{e}");
+        }
+    }
+
+    #[test]
+    fn storage_declarations_are_checked() {
+        let ns = "[[storage.subsystems.namespaces]]";
+        let ls = "[[storage.subsystems.listeners]]";
+        let b = "[[storage.subsystems]]";
+        for (text, want) in [
+            (
+                format!("{b}\nid = \"A\"\nnqn = \"nqn.2024-01.io.example:a\"\n"),
+                "storage.subsystems[0] (\"A\"): name: \"A\" is not a valid ID",
+            ),
+            (
+                declared("", &format!("{b}\nid = \"a\"\nnqn = \"nqn.2024-01.io.example:b\"\n")),
+                "storage.subsystems[1].id: subsystem \"a\" is declared twice",
+            ),
+            (
+                format!("{b}\nid = \"a\"\nnqn = \"vol-a\"\n"),
+                "storage.subsystems[0] (\"a\"): subsystem.nqn: \"vol-a\" is not a valid NQN",
+            ),
+            (
+                format!("{b}\nid = \"a\"\nnqn = \"nqn.2014-08.org.nvmexpress.discovery\"\n"),
+                "storage.subsystems[0] (\"a\"): subsystem.nqn: the discovery NQN is reserved for the discovery controller",
+            ),
+            (
+                declared("", &format!("{b}\nid = \"b\"\nnqn = \"nqn.2024-01.io.example:a\"\n")),
+                "storage.subsystems[1] (\"b\"): NQN nqn.2024-01.io.example:a is already used by subsystems/a",
+            ),
+            (
+                declared("serial_number = \"\"", ""),
+                "storage.subsystems[0].serial_number: \"\" must be 1 to 20",
+            ),
+            (
+                declared(&format!("model_number = \"{}\"", "m".repeat(41)), ""),
+                "storage.subsystems[0] (\"a\"): subsystem.model_number: \"mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm\" must be 1 to 40 printable ASCII characters",
+            ),
+            (
+                declared("allowed_hosts = [\"host-1\"]", ""),
+                "storage.subsystems[0] (\"a\"): subsystem.allowed_hosts[0]: \"host-1\" is not a valid NQN",
+            ),
+            (
+                declared("allowed_hosts = [\"nqn.2024-01.io.example:h\", \"nqn.2024-01.io.example:h\"]", ""),
+                "storage.subsystems[0] (\"a\"): subsystem.allowed_hosts[1]: nqn.2024-01.io.example:h is listed twice",
+            ),
+            (
+                declared("max_namespaces = 0", ""),
+                "storage.subsystems[0].max_namespaces: 0 is not in 1..=1024",
+            ),
+            (
+                declared("max_namespaces = 1", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[1]: subsystems/a has no free namespace ID (max_namespaces 1)",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nfile = \"/x\"\n")),
+                "storage.subsystems[0].namespaces[0]: give exactly one of ram, file, block_device",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nblock_size = 512\n")),
+                "storage.subsystems[0].namespaces[1]: give exactly one of ram, file, block_device",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nsize = \"2M\"\n")),
+                "storage.subsystems[0].namespaces[0]: size goes with file",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"lots\"\n")),
+                "storage.subsystems[0].namespaces[0]: ram: \"lots\" is not a size: cannot parse integer from empty string",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"1.5G\"\n")),
+                "storage.subsystems[0].namespaces[0]: size: unknown size unit \".5G\" (use K, M, G, T or KiB, MiB, GiB, TiB)",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"0\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.ram.size_bytes: 0 is not a non-zero multiple of the block size 512",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"6K\"\nblock_size = 4096\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.ram.size_bytes: 6144 is not a non-zero multiple of the block size 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nblock_size = 1024\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.block_size: 1024 is not 512 or 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"disk.img\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.file.path: \"disk.img\" is not an absolute path",
+            ),
+            (
+                declared("", &format!("{ns}\nblock_device = \"nvme0n1\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.block_device.path: \"nvme0n1\" is not an absolute path",
+            ),
+            (
+                declared("max_namespaces = 4", &format!("{ns}\nnsid = 5\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.nsid: 5 exceeds max_namespaces 4 of subsystems/a",
+            ),
+            (
+                declared("", &format!("{ns}\nnsid = 0\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[0].nsid: 0 is not in 1..=32",
+            ),
+            (
+                declared("", &format!("{ns}\nnsid = 2\nram = \"1M\"\n{ns}\nnsid = 2\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[1]: subsystems/a/namespaces/2 already exists",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nnsid = 1\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[1]: subsystems/a/namespaces/1 already exists",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nuuid = \"not-a-uuid\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.uuid: \"not-a-uuid\" is not a UUID",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nnguid = \"00ff\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.nguid: \"00ff\" is not 32 hex digits",
+            ),
+            (
+                format!(
+                    "[storage]\nram_limit = \"1M\"\n{}",
+                    declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"4K\"\n"))
+                ),
+                "storage.subsystems[0].namespaces[1]: RAM namespaces would use 1052672 bytes; the service allows 1048576 (storage.ram_limit)",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"Data\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[0]: listener_id: \"Data\" is not a valid ID",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"d\"\naddress = \"127.0.0.1\"\nport = 4421\n")),
+                "storage.subsystems[0].listeners[1]: subsystems/a/listeners/d already exists",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 0\n")),
+                "storage.subsystems[0].listeners[0].port: 0 is not in 1..=65535",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"x\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[1]: subsystems/a/listeners/tcp-127-0-0-1-4420 already listens on 127.0.0.1:4420",
+            ),
+            // Values a request would carry as "unset": refused before the
+            // dry run, which could not tell them from defaults.
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nuuid = \"\"\n")),
+                "storage.subsystems[0].namespaces[0].uuid: \"\" is not a UUID",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nblock_size = 0\n")),
+                "storage.subsystems[0].namespaces[0].block_size: 0 is not 512 or 4096",
+            ),
+            (
+                declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"0\"\n")),
+                "storage.subsystems[0].namespaces[0].size: 0 is not a non-zero multiple",
+            ),
+            (
+                declared("", &format!("{ls}\nid = \"\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[0].id: \"\" is not a valid ID",
+            ),
+            (
+                declared("max_namespaces = 5000", ""),
+                "storage.subsystems[0] (\"a\"): subsystem.max_namespaces:",
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
+            assert!(!e.contains("partly created"), "a check undoes nothing: {e}");
+        }
+    }
+
+    #[test]
+    fn storage_io_cpus_parse_and_are_checked_against_this_process() {
+        let load = |text: &str| {
+            toml::from_str::<Config>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c).map_err(|e| e.to_string()))
+        };
+        // Unset: nothing pinned, nothing asked of the machine.
+        let c = load("").unwrap();
+        assert!(c.storage.io_cpus.is_empty());
+        assert_eq!(c.transport(), dpu_nvmeof::TcpConfig::default());
+        let allowed = dpu_os::affinity::current_thread_cpus().unwrap();
+        let &cpu = allowed.last().unwrap();
+        let c = load(&format!("[storage]\nio_cpus = [{cpu}]\n")).unwrap();
+        assert_eq!(c.transport().io_cpus, [cpu]);
+        assert_eq!(c.transport().io_cpu(7), Some(cpu));
+        // The target's threads keep off the workers' CPUs when a data
+        // plane runs them.
+        let workers = format!("[dataplane]\nworker_cpus = [{cpu}]\n");
+        let c = load(&workers).unwrap();
+        assert!(
+            c.transport().avoid_cpus.is_empty(),
+            "no ports, no data plane"
+        );
+        let c = load(&format!(
+            "[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"lo\"\n{workers}"
+        ))
+        .unwrap();
+        assert_eq!(c.transport().avoid_cpus, [cpu]);
+        for (text, want) in [
+            (
+                "[storage]\nio_cpus = [100000]\n".to_string(),
+                "storage.io_cpus[0]: CPU 100000 is not among the CPUs this process may use (",
+            ),
+            (
+                format!("[storage]\nio_cpus = [{cpu}, {cpu}]\n"),
+                &*format!("storage.io_cpus[1]: CPU {cpu} is listed twice"),
+            ),
+            (
+                format!("[dataplane]\nworker_cpus = [{cpu}]\n[storage]\nio_cpus = [{cpu}]\n"),
+                &*format!("storage.io_cpus[0]: CPU {cpu} already runs data-plane worker 0"),
+            ),
+            ("[storage]\nio_cpus = [-1]\n".to_string(), "io_cpus"),
+            ("[storage]\nio_cpus = \"2-3\"\n".to_string(), "io_cpus"),
+        ] {
+            let e = load(&text).unwrap_err();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
+    #[test]
+    fn tenant_declarations_are_checked() {
+        let r = "[[tenants.rules]]";
+        for (text, want) in [
+            (
+                tenant("", "[[tenants]]\nid = \"t\"\n"),
+                "tenants[1].id: tenant \"t\" is declared twice",
+            ),
+            (
+                "[[tenants]]\nid = \"Blue\"\n".to_string(),
+                "tenants[0] (\"Blue\"): name: \"Blue\" is not a valid ID",
+            ),
+            (
+                tenant("display_name = \"a\\nb\"", ""),
+                "tenants[0].display_name: control characters are not allowed",
+            ),
+            (
+                tenant("attachments = [\"pf0vf0.x\"]", ""),
+                "tenants[0].attachments[0]: VLAN \"x\" is not a number",
+            ),
+            (
+                tenant("attachments = [\".5\"]", ""),
+                "tenants[0].attachments[0]: \".5\": expected PORT[.VLAN]",
+            ),
+            (
+                tenant("attachments = [\"p0.4095\"]", ""),
+                "tenants[0].attachments[0]: 4095 is not in 0..=4094",
+            ),
+            (
+                tenant("attachments = [\"PF0\"]", ""),
+                "tenants[0].attachments[0]: ",
+            ),
+            (
+                tenant("attachments = [\"pf0vf9\"]", ""),
+                "tenants[0] (\"t\"): ports/pf0vf9 not found",
+            ),
+            (
+                tenant("attachments = [\"p0.100\", \"p0\"]", ""),
+                "tenants[0].attachments[1]: ",
+            ),
+            (
+                tenant(
+                    "attachments = [\"pf0vf0\"]",
+                    "[[tenants]]\nid = \"u\"\nattachments = [\"pf0vf1\", \"pf0vf0\"]\n",
+                ),
+                "tenants[1] (\"u\"): ports/pf0vf0 overlaps ports/pf0vf0, which belongs to tenants/t",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndst = \"10.0.0.1/8\"\n")),
+                "tenants[0].rules[0].dst: host bits are set in 10.0.0.1/8 (did you mean 10.0.0.0/8?)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nsrc = \"10.0.0.0/33\"\n")),
+                "tenants[0].rules[0].src: ",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nsrc = \"10.0.0.0/8\"\ndst = \"::/0\"\n")),
+                "tenants[0].rules[0].dst: ",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndport = 80\n")),
+                "tenants[0].rules[0].dport: port ranges need ip_protocol",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\nsport = \"90-80\"\n")),
+                "tenants[0].rules[0].sport: first (90) is greater than last (80)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\nsport = 70000\n")),
+                "tenants[0].rules[0].sport: 70000 is not in 0..=65535",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = \"http\"\n")),
+                "tenants[0].rules[0].dport: \"http\" is not a port (expected PORT or FIRST-LAST)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nrate_limit = \"fast\"\n")),
+                "tenants[0].rules[0].rate_limit: \"fast\" is not a rate",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nburst = 5\n")),
+                "tenants[0].rules[0].burst: needs rate_limit",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = -1\n")),
+                "tenants[0].rules[0].dport: -1 is not in 0..=65535",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"gre\"\n")),
+                "tenants[0].rules[0].proto: \"gre\" is not tcp, udp, icmp, icmpv6, sctp or a protocol number",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = 256\n")),
+                "tenants[0].rules[0].proto: 256 is not in 0..=255",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nicmp_type = 8\n")),
+                "tenants[0].rules[0].icmp_type: needs ip_protocol 1 (ICMP) or 58 (ICMPv6)",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\nproto = \"icmp\"\nicmp_code = 0\n")),
+                "tenants[0].rules[0].icmp_code: requires icmp_type",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"deny\"\nstateful = true\n")),
+                "tenants[0].rules[0].stateful: only ALLOW rules can be stateful",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\ndescription = \"{}\"\n", "d".repeat(300))),
+                "tenants[0].rules[0].description: ",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"Web\"\npriority = 1\naction = \"allow\"\n")),
+                "tenants[0].rules[0]: rule_id: \"Web\" is not a valid ID",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"a\"\npriority = 1\naction = \"allow\"\n{r}\nid = \"a\"\npriority = 2\naction = \"allow\"\n")),
+                "tenants[0].rules[1]: tenants/t/rules/a already exists",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"allow\"\n{r}\npriority = 1\naction = \"deny\"\n")),
+                "tenants[0].rules[1]: priority 1 is taken by tenants/t/rules/rule-1",
+            ),
+            (
+                tenant("", &format!("{r}\nid = \"\"\npriority = 1\naction = \"allow\"\n")),
+                "tenants[0].rules[0].id: \"\" is not a valid ID",
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
+            assert!(!e.contains("partly created"), "a check undoes nothing: {e}");
+        }
+    }
+
+    /// The shipped configurations run their ports on DPDK.
+    #[test]
+    #[cfg(feature = "dpdk")]
+    fn shipped_configs_are_valid() {
+        use std::path::Path;
+
+        use clap::Parser;
+        use dpu_control::model::PortRole;
+
+        let load = |f: &str| {
+            let c = Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap();
+            c.validate().unwrap();
+            c
+        };
+        let dev_config = load("config/dev.toml");
+        // Four TAP ports named like a BlueField's, each its own interface.
+        let ports: Vec<(&str, &str)> = dev_config
+            .ports
+            .iter()
+            .map(|p| (p.id.as_str(), p.device.as_str()))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("p0", "net_tap0,iface=p0"),
+                ("pf0vf0", "net_tap1,iface=pf0vf0"),
+                ("pf0vf1", "net_tap2,iface=pf0vf1"),
+                ("pf0vf2", "net_tap3,iface=pf0vf2"),
+            ]
+        );
+        assert!(dev_config.ports.iter().all(|p| p.driver == "dpdk"));
+        assert_eq!(dev_config.ports[0].role, PortRole::Uplink);
+        let d = &dev_config.dataplane;
+        assert!(d.no_huge && d.memory_mb.is_some_and(|m| m <= 512));
+        assert_eq!((d.idle, d.workers), (IdleMode::Backoff, 1));
+        assert_ne!(d.file_prefix, DataplaneConfig::default().file_prefix);
+        // One example tenant on two VFs, default deny, with rules that let
+        // the README's ping across and show a deny.
+        let [t] = &dev_config.tenants[..] else {
+            panic!("dev.toml declares one tenant")
+        };
+        assert_eq!(t.id, "demo");
+        assert_eq!(t.attachments, ["pf0vf0", "pf0vf1"]);
+        assert_eq!(t.default_policy, Some(SeedAction::Deny));
+        let rules: Vec<(&str, SeedAction, bool)> = t
+            .rules
+            .iter()
+            .map(|r| (r.id.as_deref().unwrap_or(""), r.action, r.stateful))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                ("quarantine", SeedAction::Deny, false),
+                ("ping", SeedAction::Allow, true),
+                ("web", SeedAction::Allow, true),
+            ]
+        );
+        let dev = dev_config.storage;
+        assert_eq!(
+            dev.discovery_listen,
+            Some("127.0.0.1:8009".parse().unwrap())
+        );
+        let [s] = &dev.subsystems[..] else {
+            panic!("dev.toml declares one subsystem")
+        };
+        assert_eq!(
+            (s.id.as_str(), s.nqn.as_str()),
+            ("dev", "nqn.2024-01.io.dpu-service:dev")
+        );
+        assert!(s.allow_any_host);
+        assert_eq!(s.namespaces[0].ram.as_deref(), Some("256MiB"));
+        assert_eq!(s.namespaces[0].block_size, Some(512));
+        assert_eq!(
+            (s.listeners[0].address.to_string(), s.listeners[0].port),
+            ("127.0.0.1".to_string(), 4420)
+        );
+        // Without the data plane, the same ports exist for the API only.
+        let mut api_only = load("config/dev.toml");
+        api_only
+            .apply(&Cli::parse_from([
+                "dpu-service",
+                "--no-dataplane",
+                "--config",
+                "config/dev.toml",
+            ]))
+            .unwrap();
+        api_only.validate().unwrap();
+        assert!(api_only
+            .ports
+            .iter()
+            .all(|p| p.driver == "none" && p.device.is_empty() && p.vtep_address.is_none()));
+        assert_eq!(api_only.ports.len(), 4);
+        assert_eq!(api_only.tenants.len(), 1, "the tenant is still seeded");
+        let prod = load("config/production.toml");
+        assert!(
+            prod.storage.subsystems.is_empty(),
+            "production declares no storage"
+        );
+        assert!(prod.storage.discovery_listen.is_none());
+        assert!(prod.grpc.tls_client_ca.is_some(), "production uses mTLS");
+        assert!(prod.grpc.health_listen.is_some());
+        let ids: Vec<&str> = prod.ports.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["p0", "pf0hpf", "pf0vf0", "pf0vf1", "p1", "pf1hpf"]);
+        assert!(prod.ports.iter().all(|p| p.driver == "dpdk"));
+    }
+}

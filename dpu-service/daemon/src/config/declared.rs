@@ -1,0 +1,420 @@
+//! The declarations of the configuration (`[[storage.subsystems]]`,
+//! `[[tenants]]` and their rules) as the API's messages, and the
+//! configuration key of a field the API names in an error.
+
+use anyhow::{bail, Context, Result};
+use dpu_proto::text;
+use dpu_proto::v1 as pb;
+
+use super::{
+    parse_size, SeedAction, SeedListener, SeedNamespace, SeedRule, SeedSubsystem, SeedTenant,
+    SeedTransport, TextOrNumber,
+};
+
+impl SeedSubsystem {
+    /// The subsystem as a `CreateSubsystem` request carries it.
+    pub fn to_proto(&self) -> pb::Subsystem {
+        pb::Subsystem {
+            nqn: self.nqn.clone(),
+            serial_number: self.serial_number.clone().unwrap_or_default(),
+            model_number: self.model_number.clone().unwrap_or_default(),
+            allow_any_host: self.allow_any_host,
+            allowed_hosts: self.allowed_hosts.clone(),
+            max_namespaces: self.max_namespaces.unwrap_or(0),
+            ..Default::default()
+        }
+    }
+}
+
+impl SeedNamespace {
+    /// The namespace as a `CreateNamespace` request carries it.
+    ///
+    /// # Errors
+    /// If not exactly one backend is given, or a size does not parse.
+    pub fn to_proto(&self) -> Result<pb::Namespace> {
+        let size = |key: &str, v: &str| parse_size(v).with_context(|| key.to_string());
+        let backend = match (&self.ram, &self.file, &self.block_device) {
+            (Some(r), None, None) => pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: size("ram", r)?,
+            }),
+            (None, Some(f), None) => pb::namespace::Backend::File(pb::FileBackend {
+                path: f.clone(),
+                size_bytes: match &self.size {
+                    Some(v) => size("size", v)?,
+                    None => 0,
+                },
+            }),
+            (None, None, Some(b)) => {
+                pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: b.clone() })
+            }
+            _ => bail!("give exactly one of ram, file, block_device"),
+        };
+        Ok(pb::Namespace {
+            nsid: self.nsid.unwrap_or(0),
+            backend: Some(backend),
+            block_size: self.block_size.unwrap_or(0),
+            uuid: self.uuid.clone().unwrap_or_default(),
+            nguid: self.nguid.clone().unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+}
+
+impl SeedListener {
+    /// The listener as a `CreateListener` request carries it.
+    pub fn to_proto(&self) -> pb::Listener {
+        pb::Listener {
+            transport: match self.transport {
+                SeedTransport::Tcp => pb::Transport::Tcp,
+            } as i32,
+            address: self.address.to_string(),
+            port: u32::from(self.port),
+            ..Default::default()
+        }
+    }
+}
+
+impl SeedAction {
+    /// The action as a rule carries it.
+    pub fn rule_action(self) -> pb::RuleAction {
+        match self {
+            Self::Allow => pb::RuleAction::Allow,
+            Self::Deny => pb::RuleAction::Deny,
+        }
+    }
+
+    /// The action as a tenant's default policy.
+    pub fn policy(self) -> pb::DefaultPolicy {
+        match self {
+            Self::Allow => pb::DefaultPolicy::Allow,
+            Self::Deny => pb::DefaultPolicy::Deny,
+        }
+    }
+}
+
+/// Parses an attachment in dpuctl's `--port` syntax:
+/// `PORT[.VLAN][,mac=MAC][,ip=PREFIX]...` ([`dpu_proto::text`]).
+///
+/// # Errors
+/// If the text is not of that form (the port ID, the VLAN's range and the
+/// anti-spoofing entries are the API's to check).
+pub fn parse_attachment(s: &str) -> Result<pb::Attachment> {
+    text::port_attachment(s).map_err(|e| anyhow::anyhow!(e))
+}
+
+/// Parses an IP protocol: a name dpuctl's `--proto` takes, or a number.
+fn parse_protocol(v: &TextOrNumber) -> Result<u32> {
+    Ok(match v {
+        TextOrNumber::Number(n) => {
+            u32::try_from(*n).with_context(|| format!("{n} is not in 0..=255"))?
+        }
+        TextOrNumber::Text(t) => text::protocol(t).map_err(|e| anyhow::anyhow!(e))?,
+    })
+}
+
+/// Parses a port range: a number, or text "PORT" or "FIRST-LAST" (the
+/// range itself is the API's to check).
+fn parse_ports(v: &TextOrNumber) -> Result<pb::PortRange> {
+    match v {
+        TextOrNumber::Number(n) => {
+            let p = u32::try_from(*n).with_context(|| format!("{n} is not in 0..=65535"))?;
+            Ok(pb::PortRange { first: p, last: p })
+        }
+        TextOrNumber::Text(t) => text::port_range(t).map_err(|e| anyhow::anyhow!(e)),
+    }
+}
+
+/// The configuration key of a field the API names in a tenant or rule,
+/// relative to the `[[tenants]]` or `[[tenants.rules]]` entry: the API's
+/// `dst_prefix` is the configuration's `dst`, `dst_ports.first` its
+/// `dport`, `attachments[1].port.vlan_id` its `attachments[1]`.
+pub fn seed_key(api_field: &str) -> String {
+    let (head, _) = api_field.split_once('.').unwrap_or((api_field, ""));
+    match head {
+        "src_prefix" => "src".into(),
+        "dst_prefix" => "dst".into(),
+        "src_ports" => "sport".into(),
+        "dst_ports" => "dport".into(),
+        "ip_protocol" => "proto".into(),
+        h => h.into(),
+    }
+}
+
+impl SeedTenant {
+    /// The tenant as a `CreateTenant` request carries it; `at` names the
+    /// entry in errors.
+    ///
+    /// # Errors
+    /// If an attachment is not "PORT" or "PORT.VLAN".
+    pub fn to_proto(&self, at: &str) -> Result<pb::Tenant> {
+        let attachments = self
+            .attachments
+            .iter()
+            .enumerate()
+            .map(|(k, a)| parse_attachment(a).with_context(|| format!("{at}.attachments[{k}]")))
+            .collect::<Result<_>>()?;
+        Ok(pb::Tenant {
+            display_name: self.display_name.clone().unwrap_or_default(),
+            attachments,
+            default_policy: self
+                .default_policy
+                .map_or(pb::DefaultPolicy::Unspecified, SeedAction::policy)
+                as i32,
+            ..Default::default()
+        })
+    }
+}
+
+impl SeedRule {
+    /// The rule as an `AddRule` request carries it; `at` names the entry
+    /// in errors.
+    ///
+    /// # Errors
+    /// If `proto`, `sport` or `dport` does not parse.
+    pub fn to_proto(&self, at: &str) -> Result<pb::FilterRule> {
+        Ok(pb::FilterRule {
+            priority: self.priority,
+            src_prefix: self.src.clone().unwrap_or_default(),
+            dst_prefix: self.dst.clone().unwrap_or_default(),
+            src_ports: self
+                .sport
+                .as_ref()
+                .map(parse_ports)
+                .transpose()
+                .with_context(|| format!("{at}.sport"))?,
+            dst_ports: self
+                .dport
+                .as_ref()
+                .map(parse_ports)
+                .transpose()
+                .with_context(|| format!("{at}.dport"))?,
+            ip_protocol: self
+                .proto
+                .as_ref()
+                .map(parse_protocol)
+                .transpose()
+                .with_context(|| format!("{at}.proto"))?,
+            icmp_type: self.icmp_type,
+            icmp_code: self.icmp_code,
+            action: self.action.rule_action() as i32,
+            stateful: self.stateful,
+            description: self.description.clone().unwrap_or_default(),
+            rate_limit: match (&self.rate_limit, self.burst) {
+                (Some(r), burst) => Some(pb::RateLimit {
+                    burst: burst.unwrap_or(0),
+                    ..text::rate_limit(r)
+                        .map_err(|e| anyhow::anyhow!(e))
+                        .with_context(|| format!("{at}.rate_limit"))?
+                }),
+                (None, Some(_)) => bail!("{at}.burst: needs rate_limit"),
+                (None, None) => None,
+            },
+            name: String::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::tenant;
+    use super::super::Config;
+    use super::*;
+
+    #[test]
+    fn storage_declarations_parse() {
+        let c: Config = toml::from_str(
+            r#"
+[storage]
+ram_limit = "1GiB"
+discovery_listen = "127.0.0.1:8009"
+
+[[storage.subsystems]]
+id = "vol1"
+nqn = "nqn.2024-01.io.example:vol1"
+serial_number = "SN1"
+model_number = "M1"
+allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:h"]
+max_namespaces = 8
+
+[[storage.subsystems.namespaces]]
+nsid = 2
+ram = "256MiB"
+block_size = 4096
+uuid = "123e4567-e89b-12d3-a456-426614174000"
+nguid = "00112233445566778899aabbccddeeff"
+
+[[storage.subsystems.namespaces]]
+file = "/var/lib/disk.img"
+size = "1GiB"
+
+[[storage.subsystems.namespaces]]
+block_device = "/dev/nvme0n1"
+
+[[storage.subsystems.listeners]]
+id = "data"
+address = "192.0.2.10"
+port = 4420
+transport = "tcp"
+
+[[storage.subsystems.listeners]]
+address = "::1"
+port = 4421
+
+[[storage.subsystems]]
+id = "vol2"
+nqn = "nqn.2024-01.io.example:vol2"
+allow_any_host = true
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let st = &c.storage;
+        assert_eq!(st.discovery_listen, Some("127.0.0.1:8009".parse().unwrap()));
+        assert_eq!(st.subsystems.len(), 2);
+        let v1 = &st.subsystems[0];
+        assert!(!v1.allow_any_host, "no host unless allowed");
+        assert_eq!(v1.max_namespaces, Some(8));
+        let p = v1.to_proto();
+        assert_eq!(
+            (p.serial_number.as_str(), p.model_number.as_str()),
+            ("SN1", "M1")
+        );
+        assert_eq!(p.allowed_hosts, ["nqn.2014-08.org.nvmexpress:uuid:h"]);
+        let n = v1.namespaces[0].to_proto().unwrap();
+        assert_eq!((n.nsid, n.block_size), (2, 4096));
+        assert_eq!(
+            n.backend,
+            Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 256 << 20
+            }))
+        );
+        assert_eq!(n.uuid, "123e4567-e89b-12d3-a456-426614174000");
+        assert_eq!(
+            v1.namespaces[1].to_proto().unwrap().backend,
+            Some(pb::namespace::Backend::File(pb::FileBackend {
+                path: "/var/lib/disk.img".into(),
+                size_bytes: 1 << 30
+            }))
+        );
+        let n = v1.namespaces[2].to_proto().unwrap();
+        assert_eq!((n.nsid, n.block_size), (0, 0), "left to the API's defaults");
+        assert_eq!(v1.listeners[0].id.as_deref(), Some("data"));
+        let l = v1.listeners[1].to_proto();
+        assert_eq!(l.transport, pb::Transport::Tcp as i32, "tcp by default");
+        assert_eq!((l.address.as_str(), l.port), ("::1", 4421));
+        let v2 = &st.subsystems[1];
+        assert!(v2.allow_any_host);
+        assert!(v2.namespaces.is_empty() && v2.listeners.is_empty());
+        let p = v2.to_proto();
+        assert_eq!((p.serial_number.as_str(), p.max_namespaces), ("", 0));
+
+        let empty: Config = toml::from_str("[storage]\n").unwrap();
+        empty.validate().unwrap();
+        assert!(empty.storage.discovery_listen.is_none());
+        assert!(empty.storage.subsystems.is_empty());
+    }
+
+    #[test]
+    fn tenant_declarations_parse() {
+        let c: Config = toml::from_str(&tenant(
+            "display_name = \"T\"\ndefault_policy = \"allow\"\nattachments = [\"pf0vf0\", \"p0.100\", \"p0.200\"]",
+            r#"
+[[tenants.rules]]
+id = "web"
+priority = 10
+action = "allow"
+src = "10.0.0.0/8"
+dst = "10.1.0.0/16"
+proto = "tcp"
+sport = 1024
+dport = "80-443"
+stateful = true
+description = "web"
+
+[[tenants.rules]]
+priority = 20
+action = "deny"
+proto = 1
+icmp_type = 8
+icmp_code = 0
+
+[[tenants]]
+id = "u"
+attachments = ["pf0vf1"]
+"#,
+        ))
+        .unwrap();
+        c.validate().unwrap();
+        let [t, u] = &c.tenants[..] else {
+            panic!("two tenants")
+        };
+        let p = t.to_proto("t").unwrap();
+        assert_eq!(p.display_name, "T");
+        assert_eq!(p.default_policy, pb::DefaultPolicy::Allow as i32);
+        let atts: Vec<(String, u32)> = p
+            .attachments
+            .iter()
+            .map(|a| match &a.kind {
+                Some(pb::attachment::Kind::Port(p)) => (p.port.clone(), p.vlan_id),
+                k => panic!("{k:?}"),
+            })
+            .collect();
+        assert_eq!(
+            atts,
+            [
+                ("ports/pf0vf0".to_string(), 0),
+                ("ports/p0".to_string(), 100),
+                ("ports/p0".to_string(), 200)
+            ]
+        );
+        let web = t.rules[0].to_proto("r").unwrap();
+        assert_eq!(web.priority, 10);
+        assert_eq!(web.action, pb::RuleAction::Allow as i32);
+        assert_eq!(
+            (web.src_prefix.as_str(), web.dst_prefix.as_str()),
+            ("10.0.0.0/8", "10.1.0.0/16")
+        );
+        assert_eq!(web.ip_protocol, Some(6));
+        assert_eq!(
+            web.src_ports,
+            Some(pb::PortRange {
+                first: 1024,
+                last: 1024
+            })
+        );
+        assert_eq!(
+            web.dst_ports,
+            Some(pb::PortRange {
+                first: 80,
+                last: 443
+            })
+        );
+        assert!(web.stateful);
+        assert_eq!(web.description, "web");
+        let deny = t.rules[1].to_proto("r").unwrap();
+        assert_eq!(deny.action, pb::RuleAction::Deny as i32);
+        assert_eq!(
+            (deny.ip_protocol, deny.icmp_type, deny.icmp_code),
+            (Some(1), Some(8), Some(0))
+        );
+        assert_eq!((deny.src_prefix.as_str(), deny.src_ports), ("", None));
+        assert!(!deny.stateful);
+        let p = u.to_proto("u").unwrap();
+        assert_eq!(
+            p.default_policy,
+            pb::DefaultPolicy::Unspecified as i32,
+            "left to the API: deny"
+        );
+        assert!(u.rules.is_empty());
+        for (name, n) in [
+            ("udp", 17),
+            ("ICMPv6", 58),
+            ("ipv6-icmp", 58),
+            ("sctp", 132),
+            ("47", 47),
+        ] {
+            assert_eq!(parse_protocol(&TextOrNumber::Text(name.into())).unwrap(), n);
+        }
+        assert!(Config::default().tenants.is_empty());
+    }
+}

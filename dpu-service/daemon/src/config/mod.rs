@@ -1,0 +1,197 @@
+//! Service configuration: a TOML file, overridden by flags and environment.
+//!
+//! Unknown keys are errors, so a misspelt setting is reported instead of
+//! silently ignored. Relative paths are taken relative to the working
+//! directory.
+//!
+//! The rooms: `cli` the flags, `schema` the file's tables, `declared`
+//! its declarations as API messages, `check` the checks of the whole,
+//! `seed` and `seed_tenants` the creation of the declared storage and
+//! tenants at startup.
+
+mod check;
+mod cli;
+mod declared;
+mod schema;
+pub(crate) mod seed;
+pub(crate) mod seed_tenants;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use dpu_control::model::PortSpec;
+
+pub use cli::{Cli, LogFormat};
+pub use declared::seed_key;
+pub use schema::*;
+
+/// A listener override: a socket address, or "off" for none.
+fn address_or_off(flag: &str, value: &str) -> Result<Option<SocketAddr>> {
+    if value == "off" {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .with_context(|| format!("{flag} {value:?} is not an address or \"off\""))
+}
+
+impl Config {
+    /// Reads a configuration file.
+    ///
+    /// # Errors
+    /// If the file cannot be read or is not valid configuration.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text)
+            .with_context(|| format!("{} is not a valid configuration", path.display()))
+    }
+
+    /// Applies command-line and environment overrides.
+    ///
+    /// # Errors
+    /// If an override is malformed.
+    pub fn apply(&mut self, cli: &Cli) -> Result<()> {
+        if let Some(a) = cli.grpc_listen {
+            self.grpc.listen = a;
+        }
+        if let Some(m) = &cli.metrics_listen {
+            self.metrics.listen = address_or_off("--metrics-listen", m)?;
+        }
+        if let Some(h) = &cli.health_listen {
+            self.grpc.health_listen = address_or_off("--health-listen", h)?;
+        }
+        if let Some(d) = &cli.state_dir {
+            self.state.dir = Some(d.clone());
+        }
+        if let Some(f) = cli.log_format {
+            self.log.format = f;
+        }
+        if let Some(l) = &cli.log_level {
+            self.log.level.clone_from(l);
+        }
+        if cli.tls_cert.is_some() {
+            self.grpc.tls_cert.clone_from(&cli.tls_cert);
+        }
+        if cli.tls_key.is_some() {
+            self.grpc.tls_key.clone_from(&cli.tls_key);
+        }
+        if cli.tls_client_ca.is_some() {
+            self.grpc.tls_client_ca.clone_from(&cli.tls_client_ca);
+        }
+        self.grpc.allow_insecure_remote |= cli.allow_insecure_remote;
+        if cli.no_dataplane {
+            for p in &mut self.ports {
+                p.driver = default_driver();
+                p.device.clear();
+                p.dpdk_name = None;
+                // No data plane, no tunnel endpoint.
+                p.vtep_address = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// How the NVMe/TCP transport places its threads: I/O queues on
+    /// `storage.io_cpus`, and, when a data plane runs, nothing on its
+    /// workers' CPUs (`dataplane.worker_cpus`).
+    pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
+        let workers = if crate::dataplane::wanted(self).is_some() {
+            self.dataplane.worker_cpus.clone()
+        } else {
+            Vec::new()
+        };
+        dpu_nvmeof::TcpConfig {
+            io_cpus: self.storage.io_cpus.clone(),
+            avoid_cpus: workers,
+        }
+    }
+
+    /// The declared ports as the control plane sees them.
+    pub fn port_specs(&self) -> Vec<PortSpec> {
+        self.ports
+            .iter()
+            .map(|p| PortSpec {
+                id: p.id.clone(),
+                driver: p.driver.clone(),
+                device: p.device.clone(),
+                role: p.role,
+            })
+            .collect()
+    }
+
+    /// Most bytes RAM namespaces may use.
+    pub fn ram_limit(&self) -> u64 {
+        self.storage
+            .ram_limit
+            .as_deref()
+            .and_then(|s| parse_size(s).ok())
+            .unwrap_or_else(|| mem_total().unwrap_or(1 << 30) / 2)
+    }
+}
+
+/// Parses a size: plain bytes, or a number with K/M/G/T (powers of 1024,
+/// also written KiB, MiB, GiB, TiB).
+///
+/// # Errors
+/// If the text is not such a size or overflows 64 bits.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        u => bail!("unknown size unit {u:?} (use K, M, G, T or KiB, MiB, GiB, TiB)"),
+    };
+    n.checked_mul(1u64 << shift)
+        .with_context(|| format!("{s:?} is too large"))
+}
+
+/// Total memory of the machine, from /proc/meminfo.
+fn mem_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("2 GiB").unwrap(), 2 << 30);
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    /// A subsystem "a" with `sub` appended to its table, then `rest`.
+    pub(crate) fn declared(sub: &str, rest: &str) -> String {
+        format!(
+            "[[storage.subsystems]]\nid = \"a\"\nnqn = \"nqn.2024-01.io.example:a\"\n{sub}\n{rest}\n"
+        )
+    }
+
+    /// Ports p0, pf0vf0, pf0vf1 and a tenant "t" with `tenant` appended to
+    /// its table, then `rest`.
+    pub(crate) fn tenant(tenant: &str, rest: &str) -> String {
+        format!(
+            "[[ports]]\nid = \"p0\"\n[[ports]]\nid = \"pf0vf0\"\n[[ports]]\nid = \"pf0vf1\"\n\
+             [[tenants]]\nid = \"t\"\n{tenant}\n{rest}\n"
+        )
+    }
+}

@@ -1,0 +1,583 @@
+//! The TOML schema of the configuration file: one type per table, with
+//! its defaults. Unknown keys are errors, so a misspelt setting is
+//! reported instead of silently ignored.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use dpu_control::model::PortRole;
+use serde::Deserialize;
+
+use super::LogFormat;
+
+/// The configuration file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC server.
+    pub grpc: GrpcConfig,
+    /// Prometheus endpoint.
+    pub metrics: MetricsConfig,
+    /// Persisted state.
+    pub state: StateConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Storage limits.
+    pub storage: StorageConfig,
+    /// Data-plane engine (EAL, workers).
+    pub dataplane: DataplaneConfig,
+    /// Data-plane ports.
+    pub ports: Vec<PortConfig>,
+    /// Tenants created at startup when the state has none with their ID
+    /// (`[[tenants]]`). Once created they live in the state like any
+    /// other: the stored one is kept at later starts, and changes made over
+    /// gRPC survive restarts.
+    pub tenants: Vec<SeedTenant>,
+}
+
+/// `[dataplane]`: the worker threads, their packet buffers and, for the
+/// DPDK driver, EAL. Used when at least one port has a data-plane driver
+/// (`"dpdk"` or `"kernel"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplaneConfig {
+    /// Worker threads; worker `i` polls RX/TX queue `i` of every port.
+    pub workers: u16,
+    /// The CPU each worker is pinned to, one per worker (worker `i` to
+    /// `worker_cpus[i]`); empty leaves them unpinned.
+    pub worker_cpus: Vec<usize>,
+    /// "busy" (a dedicated core per worker, as on a DPU) or "backoff"
+    /// (sleep when idle: laptops, CI).
+    pub idle: IdleMode,
+    /// EAL cores (`-l`), e.g. "0-3"; unset lets EAL take every core.
+    pub lcores: Option<String>,
+    /// Run without hugepages (`--no-huge`).
+    pub no_huge: bool,
+    /// Memory EAL reserves, MiB (`-m`).
+    pub memory_mb: Option<u32>,
+    /// Prefix of EAL's runtime files (`--file-prefix`), unique per instance.
+    pub file_prefix: String,
+    /// Packet buffers in the pool (DPDK mbufs, or the kernel driver's
+    /// buffers).
+    pub mbufs: u32,
+    /// Most MAC addresses each worker learns.
+    pub mac_table_size: usize,
+    /// Seconds before an unseen learned MAC address is forgotten.
+    pub mac_ageing_secs: u64,
+    /// Most connections tracked for stateful rules, all workers together
+    /// (each worker gets an even share, allocated at start).
+    pub conntrack_max: usize,
+    /// Most connections one tenant may have tracked, all workers together;
+    /// past it the tenant's new connections are dropped as `table_full`.
+    pub conntrack_per_tenant: usize,
+    /// Entries of each worker's flow cache in front of the classifier of
+    /// tenants with 64 rules or more (32 bytes each; the default 262,144
+    /// is 8 MiB a worker and serves up to about 130,000 flows a worker);
+    /// 0 leaves it off.
+    pub flow_cache_entries: usize,
+    /// Further EAL arguments, passed as they are (e.g. "-d", a PMD path).
+    pub eal_args: Vec<String>,
+}
+
+impl Default for DataplaneConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            worker_cpus: Vec::new(),
+            idle: IdleMode::Busy,
+            lcores: None,
+            no_huge: false,
+            memory_mb: None,
+            file_prefix: "dpu-service".into(),
+            mbufs: 16_383,
+            mac_table_size: 16_384,
+            mac_ageing_secs: 300,
+            conntrack_max: 262_144,
+            conntrack_per_tenant: 65_536,
+            flow_cache_entries: 262_144,
+            eal_args: Vec::new(),
+        }
+    }
+}
+
+/// What an idle worker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleMode {
+    /// Keep polling.
+    Busy,
+    /// Sleep between polls when there is no traffic.
+    Backoff,
+}
+
+/// `[grpc]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Allow plain text on a non-loopback address.
+    pub allow_insecure_remote: bool,
+    /// PEM server certificate (enables TLS).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle for client certificates (enables mTLS).
+    pub tls_client_ca: Option<PathBuf>,
+    /// A second, plain-text listener that serves only `grpc.health.v1`
+    /// (the same statuses as the main listener), for probes that cannot
+    /// speak TLS, such as the kubelet's gRPC probes. `None`: no such listener.
+    pub health_listen: Option<SocketAddr>,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            allow_insecure_remote: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            health_listen: None,
+        }
+    }
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Listen address; `None` disables the endpoint.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+        }
+    }
+}
+
+/// `[state]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// Directory of the state file; `None` keeps state in memory only.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            dir: Some(PathBuf::from("/var/lib/dpu-service")),
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Output format.
+    pub format: LogFormat,
+    /// Filter directives (tracing-subscriber EnvFilter syntax).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
+    }
+}
+
+/// `[storage]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Most memory all RAM namespaces may use, e.g. "4GiB"; default half
+    /// of the machine's memory.
+    pub ram_limit: Option<String>,
+    /// Address of the NVMe/TCP discovery controller's own listener, e.g.
+    /// "127.0.0.1:8009". The discovery controller is also reachable on
+    /// every subsystem (I/O) listener; unset, only there.
+    pub discovery_listen: Option<SocketAddr>,
+    /// The CPUs the NVMe/TCP target's I/O queues run on, e.g. `[5, 6, 7]`:
+    /// I/O queue `qid` of every controller pins its thread to
+    /// `io_cpus[(qid - 1) % len]` once it is connected, so a host's queues
+    /// spread over them; listeners, admin and discovery queues run on the
+    /// process's other CPUs, off the data-plane workers' too (anywhere if
+    /// that leaves none), and so do the control plane's threads. Each must
+    /// be a CPU the process may use, listed once, and no data-plane
+    /// worker's (`dataplane.worker_cpus`). Empty (the default): NVMe/TCP
+    /// threads run where the scheduler puts them, off the workers' CPUs.
+    pub io_cpus: Vec<usize>,
+    /// Subsystems created at startup when the state has none with their ID
+    /// (`[[storage.subsystems]]`). Once created they live in the state like
+    /// any other: the stored one is kept at later starts, and changes made
+    /// over gRPC survive restarts.
+    pub subsystems: Vec<SeedSubsystem>,
+}
+
+/// `[[storage.subsystems]]`: a subsystem to create at startup, with its
+/// namespaces and listeners.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedSubsystem {
+    /// Subsystem ID, as in the resource name "subsystems/{id}".
+    pub id: String,
+    /// NVMe Qualified Name, unique across subsystems.
+    pub nqn: String,
+    /// Serial number, 1..20 printable ASCII characters (derived from the
+    /// NQN if unset).
+    #[serde(default)]
+    pub serial_number: Option<String>,
+    /// Model number, 1..40 printable ASCII characters ("dpu-service" if
+    /// unset).
+    #[serde(default)]
+    pub model_number: Option<String>,
+    /// Any host may connect, whatever `allowed_hosts` says.
+    #[serde(default)]
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Largest namespace ID, 1..=1024 (32 if unset).
+    #[serde(default)]
+    pub max_namespaces: Option<u32>,
+    /// `[[storage.subsystems.namespaces]]`.
+    #[serde(default)]
+    pub namespaces: Vec<SeedNamespace>,
+    /// `[[storage.subsystems.listeners]]`.
+    #[serde(default)]
+    pub listeners: Vec<SeedListener>,
+}
+
+/// `[[storage.subsystems.namespaces]]`: a namespace of a declared
+/// subsystem, backed by exactly one of `ram`, `file`, `block_device`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedNamespace {
+    /// Namespace ID, 1..=max_namespaces (the lowest free one if unset).
+    #[serde(default)]
+    pub nsid: Option<u32>,
+    /// RAM-backed, of this size, e.g. "256MiB".
+    #[serde(default)]
+    pub ram: Option<String>,
+    /// File-backed, at this absolute path (created if missing).
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Size of a `file` backend, e.g. "1GiB" (the existing file's if unset).
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Block-device-backed, at this absolute path, e.g. "/dev/nvme0n1".
+    #[serde(default)]
+    pub block_device: Option<String>,
+    /// Logical block size, 512 or 4096 (512 if unset).
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// Namespace UUID in RFC 4122 text form (generated if unset).
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Namespace globally unique identifier, 32 hex digits (generated if
+    /// unset).
+    #[serde(default)]
+    pub nguid: Option<String>,
+}
+
+/// `[[storage.subsystems.listeners]]`: an address a declared subsystem
+/// accepts connections on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedListener {
+    /// Listener ID (derived from transport, address and port if unset).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// IP address to listen on.
+    pub address: IpAddr,
+    /// TCP port.
+    pub port: u16,
+    /// Transport.
+    #[serde(default)]
+    pub transport: SeedTransport,
+}
+
+/// Transport of a declared listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SeedTransport {
+    /// NVMe/TCP.
+    #[default]
+    Tcp,
+}
+
+/// `[[tenants]]`: a tenant to create at startup, with its filter rules.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedTenant {
+    /// Tenant ID, as in the resource name "tenants/{id}".
+    pub id: String,
+    /// Human-readable name (empty if unset).
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// Verdict for packets no rule matches ("deny" if unset).
+    #[serde(default)]
+    pub default_policy: Option<SeedAction>,
+    /// Attachments in dpuctl's `--port` syntax: "PORT" for a whole port,
+    /// "PORT.VLAN" for one VLAN of it, e.g. "pf0vf0" or "p0.100".
+    #[serde(default)]
+    pub attachments: Vec<String>,
+    /// `[[tenants.rules]]`, in any order (priority orders them).
+    #[serde(default)]
+    pub rules: Vec<SeedRule>,
+}
+
+/// A verdict: a rule's action or a tenant's default policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeedAction {
+    /// Forward.
+    Allow,
+    /// Drop.
+    Deny,
+}
+
+/// `[[tenants.rules]]`: a filter rule of a declared tenant, with the
+/// fields of `dpuctl rule add`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRule {
+    /// Rule ID (assigned by the service if unset).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Evaluation order, lower first; unique within the tenant.
+    pub priority: u32,
+    /// What a match does.
+    pub action: SeedAction,
+    /// Source prefix (CIDR); any source if unset.
+    #[serde(default)]
+    pub src: Option<String>,
+    /// Destination prefix (CIDR); any destination if unset.
+    #[serde(default)]
+    pub dst: Option<String>,
+    /// IP protocol: "tcp", "udp", "icmp", "icmpv6", "sctp" or a number;
+    /// any protocol if unset.
+    #[serde(default)]
+    pub proto: Option<TextOrNumber>,
+    /// Source ports: a port (80) or a range ("80-443"); TCP, UDP, SCTP.
+    #[serde(default)]
+    pub sport: Option<TextOrNumber>,
+    /// Destination ports: a port (80) or a range ("80-443"); TCP, UDP, SCTP.
+    #[serde(default)]
+    pub dport: Option<TextOrNumber>,
+    /// ICMP type (needs `proto` "icmp" or "icmpv6").
+    #[serde(default)]
+    pub icmp_type: Option<u32>,
+    /// ICMP code (needs `icmp_type`).
+    #[serde(default)]
+    pub icmp_code: Option<u32>,
+    /// Track connections so their replies pass (allow rules only).
+    #[serde(default)]
+    pub stateful: bool,
+    /// Most traffic the rule lets through, dpuctl's `--rate-limit`
+    /// syntax: "1000pps", "10Mbps" (allow rules only).
+    #[serde(default)]
+    pub rate_limit: Option<String>,
+    /// Depth of the rate limit's bucket: packets, or bytes for a bps
+    /// limit (a tenth of a second's worth if unset).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// Free-form description.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// A value written as text or as a number: `proto = "tcp"` or `proto = 6`,
+/// `dport = 80` or `dport = "80-443"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextOrNumber {
+    /// A TOML integer.
+    Number(i64),
+    /// A TOML string.
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for TextOrNumber {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = TextOrNumber;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TextOrNumber, E> {
+                Ok(TextOrNumber::Number(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TextOrNumber, E> {
+                i64::try_from(v)
+                    .map(TextOrNumber::Number)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextOrNumber, E> {
+                Ok(TextOrNumber::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl std::fmt::Display for TextOrNumber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Text(t) => write!(f, "{t:?}"),
+        }
+    }
+}
+
+/// `[[ports]]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortConfig {
+    /// Port ID, as used in resource names ("ports/{id}").
+    pub id: String,
+    /// Packet-I/O driver.
+    #[serde(default = "default_driver")]
+    pub driver: String,
+    /// Device the driver opens. For "dpdk": the devargs of a virtual
+    /// device ("net_tap0,iface=pf0vf0", "net_af_packet0,iface=veth0") or of
+    /// a bus device ("0000:03:00.0,representor=vf[0-3]"). For "kernel":
+    /// the name of a Linux interface ("pf0vf0", "veth0").
+    #[serde(default)]
+    pub device: String,
+    /// DPDK's name of the port, if it is not the device's first field
+    /// (e.g. an mlx5 representor).
+    #[serde(default)]
+    pub dpdk_name: Option<String>,
+    /// What the port is connected to.
+    #[serde(default)]
+    pub role: PortRole,
+    /// IPv4 address of a VXLAN tunnel endpoint on this port (an uplink):
+    /// with it, the port answers ARP for the address and carries the VXLAN
+    /// attachments of tenants (`vni` on `ports/{id}`), with the port's MAC
+    /// address as the VTEP's.
+    #[serde(default)]
+    pub vtep_address: Option<std::net::Ipv4Addr>,
+}
+
+pub(crate) fn default_driver() -> String {
+    "none".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{declared, tenant};
+    use super::super::Config;
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err =
+            toml::from_str::<Config>("[grpc]\nlisten = \"127.0.0.1:1\"\nlisen = 2\n").unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+        assert!(toml::from_str::<Config>("[[ports]]\nid = \"p0\"\nrole = \"router\"\n").is_err());
+    }
+
+    #[test]
+    fn storage_declarations_have_no_unknown_keys() {
+        let ns = "[[storage.subsystems.namespaces]]";
+        let ls = "[[storage.subsystems.listeners]]";
+        for (text, want) in [
+            (
+                "[storage]\ndiscovery = \"127.0.0.1:8009\"\n".to_string(),
+                "discovery",
+            ),
+            (
+                "[storage]\ndiscovery_listen = \"8009\"\n".to_string(),
+                "discovery_listen",
+            ),
+            (declared("colour = \"red\"", ""), "colour"),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nsize_bytes = 1\n")),
+                "size_bytes",
+            ),
+            (declared("", &format!("{ns}\nram = 1048576\n")), "ram"),
+            (
+                declared(
+                    "",
+                    &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\nhost = \"x\"\n"),
+                ),
+                "host",
+            ),
+            (
+                declared(
+                    "",
+                    &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\ntransport = \"rdma\"\n"),
+                ),
+                "rdma",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"localhost\"\nport = 4420\n")),
+                "address",
+            ),
+            (
+                declared("", &format!("{ls}\naddress = \"127.0.0.1\"\n")),
+                "port",
+            ),
+            ("[[storage.subsystems]]\nid = \"a\"\n".to_string(), "nqn"),
+        ] {
+            let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+
+    #[test]
+    fn tenant_declarations_have_no_unknown_keys() {
+        let r = "[[tenants.rules]]";
+        for (text, want) in [
+            (tenant("colour = \"red\"", ""), "colour"),
+            (tenant("default_policy = \"drop\"", ""), "drop"),
+            (tenant("attachments = \"pf0vf0\"", ""), "attachments"),
+            ("[[tenants]]\ndisplay_name = \"x\"\n".to_string(), "id"),
+            (
+                tenant(
+                    "",
+                    &format!(
+                        "{r}\npriority = 1\naction = \"allow\"\ndst_prefix = \"10.0.0.0/8\"\n"
+                    ),
+                ),
+                "dst_prefix",
+            ),
+            (
+                tenant("", &format!("{r}\naction = \"allow\"\n")),
+                "priority",
+            ),
+            (tenant("", &format!("{r}\npriority = 1\n")), "action"),
+            (
+                tenant(
+                    "",
+                    &format!("{r}\npriority = 1\naction = \"allow\"\nproto = 1.5\n"),
+                ),
+                "expected a number or a string",
+            ),
+            (
+                tenant(
+                    "",
+                    &format!(
+                        "{r}\npriority = 1\naction = \"allow\"\nproto = \"udp\"\ndport = [80]\n"
+                    ),
+                ),
+                "expected a number or a string",
+            ),
+            (
+                tenant("", &format!("{r}\npriority = 1\naction = \"reject\"\n")),
+                "reject",
+            ),
+        ] {
+            let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+    }
+}
