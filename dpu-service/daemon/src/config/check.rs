@@ -649,11 +649,11 @@ mod tests {
             ),
             (
                 declared("", &format!("{ns}\nram = \"lots\"\n")),
-                "storage.subsystems[0].namespaces[0]: ram: \"lots\" is not a size: cannot parse integer from empty string",
+                "storage.subsystems[0].namespaces[0]: ram: \"lots\" is not a size",
             ),
             (
                 declared("", &format!("{ns}\nfile = \"/x\"\nsize = \"1.5G\"\n")),
-                "storage.subsystems[0].namespaces[0]: size: unknown size unit \".5G\" (use K, M, G, T or KiB, MiB, GiB, TiB)",
+                "storage.subsystems[0].namespaces[0]: size: unknown size unit \".5G\" in \"1.5G\" (use K, M, G, T or KiB, MiB, GiB, TiB)",
             ),
             (
                 declared("", &format!("{ns}\nram = \"0\"\n")),

@@ -19,7 +19,7 @@ pub(crate) mod seed_tenants;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use dpu_control::model::PortSpec;
 
 pub use cli::{Cli, LogFormat};
@@ -132,28 +132,13 @@ impl Config {
     }
 }
 
-/// Parses a size: plain bytes, or a number with K/M/G/T (powers of 1024,
-/// also written KiB, MiB, GiB, TiB).
+/// Parses a size in the syntax `dpuctl` reads too
+/// ([`dpu_proto::text::size`]: bytes, or K, M, G, T, KiB..TiB in any case).
 ///
 /// # Errors
 /// If the text is not such a size or overflows 64 bits.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a size"))?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        u => bail!("unknown size unit {u:?} (use K, M, G, T or KiB, MiB, GiB, TiB)"),
-    };
-    n.checked_mul(1u64 << shift)
-        .with_context(|| format!("{s:?} is too large"))
+    dpu_proto::text::size(s).map_err(anyhow::Error::msg)
 }
 
 /// Total memory of the machine, from /proc/meminfo.
@@ -177,6 +162,8 @@ pub(crate) mod tests {
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("99999999999T").is_err());
+        // The same syntax as dpuctl's: units in any case.
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
     }
 
     /// A subsystem "a" with `sub` appended to its table, then `rest`.
