@@ -41,16 +41,6 @@ pub struct Dataplane {
     base: SwitchConfig,
 }
 
-/// The data-plane driver the configuration's ports use, if any: `"dpdk"`
-/// or `"kernel"` (validation allows only one of them).
-pub fn wanted(config: &Config) -> Option<&'static str> {
-    config.ports.iter().find_map(|p| match p.driver.as_str() {
-        "dpdk" => Some("dpdk"),
-        "kernel" => Some("kernel"),
-        _ => None,
-    })
-}
-
 /// Starts EAL with the DPDK ports and opens them, in order.
 #[cfg(feature = "dpdk")]
 fn open_dpdk(
@@ -89,7 +79,9 @@ impl Dataplane {
     /// If EAL, a port, the pool or a worker cannot start, naming which.
     pub fn start(config: &Config, state: &State) -> Result<Dataplane> {
         let d = &config.dataplane;
-        let driver = wanted(config).context("no port has a data-plane driver")?;
+        let driver = config
+            .dataplane_driver()
+            .context("no port has a data-plane driver")?;
         let ports: Vec<&PortConfig> = config.ports.iter().filter(|p| p.driver == driver).collect();
         let ids: Arc<Vec<String>> = Arc::new(ports.iter().map(|p| p.id.clone()).collect());
         let base = SwitchConfig {

@@ -187,7 +187,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         warn_dangling(s, &config);
     }
     let telemetry = Arc::new(Telemetry::default());
-    let dp = if dataplane::wanted(&config).is_some() {
+    let dp = if config.dataplane_driver().is_some() {
         let (cfg, s) = (config.clone(), first.state.clone());
         let start = move || dataplane::Dataplane::start(&cfg, &s);
         let dp = runtime::start_on(all.clone(), "the data plane", start).await??;

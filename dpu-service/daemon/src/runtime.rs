@@ -20,14 +20,13 @@ use anyhow::{anyhow, Result};
 use tokio::runtime::Runtime;
 
 use crate::config::Config;
-use crate::dataplane;
 
 /// The CPUs the control plane's threads keep to: `all` (the CPUs this
 /// process may use) less the NVMe/TCP I/O queues' and, with a data plane,
 /// its workers'. `None` when there is nothing to keep off, or when nothing
 /// would be left (logged).
 pub fn control_cpus(all: &[usize], config: &Config) -> Option<Vec<usize>> {
-    let workers: &[usize] = if dataplane::wanted(config).is_some() {
+    let workers: &[usize] = if config.dataplane_driver().is_some() {
         &config.dataplane.worker_cpus
     } else {
         &[]

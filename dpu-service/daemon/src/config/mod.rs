@@ -94,11 +94,21 @@ impl Config {
         Ok(())
     }
 
+    /// The data-plane driver the configuration's ports use, if any:
+    /// `"dpdk"` or `"kernel"` (validation allows only one of them).
+    pub fn dataplane_driver(&self) -> Option<&'static str> {
+        self.ports.iter().find_map(|p| match p.driver.as_str() {
+            "dpdk" => Some("dpdk"),
+            "kernel" => Some("kernel"),
+            _ => None,
+        })
+    }
+
     /// How the NVMe/TCP transport places its threads: I/O queues on
     /// `storage.io_cpus`, and, when a data plane runs, nothing on its
     /// workers' CPUs (`dataplane.worker_cpus`).
     pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
-        let workers = if crate::dataplane::wanted(self).is_some() {
+        let workers = if self.dataplane_driver().is_some() {
             self.dataplane.worker_cpus.clone()
         } else {
             Vec::new()

@@ -12,8 +12,8 @@ use super::compile::CompiledTenant;
 use super::config::Attach;
 use super::counters::bump;
 use super::filter::{filter_ip, Clock, IpPacket};
-use super::inspect::{Inspected, Seen};
-use super::pipeline::{SwitchPipeline, NEIGHBOURS_MAX};
+use super::frame::{Inspected, Seen};
+use super::state::{SwitchPipeline, NEIGHBOURS_MAX};
 
 /// The tag operation that turns a frame of attachment `from` into one of `to`.
 fn vlan_op(from: Attach, to: Attach) -> VlanOp {

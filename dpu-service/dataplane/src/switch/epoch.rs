@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::flowcache::FlowCacheStats;
 
 use super::compile::{Compiled, TenantIds};
-use super::counters::History;
+use super::traffic::History;
 
 pub(super) struct Shared {
     pub(super) generation: AtomicU64,

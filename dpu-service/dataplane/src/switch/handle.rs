@@ -14,9 +14,9 @@ use crate::worker::BURST;
 
 use super::compile::{Compiled, Published, TenantIds};
 use super::config::{ConfigError, SwitchConfig};
-use super::counters::{History, Traffic};
 use super::epoch::{PipelineCells, Pipelines, Shared};
-use super::pipeline::{SwitchPipeline, NEIGHBOURS_MAX};
+use super::state::{SwitchPipeline, NEIGHBOURS_MAX};
+use super::traffic::{History, Traffic};
 
 /// Publishes switch configurations to the workers' pipelines.
 #[derive(Clone)]

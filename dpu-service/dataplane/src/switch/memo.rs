@@ -10,8 +10,8 @@ use crate::parse::L3;
 use crate::worker::{Egress, Verdict};
 
 use super::counters::bump;
-use super::inspect::{Inspected, Seen};
-use super::pipeline::SwitchPipeline;
+use super::frame::{Inspected, Seen};
+use super::state::SwitchPipeline;
 
 impl SwitchPipeline {
     /// The decision remembered for `frame`, received on `port`, by its

@@ -39,9 +39,11 @@
 //! - `compile`: a configuration checked and compiled into a snapshot;
 //! - `epoch`: what the handle and its pipelines share (publication);
 //! - `handle`: [`SwitchHandle`];
-//! - `counters`: tenant and rule counters, per worker and summed;
 //! - `police`: rate limits;
-//! - `pipeline`: [`SwitchPipeline`], its turn and the burst loop;
+//! - `counters`: the per-worker counter cells; `traffic`: what they sum to;
+//! - `state`: [`SwitchPipeline`], one worker's state; `frame`: what a
+//!   frame carries from stage to stage;
+//! - `pipeline`: the worker's turn and the burst loop;
 //! - `inspect`, `memo`, `filter`, `decide`: the stages of a frame.
 //!
 //! [`Classifier`]: crate::classify::Classifier
@@ -54,19 +56,22 @@ mod counters;
 mod decide;
 mod epoch;
 mod filter;
+mod frame;
 mod handle;
 mod inspect;
 mod memo;
 mod pipeline;
 mod police;
+mod state;
 #[cfg(test)]
 mod testing;
+mod traffic;
 
+pub use compile::FLOW_CACHE_MIN_RULES;
 pub use compile::{Compiled, Published};
 pub use config::{
     Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, TenantConfig, Vtep,
 };
-pub use counters::{RuleTraffic, TenantTraffic, Traffic};
-pub use filter::FLOW_CACHE_MIN_RULES;
 pub use handle::SwitchHandle;
-pub use pipeline::SwitchPipeline;
+pub use state::SwitchPipeline;
+pub use traffic::{RuleTraffic, TenantTraffic, Traffic};

@@ -10,13 +10,13 @@ pub(super) use crate::worker::{
     DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST, VXLAN_OVERHEAD,
 };
 
+pub(super) use super::compile::FLOW_CACHE_MIN_RULES;
 pub(super) use super::compile::{Compiled, ALLOWS};
 pub(super) use super::config::{
     Attach, ConfigError, Guard, SwitchConfig, SwitchRule, TenantConfig, Vtep,
 };
-pub(super) use super::filter::FLOW_CACHE_MIN_RULES;
 pub(super) use super::handle::SwitchHandle;
-pub(super) use super::pipeline::SwitchPipeline;
+pub(super) use super::state::SwitchPipeline;
 
 pub(super) const BCAST: [u8; 6] = [0xff; 6];
 
