@@ -4,6 +4,16 @@
 //! store, the `dpu.v1` gRPC services (with health checking and reflection,
 //! optionally behind mutual TLS), the Prometheus endpoint, and a graceful
 //! shutdown on SIGINT/SIGTERM.
+//!
+//! It wires; it does not decide. It is the one crate that depends on the
+//! control plane (`dpu-control`), the data plane (`dpu-dataplane`) and the
+//! NVMe/TCP target (`dpu-nvmeof`): control validates, persists and
+//! publishes each accepted state; [`dataplane`] and [`storage`] follow
+//! those snapshots, turning them into the switch's configuration (through
+//! the switch's own constructors) and the target's subsystems. Rules about
+//! what a valid configuration is live in control: the configuration file
+//! is checked by a dry run of control's own transitions
+//! ([`config`]); the data plane's drivers open their own ports.
 
 #![forbid(unsafe_code)]
 

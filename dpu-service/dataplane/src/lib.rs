@@ -23,6 +23,12 @@
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
+//!
+//! It knows nothing of gRPC or the control plane: the daemon hands it a
+//! [`switch::SwitchConfig`] built from control's state. Its only
+//! dependencies of the project are the platform crates (`dpu-os`, and
+//! `dpdk` for its DPDK driver).
+
 #![forbid(unsafe_code)]
 
 pub mod classify;

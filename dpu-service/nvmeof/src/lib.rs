@@ -13,6 +13,12 @@
 //! - [`conn`]: one connection (queue): fabrics, admin and NVM commands.
 //! - [`host`]: host-side command capsules (Connect, enable) for initiators.
 
+//!
+//! It knows nothing of gRPC or the control plane: the daemon configures a
+//! [`target::Target`] from control's state. Besides the platform crate
+//! `dpu-os` (thread placement, huge-page memory) it depends on no crate of
+//! the project.
+
 #![forbid(unsafe_code)]
 
 mod admin;
