@@ -31,6 +31,7 @@ pub mod flowcache;
 pub mod io;
 mod l2memo;
 mod mactable;
+#[path = "wire/parse.rs"]
 pub mod parse;
 pub mod switch;
 pub mod worker;
