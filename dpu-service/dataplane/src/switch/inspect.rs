@@ -4,7 +4,7 @@
 
 use crate::conntrack::ConnKey;
 use crate::l2memo::Decision;
-use crate::parse::{
+use crate::wire::{
     is_multicast, network_layer, parse_l2, vtep_frame, VtepFrame, ETH_HLEN, ETH_IPV4, ETH_IPV6, L3,
 };
 use crate::worker::{DropReason, Egress, Verdict};
