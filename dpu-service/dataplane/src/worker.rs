@@ -75,6 +75,7 @@ pub enum VlanOp {
 /// One way out for a packet: a port and what to do with its headers, in
 /// this order: remove `decap` bytes from the front (a tunnel's outer
 /// headers), apply the tag operation, then put the frame in `tunnel`.
+/// The bytes are written by [`crate::wire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Egress {
     /// Output port index.
