@@ -583,7 +583,7 @@ mod tests {
         let mut f = vec![2, 0, 0, 0, 0, 9, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
         let mut ip = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1];
         ip.extend_from_slice(&dst);
-        let sum = dpu_dataplane::parse::ip_checksum(&ip);
+        let sum = dpu_dataplane::wire::ip_checksum(&ip);
         ip[10..12].copy_from_slice(&sum.to_be_bytes());
         f.extend_from_slice(&ip);
         f.extend_from_slice(&[0x30, 0x39, 0, 53, 0, 8, 0, 0]);

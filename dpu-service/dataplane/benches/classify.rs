@@ -23,7 +23,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use dpu_dataplane::classify::{AclRule, Classifier, Family};
-use dpu_dataplane::parse::FlowKey;
+use dpu_dataplane::wire::FlowKey;
 
 #[path = "common/rules.rs"]
 mod rules;

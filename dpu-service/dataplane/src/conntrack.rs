@@ -22,7 +22,7 @@
 //! Time is the worker's coarse clock in seconds; expired entries go when a
 //! packet meets them or when [`ConnTable::sweep`] passes by.
 
-use crate::parse::{is_echo, proto, FlowKey};
+use crate::wire::{is_echo, proto, FlowKey};
 
 /// TCP FIN flag.
 pub const FIN: u8 = 0x01;

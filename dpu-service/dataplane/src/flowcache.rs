@@ -24,7 +24,7 @@ use std::hash::BuildHasher;
 
 use dpu_os::hint::prefetch;
 
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// A cached classification: the matching rule's tag, or `NO_RULE`.
 const NO_RULE: u32 = u32::MAX;

@@ -10,7 +10,10 @@
 //!   run the [`worker::Pipeline`] on each packet, queue it for its output
 //!   port, transmit, count. No locks, no allocation, no syscalls on that
 //!   path; counters are per worker, single-writer, summed on read.
-//! - [`parse`]: the headers a decision needs, read in place, bounds-checked.
+//! - [`wire`]: the wire format, both ways: the headers a decision needs,
+//!   read in place, bounds-checked, and the ones written on the way out
+//!   (802.1Q tags pushed, stripped or set; VXLAN encapsulation, and the
+//!   ARP request for a VTEP not yet resolved).
 //! - [`classify`]: first-match packet classification with a decision tree
 //!   and incremental changes.
 //!   Rule sets that fit its memory budget are also compiled to the tables
@@ -37,6 +40,6 @@ pub mod flowcache;
 pub mod io;
 mod l2memo;
 mod mactable;
-pub mod parse;
 pub mod switch;
+pub mod wire;
 pub mod worker;

@@ -10,7 +10,7 @@
 
 #![no_main]
 
-use dpu_dataplane::parse::{
+use dpu_dataplane::wire::{
     parse, parse_l2, proto, vtep_frame, Headers, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6,
     ETH_VLAN, L3, VLAN_HLEN,
 };

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 
 use arbitrary::Arbitrary;
 use dpu_dataplane::classify::{AclRule, ChangeError, Classifier, Family};
-use dpu_dataplane::parse::FlowKey;
+use dpu_dataplane::wire::FlowKey;
 
 /// Most rules in one input (the classifier's own budgets bound its work;
 /// this keeps each run short).

@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::memory::MemPacket;
-use dpu_dataplane::parse::{
+use dpu_dataplane::wire::{
     self, is_multicast, proto, vtep_frame, VtepFrame, ETH_ARP, ETH_IPV4, ETH_IPV6, L3,
     VXLAN_UDP_PORT,
 };
@@ -479,7 +479,7 @@ fn tunnelled(mut frame: Vec<u8>, f: [u8; 8]) -> Vec<u8> {
     ip[9] = proto::UDP;
     ip[12..16].copy_from_slice(&REMOTES[usize::from(f[2] >> 4 & 1)].to_be_bytes());
     ip[16..20].copy_from_slice(&VTEP_IP.to_be_bytes());
-    let sum = parse::ip_checksum(&ip) ^ u16::from(f[2] >> 5 & 1);
+    let sum = wire::ip_checksum(&ip) ^ u16::from(f[2] >> 5 & 1);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     b.extend_from_slice(&ip);
     b.extend_from_slice(&49152u16.to_be_bytes());
@@ -528,7 +528,7 @@ fn check(
             }
         }
     }
-    let Ok(l2) = parse::parse_l2(&frame[decap..]) else {
+    let Ok(l2) = wire::parse_l2(&frame[decap..]) else {
         assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
         return;
     };
@@ -546,7 +546,7 @@ fn check(
         });
     let h = match opaque {
         true => l2,
-        false => match parse::parse(&frame[decap..]) {
+        false => match wire::parse(&frame[decap..]) {
             Ok(h) => h,
             Err(_) => {
                 assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));

@@ -12,7 +12,7 @@ use dpu_os::hint::prefetch;
 use super::rfc::Rfc;
 use super::rule::{AclRule, DIMS};
 use super::tree::{Node, Tree};
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// An IPv4 key, in the two forms a lookup needs: the five dimensions as
 /// `u32` indexed by dimension for the tree walk (the padding lets a

@@ -545,7 +545,7 @@ impl Rfc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parse::FlowKey;
+    use crate::wire::FlowKey;
 
     /// A small xorshift generator: reproducible cases without a crate.
     struct Rng(u64);

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// Address family a rule applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -11,7 +11,7 @@ use super::flat4::{is_set, Flat4, Key4, BATCH, MULTI};
 use super::rfc::{self, Rfc};
 use super::rule::{AclRule, Family, DIMS};
 use super::tree::{Builder, Region, Tree, LEAF_RULES};
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// Trees per address family (rule groups by shape): each costs every
 /// lookup that reaches it a walk.

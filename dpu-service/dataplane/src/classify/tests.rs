@@ -3,7 +3,7 @@
 //! ClassBench ACLs, and random keys aimed at them.
 
 use super::rule::{AclRule, Family};
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// A small deterministic generator (xorshift), so failures reproduce.
 pub(crate) struct Rng(pub u64);

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::rule::{key_value, AclRule, DIMS};
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 
 /// Rules a leaf holds before the builder tries to cut it: two fit the
 /// one cache line an IPv4 lookup reads per leaf (`Pair`).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::classify::AclRule;
 use crate::conntrack::Timeouts;
-use crate::parse::L3;
+use crate::wire::L3;
 
 /// One way a tenant is reached: a port, and a VLAN on it (0: the whole
 /// port), or a VXLAN network on the port's VTEP.

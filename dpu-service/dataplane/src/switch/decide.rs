@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::conntrack::ConnKey;
-use crate::parse::{is_multicast, L3};
+use crate::wire::{is_multicast, L3};
 use crate::worker::{DropReason, Egress, Tunnel, Verdict, VlanOp};
 
 use super::compile::CompiledTenant;
@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn vxlan_networks_switch_within_their_tenant() {
         use crate::io::memory::MemPacket;
-        use crate::worker::apply_tunnel;
+        use crate::wire::apply_tunnel;
         const LOCAL: u32 = 0xc000_0201; // 192.0.2.1
         const REMOTE: u32 = 0xc000_0202;
         let up_mac = [2, 0, 0, 0, 0, 0xaa];
@@ -437,7 +437,7 @@ mod tests {
         assert_eq!(run(&mut p, 1, bad).0, Verdict::Drop(DropReason::NoTenant));
         let mut other_port = from_remote(100, inner.clone());
         other_port[36..38].copy_from_slice(&4790u16.to_be_bytes());
-        let sum = crate::parse::ip_checksum(&other_port[14..34]);
+        let sum = crate::wire::ip_checksum(&other_port[14..34]);
         assert_eq!(sum, 0, "only the UDP port changed");
         assert_eq!(
             run(&mut p, 1, other_port).0,
@@ -618,7 +618,7 @@ mod tests {
                         vni,
                         resolve: false,
                     };
-                    assert!(crate::worker::apply_tunnel(&mut f, &t));
+                    assert!(crate::wire::apply_tunnel(&mut f, &t));
                     (0, f.0)
                 };
                 let ingress = if vni == 0 {

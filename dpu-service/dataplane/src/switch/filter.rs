@@ -4,7 +4,7 @@
 
 use crate::conntrack::{ConnKey, ConnTable, Refused};
 use crate::flowcache::FlowCache;
-use crate::parse::FlowKey;
+use crate::wire::FlowKey;
 use crate::worker::DropReason;
 
 use super::compile::{CompiledTenant, ALLOWS, LIMITED, OPENS};
@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(run(&mut p, 0, udp_from(5, 1)).0, spoofed, "MAC");
         assert_eq!(run(&mut p, 0, udp_from(1, 7)).0, spoofed, "IPv4 source");
         // No IPv6 prefix listed: IPv6 is refused once prefixes are.
-        let mut v6 = build::eth(BCAST, mac(1), None, crate::parse::ETH_IPV6);
+        let mut v6 = build::eth(BCAST, mac(1), None, crate::wire::ETH_IPV6);
         v6.extend(build::ipv6(1, 2, proto::UDP, &build::udp(1, 2, 4)));
         assert_eq!(run(&mut p, 0, v6.clone()).0, spoofed, "IPv6");
         // ARP: sender MAC and address are checked; a probe (0.0.0.0) passes.
@@ -402,8 +402,8 @@ mod tests {
     mod stateful {
         use super::*;
         use crate::conntrack::{ACK, FIN, RST, SYN};
-        use crate::parse::tests::build::{eth, ipv4, tcp};
-        use crate::parse::ETH_IPV4;
+        use crate::wire::tests::build::{eth, ipv4, tcp};
+        use crate::wire::ETH_IPV4;
 
         /// Client 10.0.0.1 (MAC 1) and server 10.0.0.2 (MAC 2).
         const CLIENT: [u8; 4] = [10, 0, 0, 1];

@@ -2,7 +2,7 @@
 //! a frame, carried to the stages after it.
 
 use crate::l2memo::Decision;
-use crate::parse::L3;
+use crate::wire::L3;
 use crate::worker::Verdict;
 
 /// A frame between the stages of a burst.

@@ -3,7 +3,7 @@
 //! (ARP, VXLAN) handled here.
 
 use crate::conntrack::ConnKey;
-use crate::parse::{
+use crate::wire::{
     is_multicast, network_layer, parse_l2, vtep_frame, VtepFrame, ETH_HLEN, ETH_IPV4, ETH_IPV6, L3,
 };
 use crate::worker::{DropReason, Egress, Verdict};

@@ -6,7 +6,7 @@
 
 use crate::conntrack::ConnKey;
 use crate::l2memo::{Decision, Header};
-use crate::parse::L3;
+use crate::wire::L3;
 use crate::worker::{Egress, Verdict};
 
 use super::counters::bump;
@@ -229,7 +229,7 @@ mod tests {
             // with the same addresses, decided on its own.
             let hits = p.memo.hits.get();
             let moved = udp(2, mac(9), Some(10), 53);
-            let mut v6 = build::eth(mac(2), mac(1), Some(10), crate::parse::ETH_IPV6);
+            let mut v6 = build::eth(mac(2), mac(1), Some(10), crate::wire::ETH_IPV6);
             v6.extend(build::ipv6(1, 2, proto::UDP, &build::udp(5000, 53, 8)));
             let ruled_frame = udp(5, mac(6), Some(30), 53);
             let got = burst(

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::classify::Classifier;
 use crate::conntrack::ConnKey;
 use crate::io::Packet;
-use crate::parse::{FlowKey, L3};
+use crate::wire::{FlowKey, L3};
 use crate::worker::{Egress, Pipeline, Verdict, BURST};
 use dpu_os::hint::prefetch;
 
@@ -392,8 +392,8 @@ mod tests {
     #[test]
     fn bursts_decide_like_frames_one_by_one() {
         use crate::conntrack::{ACK, FIN, RST, SYN};
-        use crate::parse::tests::build::{arp, eth, ipv4, tcp};
-        use crate::parse::ETH_IPV4;
+        use crate::wire::tests::build::{arp, eth, ipv4, tcp};
+        use crate::wire::ETH_IPV4;
         const VTEP: u32 = 0xc000_0201;
         const REMOTE: u32 = 0xc000_0202;
         let mut rng = crate::classify::tests::Rng(0xb0b5);
@@ -553,7 +553,7 @@ mod tests {
                                 vni: [100, 101, 102][rng.below(3) as usize],
                                 resolve: false,
                             };
-                            assert!(crate::worker::apply_tunnel(&mut p, &t));
+                            assert!(crate::wire::apply_tunnel(&mut p, &t));
                             f = p.0;
                         }
                         f

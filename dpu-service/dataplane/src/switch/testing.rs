@@ -4,11 +4,9 @@ pub(super) use std::time::Duration;
 
 pub(super) use crate::classify::{AclRule, Family};
 pub(super) use crate::flowcache::FlowCacheStats;
-pub(super) use crate::parse::tests::build;
-pub(super) use crate::parse::{proto, FlowKey};
-pub(super) use crate::worker::{
-    DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST, VXLAN_OVERHEAD,
-};
+pub(super) use crate::wire::tests::build;
+pub(super) use crate::wire::{proto, FlowKey, VXLAN_OVERHEAD};
+pub(super) use crate::worker::{DropReason, Egress, Pipeline, Tunnel, Verdict, VlanOp, BURST};
 
 pub(super) use super::compile::FLOW_CACHE_MIN_RULES;
 pub(super) use super::compile::{Compiled, ALLOWS};
