@@ -1,7 +1,8 @@
 //! The NVMe/TCP target through the real binary, driven by a raw host built
 //! on the crate's own PDU codec: a host that goes silent is cleaned up by
-//! its keep-alive timeout, and a host sending garbage gets a C2HTermReq and
-//! loses only its own connection.
+//! its keep-alive timeout, a socket that never starts the handshake or
+//! stops halfway through a PDU is closed on its timeout, and a host sending
+//! garbage gets a C2HTermReq and loses only its own connection.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -148,5 +149,69 @@ port = {port}
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    Ok(())
+}
+
+/// A socket that never sends its ICReq, and one that stops halfway
+/// through a capsule after the handshake, are both closed once their
+/// timeouts (10 s each) are up; neither holds the target longer.
+#[test]
+fn mute_and_stalled_sockets_are_closed_on_their_timeouts() -> Result<()> {
+    use dpu_nvmeof::conn::{ICREQ_TIMEOUT, PDU_TIMEOUT};
+    let port = free_port();
+    let config = format!(
+        r#"
+[[storage.subsystems]]
+id = "ka"
+nqn = "{NQN}"
+allow_any_host = true
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+"#
+    );
+    let svc = Service::start_config(&config, &[])?;
+    let t0 = Instant::now();
+    let mut mute = TcpStream::connect(("127.0.0.1", port))?;
+    let mut stalled = TcpStream::connect(("127.0.0.1", port))?;
+    for s in [&mute, &stalled] {
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    }
+    let mut b = Vec::new();
+    host::ic_req(&mut b, Digests::default());
+    stalled.write_all(&b)?;
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut stalled, &mut buf)?,
+        Some((pdu::pdu_type::IC_RESP, 0))
+    );
+    // The first 8 bytes of a 72-byte capsule, and then nothing.
+    stalled.write_all(&[0x04, 0, 72, 0, 72, 0, 0, 0])?;
+
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut mute, &mut buf)?,
+        None,
+        "the mute socket is closed"
+    );
+    let waited = t0.elapsed();
+    assert!(
+        waited >= ICREQ_TIMEOUT && waited < ICREQ_TIMEOUT + Duration::from_secs(5),
+        "mute socket closed after {waited:?}"
+    );
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut stalled, &mut buf)?,
+        None,
+        "the stalled socket is closed"
+    );
+    let waited = t0.elapsed();
+    assert!(
+        waited >= PDU_TIMEOUT && waited < PDU_TIMEOUT + Duration::from_secs(5),
+        "stalled socket closed after {waited:?}"
+    );
+    let log = svc.log_text();
+    assert!(log.contains("no ICReq within"), "{log}");
+    assert!(log.contains("a PDU incomplete for"), "{log}");
     Ok(())
 }

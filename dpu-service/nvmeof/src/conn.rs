@@ -56,6 +56,20 @@ pub const FIRST_SEND: usize = 8;
 /// Initial capacity of the buffer PDUs are encoded into.
 const OUT_CAPACITY: usize = 64 * 1024;
 
+/// How long a connection may wait for the host's ICReq: a socket that
+/// never starts the handshake is closed after it (and counted in
+/// [`TargetStats::handshake_timeouts`](crate::target::TargetStats)),
+/// so an idle peer holds nothing for long. Initiators send the ICReq
+/// right after connecting.
+pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a PDU may take from its first byte to its last: a host that
+/// stops halfway through one is closed after it (and counted in
+/// [`TargetStats::pdu_timeouts`](crate::target::TargetStats)). The largest
+/// PDU a host may send (an H2CData of [`MAX_H2C_DATA`] bytes) takes
+/// 0.1 s at 10 Mbit/s.
+pub const PDU_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -123,6 +137,12 @@ pub struct Connection {
     /// Buffers to encode PDUs into, for reuse.
     spare_out: Vec<Vec<u8>>,
     close_reason: Option<String>,
+    /// When the connection was first handed bytes or time: the start of
+    /// its [`ICREQ_TIMEOUT`].
+    opened: Option<Instant>,
+    /// Since when the transport has held the first bytes of a PDU that
+    /// has not arrived whole ([`PDU_TIMEOUT`]).
+    partial_since: Option<Instant>,
 }
 
 impl Connection {
@@ -153,6 +173,8 @@ impl Connection {
             spare: Vec::new(),
             spare_out: Vec::new(),
             close_reason: None,
+            opened: None,
+            partial_since: None,
         }
     }
 
@@ -163,7 +185,13 @@ impl Connection {
     /// commands see: a new controller's keep-alive timer starts at `now`,
     /// and a Keep Alive command (or a Set Features of the timeout) restarts
     /// it there.
+    ///
+    /// Bytes left over (a PDU not yet whole) start the [`PDU_TIMEOUT`],
+    /// which [`Connection::tick`] enforces; the transport must offer its
+    /// whole buffer on every call, so that the time is counted from the
+    /// PDU's first byte.
     pub fn receive(&mut self, input: &[u8], now: Instant) -> usize {
+        self.opened.get_or_insert(now);
         let mut used = 0;
         while self.phase != Phase::Closed {
             let rest = &input[used..];
@@ -182,6 +210,11 @@ impl Connection {
         }
         if self.phase == Phase::Closed {
             used = input.len();
+        }
+        if used < input.len() {
+            self.partial_since.get_or_insert(now);
+        } else {
+            self.partial_since = None;
         }
         used
     }
@@ -325,16 +358,39 @@ impl Connection {
         self.ctrl.as_ref().map(|c| c.cntlid)
     }
 
-    /// Timers and events: ends the connection when its controller ended or
-    /// its keep-alive timer expired, and completes Asynchronous Event
-    /// Requests with queued events.
+    /// Timers and events: ends the connection when the host has not sent
+    /// its ICReq within [`ICREQ_TIMEOUT`], or a PDU has stayed partial
+    /// for [`PDU_TIMEOUT`], or its controller ended, or its keep-alive
+    /// timer expired; completes Asynchronous Event Requests with queued
+    /// events.
     pub fn tick(&mut self, now: Instant) {
-        let Some(ctrl) = self.ctrl.clone() else {
-            return;
-        };
         if self.phase == Phase::Closed {
             return;
         }
+        let opened = *self.opened.get_or_insert(now);
+        if self.phase == Phase::IcReq && now.saturating_duration_since(opened) >= ICREQ_TIMEOUT {
+            tracing::warn!(peer = %self.peer, "no ICReq within {ICREQ_TIMEOUT:?}; closing the connection");
+            self.target
+                .stats()
+                .handshake_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            self.close("no ICReq in time");
+            return;
+        }
+        if let Some(since) = self.partial_since {
+            if now.saturating_duration_since(since) >= PDU_TIMEOUT {
+                tracing::warn!(peer = %self.peer, "a PDU incomplete for {PDU_TIMEOUT:?}; closing the connection");
+                self.target
+                    .stats()
+                    .pdu_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                self.close("PDU incomplete in time");
+                return;
+            }
+        }
+        let Some(ctrl) = self.ctrl.clone() else {
+            return;
+        };
         if self.qid == 0 && ctrl.keep_alive_expired(now) {
             tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "keep-alive timeout; ending the controller");
             self.target

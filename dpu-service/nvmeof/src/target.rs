@@ -276,6 +276,12 @@ pub struct TargetStats {
     pub connects_refused: AtomicU64,
     /// Controllers ended by keep-alive timeout.
     pub keep_alive_timeouts: AtomicU64,
+    /// Connections closed for sending no ICReq in time
+    /// ([`ICREQ_TIMEOUT`](crate::conn::ICREQ_TIMEOUT)).
+    pub handshake_timeouts: AtomicU64,
+    /// Connections closed for leaving a PDU partial too long
+    /// ([`PDU_TIMEOUT`](crate::conn::PDU_TIMEOUT)).
+    pub pdu_timeouts: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.

@@ -586,6 +586,71 @@ fn malformed_pdus_terminate_only_their_connection() {
     assert_eq!(good.rw(nvm::WRITE, 0, 1, &[1; 512]).cqe.unwrap().status, 0);
 }
 
+/// A socket that never sends its ICReq, or stops halfway through a PDU,
+/// is closed once its time is up; a PDU that arrives whole in time, in
+/// pieces, is served. Time is passed in, so the test waits for nothing.
+#[test]
+fn silent_and_stalled_sockets_are_closed_on_time() {
+    use dpu_nvmeof::conn::{ICREQ_TIMEOUT, PDU_TIMEOUT};
+    let t = target(&[]);
+    let stats = |t: &Target| {
+        let s = t.stats();
+        (
+            s.handshake_timeouts.load(Ordering::Relaxed),
+            s.pdu_timeouts.load(Ordering::Relaxed),
+        )
+    };
+    let t0 = Instant::now();
+    let peer: SocketAddr = "127.0.0.1:50002".parse().unwrap();
+
+    // No ICReq: open until the timeout, closed at it.
+    let mut mute = Connection::new(t.clone(), listen(), peer);
+    mute.tick(t0);
+    mute.tick(t0 + ICREQ_TIMEOUT - Duration::from_millis(1));
+    assert!(!mute.is_closed());
+    mute.tick(t0 + ICREQ_TIMEOUT);
+    assert!(mute.is_closed());
+    assert_eq!(mute.close_reason(), Some("no ICReq in time"));
+    assert_eq!(stats(&t), (1, 0));
+
+    // Half an ICReq counts the same.
+    let mut half = Connection::new(t.clone(), listen(), peer);
+    let mut ic = Vec::new();
+    host::ic_req(&mut ic, Digests::default());
+    assert_eq!(half.receive(&ic[..20], t0), 0);
+    half.tick(t0 + ICREQ_TIMEOUT);
+    assert!(half.is_closed());
+    assert_eq!(stats(&t), (2, 0));
+
+    // After the handshake, a capsule stopped after 4 bytes.
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    let mut b = Vec::new();
+    let sqe = q.sqe(nvm::READ);
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &sqe, &[]);
+    let t1 = t0 + Duration::from_secs(100);
+    assert_eq!(q.conn.receive(&b[..4], t1), 0);
+    // Offered again with no more bytes: the clock runs from the first.
+    assert_eq!(q.conn.receive(&b[..4], t1 + Duration::from_secs(5)), 0);
+    q.conn.tick(t1 + PDU_TIMEOUT - Duration::from_millis(1));
+    assert!(!q.conn.is_closed());
+    // The rest in time: served, and the clock stops.
+    assert_eq!(
+        q.conn
+            .receive(&b, t1 + PDU_TIMEOUT - Duration::from_millis(1)),
+        b.len()
+    );
+    q.conn.tick(t1 + PDU_TIMEOUT * 5);
+    assert!(!q.conn.is_closed());
+    // Stalled again, for good this time.
+    let t2 = t1 + PDU_TIMEOUT * 6;
+    assert_eq!(q.conn.receive(&b[..b.len() - 1], t2), 0);
+    q.conn.tick(t2 + PDU_TIMEOUT);
+    assert!(q.conn.is_closed());
+    assert_eq!(q.conn.close_reason(), Some("PDU incomplete in time"));
+    assert_eq!(stats(&t), (2, 1));
+}
+
 #[test]
 fn data_digest_error_fails_the_command_not_the_connection() {
     let t = target(&[]);
