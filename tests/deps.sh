@@ -20,6 +20,20 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).
 pkg-config --exists libdpdk 2>/dev/null || need_apt+=(libdpdk-dev)
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
+# The kernel NVMe/TCP initiator's guest (tests/tests/nvme_kernel.rs), where
+# its harness is present: installed here, once, because its tests start
+# guests in parallel and each would otherwise run apt-get, racing for
+# dpkg's lock.
+if [ -x "${KERNEL_NVME_RUN:-../shared/tools/kernel-nvme/run.sh}" ] ||
+  [ -x /work/shared/tools/kernel-nvme/run.sh ]; then
+  have qemu-system-x86_64 || need_apt+=(qemu-system-x86)
+  have cpio || need_apt+=(cpio)
+  have busybox || need_apt+=(busybox-static)
+  have nvme || [ -x /usr/sbin/nvme ] || need_apt+=(nvme-cli)
+  have fio || need_apt+=(fio)
+  have depmod || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need_apt+=(kmod)
+  have socat || need_apt+=(socat)
+fi
 
 if ((${#need_apt[@]})); then
   echo "deps: installing ${need_apt[*]}" >&2
