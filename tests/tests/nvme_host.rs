@@ -1,7 +1,8 @@
 //! The NVMe/TCP target through the real binary, driven by a raw host built
 //! on the crate's own PDU codec: a host that goes silent is cleaned up by
 //! its keep-alive timeout, a socket that never starts the handshake or
-//! stops halfway through a PDU is closed on its timeout, and a host sending
+//! stops halfway through a PDU is closed on its timeout, so is a host that
+//! stops reading its socket, and a host sending
 //! garbage gets a C2HTermReq and loses only its own connection.
 
 use std::io::{Read, Write};
@@ -213,5 +214,81 @@ port = {port}
     let log = svc.log_text();
     assert!(log.contains("no ICReq within"), "{log}");
     assert!(log.contains("a PDU incomplete for"), "{log}");
+    Ok(())
+}
+
+/// A host that keeps sending Identify commands but never reads its socket
+/// fills the target's send buffer; the write that finds no room for
+/// WRITE_TIMEOUT (10 s) ends that connection, and the target's other
+/// hosts are served meanwhile and after.
+#[test]
+fn a_host_that_stops_reading_loses_its_connection_on_the_write_timeout() -> Result<()> {
+    use dpu_nvmeof::tcp::WRITE_TIMEOUT;
+    let port = free_port();
+    let config = format!(
+        r#"
+[[storage.subsystems]]
+id = "ka"
+nqn = "{NQN}"
+allow_any_host = true
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+"#
+    );
+    let svc = Service::start_config(&config, &[])?;
+    let deaf = admin_queue(port, 0)?;
+    let mut steady = admin_queue(port, 0)?;
+    assert_eq!(connections(&svc)?, 2);
+    // 20,000 Identify commands: 80 MB of answers, far past what the
+    // sockets' buffers hold. Written from a thread, since the target stops
+    // reading too once its writes block.
+    let mut writer = deaf.try_clone()?;
+    let t0 = Instant::now();
+    let sender = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        for cid in 0..20_000u16 {
+            let mut id = host::command(admin::IDENTIFY, cid % 16 + 16);
+            id.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
+            id.0[40] = 1;
+            pdu::encode_capsule_cmd(&mut b, Digests::default(), &id, &[]);
+        }
+        // Ends with an error once the target closes; that is the point.
+        let _ = writer.write_all(&b);
+    });
+    // Meanwhile the other host is served.
+    let ka = host::command(admin::KEEP_ALIVE, 9);
+    let mut b = Vec::new();
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &ka, &[]);
+    steady.write_all(&b)?;
+    let mut buf = Vec::new();
+    assert_eq!(
+        read_pdu(&mut steady, &mut buf)?,
+        Some((pdu::pdu_type::CAPSULE_RESP, 0))
+    );
+    // The target's send buffer grows to its limit (4 MiB here) for a
+    // while before its writes stop moving anything; then WRITE_TIMEOUT.
+    let deadline = t0 + WRITE_TIMEOUT + Duration::from_secs(40);
+    while connections(&svc)? != 1 {
+        if Instant::now() > deadline {
+            bail!(
+                "the deaf host's connection is still open: {}",
+                svc.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waited = t0.elapsed();
+    assert!(waited >= WRITE_TIMEOUT, "closed after {waited:?}");
+    let log = svc.log_text();
+    assert!(log.contains("the host read nothing for"), "{log}");
+    drop(deaf);
+    sender.join().expect("sender thread");
+    // The steady host is still served.
+    steady.write_all(&b)?;
+    assert_eq!(
+        read_pdu(&mut steady, &mut buf)?,
+        Some((pdu::pdu_type::CAPSULE_RESP, 0))
+    );
     Ok(())
 }

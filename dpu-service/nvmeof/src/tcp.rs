@@ -6,7 +6,9 @@
 //! and writes all the responses back in one go (a vectored write: large
 //! read data goes from its read buffer to the socket, never copied behind
 //! its PDU header); a read timeout wakes it for keep-alive checks and
-//! asynchronous events.
+//! asynchronous events. A write that moves no byte for [`WRITE_TIMEOUT`]
+//! (a host that stopped reading its socket) ends the connection, so no
+//! thread waits on a peer without bound.
 //!
 //! Placement ([`TcpConfig::io_cpus`]): with I/O CPUs configured, a
 //! connection's thread pins itself to one of them once its Fabrics Connect
@@ -45,6 +47,16 @@ const POLL: Duration = Duration::from_micros(50);
 const RX_BUF: usize = 4 * (MAX_H2C_DATA as usize + IN_CAPSULE_DATA as usize);
 /// Most slices one vectored write takes (well under the kernel's IOV_MAX).
 const IOV: usize = 64;
+/// How long the host may take no byte of what the target has to send: a
+/// host that stops reading its socket loses the connection after it,
+/// instead of holding its thread in a write forever.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The socket's send timeout: one write call waits at most this long for
+/// room, and [`send_output`] counts the calls that moved nothing against
+/// [`WRITE_TIMEOUT`]. (A call that moves a few bytes returns only when its
+/// own timeout is up, so the socket timeout alone would let a host stall
+/// the thread for up to twice as long.)
+const WRITE_WAIT: Duration = Duration::from_secs(1);
 
 /// How a [`TcpTransport`] places its threads on CPUs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -451,8 +463,12 @@ fn read_polling(stream: &mut TcpStream, buf: &mut [u8], poll: Duration) -> io::R
     }
 }
 
-/// Writes everything `conn` has to send, in vectored writes.
+/// Writes everything `conn` has to send, in vectored writes. A write
+/// waits at most [`WRITE_WAIT`] (the socket's send timeout) for room; the
+/// host has [`WRITE_TIMEOUT`] without taking a byte before this gives up
+/// with the timed-out error.
 fn send_output(stream: &mut TcpStream, conn: &mut Connection) -> io::Result<()> {
+    let mut progress = Instant::now();
     loop {
         let mut iov = [IoSlice::new(&[]); IOV];
         let n = conn.output_slices(&mut iov);
@@ -461,10 +477,40 @@ fn send_output(stream: &mut TcpStream, conn: &mut Connection) -> io::Result<()> 
         }
         match stream.write_vectored(&iov[..n]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(k) => conn.output_sent(k),
+            Ok(k) => {
+                conn.output_sent(k);
+                progress = Instant::now();
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if progress.elapsed() >= WRITE_TIMEOUT {
+                    return Err(e);
+                }
+            }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Ends `conn` after a failed write; a timed-out one (the host stopped
+/// reading) is logged as such.
+fn write_error(conn: &mut Connection, peer: SocketAddr, e: &io::Error) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    ) {
+        tracing::warn!(
+            %peer,
+            "the host read nothing for {WRITE_TIMEOUT:?}; closing the connection"
+        );
+        conn.close("write timed out");
+    } else {
+        conn.close(&format!("write failed: {e}"));
     }
 }
 
@@ -475,8 +521,11 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
         _ => return,
     };
     let _ = stream.set_nodelay(true);
-    if let Err(e) = stream.set_read_timeout(Some(TICK)) {
-        tracing::warn!(%peer, error = %e, "cannot set a read timeout");
+    if let Err(e) = stream
+        .set_read_timeout(Some(TICK))
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_WAIT)))
+    {
+        tracing::warn!(%peer, error = %e, "cannot set the socket's timeouts");
         return;
     }
     tracing::debug!(%peer, %local, "NVMe/TCP connection");
@@ -485,6 +534,9 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
     let mut filled = 0;
     let mut last_tick = Instant::now();
     let mut placed = false;
+    // Once a write failed (or timed out), nothing more is written: a
+    // second attempt would wait out the timeout again.
+    let mut write_failed = false;
     loop {
         match read_polling(&mut stream, &mut buf[filled..], POLL) {
             Ok(0) => conn.close("host closed the connection"),
@@ -513,8 +565,11 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
             }
         }
         conn.execute_requests(|conn| {
-            if let Err(e) = send_output(&mut stream, conn) {
-                conn.close(&format!("write failed: {e}"));
+            if !write_failed {
+                if let Err(e) = send_output(&mut stream, conn) {
+                    write_failed = true;
+                    write_error(&mut *conn, peer, &e);
+                }
             }
         });
         let now = Instant::now();
@@ -525,8 +580,11 @@ fn serve(target: Target, mut stream: TcpStream, stop: &AtomicBool, placement: &P
         if stop.load(Ordering::Acquire) {
             conn.close("service stopping");
         }
-        if let Err(e) = send_output(&mut stream, &mut conn) {
-            conn.close(&format!("write failed: {e}"));
+        if !write_failed {
+            if let Err(e) = send_output(&mut stream, &mut conn) {
+                write_failed = true;
+                write_error(&mut conn, peer, &e);
+            }
         }
         if conn.is_closed() {
             break;
