@@ -153,12 +153,9 @@ port = {port}
     Ok(())
 }
 
-/// A socket that never sends its ICReq, and one that stops halfway
-/// through a capsule after the handshake, are both closed once their
-/// timeouts (10 s each) are up; neither holds the target longer.
-#[test]
-fn mute_and_stalled_sockets_are_closed_on_their_timeouts() -> Result<()> {
-    use dpu_nvmeof::conn::{ICREQ_TIMEOUT, PDU_TIMEOUT};
+/// The service with subsystem "ka" (any host, no namespace) listening on
+/// a free port of 127.0.0.1.
+fn subsystem_without_namespaces() -> Result<(Service, u16)> {
     let port = free_port();
     let config = format!(
         r#"
@@ -171,7 +168,16 @@ address = "127.0.0.1"
 port = {port}
 "#
     );
-    let svc = Service::start_config(&config, &[])?;
+    Ok((Service::start_config(&config, &[])?, port))
+}
+
+/// A socket that never sends its ICReq, and one that stops halfway
+/// through a capsule after the handshake, are both closed once their
+/// timeouts (10 s each) are up; neither holds the target longer.
+#[test]
+fn mute_and_stalled_sockets_are_closed_on_their_timeouts() -> Result<()> {
+    use dpu_nvmeof::conn::{ICREQ_TIMEOUT, PDU_TIMEOUT};
+    let (svc, port) = subsystem_without_namespaces()?;
     let t0 = Instant::now();
     let mut mute = TcpStream::connect(("127.0.0.1", port))?;
     let mut stalled = TcpStream::connect(("127.0.0.1", port))?;
@@ -224,19 +230,7 @@ port = {port}
 #[test]
 fn a_host_that_stops_reading_loses_its_connection_on_the_write_timeout() -> Result<()> {
     use dpu_nvmeof::tcp::WRITE_TIMEOUT;
-    let port = free_port();
-    let config = format!(
-        r#"
-[[storage.subsystems]]
-id = "ka"
-nqn = "{NQN}"
-allow_any_host = true
-[[storage.subsystems.listeners]]
-address = "127.0.0.1"
-port = {port}
-"#
-    );
-    let svc = Service::start_config(&config, &[])?;
+    let (svc, port) = subsystem_without_namespaces()?;
     let deaf = admin_queue(port, 0)?;
     let mut steady = admin_queue(port, 0)?;
     assert_eq!(connections(&svc)?, 2);
