@@ -96,6 +96,12 @@ impl AdminQueue<'_> {
                 s.csts |= csts::SHST_COMPLETE;
             }
         });
+        if v & (cc::SHN_MASK | cc::EN) != cc::EN {
+            // A controller shut down or disabled reports no more events:
+            // its waiting AERs are dropped without completions (hosts
+            // consider them aborted and may reuse their CIDs).
+            self.aers.clear();
+        }
         Outcome::ok(sqe)
     }
 

@@ -565,13 +565,21 @@ impl Connection {
     fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8], now: Instant) {
         let cid = sqe.cid();
         self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
-        if self.pending.contains_key(&cid) || self.aers.contains(&cid) {
-            return self.fatal(
-                Fes::PduSequence,
-                0,
-                hdr,
-                "command identifier already in use",
-            );
+        if let Some(i) = self.aers.iter().position(|&a| a == cid) {
+            // The host has given up this Asynchronous Event Request: SPDK's
+            // host, detaching, completes its AERs itself without telling
+            // the target and reuses their CIDs for the shutdown's Property
+            // Get. A completion for it now would answer the new command, so
+            // it is dropped without one (as nvmet and SPDK's target, which
+            // never look at CIDs, in effect do).
+            tracing::debug!(peer = %self.peer, cid, "CID of a waiting AER reused; the AER is dropped");
+            self.aers.remove(i);
+        }
+        if self.pending.contains_key(&cid) {
+            // Answered, not fatal: the stream stays in step, and the
+            // command that holds the CID goes on.
+            tracing::warn!(peer = %self.peer, cid, "command identifier already in use");
+            return self.respond(Cqe::new(cid, Status::CID_CONFLICT), None);
         }
         if self.pending.len() + self.aers.len() >= usize::from(self.sqsize.max(1)) {
             return self.fatal(

@@ -1328,3 +1328,48 @@ fn vectored_output_is_the_same_bytes_as_take_output() {
         assert!(q1.next_pdu().is_none());
     }
 }
+
+/// SPDK's host, detaching, completes its own Asynchronous Event Requests
+/// without telling the target and reuses their CIDs (the shutdown's
+/// Property Get of CC takes the last AER's). The target drops the AER and
+/// answers the new command; a CID held by any other command still
+/// outstanding is answered with Command ID Conflict, and the connection
+/// goes on either way. A shut-down controller completes no AER later.
+#[test]
+fn reused_cids_of_abandoned_aers_are_served_and_conflicts_answered() {
+    let t = target(&[]);
+    let (mut a, _) = Host::admin(&t, NQN, 0);
+    let aers: Vec<u16> = (0..4).map(|i| park_aer(&mut a, i == 0)).collect();
+    let reused = aers[3];
+    let sqe = host::property_get(reused, spec::prop::CC, false);
+    let c = a.command(sqe, &[], 0).cqe.expect("Property Get answered");
+    assert_eq!(c.status, 0, "{c:?}");
+    assert_eq!(c.dw0, host::CC_ENABLE, "the answer is the Property Get's");
+
+    // An I/O command whose CID is still running elsewhere on the queue.
+    let q = &mut Host::io_queue(&t, a.conn.controller_id().unwrap(), Digests::default());
+    let w = q.rw_sqe(1, nvm::WRITE, 0, 8);
+    q.submit(&w);
+    assert!(
+        matches!(q.next_pdu(), Some(Owned::R2T { .. })),
+        "the write waits for its data"
+    );
+    let mut dup = q.rw_sqe(1, nvm::READ, 0, 1);
+    dup.0[2..4].copy_from_slice(&w.cid().to_le_bytes());
+    q.submit(&dup);
+    q.expect_completion(w.cid(), Status::CID_CONFLICT.to_field(), "duplicate CID");
+    q.send_last_data(w.cid(), &[7; 4096]);
+    q.expect_completion(w.cid(), 0, "write");
+    assert!(!q.conn.is_closed());
+
+    // Shutdown: the AERs still parked are dropped, never completed.
+    let before = a.conn.take_output().len();
+    assert_eq!(before, 0);
+    assert_eq!(a.prop_set_cc(host::CC_ENABLE | (1 << 14)).status, 0);
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces.push(namespace(2, 1 << 20));
+    assert!(t.apply(&cfg).is_empty());
+    a.conn.tick(Instant::now() + Duration::from_millis(200));
+    a.inbox.extend(a.conn.take_output());
+    assert!(a.next_pdu().is_none(), "no AER completes after shutdown");
+}
