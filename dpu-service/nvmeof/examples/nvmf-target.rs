@@ -5,11 +5,13 @@
 //! ```text
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
-//!     [--io-cpus 2,3]
+//!     [--io-cpus 2,3] [--poll-groups N]
 //! ```
 //!
-//! `--io-cpus` is the daemon's `storage.io_cpus`: I/O queue `qid` runs on
-//! the `(qid - 1) % len`-th CPU listed, everything else off them.
+//! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
+//! to each CPU listed, everything else off them. `--poll-groups` is
+//! `storage.poll_groups`: how many unpinned I/O poll groups run when no
+//! I/O CPUs are given (default: one per CPU the process may use).
 
 use std::collections::BTreeSet;
 
@@ -64,6 +66,11 @@ fn main() {
             "--ram" => backend = BackendSpec::Ram { size: size(&v) },
             "--null" => backend = BackendSpec::Null { size: size(&v) },
             "--io-cpus" => tcp.io_cpus = cpus(&v),
+            "--poll-groups" => {
+                tcp.poll_groups = v
+                    .parse()
+                    .unwrap_or_else(|_| fail(&format!("--poll-groups takes a count, not {v:?}")))
+            }
             _ => fail(&format!("unknown argument {a}")),
         }
     }
@@ -93,8 +100,8 @@ fn main() {
     if let Some(e) = target.apply(&config).first() {
         fail(&e.to_string());
     }
-    let transport = TcpTransport::with_config(target, &tcp)
-        .unwrap_or_else(|e| fail(&format!("--io-cpus: {e}")));
+    let transport =
+        TcpTransport::with_config(target, &tcp).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some((a, e)) = transport.set_listeners(&config.listen_addrs()).first() {
         fail(&format!("listen {a}: {e}"));
     }

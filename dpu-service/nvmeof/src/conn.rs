@@ -53,8 +53,18 @@ pub const SEND_FROM_BUFFER: usize = 16 * 1024;
 /// with 128 KiB reads.
 pub const FIRST_SEND: usize = 8;
 
-/// Initial capacity of the buffer PDUs are encoded into.
+/// Capacity the buffer PDUs are encoded into starts at once it holds
+/// output behind read data sent from its own buffer. (A new connection's
+/// starts empty: an idle connection holds no buffer.)
 const OUT_CAPACITY: usize = 64 * 1024;
+
+/// Output a connection may hold unsent before
+/// [`Connection::execute_requests`] leaves the next block requests waiting:
+/// a host that reads its socket slower than it submits reads (or not at
+/// all) makes the target hold at most this much of its data, plus one
+/// command's. A transport should stop reading such a host's commands too
+/// ([`Connection::output_len`]).
+pub const OUTPUT_BUDGET: usize = 4 << 20;
 
 /// How long a connection may wait for the host's ICReq: a socket that
 /// never starts the handshake is closed after it (and counted in
@@ -167,7 +177,7 @@ impl Connection {
             pending: HashMap::new(),
             requests: VecDeque::new(),
             aers: Vec::new(),
-            out: Vec::with_capacity(OUT_CAPACITY),
+            out: Vec::new(),
             tx: VecDeque::new(),
             sent: 0,
             spare: Vec::new(),
@@ -231,9 +241,15 @@ impl Connection {
     /// a deep batch runs. While one request runs, the next read's data is
     /// prefetched ([`crate::backend::Backend::prefetch`]). Returns how many
     /// requests ran; what the last ones produced is left in the output.
+    ///
+    /// Once [`OUTPUT_BUDGET`] bytes of output wait unsent, the remaining
+    /// requests are left for a later call ([`Connection::has_requests`]).
     pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
         let (mut done, mut send_at) = (0, FIRST_SEND);
-        while let Some(r) = self.next_request() {
+        while self.output_len() < OUTPUT_BUDGET {
+            let Some(r) = self.next_request() else {
+                break;
+            };
             // The next read's data starts coming into the cache while this
             // request runs (two ahead measured no better).
             if let Some(BlockRequest {
@@ -277,6 +293,17 @@ impl Connection {
     /// True when there are bytes to send.
     pub fn has_output(&self) -> bool {
         !self.tx.is_empty() || self.out.len() > self.sent
+    }
+
+    /// Bytes waiting to be sent.
+    pub fn output_len(&self) -> usize {
+        self.tx.iter().map(|(c, _)| c.len()).sum::<usize>() + self.out.len() - self.sent
+    }
+
+    /// True when block requests wait to run (left by
+    /// [`Connection::execute_requests`] over the [`OUTPUT_BUDGET`]).
+    pub fn has_requests(&self) -> bool {
+        !self.requests.is_empty()
     }
 
     /// Lends the bytes to send, in order, as up to `slices.len()` slices

@@ -282,6 +282,15 @@ pub struct TargetStats {
     /// Connections closed for leaving a PDU partial too long
     /// ([`PDU_TIMEOUT`](crate::conn::PDU_TIMEOUT)).
     pub pdu_timeouts: AtomicU64,
+    /// Connections closed because the host took no byte of the target's
+    /// output for [`WRITE_TIMEOUT`](crate::tcp::WRITE_TIMEOUT).
+    pub write_timeouts: AtomicU64,
+    /// Connections refused at accept: the transport held its most
+    /// ([`TcpConfig::max_connections`](crate::tcp::TcpConfig)).
+    pub connections_over_limit: AtomicU64,
+    /// Connections refused at accept: their source address held its most
+    /// ([`TcpConfig::max_connections_per_address`](crate::tcp::TcpConfig)).
+    pub connections_over_address_limit: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.

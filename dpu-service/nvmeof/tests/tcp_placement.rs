@@ -1,11 +1,11 @@
-//! Where the kernel TCP transport runs its queues: hosts connect over
-//! loopback TCP, and the kernel's view of each serving thread
-//! (`/proc/self/task/*/status`) shows it pinned to its I/O CPU, or kept off
-//! the I/O CPUs (and CPUs held by other work) while it serves an admin
-//! queue.
+//! Where the kernel TCP transport runs its poll groups and which group
+//! serves which queue: hosts connect over loopback TCP, and the kernel's
+//! view of each thread (`/proc/self/task/*/status`) shows each I/O poll
+//! group pinned to its I/O CPU, and the admin group and listeners kept off
+//! the I/O CPUs (and CPUs held by other work).
 //!
 //! One test in this binary: it finds threads by name, and two transports
-//! alive at once would both have an `nvme-io-q1`.
+//! alive at once would both have an `nvmf-pg0`.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -20,7 +20,11 @@ const NQN: &str = "nqn.2024-01.io.example:placement";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-placement";
 
 /// A transport serving one RAM namespace on a loopback port of its own.
-fn serve(io_cpus: &[usize], avoid_cpus: &[usize]) -> (TcpTransport, SocketAddr) {
+fn serve(
+    io_cpus: &[usize],
+    avoid_cpus: &[usize],
+    poll_groups: usize,
+) -> (TcpTransport, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let target = Target::new();
     let cfg = TargetConfig {
@@ -47,6 +51,8 @@ fn serve(io_cpus: &[usize], avoid_cpus: &[usize]) -> (TcpTransport, SocketAddr) 
         &TcpConfig {
             io_cpus: io_cpus.to_vec(),
             avoid_cpus: avoid_cpus.to_vec(),
+            poll_groups,
+            ..TcpConfig::default()
         },
     )
     .unwrap();
@@ -125,12 +131,12 @@ fn cpus_of_one(name: &str) -> Vec<usize> {
     all.remove(0)
 }
 
-/// Stops `transport` and waits until the kernel has let go of its queue
+/// Stops `transport` and waits until the kernel has let go of its
 /// threads (a joined thread's /proc entry can outlive the join by a little).
 fn stop(transport: TcpTransport) {
     transport.shutdown();
     let start = std::time::Instant::now();
-    while ["nvme-admin", "nvme-io-q1"]
+    while ["nvmf-admin", "nvmf-pg0"]
         .iter()
         .any(|n| !cpus_of(n).is_empty())
     {
@@ -142,64 +148,92 @@ fn stop(transport: TcpTransport) {
     }
 }
 
+/// Waits until the I/O groups serve `want` queues each (a connection
+/// moves to its group just after its Connect's answer).
+fn loads(transport: &TcpTransport, want: &[usize]) {
+    let start = std::time::Instant::now();
+    while transport.poll_group_loads() != want {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "poll group loads {:?}, not {want:?}",
+            transport.poll_group_loads()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
-fn io_queue_threads_pin_to_their_cpu_and_admin_queues_stay_off_them() {
+fn io_groups_pin_to_their_cpu_take_queues_in_turn_and_the_admin_group_stays_off_them() {
     let allowed = dpu_os::affinity::current_thread_cpus().unwrap();
     if allowed.len() < 2 {
-        eprintln!("skipped: one CPU ({allowed:?}), nothing to place queues on");
+        eprintln!("skipped: one CPU ({allowed:?}), nothing to place groups on");
         return;
     }
     let (first, last) = (allowed[0], allowed[allowed.len() - 1]);
+    // The kernel keeps 15 bytes of a thread's name.
+    let listener = |addr: SocketAddr| {
+        let l = format!("nvmf-listen-{}", addr.port());
+        l[..l.len().min(15)].to_string()
+    };
 
-    // One I/O CPU: both I/O queues on it, everything else off it.
-    let (transport, addr) = serve(&[last], &[]);
+    // One I/O CPU: one I/O group on it with both queues, everything else
+    // off it.
+    let (transport, addr) = serve(&[last], &[], 0);
     let others: Vec<usize> = allowed.iter().copied().filter(|&c| c != last).collect();
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let (_q1, _) = queue(addr, 1, cntlid);
     let (_q2, _) = queue(addr, 2, cntlid);
-    assert_eq!(cpus_of_one("nvme-io-q1"), [last]);
-    assert_eq!(cpus_of_one("nvme-io-q2"), [last]);
-    assert_eq!(cpus_of_one("nvme-admin"), others);
-    // The kernel keeps 15 bytes of a thread's name.
-    let listener = format!("nvmf-listen-{}", addr.port());
-    assert_eq!(cpus_of_one(&listener[..listener.len().min(15)]), others);
+    loads(&transport, &[2]);
+    assert_eq!(cpus_of_one("nvmf-pg0"), [last]);
+    assert!(cpus_of("nvmf-pg1").is_empty());
+    assert_eq!(cpus_of_one("nvmf-admin"), others);
+    assert_eq!(cpus_of_one(&listener(addr)), others);
     stop(transport);
 
-    // Two I/O CPUs: queues take them in turn, from the first listed.
-    let (transport, addr) = serve(&[last, first], &[]);
+    // Two I/O CPUs: a group on each, in the order listed; a controller's
+    // queues take the groups in turn, and a second host's queue goes to
+    // the group with fewer.
+    let (transport, addr) = serve(&[last, first], &[], 0);
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let _qs: Vec<_> = (1..=3).map(|q| queue(addr, q, cntlid)).collect();
-    assert_eq!(cpus_of_one("nvme-io-q1"), [last]);
-    assert_eq!(cpus_of_one("nvme-io-q2"), [first]);
-    assert_eq!(cpus_of_one("nvme-io-q3"), [last]);
-    let admin = cpus_of_one("nvme-admin");
+    loads(&transport, &[2, 1]);
+    let (_admin2, cntlid2) = queue(addr, 0, 0xffff);
+    let _q = queue(addr, 1, cntlid2);
+    loads(&transport, &[2, 2]);
+    assert_eq!(cpus_of_one("nvmf-pg0"), [last]);
+    assert_eq!(cpus_of_one("nvmf-pg1"), [first]);
+    let admin = cpus_of_one("nvmf-admin");
     if allowed.len() > 2 {
         assert!(
             !admin.contains(&first) && !admin.contains(&last),
             "{admin:?}"
         );
     } else {
-        // The I/O CPUs are all there is: the admin queue may use them.
+        // The I/O CPUs are all there is: the admin group may use them.
         assert_eq!(admin, allowed);
+    }
+    drop(_qs);
+    loads(&transport, &[0, 1]);
+    stop(transport);
+
+    // No I/O CPUs: as many groups as asked, nothing pinned.
+    let (transport, addr) = serve(&[], &[], 3);
+    let (_admin, cntlid) = queue(addr, 0, 0xffff);
+    let (_q1, _) = queue(addr, 1, cntlid);
+    loads(&transport, &[1, 0, 0]);
+    for g in ["nvmf-pg0", "nvmf-pg1", "nvmf-pg2", "nvmf-admin"] {
+        assert_eq!(cpus_of_one(g), allowed, "{g}");
     }
     stop(transport);
 
-    // No I/O CPUs: nothing is pinned.
-    let (transport, addr) = serve(&[], &[]);
-    let (_admin, cntlid) = queue(addr, 0, 0xffff);
-    let (_q1, _) = queue(addr, 1, cntlid);
-    assert_eq!(cpus_of_one("nvme-io-q1"), allowed);
-    assert_eq!(cpus_of_one("nvme-admin"), allowed);
-    stop(transport);
-
     // A CPU held by other work (a data-plane worker): no thread of the
-    // transport runs there, I/O queues without I/O CPUs included.
-    let (transport, addr) = serve(&[], &[last]);
+    // transport runs there, and the groups default to one per CPU left.
+    let (transport, addr) = serve(&[], &[last], 0);
+    assert_eq!(transport.poll_group_loads().len(), others.len());
     let (_admin, cntlid) = queue(addr, 0, 0xffff);
     let (_q1, _) = queue(addr, 1, cntlid);
-    assert_eq!(cpus_of_one("nvme-io-q1"), others);
-    assert_eq!(cpus_of_one("nvme-admin"), others);
-    let listener = format!("nvmf-listen-{}", addr.port());
-    assert_eq!(cpus_of_one(&listener[..listener.len().min(15)]), others);
+    assert_eq!(cpus_of_one("nvmf-pg0"), others);
+    assert_eq!(cpus_of_one("nvmf-admin"), others);
+    assert_eq!(cpus_of_one(&listener(addr)), others);
     stop(transport);
 }

@@ -767,7 +767,19 @@ mod tests {
         let &cpu = allowed.last().unwrap();
         let c = load(&format!("[storage]\nio_cpus = [{cpu}]\n")).unwrap();
         assert_eq!(c.transport().io_cpus, [cpu]);
-        assert_eq!(c.transport().io_cpu(7), Some(cpu));
+        let c = load(
+            "[storage]\npoll_groups = 3\nmax_connections = 100\nmax_connections_per_address = 10\n",
+        )
+        .unwrap();
+        let t = c.transport();
+        assert_eq!(
+            (
+                t.poll_groups,
+                t.max_connections,
+                t.max_connections_per_address
+            ),
+            (3, 100, 10)
+        );
         // The target's threads keep off the workers' CPUs when a data
         // plane runs them.
         let workers = format!("[dataplane]\nworker_cpus = [{cpu}]\n");
@@ -793,6 +805,14 @@ mod tests {
             (
                 format!("[dataplane]\nworker_cpus = [{cpu}]\n[storage]\nio_cpus = [{cpu}]\n"),
                 &*format!("storage.io_cpus[0]: CPU {cpu} already runs data-plane worker 0"),
+            ),
+            (
+                "[storage]\nmax_connections = 0\n".to_string(),
+                "storage.max_connections: 0 is out of range (at least 1)",
+            ),
+            (
+                "[storage]\npoll_groups = 1000\n".to_string(),
+                "storage.poll_groups: 1000 is out of range (0 to 256)",
             ),
             ("[storage]\nio_cpus = [-1]\n".to_string(), "io_cpus"),
             ("[storage]\nio_cpus = \"2-3\"\n".to_string(), "io_cpus"),

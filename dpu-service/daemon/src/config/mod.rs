@@ -104,18 +104,26 @@ impl Config {
         })
     }
 
-    /// How the NVMe/TCP transport places its threads: I/O queues on
+    /// How the NVMe/TCP transport places its threads (I/O poll groups on
     /// `storage.io_cpus`, and, when a data plane runs, nothing on its
-    /// workers' CPUs (`dataplane.worker_cpus`).
+    /// workers' CPUs, `dataplane.worker_cpus`) and how many connections it
+    /// admits.
     pub fn transport(&self) -> dpu_nvmeof::TcpConfig {
         let workers = if self.dataplane_driver().is_some() {
             self.dataplane.worker_cpus.clone()
         } else {
             Vec::new()
         };
+        let d = dpu_nvmeof::TcpConfig::default();
         dpu_nvmeof::TcpConfig {
             io_cpus: self.storage.io_cpus.clone(),
             avoid_cpus: workers,
+            poll_groups: self.storage.poll_groups,
+            max_connections: self.storage.max_connections.unwrap_or(d.max_connections),
+            max_connections_per_address: self
+                .storage
+                .max_connections_per_address
+                .unwrap_or(d.max_connections_per_address),
         }
     }
 

@@ -205,16 +205,27 @@ pub struct StorageConfig {
     /// "127.0.0.1:8009". The discovery controller is also reachable on
     /// every subsystem (I/O) listener; unset, only there.
     pub discovery_listen: Option<SocketAddr>,
-    /// The CPUs the NVMe/TCP target's I/O queues run on, e.g. `[5, 6, 7]`:
-    /// I/O queue `qid` of every controller pins its thread to
-    /// `io_cpus[(qid - 1) % len]` once it is connected, so a host's queues
-    /// spread over them; listeners, admin and discovery queues run on the
+    /// The CPUs of the NVMe/TCP target's I/O poll groups, e.g. `[5, 6, 7]`:
+    /// one group pinned to each, serving the I/O queues placed on it (a
+    /// new I/O queue goes to the group with the fewest); listeners, the
+    /// admin group (handshakes, admin and discovery queues) run on the
     /// process's other CPUs, off the data-plane workers' too (anywhere if
     /// that leaves none), and so do the control plane's threads. Each must
     /// be a CPU the process may use, listed once, and no data-plane
-    /// worker's (`dataplane.worker_cpus`). Empty (the default): NVMe/TCP
-    /// threads run where the scheduler puts them, off the workers' CPUs.
+    /// worker's (`dataplane.worker_cpus`). Empty (the default):
+    /// `poll_groups` groups run where the scheduler puts them, off the
+    /// workers' CPUs.
     pub io_cpus: Vec<usize>,
+    /// I/O poll groups when `io_cpus` is empty, 1..=256; unset or 0: one
+    /// per CPU the target may use.
+    pub poll_groups: usize,
+    /// Most NVMe/TCP connections open at once (default 4096); the
+    /// listeners close connections beyond it at once, counted on
+    /// `/metrics`.
+    pub max_connections: Option<usize>,
+    /// Most NVMe/TCP connections open at once from one source address
+    /// (default 512).
+    pub max_connections_per_address: Option<usize>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made

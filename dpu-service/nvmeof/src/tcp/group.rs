@@ -1,0 +1,542 @@
+//! A poll group: one thread serving many connections from one epoll event
+//! loop.
+//!
+//! Every socket is non-blocking and registered level-triggered: for input
+//! while its connection takes commands, for output while it has bytes the
+//! socket did not take. A readable socket is read once per turn into the
+//! group's receive buffer, whose whole PDUs the connection consumes where
+//! they lie; only the start of a PDU not yet whole is kept by the
+//! connection's slot. Output is sent as the socket accepts it and
+//! otherwise stays queued in the connection, which stops running block
+//! requests past [`OUTPUT_BUDGET`]; while it is over that budget the socket
+//! is not read either, so a host that does not read cannot make the target
+//! queue without bound. A socket that takes no byte for [`WRITE_TIMEOUT`]
+//! closes.
+//!
+//! After activity the group polls (`epoll_wait` without a timeout) for
+//! [`POLL`] before it sleeps until the next event or tick: the group busy
+//! polls, not each socket. Every [`TICK`] it ticks each connection
+//! (handshake, PDU and keep-alive timers, asynchronous events).
+//!
+//! The admin group also takes every new connection: once a connection's
+//! Fabrics Connect names an I/O queue it leaves for the least-loaded I/O
+//! group, with whatever it has buffered.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::buffer::spare_capacity;
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
+
+use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA, OUTPUT_BUDGET};
+use crate::target::Target;
+
+use super::admit::Admission;
+use super::WRITE_TIMEOUT;
+
+/// How often every connection of a group is ticked.
+pub(super) const TICK: Duration = Duration::from_millis(100);
+
+/// How long a group keeps polling after its last event before it sleeps
+/// in the kernel. Waking a sleeping thread costs tens of microseconds
+/// (more in a VM), which at low queue depth is most of a command's
+/// latency; a short poll keeps the next command's bytes on a running
+/// thread, the way a poll-mode target does, without holding the core once
+/// the group's hosts have gone quiet.
+pub(super) const POLL: Duration = Duration::from_micros(50);
+
+/// The group's receive buffer: room for the largest PDU several times.
+const RX_BUF: usize = 4 * (MAX_H2C_DATA as usize + IN_CAPSULE_DATA as usize);
+
+/// Most slices one vectored write takes (well under the kernel's IOV_MAX).
+const IOV: usize = 64;
+
+/// Most events one `epoll_wait` returns.
+const EVENTS: usize = 256;
+
+/// The token of the group's wake-up eventfd.
+const WAKE: u64 = u64::MAX;
+
+/// A slot's receive buffer larger than this is given back once the
+/// connection has been idle for a tick.
+const RX_KEEP: usize = 0;
+
+/// One connection served by a group.
+#[derive(Debug)]
+pub(super) struct Slot {
+    stream: TcpStream,
+    conn: Connection,
+    peer: SocketAddr,
+    /// The start of a PDU not yet whole.
+    rx: Vec<u8>,
+    /// Since when output has waited for a socket that takes nothing.
+    stalled_since: Option<Instant>,
+    /// A write failed: nothing more is written.
+    write_failed: bool,
+    /// What the socket is registered for.
+    interest: epoll::EventFlags,
+    /// Bytes arrived since the last tick.
+    active: bool,
+    /// The connection's place under the transport's connection limits.
+    _admission: Admission,
+    /// The I/O group's count this connection is in, once placed on one.
+    load: Option<LoadGuard>,
+}
+
+impl Slot {
+    /// A new connection from `peer` on a non-blocking `stream`.
+    pub(super) fn new(
+        stream: TcpStream,
+        conn: Connection,
+        peer: SocketAddr,
+        admission: Admission,
+    ) -> Self {
+        Self {
+            stream,
+            conn,
+            peer,
+            rx: Vec::new(),
+            stalled_since: None,
+            write_failed: false,
+            interest: epoll::EventFlags::empty(),
+            active: false,
+            _admission: admission,
+            load: None,
+        }
+    }
+
+    /// Takes `bytes` from the socket: the connection consumes whole PDUs,
+    /// the start of the next stays in `rx`.
+    fn feed(&mut self, bytes: &[u8], now: Instant) {
+        self.active = true;
+        if self.rx.is_empty() {
+            let used = self.conn.receive(bytes, now);
+            self.rx.extend_from_slice(&bytes[used..]);
+        } else {
+            self.rx.extend_from_slice(bytes);
+            let used = self.conn.receive(&self.rx, now);
+            self.rx.drain(..used);
+        }
+    }
+
+    /// Runs the block requests waiting (as far as the output budget
+    /// allows) and sends what the socket takes.
+    fn pump(&mut self, now: Instant) {
+        let Self {
+            stream,
+            conn,
+            stalled_since,
+            write_failed,
+            peer,
+            ..
+        } = self;
+        conn.execute_requests(|c| send(stream, c, stalled_since, write_failed, *peer, now));
+        send(stream, conn, stalled_since, write_failed, *peer, now);
+    }
+
+    /// What the socket should be registered for: input while the
+    /// connection takes commands, output while bytes wait.
+    fn wanted(&self) -> epoll::EventFlags {
+        let mut f = epoll::EventFlags::empty();
+        if self.conn.output_len() < OUTPUT_BUDGET && !self.conn.has_requests() {
+            f |= epoll::EventFlags::IN;
+        }
+        if self.conn.has_output() && !self.write_failed {
+            f |= epoll::EventFlags::OUT;
+        }
+        f
+    }
+}
+
+/// Sends what `conn` has as far as the socket takes it. A write that
+/// would block leaves the rest queued and starts (or continues) the
+/// stall; any progress ends it.
+fn send(
+    stream: &TcpStream,
+    conn: &mut Connection,
+    stalled_since: &mut Option<Instant>,
+    write_failed: &mut bool,
+    peer: SocketAddr,
+    now: Instant,
+) {
+    if *write_failed {
+        return;
+    }
+    loop {
+        let mut iov = [IoSlice::new(&[]); IOV];
+        let n = conn.output_slices(&mut iov);
+        if n == 0 {
+            *stalled_since = None;
+            return;
+        }
+        match (&*stream).write_vectored(&iov[..n]) {
+            Ok(0) => {
+                *write_failed = true;
+                conn.close("write failed: the socket took nothing");
+                return;
+            }
+            Ok(k) => {
+                conn.output_sent(k);
+                *stalled_since = None;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                stalled_since.get_or_insert(now);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "write failed");
+                *write_failed = true;
+                conn.close(&format!("write failed: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+/// Counts a connection in an I/O group's load while it lives.
+#[derive(Debug)]
+struct LoadGuard(Arc<AtomicUsize>);
+
+impl LoadGuard {
+    fn new(load: &Arc<AtomicUsize>) -> Self {
+        load.fetch_add(1, Ordering::Relaxed);
+        Self(load.clone())
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the transport and the other groups hold of a group: its inbox
+/// and the eventfd that wakes it.
+#[derive(Debug)]
+pub(super) struct GroupHandle {
+    inbox: Mutex<Vec<Slot>>,
+    wake: OwnedFd,
+    /// I/O queues placed on this group.
+    pub(super) load: Arc<AtomicUsize>,
+}
+
+impl GroupHandle {
+    /// A handle with an empty inbox.
+    pub(super) fn new() -> io::Result<Arc<Self>> {
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Arc::new(Self {
+            inbox: Mutex::new(Vec::new()),
+            wake,
+            load: Arc::new(AtomicUsize::new(0)),
+        }))
+    }
+
+    /// Hands a connection to the group.
+    pub(super) fn hand(&self, slot: Slot) {
+        self.inbox.lock().expect("inbox lock").push(slot);
+        self.wake();
+    }
+
+    /// Wakes the group's thread.
+    pub(super) fn wake(&self) {
+        // A full counter (never reached) already means "wake up".
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+/// One poll group's thread.
+#[derive(Debug)]
+pub(super) struct Group {
+    /// This group's handle.
+    pub(super) handle: Arc<GroupHandle>,
+    /// Where connections go once their Connect names an I/O queue; empty
+    /// for an I/O group.
+    pub(super) io_groups: Vec<Arc<GroupHandle>>,
+    /// Set when the transport stops.
+    pub(super) stop: Arc<AtomicBool>,
+    /// The target, for counters.
+    pub(super) target: Target,
+}
+
+/// A slot and the generation its token carries: an event for a slot
+/// since closed never reaches the one that took its place.
+#[derive(Debug, Default)]
+struct Entry {
+    generation: u32,
+    slot: Option<Slot>,
+}
+
+/// The event loop's state.
+struct Loop {
+    group: Group,
+    epoll: OwnedFd,
+    entries: Vec<Entry>,
+    free: Vec<usize>,
+    scratch: Vec<u8>,
+}
+
+impl Group {
+    /// Serves connections until the transport stops.
+    pub(super) fn run(self) {
+        let epoll = match epoll::create(epoll::CreateFlags::CLOEXEC) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create a poll group's epoll; it serves nothing");
+                return;
+            }
+        };
+        if let Err(e) = epoll::add(
+            &epoll,
+            &self.handle.wake,
+            epoll::EventData::new_u64(WAKE),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::error!(error = %e, "cannot watch a poll group's eventfd; it serves nothing");
+            return;
+        }
+        let mut l = Loop {
+            group: self,
+            epoll,
+            entries: Vec::new(),
+            free: Vec::new(),
+            scratch: Vec::new(),
+        };
+        l.run();
+    }
+}
+
+impl Loop {
+    fn run(&mut self) {
+        let mut events = Vec::with_capacity(EVENTS);
+        let start = Instant::now();
+        let (mut last_busy, mut last_tick) = (start, start);
+        loop {
+            if self.group.stop.load(Ordering::Acquire) {
+                self.close_all();
+                return;
+            }
+            let now = Instant::now();
+            let timeout = if now.duration_since(last_busy) < POLL {
+                Duration::ZERO
+            } else {
+                TICK.saturating_sub(now.duration_since(last_tick))
+            };
+            let ts = Timespec {
+                tv_sec: timeout.as_secs() as _,
+                tv_nsec: timeout.subsec_nanos().into(),
+            };
+            events.clear();
+            match epoll::wait(&self.epoll, spare_capacity(&mut events), Some(&ts)) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "epoll_wait failed");
+                    std::thread::sleep(TICK);
+                    continue;
+                }
+            }
+            let now = Instant::now();
+            for ev in &events {
+                let token = ev.data.u64();
+                if token == WAKE {
+                    self.take_inbox(now);
+                } else {
+                    self.service(token, ev.flags, now);
+                }
+            }
+            if !events.is_empty() {
+                last_busy = now;
+            }
+            if now.duration_since(last_tick) >= TICK {
+                last_tick = now;
+                self.tick(now);
+            }
+        }
+    }
+
+    /// Registers the connections handed to the group.
+    fn take_inbox(&mut self, now: Instant) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&self.group.handle.wake, &mut counter);
+        let slots = std::mem::take(&mut *self.group.handle.inbox.lock().expect("inbox lock"));
+        for mut slot in slots {
+            let idx = self.free.pop().unwrap_or_else(|| {
+                self.entries.push(Entry::default());
+                self.entries.len() - 1
+            });
+            let e = &mut self.entries[idx];
+            e.generation = e.generation.wrapping_add(1);
+            let token = (u64::from(e.generation) << 32) | idx as u64;
+            slot.interest = epoll::EventFlags::IN;
+            if let Err(err) = epoll::add(
+                &self.epoll,
+                &slot.stream,
+                epoll::EventData::new_u64(token),
+                slot.interest,
+            ) {
+                tracing::warn!(peer = %slot.peer, error = %err, "cannot watch a connection's socket; closing it");
+                slot.conn.close("cannot watch the socket");
+                self.free.push(idx);
+                continue;
+            }
+            e.slot = Some(slot);
+            // Whatever arrived meanwhile, and output a moved connection
+            // brought along.
+            self.service(token, epoll::EventFlags::IN, now);
+        }
+    }
+
+    /// Handles an event of the slot `token` names.
+    fn service(&mut self, token: u64, flags: epoll::EventFlags, now: Instant) {
+        let idx = (token & u64::from(u32::MAX)) as usize;
+        let generation = (token >> 32) as u32;
+        let Some(e) = self.entries.get_mut(idx) else {
+            return;
+        };
+        if e.generation != generation {
+            return;
+        }
+        let Some(slot) = e.slot.as_mut() else {
+            return;
+        };
+        let readable = epoll::EventFlags::IN | epoll::EventFlags::ERR | epoll::EventFlags::HUP;
+        if flags.intersects(readable) && !slot.conn.is_closed() {
+            if self.scratch.is_empty() {
+                self.scratch = vec![0; RX_BUF];
+            }
+            match (&slot.stream).read(&mut self.scratch) {
+                Ok(0) => slot.conn.close("host closed the connection"),
+                Ok(n) => slot.feed(&self.scratch[..n], now),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => slot.conn.close(&format!("read failed: {e}")),
+            }
+        }
+        if !self.group.io_groups.is_empty()
+            && slot.load.is_none()
+            && slot.conn.queue_id().is_some_and(|q| q > 0)
+            && !slot.conn.is_closed()
+        {
+            return self.move_to_io_group(idx);
+        }
+        slot.pump(now);
+        self.settle(idx);
+    }
+
+    /// After a slot's work: closes it once its connection is over, else
+    /// registers its socket for what it now waits for.
+    fn settle(&mut self, idx: usize) {
+        let e = &mut self.entries[idx];
+        let token = (u64::from(e.generation) << 32) | idx as u64;
+        let Some(slot) = e.slot.as_mut() else {
+            return;
+        };
+        if slot.conn.is_closed() {
+            return self.remove(idx);
+        }
+        let want = slot.wanted();
+        if want != slot.interest {
+            match epoll::modify(
+                &self.epoll,
+                &slot.stream,
+                epoll::EventData::new_u64(token),
+                want,
+            ) {
+                Ok(()) => slot.interest = want,
+                Err(e) => {
+                    slot.conn.close(&format!("cannot watch the socket: {e}"));
+                    self.remove(idx);
+                }
+            }
+        }
+    }
+
+    /// Sends a connected I/O queue to the least-loaded I/O group; queues
+    /// of one controller, placed one after another, spread over them.
+    fn move_to_io_group(&mut self, idx: usize) {
+        let Some(mut slot) = self.entries[idx].slot.take() else {
+            return;
+        };
+        self.free.push(idx);
+        let _ = epoll::delete(&self.epoll, &slot.stream);
+        let groups = &self.group.io_groups;
+        let qid = slot.conn.queue_id().unwrap_or(1);
+        let first = usize::from(qid.saturating_sub(1)) % groups.len();
+        let g = (0..groups.len())
+            .map(|i| &groups[(first + i) % groups.len()])
+            .min_by_key(|g| g.load.load(Ordering::Relaxed))
+            .expect("at least one I/O group");
+        slot.load = Some(LoadGuard::new(&g.load));
+        g.hand(slot);
+    }
+
+    /// Ends a slot: sends what output the socket takes at once (a
+    /// C2HTermReq, a last response), then closes the socket.
+    fn remove(&mut self, idx: usize) {
+        let Some(mut slot) = self.entries[idx].slot.take() else {
+            return;
+        };
+        self.free.push(idx);
+        slot.pump(Instant::now());
+        tracing::debug!(peer = %slot.peer, reason = slot.conn.close_reason().unwrap_or(""), "NVMe/TCP connection closed");
+        let _ = epoll::delete(&self.epoll, &slot.stream);
+        let _ = slot.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Timers of every connection; closes those whose host took no byte
+    /// for [`WRITE_TIMEOUT`].
+    fn tick(&mut self, now: Instant) {
+        for idx in 0..self.entries.len() {
+            let Some(slot) = self.entries[idx].slot.as_mut() else {
+                continue;
+            };
+            slot.conn.tick(now);
+            if let Some(since) = slot.stalled_since {
+                if now.saturating_duration_since(since) >= WRITE_TIMEOUT {
+                    tracing::warn!(
+                        peer = %slot.peer,
+                        "the host read nothing for {WRITE_TIMEOUT:?}; closing the connection"
+                    );
+                    self.group
+                        .target
+                        .stats()
+                        .write_timeouts
+                        .fetch_add(1, Ordering::Relaxed);
+                    slot.write_failed = true;
+                    slot.conn.close("write timed out");
+                }
+            }
+            if !std::mem::take(&mut slot.active)
+                && slot.rx.is_empty()
+                && slot.rx.capacity() > RX_KEEP
+            {
+                slot.rx = Vec::new();
+            }
+            slot.pump(now);
+            self.settle(idx);
+        }
+    }
+
+    /// Ends every connection: the service is stopping.
+    fn close_all(&mut self) {
+        for idx in 0..self.entries.len() {
+            if let Some(slot) = self.entries[idx].slot.as_mut() {
+                slot.conn.close("service stopping");
+                self.remove(idx);
+            }
+        }
+        let left = std::mem::take(&mut *self.group.handle.inbox.lock().expect("inbox lock"));
+        for mut slot in left {
+            slot.conn.close("service stopping");
+            let _ = slot.stream.shutdown(Shutdown::Both);
+        }
+    }
+}

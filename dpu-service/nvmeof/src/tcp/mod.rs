@@ -1,0 +1,334 @@
+//! The kernel TCP transport: listeners, and poll groups that serve many
+//! connections each from one event loop, each connection driving a
+//! sans-IO [`Connection`](crate::conn::Connection).
+//!
+//! A listener thread accepts connections under the connection limits
+//! ([`TcpConfig::max_connections`], in total and per source address) and
+//! hands each to the admin group. The admin group serves the handshake,
+//! the admin and discovery queues; once a connection's Fabrics Connect
+//! names an I/O queue it moves, with whatever it has buffered, to the I/O
+//! poll group serving the fewest I/O queues (ties go to group
+//! `(qid - 1) % groups`, so one controller's queues spread over the
+//! groups in order). See [`group`] for the event loop: non-blocking
+//! sockets, output queued per connection and bounded, timers.
+//!
+//! Placement ([`TcpConfig`]): with I/O CPUs configured there is one I/O
+//! group per CPU, pinned to it; the listeners and the admin group run on
+//! the process's other CPUs (all of them when the I/O CPUs take every
+//! one). Without them, [`TcpConfig::poll_groups`] groups (default: one per
+//! CPU the transport may use) run unpinned, off
+//! [`TcpConfig::avoid_cpus`]. The threads are named `nvmf-admin`,
+//! `nvmf-pg0`, `nvmf-pg1`, ... and `nvmf-listen-PORT`, as `top -H` and
+//! `/proc/PID/task/*/comm` show them.
+
+mod admit;
+mod config;
+mod group;
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::conn::Connection;
+use crate::target::Target;
+
+use admit::Admissions;
+use config::{cpu_list, Placement};
+pub use config::{
+    TcpConfig, TcpConfigError, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    MAX_POLL_GROUPS,
+};
+use group::{Group, GroupHandle, Slot};
+
+/// How long the host may take no byte of what the target has to send: a
+/// host that stops reading its socket loses the connection after it.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct Listening {
+    bound: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// NVMe/TCP over kernel sockets for a [`Target`].
+#[derive(Debug)]
+pub struct TcpTransport {
+    target: Target,
+    listeners: Mutex<HashMap<SocketAddr, Listening>>,
+    stop: Arc<AtomicBool>,
+    placement: Arc<Placement>,
+    admissions: Arc<Admissions>,
+    /// The admin group: handshakes, admin and discovery queues.
+    admin: Arc<GroupHandle>,
+    /// The I/O poll groups.
+    io: Vec<Arc<GroupHandle>>,
+    /// Every poll group's thread, until joined.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl TcpTransport {
+    /// A transport with no listeners yet, its threads unpinned.
+    pub fn new(target: Target) -> Self {
+        Self::with_config(target, &TcpConfig::default())
+            .expect("the default transport configuration is valid")
+    }
+
+    /// A transport with no listeners yet, placing its threads as `config`
+    /// says (see the [module](self) documentation).
+    ///
+    /// # Errors
+    /// As [`TcpConfig::validate`].
+    ///
+    /// # Panics
+    /// When the system cannot start a poll group's thread or eventfd.
+    pub fn with_config(target: Target, config: &TcpConfig) -> Result<Self, TcpConfigError> {
+        let placement = config.placement()?;
+        let placing = !config.io_cpus.is_empty() || !config.avoid_cpus.is_empty();
+        if placing && placement.others.is_empty() {
+            // Said once, here, not by every `validate`.
+            tracing::warn!(
+                io_cpus = %cpu_list(&config.io_cpus),
+                avoid_cpus = %cpu_list(&config.avoid_cpus),
+                "no CPU is left for the NVMe/TCP listeners and admin queues; they run anywhere"
+            );
+        }
+        let placement = Arc::new(placement);
+        let stop = Arc::new(AtomicBool::new(false));
+        let groups = placement.io_groups();
+        let mut threads = Vec::new();
+        let io: Vec<Arc<GroupHandle>> = (0..groups)
+            .map(|i| {
+                let p = placement.clone();
+                let (handle, thread) = start_group(
+                    format!("nvmf-pg{i}"),
+                    Vec::new(),
+                    &stop,
+                    &target,
+                    move || p.place_io_group(i),
+                );
+                threads.push(thread);
+                handle
+            })
+            .collect();
+        let p = placement.clone();
+        let (admin, thread) =
+            start_group("nvmf-admin".into(), io.clone(), &stop, &target, move || {
+                p.keep_to_others("admin group")
+            });
+        threads.push(thread);
+        tracing::info!(
+            poll_groups = groups,
+            io_cpus = ?config.io_cpus,
+            other_cpus = %cpu_list(&placement.others),
+            max_connections = config.max_connections,
+            max_connections_per_address = config.max_connections_per_address,
+            "NVMe/TCP transport started"
+        );
+        Ok(Self {
+            admissions: Admissions::new(
+                config.max_connections,
+                config.max_connections_per_address,
+                target.clone(),
+            ),
+            target,
+            listeners: Mutex::new(HashMap::new()),
+            stop,
+            placement,
+            admin,
+            io,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Listens on exactly `addrs` from now on: binds the new ones, stops
+    /// the ones no longer wanted (their open connections go on). Returns
+    /// the addresses that could not be bound.
+    pub fn set_listeners(&self, addrs: &BTreeSet<SocketAddr>) -> Vec<(SocketAddr, io::Error)> {
+        let mut ls = self.listeners.lock().expect("listeners lock");
+        let gone: Vec<SocketAddr> = ls.keys().filter(|a| !addrs.contains(a)).copied().collect();
+        for a in gone {
+            if let Some(l) = ls.remove(&a) {
+                stop_listener(l);
+                tracing::info!(addr = %a, "NVMe/TCP listener stopped");
+            }
+        }
+        let mut failed = Vec::new();
+        for &a in addrs {
+            if ls.contains_key(&a) {
+                continue;
+            }
+            match self.listen(a) {
+                Ok(l) => {
+                    tracing::info!(addr = %l.bound, "NVMe/TCP listening");
+                    ls.insert(a, l);
+                }
+                Err(e) => {
+                    tracing::error!(addr = %a, error = %e, "cannot listen for NVMe/TCP");
+                    failed.push((a, e));
+                }
+            }
+        }
+        failed
+    }
+
+    /// The address each configured listener is bound to (differs from the
+    /// configured one for port 0).
+    pub fn bound(&self) -> HashMap<SocketAddr, SocketAddr> {
+        self.listeners
+            .lock()
+            .expect("listeners lock")
+            .iter()
+            .map(|(a, l)| (*a, l.bound))
+            .collect()
+    }
+
+    /// Connections open now, handshaking or connected.
+    pub fn open_connections(&self) -> usize {
+        self.admissions.open()
+    }
+
+    /// I/O queues each I/O poll group serves now, in group order.
+    pub fn poll_group_loads(&self) -> Vec<usize> {
+        self.io
+            .iter()
+            .map(|g| g.load.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    fn listen(&self, addr: SocketAddr) -> io::Result<Listening> {
+        let sock = TcpListener::bind(addr)?;
+        let bound = sock.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (target, stop_l, stop_all, placement, admissions, admin) = (
+            self.target.clone(),
+            stop.clone(),
+            self.stop.clone(),
+            self.placement.clone(),
+            self.admissions.clone(),
+            self.admin.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("nvmf-listen-{}", bound.port()))
+            .spawn(move || {
+                placement.keep_to_others("listener");
+                for s in sock.incoming() {
+                    if stop_l.load(Ordering::Acquire) || stop_all.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match s {
+                        Ok(stream) => accept(stream, &target, &admissions, &admin),
+                        Err(e) => {
+                            tracing::warn!(addr = %bound, error = %e, "accept failed");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })?;
+        Ok(Listening {
+            bound,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stops every listener and connection and waits for their threads.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.target.shutdown();
+        let ls: Vec<_> = self
+            .listeners
+            .lock()
+            .expect("listeners lock")
+            .drain()
+            .map(|(_, l)| l)
+            .collect();
+        for l in ls {
+            stop_listener(l);
+        }
+        for g in self.io.iter().chain(std::iter::once(&self.admin)) {
+            g.wake();
+        }
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .expect("poll groups lock")
+            .drain(..)
+            .collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Starts a poll group's thread, which first runs `place`.
+fn start_group(
+    name: String,
+    io_groups: Vec<Arc<GroupHandle>>,
+    stop: &Arc<AtomicBool>,
+    target: &Target,
+    place: impl FnOnce() + Send + 'static,
+) -> (Arc<GroupHandle>, JoinHandle<()>) {
+    let handle = GroupHandle::new().expect("an eventfd for a poll group");
+    let group = Group {
+        handle: handle.clone(),
+        io_groups,
+        stop: stop.clone(),
+        target: target.clone(),
+    };
+    let thread = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            place();
+            group.run();
+        })
+        .expect("a poll group's thread");
+    (handle, thread)
+}
+
+/// Admits an accepted connection under the limits and hands it to the
+/// admin group; closes it when over a limit.
+fn accept(stream: TcpStream, target: &Target, admissions: &Arc<Admissions>, admin: &GroupHandle) {
+    let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
+        (Ok(l), Ok(p)) => (l, p),
+        _ => return,
+    };
+    let Ok(admission) = admissions.admit(peer.ip()) else {
+        return;
+    };
+    if let Err(e) = stream.set_nonblocking(true) {
+        tracing::warn!(%peer, error = %e, "cannot make the socket non-blocking; closing it");
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    tracing::debug!(%peer, %local, "NVMe/TCP connection");
+    let conn = Connection::new(target.clone(), local, peer);
+    admin.hand(Slot::new(stream, conn, peer, admission));
+}
+
+fn stop_listener(l: Listening) {
+    l.stop.store(true, Ordering::Release);
+    // Wake the blocking accept with a connection of our own.
+    let wake = if l.bound.ip().is_unspecified() {
+        let lo: std::net::IpAddr = if l.bound.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        };
+        SocketAddr::new(lo, l.bound.port())
+    } else {
+        l.bound
+    };
+    let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+    let _ = l.thread.join();
+}
