@@ -273,7 +273,11 @@ fn a_host_that_stops_reading_loses_its_connection_on_the_write_timeout() -> Resu
         std::thread::sleep(Duration::from_millis(100));
     }
     let waited = t0.elapsed();
-    assert!(waited >= WRITE_TIMEOUT, "closed after {waited:?}");
+    assert!(
+        waited >= WRITE_TIMEOUT,
+        "closed after {waited:?}: {}",
+        svc.log_text()
+    );
     let log = svc.log_text();
     assert!(log.contains("the host read nothing for"), "{log}");
     drop(deaf);

@@ -190,6 +190,8 @@ impl Connection {
 
     /// Consumes whole PDUs from the front of `input` and returns how many
     /// bytes it used; the rest must be offered again with more bytes.
+    /// While the connection is [held back](Connection::held_back) it takes
+    /// no more PDUs: offer the rest again once the output has drained.
     ///
     /// `now` is the time the bytes are handled at, the only clock the
     /// commands see: a new controller's keep-alive timer starts at `now`,
@@ -203,7 +205,7 @@ impl Connection {
     pub fn receive(&mut self, input: &[u8], now: Instant) -> usize {
         self.opened.get_or_insert(now);
         let mut used = 0;
-        while self.phase != Phase::Closed {
+        while self.phase != Phase::Closed && !self.held_back() {
             let rest = &input[used..];
             match pdu::decode_host(rest, &self.limits) {
                 Ok(None) => break,
@@ -246,7 +248,7 @@ impl Connection {
     /// requests are left for a later call ([`Connection::has_requests`]).
     pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
         let (mut done, mut send_at) = (0, FIRST_SEND);
-        while self.output_len() < OUTPUT_BUDGET {
+        while !self.held_back() {
             let Some(r) = self.next_request() else {
                 break;
             };
@@ -298,6 +300,14 @@ impl Connection {
     /// Bytes waiting to be sent.
     pub fn output_len(&self) -> usize {
         self.tx.iter().map(|(c, _)| c.len()).sum::<usize>() + self.out.len() - self.sent
+    }
+
+    /// True while the connection holds back: its output is over the
+    /// [`OUTPUT_BUDGET`]. It takes no more PDUs and runs no more block
+    /// requests until the output drains; a transport does not read the
+    /// socket then, and the [`PDU_TIMEOUT`] does not run.
+    pub fn held_back(&self) -> bool {
+        self.output_len() >= OUTPUT_BUDGET
     }
 
     /// True when block requests wait to run (left by
@@ -387,7 +397,8 @@ impl Connection {
 
     /// Timers and events: ends the connection when the host has not sent
     /// its ICReq within [`ICREQ_TIMEOUT`], or a PDU has stayed partial
-    /// for [`PDU_TIMEOUT`], or its controller ended, or its keep-alive
+    /// for [`PDU_TIMEOUT`] (not counting while the connection is
+    /// [held back](Connection::held_back)), or its controller ended, or its keep-alive
     /// timer expired; completes Asynchronous Event Requests with queued
     /// events.
     pub fn tick(&mut self, now: Instant) {
@@ -403,6 +414,11 @@ impl Connection {
                 .fetch_add(1, Ordering::Relaxed);
             self.close("no ICReq in time");
             return;
+        }
+        if self.partial_since.is_some() && self.held_back() {
+            // The transport is not reading (the host has not taken its
+            // output): the rest of the PDU is not the host's to send yet.
+            self.partial_since = Some(now);
         }
         if let Some(since) = self.partial_since {
             if now.saturating_duration_since(since) >= PDU_TIMEOUT {

@@ -1373,3 +1373,43 @@ fn reused_cids_of_abandoned_aers_are_served_and_conflicts_answered() {
     a.inbox.extend(a.conn.take_output());
     assert!(a.next_pdu().is_none(), "no AER completes after shutdown");
 }
+
+/// A host that sends commands without reading the answers: once the
+/// unsent output reaches the budget the connection takes no more PDUs
+/// (the transport keeps the rest), its PDU timer stands still, and it
+/// takes them again once the output has gone out.
+#[test]
+fn output_over_its_budget_holds_back_input_without_timing_out() {
+    use dpu_nvmeof::conn::{OUTPUT_BUDGET, PDU_TIMEOUT};
+    let t = target(&[]);
+    let (mut a, _) = Host::admin(&t, NQN, 0);
+    let n = OUTPUT_BUDGET / 4096 + 64;
+    let mut b = Vec::new();
+    for i in 0..n {
+        let mut id = host::command(admin::IDENTIFY, (i % 16) as u16 + 100);
+        id.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
+        id.0[40] = 1;
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &id, &[]);
+    }
+    let t0 = Instant::now();
+    let used = a.conn.receive(&b, t0);
+    assert!(used < b.len(), "all {n} commands taken");
+    assert!(a.conn.held_back());
+    let out = a.conn.output_len();
+    assert!(
+        (OUTPUT_BUDGET..OUTPUT_BUDGET + 8192).contains(&out),
+        "{out} bytes held"
+    );
+    // Offered again while held back: nothing taken, and no timeout.
+    assert_eq!(a.conn.receive(&b[used..], t0), 0);
+    a.conn.tick(t0 + PDU_TIMEOUT * 2);
+    assert!(!a.conn.is_closed(), "{:?}", a.conn.close_reason());
+    // Drained: the rest goes in, every command answered.
+    let mut answers = a.conn.take_output().len();
+    assert!(!a.conn.held_back());
+    assert_eq!(a.conn.receive(&b[used..], t0), b.len() - used);
+    answers += a.conn.take_output().len();
+    // Each answer: a C2HData PDU (24-byte header, 4 KiB) and a 24-byte
+    // capsule response.
+    assert_eq!(answers, n * (24 + 4096 + 24));
+}

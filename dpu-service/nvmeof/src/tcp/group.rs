@@ -8,7 +8,7 @@
 //! they lie; only the start of a PDU not yet whole is kept by the
 //! connection's slot. Output is sent as the socket accepts it and
 //! otherwise stays queued in the connection, which stops running block
-//! requests past [`OUTPUT_BUDGET`]; while it is over that budget the socket
+//! requests past [`OUTPUT_BUDGET`](crate::conn::OUTPUT_BUDGET); while it is over that budget the socket
 //! is not read either, so a host that does not read cannot make the target
 //! queue without bound. A socket that takes no byte for [`WRITE_TIMEOUT`]
 //! closes.
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
-use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA, OUTPUT_BUDGET};
+use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA};
 use crate::target::Target;
 
 use super::admit::Admission;
@@ -124,7 +124,8 @@ impl Slot {
     }
 
     /// Runs the block requests waiting (as far as the output budget
-    /// allows) and sends what the socket takes.
+    /// allows) and sends what the socket takes; once the output has
+    /// drained, hands the connection the PDUs it left while held back.
     fn pump(&mut self, now: Instant) {
         let Self {
             stream,
@@ -132,17 +133,28 @@ impl Slot {
             stalled_since,
             write_failed,
             peer,
+            rx,
             ..
         } = self;
-        conn.execute_requests(|c| send(stream, c, stalled_since, write_failed, *peer, now));
-        send(stream, conn, stalled_since, write_failed, *peer, now);
+        loop {
+            conn.execute_requests(|c| send(stream, c, stalled_since, write_failed, *peer, now));
+            send(stream, conn, stalled_since, write_failed, *peer, now);
+            if rx.is_empty() || conn.held_back() || conn.is_closed() {
+                return;
+            }
+            let used = conn.receive(rx, now);
+            rx.drain(..used);
+            if used == 0 {
+                return;
+            }
+        }
     }
 
     /// What the socket should be registered for: input while the
     /// connection takes commands, output while bytes wait.
     fn wanted(&self) -> epoll::EventFlags {
         let mut f = epoll::EventFlags::empty();
-        if self.conn.output_len() < OUTPUT_BUDGET && !self.conn.has_requests() {
+        if !self.conn.held_back() {
             f |= epoll::EventFlags::IN;
         }
         if self.conn.has_output() && !self.write_failed {
