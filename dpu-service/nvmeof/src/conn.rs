@@ -732,6 +732,9 @@ impl Connection {
     /// Asks for the data of a checked command now, or queues the command
     /// until the budgets have room for it.
     fn ask_for_data(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>) {
+        // Earlier commands first, if the target's budget has room again:
+        // this one waits only when it has to.
+        self.grant_waiting();
         let cid = sqe.cid();
         if self
             .budget
