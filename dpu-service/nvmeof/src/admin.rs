@@ -429,6 +429,16 @@ impl AdminQueue<'_> {
     }
 }
 
+/// Whether the admin command `opcode` reads data from the host: none this
+/// target serves does (Set Features takes the value of every feature it
+/// supports in CDW11; the discovery controller takes no data at all). A
+/// connection never asks for the data of a command that reads none, and
+/// answers it as it stands; a command that comes to read `data` in
+/// [`AdminQueue::admin`] must be named here.
+pub(crate) fn reads_data(_opcode: u8) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

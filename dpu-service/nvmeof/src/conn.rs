@@ -12,6 +12,14 @@
 //!
 //! A protocol violation ends the connection with a C2HTermReq carrying the
 //! fatal error status; it never affects another connection.
+//!
+//! A command whose data the host sends only when asked (through R2T) is
+//! checked first, as it would be with its data: one that fails, or that
+//! reads no data, is answered without an R2T. The rest ask for their data
+//! within memory budgets ([`R2T_BUDGET`] per connection,
+//! [`Target::set_write_buffer_budget`] for all): a command that does not fit
+//! waits, holding no buffer, and its data buffer is taken only when its
+//! first H2CData arrives.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -20,11 +28,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::admin::AdminQueue;
+use crate::admin::{self, AdminQueue};
 use crate::backend::is_out_of_range;
 use crate::block::sized;
 use crate::command::{Outcome, IO_CMDS};
 use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
+use crate::host::CONNECT_DATA_LEN;
 use crate::identify::ErrorEntry;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
 use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
@@ -32,6 +41,22 @@ use crate::target::{is_namespace_removed, Namespace, Target};
 
 pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
 pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
+pub use budget::DEFAULT_WRITE_BUFFER_BUDGET;
+
+pub(crate) mod budget;
+#[cfg(test)]
+mod tests;
+
+use budget::ConnBudget;
+
+/// Most write data one connection asks for through R2T and has not yet
+/// written: 8 commands of the largest transfer ([`MAX_TRANSFER`]), 32 of
+/// 128 KiB. At 25 Gbit/s that is 1.3 ms of data, far more than an R2T's
+/// round trip, so one queue's writes still stream; yet a host that
+/// announces writes and sends no data holds at most this much per
+/// connection in reservations, and no memory (buffers are taken as data
+/// arrives).
+pub const R2T_BUDGET: u64 = 4 << 20;
 
 /// Most data buffers a connection keeps for reuse (reads, and writes that
 /// arrive through R2T): enough for a deep queue's steady state without
@@ -94,6 +119,13 @@ enum Phase {
 /// A command between its capsule and its completion.
 #[derive(Debug)]
 enum Pending {
+    /// Data to come through R2T, waiting for room in the budgets
+    /// ([`budget`]) before it is asked for.
+    Waiting {
+        sqe: Sqe,
+        /// As in [`Pending::Receiving`].
+        ns: Option<Arc<Namespace>>,
+    },
     /// Write data arriving in H2CData PDUs.
     Receiving {
         sqe: Sqe,
@@ -101,7 +133,10 @@ enum Pending {
         /// [`Connection::accepted_namespace`]); the data goes there or
         /// nowhere, never to a namespace created under the same ID since.
         ns: Option<Arc<Namespace>>,
+        /// Empty until the first H2CData arrives, then `len` bytes.
         buf: Vec<u8>,
+        /// Bytes of data the command transfers.
+        len: u32,
         /// Bytes received.
         got: u32,
         /// End of the range the current R2T asked for.
@@ -129,6 +164,8 @@ pub struct Connection {
     sqhd: u16,
     sqflow_disabled: bool,
     pending: HashMap<u16, Pending>,
+    /// Reservations of the commands whose data comes through R2T.
+    budget: ConnBudget,
     requests: VecDeque<BlockRequest>,
     aers: Vec<u16>,
     /// Output being encoded, after everything in `tx`.
@@ -175,6 +212,7 @@ impl Connection {
             sqhd: 0,
             sqflow_disabled: false,
             pending: HashMap::new(),
+            budget: ConnBudget::default(),
             requests: VecDeque::new(),
             aers: Vec::new(),
             out: Vec::new(),
@@ -228,6 +266,8 @@ impl Connection {
         } else {
             self.partial_since = None;
         }
+        // Other connections may have given back target-wide budget.
+        self.grant_waiting();
         used
     }
 
@@ -395,16 +435,25 @@ impl Connection {
         self.ctrl.as_ref().map(|c| c.cntlid)
     }
 
+    /// Bytes of write data this connection has asked for through R2T (or
+    /// is about to) and not yet written: at most [`R2T_BUDGET`], also
+    /// counted in [`Target::write_buffers_reserved`].
+    pub fn write_buffers_reserved(&self) -> u64 {
+        self.budget.reserved()
+    }
+
     /// Timers and events: ends the connection when the host has not sent
     /// its ICReq within [`ICREQ_TIMEOUT`], or a PDU has stayed partial
     /// for [`PDU_TIMEOUT`] (not counting while the connection is
     /// [held back](Connection::held_back)), or its controller ended, or its keep-alive
     /// timer expired; completes Asynchronous Event Requests with queued
-    /// events.
+    /// events; asks for the data of writes that waited for target-wide
+    /// budget other connections have given back since.
     pub fn tick(&mut self, now: Instant) {
         if self.phase == Phase::Closed {
             return;
         }
+        self.grant_waiting();
         let opened = *self.opened.get_or_insert(now);
         if self.phase == Phase::IcReq && now.saturating_duration_since(opened) >= ICREQ_TIMEOUT {
             tracing::warn!(peer = %self.peer, "no ICReq within {ICREQ_TIMEOUT:?}; closing the connection");
@@ -524,6 +573,10 @@ impl Connection {
         self.phase = Phase::Closed;
         self.close_reason = Some(why.to_string());
         self.requests.clear();
+        self.budget.release_all(self.target.write_budget());
+        // Write data still to come is never written: drop its buffers now.
+        self.pending
+            .retain(|_, p| matches!(p, Pending::Executing { .. }));
         if let Some(c) = &self.ctrl {
             c.health.connections.fetch_sub(1, Ordering::Relaxed);
             if self.qid == 0 {
@@ -664,26 +717,18 @@ impl Connection {
                 if len > MAX_TRANSFER.max(4096) {
                     return self.finish(&sqe, Cqe::new(cid, Status::INVALID_FIELD), None);
                 }
-                if dir == 1 && len > 0 {
-                    // Host-to-controller data not in the capsule: ask for it.
-                    let first = len.min(MAX_H2C_DATA);
-                    pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
-                    let buf = self.take_buffer(len as usize);
-                    let ns = self.accepted_namespace(&sqe);
-                    self.pending.insert(
-                        cid,
-                        Pending::Receiving {
-                            sqe,
-                            ns,
-                            buf,
-                            got: 0,
-                            r2t_end: first,
-                            corrupt: false,
-                        },
-                    );
-                    return;
-                }
                 let ns = self.accepted_namespace(&sqe);
+                if dir == 1 && len > 0 {
+                    // Host-to-controller data not in the capsule: checked
+                    // before it is asked for.
+                    return match self.reads_data(&sqe, ns.as_ref()) {
+                        Ok(true) => self.ask_for_data(sqe, ns),
+                        // Answered as the command stands: it would ignore
+                        // the data.
+                        Ok(false) => self.dispatch(sqe, ns, Vec::new(), now),
+                        Err(st) => self.finish(&sqe, Cqe::new(cid, st), None),
+                    };
+                }
                 self.dispatch(sqe, ns, Vec::new(), now);
             }
             // No data at all, whatever the descriptor type.
@@ -693,6 +738,109 @@ impl Connection {
             }
             _ => self.finish(&sqe, Cqe::new(cid, Status::SGL_TYPE_INVALID), None),
         }
+    }
+
+    /// Whether to ask for the data of a command that carries
+    /// host-to-controller data through R2T: `Ok(true)` when the command
+    /// reads it and passes the checks it will pass once its data is in,
+    /// `Ok(false)` when it reads no data (its answer does not depend on
+    /// any), `Err` with the status it gets otherwise.
+    fn reads_data(&self, sqe: &Sqe, ns: Option<&Arc<Namespace>>) -> Result<bool, Status> {
+        if sqe.opcode() == FABRICS {
+            // Only a Connect reads data, as the queue's first command, and
+            // answers a short one without reading it.
+            return Ok(sqe.fctype() == fctype::CONNECT
+                && self.ctrl.is_none()
+                && sqe.sgl_len() as usize >= CONNECT_DATA_LEN);
+        }
+        if self.ctrl.is_none() {
+            // Answered with Command Sequence Error.
+            return Ok(false);
+        }
+        if self.qid == 0 {
+            // Discovery controllers included.
+            return Ok(admin::reads_data(sqe.opcode()));
+        }
+        match sqe.opcode() {
+            nvm::WRITE => {
+                let ns = io_namespace(sqe, ns)?;
+                transfer_range(sqe, ns)?;
+                Ok(true)
+            }
+            nvm::DSM => {
+                io_namespace(sqe, ns)?;
+                if (sqe.sgl_len() as usize) < dsm_len(sqe) {
+                    return Err(Status::SGL_LENGTH_INVALID);
+                }
+                Ok(true)
+            }
+            // Every other NVM command served moves no data to the
+            // controller; `io` answers the rest with Invalid Opcode.
+            _ => Ok(false),
+        }
+    }
+
+    /// Asks for the data of a checked command now, or queues the command
+    /// until the budgets have room for it.
+    fn ask_for_data(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>) {
+        // Earlier commands first, if the target's budget has room again:
+        // this one waits only when it has to.
+        self.grant_waiting();
+        let cid = sqe.cid();
+        if self
+            .budget
+            .admit(self.target.write_budget(), cid, sqe.sgl_len())
+        {
+            self.start_receiving(sqe, ns);
+        } else {
+            self.target
+                .stats()
+                .write_buffer_waits
+                .fetch_add(1, Ordering::Relaxed);
+            self.pending.insert(cid, Pending::Waiting { sqe, ns });
+        }
+    }
+
+    /// Asks for the data of the waiting commands the budgets have room
+    /// for now, oldest first.
+    fn grant_waiting(&mut self) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        while let Some(cid) = self.budget.grant(self.target.write_budget()) {
+            match self.pending.remove(&cid) {
+                Some(Pending::Waiting { sqe, ns }) => self.start_receiving(sqe, ns),
+                other => {
+                    // Every queued command is waiting; should that ever
+                    // not hold, its reservation must not leak.
+                    tracing::error!(cid, "budget granted to a command that is not waiting");
+                    if let Some(p) = other {
+                        self.pending.insert(cid, p);
+                    }
+                    self.budget.release(self.target.write_budget(), cid);
+                }
+            }
+        }
+    }
+
+    /// Sends the first R2T of a command holding its reservation. Its
+    /// buffer is taken when data arrives.
+    fn start_receiving(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>) {
+        let (cid, len) = (sqe.cid(), sqe.sgl_len());
+        let first = len.min(MAX_H2C_DATA);
+        pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
+        self.pending.insert(
+            cid,
+            Pending::Receiving {
+                sqe,
+                ns,
+                buf: Vec::new(),
+                len,
+                got: 0,
+                r2t_end: first,
+                corrupt: false,
+            },
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -709,6 +857,7 @@ impl Connection {
     ) {
         let Some(Pending::Receiving {
             buf,
+            len,
             got,
             r2t_end,
             corrupt,
@@ -747,9 +896,14 @@ impl Connection {
                 "H2CData LAST_PDU flag does not match the transfer",
             );
         }
+        if buf.is_empty() {
+            // The first data: only now does the command hold memory.
+            *buf = self.spare.pop().unwrap_or_default();
+            sized(buf, *len as usize);
+        }
         buf[datao as usize..end as usize].copy_from_slice(data);
         *got = end as u32;
-        let (got, total) = (*got, buf.len() as u32);
+        let (got, total) = (*got, *len);
         *corrupt |= !ok;
         if got < *r2t_end {
             return;
@@ -819,13 +973,9 @@ impl Connection {
             d
         });
         self.respond(cqe, data);
-    }
-
-    /// A data buffer of `len` bytes, reused when one is spare.
-    fn take_buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut buf = self.spare.pop().unwrap_or_default();
-        sized(&mut buf, len);
-        buf
+        if self.budget.release(self.target.write_budget(), sqe.cid()) {
+            self.grant_waiting();
+        }
     }
 
     /// Keeps a sent buffer: `pdus` when it held encoded PDUs, else data.
@@ -921,23 +1071,11 @@ impl Connection {
     }
 
     fn io(&mut self, sqe: &Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) -> Outcome {
-        if !IO_CMDS.contains(&sqe.opcode()) {
-            return Outcome::status(sqe, Status::INVALID_OPCODE);
-        }
-        // A namespace that left service after the command was accepted
-        // answers as an unknown one does (its I/O would fail the same way
-        // in `Namespace::run`).
-        let Some(ns) = ns.filter(|n| !n.is_removed()) else {
-            return Outcome::status(sqe, Status::INVALID_NS);
+        let ns = match io_namespace(sqe, ns.as_ref()) {
+            Ok(ns) => ns.clone(),
+            Err(st) => return Outcome::status(sqe, st),
         };
-        let shift = ns.lba_shift;
-        let blocks = ns.blocks();
-        let range = |slba: u64, nlb: u64| -> Result<(u64, u64), Status> {
-            match slba.checked_add(nlb) {
-                Some(end) if end <= blocks => Ok((slba << shift, nlb << shift)),
-                _ => Err(Status::LBA_OUT_OF_RANGE),
-            }
-        };
+        let range = |slba: u64, nlb: u64| lba_range(&ns, slba, nlb);
         let req = |op| BlockRequest {
             cid: sqe.cid(),
             namespace: ns.clone(),
@@ -945,16 +1083,10 @@ impl Connection {
         };
         match sqe.opcode() {
             nvm::READ | nvm::WRITE => {
-                let (offset, len) = match range(sqe.slba(), u64::from(sqe.nlb())) {
+                let (offset, len) = match transfer_range(sqe, &ns) {
                     Ok(r) => r,
                     Err(st) => return Outcome::status(sqe, st),
                 };
-                if len > u64::from(MAX_TRANSFER) {
-                    return Outcome::status(sqe, Status::INVALID_FIELD);
-                }
-                if len != u64::from(sqe.sgl_len()) {
-                    return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
-                }
                 let op = if sqe.opcode() == nvm::READ {
                     BlockOp::Read {
                         offset,
@@ -986,10 +1118,10 @@ impl Connection {
                 Err(st) => Outcome::status(sqe, st),
             },
             nvm::DSM => {
-                let nr = (sqe.cdw(10) & 0xff) as usize + 1;
-                if data.len() < nr * 16 {
+                if data.len() < dsm_len(sqe) {
                     return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
                 }
+                let nr = dsm_len(sqe) / 16;
                 let mut ranges = Vec::with_capacity(nr);
                 for r in data.chunks_exact(16).take(nr) {
                     let nlb = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
@@ -1040,7 +1172,7 @@ impl Connection {
         if self.ctrl.is_some() {
             return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
         }
-        if data.len() < 1024 {
+        if data.len() < CONNECT_DATA_LEN {
             return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
         }
         let refused = |o: Outcome| {
@@ -1142,4 +1274,57 @@ impl Connection {
         self.ctrl = Some(ctrl);
         Outcome::dw0(sqe, u32::from(id))
     }
+}
+
+impl Drop for Connection {
+    /// A connection dropped without [`Connection::close`] gives back its
+    /// share of the target's write buffer budget all the same.
+    fn drop(&mut self) {
+        self.budget.release_all(self.target.write_budget());
+    }
+}
+
+/// The namespace an I/O command runs against: the checks every I/O command
+/// passes before it runs, and a write before its data is asked for.
+///
+/// A namespace that left service after the command was accepted answers
+/// as an unknown one does (its I/O would fail the same way in
+/// [`Namespace::run`]).
+fn io_namespace<'a>(
+    sqe: &Sqe,
+    ns: Option<&'a Arc<Namespace>>,
+) -> Result<&'a Arc<Namespace>, Status> {
+    if !IO_CMDS.contains(&sqe.opcode()) {
+        return Err(Status::INVALID_OPCODE);
+    }
+    ns.filter(|n| !n.is_removed()).ok_or(Status::INVALID_NS)
+}
+
+/// Byte offset and length of `nlb` blocks from `slba` in `ns`, if they lie
+/// within it.
+fn lba_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
+    let shift = ns.lba_shift;
+    match slba.checked_add(nlb) {
+        Some(end) if end <= ns.blocks() => Ok((slba << shift, nlb << shift)),
+        _ => Err(Status::LBA_OUT_OF_RANGE),
+    }
+}
+
+/// Byte offset and length of a Read's or Write's blocks: within the
+/// namespace, no longer than [`MAX_TRANSFER`], and as long as its data.
+fn transfer_range(sqe: &Sqe, ns: &Namespace) -> Result<(u64, u64), Status> {
+    let (offset, len) = lba_range(ns, sqe.slba(), u64::from(sqe.nlb()))?;
+    if len > u64::from(MAX_TRANSFER) {
+        return Err(Status::INVALID_FIELD);
+    }
+    if len != u64::from(sqe.sgl_len()) {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    Ok((offset, len))
+}
+
+/// Bytes of range descriptors a Dataset Management command's data holds
+/// (16 per range, NR + 1 ranges).
+fn dsm_len(sqe: &Sqe) -> usize {
+    ((sqe.cdw(10) & 0xff) as usize + 1) * 16
 }

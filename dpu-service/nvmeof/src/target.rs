@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
+use crate::conn::budget::SharedBudget;
 use crate::controller::{Controller, ControllerKind, Health};
 
 /// Where a namespace's blocks live.
@@ -291,6 +292,11 @@ pub struct TargetStats {
     /// Connections refused at accept: their source address held its most
     /// ([`TcpConfig::max_connections_per_address`](crate::tcp::TcpConfig)).
     pub connections_over_address_limit: AtomicU64,
+    /// Writes whose data, to come through R2T, had to wait before it was
+    /// asked for: the connection's
+    /// [`R2T_BUDGET`](crate::conn::R2T_BUDGET) or the target's
+    /// [write buffer budget](Target::set_write_buffer_budget) was in use.
+    pub write_buffer_waits: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.
@@ -306,6 +312,7 @@ struct Inner {
     discovery_genctr: AtomicU64,
     stats: TargetStats,
     health: Mutex<HashMap<String, Arc<Health>>>,
+    write_budget: SharedBudget,
 }
 
 #[derive(Debug, Default)]
@@ -326,6 +333,34 @@ impl Target {
     /// Counters.
     pub fn stats(&self) -> &TargetStats {
         &self.inner.stats
+    }
+
+    /// Limits the write data that all connections together may ask hosts
+    /// for through R2T and not yet have written (default
+    /// [`DEFAULT_WRITE_BUFFER_BUDGET`](crate::conn::DEFAULT_WRITE_BUFFER_BUDGET)).
+    /// A write that would pass it waits (counted in
+    /// [`TargetStats::write_buffer_waits`]) until earlier writes complete;
+    /// while nothing is reserved one write always proceeds, so a budget
+    /// below one command's length serves one at a time. Lowering it
+    /// below what is reserved now takes nothing back.
+    pub fn set_write_buffer_budget(&self, bytes: u64) {
+        self.inner.write_budget.set_limit(bytes);
+    }
+
+    /// The budget [`Target::set_write_buffer_budget`] set, in bytes.
+    pub fn write_buffer_budget(&self) -> u64 {
+        self.inner.write_budget.limit()
+    }
+
+    /// Bytes of write data all connections have reserved now against the
+    /// [write buffer budget](Target::set_write_buffer_budget).
+    pub fn write_buffers_reserved(&self) -> u64 {
+        self.inner.write_budget.reserved()
+    }
+
+    /// The budget connections reserve R2T write data from.
+    pub(crate) fn write_budget(&self) -> &SharedBudget {
+        &self.inner.write_budget
     }
 
     /// The subsystem with `nqn`, if served.
