@@ -6,7 +6,10 @@
 # run per job.
 #
 #   compare-builds.sh --before OLD_nvmf-target --after NEW_nvmf-target \
-#       [--perf nvmf-perf] [--rounds 9] [--time 2] [--job PATTERN:BS:QD]...
+#       [--perf nvmf-perf] [--rounds 9] [--time 2] [--job PATTERN:BS:QD[xCONNS]]...
+#
+# A job such as randread:4k:1x64 runs 64 I/O queues of QD 1 from one
+# nvmf-perf (--conns 64).
 #
 # Keep a copy of the old binary before rebuilding. On a shared machine a
 # round is only kept when the target had CPU 0 for at least 85% of the job:
@@ -55,7 +58,9 @@ for r in $(seq 1 "$rounds"); do
     taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --job write:128k:16 --time 2 >/dev/null
     for j in "${jobs[@]}"; do
       c0=$(cpu "$pid")
-      taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" --job "$j" \
+      # PATTERN:BS:QDxCONNS: CONNS queues of QD each, from one nvmf-perf.
+      conns=1; case "$j" in *x*) conns=${j##*x}; j=${j%x*} ;; esac
+      taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" --job "$j" --conns "$conns" \
         | awk -v t="$t" -v r="$r" -v c0="$c0" -v pid="$pid" '$3 ~ /^QD/ {
             getline s < ("/proc/" pid "/stat"); split(s, f, " ");
             print t "\t" r "\t" $1 " " $2 " " $3 "\t" $4 "\t" $6 "\t" $7 "\t" (f[14] + f[15] - c0) }' >>"$work/results.tsv"

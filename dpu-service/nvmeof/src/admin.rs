@@ -453,6 +453,7 @@ mod tests {
             crate::spec::DISCOVERY_NQN.into(),
             "nqn.2024-01.io.example:host".into(),
             [0; 16],
+            "127.0.0.1:4420".parse().unwrap(),
             kato,
             32,
             Arc::default(),

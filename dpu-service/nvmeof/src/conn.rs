@@ -1229,6 +1229,7 @@ impl Connection {
                     subnqn.clone(),
                     hostnqn.clone(),
                     hostid,
+                    self.local,
                     kato,
                     sqsize + 1,
                     health,
@@ -1249,6 +1250,27 @@ impl Connection {
             }
             if c.hostnqn != hostnqn {
                 return refused(invalid(sqe, true, 512));
+            }
+            if c.hostid != hostid {
+                tracing::warn!(cntlid, %hostnqn, peer = %self.peer, "I/O queue connect with another host ID than its controller's");
+                return refused(invalid(sqe, true, 0));
+            }
+            if c.listener != self.local {
+                tracing::warn!(cntlid, local = %self.local, listener = %c.listener, "I/O queue connect on another listener than its controller's");
+                return refused(invalid(sqe, true, 16));
+            }
+            // The allow list as it is now, not as it was when the admin
+            // queue connected.
+            if c.kind == ControllerKind::Io {
+                match self.target.subsystem(&subnqn) {
+                    Some(s) if s.allows_host(&hostnqn) && s.exported_on(self.local) => {}
+                    _ => {
+                        tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "I/O queue connect of a host no longer allowed");
+                        let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
+                        c.dw0 = 1 | (512 << 16);
+                        return refused(Outcome::Done(c, None));
+                    }
+                }
             }
             if c.kind == ControllerKind::Discovery || !c.ready() {
                 return refused(invalid(sqe, false, 42));

@@ -3,6 +3,7 @@
 //! queue goes away, its keep-alive timer expires, or its subsystem is removed.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,6 +158,10 @@ pub struct Controller {
     pub hostnqn: String,
     /// Host identifier.
     pub hostid: [u8; 16],
+    /// The listener (local address) its admin queue connected to: its I/O
+    /// queues must come there too, and it ends when the subsystem stops
+    /// listening there.
+    pub listener: SocketAddr,
     /// Admin queue size (0-based SQSIZE + 1).
     pub admin_queue_size: u16,
     /// The subsystem's counters.
@@ -174,6 +179,7 @@ impl Controller {
         subnqn: String,
         hostnqn: String,
         hostid: [u8; 16],
+        listener: SocketAddr,
         kato: Duration,
         admin_queue_size: u16,
         health: Arc<Health>,
@@ -185,6 +191,7 @@ impl Controller {
             subnqn,
             hostnqn,
             hostid,
+            listener,
             admin_queue_size,
             health,
             dead: AtomicBool::new(false),
@@ -290,6 +297,7 @@ mod tests {
             "nqn.2024-01.io.example:sub".into(),
             "nqn.2024-01.io.example:host".into(),
             [0; 16],
+            "127.0.0.1:4420".parse().unwrap(),
             Duration::from_millis(100),
             32,
             Arc::default(),

@@ -297,6 +297,9 @@ pub struct TargetStats {
     /// [`R2T_BUDGET`](crate::conn::R2T_BUDGET) or the target's
     /// [write buffer budget](Target::set_write_buffer_budget) was in use.
     pub write_buffer_waits: AtomicU64,
+    /// Controllers ended because a configuration change revoked them: the
+    /// host no longer allowed, or the listener it connected to removed.
+    pub controllers_revoked: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.
@@ -506,9 +509,34 @@ impl Target {
             .values()
             .cloned()
             .collect();
+        let subs = self
+            .inner
+            .subsystems
+            .read()
+            .expect("subsystems lock")
+            .clone();
         for c in ctrls {
+            let revoked = match subs.get(&c.subnqn) {
+                Some(s) if c.kind == ControllerKind::Io => {
+                    if !s.allows_host(&c.hostnqn) {
+                        Some("host no longer allowed")
+                    } else if !s.exported_on(c.listener) {
+                        Some("listener removed")
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            };
             if gone.iter().any(|g| *g == c.subnqn) {
                 tracing::info!(cntlid = c.cntlid, subnqn = %c.subnqn, "subsystem removed; ending its controller");
+                c.kill();
+            } else if let Some(why) = revoked {
+                tracing::warn!(cntlid = c.cntlid, subnqn = %c.subnqn, hostnqn = %c.hostnqn, listener = %c.listener, "{why}; disconnecting the controller");
+                self.inner
+                    .stats
+                    .controllers_revoked
+                    .fetch_add(1, Ordering::Relaxed);
                 c.kill();
             } else if let Some((_, nsids)) = changed.iter().find(|(n, _)| *n == c.subnqn) {
                 c.namespaces_changed(nsids);

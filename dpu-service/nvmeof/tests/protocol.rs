@@ -62,9 +62,14 @@ struct Host {
 
 impl Host {
     fn new(target: &Target, digests: Digests) -> Host {
+        Host::on(target, digests, listen())
+    }
+
+    /// A host connected to the listener at `local`.
+    fn on(target: &Target, digests: Digests, local: SocketAddr) -> Host {
         let peer: SocketAddr = "127.0.0.1:50000".parse().unwrap();
         let mut h = Host {
-            conn: Connection::new(target.clone(), listen(), peer),
+            conn: Connection::new(target.clone(), local, peer),
             digests,
             next_cid: 1,
             inbox: Vec::new(),
@@ -1411,4 +1416,81 @@ fn output_over_its_budget_holds_back_input_without_timing_out() {
     // Each answer: a C2HData PDU (24-byte header, 4 KiB) and a 24-byte
     // capsule response.
     assert_eq!(answers, n * (24 + 4096 + 24));
+}
+
+/// An I/O queue's Connect is checked against its controller and the
+/// subsystem as they are now: another host ID, another listener, or a host
+/// no longer allowed is refused.
+#[test]
+fn io_queue_connects_are_checked_against_the_controller_and_the_allow_list() {
+    let t = target(&[HOST]);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let io_connect = |h: &mut Host, hostid: [u8; 16]| {
+        let cid = h.cid();
+        let sqe = host::connect(cid, 1, 32, 0);
+        let data = host::connect_data(hostid, cntlid, NQN, HOST);
+        h.command(sqe, &data, 0).cqe.expect("connect completes")
+    };
+    let invalid = Status::CONNECT_INVALID_PARAMETERS.to_field();
+    let c = io_connect(&mut Host::new(&t, Digests::default()), [9; 16]);
+    assert_eq!((c.status, c.dw0), (invalid, 1), "names HOSTID");
+    // Another listener of the same subsystem.
+    let mut cfg = config(&[HOST]);
+    let other: SocketAddr = "127.0.0.1:4421".parse().unwrap();
+    cfg.subsystems[0].listeners.push(other);
+    assert!(t.apply(&cfg).is_empty());
+    let c = io_connect(&mut Host::on(&t, Digests::default(), other), [0; 16]);
+    assert_eq!((c.status, c.dw0), (invalid, 1 | 16 << 16), "names CNTLID");
+    // The right one works.
+    let c = io_connect(&mut Host::new(&t, Digests::default()), [0; 16]);
+    assert_eq!(c.status, 0);
+    let refused = t.stats().connects_refused.load(Ordering::Relaxed);
+    assert_eq!(refused, 2);
+}
+
+/// Removing a host from the allow list, turning allow-any-host off, or
+/// removing the listener a controller connected to ends that controller
+/// and its queues (counted); other controllers go on.
+#[test]
+fn revoking_a_host_or_its_listener_disconnects_its_controller() {
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-other";
+    let closed_on_tick = |h: &mut Host| {
+        h.conn.tick(Instant::now());
+        h.conn.is_closed()
+    };
+    let revoked = |t: &Target| t.stats().controllers_revoked.load(Ordering::Relaxed);
+
+    // Allow any host, then only another one.
+    let t = target(&[]);
+    let (mut a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    assert!(t.apply(&config(&[HOST, OTHER])).is_empty());
+    assert!(!closed_on_tick(&mut a) && !closed_on_tick(&mut q));
+    assert_eq!(revoked(&t), 0, "still allowed by name");
+    assert!(t.apply(&config(&[OTHER])).is_empty());
+    assert!(closed_on_tick(&mut a) && closed_on_tick(&mut q));
+    assert_eq!(revoked(&t), 1);
+    assert_eq!(t.controller_count(), 0);
+    // A new admin queue is refused now.
+    let mut h = Host::new(&t, Digests::default());
+    assert_eq!(
+        h.connect(0, 0xffff, NQN, HOST, 0).status,
+        Status::CONNECT_INVALID_HOST.to_field()
+    );
+
+    // The listener removed: controllers that came through it end, those
+    // of another listener stay.
+    let t = target(&[]);
+    let other: SocketAddr = "127.0.0.1:4421".parse().unwrap();
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].listeners.push(other);
+    assert!(t.apply(&cfg).is_empty());
+    let (mut a, _) = Host::admin(&t, NQN, 0);
+    let mut b = Host::on(&t, Digests::default(), other);
+    assert_eq!(b.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+    cfg.subsystems[0].listeners = vec![listen()];
+    assert!(t.apply(&cfg).is_empty());
+    assert!(!closed_on_tick(&mut a));
+    assert!(closed_on_tick(&mut b));
+    assert_eq!(revoked(&t), 1);
 }

@@ -1,14 +1,16 @@
 //! `nvmf-perf`: an NVMe/TCP load generator in userspace, for benchmarks of
 //! any NVMe/TCP target (ours, SPDK's nvmf_tgt, Linux nvmet).
 //!
-//! It connects an admin queue and one I/O queue per job, keeps `qd`
-//! commands in flight on that queue for a fixed time, and prints IOPS,
-//! bandwidth and latency percentiles (send of the command capsule to
-//! receipt of its completion).
+//! For each job it connects a controller and `--conns` I/O queues (one by
+//! default; a controller per 64 queues beyond), keeps `qd` commands in
+//! flight on each queue for a fixed time, all from one thread, and prints
+//! IOPS, bandwidth and latency percentiles (send of the command capsule
+//! to receipt of its completion) over all of them.
 //!
 //! ```text
 //! nvmf-perf --addr 127.0.0.1:4420 --nqn nqn.2024-01.io.dpu-service:dev \
 //!     --job randread:4k:1 --job randread:4k:32 --job randwrite:4k:32 --time 5
+//! nvmf-perf --conns 64 --job randread:4k:1     # 64 queues x QD 1
 //! ```
 
 use std::io::{Read, Write};
@@ -95,6 +97,8 @@ struct Queue {
     start: usize,
     filled: usize,
     out: Vec<u8>,
+    /// Bytes of `out` already sent (non-blocking sockets).
+    out_sent: usize,
     /// Copy C2HData payloads out (setup); the measured I/O drops them.
     keep_data: bool,
 }
@@ -114,6 +118,7 @@ impl Queue {
             filled: 0,
             keep_data: true,
             out: Vec::with_capacity(1 << 20),
+            out_sent: 0,
         };
         host::ic_req(&mut q.out, Digests::default());
         q.flush()?;
@@ -129,9 +134,57 @@ impl Queue {
         Ok(())
     }
 
+    /// Sends what the socket takes of the output (all of it on a blocking
+    /// socket); true when nothing is left.
+    fn send_some(&mut self) -> Result<bool, Error> {
+        while self.out_sent < self.out.len() {
+            match self.sock.write(&self.out[self.out_sent..]) {
+                Ok(0) => return Err("target closed the connection".into()),
+                Ok(n) => self.out_sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.out.clear();
+        self.out_sent = 0;
+        Ok(true)
+    }
+
+    /// Reads what has arrived (waits for it on a blocking socket); false
+    /// when a non-blocking socket had nothing.
+    fn fill(&mut self) -> Result<bool, Error> {
+        if self.start == self.filled {
+            (self.start, self.filled) = (0, 0);
+        } else if self.filled == self.inbox.len() {
+            self.inbox.copy_within(self.start..self.filled, 0);
+            (self.start, self.filled) = (0, self.filled - self.start);
+        }
+        match self.sock.read(&mut self.inbox[self.filled..]) {
+            Ok(0) => Err("target closed the connection".into()),
+            Ok(n) => {
+                self.filled += n;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The next controller PDU, reading as needed.
     fn next(&mut self) -> Result<Owned, Error> {
         loop {
+            if let Some(o) = self.try_next()? {
+                return Ok(o);
+            }
+            self.fill()?;
+        }
+    }
+
+    /// The next controller PDU already read, if a whole one is there.
+    fn try_next(&mut self) -> Result<Option<Owned>, Error> {
+        {
             let unread = &self.inbox[self.start..self.filled];
             if let Some((p, n)) = pdu::decode_controller(unread, &self.limits)? {
                 let o = match p {
@@ -171,18 +224,10 @@ impl Queue {
                 if self.start == self.filled {
                     (self.start, self.filled) = (0, 0);
                 }
-                return Ok(o);
+                return Ok(Some(o));
             }
-            if self.filled == self.inbox.len() {
-                self.inbox.copy_within(self.start..self.filled, 0);
-                (self.start, self.filled) = (0, self.filled - self.start);
-            }
-            let n = self.sock.read(&mut self.inbox[self.filled..])?;
-            if n == 0 {
-                return Err("target closed the connection".into());
-            }
-            self.filled += n;
         }
+        Ok(None)
     }
 
     /// Sends one command and waits for its completion (setup only).
@@ -249,13 +294,14 @@ fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, entries: u16) -> Res
 
 /// The namespace's size in blocks and its block size, and the in-capsule
 /// data the I/O queues accept.
-fn setup(admin_q: &mut Queue, nqn: &str) -> Result<(u16, u64, u32, u32), Error> {
+fn setup(admin_q: &mut Queue, nqn: &str, queues: u16) -> Result<(u16, u64, u32, u32), Error> {
     let cntlid = connect(admin_q, 0, 0xffff, nqn, 32)?;
     admin_q.call(&host::enable(1), &[])?;
     let mut s = host::command(admin::SET_FEATURES, 2);
     s.0[39] = 0;
     s.0[40] = 0x07;
-    s.0[44..48].copy_from_slice(&(7u32 | 7 << 16).to_le_bytes());
+    let n = u32::from(queues.max(1) - 1);
+    s.0[44..48].copy_from_slice(&(n | n << 16).to_le_bytes());
     admin_q.call(&s, &[])?;
     let mut s = host::command(admin::IDENTIFY, 3);
     s.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
@@ -279,112 +325,155 @@ struct Result_ {
     lat_ns: Vec<u32>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    addr: &str,
-    nqn: &str,
-    cntlid: u16,
-    qid: u16,
+/// One I/O queue of a job and what is in flight on it.
+struct Stream {
+    q: Queue,
+    sent_at: Vec<Instant>,
+    rng: u64,
+    seq: u64,
+    outstanding: u16,
+}
+
+/// Where the job's queues go: the namespace's shape and what the
+/// target accepts in a capsule.
+#[derive(Clone, Copy)]
+struct Namespace {
     blocks: u64,
     lba: u32,
     in_capsule: u32,
-    job: Job,
-    time: Duration,
-) -> Result<Result_, Error> {
-    let mut q = Queue::open(addr)?;
-    connect(&mut q, qid, cntlid, nqn, job.qd.max(2) + 1)?;
-    q.keep_data = false;
-    let per = u64::from(job.bs / lba);
-    let span = (blocks / per).max(1);
-    let mut rng = 0x2545_f491_4f6c_dd1du64 ^ u64::from(qid);
-    let mut seq = 0u64;
+}
+
+/// Most I/O queues one controller of a job gets; more connections open
+/// more controllers (as that many hosts would).
+const QUEUES_PER_CONTROLLER: usize = 64;
+
+/// Runs `job` on `conns` I/O queues from this one thread for `time`:
+/// `conns` above [`QUEUES_PER_CONTROLLER`] open several controllers, each
+/// over its own admin queue. With more than one queue the sockets are
+/// polled without blocking, as `spdk_nvme_perf -P` drives its queues.
+fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<Result_, Error> {
+    let mut admins = Vec::new();
+    let mut streams = Vec::with_capacity(conns);
+    let mut ns = None;
+    while streams.len() < conns {
+        let per = (conns - streams.len()).min(QUEUES_PER_CONTROLLER);
+        let mut a = Queue::open(addr)?;
+        let (cntlid, blocks, lba, in_capsule) = setup(&mut a, nqn, per as u16)?;
+        ns = Some(Namespace {
+            blocks,
+            lba,
+            in_capsule,
+        });
+        admins.push(a);
+        for qid in 1..=per as u16 {
+            let mut q = Queue::open(addr)?;
+            connect(&mut q, qid, cntlid, nqn, job.qd.max(2) + 1)?;
+            q.keep_data = false;
+            let i = streams.len() as u64;
+            streams.push(Stream {
+                q,
+                sent_at: vec![Instant::now(); usize::from(job.qd)],
+                rng: 0x2545_f491_4f6c_dd1du64 ^ (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                seq: i * 7919,
+                outstanding: job.qd,
+            });
+        }
+    }
+    let ns = ns.ok_or("no connections")?;
+    if streams.len() > 1 {
+        for st in &streams {
+            st.q.sock.set_nonblocking(true)?;
+        }
+    }
+    let per = u64::from(job.bs / ns.lba);
+    let span = (ns.blocks / per).max(1);
     let data = vec![0xa5u8; job.bs as usize];
-    let mut sent_at = vec![Instant::now(); usize::from(job.qd)];
     let mut lat = Vec::with_capacity(1 << 20);
     let mut ios = 0u64;
-    let issue = |q: &mut Queue, cid: u16, rng: &mut u64, seq: &mut u64| {
+    let issue = |st: &mut Stream, cid: u16| {
         let slot = if job.random {
-            *rng ^= *rng << 13;
-            *rng ^= *rng >> 7;
-            *rng ^= *rng << 17;
-            *rng % span
+            st.rng ^= st.rng << 13;
+            st.rng ^= st.rng >> 7;
+            st.rng ^= st.rng << 17;
+            st.rng % span
         } else {
-            *seq = (*seq + 1) % span;
-            *seq
+            st.seq = (st.seq + 1) % span;
+            st.seq
         };
         let mut s = host::command(if job.write { nvm::WRITE } else { nvm::READ }, cid);
         s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
         s.0[32..36].copy_from_slice(&job.bs.to_le_bytes());
         s.0[40..48].copy_from_slice(&(slot * per).to_le_bytes());
         s.0[48..50].copy_from_slice(&((per - 1) as u16).to_le_bytes());
-        if job.write && job.bs <= in_capsule {
+        if job.write && job.bs <= ns.in_capsule {
             s.0[39] = sgl::IN_CAPSULE;
-            pdu::encode_capsule_cmd(&mut q.out, Digests::default(), &s, &data);
+            pdu::encode_capsule_cmd(&mut st.q.out, Digests::default(), &s, &data);
         } else {
-            pdu::encode_capsule_cmd(&mut q.out, Digests::default(), &s, &[]);
+            pdu::encode_capsule_cmd(&mut st.q.out, Digests::default(), &s, &[]);
         }
+        st.sent_at[usize::from(cid)] = Instant::now();
     };
     let start = Instant::now();
     let end = start + time;
-    for cid in 0..job.qd {
-        sent_at[usize::from(cid)] = Instant::now();
-        issue(&mut q, cid, &mut rng, &mut seq);
+    for st in &mut streams {
+        for cid in 0..job.qd {
+            issue(st, cid);
+        }
+        st.q.send_some()?;
     }
-    q.flush()?;
-    let mut outstanding = job.qd;
-    while outstanding > 0 {
-        let done = match q.next()? {
-            Owned::Resp(c) => {
-                if c.status >> 1 != 0 {
-                    return Err(format!("I/O failed: status {:#x}", c.status).into());
+    let mut active = streams.len();
+    while active > 0 {
+        for st in streams.iter_mut().filter(|s| s.outstanding > 0) {
+            st.q.fill()?;
+            while let Some(p) = st.q.try_next()? {
+                let cid = match p {
+                    Owned::Resp(c) => {
+                        if c.status >> 1 != 0 {
+                            return Err(format!("I/O failed: status {:#x}", c.status).into());
+                        }
+                        c.cid
+                    }
+                    Owned::Data { cccid, success, .. } if success => cccid,
+                    Owned::Data { .. } => continue,
+                    Owned::R2T {
+                        cccid,
+                        ttag,
+                        r2to,
+                        r2tl,
+                    } => {
+                        let chunk = &data[r2to as usize..(r2to + r2tl) as usize];
+                        pdu::encode_h2c_data(
+                            &mut st.q.out,
+                            Digests::default(),
+                            cccid,
+                            ttag,
+                            r2to,
+                            chunk,
+                            true,
+                        );
+                        continue;
+                    }
+                    Owned::IcResp => return Err("unexpected ICResp".into()),
+                };
+                let now = Instant::now();
+                let Some(at) = st.sent_at.get(usize::from(cid)) else {
+                    return Err(format!("completion of unknown command {cid}").into());
+                };
+                lat.push(now.duration_since(*at).as_nanos().min(u128::from(u32::MAX)) as u32);
+                ios += 1;
+                if now < end {
+                    issue(st, cid);
+                } else {
+                    st.outstanding -= 1;
+                    if st.outstanding == 0 {
+                        active -= 1;
+                    }
                 }
-                Some(c.cid)
             }
-            Owned::Data { cccid, success, .. } => success.then_some(cccid),
-            Owned::R2T {
-                cccid,
-                ttag,
-                r2to,
-                r2tl,
-            } => {
-                let chunk = &data[r2to as usize..(r2to + r2tl) as usize];
-                pdu::encode_h2c_data(
-                    &mut q.out,
-                    Digests::default(),
-                    cccid,
-                    ttag,
-                    r2to,
-                    chunk,
-                    true,
-                );
-                q.flush()?;
-                None
-            }
-            Owned::IcResp => return Err("unexpected ICResp".into()),
-        };
-        let Some(cid) = done else { continue };
-        let now = Instant::now();
-        let i = usize::from(cid);
-        lat.push(
-            now.duration_since(sent_at[i])
-                .as_nanos()
-                .min(u128::from(u32::MAX)) as u32,
-        );
-        ios += 1;
-        if now < end {
-            sent_at[i] = now;
-            issue(&mut q, cid, &mut rng, &mut seq);
-            // Send as soon as nothing more is already waiting to be read.
-            if q.filled - q.start < pdu::CH_LEN {
-                q.flush()?;
-            }
-        } else {
-            outstanding -= 1;
-        }
-        if q.filled - q.start < pdu::CH_LEN && !q.out.is_empty() {
-            q.flush()?;
+            st.q.send_some()?;
         }
     }
+    drop(admins);
     Ok(Result_ {
         ios,
         secs: start.elapsed().as_secs_f64(),
@@ -405,6 +494,7 @@ fn main() -> Result<(), Error> {
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut jobs: Vec<Job> = Vec::new();
     let mut time = Duration::from_secs(5);
+    let mut conns = 1usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -413,9 +503,15 @@ fn main() -> Result<(), Error> {
             "--nqn" => nqn = val()?,
             "--job" => jobs.push(val()?.parse()?),
             "--time" => time = Duration::from_secs_f64(val()?.parse()?),
+            "--conns" => {
+                conns = val()?.parse()?;
+                if conns == 0 {
+                    return Err("--conns takes a count of at least 1".into());
+                }
+            }
             "--bench" => {}
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--job PATTERN:BS:QD]...");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]...");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -434,22 +530,24 @@ fn main() -> Result<(), Error> {
         .collect();
     }
     let mut admin_q = Queue::open(&addr)?;
-    let (cntlid, blocks, lba, in_capsule) = setup(&mut admin_q, &nqn)?;
-    println!("# {addr} {nqn}: {blocks} blocks of {lba} bytes, in-capsule data up to {in_capsule} bytes, {time:?} per job");
+    let (_, blocks, lba, in_capsule) = setup(&mut admin_q, &nqn, 1)?;
+    println!("# {addr} {nqn}: {blocks} blocks of {lba} bytes, in-capsule data up to {in_capsule} bytes, {time:?} per job, {conns} I/O queue(s) per job");
     println!(
         "{:<22} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
         "job", "IOPS", "MB/s", "p50 us", "p99 us", "p99.9 us", "max us"
     );
-    for (i, job) in jobs.iter().enumerate() {
-        let qid = (i % 8) as u16 + 1;
-        let mut r = run(
-            &addr, &nqn, cntlid, qid, blocks, lba, in_capsule, *job, time,
-        )?;
+    for job in &jobs {
+        let mut r = run(&addr, &nqn, *job, conns, time)?;
         r.lat_ns.sort_unstable();
         let iops = r.ios as f64 / r.secs;
+        let name = if conns > 1 {
+            format!("{job}x{conns}")
+        } else {
+            job.to_string()
+        };
         println!(
             "{:<22} {:>10.0} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-            job.to_string(),
+            name,
             iops,
             iops * f64::from(job.bs) / 1e6,
             pct(&r.lat_ns, 0.5),
