@@ -6,7 +6,7 @@
 #   FUZZ_SECONDS=600 fuzz/run.sh switch  # only the named targets
 #
 # Fuzz crates, one beside each crate that parses untrusted input:
-# dpu-service/nvmeof/fuzz (pdu, connection), dpu-service/dataplane/fuzz
+# dpu-service/nvmeof/fuzz (pdu, connection, handshake), dpu-service/dataplane/fuzz
 # (parse, switch, rules) and dpu-service/control/fuzz (rule_proto). Each
 # target runs on:
 #   <crate>/corpus/<target>       the growing corpus (gitignored, kept
@@ -27,6 +27,11 @@
 #                    allowed with RUSTC_BOOTSTRAP=1.
 #   FUZZ_TARGET_DIR  cargo target directory shared by the fuzz crates
 #                    (default target/fuzz, apart from the workspace build)
+#   FUZZ_RSS_MB      memory a target may hold before it counts as a crash
+#                    (libFuzzer's -rss_limit_mb; default 384 for the NVMe/TCP
+#                    targets, where a peer that makes the target allocate
+#                    without bound must be caught (a thousand announced
+#                    512 KiB writes once took 500 MiB), 2048 for the rest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -72,6 +77,9 @@ for crate in "${crates[@]}"; do
   done
   ((${#targets[@]})) || continue
 
+  rss=${FUZZ_RSS_MB:-2048}
+  [ "$crate" = dpu-service/nvmeof/fuzz ] && rss=${FUZZ_RSS_MB:-384}
+
   t0=$SECONDS
   echo "fuzz: building $crate (${targets[*]})" >&2
   if ! (cd "$project" && "${cargo_cmd[@]}" fuzz build "${build_flags[@]}"); then
@@ -91,7 +99,8 @@ for crate in "${crates[@]}"; do
     rc=0
     (cd "$project" && "${cargo_cmd[@]}" fuzz run "${build_flags[@]}" "$t" \
       "${corpora[@]/#/$root/}" -- \
-      -max_total_time="$seconds" -timeout="$timeout" -print_final_stats=1) \
+      -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb="$rss" \
+      -malloc_limit_mb="$rss" -print_final_stats=1) \
       >"$log" 2>&1 || rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
