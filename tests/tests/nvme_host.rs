@@ -74,14 +74,21 @@ fn admin_queue(port: u16, kato_ms: u32) -> Result<TcpStream> {
     Ok(s)
 }
 
-fn connections(svc: &Service) -> Result<u64> {
+/// The value of the sample `series` (name and labels, as printed) on
+/// `/metrics`.
+fn metric(svc: &Service, series: &str) -> Result<u64> {
     let (_, body) = svc.http_get("/metrics")?;
     body.lines()
-        .find_map(|l| l.strip_prefix("dpu_nvmf_connections{subsystem=\"ka\"} "))
-        .context("no dpu_nvmf_connections for ka")?
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .with_context(|| format!("no {series} on /metrics"))?
         .trim()
         .parse()
         .context("metric value")
+}
+
+/// Open connections of subsystem "ka", as `/metrics` counts them.
+fn connections(svc: &Service) -> Result<u64> {
+    metric(svc, "dpu_nvmf_connections{subsystem=\"ka\"}")
 }
 
 #[test]
@@ -120,6 +127,7 @@ port = {port}
         "{}",
         svc.log_text()
     );
+    assert_eq!(metric(&svc, "dpu_nvmf_keep_alive_timeouts_total")?, 1);
 
     // Garbage on a fresh connection: C2HTermReq, then close.
     let mut bad = TcpStream::connect(("127.0.0.1", port))?;
@@ -132,6 +140,8 @@ port = {port}
         Some((pdu::pdu_type::C2H_TERM_REQ, 1))
     );
     assert_eq!(read_pdu(&mut bad, &mut buf)?, None);
+    assert_eq!(metric(&svc, "dpu_nvmf_protocol_errors_total")?, 1);
+    assert_eq!(metric(&svc, "dpu_nvmf_connections_accepted_total")?, 3);
 
     // The steady host is still served: a Keep Alive completes.
     let ka = host::command(admin::KEEP_ALIVE, 9);
@@ -206,6 +216,13 @@ fn mute_and_stalled_sockets_are_closed_on_their_timeouts() -> Result<()> {
         waited >= ICREQ_TIMEOUT && waited < ICREQ_TIMEOUT + Duration::from_secs(5),
         "mute socket closed after {waited:?}"
     );
+    let closed = |reason: &str| {
+        metric(
+            &svc,
+            &format!("dpu_nvmf_connections_closed_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(closed("handshake_timeout")?, 1);
     let mut buf = Vec::new();
     assert_eq!(
         read_pdu(&mut stalled, &mut buf)?,
@@ -217,6 +234,9 @@ fn mute_and_stalled_sockets_are_closed_on_their_timeouts() -> Result<()> {
         waited >= PDU_TIMEOUT && waited < PDU_TIMEOUT + Duration::from_secs(5),
         "stalled socket closed after {waited:?}"
     );
+    assert_eq!(closed("handshake_timeout")?, 1);
+    assert_eq!(closed("pdu_timeout")?, 1);
+    assert_eq!(closed("write_timeout")?, 0);
     let log = svc.log_text();
     assert!(log.contains("no ICReq within"), "{log}");
     assert!(log.contains("a PDU incomplete for"), "{log}");
@@ -234,6 +254,11 @@ fn a_host_that_stops_reading_loses_its_connection_on_the_write_timeout() -> Resu
     let deaf = admin_queue(port, 0)?;
     let mut steady = admin_queue(port, 0)?;
     assert_eq!(connections(&svc)?, 2);
+    assert_eq!(metric(&svc, "dpu_nvmf_open_connections")?, 2);
+    // Admin queues are served apart from the I/O poll groups.
+    assert_eq!(metric(&svc, "dpu_nvmf_poll_group_queues{group=\"0\"}")?, 0);
+    let write_timeouts = "dpu_nvmf_connections_closed_total{reason=\"write_timeout\"}";
+    assert_eq!(metric(&svc, write_timeouts)?, 0);
     // 20,000 Identify commands: 80 MB of answers, far past what the
     // sockets' buffers hold. Written from a thread, since the target stops
     // reading too once its writes block.
@@ -280,6 +305,7 @@ fn a_host_that_stops_reading_loses_its_connection_on_the_write_timeout() -> Resu
     );
     let log = svc.log_text();
     assert!(log.contains("the host read nothing for"), "{log}");
+    assert_eq!(metric(&svc, write_timeouts)?, 1);
     drop(deaf);
     sender.join().expect("sender thread");
     // The steady host is still served.

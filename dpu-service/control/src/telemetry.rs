@@ -105,6 +105,8 @@ pub struct Counters {
     pub subsystems: BTreeMap<String, SubsystemCounters>,
     /// The data-plane workers' flow caches, summed.
     pub flow_cache: FlowCacheCounters,
+    /// The NVMe/TCP target as a whole, in the contract's own message.
+    pub nvmf_target: pb::NvmfTargetCounters,
 }
 
 /// Counters of the data-plane workers' flow caches, summed over workers.
@@ -413,6 +415,27 @@ impl Telemetry {
             .collect();
         m.fields(&ss_fields, "subsystem", &ss_rows);
 
+        let target = &c.nvmf_target;
+        for (name, kind, help, samples) in NVMF_TARGET_FAMILIES {
+            m.family(name, kind, help);
+            for (reason, get) in samples {
+                let labels = reason.map(|r| ("reason", r));
+                m.sample(name, labels.as_slice(), get(target));
+            }
+        }
+        m.family(
+            "dpu_nvmf_poll_group_queues",
+            "gauge",
+            "I/O queues the NVMe/TCP poll group serves now.",
+        );
+        for (group, queues) in target.poll_group_queues.iter().enumerate() {
+            m.sample(
+                "dpu_nvmf_poll_group_queues",
+                &[("group", &group.to_string())],
+                *queues,
+            );
+        }
+
         m.family(
             "dpu_grpc_requests_total",
             "counter",
@@ -511,11 +534,87 @@ fn snapshot_of(
             hits: c.flow_cache.hits,
             rests: c.flow_cache.rests,
         }),
+        nvmf_target: Some(c.nvmf_target.clone()),
     }
 }
 
 /// A metric family fed from one field of a counter message: name, type, help, getter.
 type Field<C> = (&'static str, &'static str, &'static str, fn(&C) -> u64);
+
+/// A metric family fed from fields of one counter message: name, type,
+/// help, and its samples, each with the value of its `reason` label (`None`
+/// for a family of one unlabelled sample) and the field it reads.
+type Family<C> = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(Option<&'static str>, fn(&C) -> u64)],
+);
+
+/// The NVMe/TCP target's own families on `/metrics`, one row per family,
+/// one entry per sample: a counter the target adds to
+/// [`pb::NvmfTargetCounters`] is exported by one more row (or, for a
+/// further reason to close or refuse connections, one more entry).
+/// The poll groups' gauge, one sample per group, is rendered apart.
+const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 8] = [
+    (
+        "dpu_nvmf_connections_accepted_total",
+        "counter",
+        "NVMe/TCP connections accepted.",
+        &[(None, |c| c.connections_accepted)],
+    ),
+    (
+        "dpu_nvmf_open_connections",
+        "gauge",
+        "NVMe/TCP connections open now, handshaking or connected.",
+        &[(None, |c| c.open_connections)],
+    ),
+    (
+        "dpu_nvmf_connections_refused_total",
+        "counter",
+        "NVMe/TCP connections refused at accept, by the limit they met.",
+        &[
+            (Some("max_connections"), |c| c.refused_max_connections),
+            (Some("max_connections_per_address"), |c| {
+                c.refused_max_connections_per_address
+            }),
+        ],
+    ),
+    (
+        "dpu_nvmf_connections_closed_total",
+        "counter",
+        "NVMe/TCP connections closed on a timeout, by timeout.",
+        &[
+            (Some("handshake_timeout"), |c| c.handshake_timeouts),
+            (Some("pdu_timeout"), |c| c.pdu_timeouts),
+            (Some("write_timeout"), |c| c.write_timeouts),
+        ],
+    ),
+    (
+        "dpu_nvmf_protocol_errors_total",
+        "counter",
+        "NVMe/TCP connections ended with a termination request for a protocol error.",
+        &[(None, |c| c.protocol_errors)],
+    ),
+    (
+        "dpu_nvmf_connects_refused_total",
+        "counter",
+        "Fabrics Connect commands refused.",
+        &[(None, |c| c.connects_refused)],
+    ),
+    (
+        "dpu_nvmf_keep_alive_timeouts_total",
+        "counter",
+        "Controllers ended by their keep-alive timeout.",
+        &[(None, |c| c.keep_alive_timeouts)],
+    ),
+    (
+        "dpu_nvmf_write_buffer_waits_total",
+        "counter",
+        "Writes whose data waited for write buffer budget before it was asked for.",
+        &[(None, |c| c.write_buffer_waits)],
+    ),
+];
 
 /// The ID part of a resource name (`"ports/p0"` → `"p0"`).
 fn strip(name: &str) -> &str {
@@ -588,6 +687,20 @@ mod tests {
             out.flow_cache.lookups += 100;
             out.flow_cache.hits += 90;
             out.flow_cache.rests += 1;
+            let t = &mut out.nvmf_target;
+            t.connections_accepted += 20;
+            t.open_connections += 3;
+            t.protocol_errors += 1;
+            t.connects_refused += 2;
+            t.keep_alive_timeouts += 4;
+            t.handshake_timeouts += 5;
+            t.pdu_timeouts += 6;
+            t.write_timeouts += 7;
+            t.refused_max_connections += 8;
+            t.refused_max_connections_per_address += 9;
+            t.write_buffer_waits += 10;
+            t.poll_group_queues.resize(2, 0);
+            t.poll_group_queues[0] += 2;
         }
     }
 
@@ -658,6 +771,23 @@ mod tests {
                 rests: 2
             })
         );
+        assert_eq!(
+            snap.nvmf_target,
+            Some(pb::NvmfTargetCounters {
+                connections_accepted: 40,
+                open_connections: 6,
+                protocol_errors: 2,
+                connects_refused: 4,
+                keep_alive_timeouts: 8,
+                handshake_timeouts: 10,
+                pdu_timeouts: 12,
+                write_timeouts: 14,
+                refused_max_connections: 16,
+                refused_max_connections_per_address: 18,
+                write_buffer_waits: 20,
+                poll_group_queues: vec![4, 0],
+            })
+        );
         let only_b = t.snapshot(&state, &ports, Some("b"));
         assert_eq!(only_b.tenants.len(), 1);
         assert_eq!(only_b.tenants[0].forwarded_packets, 0);
@@ -686,6 +816,40 @@ mod tests {
         assert!(text.contains(
             "dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/CreateTenant\",code=\"Ok\"} 2\n"
         ));
+        let target = "\
+# HELP dpu_nvmf_connections_accepted_total NVMe/TCP connections accepted.
+# TYPE dpu_nvmf_connections_accepted_total counter
+dpu_nvmf_connections_accepted_total 20
+# HELP dpu_nvmf_open_connections NVMe/TCP connections open now, handshaking or connected.
+# TYPE dpu_nvmf_open_connections gauge
+dpu_nvmf_open_connections 3
+# HELP dpu_nvmf_connections_refused_total NVMe/TCP connections refused at accept, by the limit they met.
+# TYPE dpu_nvmf_connections_refused_total counter
+dpu_nvmf_connections_refused_total{reason=\"max_connections\"} 8
+dpu_nvmf_connections_refused_total{reason=\"max_connections_per_address\"} 9
+# HELP dpu_nvmf_connections_closed_total NVMe/TCP connections closed on a timeout, by timeout.
+# TYPE dpu_nvmf_connections_closed_total counter
+dpu_nvmf_connections_closed_total{reason=\"handshake_timeout\"} 5
+dpu_nvmf_connections_closed_total{reason=\"pdu_timeout\"} 6
+dpu_nvmf_connections_closed_total{reason=\"write_timeout\"} 7
+# HELP dpu_nvmf_protocol_errors_total NVMe/TCP connections ended with a termination request for a protocol error.
+# TYPE dpu_nvmf_protocol_errors_total counter
+dpu_nvmf_protocol_errors_total 1
+# HELP dpu_nvmf_connects_refused_total Fabrics Connect commands refused.
+# TYPE dpu_nvmf_connects_refused_total counter
+dpu_nvmf_connects_refused_total 2
+# HELP dpu_nvmf_keep_alive_timeouts_total Controllers ended by their keep-alive timeout.
+# TYPE dpu_nvmf_keep_alive_timeouts_total counter
+dpu_nvmf_keep_alive_timeouts_total 4
+# HELP dpu_nvmf_write_buffer_waits_total Writes whose data waited for write buffer budget before it was asked for.
+# TYPE dpu_nvmf_write_buffer_waits_total counter
+dpu_nvmf_write_buffer_waits_total 10
+# HELP dpu_nvmf_poll_group_queues I/O queues the NVMe/TCP poll group serves now.
+# TYPE dpu_nvmf_poll_group_queues gauge
+dpu_nvmf_poll_group_queues{group=\"0\"} 2
+dpu_nvmf_poll_group_queues{group=\"1\"} 0
+";
+        assert!(text.contains(target), "{text}");
         // Every sample line belongs to a family announced before it.
         let mut typed = std::collections::HashSet::new();
         for line in text.lines() {

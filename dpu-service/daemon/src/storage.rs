@@ -158,6 +158,36 @@ impl CounterSource for StorageCounters {
             c.write_bytes += h.bytes_written.load(Ordering::Relaxed);
             c.errors += h.errors.load(Ordering::Relaxed);
         }
+        let st = self.storage.target.stats();
+        let t = &mut out.nvmf_target;
+        // Each field of the contract beside the target's counter that
+        // fills it: a counter the target adds is one more pair.
+        for (field, counted) in [
+            (&mut t.connections_accepted, &st.connections),
+            (&mut t.protocol_errors, &st.protocol_errors),
+            (&mut t.connects_refused, &st.connects_refused),
+            (&mut t.keep_alive_timeouts, &st.keep_alive_timeouts),
+            (&mut t.handshake_timeouts, &st.handshake_timeouts),
+            (&mut t.pdu_timeouts, &st.pdu_timeouts),
+            (&mut t.write_timeouts, &st.write_timeouts),
+            (&mut t.refused_max_connections, &st.connections_over_limit),
+            (
+                &mut t.refused_max_connections_per_address,
+                &st.connections_over_address_limit,
+            ),
+            (&mut t.write_buffer_waits, &st.write_buffer_waits),
+        ] {
+            *field += counted.load(Ordering::Relaxed);
+        }
+        let transport = &self.storage.transport;
+        t.open_connections += transport.open_connections() as u64;
+        let loads = transport.poll_group_loads();
+        if t.poll_group_queues.len() < loads.len() {
+            t.poll_group_queues.resize(loads.len(), 0);
+        }
+        for (sum, queues) in t.poll_group_queues.iter_mut().zip(loads) {
+            *sum += queues as u64;
+        }
     }
 }
 
@@ -223,17 +253,19 @@ mod tests {
     /// A target following a fresh in-memory state, and an API whose
     /// storage calls wait for it.
     fn served() -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
-        served_in(None)
+        served_in(None, &TcpConfig::default())
     }
 
-    /// [`served`] with the state kept in `dir`.
+    /// [`served`] with the state kept in `dir` and the transport
+    /// configured by `tcp`.
     fn served_in(
         dir: Option<&std::path::Path>,
+        tcp: &TcpConfig,
     ) -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
         let state = StateHandle::open(dir).expect("state");
         let first = state.published();
-        let storage = Storage::start(&first.state, None, &TcpConfig::default())
-            .expect("no CPUs named: nothing to refuse");
+        let storage =
+            Storage::start(&first.state, None, tcp).expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);
         let api = crate::config::seed::tests::api_over(
             &state,
@@ -277,6 +309,82 @@ mod tests {
         }))
         .await
         .unwrap();
+    }
+
+    /// Creates a TCP listener on 127.0.0.1 for subsystem "vol" and answers
+    /// its port.
+    async fn listen_vol(api: &dpu_control::service::Api) -> u16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        api.create_listener(Request::new(pb::CreateListenerRequest {
+            parent: "subsystems/vol".into(),
+            listener_id: "l".into(),
+            listener: Some(pb::Listener {
+                transport: pb::Transport::Tcp as i32,
+                address: "127.0.0.1".into(),
+                port: u32::from(port),
+                ..Default::default()
+            }),
+        }))
+        .await
+        .unwrap();
+        port
+    }
+
+    /// The target's own counters reach telemetry each from its own source:
+    /// connections accepted and open, the poll groups' queues, and the
+    /// refusals at accept by the limit that refused them.
+    #[tokio::test]
+    async fn target_counters_reach_telemetry() {
+        let tcp = TcpConfig {
+            poll_groups: 2,
+            max_connections: 2,
+            max_connections_per_address: 1,
+            ..TcpConfig::default()
+        };
+        let (storage, api, state) = served_in(None, &tcp);
+        create_vol(&api).await;
+        let port = listen_vol(&api).await;
+        let source = storage.counters(state);
+        let collect = || {
+            let mut c = Counters::default();
+            source.collect(&mut c);
+            c.nvmf_target
+        };
+        // Accepted one at a time, in this order: the second from
+        // 127.0.0.1 is over the per-address limit, the one from
+        // 127.0.0.3 over the total.
+        let mut held = Vec::new();
+        for from in ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            held.push(sock.connect(([127, 0, 0, 1], port).into()).await.unwrap());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut t = collect();
+        while t.connections_accepted
+            + t.refused_max_connections
+            + t.refused_max_connections_per_address
+            < 4
+        {
+            assert!(std::time::Instant::now() < deadline, "{t:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            t = collect();
+        }
+        assert_eq!(
+            t,
+            pb::NvmfTargetCounters {
+                connections_accepted: 2,
+                open_connections: 2,
+                refused_max_connections: 1,
+                refused_max_connections_per_address: 1,
+                poll_group_queues: vec![0, 0],
+                ..Default::default()
+            }
+        );
+        storage.shutdown();
     }
 
     /// When DeleteNamespace returns, the target no longer serves the
@@ -346,7 +454,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_the_target_cannot_apply_is_undone_and_can_be_retried() {
         let state_dir = tempfile::tempdir().unwrap();
-        let (storage, api, state) = served_in(Some(state_dir.path()));
+        let (storage, api, state) = served_in(Some(state_dir.path()), &TcpConfig::default());
         create_vol(&api).await;
         let stored_namespaces = || {
             let on_disk = StateHandle::open(Some(state_dir.path())).expect("state file");

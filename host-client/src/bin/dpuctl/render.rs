@@ -424,6 +424,12 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
     }
     out.push('\n');
     out.push_str(&ss.render());
+    // A service from before the target's counters sends none: no table
+    // rather than a table of zeros.
+    if let Some(t) = &s.nvmf_target {
+        out.push('\n');
+        out.push_str(&nvmf_target(t));
+    }
     let fc = s.flow_cache.unwrap_or_default();
     let mut f = Table::new(&["FLOW CACHE", "LOOKUPS", "HITS", "RESTS"]);
     f.row(vec![
@@ -435,6 +441,37 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
     out.push('\n');
     out.push_str(&f.render());
     out
+}
+
+/// The NVMe/TCP target's own counters, one row each.
+fn nvmf_target(c: &pb::NvmfTargetCounters) -> String {
+    let mut t = Table::new(&["NVME/TCP TARGET", "COUNT"]);
+    let rows = [
+        ("connections accepted", c.connections_accepted),
+        ("connections open", c.open_connections),
+        ("refused: max connections", c.refused_max_connections),
+        (
+            "refused: max connections per address",
+            c.refused_max_connections_per_address,
+        ),
+        ("closed: handshake timeout", c.handshake_timeouts),
+        ("closed: PDU timeout", c.pdu_timeouts),
+        ("closed: write timeout", c.write_timeouts),
+        ("protocol errors", c.protocol_errors),
+        ("connects refused", c.connects_refused),
+        ("keep-alive timeouts", c.keep_alive_timeouts),
+        ("write buffer waits", c.write_buffer_waits),
+    ];
+    for (what, n) in rows {
+        t.row(vec![what.into(), n.to_string()]);
+    }
+    for (group, queues) in c.poll_group_queues.iter().enumerate() {
+        t.row(vec![
+            format!("poll group {group}: I/O queues"),
+            queues.to_string(),
+        ]);
+    }
+    t.render()
 }
 
 #[cfg(test)]
@@ -464,6 +501,34 @@ mod tests {
         let last = text.lines().last().unwrap();
         let cells: Vec<&str> = last.split_whitespace().collect();
         assert_eq!(cells, ["all", "workers", "1200", "1100", "3"], "{text}");
+    }
+
+    #[test]
+    fn counters_show_the_nvmf_target() {
+        let s = pb::CounterSnapshot {
+            nvmf_target: Some(pb::NvmfTargetCounters {
+                connections_accepted: 12,
+                write_timeouts: 3,
+                refused_max_connections_per_address: 4,
+                poll_group_queues: vec![5, 0],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = counters(&s);
+        let row = |what: &str| {
+            text.lines()
+                .find(|l| l.starts_with(what))
+                .map(|l| l[what.len()..].trim().to_string())
+        };
+        assert_eq!(row("connections accepted").as_deref(), Some("12"), "{text}");
+        assert_eq!(row("closed: write timeout").as_deref(), Some("3"));
+        assert_eq!(
+            row("refused: max connections per address").as_deref(),
+            Some("4")
+        );
+        assert_eq!(row("poll group 0: I/O queues").as_deref(), Some("5"));
+        assert_eq!(row("poll group 1: I/O queues").as_deref(), Some("0"));
     }
 
     #[test]
