@@ -556,7 +556,7 @@ type Family<C> = (
 /// [`pb::NvmfTargetCounters`] is exported by one more row (or, for a
 /// further reason to close or refuse connections, one more entry).
 /// The poll groups' gauge, one sample per group, is rendered apart.
-const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 8] = [
+const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 10] = [
     (
         "dpu_nvmf_connections_accepted_total",
         "counter",
@@ -613,6 +613,18 @@ const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 8] = [
         "counter",
         "Writes whose data waited for write buffer budget before it was asked for.",
         &[(None, |c| c.write_buffer_waits)],
+    ),
+    (
+        "dpu_nvmf_controllers_revoked_total",
+        "counter",
+        "Controllers ended because their host or listener was revoked.",
+        &[(None, |c| c.controllers_revoked)],
+    ),
+    (
+        "dpu_nvmf_idle_timeouts_total",
+        "counter",
+        "Controllers without Keep Alive ended for going idle too long.",
+        &[(None, |c| c.idle_timeouts)],
     ),
 ];
 
@@ -699,6 +711,8 @@ mod tests {
             t.refused_max_connections += 8;
             t.refused_max_connections_per_address += 9;
             t.write_buffer_waits += 10;
+            t.controllers_revoked += 11;
+            t.idle_timeouts += 12;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
         }
@@ -786,6 +800,8 @@ mod tests {
                 refused_max_connections_per_address: 18,
                 write_buffer_waits: 20,
                 poll_group_queues: vec![4, 0],
+                controllers_revoked: 22,
+                idle_timeouts: 24,
             })
         );
         let only_b = t.snapshot(&state, &ports, Some("b"));
@@ -844,6 +860,12 @@ dpu_nvmf_keep_alive_timeouts_total 4
 # HELP dpu_nvmf_write_buffer_waits_total Writes whose data waited for write buffer budget before it was asked for.
 # TYPE dpu_nvmf_write_buffer_waits_total counter
 dpu_nvmf_write_buffer_waits_total 10
+# HELP dpu_nvmf_controllers_revoked_total Controllers ended because their host or listener was revoked.
+# TYPE dpu_nvmf_controllers_revoked_total counter
+dpu_nvmf_controllers_revoked_total 11
+# HELP dpu_nvmf_idle_timeouts_total Controllers without Keep Alive ended for going idle too long.
+# TYPE dpu_nvmf_idle_timeouts_total counter
+dpu_nvmf_idle_timeouts_total 12
 # HELP dpu_nvmf_poll_group_queues I/O queues the NVMe/TCP poll group serves now.
 # TYPE dpu_nvmf_poll_group_queues gauge
 dpu_nvmf_poll_group_queues{group=\"0\"} 2

@@ -220,9 +220,10 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         let s = first.state.clone();
         let discovery = config.storage.discovery_listen;
         let tcp = config.transport();
+        let limits = config.target_limits();
         // Placement was checked with the configuration; this only fails
         // if the process's CPUs changed since.
-        let start = move || storage::Storage::start(&s, discovery, &tcp);
+        let start = move || storage::Storage::start(&s, discovery, &tcp, limits);
         runtime::start_on(all, "the NVMe/TCP target", start)
             .await?
             .map_err(|e| anyhow::anyhow!("storage.{e}"))?

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
 use dpu_control::convert::{listener_name, namespace_name};
 use dpu_control::model::{Backend, State, Transport};
@@ -38,8 +39,11 @@ impl Storage {
         state: &State,
         discovery: Option<SocketAddr>,
         tcp: &TcpConfig,
+        limits: TargetLimits,
     ) -> Result<Arc<Self>, TcpConfigError> {
         let target = dpu_nvmeof::Target::new();
+        target.set_timeouts(limits.timeouts);
+        target.set_write_buffer_budget(limits.write_buffer_budget);
         let s = Arc::new(Self {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
@@ -176,6 +180,8 @@ impl CounterSource for StorageCounters {
                 &st.connections_over_address_limit,
             ),
             (&mut t.write_buffer_waits, &st.write_buffer_waits),
+            (&mut t.controllers_revoked, &st.controllers_revoked),
+            (&mut t.idle_timeouts, &st.idle_timeouts),
         ] {
             *field += counted.load(Ordering::Relaxed);
         }
@@ -264,8 +270,13 @@ mod tests {
     ) -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
         let state = StateHandle::open(dir).expect("state");
         let first = state.published();
-        let storage =
-            Storage::start(&first.state, None, tcp).expect("no CPUs named: nothing to refuse");
+        let storage = Storage::start(
+            &first.state,
+            None,
+            tcp,
+            crate::config::Config::default().target_limits(),
+        )
+        .expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);
         let api = crate::config::seed::tests::api_over(
             &state,

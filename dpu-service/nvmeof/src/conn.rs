@@ -105,6 +105,35 @@ pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
 /// 0.1 s at 10 Mbit/s.
 pub const PDU_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a controller whose host disabled Keep Alive (KATO 0, as
+/// non-persistent discovery controllers always do) may go without a
+/// command on any of its queues before it is ended, as Linux nvmet gives
+/// discovery controllers a 120 s keep-alive when the host asks for none.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The timers a connection enforces; a [`Target`]'s connections take
+/// [`Target::timeouts`] when they are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// ICReq after accept ([`ICREQ_TIMEOUT`] by default).
+    pub handshake: Duration,
+    /// A PDU from its first byte to its last ([`PDU_TIMEOUT`]).
+    pub pdu: Duration,
+    /// A controller with Keep Alive disabled without a command
+    /// ([`IDLE_TIMEOUT`]).
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            handshake: ICREQ_TIMEOUT,
+            pdu: PDU_TIMEOUT,
+            idle: IDLE_TIMEOUT,
+        }
+    }
+}
+
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -190,11 +219,14 @@ pub struct Connection {
     /// Since when the transport has held the first bytes of a PDU that
     /// has not arrived whole ([`PDU_TIMEOUT`]).
     partial_since: Option<Instant>,
+    /// The timers, as the target had them when the connection was made.
+    timeouts: Timeouts,
 }
 
 impl Connection {
     /// A connection accepted on `local` from `peer`.
     pub fn new(target: Target, local: SocketAddr, peer: SocketAddr) -> Self {
+        let timeouts = target.timeouts();
         target.stats().connections.fetch_add(1, Ordering::Relaxed);
         Self {
             target,
@@ -223,6 +255,7 @@ impl Connection {
             close_reason: None,
             opened: None,
             partial_since: None,
+            timeouts,
         }
     }
 
@@ -445,7 +478,9 @@ impl Connection {
     /// Timers and events: ends the connection when the host has not sent
     /// its ICReq within [`ICREQ_TIMEOUT`], or a PDU has stayed partial
     /// for [`PDU_TIMEOUT`] (not counting while the connection is
-    /// [held back](Connection::held_back)), or its controller ended, or its keep-alive
+    /// [held back](Connection::held_back)), or its controller ended, or
+    /// (on an admin queue) its host disabled Keep Alive and sent no command
+    /// on any queue for [`IDLE_TIMEOUT`], or its keep-alive
     /// timer expired; completes Asynchronous Event Requests with queued
     /// events; asks for the data of writes that waited for target-wide
     /// budget other connections have given back since.
@@ -455,8 +490,13 @@ impl Connection {
         }
         self.grant_waiting();
         let opened = *self.opened.get_or_insert(now);
-        if self.phase == Phase::IcReq && now.saturating_duration_since(opened) >= ICREQ_TIMEOUT {
-            tracing::warn!(peer = %self.peer, "no ICReq within {ICREQ_TIMEOUT:?}; closing the connection");
+        let Timeouts {
+            handshake,
+            pdu,
+            idle,
+        } = self.timeouts;
+        if self.phase == Phase::IcReq && now.saturating_duration_since(opened) >= handshake {
+            tracing::warn!(peer = %self.peer, "no ICReq within {handshake:?}; closing the connection");
             self.target
                 .stats()
                 .handshake_timeouts
@@ -470,8 +510,8 @@ impl Connection {
             self.partial_since = Some(now);
         }
         if let Some(since) = self.partial_since {
-            if now.saturating_duration_since(since) >= PDU_TIMEOUT {
-                tracing::warn!(peer = %self.peer, "a PDU incomplete for {PDU_TIMEOUT:?}; closing the connection");
+            if now.saturating_duration_since(since) >= pdu {
+                tracing::warn!(peer = %self.peer, "a PDU incomplete for {pdu:?}; closing the connection");
                 self.target
                     .stats()
                     .pdu_timeouts
@@ -488,6 +528,13 @@ impl Connection {
             self.target
                 .stats()
                 .keep_alive_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            ctrl.kill();
+        } else if self.qid == 0 && ctrl.idle_expired(now, idle) {
+            tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "no command for {idle:?} with keep-alive disabled; ending the controller");
+            self.target
+                .stats()
+                .idle_timeouts
                 .fetch_add(1, Ordering::Relaxed);
             ctrl.kill();
         }
@@ -660,6 +707,9 @@ impl Connection {
 
     fn on_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, hdr: &[u8], now: Instant) {
         let cid = sqe.cid();
+        if let Some(c) = &self.ctrl {
+            c.touch(now);
+        }
         self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
         if let Some(i) = self.aers.iter().position(|&a| a == cid) {
             // The host has given up this Asynchronous Event Request: SPDK's

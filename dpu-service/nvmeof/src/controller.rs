@@ -168,6 +168,10 @@ pub struct Controller {
     pub health: Arc<Health>,
     dead: AtomicBool,
     state: Mutex<State>,
+    /// When the controller was made: the origin of `active_s`.
+    created: Instant,
+    /// Seconds from `created` to the last command on any of its queues.
+    active_s: AtomicU64,
 }
 
 impl Controller {
@@ -195,6 +199,8 @@ impl Controller {
             admin_queue_size,
             health,
             dead: AtomicBool::new(false),
+            created: now,
+            active_s: AtomicU64::new(0),
             state: Mutex::new(State {
                 cc: 0,
                 csts: 0,
@@ -273,6 +279,25 @@ impl Controller {
     /// True when the keep-alive timer has expired at `now`.
     pub fn keep_alive_expired(&self, now: Instant) -> bool {
         self.with(|s| !s.kato.is_zero() && now.duration_since(s.last_keep_alive) > s.kato)
+    }
+
+    /// Notes a command on one of the controller's queues at `now` (to the
+    /// second: most calls only read).
+    pub fn touch(&self, now: Instant) {
+        let s = now.saturating_duration_since(self.created).as_secs();
+        if self.active_s.load(Ordering::Relaxed) < s {
+            self.active_s.store(s, Ordering::Relaxed);
+        }
+    }
+
+    /// True when Keep Alive is disabled (KATO 0) and no queue of the
+    /// controller has had a command for `idle` (counted in whole seconds).
+    pub fn idle_expired(&self, now: Instant, idle: Duration) -> bool {
+        if !self.with(|s| s.kato.is_zero()) {
+            return false;
+        }
+        let last = self.created + Duration::from_secs(self.active_s.load(Ordering::Relaxed));
+        now.saturating_duration_since(last) >= idle
     }
 
     /// Restarts the keep-alive timer.

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
 use crate::conn::budget::SharedBudget;
+use crate::conn::Timeouts;
 use crate::controller::{Controller, ControllerKind, Health};
 
 /// Where a namespace's blocks live.
@@ -300,6 +301,9 @@ pub struct TargetStats {
     /// Controllers ended because a configuration change revoked them: the
     /// host no longer allowed, or the listener it connected to removed.
     pub controllers_revoked: AtomicU64,
+    /// Controllers ended for going [`Timeouts::idle`](crate::conn::Timeouts)
+    /// without a command while their host had disabled Keep Alive.
+    pub idle_timeouts: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.
@@ -316,6 +320,7 @@ struct Inner {
     stats: TargetStats,
     health: Mutex<HashMap<String, Arc<Health>>>,
     write_budget: SharedBudget,
+    timeouts: RwLock<Timeouts>,
 }
 
 #[derive(Debug, Default)]
@@ -336,6 +341,18 @@ impl Target {
     /// Counters.
     pub fn stats(&self) -> &TargetStats {
         &self.inner.stats
+    }
+
+    /// Sets the timers of connections made from now on (those open keep
+    /// theirs).
+    pub fn set_timeouts(&self, timeouts: Timeouts) {
+        *self.inner.timeouts.write().expect("timeouts lock") = timeouts;
+    }
+
+    /// The timers connections made now enforce ([`Timeouts::default`]
+    /// until [`Target::set_timeouts`]).
+    pub fn timeouts(&self) -> Timeouts {
+        *self.inner.timeouts.read().expect("timeouts lock")
     }
 
     /// Limits the write data that all connections together may ask hosts

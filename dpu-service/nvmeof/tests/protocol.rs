@@ -1494,3 +1494,41 @@ fn revoking_a_host_or_its_listener_disconnects_its_controller() {
     assert!(closed_on_tick(&mut b));
     assert_eq!(revoked(&t), 1);
 }
+
+/// A controller whose host disabled Keep Alive (KATO 0) still ends after
+/// the idle timeout without a command on any of its queues; commands on
+/// an I/O queue keep the whole controller alive, and with Keep Alive on
+/// only its own timer counts.
+#[test]
+fn controllers_without_keep_alive_end_when_idle() {
+    use dpu_nvmeof::conn::Timeouts;
+    let t = target(&[]);
+    let idle = Duration::from_secs(30);
+    t.set_timeouts(Timeouts {
+        idle,
+        ..Timeouts::default()
+    });
+    let t0 = Instant::now();
+    let (mut a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    // I/O at t0 + 20 s keeps the controller until t0 + 50 s.
+    let mut b = Vec::new();
+    let mut flush = host::command(nvm::FLUSH, 77);
+    flush.0[4] = 1;
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &flush, &[]);
+    q.conn.receive(&b, t0 + Duration::from_secs(20));
+    a.conn.tick(t0 + Duration::from_secs(40));
+    assert!(!a.conn.is_closed(), "{:?}", a.conn.close_reason());
+    a.conn.tick(t0 + Duration::from_secs(51));
+    assert!(a.conn.is_closed());
+    q.conn.tick(t0 + Duration::from_secs(51));
+    assert!(q.conn.is_closed(), "its I/O queue goes with it");
+    assert_eq!(t.stats().idle_timeouts.load(Ordering::Relaxed), 1);
+
+    // With Keep Alive on (60 s here) the idle timeout does not apply.
+    let (mut a, _) = Host::admin(&t, NQN, 60_000);
+    let t1 = Instant::now();
+    a.conn.tick(t1 + Duration::from_secs(45));
+    assert!(!a.conn.is_closed());
+    assert_eq!(t.stats().idle_timeouts.load(Ordering::Relaxed), 1);
+}

@@ -214,6 +214,25 @@ impl Config {
         if let Some(r) = &self.storage.ram_limit {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
         }
+        if let Some(b) = &self.storage.write_buffer_budget {
+            let n = parse_size(b).with_context(|| format!("storage.write_buffer_budget {b:?}"))?;
+            if n < 1 << 20 {
+                bail!("storage.write_buffer_budget {b:?}: at least 1 MiB");
+            }
+        }
+        for (key, v) in [
+            (
+                "handshake_timeout_secs",
+                self.storage.handshake_timeout_secs,
+            ),
+            ("pdu_timeout_secs", self.storage.pdu_timeout_secs),
+            ("write_timeout_secs", self.storage.write_timeout_secs),
+            ("idle_timeout_secs", self.storage.idle_timeout_secs),
+        ] {
+            if let Some(v) = v.filter(|v| !(1..=86_400).contains(v)) {
+                bail!("storage.{key}: {v} is out of range (1 to 86400 seconds)");
+            }
+        }
         self.validate_storage()?;
         self.validate_declared_ids()?;
         self.validate_explicit_values()?;
@@ -780,6 +799,23 @@ mod tests {
             ),
             (3, 100, 10)
         );
+        let c = load(
+            "[storage]\nhandshake_timeout_secs = 3\npdu_timeout_secs = 4\nwrite_timeout_secs = 5\n\
+             idle_timeout_secs = 600\nwrite_buffer_budget = \"64MiB\"\n",
+        )
+        .unwrap();
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(c.transport().write_timeout, secs(5));
+        let l = c.target_limits();
+        assert_eq!(
+            (l.timeouts.handshake, l.timeouts.pdu, l.timeouts.idle),
+            (secs(3), secs(4), secs(600))
+        );
+        assert_eq!(l.write_buffer_budget, 64 << 20);
+        assert_eq!(
+            load("").unwrap().target_limits().timeouts,
+            dpu_nvmeof::conn::Timeouts::default()
+        );
         // The target's threads keep off the workers' CPUs when a data
         // plane runs them.
         let workers = format!("[dataplane]\nworker_cpus = [{cpu}]\n");
@@ -813,6 +849,14 @@ mod tests {
             (
                 "[storage]\npoll_groups = 1000\n".to_string(),
                 "storage.poll_groups: 1000 is out of range (0 to 256)",
+            ),
+            (
+                "[storage]\nidle_timeout_secs = 0\n".to_string(),
+                "storage.idle_timeout_secs: 0 is out of range (1 to 86400 seconds)",
+            ),
+            (
+                "[storage]\nwrite_buffer_budget = \"4KiB\"\n".to_string(),
+                "storage.write_buffer_budget \"4KiB\": at least 1 MiB",
             ),
             ("[storage]\nio_cpus = [-1]\n".to_string(), "io_cpus"),
             ("[storage]\nio_cpus = \"2-3\"\n".to_string(), "io_cpus"),

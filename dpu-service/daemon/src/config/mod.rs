@@ -18,9 +18,11 @@ pub(crate) mod seed_tenants;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpu_control::model::PortSpec;
+use dpu_nvmeof::conn::Timeouts;
 
 pub use cli::{Cli, LogFormat};
 pub use declared::seed_key;
@@ -124,6 +126,30 @@ impl Config {
                 .storage
                 .max_connections_per_address
                 .unwrap_or(d.max_connections_per_address),
+            write_timeout: self
+                .storage
+                .write_timeout_secs
+                .map_or(d.write_timeout, Duration::from_secs),
+        }
+    }
+
+    /// The NVMe/TCP target's timers and write buffer budget
+    /// (`storage.*_timeout_secs`, `storage.write_buffer_budget`).
+    pub fn target_limits(&self) -> TargetLimits {
+        let d = Timeouts::default();
+        let st = &self.storage;
+        let secs = |v: Option<u64>, default| v.map_or(default, Duration::from_secs);
+        TargetLimits {
+            timeouts: Timeouts {
+                handshake: secs(st.handshake_timeout_secs, d.handshake),
+                pdu: secs(st.pdu_timeout_secs, d.pdu),
+                idle: secs(st.idle_timeout_secs, d.idle),
+            },
+            write_buffer_budget: st
+                .write_buffer_budget
+                .as_deref()
+                .and_then(|s| parse_size(s).ok())
+                .unwrap_or(dpu_nvmeof::conn::DEFAULT_WRITE_BUFFER_BUDGET),
         }
     }
 
@@ -148,6 +174,15 @@ impl Config {
             .and_then(|s| parse_size(s).ok())
             .unwrap_or_else(|| mem_total().unwrap_or(1 << 30) / 2)
     }
+}
+
+/// The NVMe/TCP target's limits that are not the transport's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetLimits {
+    /// Handshake, PDU and idle timeouts.
+    pub timeouts: Timeouts,
+    /// Bytes of write data all connections may hold ([`dpu_nvmeof::Target::set_write_buffer_budget`]).
+    pub write_buffer_budget: u64,
 }
 
 /// Parses a size in the syntax `dpuctl` reads too

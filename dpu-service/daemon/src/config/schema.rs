@@ -226,6 +226,21 @@ pub struct StorageConfig {
     /// Most NVMe/TCP connections open at once from one source address
     /// (default 512).
     pub max_connections_per_address: Option<usize>,
+    /// Seconds a new connection may take to send its ICReq (default 10).
+    pub handshake_timeout_secs: Option<u64>,
+    /// Seconds a PDU may take from its first byte to its last (default 10).
+    pub pdu_timeout_secs: Option<u64>,
+    /// Seconds a host may take no byte of the target's output before its
+    /// connection is closed (default 10).
+    pub write_timeout_secs: Option<u64>,
+    /// Seconds a controller whose host disabled Keep Alive (KATO 0, every
+    /// non-persistent discovery controller) may go without a command on
+    /// any of its queues (default 120).
+    pub idle_timeout_secs: Option<u64>,
+    /// Write data, e.g. "256MiB", that all NVMe/TCP connections together
+    /// may have asked hosts for through R2T and not yet written; later
+    /// writes wait for their R2T (default 256 MiB).
+    pub write_buffer_budget: Option<String>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made

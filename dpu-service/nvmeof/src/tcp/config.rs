@@ -27,6 +27,10 @@ pub struct TcpConfig {
     pub max_connections: usize,
     /// Most connections open at once from one source address.
     pub max_connections_per_address: usize,
+    /// How long a host may take no byte of the target's output before its
+    /// connection is closed ([`WRITE_TIMEOUT`](super::WRITE_TIMEOUT) by
+    /// default).
+    pub write_timeout: std::time::Duration,
 }
 
 /// Default of [`TcpConfig::max_connections`]: dozens of hosts with a
@@ -48,6 +52,7 @@ impl Default for TcpConfig {
             poll_groups: 0,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            write_timeout: super::WRITE_TIMEOUT,
         }
     }
 }
@@ -126,6 +131,9 @@ impl TcpConfig {
         }
         if self.max_connections_per_address == 0 {
             return out("max_connections_per_address", 0, "at least 1");
+        }
+        if self.write_timeout.is_zero() {
+            return out("write_timeout", 0, "at least 1 s");
         }
         if self.poll_groups > MAX_POLL_GROUPS {
             return out("poll_groups", self.poll_groups, "0 to 256");

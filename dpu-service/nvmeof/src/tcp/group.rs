@@ -10,8 +10,8 @@
 //! otherwise stays queued in the connection, which stops running block
 //! requests past [`OUTPUT_BUDGET`](crate::conn::OUTPUT_BUDGET); while it is over that budget the socket
 //! is not read either, so a host that does not read cannot make the target
-//! queue without bound. A socket that takes no byte for [`WRITE_TIMEOUT`]
-//! closes.
+//! queue without bound. A socket that takes no byte for the write timeout
+//! ([`WRITE_TIMEOUT`](super::WRITE_TIMEOUT) by default) closes.
 //!
 //! After activity the group polls (`epoll_wait` without a timeout) for
 //! [`POLL`] before it sleeps until the next event or tick: the group busy
@@ -36,7 +36,6 @@ use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA};
 use crate::target::Target;
 
 use super::admit::Admission;
-use super::WRITE_TIMEOUT;
 
 /// How often every connection of a group is ticked.
 pub(super) const TICK: Duration = Duration::from_millis(100);
@@ -273,6 +272,8 @@ pub(super) struct Group {
     pub(super) stop: Arc<AtomicBool>,
     /// The target, for counters.
     pub(super) target: Target,
+    /// How long a socket may take nothing before its connection closes.
+    pub(super) write_timeout: Duration,
 }
 
 /// A slot and the generation its token carries: an event for a slot
@@ -504,18 +505,19 @@ impl Loop {
     }
 
     /// Timers of every connection; closes those whose host took no byte
-    /// for [`WRITE_TIMEOUT`].
+    /// for the write timeout.
     fn tick(&mut self, now: Instant) {
         for idx in 0..self.entries.len() {
             let Some(slot) = self.entries[idx].slot.as_mut() else {
                 continue;
             };
             slot.conn.tick(now);
+            let limit = self.group.write_timeout;
             if let Some(since) = slot.stalled_since {
-                if now.saturating_duration_since(since) >= WRITE_TIMEOUT {
+                if now.saturating_duration_since(since) >= limit {
                     tracing::warn!(
                         peer = %slot.peer,
-                        "the host read nothing for {WRITE_TIMEOUT:?}; closing the connection"
+                        "the host read nothing for {limit:?}; closing the connection"
                     );
                     self.group
                         .target

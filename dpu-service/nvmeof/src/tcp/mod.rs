@@ -44,8 +44,9 @@ pub use config::{
 };
 use group::{Group, GroupHandle, Slot};
 
-/// How long the host may take no byte of what the target has to send: a
-/// host that stops reading its socket loses the connection after it.
+/// How long the host may take no byte of what the target has to send, by
+/// default ([`TcpConfig::write_timeout`]): a host that stops reading its
+/// socket loses the connection after it.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
@@ -109,6 +110,7 @@ impl TcpTransport {
                     Vec::new(),
                     &stop,
                     &target,
+                    config.write_timeout,
                     move || p.place_io_group(i),
                 );
                 threads.push(thread);
@@ -116,10 +118,14 @@ impl TcpTransport {
             })
             .collect();
         let p = placement.clone();
-        let (admin, thread) =
-            start_group("nvmf-admin".into(), io.clone(), &stop, &target, move || {
-                p.keep_to_others("admin group")
-            });
+        let (admin, thread) = start_group(
+            "nvmf-admin".into(),
+            io.clone(),
+            &stop,
+            &target,
+            config.write_timeout,
+            move || p.keep_to_others("admin group"),
+        );
         threads.push(thread);
         tracing::info!(
             poll_groups = groups,
@@ -277,6 +283,7 @@ fn start_group(
     io_groups: Vec<Arc<GroupHandle>>,
     stop: &Arc<AtomicBool>,
     target: &Target,
+    write_timeout: Duration,
     place: impl FnOnce() + Send + 'static,
 ) -> (Arc<GroupHandle>, JoinHandle<()>) {
     let handle = GroupHandle::new().expect("an eventfd for a poll group");
@@ -285,6 +292,7 @@ fn start_group(
         io_groups,
         stop: stop.clone(),
         target: target.clone(),
+        write_timeout,
     };
     let thread = std::thread::Builder::new()
         .name(name)

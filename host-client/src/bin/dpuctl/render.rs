@@ -461,6 +461,8 @@ fn nvmf_target(c: &pb::NvmfTargetCounters) -> String {
         ("connects refused", c.connects_refused),
         ("keep-alive timeouts", c.keep_alive_timeouts),
         ("write buffer waits", c.write_buffer_waits),
+        ("controllers revoked", c.controllers_revoked),
+        ("idle timeouts", c.idle_timeouts),
     ];
     for (what, n) in rows {
         t.row(vec![what.into(), n.to_string()]);
