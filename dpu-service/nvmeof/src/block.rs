@@ -70,6 +70,53 @@ pub struct BlockCompletion {
 }
 
 impl BlockRequest {
+    /// Takes the first `max` bytes of a zeroing or deallocation longer than
+    /// that as a request of their own, leaving the rest in `self`; `None`
+    /// for other operations and short ones. Lets a transport run a command
+    /// over a whole namespace in parts, with other commands between them.
+    pub fn take_chunk(&mut self, max: u64) -> Option<BlockRequest> {
+        let op = match &mut self.op {
+            BlockOp::WriteZeroes {
+                offset,
+                len,
+                deallocate,
+            } if *len > max => {
+                let first = BlockOp::WriteZeroes {
+                    offset: *offset,
+                    len: max,
+                    deallocate: *deallocate,
+                };
+                *offset += max;
+                *len -= max;
+                first
+            }
+            BlockOp::Deallocate { ranges } if ranges.iter().map(|r| r.1).sum::<u64>() > max => {
+                let mut taken = Vec::new();
+                let mut room = max;
+                while room > 0 {
+                    let Some((o, l)) = ranges.first_mut() else {
+                        break;
+                    };
+                    let n = (*l).min(room);
+                    taken.push((*o, n));
+                    *o += n;
+                    *l -= n;
+                    room -= n;
+                    if *l == 0 {
+                        ranges.remove(0);
+                    }
+                }
+                BlockOp::Deallocate { ranges: taken }
+            }
+            _ => return None,
+        };
+        Some(BlockRequest {
+            cid: self.cid,
+            namespace: self.namespace.clone(),
+            op,
+        })
+    }
+
     /// Runs the request on the calling thread.
     pub fn execute(self) -> BlockCompletion {
         let result = self.namespace.run(|b| match self.op {

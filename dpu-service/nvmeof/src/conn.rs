@@ -78,6 +78,11 @@ pub const SEND_FROM_BUFFER: usize = 16 * 1024;
 /// with 128 KiB reads.
 pub const FIRST_SEND: usize = 8;
 
+/// Most bytes one step of a Write Zeroes or Dataset Management zeroes or
+/// deallocates ([`Connection::execute_requests`]): a few milliseconds of
+/// memset on a RAM namespace.
+pub const WORK_CHUNK: u64 = 4 << 20;
+
 /// Capacity the buffer PDUs are encoded into starts at once it holds
 /// output behind read data sent from its own buffer. (A new connection's
 /// starts empty: an idle connection holds no buffer.)
@@ -319,12 +324,26 @@ impl Connection {
     ///
     /// Once [`OUTPUT_BUDGET`] bytes of output wait unsent, the remaining
     /// requests are left for a later call ([`Connection::has_requests`]).
+    /// So is the rest of a Write Zeroes or Dataset Management longer than
+    /// [`WORK_CHUNK`]: one chunk runs per call, behind the requests that
+    /// arrived after it, so a command over a whole namespace never holds
+    /// the transport (or the other connections it serves) for long.
     pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
         let (mut done, mut send_at) = (0, FIRST_SEND);
         while !self.held_back() {
-            let Some(r) = self.next_request() else {
+            let Some(mut r) = self.next_request() else {
                 break;
             };
+            if let Some(chunk) = r.take_chunk(WORK_CHUNK) {
+                let c = chunk.execute();
+                if c.result.is_err() {
+                    self.complete(c);
+                } else {
+                    self.requests.push_back(r);
+                }
+                done += 1;
+                break;
+            }
             // The next read's data starts coming into the cache while this
             // request runs (two ahead measured no better).
             if let Some(BlockRequest {

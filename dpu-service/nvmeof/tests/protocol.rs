@@ -1532,3 +1532,93 @@ fn controllers_without_keep_alive_end_when_idle() {
     assert!(!a.conn.is_closed());
     assert_eq!(t.stats().idle_timeouts.load(Ordering::Relaxed), 1);
 }
+
+/// A Write Zeroes over 32 MiB runs in chunks of `WORK_CHUNK`, one per call
+/// of `execute_requests`, with a read that arrived after it answered in
+/// between; the zeroes all land, and so do a Deallocate's over several
+/// large ranges.
+#[test]
+fn zeroing_a_large_range_runs_in_chunks_with_other_commands_between() {
+    use dpu_nvmeof::conn::WORK_CHUNK;
+    let t = target(&[]);
+    let mut cfg = config(&[]);
+    cfg.subsystems[0].namespaces = vec![namespace(1, 64 << 20)];
+    assert!(t.apply(&cfg).is_empty());
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q = Host::io_queue(&t, cntlid, Digests::default());
+    let last = (64 << 20) / 512 - 8;
+    assert_eq!(q.rw(nvm::WRITE, last, 8, &[9; 4096]).cqe.unwrap().status, 0);
+    assert_eq!(q.rw(nvm::WRITE, 0, 8, &[9; 4096]).cqe.unwrap().status, 0);
+    // Write Zeroes of blocks 0..65536 (32 MiB), then a read.
+    let mut wz = q.sqe(nvm::WRITE_ZEROES);
+    wz.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    wz.0[48..50].copy_from_slice(&u16::MAX.to_le_bytes());
+    wz.0[39] = 0;
+    q.submit(&wz);
+    let rd = q.rw_sqe(1, nvm::READ, last, 8);
+    q.submit(&rd);
+    let chunks = (32u64 << 20).div_ceil(WORK_CHUNK);
+    let mut calls = 0;
+    let mut order = Vec::new();
+    while q.conn.has_requests() {
+        q.conn.execute_requests(|_| {});
+        calls += 1;
+        q.inbox.extend(q.conn.take_output());
+        while let Some(p) = q.next_pdu() {
+            match p {
+                Owned::Resp(c) => order.push(c.cid),
+                Owned::Data { cccid, .. } => order.push(cccid),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(calls, chunks, "one chunk per call");
+    // The read's data (and its success) came before the zeroing ended.
+    assert_eq!(order.first(), Some(&rd.cid()));
+    assert_eq!(order.last(), Some(&wz.cid()));
+    let r = q.rw(nvm::READ, 0, 8, &[]).data;
+    assert!(r.iter().all(|&b| b == 0));
+    let r = q.rw(nvm::READ, last, 8, &[]).data;
+    assert!(r.iter().all(|&b| b == 9), "past the range: untouched");
+
+    // Deallocate of 6 MiB at 32 MiB, 1 MiB at 40 MiB and 6 MiB at 48 MiB:
+    // 13 MiB in four chunks, ranges split where a chunk ends.
+    let mb = (1u64 << 20) / 512;
+    for at in [32 * mb, 38 * mb - 8, 40 * mb, 54 * mb - 8, 54 * mb] {
+        assert_eq!(q.rw(nvm::WRITE, at, 8, &[7; 4096]).cqe.unwrap().status, 0);
+    }
+    let mut dsm = q.sqe(nvm::DSM);
+    dsm.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+    dsm.0[40] = 2; // three ranges
+    dsm.0[44] = 1 << 2;
+    let mut ranges = Vec::new();
+    for (start, len) in [(32 * mb, 6 * mb), (40 * mb, mb), (48 * mb, 6 * mb)] {
+        let mut r = [0u8; 16];
+        r[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        r[8..16].copy_from_slice(&start.to_le_bytes());
+        ranges.extend_from_slice(&r);
+    }
+    let mut b = Vec::new();
+    dsm.0[39] = sgl::IN_CAPSULE;
+    dsm.0[32..36].copy_from_slice(&(ranges.len() as u32).to_le_bytes());
+    pdu::encode_capsule_cmd(&mut b, Digests::default(), &dsm, &ranges);
+    assert_eq!(q.conn.receive(&b, Instant::now()), b.len());
+    let mut calls = 0;
+    while q.conn.has_requests() {
+        q.conn.execute_requests(|_| {});
+        calls += 1;
+    }
+    assert_eq!(calls, 4);
+    q.inbox.extend(q.conn.take_output());
+    q.expect_completion(dsm.cid(), 0, "Deallocate");
+    for (at, want) in [
+        (32 * mb, 0),
+        (38 * mb - 8, 0),
+        (40 * mb, 0),
+        (54 * mb - 8, 0),
+        (54 * mb, 7),
+    ] {
+        let r = q.rw(nvm::READ, at, 8, &[]).data;
+        assert!(r.iter().all(|&b| b == want), "block {at}: want {want}");
+    }
+}

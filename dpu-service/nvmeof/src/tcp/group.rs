@@ -80,6 +80,8 @@ pub(super) struct Slot {
     interest: epoll::EventFlags,
     /// Bytes arrived since the last tick.
     active: bool,
+    /// On the group's list of connections with block requests left to run.
+    ready: bool,
     /// The connection's place under the transport's connection limits.
     _admission: Admission,
     /// The I/O group's count this connection is in, once placed on one.
@@ -103,6 +105,7 @@ impl Slot {
             write_failed: false,
             interest: epoll::EventFlags::empty(),
             active: false,
+            ready: false,
             _admission: admission,
             load: None,
         }
@@ -291,6 +294,10 @@ struct Loop {
     entries: Vec<Entry>,
     free: Vec<usize>,
     scratch: Vec<u8>,
+    /// Tokens of connections with block requests left to run (the rest
+    /// of a long Write Zeroes): served again next turn, without waiting
+    /// for an event.
+    ready: Vec<u64>,
 }
 
 impl Group {
@@ -318,6 +325,7 @@ impl Group {
             entries: Vec::new(),
             free: Vec::new(),
             scratch: Vec::new(),
+            ready: Vec::new(),
         };
         l.run();
     }
@@ -334,7 +342,7 @@ impl Loop {
                 return;
             }
             let now = Instant::now();
-            let timeout = if now.duration_since(last_busy) < POLL {
+            let timeout = if !self.ready.is_empty() || now.duration_since(last_busy) < POLL {
                 Duration::ZERO
             } else {
                 TICK.saturating_sub(now.duration_since(last_tick))
@@ -361,6 +369,13 @@ impl Loop {
                 } else {
                     self.service(token, ev.flags, now);
                 }
+            }
+            for token in std::mem::take(&mut self.ready) {
+                let idx = (token & u64::from(u32::MAX)) as usize;
+                if let Some(slot) = self.entries.get_mut(idx).and_then(|e| e.slot.as_mut()) {
+                    slot.ready = false;
+                }
+                self.service(token, epoll::EventFlags::empty(), now);
             }
             if !events.is_empty() {
                 last_busy = now;
@@ -454,6 +469,10 @@ impl Loop {
         };
         if slot.conn.is_closed() {
             return self.remove(idx);
+        }
+        if slot.conn.has_requests() && !slot.conn.held_back() && !slot.ready {
+            slot.ready = true;
+            self.ready.push(token);
         }
         let want = slot.wanted();
         if want != slot.interest {
