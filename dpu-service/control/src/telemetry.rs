@@ -572,9 +572,12 @@ const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 10] = [
     (
         "dpu_nvmf_connections_refused_total",
         "counter",
-        "NVMe/TCP connections refused at accept, by the limit they met.",
+        "NVMe/TCP connections refused (at accept, or at Connect for the host limit), by the limit they met.",
         &[
             (Some("max_connections"), |c| c.refused_max_connections),
+            (Some("max_connections_per_host"), |c| {
+                c.refused_max_connections_per_host
+            }),
             (Some("max_connections_per_address"), |c| {
                 c.refused_max_connections_per_address
             }),
@@ -713,6 +716,7 @@ mod tests {
             t.write_buffer_waits += 10;
             t.controllers_revoked += 11;
             t.idle_timeouts += 12;
+            t.refused_max_connections_per_host += 13;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
         }
@@ -802,6 +806,7 @@ mod tests {
                 poll_group_queues: vec![4, 0],
                 controllers_revoked: 22,
                 idle_timeouts: 24,
+                refused_max_connections_per_host: 26,
             })
         );
         let only_b = t.snapshot(&state, &ports, Some("b"));
@@ -839,9 +844,10 @@ dpu_nvmf_connections_accepted_total 20
 # HELP dpu_nvmf_open_connections NVMe/TCP connections open now, handshaking or connected.
 # TYPE dpu_nvmf_open_connections gauge
 dpu_nvmf_open_connections 3
-# HELP dpu_nvmf_connections_refused_total NVMe/TCP connections refused at accept, by the limit they met.
+# HELP dpu_nvmf_connections_refused_total NVMe/TCP connections refused (at accept, or at Connect for the host limit), by the limit they met.
 # TYPE dpu_nvmf_connections_refused_total counter
 dpu_nvmf_connections_refused_total{reason=\"max_connections\"} 8
+dpu_nvmf_connections_refused_total{reason=\"max_connections_per_host\"} 13
 dpu_nvmf_connections_refused_total{reason=\"max_connections_per_address\"} 9
 # HELP dpu_nvmf_connections_closed_total NVMe/TCP connections closed on a timeout, by timeout.
 # TYPE dpu_nvmf_connections_closed_total counter

@@ -44,6 +44,7 @@ impl Storage {
         let target = dpu_nvmeof::Target::new();
         target.set_timeouts(limits.timeouts);
         target.set_write_buffer_budget(limits.write_buffer_budget);
+        target.set_max_connections_per_host(limits.max_connections_per_host);
         let s = Arc::new(Self {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
@@ -182,6 +183,10 @@ impl CounterSource for StorageCounters {
             (&mut t.write_buffer_waits, &st.write_buffer_waits),
             (&mut t.controllers_revoked, &st.controllers_revoked),
             (&mut t.idle_timeouts, &st.idle_timeouts),
+            (
+                &mut t.refused_max_connections_per_host,
+                &st.connects_over_host_limit,
+            ),
         ] {
             *field += counted.load(Ordering::Relaxed);
         }

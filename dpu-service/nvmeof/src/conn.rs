@@ -37,7 +37,7 @@ use crate::host::CONNECT_DATA_LEN;
 use crate::identify::ErrorEntry;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
 use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
-use crate::target::{is_namespace_removed, Namespace, Target};
+use crate::target::{is_namespace_removed, HostAdmission, Namespace, Target};
 
 pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
 pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
@@ -226,6 +226,9 @@ pub struct Connection {
     partial_since: Option<Instant>,
     /// The timers, as the target had them when the connection was made.
     timeouts: Timeouts,
+    /// The queue's place under the per-host connection limit, once
+    /// connected.
+    host_slot: Option<HostAdmission>,
 }
 
 impl Connection {
@@ -261,6 +264,7 @@ impl Connection {
             opened: None,
             partial_since: None,
             timeouts,
+            host_slot: None,
         }
     }
 
@@ -638,6 +642,7 @@ impl Connection {
         }
         self.phase = Phase::Closed;
         self.close_reason = Some(why.to_string());
+        self.host_slot = None;
         self.requests.clear();
         self.budget.release_all(self.target.write_budget());
         // Write data still to come is never written: drop its buffers now.
@@ -1265,6 +1270,9 @@ impl Connection {
         if sqsize == 0 || sqsize >= MAX_QUEUE_SIZE {
             return refused(invalid(sqe, false, 44));
         }
+        let Some(host_slot) = self.target.admit_host(&hostnqn) else {
+            return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));
+        };
         let ctrl = if qid == 0 {
             let kind = if subnqn == spec::DISCOVERY_NQN {
                 ControllerKind::Discovery
@@ -1363,6 +1371,7 @@ impl Connection {
         let id = ctrl.cntlid;
         ctrl.health.connections.fetch_add(1, Ordering::Relaxed);
         self.ctrl = Some(ctrl);
+        self.host_slot = Some(host_slot);
         Outcome::dw0(sqe, u32::from(id))
     }
 }

@@ -304,6 +304,9 @@ pub struct TargetStats {
     /// Controllers ended for going [`Timeouts::idle`](crate::conn::Timeouts)
     /// without a command while their host had disabled Keep Alive.
     pub idle_timeouts: AtomicU64,
+    /// Connects refused because the host NQN held its most connections
+    /// ([`Target::set_max_connections_per_host`]).
+    pub connects_over_host_limit: AtomicU64,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.
@@ -321,6 +324,50 @@ struct Inner {
     health: Mutex<HashMap<String, Arc<Health>>>,
     write_budget: SharedBudget,
     timeouts: RwLock<Timeouts>,
+    hosts: Mutex<HostConnections>,
+}
+
+/// Connections per host NQN, against [`Target::set_max_connections_per_host`].
+#[derive(Debug)]
+struct HostConnections {
+    max: usize,
+    open: HashMap<String, usize>,
+    /// When a refusal was last logged, per host NQN (bounded).
+    logged: HashMap<String, std::time::Instant>,
+}
+
+impl Default for HostConnections {
+    fn default() -> Self {
+        Self {
+            max: DEFAULT_MAX_CONNECTIONS_PER_HOST,
+            open: HashMap::new(),
+            logged: HashMap::new(),
+        }
+    }
+}
+
+/// Default of [`Target::set_max_connections_per_host`]: several
+/// controllers of 128 queues each.
+pub const DEFAULT_MAX_CONNECTIONS_PER_HOST: usize = 512;
+
+/// A connected queue's place under the per-host limit; given back when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct HostAdmission {
+    target: Target,
+    host: String,
+}
+
+impl Drop for HostAdmission {
+    fn drop(&mut self) {
+        let mut h = self.target.inner.hosts.lock().expect("hosts lock");
+        if let Some(n) = h.open.get_mut(&self.host) {
+            *n -= 1;
+            if *n == 0 {
+                h.open.remove(&self.host);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -341,6 +388,47 @@ impl Target {
     /// Counters.
     pub fn stats(&self) -> &TargetStats {
         &self.inner.stats
+    }
+
+    /// Limits the queues (connections past Connect) of one host NQN, on
+    /// all controllers together (default
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_HOST`]); a Connect beyond it is
+    /// refused with Controller Busy and counted in
+    /// [`TargetStats::connects_over_host_limit`]. Lowering it closes
+    /// nothing.
+    pub fn set_max_connections_per_host(&self, max: usize) {
+        self.inner.hosts.lock().expect("hosts lock").max = max.max(1);
+    }
+
+    /// Admits one more queue of `host`, or refuses it (counted, logged at
+    /// most once a minute per host).
+    pub(crate) fn admit_host(&self, host: &str) -> Option<HostAdmission> {
+        let mut h = self.inner.hosts.lock().expect("hosts lock");
+        let n = h.open.get(host).copied().unwrap_or(0);
+        if n >= h.max {
+            self.inner
+                .stats
+                .connects_over_host_limit
+                .fetch_add(1, Ordering::Relaxed);
+            let now = std::time::Instant::now();
+            let due = h
+                .logged
+                .get(host)
+                .is_none_or(|t| now.duration_since(*t) >= std::time::Duration::from_secs(60));
+            if due {
+                if h.logged.len() >= 4096 {
+                    h.logged.clear();
+                }
+                h.logged.insert(host.to_string(), now);
+                tracing::warn!(%host, max = h.max, "NVMe/TCP Connect refused: the host holds its most connections (max_connections_per_host)");
+            }
+            return None;
+        }
+        *h.open.entry(host.to_string()).or_default() += 1;
+        Some(HostAdmission {
+            target: self.clone(),
+            host: host.to_string(),
+        })
     }
 
     /// Sets the timers of connections made from now on (those open keep

@@ -1622,3 +1622,35 @@ fn zeroing_a_large_range_runs_in_chunks_with_other_commands_between() {
         assert!(r.iter().all(|&b| b == want), "block {at}: want {want}");
     }
 }
+
+/// The queues of one host NQN are limited across its controllers: the
+/// Connect past the limit is refused with Controller Busy (counted), and
+/// a queue that closes makes room again.
+#[test]
+fn queues_of_one_host_are_held_to_their_limit() {
+    let t = target(&[]);
+    t.set_max_connections_per_host(3);
+    let (_a, cntlid) = Host::admin(&t, NQN, 0);
+    let mut q1 = Host::io_queue(&t, cntlid, Digests::default());
+    let _other_controller = Host::admin(&t, NQN, 0);
+    let mut h = Host::new(&t, Digests::default());
+    let c = h.connect(2, cntlid, NQN, HOST, 0);
+    assert_eq!(c.status, Status::CONNECT_CONTROLLER_BUSY.to_field());
+    assert_eq!(
+        t.stats().connects_over_host_limit.load(Ordering::Relaxed),
+        1
+    );
+    // Another host is not affected.
+    let mut o = Host::new(&t, Digests::default());
+    let c = o.connect(
+        0,
+        0xffff,
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:0000-other",
+        0,
+    );
+    assert_eq!(c.status, 0);
+    q1.conn.close("host went away");
+    let mut h = Host::new(&t, Digests::default());
+    assert_eq!(h.connect(2, cntlid, NQN, HOST, 0).status, 0);
+}

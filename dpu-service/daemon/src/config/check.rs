@@ -220,6 +220,9 @@ impl Config {
                 bail!("storage.write_buffer_budget {b:?}: at least 1 MiB");
             }
         }
+        if self.storage.max_connections_per_host == Some(0) {
+            bail!("storage.max_connections_per_host: 0 is out of range (at least 1)");
+        }
         for (key, v) in [
             (
                 "handshake_timeout_secs",
@@ -812,6 +815,13 @@ mod tests {
             (secs(3), secs(4), secs(600))
         );
         assert_eq!(l.write_buffer_budget, 64 << 20);
+        assert_eq!(
+            load("[storage]\nmax_connections_per_host = 7\n")
+                .unwrap()
+                .target_limits()
+                .max_connections_per_host,
+            7
+        );
         assert_eq!(
             load("").unwrap().target_limits().timeouts,
             dpu_nvmeof::conn::Timeouts::default()

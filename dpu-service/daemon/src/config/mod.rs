@@ -145,6 +145,9 @@ impl Config {
                 pdu: secs(st.pdu_timeout_secs, d.pdu),
                 idle: secs(st.idle_timeout_secs, d.idle),
             },
+            max_connections_per_host: st
+                .max_connections_per_host
+                .unwrap_or(dpu_nvmeof::target::DEFAULT_MAX_CONNECTIONS_PER_HOST),
             write_buffer_budget: st
                 .write_buffer_budget
                 .as_deref()
@@ -183,6 +186,9 @@ pub struct TargetLimits {
     pub timeouts: Timeouts,
     /// Bytes of write data all connections may hold ([`dpu_nvmeof::Target::set_write_buffer_budget`]).
     pub write_buffer_budget: u64,
+    /// Most queues of one host NQN
+    /// ([`dpu_nvmeof::Target::set_max_connections_per_host`]).
+    pub max_connections_per_host: usize,
 }
 
 /// Parses a size in the syntax `dpuctl` reads too

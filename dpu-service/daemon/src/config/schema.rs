@@ -226,6 +226,9 @@ pub struct StorageConfig {
     /// Most NVMe/TCP connections open at once from one source address
     /// (default 512).
     pub max_connections_per_address: Option<usize>,
+    /// Most NVMe/TCP queues (connections past Fabrics Connect) of one host
+    /// NQN, over all its controllers (default 512).
+    pub max_connections_per_host: Option<usize>,
     /// Seconds a new connection may take to send its ICReq (default 10).
     pub handshake_timeout_secs: Option<u64>,
     /// Seconds a PDU may take from its first byte to its last (default 10).

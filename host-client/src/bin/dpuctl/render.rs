@@ -463,6 +463,10 @@ fn nvmf_target(c: &pb::NvmfTargetCounters) -> String {
         ("write buffer waits", c.write_buffer_waits),
         ("controllers revoked", c.controllers_revoked),
         ("idle timeouts", c.idle_timeouts),
+        (
+            "refused: max connections per host",
+            c.refused_max_connections_per_host,
+        ),
     ];
     for (what, n) in rows {
         t.row(vec![what.into(), n.to_string()]);
