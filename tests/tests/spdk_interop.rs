@@ -1,0 +1,187 @@
+//! SPDK's own NVMe/TCP initiator against the daemon and the bare target:
+//! `spdk_nvme_identify` reads the controller and namespace, and
+//! `spdk_nvme_perf` runs I/O through to the end of its time and detaches
+//! (the detach reuses the CIDs of its Asynchronous Event Requests, which
+//! once ended the connection and left perf spinning).
+//!
+//! Runs when `SPDK_DIR` names an SPDK tree built with its TCP transport
+//! (`build/bin/spdk_nvme_perf` and `build/bin/spdk_nvme_identify`); without
+//! it the tests say so and pass. SPDK's environment wants hugepages, or
+//! `--no-huge` (which these runs use, with a small memory size).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dpu_e2e::{bin_dir, free_port, Service};
+
+const NQN: &str = "nqn.2024-01.io.dpu-service.test:spdk";
+
+/// The SPDK tree, if `SPDK_DIR` names one with the initiator tools built.
+fn spdk() -> Option<PathBuf> {
+    let dir = PathBuf::from(std::env::var_os("SPDK_DIR")?);
+    let ok = ["spdk_nvme_perf", "spdk_nvme_identify"]
+        .iter()
+        .all(|b| dir.join("build/bin").join(b).exists());
+    if !ok {
+        eprintln!(
+            "SPDK_DIR={} has no build/bin/spdk_nvme_perf and spdk_nvme_identify",
+            dir.display()
+        );
+        return None;
+    }
+    Some(dir)
+}
+
+/// Runs an SPDK tool with a deadline; its output.
+fn run_tool(spdk: &Path, tool: &str, args: &[&str], limit: Duration) -> Result<Output> {
+    let lib = [
+        spdk.join("build/lib"),
+        spdk.join("isa-l/.libs"),
+        spdk.join("isa-l-crypto/.libs"),
+    ]
+    .iter()
+    .map(|p| p.display().to_string())
+    .collect::<Vec<_>>()
+    .join(":");
+    let mut child = Command::new(spdk.join("build/bin").join(tool))
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {tool}"))?;
+    let start = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            bail!(
+                "{tool} still running after {limit:?} (killed):\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `spdk_nvme_identify` and two `spdk_nvme_perf` runs (QD 1, then QD 32
+/// on 4 queues) against a target on `port`.
+fn exercise(spdk: &Path, port: u16) -> Result<()> {
+    let trid = format!("trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}");
+    let env = ["--no-huge", "-s", "512"];
+    let out = run_tool(
+        spdk,
+        "spdk_nvme_identify",
+        &[&["-r", &trid], &env[..]].concat(),
+        Duration::from_secs(60),
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("Model Number") {
+        bail!(
+            "spdk_nvme_identify failed ({}):\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for extra in [&["-q", "1"][..], &["-q", "32", "-P", "4"][..]] {
+        let mut args = vec!["-r", &trid, "-o", "4096", "-w", "randread", "-t", "2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&env);
+        let out = run_tool(spdk, "spdk_nvme_perf", &args, Duration::from_secs(60))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let total = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("Total"))
+            .with_context(|| format!("no Total line:\n{text}"))?;
+        let iops: f64 = total
+            .split_whitespace()
+            .nth(2)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("IOPS in {total:?}"))?;
+        if !out.status.success() || iops < 100.0 {
+            bail!(
+                "spdk_nvme_perf {extra:?}: {} IOPS ({}):\n{text}\n{}",
+                iops,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        eprintln!("spdk_nvme_perf {extra:?}: {total}");
+    }
+    Ok(())
+}
+
+#[test]
+fn spdk_initiator_against_the_daemon() -> Result<()> {
+    let Some(spdk) = spdk() else {
+        eprintln!("skipped: set SPDK_DIR to an SPDK build to run SPDK's initiator");
+        return Ok(());
+    };
+    let port = free_port();
+    let config = format!(
+        r#"
+[storage]
+ram_limit = "128MiB"
+[[storage.subsystems]]
+id = "spdk"
+nqn = "{NQN}"
+allow_any_host = true
+[[storage.subsystems.namespaces]]
+ram = "64MiB"
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+"#
+    );
+    let svc = Service::start_config(&config, &[])?;
+    exercise(&spdk, port).with_context(|| svc.log_text())?;
+    // It detached cleanly: no termination request, nothing left open.
+    let log = svc.log_text();
+    assert!(!log.contains("protocol error"), "{log}");
+    Ok(())
+}
+
+/// Kills the bare target when the test ends.
+struct Bare(Child);
+
+impl Drop for Bare {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn spdk_initiator_against_the_bare_target() -> Result<()> {
+    let Some(spdk) = spdk() else {
+        eprintln!("skipped: set SPDK_DIR to an SPDK build to run SPDK's initiator");
+        return Ok(());
+    };
+    let bin = bin_dir().join("examples/nvmf-target");
+    if !bin.exists() {
+        bail!("{} is not built (cargo test builds it)", bin.display());
+    }
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _bare = Bare(
+        Command::new(&bin)
+            .args(["--listen", &listen, "--ram", "64M", "--nqn", NQN])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("the bare target does not listen on {listen}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    exercise(&spdk, port)
+}
