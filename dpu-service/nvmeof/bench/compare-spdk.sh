@@ -8,26 +8,37 @@
 # copy real memory everywhere. Rounds alternate the targets; the table gives
 # the median IOPS of the rounds, the median p50/p99, and ours/SPDK ratios.
 #
-# Usage: dpu-service/nvmeof/bench/compare-spdk.sh --spdk DIR [--rounds N] [--time SECONDS]
+# Usage: dpu-service/nvmeof/bench/compare-spdk.sh --spdk DIR [--rounds N]
+#            [--time SECONDS] [--job PATTERN:BS:QD[xCONNS]]... [--spdk-perf]
 #   DIR: an SPDK tree built with its TCP transport (build/bin/nvmf_tgt and
 #   scripts/rpc.py). Run as root (hugepages for SPDK, CPU pinning).
+#   A job such as randread:4k:1x64 runs 64 I/O queues of QD 1 from one
+#   nvmf-perf process (--conns 64; a controller per 64 queues).
+#   --spdk-perf: each job also runs with SPDK's spdk_nvme_perf as the
+#   generator (one controller, -P CONNS queue pairs, up to 64), rows
+#   marked "(spdk_nvme_perf)".
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
 spdk=""
 rounds=3
 secs=3
+jobs=()
+spdk_perf=0
 while (($#)); do
   case "$1" in
     --spdk) shift; spdk=$(realpath "$1") ;;
     --rounds) shift; rounds=$1 ;;
     --time) shift; secs=$1 ;;
+    --job) shift; jobs+=("$1") ;;
+    --spdk-perf) spdk_perf=1 ;;
     *) echo "compare-spdk: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
 [ -x "$spdk/build/bin/nvmf_tgt" ] || { echo "compare-spdk: --spdk DIR must hold build/bin/nvmf_tgt" >&2; exit 2; }
-jobs=(randread:4k:1 randread:4k:32 randread:4k:128 randwrite:4k:32 read:128k:16)
+((${#jobs[@]})) || jobs=(randread:4k:1 randread:4k:32 randread:4k:128 randwrite:4k:32 read:128k:16
+  randread:4k:16x4 randread:4k:4x16 randread:4k:1x64 randread:4k:1x256)
 
 cargo build --release --locked -q -p dpu-nvmeof --example nvmf-target --bin nvmf-perf
 cargo build --release --locked -q -p dpu-service
@@ -63,7 +74,9 @@ start_spdk() {
   local rpc=(python3 "$spdk/scripts/rpc.py" -s "$work/spdk.sock" -t 30)
   for _ in $(seq 1 100); do [ -S "$work/spdk.sock" ] && break; sleep 0.1; done
   # Queues deep enough for QD 128 (SPDK defaults to 128 entries, QD 127).
-  "${rpc[@]}" nvmf_create_transport -t TCP -q 256 >/dev/null
+  # Queues deep enough for QD 128 (SPDK defaults to 128 entries, QD 127),
+  # and as many queue pairs per controller as ours grants.
+  "${rpc[@]}" nvmf_create_transport -t TCP -q 256 -m 65 >/dev/null
   "${rpc[@]}" bdev_malloc_create -b Malloc0 1024 512 >/dev/null
   "${rpc[@]}" nvmf_create_subsystem "$nqn" -a -s SPDK0001 >/dev/null
   "${rpc[@]}" nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null
@@ -103,6 +116,27 @@ TOML
   pids+=("$pid")
 }
 
+# One job with SPDK's initiator as the generator, on CPU 1, without
+# hugepages of its own; appends a row like nvmf-perf's.
+spdk_generator() {
+  local target=$1 round=$2 job=$3 conns=$4 rw bs qd
+  IFS=: read -r rw bs qd <<<"$job"
+  "$spdk/build/bin/spdk_nvme_perf" -c 0x2 --no-huge -s 1024 -L \
+    -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn" \
+    -o "$(( ${bs%k} * 1024 ))" -w "$rw" -q "$qd" -P "$conns" -t "$secs" >"$work/spdk-perf.out" 2>&1 || {
+      echo "spdk_nvme_perf failed against $target:" >&2; tail -20 "$work/spdk-perf.out" >&2; return 0; }
+  python3 - "$work/spdk-perf.out" "$target" "$round" "$rw ${bs} QD${qd}x${conns} (spdk_nvme_perf)" >>"$results" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+total = [l for l in text.splitlines() if l.strip().startswith("Total")][-1].split()
+iops, mbs = float(total[2]), float(total[3])
+def pct(p):
+    m = re.findall(r"^\s*" + p + r"%\s*:\s*([0-9.]+)us", text, re.M)
+    return max(float(v) for v in m) if m else 0.0
+print(f"{sys.argv[2]}\t{sys.argv[3]}\t{sys.argv[4]}\t{iops}\t{mbs}\t{pct('50.00000')}\t{pct('99.00000')}")
+PY
+}
+
 results="$work/results.tsv"
 port=24420
 for round in $(seq 1 "$rounds"); do
@@ -112,10 +146,15 @@ for round in $(seq 1 "$rounds"); do
     "start_$target"
     wait_port "$port" || { cat "$work/$target.log" >&2; exit 1; }
     taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --job write:128k:16 --time 2 >/dev/null
-    args=()
-    for j in "${jobs[@]}"; do args+=(--job "$j"); done
-    taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" "${args[@]}" \
-      | awk -v t="$target" -v r="$round" '$3 ~ /^QD/ { print t "\t" r "\t" $1 " " $2 " " $3 "\t" $4 "\t" $5 "\t" $6 "\t" $7 }' >>"$results"
+    for j in "${jobs[@]}"; do
+      conns=1 job=$j
+      case "$j" in *x*) conns=${j##*x}; job=${j%x*} ;; esac
+      taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" --job "$job" --conns "$conns" \
+        | awk -v t="$target" -v r="$round" '$3 ~ /^QD/ { print t "\t" r "\t" $1 " " $2 " " $3 "\t" $4 "\t" $5 "\t" $6 "\t" $7 }' >>"$results"
+      if ((spdk_perf)) && ((conns <= 64)); then
+        spdk_generator "$target" "$round" "$job" "$conns"
+      fi
+    done
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
     echo "round $round: $target done" >&2
