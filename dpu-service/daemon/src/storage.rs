@@ -20,6 +20,7 @@ use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig, TcpConfig, TcpConfigError,
 };
+use dpu_os::backing::BackingPolicy;
 
 /// The running target and its transport.
 pub struct Storage {
@@ -30,7 +31,8 @@ pub struct Storage {
 
 impl Storage {
     /// Starts serving `state`, with the discovery controller also on
-    /// `discovery` and the transport's threads placed as `tcp` says.
+    /// `discovery`, the transport's threads placed as `tcp` says, and
+    /// file and block-device backends opened where `backing` allows.
     ///
     /// # Errors
     /// If `tcp` names a CPU twice or one the process may not use.
@@ -38,8 +40,9 @@ impl Storage {
         state: &State,
         discovery: Option<SocketAddr>,
         tcp: &TcpConfig,
+        backing: BackingPolicy,
     ) -> Result<Arc<Self>, TcpConfigError> {
-        let target = dpu_nvmeof::Target::new();
+        let target = dpu_nvmeof::Target::with_backing(backing);
         let s = Arc::new(Self {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
@@ -183,9 +186,14 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
                     nguid: n.nguid,
                     backend: match &n.backend {
                         Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
-                        Backend::File { path, size_bytes } => BackendSpec::File {
+                        Backend::File {
+                            path,
+                            size_bytes,
+                            created,
+                        } => BackendSpec::File {
                             path: PathBuf::from(path),
                             size: *size_bytes,
+                            created: *created,
                         },
                         Backend::BlockDevice { path } => BackendSpec::BlockDevice {
                             path: PathBuf::from(path),
@@ -232,7 +240,8 @@ mod tests {
     ) -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
         let state = StateHandle::open(dir).expect("state");
         let first = state.published();
-        let storage = Storage::start(&first.state, None, &TcpConfig::default())
+        let backing = crate::config::seed::tests::backing();
+        let storage = Storage::start(&first.state, None, &TcpConfig::default(), backing)
             .expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);
         let api = crate::config::seed::tests::api_over(

@@ -319,8 +319,7 @@ impl BackingPolicy {
         if how.direct {
             flags |= OFlags::DIRECT;
         }
-        self.open_beneath(path, flags, mode)
-            .map(|(f, _)| f)
+        self.open_beneath(path, flags, mode).map(|(f, _)| f)
     }
 
     /// The configured pattern `path` matches.
@@ -360,7 +359,10 @@ impl BackingPolicy {
         let rdev = meta.rdev();
         let mut devs = vec![(rustix::fs::major(rdev), rustix::fs::minor(rdev))];
         devs.extend(partitions(devs[0]));
-        let names = [path.to_path_buf(), std::fs::canonicalize(path).unwrap_or_default()];
+        let names = [
+            path.to_path_buf(),
+            std::fs::canonicalize(path).unwrap_or_default(),
+        ];
         if let Some(at) = mounted(mountinfo, &devs, &names) {
             return Err(BackingError::Refused(format!(
                 "{} is mounted (on {at}); a mounted device is never served",
@@ -493,7 +495,11 @@ fn partitions((major, minor): (u32, u32)) -> Vec<(u32, u32)> {
         return Vec::new();
     };
     dir.flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("partition")).ok().map(|_| e))
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("partition"))
+                .ok()
+                .map(|_| e)
+        })
         .filter_map(|e| std::fs::read_to_string(e.path().join("dev")).ok())
         .filter_map(|d| parse_dev(d.trim()))
         .collect()
@@ -705,7 +711,10 @@ mod tests {
         // Neither crosses a '/'.
         assert!(!glob_match("/dev/*", "/dev/disk/by-id/x"));
         assert!(!glob_match("/dev/sd?x", "/dev/sd/x"));
-        assert!(glob_match("/dev/disk/by-id/nvme-*", "/dev/disk/by-id/nvme-A_1"));
+        assert!(glob_match(
+            "/dev/disk/by-id/nvme-*",
+            "/dev/disk/by-id/nvme-A_1"
+        ));
 
         let p = policy(Path::new("/srv"));
         let m = refused(p.inspect_block_device(Path::new("/dev/sda")));
@@ -724,8 +733,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("fake");
         std::fs::write(&f, b"").unwrap();
-        let p = BackingPolicy::new(vec![], vec![format!("{}/*", dir.path().display())], None)
-            .unwrap();
+        let p =
+            BackingPolicy::new(vec![], vec![format!("{}/*", dir.path().display())], None).unwrap();
         let m = refused(p.inspect_block_device(&f));
         assert!(m.contains("not a block device"), "{m}");
         refused(p.open_block_device(&f, false));
@@ -759,7 +768,11 @@ mod tests {
             Some("/srv/pool")
         );
         assert_eq!(
-            mounted(MOUNTINFO, &[(253, 0)], &["/dev/mapper/other".into(), PathBuf::new()]),
+            mounted(
+                MOUNTINFO,
+                &[(253, 0)],
+                &["/dev/mapper/other".into(), PathBuf::new()]
+            ),
             None
         );
         assert_eq!(mounted("garbage\n\n1 2\n", &[(8, 17)], none), None);
