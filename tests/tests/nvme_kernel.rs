@@ -151,7 +151,9 @@ level = "info"
 [storage]
 ram_limit = "512MiB"
 discovery_listen = "127.0.0.1:{disc_port}"
-"#
+file_dirs = ["{work}"]
+"#,
+        work = work.path().display()
     );
     let mut svc = Service::start_config(&config, &[])?;
     let port = io_port.to_string();

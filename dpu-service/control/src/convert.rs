@@ -184,7 +184,9 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
             }),
             *size_bytes,
         ),
-        Backend::File { path, size_bytes } => (
+        Backend::File {
+            path, size_bytes, ..
+        } => (
             pb::namespace::Backend::File(pb::FileBackend {
                 path: path.clone(),
                 size_bytes: *size_bytes,

@@ -17,6 +17,16 @@ pub enum ControlError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A request field names something the service's configuration does
+    /// not allow it to touch, e.g. a backing file outside
+    /// `storage.file_dirs` (`PERMISSION_DENIED`).
+    #[error("{field}: {reason}")]
+    PermissionDenied {
+        /// Path of the offending field, e.g. `namespace.file.path`.
+        field: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
     /// A named resource does not exist (`NOT_FOUND`).
     #[error("{0} not found")]
     NotFound(String),
@@ -58,10 +68,19 @@ impl ControlError {
         }
     }
 
+    /// Builds a [`ControlError::PermissionDenied`] for `field`.
+    pub fn denied(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::PermissionDenied {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// The gRPC status code this error maps onto.
     pub fn code(&self) -> Code {
         match self {
             Self::InvalidArgument { .. } => Code::InvalidArgument,
+            Self::PermissionDenied { .. } => Code::PermissionDenied,
             Self::NotFound(_) => Code::NotFound,
             Self::AlreadyExists(_) => Code::AlreadyExists,
             Self::FailedPrecondition(_) => Code::FailedPrecondition,

@@ -185,6 +185,8 @@ async fn shutdown_signal() -> Result<&'static str> {
 /// process, on which the data plane and the NVMe/TCP target start.
 async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let state = StateHandle::open(config.state.dir.as_deref())?;
+    config.prepare_file_dirs()?;
+    let backing = config.backing_policy()?;
     let first = state.published();
     {
         let s = &first.state;
@@ -221,9 +223,10 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         let discovery = config.storage.discovery_listen;
         let tcp = config.transport();
         let limits = config.target_limits();
+        let backing = backing.clone();
         // Placement was checked with the configuration; this only fails
         // if the process's CPUs changed since.
-        let start = move || storage::Storage::start(&s, discovery, &tcp, limits);
+        let start = move || storage::Storage::start(&s, discovery, &tcp, limits, backing);
         runtime::start_on(all, "the NVMe/TCP target", start)
             .await?
             .map_err(|e| anyhow::anyhow!("storage.{e}"))?
@@ -242,6 +245,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         limits: Limits {
             ram_bytes: config.ram_limit(),
         },
+        backing: Arc::new(backing),
         facts: ServiceFacts {
             version: env!("CARGO_PKG_VERSION").to_string(),
             target_triple: env!("DPU_TARGET_TRIPLE").to_string(),

@@ -21,6 +21,7 @@ use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig, TcpConfig, TcpConfigError,
 };
+use dpu_os::backing::BackingPolicy;
 
 /// The running target and its transport.
 pub struct Storage {
@@ -31,7 +32,8 @@ pub struct Storage {
 
 impl Storage {
     /// Starts serving `state`, with the discovery controller also on
-    /// `discovery` and the transport's threads placed as `tcp` says.
+    /// `discovery`, the transport's threads placed as `tcp` says, and
+    /// file and block-device backends opened where `backing` allows.
     ///
     /// # Errors
     /// If `tcp` names a CPU twice or one the process may not use.
@@ -40,8 +42,9 @@ impl Storage {
         discovery: Option<SocketAddr>,
         tcp: &TcpConfig,
         limits: TargetLimits,
+        backing: BackingPolicy,
     ) -> Result<Arc<Self>, TcpConfigError> {
-        let target = dpu_nvmeof::Target::new();
+        let target = dpu_nvmeof::Target::with_backing(backing);
         target.set_timeouts(limits.timeouts);
         target.set_write_buffer_budget(limits.write_buffer_budget);
         target.set_max_connections_per_host(limits.max_connections_per_host);
@@ -224,9 +227,14 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
                     nguid: n.nguid,
                     backend: match &n.backend {
                         Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
-                        Backend::File { path, size_bytes } => BackendSpec::File {
+                        Backend::File {
+                            path,
+                            size_bytes,
+                            created,
+                        } => BackendSpec::File {
                             path: PathBuf::from(path),
                             size: *size_bytes,
+                            created: *created,
                         },
                         Backend::BlockDevice { path } => BackendSpec::BlockDevice {
                             path: PathBuf::from(path),
@@ -275,11 +283,13 @@ mod tests {
     ) -> (Arc<Storage>, dpu_control::service::Api, StateHandle) {
         let state = StateHandle::open(dir).expect("state");
         let first = state.published();
+        let backing = crate::config::seed::tests::backing();
         let storage = Storage::start(
             &first.state,
             None,
             tcp,
             crate::config::Config::default().target_limits(),
+            backing,
         )
         .expect("no CPUs named: nothing to refuse");
         let (_task, applied) = storage.follow(&state, first.generation);

@@ -18,6 +18,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
+
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
 use crate::conn::budget::SharedBudget;
 use crate::conn::Timeouts;
@@ -31,14 +33,22 @@ pub enum BackendSpec {
         /// Size in bytes.
         size: u64,
     },
-    /// A regular file, created with `size` bytes if missing.
+    /// A regular file beneath a directory the target's
+    /// [`BackingPolicy`] allows.
     File {
         /// Path of the file.
         path: PathBuf,
-        /// Size in bytes.
+        /// Size in bytes; 0 takes the file's own size. A smaller file is
+        /// grown to it.
         size: u64,
+        /// The service creates the file (it is created with `size`
+        /// bytes if missing) and may make it smaller. Without it, the
+        /// file must exist and is never made smaller: its size is at
+        /// least `size`.
+        created: bool,
     },
-    /// A block device; its size is the device's.
+    /// A block device the target's [`BackingPolicy`] allows, opened
+    /// exclusively; its size is the device's.
     BlockDevice {
         /// Path of the device node.
         path: PathBuf,
@@ -61,20 +71,47 @@ impl BackendSpec {
         }
     }
 
-    /// The configured size, if the spec fixes one.
-    fn size(&self) -> Option<u64> {
-        match self {
-            Self::Ram { size } | Self::File { size, .. } | Self::Null { size } => Some(*size),
-            Self::BlockDevice { .. } => None,
+    /// The size a backend of `cur` bytes must be resized to, if any: a
+    /// file the service did not create, or one configured with size 0,
+    /// is never made smaller.
+    fn resize_to(&self, cur: u64) -> Option<u64> {
+        match *self {
+            Self::Ram { size } | Self::Null { size } => Some(size),
+            Self::File { size, created, .. } if size != 0 && (created || size > cur) => Some(size),
+            Self::File { .. } | Self::BlockDevice { .. } => None,
         }
+        .filter(|s| *s != cur)
     }
 
-    fn open(&self) -> io::Result<Arc<dyn Backend>> {
+    /// Opens the store, a file or device through `policy`; answers the
+    /// file or device opened, if any.
+    fn open(&self, policy: &BackingPolicy) -> io::Result<(Arc<dyn Backend>, Option<Identity>)> {
+        let file = |b: FileBackend| {
+            let id = b.identity();
+            (Arc::new(b) as Arc<dyn Backend>, Some(id))
+        };
         Ok(match self {
-            Self::Ram { size } => Arc::new(RamBackend::new(*size)),
-            Self::File { path, size } => Arc::new(FileBackend::open(path, Some(*size))?),
-            Self::BlockDevice { path } => Arc::new(FileBackend::open(path, None)?),
-            Self::Null { size } => Arc::new(NullBackend::new(*size)),
+            Self::Ram { size } => (Arc::new(RamBackend::new(*size)), None),
+            Self::File {
+                path,
+                size,
+                created,
+            } => {
+                let open = |direct| {
+                    let how = OpenHow {
+                        create: *created,
+                        direct,
+                    };
+                    Ok(policy.open_file(path, how)?)
+                };
+                let grow = (*size != 0).then_some(*size);
+                file(FileBackend::open_by(path, &open, grow, *created)?)
+            }
+            Self::BlockDevice { path } => {
+                let open = |direct| Ok(policy.open_block_device(path, direct)?);
+                file(FileBackend::open_by(path, &open, None, false)?)
+            }
+            Self::Null { size } => (Arc::new(NullBackend::new(*size)), None),
         })
     }
 }
@@ -182,6 +219,8 @@ pub struct Namespace {
     /// The backend.
     pub backend: Arc<dyn Backend>,
     spec: BackendSpec,
+    /// The file or device behind the backend, if any.
+    identity: Option<Identity>,
     /// True once the backend left service. I/O holds it for reading while
     /// it runs; taking it out of service holds it for writing.
     removed: Arc<RwLock<bool>>,
@@ -267,6 +306,75 @@ pub struct ApplyError {
     pub source: io::Error,
 }
 
+/// A namespace [`Target::apply`] is about to serve.
+struct Built {
+    ns: Arc<Namespace>,
+    /// Hosts must be told: new, resized or reformatted.
+    differs: bool,
+    /// Its backend was opened by this apply.
+    opened: bool,
+}
+
+impl Built {
+    /// `p`, served on as it is.
+    fn kept(p: &Arc<Namespace>) -> Self {
+        Self {
+            ns: p.clone(),
+            differs: false,
+            opened: false,
+        }
+    }
+}
+
+/// Leaves out every namespace whose backend this apply opened on a file
+/// or device that another namespace of `built` serves (one served
+/// before, or one listed earlier), reporting it and keeping what
+/// `current` served under its NSID: two namespaces on one store would
+/// each cache and write it unaware of the other.
+fn one_store_each(
+    current: &HashMap<String, Arc<Subsystem>>,
+    built: &mut [(&SubsystemConfig, BTreeMap<u32, Built>)],
+    errors: &mut Vec<ApplyError>,
+) {
+    let mut owner: HashMap<Identity, (String, u32)> = HashMap::new();
+    for (sc, nss) in built.iter() {
+        for (nsid, b) in nss.iter().filter(|(_, b)| !b.opened) {
+            if let Some(id) = b.ns.identity {
+                owner.insert(id, (sc.nqn.clone(), *nsid));
+            }
+        }
+    }
+    for (sc, nss) in built.iter_mut() {
+        let prev = |nsid: &u32| current.get(&sc.nqn)?.namespaces.get(nsid).cloned();
+        let mut refused = Vec::new();
+        for (nsid, b) in nss.iter().filter(|(_, b)| b.opened) {
+            let Some(id) = b.ns.identity else { continue };
+            match owner.get(&id) {
+                Some((nqn, other)) => refused.push((
+                    *nsid,
+                    format!(
+                        "the same file or device already backs subsystem {nqn} namespace {other}"
+                    ),
+                )),
+                None => {
+                    owner.insert(id, (sc.nqn.clone(), *nsid));
+                }
+            }
+        }
+        for (nsid, why) in refused {
+            nss.remove(&nsid);
+            if let Some(p) = prev(&nsid) {
+                nss.insert(nsid, Built::kept(&p));
+            }
+            errors.push(ApplyError {
+                nqn: sc.nqn.clone(),
+                nsid,
+                source: io::Error::new(io::ErrorKind::AlreadyExists, why),
+            });
+        }
+    }
+}
+
 /// Target-wide counters, summed over all controllers.
 #[derive(Debug, Default)]
 pub struct TargetStats {
@@ -317,7 +425,13 @@ pub struct Target {
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Taken by I/O (a connection looks up its subsystem); held for
+    /// writing only to swap in a new map, never while a backend opens.
     subsystems: RwLock<HashMap<String, Arc<Subsystem>>>,
+    /// One [`Target::apply`] at a time.
+    applying: Mutex<()>,
+    /// Where file and block-device backends may be opened.
+    backing: BackingPolicy,
     controllers: Mutex<Controllers>,
     discovery_genctr: AtomicU64,
     stats: TargetStats,
@@ -380,9 +494,20 @@ struct Controllers {
 const MAX_CNTLID: u16 = 0xffef;
 
 impl Target {
-    /// An empty target.
+    /// An empty target that opens no file or block-device backend.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty target that opens file and block-device backends where
+    /// `backing` allows them.
+    pub fn with_backing(backing: BackingPolicy) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                backing,
+                ..Inner::default()
+            }),
+        }
     }
 
     /// Counters.
@@ -513,90 +638,114 @@ impl Target {
     }
 
     /// Serves `config` from now on. Namespaces whose backend cannot be
-    /// opened or resized are left out (or keep their old size) and reported;
-    /// everything else is applied.
+    /// opened or resized, or whose file or device another namespace
+    /// serves already, are left out (or keep their old size) and
+    /// reported; everything else is applied.
+    ///
+    /// Backends are opened and resized before the new configuration
+    /// replaces the old, under no lock that I/O takes: a slow open (a
+    /// device, a file on a slow filesystem) delays no command. Concurrent
+    /// calls run one after the other.
     pub fn apply(&self, config: &TargetConfig) -> Vec<ApplyError> {
+        let _one = self
+            .inner
+            .applying
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = self
+            .inner
+            .subsystems
+            .read()
+            .expect("subsystems lock")
+            .clone();
         let mut errors = Vec::new();
+        let mut built = Vec::with_capacity(config.subsystems.len());
+        for sc in &config.subsystems {
+            let old = current.get(&sc.nqn);
+            let mut namespaces = BTreeMap::new();
+            for nc in &sc.namespaces {
+                let prev = old.and_then(|o| o.namespaces.get(&nc.nsid));
+                match Self::namespace(&self.inner.backing, prev, nc) {
+                    Ok(b) => {
+                        namespaces.insert(nc.nsid, b);
+                    }
+                    Err(source) => {
+                        errors.push(ApplyError {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        });
+                        // Keep serving what was there.
+                        if let Some(p) = prev {
+                            namespaces.insert(nc.nsid, Built::kept(p));
+                        }
+                    }
+                }
+            }
+            built.push((sc, namespaces));
+        }
+        one_store_each(&current, &mut built, &mut errors);
+
         let mut changed: Vec<(String, Vec<u32>)> = Vec::new();
         let mut gone: Vec<String> = Vec::new();
         let mut retired: Vec<Arc<Namespace>> = Vec::new();
         let mut discovery_changed = false;
-        {
-            let mut subs = self.inner.subsystems.write().expect("subsystems lock");
-            let mut next = HashMap::new();
-            for sc in &config.subsystems {
-                let old = subs.get(&sc.nqn);
-                let mut namespaces = BTreeMap::new();
-                let mut ns_changed = Vec::new();
-                for nc in &sc.namespaces {
-                    let prev = old.and_then(|o| o.namespaces.get(&nc.nsid));
-                    match Self::namespace(prev, nc) {
-                        Ok((ns, differs)) => {
-                            if differs {
-                                ns_changed.push(nc.nsid);
-                            }
-                            namespaces.insert(nc.nsid, ns);
-                        }
-                        Err(source) => {
-                            errors.push(ApplyError {
-                                nqn: sc.nqn.clone(),
-                                nsid: nc.nsid,
-                                source,
-                            });
-                            // Keep serving what was there.
-                            if let Some(p) = prev {
-                                namespaces.insert(nc.nsid, p.clone());
-                            }
-                        }
-                    }
-                }
-                if let Some(o) = old {
-                    ns_changed.extend(o.namespaces.keys().filter(|n| !namespaces.contains_key(n)));
-                    discovery_changed |= o.listeners != sc.listeners
-                        || o.allow_any_host != sc.allow_any_host
-                        || o.allowed_hosts != sc.allowed_hosts;
-                } else {
-                    discovery_changed = true;
-                }
-                ns_changed.sort_unstable();
-                if !ns_changed.is_empty() {
-                    changed.push((sc.nqn.clone(), ns_changed));
-                }
-                next.insert(
-                    sc.nqn.clone(),
-                    Arc::new(Subsystem {
-                        nqn: sc.nqn.clone(),
-                        serial: sc.serial.clone(),
-                        model: sc.model.clone(),
-                        allow_any_host: sc.allow_any_host,
-                        allowed_hosts: sc.allowed_hosts.clone(),
-                        max_namespaces: sc.max_namespaces,
-                        namespaces,
-                        listeners: sc.listeners.clone(),
-                    }),
-                );
+        let mut next = HashMap::new();
+        for (sc, built) in built {
+            let old = current.get(&sc.nqn);
+            let mut ns_changed: Vec<u32> = built
+                .iter()
+                .filter(|(_, b)| b.differs)
+                .map(|(n, _)| *n)
+                .collect();
+            let namespaces: BTreeMap<u32, Arc<Namespace>> =
+                built.into_iter().map(|(n, b)| (n, b.ns)).collect();
+            if let Some(o) = old {
+                ns_changed.extend(o.namespaces.keys().filter(|n| !namespaces.contains_key(n)));
+                discovery_changed |= o.listeners != sc.listeners
+                    || o.allow_any_host != sc.allow_any_host
+                    || o.allowed_hosts != sc.allowed_hosts;
+            } else {
+                discovery_changed = true;
             }
-            for nqn in subs.keys() {
-                if !next.contains_key(nqn) {
-                    gone.push(nqn.clone());
-                    discovery_changed = true;
-                }
+            ns_changed.sort_unstable();
+            if !ns_changed.is_empty() {
+                changed.push((sc.nqn.clone(), ns_changed));
             }
-            // Backends no longer served: deleted namespaces and
-            // subsystems, replaced stores.
-            for (nqn, old) in subs.iter() {
-                let kept = next.get(nqn);
-                for ns in old.namespaces.values() {
-                    let serving = kept
-                        .and_then(|k| k.namespaces.get(&ns.nsid))
-                        .is_some_and(|n| Arc::ptr_eq(&n.removed, &ns.removed));
-                    if !serving {
-                        retired.push(ns.clone());
-                    }
-                }
-            }
-            *subs = next;
+            next.insert(
+                sc.nqn.clone(),
+                Arc::new(Subsystem {
+                    nqn: sc.nqn.clone(),
+                    serial: sc.serial.clone(),
+                    model: sc.model.clone(),
+                    allow_any_host: sc.allow_any_host,
+                    allowed_hosts: sc.allowed_hosts.clone(),
+                    max_namespaces: sc.max_namespaces,
+                    namespaces,
+                    listeners: sc.listeners.clone(),
+                }),
+            );
         }
+        for nqn in current.keys() {
+            if !next.contains_key(nqn) {
+                gone.push(nqn.clone());
+                discovery_changed = true;
+            }
+        }
+        // Backends no longer served: deleted namespaces and
+        // subsystems, replaced stores.
+        for (nqn, old) in current.iter() {
+            let kept = next.get(nqn);
+            for ns in old.namespaces.values() {
+                let serving = kept
+                    .and_then(|k| k.namespaces.get(&ns.nsid))
+                    .is_some_and(|n| Arc::ptr_eq(&n.removed, &ns.removed));
+                if !serving {
+                    retired.push(ns.clone());
+                }
+            }
+        }
+        *self.inner.subsystems.write().expect("subsystems lock") = next;
         // New commands no longer find them; wait for the I/O already on
         // them, and fail what was accepted but has not run.
         for ns in retired {
@@ -663,29 +812,34 @@ impl Target {
     /// its own (empty, for RAM) and the old one is retired, failing the
     /// commands accepted against it.
     fn namespace(
+        backing: &BackingPolicy,
         prev: Option<&Arc<Namespace>>,
         nc: &NamespaceConfig,
-    ) -> io::Result<(Arc<Namespace>, bool)> {
+    ) -> io::Result<Built> {
         let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
         let same = |p: &&Arc<Namespace>| {
             p.uuid == nc.uuid && p.nguid == nc.nguid && p.spec.same_store(&nc.backend)
         };
-        let (backend, removed, changed) = match prev.filter(same) {
+        let (backend, identity, removed, differs, opened) = match prev.filter(same) {
             Some(p) => {
-                let resized = match nc.backend.size() {
-                    Some(size) if size != p.backend.len() => {
+                let resized = match nc.backend.resize_to(p.backend.len()) {
+                    Some(size) => {
                         p.backend.resize(size)?;
                         true
                     }
-                    _ => false,
+                    None => false,
                 };
-                let changed = resized || p.lba_shift != lba_shift;
-                if !changed && p.spec == nc.backend {
-                    return Ok((p.clone(), false));
+                let differs = resized || p.lba_shift != lba_shift;
+                if !differs && p.spec == nc.backend {
+                    return Ok(Built::kept(p));
                 }
-                (p.backend.clone(), p.removed.clone(), changed)
+                let b = p.backend.clone();
+                (b, p.identity, p.removed.clone(), differs, false)
             }
-            None => (nc.backend.open()?, Arc::default(), true),
+            None => {
+                let (b, identity) = nc.backend.open(backing)?;
+                (b, identity, Arc::default(), true, true)
+            }
         };
         let ns = Namespace {
             nsid: nc.nsid,
@@ -694,9 +848,14 @@ impl Target {
             nguid: nc.nguid,
             backend,
             spec: nc.backend.clone(),
+            identity,
             removed,
         };
-        Ok((Arc::new(ns), changed))
+        Ok(Built {
+            ns: Arc::new(ns),
+            differs,
+            opened,
+        })
     }
 
     /// Registers a new controller with a fresh dynamic controller ID.
@@ -764,5 +923,137 @@ impl Target {
         for (_, c) in all {
             c.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: "s".into(),
+            model: "m".into(),
+            allow_any_host: true,
+            allowed_hosts: BTreeSet::new(),
+            max_namespaces: 8,
+            namespaces,
+            listeners: Vec::new(),
+        }
+    }
+
+    fn file_ns(nsid: u32, path: &std::path::Path, size: u64, created: bool) -> NamespaceConfig {
+        NamespaceConfig {
+            nsid,
+            block_size: 512,
+            uuid: [nsid as u8; 16],
+            nguid: [nsid as u8; 16],
+            backend: BackendSpec::File {
+                path: path.to_path_buf(),
+                size,
+                created,
+            },
+        }
+    }
+
+    fn config(subsystems: Vec<SubsystemConfig>) -> TargetConfig {
+        TargetConfig {
+            subsystems,
+            discovery: None,
+        }
+    }
+
+    fn served_len(t: &Target, nqn: &str, nsid: u32) -> Option<u64> {
+        Some(t.subsystem(nqn)?.namespaces.get(&nsid)?.backend.len())
+    }
+
+    #[test]
+    fn files_only_where_the_policy_allows() {
+        let dir = tempfile::tempdir().unwrap();
+        let inside = dir.path().join("a.img");
+        let cfg = config(vec![subsystem(
+            "nqn.a",
+            vec![file_ns(1, &inside, 8192, true)],
+        )]);
+        let errors = Target::new().apply(&cfg);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].source.kind(), io::ErrorKind::PermissionDenied);
+        assert!(!inside.exists(), "refused before anything was created");
+
+        let policy = BackingPolicy::new(vec![dir.path().into()], vec![], None).unwrap();
+        let t = Target::with_backing(policy);
+        assert!(t.apply(&cfg).is_empty());
+        assert_eq!(served_len(&t, "nqn.a", 1), Some(8192));
+        let outside = config(vec![subsystem(
+            "nqn.a",
+            vec![
+                file_ns(1, &inside, 8192, true),
+                file_ns(2, std::path::Path::new("/etc/passwd"), 0, false),
+            ],
+        )]);
+        let errors = t.apply(&outside);
+        assert_eq!((errors.len(), errors[0].nsid), (1, 2), "{errors:?}");
+        assert_eq!(errors[0].source.kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(served_len(&t, "nqn.a", 2), None);
+    }
+
+    #[test]
+    fn two_namespaces_never_share_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.img");
+        let t = Target::with_backing(
+            BackingPolicy::new(vec![dir.path().into()], vec![], None).unwrap(),
+        );
+        let one = subsystem("nqn.a", vec![file_ns(1, &path, 4096, true)]);
+        assert!(t.apply(&config(vec![one.clone()])).is_empty());
+        let twice = config(vec![
+            one,
+            subsystem("nqn.b", vec![file_ns(3, &path, 0, false)]),
+        ]);
+        let errors = t.apply(&twice);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!((errors[0].nqn.as_str(), errors[0].nsid), ("nqn.b", 3));
+        assert_eq!(errors[0].source.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(served_len(&t, "nqn.a", 1), Some(4096), "the first keeps it");
+        assert_eq!(served_len(&t, "nqn.b", 3), None);
+    }
+
+    #[test]
+    fn a_file_the_service_did_not_create_is_never_made_smaller() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("existing.img");
+        std::fs::write(&path, vec![7u8; 16384]).unwrap();
+        let t = Target::with_backing(
+            BackingPolicy::new(vec![dir.path().into()], vec![], None).unwrap(),
+        );
+        let with = |size| {
+            config(vec![subsystem(
+                "nqn.a",
+                vec![file_ns(1, &path, size, false)],
+            )])
+        };
+        // Size 0: the file's own, kept across later applies.
+        assert!(t.apply(&with(0)).is_empty());
+        assert_eq!(served_len(&t, "nqn.a", 1), Some(16384));
+        assert!(t.apply(&with(0)).is_empty());
+        // A smaller size is a floor, not a truncation; a larger one grows.
+        assert!(t.apply(&with(4096)).is_empty());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 16384);
+        assert!(t.apply(&with(32768)).is_empty());
+        assert_eq!(served_len(&t, "nqn.a", 1), Some(32768));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 32768);
+        let backend = t.subsystem("nqn.a").unwrap().namespaces[&1].backend.clone();
+        let err = backend.resize(4096).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(std::fs::read(&path).unwrap()[..16384], [7u8; 16384]);
+        // It must exist: a missing one is not created.
+        let gone = dir.path().join("gone.img");
+        let errors = t.apply(&config(vec![subsystem(
+            "nqn.a",
+            vec![file_ns(1, &gone, 4096, false)],
+        )]));
+        assert_eq!(errors[0].source.kind(), io::ErrorKind::NotFound);
+        assert!(!gone.exists());
     }
 }

@@ -8,12 +8,15 @@
 //! - [`hugemem`]: anonymous memory in transparent huge pages (RAM
 //!   namespaces).
 //! - [`hint`]: cache prefetch.
+//! - [`backing`]: where namespaces' backing files and block devices may
+//!   live, and opening them there without following links out.
 //!
 //! With `dpdk-sys` and `dpdk`, this is one of the three crates allowed to
 //! contain `unsafe` (the workspace forbids it everywhere else); every
 //! block carries a `SAFETY:` comment. Nothing here needs DPDK.
 
 pub mod affinity;
+pub mod backing;
 pub mod hint;
 pub mod hugemem;
 pub mod packet;

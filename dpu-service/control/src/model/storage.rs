@@ -17,12 +17,18 @@ pub enum Backend {
         /// Size in bytes.
         size_bytes: u64,
     },
-    /// A regular file, created with `size_bytes` if missing.
+    /// A regular file beneath a directory of `storage.file_dirs`.
     File {
         /// Absolute path.
         path: String,
-        /// Size in bytes.
+        /// Size in bytes; 0 takes the size of the existing file.
         size_bytes: u64,
+        /// The file did not exist and the service creates it, with
+        /// `size_bytes`. Only such a file may be made smaller: one that
+        /// existed (and a state written before this flag, which reads as
+        /// false) is never truncated.
+        #[serde(default)]
+        created: bool,
     },
     /// A block device, size taken from the device.
     BlockDevice {

@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use tonic::{Code, Response, Status};
 
+use dpu_os::backing::BackingPolicy;
+
 use crate::apply::{Applied, Unapplied};
 use crate::error::{ControlError, Result};
 use crate::model::{State, Timestamp};
@@ -69,6 +71,9 @@ pub struct Control {
     pub telemetry: Arc<Telemetry>,
     /// Machine-dependent limits.
     pub limits: Limits,
+    /// Where namespaces' files and block devices may live
+    /// (`storage.file_dirs`, `storage.block_devices`).
+    pub backing: Arc<BackingPolicy>,
     /// Facts for `GetServiceInfo`.
     pub facts: ServiceFacts,
     /// How far the NVMe-oF target has applied the state: a storage call
@@ -250,6 +255,7 @@ impl Api {
             ports,
             telemetry: Arc::new(Telemetry::default()),
             limits,
+            backing: Arc::new(testing::backing()),
             facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
@@ -271,6 +277,13 @@ pub(crate) mod testing {
 
     /// Limits for tests: 1 MiB of RAM namespaces.
     pub(crate) const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
+
+    /// The backing policy of tests: files anywhere (without symbolic
+    /// links), any device under `/dev`.
+    pub(crate) fn backing() -> dpu_os::backing::BackingPolicy {
+        dpu_os::backing::BackingPolicy::new(vec!["/".into()], vec!["/dev/*".into()], None)
+            .expect("a valid policy")
+    }
 
     /// A consumer called `name` following `state`, which applies nothing
     /// while `paused` holds true and then applies the newest state:

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::{mask_paths, num_key, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
-use crate::model::{State, Subsystem, Timestamp};
+use crate::model::{Backend, Namespace, State, Subsystem, Timestamp};
 use crate::state::{Part, SubsystemUpdate};
 use crate::validate::{self, DISCOVERY_NQN};
 
@@ -45,6 +45,19 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
     Ok(out)
 }
 
+/// Runs `check`, which looks at the filesystem, on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    check: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(check)
+        .await
+        .unwrap_or_else(|e| {
+            Err(ControlError::Rejected(format!(
+                "checking the backing failed: {e}"
+            )))
+        })
+}
+
 impl Api {
     /// Runs a storage change and, when the NVMe-oF target follows the
     /// state, waits until the target has applied it: once the call
@@ -63,6 +76,17 @@ impl Api {
     {
         self.change_served(self.ctl.storage_applied.as_ref(), change)
             .await
+    }
+
+    /// Checks the file or block device of `ns`, a namespace to create,
+    /// against the backing policy and the namespaces stored
+    /// ([`validate::backing`]), off the runtime's threads.
+    async fn check_backing(&self, ns: Namespace) -> Result<Namespace> {
+        if matches!(ns.backend, Backend::Ram { .. }) {
+            return Ok(ns);
+        }
+        let (policy, state) = (self.ctl.backing.clone(), self.ctl.state.snapshot());
+        blocking(move || validate::backing("namespace", &policy, &state, ns)).await
     }
 
     /// Validates a (subsystem, host NQN) pair and applies `change` to it.
@@ -245,6 +269,7 @@ impl StorageService for Api {
             let id = validate::name("parent", &req.parent, "subsystems")?.to_string();
             let n = required("namespace", req.namespace)?;
             let (ns, has_uuid, has_nguid) = validate::namespace("namespace", &n)?;
+            let ns = self.check_backing(ns).await?;
             let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {
@@ -307,6 +332,17 @@ impl StorageService for Api {
             let req = req.into_inner();
             let (sid, nsid) = validate::namespace_name("name", &req.name)?;
             let sid = sid.to_string();
+            if let Some(ns) = self
+                .ctl
+                .state
+                .snapshot()
+                .subsystem(&sid)?
+                .namespaces
+                .get(&nsid)
+            {
+                let (policy, ns, size) = (self.ctl.backing.clone(), ns.clone(), req.size_bytes);
+                blocking(move || validate::backing_resize(&policy, &ns, size)).await?;
+            }
             let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {

@@ -207,7 +207,9 @@ impl State {
         Ok(s.namespaces.entry(nsid).or_insert(ns))
     }
 
-    /// Resizes a RAM- or file-backed namespace.
+    /// Resizes a RAM- or file-backed namespace; a file the service did
+    /// not create is never made smaller (than the size the state knows:
+    /// the caller checks the file's own, [`crate::validate::backing_resize`]).
     pub fn resize_namespace(
         &mut self,
         limits: Limits,
@@ -231,6 +233,15 @@ impl State {
         }
         match ns.backend {
             Backend::Ram { .. } => self.check_ram(limits, Some((id, nsid)), size)?,
+            Backend::File {
+                ref path,
+                size_bytes,
+                created: false,
+            } if size < size_bytes => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "size_bytes: the service did not create {path}; it never makes it smaller than {size_bytes} bytes"
+                )))
+            }
             Backend::File { .. } => {}
             Backend::BlockDevice { .. } => {
                 return Err(ControlError::FailedPrecondition(
@@ -505,9 +516,35 @@ mod tests {
             backend: Backend::File {
                 path: path.into(),
                 size_bytes: size,
+                created: true,
             },
             ..ram(0)
         }
+    }
+
+    #[test]
+    fn a_file_the_service_did_not_create_is_not_made_smaller() {
+        let lim = Limits { ram_bytes: 0 };
+        let mut s = State::default();
+        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        let found = Namespace {
+            backend: Backend::File {
+                path: "/v/found.img".into(),
+                size_bytes: 8192,
+                created: false,
+            },
+            ..ram(0)
+        };
+        s.create_namespace(lim, "a", found, false, false).unwrap();
+        s.create_namespace(lim, "a", file("/v/made.img", 8192), false, false)
+            .unwrap();
+        assert!(matches!(
+            s.resize_namespace(lim, "a", 1, 4096),
+            Err(ControlError::FailedPrecondition(_))
+        ));
+        s.resize_namespace(lim, "a", 1, 16384).unwrap();
+        s.resize_namespace(lim, "a", 2, 4096).unwrap();
     }
 
     fn listener(id: &str, port: u16) -> Listener {

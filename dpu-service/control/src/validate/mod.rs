@@ -3,15 +3,20 @@
 //!
 //! Only syntax and ranges are checked here. Checks against the current
 //! state (does the port exist, is the priority taken) belong to
-//! [`crate::state`], which sees the whole state.
+//! [`crate::state`], which sees the whole state. One exception looks at
+//! the filesystem: [`backing`] checks a namespace's file or device against
+//! the service's backing policy.
 //!
 //! What both halves share lives here: IDs, resource names and free text.
 //! The network side (tenants, attachments, filter rules) is in `network`,
 //! the storage side (subsystems, namespaces, listeners) in `storage`; both
 //! are re-exported here, so every check is `validate::...`.
 
+mod backing;
 mod network;
 mod storage;
+
+pub use backing::{backing, resize as backing_resize};
 
 pub use network::{
     attachment, attachments, default_policy, is_unicast_v4, replace_rules, rule, rule_name, vlan,

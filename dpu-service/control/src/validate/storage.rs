@@ -205,6 +205,8 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
             Backend::File {
                 path: fb.path.clone(),
                 size_bytes: fb.size_bytes,
+                // Decided by `validate::backing`, which looks.
+                created: false,
             }
         }
         Some(pb::namespace::Backend::BlockDevice(b)) => {

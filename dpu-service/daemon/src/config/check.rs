@@ -237,6 +237,7 @@ impl Config {
             }
         }
         self.validate_storage()?;
+        self.backing_policy()?;
         self.validate_declared_ids()?;
         self.validate_explicit_values()?;
         self.dry_run()
@@ -353,7 +354,8 @@ impl Config {
     /// listeners) and tenants (with their rules) by creating them, as
     /// startup does ([`seed::seed_storage`], [`seed_tenants::seed_tenants`]),
     /// through the API over a fresh in-memory state with the declared
-    /// ports and RAM limit: every rule of the API's (IDs, NQNs, block
+    /// ports, RAM limit and backing policy (whose checks look at the
+    /// files and devices named): every rule of the API's (IDs, NQNs, block
     /// sizes, namespace IDs, the RAM total, attachments, rule fields and
     /// priorities) is checked where it lives, in the control plane, and
     /// the error names the configuration entry.
@@ -375,6 +377,7 @@ impl Config {
             limits: Limits {
                 ram_bytes: self.ram_limit(),
             },
+            backing: Arc::new(self.backing_policy()?),
             facts: ServiceFacts::default(),
             storage_applied: None,
             switch_applied: None,
@@ -404,6 +407,53 @@ impl Config {
 mod tests {
     use super::super::tests::{declared, tenant};
     use super::super::*;
+
+    #[test]
+    fn backing_files_and_devices_stay_out_of_the_state_directory() {
+        let check = |storage: &str| {
+            let c: Config = toml::from_str(&format!(
+                "[state]\ndir = \"/var/lib/dpu\"\n[storage]\n{storage}"
+            ))
+            .unwrap();
+            c.validate().map(|()| c)
+        };
+        let c = check("").unwrap();
+        assert_eq!(
+            c.file_dirs(),
+            [std::path::Path::new("/var/lib/dpu/volumes")]
+        );
+        assert!(c.backing_policy().unwrap().block_devices().is_empty());
+        check("file_dirs = [\"/var/lib/dpu/volumes/fast\", \"/srv\"]").unwrap();
+        for (storage, error) in [
+            (
+                "file_dirs = [\"/srv\", \"/var/lib/dpu\"]",
+                "storage.file_dirs[1]: /var/lib/dpu reaches the state directory",
+            ),
+            (
+                "file_dirs = [\"/var/lib/dpu/state\"]",
+                "storage.file_dirs[0]: /var/lib/dpu/state reaches the state directory",
+            ),
+            (
+                "file_dirs = [\"/var\"]",
+                "storage.file_dirs[0]: /var reaches the state directory",
+            ),
+            (
+                "file_dirs = [\"srv\"]",
+                "storage.file_dirs[0]: \"srv\" is not an absolute path",
+            ),
+            (
+                "file_dirs = [\"/srv/../var/lib/dpu\"]",
+                "storage.file_dirs[0]: /srv/../var/lib/dpu has a '.' or '..' component",
+            ),
+            (
+                "block_devices = [\"/dev/sd?\", \"nvme0n1\"]",
+                "storage.block_devices[1]: \"nvme0n1\" is not an absolute path",
+            ),
+        ] {
+            let err = check(storage).unwrap_err().to_string();
+            assert!(err.starts_with(error), "{storage}: {err}");
+        }
+    }
 
     #[test]
     fn insecure_remote_needs_consent() {

@@ -227,6 +227,8 @@ mod tests {
 [storage]
 ram_limit = "1GiB"
 discovery_listen = "127.0.0.1:8009"
+file_dirs = ["/srv/volumes"]
+block_devices = ["/dev/nvme*n1"]
 
 [[storage.subsystems]]
 id = "vol1"
@@ -244,7 +246,7 @@ uuid = "123e4567-e89b-12d3-a456-426614174000"
 nguid = "00112233445566778899aabbccddeeff"
 
 [[storage.subsystems.namespaces]]
-file = "/var/lib/disk.img"
+file = "/srv/volumes/disk.img"
 size = "1GiB"
 
 [[storage.subsystems.namespaces]]
@@ -292,7 +294,7 @@ allow_any_host = true
         assert_eq!(
             v1.namespaces[1].to_proto().unwrap().backend,
             Some(pb::namespace::Backend::File(pb::FileBackend {
-                path: "/var/lib/disk.img".into(),
+                path: "/srv/volumes/disk.img".into(),
                 size_bytes: 1 << 30
             }))
         );

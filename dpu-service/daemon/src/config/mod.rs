@@ -17,12 +17,13 @@ pub(crate) mod seed;
 pub(crate) mod seed_tenants;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpu_control::model::PortSpec;
 use dpu_nvmeof::conn::Timeouts;
+use dpu_os::backing::{BackingPolicy, VOLUMES_DIR};
 
 pub use cli::{Cli, LogFormat};
 pub use declared::seed_key;
@@ -167,6 +168,65 @@ impl Config {
                 role: p.role,
             })
             .collect()
+    }
+
+    /// The directories file backends may lie beneath: `storage.file_dirs`,
+    /// or by default `<state.dir>/volumes` (none without a state
+    /// directory).
+    pub fn file_dirs(&self) -> Vec<PathBuf> {
+        match &self.storage.file_dirs {
+            Some(dirs) => dirs.clone(),
+            None => self
+                .state
+                .dir
+                .iter()
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()))
+                .map(|d| d.join(VOLUMES_DIR))
+                .collect(),
+        }
+    }
+
+    /// Where namespaces' files and block devices may live.
+    ///
+    /// # Errors
+    /// Naming the entry of `storage.file_dirs` or `storage.block_devices`
+    /// that is not absolute, has a `.` or `..` component, or reaches the
+    /// state directory.
+    pub fn backing_policy(&self) -> Result<BackingPolicy> {
+        let dirs = self.file_dirs();
+        let n = dirs.len();
+        BackingPolicy::new(
+            dirs,
+            self.storage.block_devices.clone(),
+            self.state.dir.as_deref(),
+        )
+        .map_err(|(i, why)| match i.checked_sub(n) {
+            None => anyhow::anyhow!("storage.file_dirs[{i}]: {why}"),
+            Some(j) => anyhow::anyhow!("storage.block_devices[{j}]: {why}"),
+        })
+    }
+
+    /// Creates the default file directory, `<state.dir>/volumes`, with mode
+    /// 0700 when it is missing (the state directory exists by now); a
+    /// configured one is the operator's to create, and is only looked for.
+    ///
+    /// # Errors
+    /// If the default directory cannot be created.
+    pub fn prepare_file_dirs(&self) -> Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        for d in self.file_dirs() {
+            if self.storage.file_dirs.is_none() {
+                match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                        return Err(e).with_context(|| format!("creating {}", d.display()))
+                    }
+                    _ => {}
+                }
+            } else if !d.is_dir() {
+                tracing::warn!(dir = %d.display(), "storage.file_dirs names a directory that does not exist; no file backend can open there");
+            }
+        }
+        Ok(())
     }
 
     /// Most bytes RAM namespaces may use.

@@ -244,6 +244,18 @@ pub struct StorageConfig {
     /// may have asked hosts for through R2T and not yet written; later
     /// writes wait for their R2T (default 256 MiB).
     pub write_buffer_budget: Option<String>,
+    /// Directories whose files may back namespaces, e.g.
+    /// `["/srv/volumes"]`: a file backend's path must lie beneath one, and
+    /// is resolved there without following symbolic links. Absolute, and
+    /// never the state directory or one holding it: only its `volumes`
+    /// subdirectory. Unset: `<state.dir>/volumes`, created at start with
+    /// mode 0700 (none without a state directory).
+    pub file_dirs: Option<Vec<PathBuf>>,
+    /// Block devices that may back namespaces: absolute paths or globs,
+    /// `*` and `?` matching within one path component, e.g.
+    /// `["/dev/nvme*n1", "/dev/disk/by-id/nvme-*"]`. A device must also be
+    /// a block device and not mounted. Default: none.
+    pub block_devices: Vec<String>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made

@@ -178,11 +178,19 @@ pub(crate) mod tests {
             ports,
             telemetry: Arc::new(Telemetry::default()),
             limits: Limits { ram_bytes },
+            backing: Arc::new(backing()),
             facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
         });
         Api::new(ctl)
+    }
+
+    /// The backing policy of tests: files anywhere (without symbolic
+    /// links), any device under `/dev`.
+    pub(crate) fn backing() -> dpu_os::backing::BackingPolicy {
+        dpu_os::backing::BackingPolicy::new(vec!["/".into()], vec!["/dev/*".into()], None)
+            .expect("a valid policy")
     }
 
     /// An API over a fresh in-memory state, RAM namespaces limited to 64 MiB.
@@ -209,6 +217,8 @@ pub(crate) mod tests {
 [storage]
 ram_limit = "4GiB"
 discovery_listen = "127.0.0.1:8009"
+file_dirs = ["/nonexistent"]
+block_devices = ["/dev/nonexistent"]
 "#;
 
     /// The development subsystem, with a 16 MiB RAM namespace.
@@ -309,7 +319,8 @@ transport = "tcp"
             sub.namespaces[&1].backend,
             Backend::File {
                 path: "/nonexistent/dpu-seed-test.img".into(),
-                size_bytes: 1 << 30
+                size_bytes: 1 << 30,
+                created: true,
             }
         );
         assert_eq!(

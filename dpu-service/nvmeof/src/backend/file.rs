@@ -2,13 +2,14 @@
 //! where the filesystem allows it (aligned bounce buffers and range locks
 //! for the read-modify-write of partial blocks).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, IoSlice, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
 use std::sync::{Condvar, Mutex, PoisonError, RwLock};
 
-use rustix::fs::{AtFlags, FallocateFlags, OFlags, StatxFlags};
+use dpu_os::backing::Identity;
+use rustix::fs::{AtFlags, FallocateFlags, StatxFlags};
 use rustix::io::{Errno, ReadWriteFlags};
 
 use super::{check, lock, read, write, Backend, ZERO_CHUNK};
@@ -40,32 +41,42 @@ pub struct FileBackend {
     /// that would grow the file again.
     len: RwLock<u64>,
     block: bool,
+    /// The service created the file: a resize may make it smaller.
+    may_shrink: bool,
+    identity: Identity,
     direct: Option<Direct>,
 }
 
 impl FileBackend {
-    /// Opens `path`: a block device, or a regular file. A missing regular
-    /// file is created with `create_len` bytes (and is an error when
-    /// `create_len` is `None`); an existing file smaller than `create_len`
-    /// is grown to it, a larger one keeps its size. A block device's size is
-    /// the device's, whatever `create_len` says.
-    pub fn open(path: &Path, create_len: Option<u64>) -> io::Result<Self> {
-        Self::open_with(path, create_len, true)
+    /// Opens a backing store through `open`, which answers it opened
+    /// read-write, bypassing the page cache (`O_DIRECT`) when its argument
+    /// is true; what may be opened, and whether a missing file is created,
+    /// is `open`'s to decide (the target's [`BackingPolicy`]). `what`
+    /// names the store in logs and errors.
+    ///
+    /// A regular file smaller than `grow_to` is grown to it, a larger one
+    /// keeps its size; a block device's size is the device's. Unless
+    /// `may_shrink` (a file the service created), [`Backend::resize`]
+    /// never makes the file smaller.
+    ///
+    /// [`BackingPolicy`]: dpu_os::backing::BackingPolicy
+    pub fn open_by(
+        what: &Path,
+        open: &dyn Fn(bool) -> io::Result<File>,
+        grow_to: Option<u64>,
+        may_shrink: bool,
+    ) -> io::Result<Self> {
+        Self::open_by_with(what, open, grow_to, may_shrink, true)
     }
 
-    /// [`FileBackend::open`], trying `O_DIRECT` only when `try_direct`.
-    fn open_with(path: &Path, create_len: Option<u64>, try_direct: bool) -> io::Result<Self> {
-        let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.read(true)
-                .write(true)
-                .create(create_len.is_some())
-                .truncate(false);
-            if direct {
-                o.custom_flags(OFlags::DIRECT.bits() as i32);
-            }
-            o.open(path)
-        };
+    /// [`FileBackend::open_by`], trying `O_DIRECT` only when `try_direct`.
+    fn open_by_with(
+        path: &Path,
+        open: &dyn Fn(bool) -> io::Result<File>,
+        grow_to: Option<u64>,
+        may_shrink: bool,
+        try_direct: bool,
+    ) -> io::Result<Self> {
         let (mut file, mut direct) = match open(try_direct) {
             Ok(f) if !try_direct => (f, false),
             Ok(f) => (f, true),
@@ -89,7 +100,7 @@ impl FileBackend {
             file.seek(SeekFrom::End(0))?
         } else {
             let cur = file.metadata()?.len();
-            match create_len {
+            match grow_to {
                 Some(want) if want > cur => {
                     file.set_len(want)?;
                     want
@@ -101,6 +112,8 @@ impl FileBackend {
         if direct {
             rules = direct_rules(&file, block);
             if rules.is_none() {
+                // Closed first: a block device is open exclusively.
+                drop(file);
                 file = open(false)?;
                 direct = false;
             }
@@ -114,11 +127,18 @@ impl FileBackend {
             "backend opened"
         );
         Ok(Self {
+            identity: Identity::of(&file.metadata()?),
             file,
             len: RwLock::new(len),
             block,
+            may_shrink,
             direct: rules,
         })
+    }
+
+    /// The file or device opened, whatever path reached it.
+    pub fn identity(&self) -> Identity {
+        self.identity
     }
 
     /// True when I/O bypasses the page cache (`O_DIRECT`).
@@ -399,6 +419,15 @@ impl Backend for FileBackend {
             ));
         }
         let mut len = write(&self.len);
+        if new_len < *len && !self.may_shrink {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "the service did not create this file; it is never made smaller than its {} bytes",
+                    *len
+                ),
+            ));
+        }
         self.file.set_len(new_len)?;
         *len = new_len;
         Ok(())
@@ -519,6 +548,32 @@ mod tests {
     // Named, so that it wins over the lock helper `read` that `super::*`
     // brings.
     use crate::backend::suite::read;
+
+    impl FileBackend {
+        /// Opens `path`, created with `create_len` bytes if missing (an
+        /// error if `create_len` is `None`), as the target opens a file
+        /// the service created.
+        pub(crate) fn open(path: &Path, create_len: Option<u64>) -> io::Result<Self> {
+            Self::open_with(path, create_len, true)
+        }
+
+        /// [`FileBackend::open`], trying `O_DIRECT` only when `try_direct`.
+        fn open_with(path: &Path, create_len: Option<u64>, try_direct: bool) -> io::Result<Self> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let open = |direct: bool| {
+                let mut o = std::fs::OpenOptions::new();
+                o.read(true)
+                    .write(true)
+                    .create(create_len.is_some())
+                    .truncate(false);
+                if direct {
+                    o.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+                }
+                o.open(path)
+            };
+            Self::open_by_with(path, &open, create_len, true, try_direct)
+        }
+    }
 
     /// A scratch directory on the real disk (under `target/`), where
     /// `O_DIRECT` usually works, unlike on tmpfs.
