@@ -116,12 +116,12 @@ TOML
   pids+=("$pid")
 }
 
-# One job with SPDK's initiator as the generator, on CPU 1, without
-# hugepages of its own; appends a row like nvmf-perf's.
+# One job with SPDK's initiator as the generator, on CPU 1 (256 MiB of
+# hugepages); appends a row like nvmf-perf's.
 spdk_generator() {
   local target=$1 round=$2 job=$3 conns=$4 rw bs qd
   IFS=: read -r rw bs qd <<<"$job"
-  "$spdk/build/bin/spdk_nvme_perf" -c 0x2 --no-huge -s 1024 -L \
+  "$spdk/build/bin/spdk_nvme_perf" -c 0x2 -s 256 -L \
     -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn" \
     -o "$(( ${bs%k} * 1024 ))" -w "$rw" -q "$qd" -P "$conns" -t "$secs" >"$work/spdk-perf.out" 2>&1 || {
       echo "spdk_nvme_perf failed against $target:" >&2; tail -20 "$work/spdk-perf.out" >&2; return 0; }
