@@ -244,8 +244,17 @@ impl BackingPolicy {
         .map_err(|e| io(e.into()))?;
         let resolve =
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let mut walk = false;
         let fd = loop {
-            match rustix::fs::openat2(&dirfd, rest, flags | OFlags::CLOEXEC, mode, resolve) {
+            let opened = if walk {
+                open_walking(&dirfd, rest, flags, mode)
+            } else {
+                rustix::fs::openat2(&dirfd, rest, flags | OFlags::CLOEXEC, mode, resolve)
+            };
+            match opened {
+                // No openat2 (a kernel before 5.6, an emulator): the same
+                // rules one component at a time.
+                Err(Errno::NOSYS) if !walk => walk = true,
                 Err(Errno::INTR | Errno::AGAIN) => continue,
                 Err(Errno::LOOP) => {
                     return Err(BackingError::Refused(format!(
@@ -422,6 +431,54 @@ impl BackingPolicy {
         Self::device_free(path, &meta, &mountinfo)?;
         Ok(file)
     }
+}
+
+/// Opens `rest` (relative, only normal components) beneath `dir` one
+/// component at a time without following a symbolic link anywhere, as
+/// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` does: every
+/// directory on the way is opened with `O_NOFOLLOW`, so a link there (or
+/// one swapped in meanwhile) fails the open; a link is reported as
+/// `ELOOP`, a component that is not a plain name as `EXDEV`.
+fn open_walking(
+    dir: &rustix::fd::OwnedFd,
+    rest: &Path,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<rustix::fd::OwnedFd, Errno> {
+    use rustix::fd::AsFd;
+    let names: Vec<_> = rest.components().collect();
+    let mut at: Option<rustix::fd::OwnedFd> = None;
+    for (i, c) in names.iter().enumerate() {
+        let Component::Normal(name) = c else {
+            return Err(Errno::XDEV);
+        };
+        let here = at.as_ref().map_or(dir.as_fd(), |f| f.as_fd());
+        let link =
+            rustix::fs::statat(here, *name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
+            });
+        match link {
+            Ok(true) => return Err(Errno::LOOP),
+            Ok(false) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e),
+        }
+        if i + 1 == names.len() {
+            return rustix::fs::openat(
+                here,
+                *name,
+                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode,
+            );
+        }
+        let next = rustix::fs::openat(
+            here,
+            *name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        at = Some(next);
+    }
+    Err(Errno::NOENT)
 }
 
 /// Checks that `p` is absolute, at most `PATH_MAX` bytes, without NUL,
@@ -640,6 +697,45 @@ mod tests {
             );
             assert!(p.open_file(&path, OpenHow::default()).is_err());
         }
+    }
+
+    /// The walk used where `openat2` is missing keeps the same rules.
+    #[test]
+    fn the_component_walk_follows_no_link_and_leaves_no_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let open = |rest: &str, flags| {
+            open_walking(&fd, Path::new(rest), flags, Mode::from_raw_mode(0o600))
+        };
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/real.img"), b"x").unwrap();
+        assert!(open("sub/real.img", OFlags::RDWR).is_ok());
+        assert!(open("sub/new.img", OFlags::RDWR | OFlags::CREATE).is_ok());
+        assert!(dir.path().join("sub/new.img").exists());
+        assert_eq!(
+            open("nosuch/x.img", OFlags::RDWR).unwrap_err(),
+            Errno::NOENT
+        );
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("sub/link.img")).unwrap();
+        assert_eq!(open("sub/link.img", OFlags::RDWR).unwrap_err(), Errno::LOOP);
+        std::os::unix::fs::symlink("/etc", dir.path().join("etc")).unwrap();
+        assert_eq!(open("etc/shadow", OFlags::RDONLY).unwrap_err(), Errno::LOOP);
+        assert_eq!(
+            open("sub/../etc/passwd", OFlags::RDONLY).unwrap_err(),
+            Errno::XDEV
+        );
+        // A dangling link is not created through either.
+        std::os::unix::fs::symlink("/tmp/made-by-a-link", dir.path().join("dangling")).unwrap();
+        assert_eq!(
+            open("dangling", OFlags::RDWR | OFlags::CREATE).unwrap_err(),
+            Errno::LOOP
+        );
+        assert!(!Path::new("/tmp/made-by-a-link").exists());
     }
 
     #[test]

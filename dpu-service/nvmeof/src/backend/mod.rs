@@ -1,7 +1,7 @@
 //! Block backends: where a namespace's blocks live.
 //!
-//! The target runs one OS thread per NVMe/TCP queue, and many queues of many
-//! hosts at once, so every backend is `Send + Sync` and takes `&self`. The
+//! The target's poll groups serve many queues of many hosts at once, each
+//! on its own thread, so every backend is `Send + Sync` and takes `&self`. The
 //! caller checks LBA ranges against [`Backend::len`] first, but a backend
 //! still answers an error (never a panic) for a range past the end, which
 //! also keeps I/O racing a [`Backend::resize`] clean.
