@@ -507,6 +507,8 @@ impl Loop {
             .min_by_key(|g| g.load.load(Ordering::Relaxed))
             .expect("at least one I/O group");
         slot.load = Some(LoadGuard::new(&g.load));
+        // Its place on this group's ready list stays behind.
+        slot.ready = false;
         g.hand(slot);
     }
 
