@@ -183,6 +183,34 @@ async fn shutdown_signal() -> Result<&'static str> {
 
 /// Runs the daemon until a signal stops it; `all` are the CPUs of the
 /// process, on which the data plane and the NVMe/TCP target start.
+/// Descriptors kept aside from NVMe/TCP connections: state, ports,
+/// backends, gRPC and metrics clients.
+const SPARE_FILES: u64 = 1024;
+
+/// Raises the open-file limit to the hard limit (each NVMe/TCP
+/// connection holds a socket) and says when `storage.max_connections`
+/// cannot be reached under it: past the limit, connections would fail at
+/// accept instead of being refused by the target's own limit.
+fn open_files(config: &Config) {
+    let max = config.transport().max_connections as u64;
+    match dpu_os::limits::raise_open_files() {
+        Ok(l) => {
+            tracing::info!(before = ?l.before, now = ?l.now, "open-file limit");
+            if let Some(now) = l.now.filter(|&n| n < max + SPARE_FILES) {
+                tracing::warn!(
+                    limit = now,
+                    storage.max_connections = max,
+                    "the open-file limit is below storage.max_connections plus {SPARE_FILES} \
+                     spare: connections past about {} fail at accept; raise the container's \
+                     nofile limit or lower storage.max_connections",
+                    now.saturating_sub(SPARE_FILES)
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+}
+
 async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let state = StateHandle::open(config.state.dir.as_deref())?;
     config.prepare_file_dirs()?;
@@ -198,6 +226,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         );
         warn_dangling(s, &config);
     }
+    open_files(&config);
     let telemetry = Arc::new(Telemetry::default());
     let dp = if config.dataplane_driver().is_some() {
         let (cfg, s) = (config.clone(), first.state.clone());

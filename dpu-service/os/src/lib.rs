@@ -10,6 +10,7 @@
 //! - [`hint`]: cache prefetch.
 //! - [`backing`]: where namespaces' backing files and block devices may
 //!   live, and opening them there without following links out.
+//! - [`limits`]: the open-file limit, raised for many connections.
 //!
 //! With `dpdk-sys` and `dpdk`, this is one of the three crates allowed to
 //! contain `unsafe` (the workspace forbids it everywhere else); every
@@ -19,6 +20,7 @@ pub mod affinity;
 pub mod backing;
 pub mod hint;
 pub mod hugemem;
+pub mod limits;
 pub mod packet;
 
 /// Small helpers shared by the system-call wrappers.

@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::conn::Connection;
 use crate::target::Target;
@@ -222,6 +222,7 @@ impl TcpTransport {
             .name(format!("nvmf-listen-{}", bound.port()))
             .spawn(move || {
                 placement.keep_to_others("listener");
+                let mut failures = AcceptFailures::default();
                 for s in sock.incoming() {
                     if stop_l.load(Ordering::Acquire) || stop_all.load(Ordering::Acquire) {
                         break;
@@ -229,7 +230,9 @@ impl TcpTransport {
                     match s {
                         Ok(stream) => accept(stream, &target, &admissions, &admin),
                         Err(e) => {
-                            tracing::warn!(addr = %bound, error = %e, "accept failed");
+                            failures.note(bound, &e, Instant::now());
+                            // Out of descriptors, the pending connection
+                            // stays queued: wait instead of spinning on it.
                             std::thread::sleep(Duration::from_millis(10));
                         }
                     }
@@ -304,6 +307,35 @@ fn start_group(
     (handle, thread)
 }
 
+/// How often a listener that keeps failing to accept (out of file
+/// descriptors, typically) says so.
+const ACCEPT_FAILURE_LOG: Duration = Duration::from_secs(10);
+
+/// Failed accepts of one listener, logged at most once per
+/// [`ACCEPT_FAILURE_LOG`] with the count since the last log.
+#[derive(Default)]
+struct AcceptFailures {
+    last_log: Option<Instant>,
+    since: u64,
+}
+
+impl AcceptFailures {
+    /// Records a failure at `now`; returns whether it was logged.
+    fn note(&mut self, addr: SocketAddr, e: &io::Error, now: Instant) -> bool {
+        self.since += 1;
+        if self
+            .last_log
+            .is_some_and(|t| now.duration_since(t) < ACCEPT_FAILURE_LOG)
+        {
+            return false;
+        }
+        tracing::warn!(%addr, error = %e, failures = self.since, "accept failed");
+        self.last_log = Some(now);
+        self.since = 0;
+        true
+    }
+}
+
 /// Admits an accepted connection under the limits and hands it to the
 /// admin group; closes it when over a limit.
 fn accept(stream: TcpStream, target: &Target, admissions: &Arc<Admissions>, admin: &GroupHandle) {
@@ -339,4 +371,27 @@ fn stop_listener(l: Listening) {
     };
     let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
     let _ = l.thread.join();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener out of descriptors fails every accept: one line per
+    /// period says how many, not one per failure.
+    #[test]
+    fn accept_failures_are_logged_once_per_period() {
+        let mut f = AcceptFailures::default();
+        let addr: SocketAddr = "127.0.0.1:4420".parse().unwrap();
+        let e = io::Error::from_raw_os_error(24); // EMFILE
+        let t0 = Instant::now();
+        assert!(f.note(addr, &e, t0));
+        let logged = (1..=1000u64)
+            .filter(|&i| f.note(addr, &e, t0 + Duration::from_millis(i)))
+            .count();
+        assert_eq!(logged, 0);
+        assert_eq!(f.since, 1000);
+        assert!(f.note(addr, &e, t0 + ACCEPT_FAILURE_LOG));
+        assert_eq!(f.since, 0);
+    }
 }
