@@ -1,22 +1,127 @@
-//! Hostile and numerous NVMe/TCP peers against the real binary, each
-//! beside a well-behaved host that must keep being served: a flood of
-//! connections (refused past the per-address limit, no thread each, the
-//! memory bounded), a host announcing a thousand 512 KiB writes by R2T
-//! without sending their data (to the discovery controller, where no allow
-//! list applies), and a host revoked over the API while connected.
+//! Hostile and numerous NVMe/TCP peers against the real binary. Each
+//! attack runs while a well-behaved host keeps its Keep Alive going and a
+//! well-behaved `nvmf-perf` job (4 KiB random reads, QD 4) measures its
+//! IOPS before and during the attack; each asserts that the daemon stays
+//! up, its memory and threads stay within a bound, the job keeps most of
+//! its IOPS, and the refusal is counted on `/metrics`:
+//! - a flood of connections (refused past the per-address limit), and one
+//!   of 10,000 sockets (refused past the total limit);
+//! - a thousand connected, idle hosts (no thread each, little memory);
+//! - a host announcing a thousand 512 KiB writes by R2T without sending
+//!   their data (to the discovery controller, where no allow list applies);
+//! - sockets that never send ICReq, stop halfway through it, or stop
+//!   halfway through a command capsule;
+//! - a host that stops reading its socket;
+//! - an I/O queue Connect naming another host's controller;
+//! - a host revoked over the API while connected.
+//!
+//! The tests of this file run one at a time: each measures IOPS.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use dpu_e2e::{free_port, Service};
+use anyhow::{bail, ensure, Context, Result};
+use dpu_e2e::net::metric;
+use dpu_e2e::{binary, free_port, Service};
 use dpu_nvmeof::host;
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, DISCOVERY_NQN};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:hostile";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-hostile-friend";
+/// A second allowed host, the attacker where one must be allowed.
+const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-hostile-other";
+/// The host NQN `nvmf-perf` connects with.
+const PERF_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
+
+/// The tests of this file one at a time: each measures IOPS.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// IOPS of a well-behaved `nvmf-perf` job (4 KiB random reads, QD 4, one
+/// I/O queue, 1.5 s) against the subsystem on `port`.
+fn perf(port: u16) -> Result<f64> {
+    let out = Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
+        .args(["--time", "1.5", "--job", "randread:4k:4"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "nvmf-perf: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
+        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
+        .with_context(|| format!("no IOPS in {text} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The well-behaved job keeps at least half its IOPS while an attack that
+/// stays in place (sockets held open) goes on: measured up to three
+/// times, since one short run on a busy machine can fall short by itself.
+fn keeps_its_iops(port: u16, before: f64, attack: &str) -> Result<()> {
+    let mut best = 0f64;
+    for _ in 0..3 {
+        best = best.max(perf(port)?);
+        if best >= before * 0.5 {
+            break;
+        }
+    }
+    kept_its_iops(before, best, attack);
+    Ok(())
+}
+
+/// The well-behaved job kept at least half its IOPS during an attack.
+fn kept_its_iops(before: f64, during: f64, attack: &str) {
+    eprintln!("{attack}: nvmf-perf {before:.0} IOPS before, {during:.0} during");
+    assert!(
+        during >= before * 0.5,
+        "{attack}: the well-behaved job fell from {before:.0} to {during:.0} IOPS"
+    );
+}
+
+/// The value of a `/metrics` sample.
+fn metric_of(svc: &Service, sample: &str) -> Result<u64> {
+    Ok(metric(&svc.http_get("/metrics")?.1, sample))
+}
+
+/// Waits up to `limit` for `sample` to reach `at_least`.
+fn metric_reaches(svc: &Service, sample: &str, at_least: u64, limit: Duration) -> Result<u64> {
+    let start = Instant::now();
+    loop {
+        let v = metric_of(svc, sample)?;
+        if v >= at_least {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            bail!("{sample} is {v} after {limit:?}, expected at least {at_least}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether the target closed `s` (a read ends, or the socket was reset),
+/// waiting up to `limit`.
+fn closed_by_target(s: &mut TcpStream, limit: Duration) -> bool {
+    let start = Instant::now();
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut b = [0u8; 256];
+    while start.elapsed() < limit {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
 
 /// A field of the daemon's `/proc/PID/status` (`VmRSS` in KiB, `Threads`).
 fn status(svc: &Service, field: &str) -> Result<u64> {
@@ -31,6 +136,15 @@ fn status(svc: &Service, field: &str) -> Result<u64> {
 /// Reads controller PDUs until a capsule response (its status) or a
 /// close (`None`); R2Ts and data are skipped and counted in `r2ts`.
 fn response(s: &mut TcpStream, buf: &mut Vec<u8>, r2ts: &mut usize) -> Result<Option<u16>> {
+    Ok(completion(s, buf, r2ts)?.map(|c| c.status))
+}
+
+/// As [`response`], the whole completion.
+fn completion(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    r2ts: &mut usize,
+) -> Result<Option<dpu_nvmeof::spec::Cqe>> {
     let limits = Limits {
         digests: Digests::default(),
         max_data: 1 << 20,
@@ -38,7 +152,7 @@ fn response(s: &mut TcpStream, buf: &mut Vec<u8>, r2ts: &mut usize) -> Result<Op
     loop {
         while let Some((p, n)) = pdu::decode_controller(buf, &limits)? {
             let out = match p {
-                ControllerPdu::CapsuleResp { cqe } => Some(cqe.status),
+                ControllerPdu::CapsuleResp { cqe } => Some(cqe),
                 ControllerPdu::R2T { .. } => {
                     *r2ts += 1;
                     None
@@ -66,19 +180,47 @@ fn response(s: &mut TcpStream, buf: &mut Vec<u8>, r2ts: &mut usize) -> Result<Op
 struct Friend {
     s: TcpStream,
     buf: Vec<u8>,
+    /// The controller ID the target gave.
+    cntlid: u16,
 }
 
 impl Friend {
     fn connect(port: u16, subnqn: &str, entries: u16) -> Result<Friend> {
+        let (mut f, cqe) = Friend::open(port, subnqn, HOST, [5; 16], 0, 0xffff, entries)?;
+        if cqe.status != 0 {
+            bail!("Connect: status {:#x}", cqe.status);
+        }
+        if f.call(&host::enable(1))? != Some(0) {
+            bail!("enable failed");
+        }
+        Ok(f)
+    }
+
+    /// ICReq and a Fabrics Connect of queue `qid` to controller `cntlid`
+    /// (0xffff: a new one) as `hostnqn`; the Connect's completion, whatever
+    /// its status.
+    fn open(
+        port: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        qid: u16,
+        cntlid: u16,
+        entries: u16,
+    ) -> Result<(Friend, dpu_nvmeof::spec::Cqe)> {
         let mut s = TcpStream::connect(("127.0.0.1", port))?;
         s.set_read_timeout(Some(Duration::from_secs(20)))?;
         let mut b = Vec::new();
         host::ic_req(&mut b, Digests::default());
-        let connect = host::connect(0, 0, entries, 0);
-        let data = host::connect_data([5; 16], 0xffff, subnqn, HOST);
+        let connect = host::connect(0, qid, entries, 0);
+        let data = host::connect_data(hostid, cntlid, subnqn, hostnqn);
         pdu::encode_capsule_cmd(&mut b, Digests::default(), &connect, &data);
         s.write_all(&b)?;
-        let mut f = Friend { s, buf: Vec::new() };
+        let mut f = Friend {
+            s,
+            buf: Vec::new(),
+            cntlid: 0,
+        };
         // ICResp has no capsule response: read it as a PDU first.
         let limits = Limits {
             digests: Digests::default(),
@@ -96,14 +238,10 @@ impl Friend {
             }
             f.buf.extend_from_slice(&chunk[..n]);
         }
-        let st = f.call_raw(None)?;
-        if st != Some(0) {
-            bail!("Connect: {st:?}");
-        }
-        if f.call(&host::enable(1))? != Some(0) {
-            bail!("enable failed");
-        }
-        Ok(f)
+        let cqe =
+            completion(&mut f.s, &mut f.buf, &mut 0)?.context("closed before Connect's answer")?;
+        f.cntlid = cqe.dw0 as u16;
+        Ok((f, cqe))
     }
 
     fn call_raw(&mut self, sqe: Option<&dpu_nvmeof::spec::Sqe>) -> Result<Option<u16>> {
@@ -137,7 +275,7 @@ ram_limit = "64MiB"
 [[storage.subsystems]]
 id = "hostile"
 nqn = "{NQN}"
-allowed_hosts = ["{HOST}"]
+allowed_hosts = ["{HOST}", "{HOST2}", "{PERF_HOST}"]
 [[storage.subsystems.namespaces]]
 ram = "4MiB"
 [[storage.subsystems.listeners]]
@@ -150,12 +288,14 @@ port = {port}
 
 /// 600 sockets from one address against a limit of 200 per address:
 /// the rest are closed at once and counted, the daemon starts no thread
-/// for any of them and grows by well under 64 MiB, and the host already
-/// connected keeps being served throughout.
+/// for any of them and grows by well under 64 MiB, and the hosts already
+/// connected keep being served throughout.
 #[test]
 fn a_connection_flood_is_held_to_its_limits_without_a_thread_each() -> Result<()> {
+    let _one = serial();
     let (svc, port) = service("max_connections_per_address = 200")?;
     let mut friend = Friend::connect(port, NQN, 32)?;
+    let before = perf(port)?;
     let (rss0, threads0) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
     let mut flood = Vec::new();
     for _ in 0..600 {
@@ -187,6 +327,9 @@ fn a_connection_flood_is_held_to_its_limits_without_a_thread_each() -> Result<()
         rss1.saturating_sub(rss0) < 64 << 10,
         "RSS {rss0} KiB -> {rss1} KiB"
     );
+    // The admitted flood sockets hold the address's whole quota: the job
+    // must wait for them (the handshake timeout) or come from elsewhere,
+    // so the job runs after they leave, below.
     let log = svc.log_text();
     assert!(log.contains("max_connections_per_address"), "{log}");
     assert_eq!(
@@ -194,6 +337,12 @@ fn a_connection_flood_is_held_to_its_limits_without_a_thread_each() -> Result<()
             .count(),
         1,
         "logged once per address"
+    );
+    assert!(
+        metric_of(
+            &svc,
+            "dpu_nvmf_connections_refused_total{reason=\"max_connections_per_address\"}"
+        )? >= 300
     );
     // Gone: new connections are admitted again, and the friend goes on.
     drop(flood);
@@ -212,6 +361,237 @@ fn a_connection_flood_is_held_to_its_limits_without_a_thread_each() -> Result<()
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(friend.keep_alive()?, Some(0));
+    keeps_its_iops(port, before, "after a per-address flood")?;
+    Ok(())
+}
+
+/// 10,000 sockets against the total limit of 4,096 connections (from one
+/// address allowed them all): past the limit they are closed at once and
+/// counted, the admitted ones cost no thread and little memory and leave
+/// at the handshake timeout, and the connected hosts keep their I/O
+/// while the flood sits there.
+#[test]
+fn ten_thousand_sockets_are_held_to_the_total_limit() -> Result<()> {
+    let _one = serial();
+    let (svc, port) = service(
+        "max_connections = 4096\nmax_connections_per_address = 20000\nhandshake_timeout_secs = 60",
+    )?;
+    let mut friend = Friend::connect(port, NQN, 32)?;
+    let before = perf(port)?;
+    let (rss0, threads0) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
+    // The flood starts while the job runs.
+    let job = std::thread::spawn(move || perf(port));
+    let mut flood = Vec::with_capacity(10_000);
+    let mut failed = 0;
+    for _ in 0..10_000 {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => flood.push(s),
+            // The listen backlog overflowing, or this process out of
+            // descriptors under a low limit: the rest still count.
+            Err(_) => failed += 1,
+        }
+    }
+    let during = job.join().expect("the job's thread")?;
+    assert!(
+        flood.len() >= 5_000,
+        "{} sockets connected, {failed} failed",
+        flood.len()
+    );
+    assert_eq!(friend.keep_alive()?, Some(0));
+    let refused = metric_reaches(
+        &svc,
+        "dpu_nvmf_connections_refused_total{reason=\"max_connections\"}",
+        flood.len() as u64 - 4096,
+        Duration::from_secs(20),
+    )?;
+    let (rss1, threads1) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
+    eprintln!(
+        "10,000 sockets: {} connected, {refused} refused at the limit, RSS {rss0} -> {rss1} KiB, threads {threads0} -> {threads1}",
+        flood.len()
+    );
+    assert!(threads1 <= threads0, "threads {threads0} -> {threads1}");
+    assert!(
+        rss1.saturating_sub(rss0) < 64 << 10,
+        "RSS {rss0} KiB -> {rss1} KiB for 4,096 handshaking sockets"
+    );
+    kept_its_iops(before, during, "10,000 sockets");
+    // Once they leave, so do their connections, and the friend goes on.
+    drop(flood);
+    let start = Instant::now();
+    while metric_of(&svc, "dpu_nvmf_open_connections")? > 1 {
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "connections still open after the flood left"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(friend.keep_alive()?, Some(0));
+    Ok(())
+}
+
+/// A thousand hosts connected to their admin queues (Keep Alive off) and
+/// idle: no thread each and under 64 MiB together, and a job beside them
+/// keeps its IOPS.
+#[test]
+fn a_thousand_idle_hosts_cost_no_thread_and_little_memory() -> Result<()> {
+    let _one = serial();
+    let (svc, port) =
+        service("max_connections_per_host = 2000\nmax_connections_per_address = 2000")?;
+    let before = perf(port)?;
+    let (rss0, threads0) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
+    let mut idle = Vec::with_capacity(1000);
+    for i in 0..1000u32 {
+        let mut id = [7u8; 16];
+        id[..4].copy_from_slice(&i.to_le_bytes());
+        let (mut f, cqe) = Friend::open(port, NQN, HOST2, id, 0, 0xffff, 32)?;
+        ensure!(
+            cqe.status == 0,
+            "host {i}: Connect status {:#x}",
+            cqe.status
+        );
+        ensure!(
+            f.call(&host::enable(1))? == Some(0),
+            "host {i}: enable failed"
+        );
+        idle.push(f);
+    }
+    keeps_its_iops(port, before, "1,000 idle hosts")?;
+    let (rss1, threads1) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
+    eprintln!("1,000 idle hosts: RSS {rss0} -> {rss1} KiB, threads {threads0} -> {threads1}");
+    assert!(threads1 <= threads0, "threads {threads0} -> {threads1}");
+    assert!(
+        rss1.saturating_sub(rss0) < 64 << 10,
+        "RSS {rss0} KiB -> {rss1} KiB for 1,000 idle controllers"
+    );
+    // Every one of them is still served.
+    for (i, f) in idle.iter_mut().enumerate() {
+        assert_eq!(f.keep_alive()?, Some(0), "idle host {i}");
+    }
+    Ok(())
+}
+
+/// Sockets that never send ICReq, stop halfway through it, or stop
+/// halfway through a command capsule after connecting: closed at their
+/// timeouts and counted, while a job beside them keeps its IOPS.
+#[test]
+fn stalled_handshakes_and_pdus_are_closed_at_their_timeouts() -> Result<()> {
+    let _one = serial();
+    let (svc, port) = service("handshake_timeout_secs = 5\npdu_timeout_secs = 5")?;
+    let mut friend = Friend::connect(port, NQN, 32)?;
+    let before = perf(port)?;
+    let mut silent = Vec::new();
+    let mut half_icreq = Vec::new();
+    let mut half_capsule = Vec::new();
+    let mut ic = Vec::new();
+    host::ic_req(&mut ic, Digests::default());
+    for _ in 0..50 {
+        silent.push(TcpStream::connect(("127.0.0.1", port))?);
+        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        s.write_all(&ic[..ic.len() / 2])?;
+        half_icreq.push(s);
+    }
+    let mut capsule = Vec::new();
+    pdu::encode_capsule_cmd(
+        &mut capsule,
+        Digests::default(),
+        &host::command(admin::KEEP_ALIVE, 3),
+        &[],
+    );
+    for i in 0..20u8 {
+        let mut f = Friend::open(port, NQN, HOST2, [i; 16], 0, 0xffff, 32)?.0;
+        f.s.write_all(&capsule[..10])?;
+        half_capsule.push(f.s);
+    }
+    // The stalled sockets sit there for the first runs of the job.
+    keeps_its_iops(port, before, "stalled handshakes and PDUs")?;
+    for s in silent
+        .iter_mut()
+        .chain(&mut half_icreq)
+        .chain(&mut half_capsule)
+    {
+        assert!(
+            closed_by_target(s, Duration::from_secs(10)),
+            "a stalled socket stays open"
+        );
+    }
+    let handshakes = metric_of(
+        &svc,
+        "dpu_nvmf_connections_closed_total{reason=\"handshake_timeout\"}",
+    )?;
+    let pdus = metric_of(
+        &svc,
+        "dpu_nvmf_connections_closed_total{reason=\"pdu_timeout\"}",
+    )?;
+    assert!(handshakes >= 100, "handshake timeouts: {handshakes}");
+    assert!(pdus >= 20, "PDU timeouts: {pdus}");
+    assert_eq!(friend.keep_alive()?, Some(0));
+    Ok(())
+}
+
+/// A host that fills its I/O queue with 128 KiB reads and never reads its
+/// socket: the target queues at most its output budget for it, then
+/// closes it at the write timeout (counted), and a job beside it keeps
+/// its IOPS.
+#[test]
+fn a_host_that_stops_reading_is_disconnected() -> Result<()> {
+    let _one = serial();
+    let (svc, port) = service("write_timeout_secs = 2")?;
+    let before = perf(port)?;
+    let rss0 = status(&svc, "VmRSS")?;
+    let admin_q = Friend::connect(port, NQN, 32)?;
+    let (mut io, cqe) = Friend::open(port, NQN, HOST, [5; 16], 1, admin_q.cntlid, 128)?;
+    ensure!(cqe.status == 0, "I/O queue Connect: {:#x}", cqe.status);
+    let mut b = Vec::new();
+    for cid in 0..127u16 {
+        // 256 blocks of 512 bytes from block 0.
+        let mut r = host::command(nvm::READ, cid);
+        r.0[4..8].copy_from_slice(&1u32.to_le_bytes());
+        r.0[48..50].copy_from_slice(&255u16.to_le_bytes());
+        r.0[32..36].copy_from_slice(&(128u32 << 10).to_le_bytes());
+        pdu::encode_capsule_cmd(&mut b, Digests::default(), &r, &[]);
+    }
+    io.s.write_all(&b)?;
+    let during = perf(port)?;
+    metric_reaches(
+        &svc,
+        "dpu_nvmf_connections_closed_total{reason=\"write_timeout\"}",
+        1,
+        Duration::from_secs(20),
+    )?;
+    let rss1 = status(&svc, "VmRSS")?;
+    assert!(
+        rss1.saturating_sub(rss0) < 32 << 10,
+        "RSS {rss0} KiB -> {rss1} KiB for 16 MiB of reads nobody takes"
+    );
+    kept_its_iops(before, during, "a host that stops reading");
+    Ok(())
+}
+
+/// An allowed host's I/O queue Connect naming another host's controller
+/// ID (or the right host NQN with another host ID) is refused, and the
+/// controller's owner is unaffected.
+#[test]
+fn an_io_queue_cannot_join_another_hosts_controller() -> Result<()> {
+    let _one = serial();
+    let (svc, port) = service("")?;
+    let mut friend = Friend::connect(port, NQN, 32)?;
+    let before = perf(port)?;
+    let refused0 = metric_of(&svc, "dpu_nvmf_connects_refused_total")?;
+    let (_, other) = Friend::open(port, NQN, HOST2, [9; 16], 1, friend.cntlid, 32)?;
+    assert_ne!(
+        other.status, 0,
+        "another host joined the friend's controller"
+    );
+    let (_, other_id) = Friend::open(port, NQN, HOST, [9; 16], 1, friend.cntlid, 32)?;
+    assert_ne!(
+        other_id.status, 0,
+        "another host ID joined the friend's controller"
+    );
+    let (_, own) = Friend::open(port, NQN, HOST, [5; 16], 1, friend.cntlid, 32)?;
+    assert_eq!(own.status, 0, "the owner's own I/O queue");
+    assert!(metric_of(&svc, "dpu_nvmf_connects_refused_total")? >= refused0 + 2);
+    assert_eq!(friend.keep_alive()?, Some(0));
+    keeps_its_iops(port, before, "foreign I/O queue Connects")?;
     Ok(())
 }
 
@@ -223,8 +603,10 @@ fn a_connection_flood_is_held_to_its_limits_without_a_thread_each() -> Result<()
 /// same writes get R2Ts for 4 MiB and wait: the unit tests of `conn`.)
 #[test]
 fn announced_writes_without_data_cost_no_memory() -> Result<()> {
+    let _one = serial();
     let (svc, port) = service("")?;
     let mut friend = Friend::connect(port, NQN, 32)?;
+    let before = perf(port)?;
     let rss0 = status(&svc, "VmRSS")?;
 
     let hog = |subnqn: &str| -> Result<(TcpStream, usize, usize)> {
@@ -248,6 +630,7 @@ fn announced_writes_without_data_cost_no_memory() -> Result<()> {
     let (_disc, r2ts, answers) = hog(DISCOVERY_NQN)?;
     assert_eq!((r2ts, answers), (0, 1000), "discovery: no R2T, all refused");
     assert_eq!(friend.keep_alive()?, Some(0));
+    keeps_its_iops(port, before, "announced writes without data")?;
     let rss1 = status(&svc, "VmRSS")?;
     assert!(
         rss1.saturating_sub(rss0) < 16 << 10,
@@ -257,13 +640,15 @@ fn announced_writes_without_data_cost_no_memory() -> Result<()> {
 }
 
 /// A connected host removed from the allow list over the API loses its
-/// controller at once (not at its next reconnect), and cannot connect
-/// again.
+/// controller at once (not at its next reconnect), is counted, and cannot
+/// connect again; a job of another host goes on.
 #[test]
 fn a_revoked_host_is_disconnected() -> Result<()> {
+    let _one = serial();
     let (svc, port) = service("")?;
     let mut friend = Friend::connect(port, NQN, 32)?;
     assert_eq!(friend.keep_alive()?, Some(0));
+    let before = perf(port)?;
     let out = svc.dpuctl(&["subsystem", "remove-host", "hostile", HOST])?;
     assert!(out.status.success(), "{out:?}");
     let start = Instant::now();
@@ -275,6 +660,8 @@ fn a_revoked_host_is_disconnected() -> Result<()> {
         "{}",
         svc.log_text()
     );
+    assert!(metric_of(&svc, "dpu_nvmf_controllers_revoked_total")? >= 1);
     assert!(Friend::connect(port, NQN, 32).is_err(), "connects again");
+    keeps_its_iops(port, before, "a revoked host")?;
     Ok(())
 }
