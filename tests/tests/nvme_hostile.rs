@@ -376,6 +376,8 @@ fn ten_thousand_sockets_are_held_to_the_total_limit() -> Result<()> {
     let (svc, port) = service(
         "max_connections = 4096\nmax_connections_per_address = 20000\nhandshake_timeout_secs = 60",
     )?;
+    // This process holds the 10,000 client ends.
+    dpu_os::limits::raise_open_files()?;
     let mut friend = Friend::connect(port, NQN, 32)?;
     let before = perf(port)?;
     let (rss0, threads0) = (status(&svc, "VmRSS")?, status(&svc, "Threads")?);
