@@ -194,8 +194,8 @@ impl Mtls {
     }
 
     /// `who` is refused `args` with PERMISSION_DENIED (exit code 9), by a
-    /// message naming `identity` and `method`.
-    fn refused(&self, who: &str, args: &[&str], identity: &str, method: &str) -> Result<()> {
+    /// message naming `identity` and `method`; answers the message.
+    fn refused(&self, who: &str, args: &[&str], identity: &str, method: &str) -> Result<String> {
         let out = self.dpuctl(who, args)?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(
@@ -207,7 +207,7 @@ impl Mtls {
             err.contains("PERMISSION_DENIED") && err.contains(identity) && err.contains(method),
             "{who} {args:?}: the refusal names neither {identity} nor {method}: {err}"
         );
-        Ok(())
+        Ok(err.into_owned())
     }
 }
 
@@ -320,7 +320,7 @@ fn roles_decide_who_may_change_what() -> Result<()> {
         red,
         "/dpu.v1.FilterService/ReplaceRules",
     )?;
-    m.refused(
+    let err = m.refused(
         "red",
         &[
             "rule",
@@ -334,6 +334,10 @@ fn roles_decide_who_may_change_what() -> Result<()> {
         red,
         "/dpu.v1.FilterService/AddRule",
     )?;
+    let want = "tenant: client uri:spiffe://dpu.test/ns/red/sa/writer (cn:red-team, \
+                uri:spiffe://dpu.test/ns/red/sa/writer) with role tenant-writer of red may \
+                not call /dpu.v1.FilterService/AddRule on tenant \"blue\"";
+    ensure!(err.contains(want), "{err}");
     m.refused(
         "red",
         &["rule", "delete", "blue", "base"],
