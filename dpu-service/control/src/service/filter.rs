@@ -25,7 +25,7 @@ impl FilterService for Api {
             let who = caller(&req);
             let req = req.into_inner();
             let tid = validate::name("parent", &req.parent, "tenants")?.to_string();
-            self.may_change_tenant(who.as_ref(), METHOD, &tid)?;
+            self.may_change_tenant(who.as_deref(), METHOD, &tid)?;
             if !req.rule_id.is_empty() {
                 validate::id("rule_id", &req.rule_id)?;
             }
@@ -85,7 +85,7 @@ impl FilterService for Api {
             let who = caller(&req);
             let req = req.into_inner();
             let (tid, rid) = validate::rule_name("name", &req.name)?;
-            self.may_change_tenant(who.as_ref(), METHOD, tid)?;
+            self.may_change_tenant(who.as_deref(), METHOD, tid)?;
             let (tid, rid) = (tid.to_string(), rid.to_string());
             let v = self
                 .change_tenant(move |s| {
@@ -136,7 +136,7 @@ impl FilterService for Api {
             // The tenant first: a writer of another tenant learns nothing
             // from how its rules validate.
             let tid = validate::name("parent", &req.parent, "tenants")?;
-            self.may_change_tenant(who.as_ref(), METHOD, tid)?;
+            self.may_change_tenant(who.as_deref(), METHOD, tid)?;
             let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self

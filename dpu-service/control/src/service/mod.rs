@@ -345,8 +345,8 @@ pub(crate) mod testing {
 /// The caller of `req`, as [`authz::AuthzLayer`] let it through; `None`
 /// when the API is served without that layer (then every call is the
 /// service's own, as in process tests).
-fn caller<T>(req: &Request<T>) -> Option<authz::Caller> {
-    req.extensions().get::<authz::Caller>().cloned()
+fn caller<T>(req: &Request<T>) -> Option<Arc<authz::Caller>> {
+    req.extensions().get::<Arc<authz::Caller>>().cloned()
 }
 
 /// [`Api::may_change_tenant`], for changes that learn their tenant from

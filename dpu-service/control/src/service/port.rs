@@ -83,7 +83,7 @@ impl PortService for Api {
             let port = validate::name("port", &req.port, "ports")?.to_string();
             let vlan = validate::vlan("vlan_id", req.vlan_id)?;
             let tid = validate::name("tenant", &req.tenant, "tenants")?.to_string();
-            self.may_change_tenant(who.as_ref(), METHOD, &tid)?;
+            self.may_change_tenant(who.as_deref(), METHOD, &tid)?;
             let ctl = self.ctl.clone();
             let t = self
                 .change_tenant(move |s| {
@@ -118,7 +118,7 @@ impl PortService for Api {
                     // (One nobody holds is not found, which any reader
                     // could learn from the tenants' listing.)
                     if let Some(owner) = owner {
-                        may_change_tenant(&telemetry, who.as_ref(), METHOD, &owner.id)?;
+                        may_change_tenant(&telemetry, who.as_deref(), METHOD, &owner.id)?;
                     }
                     let t = s.detach(&port, vlan)?;
                     Ok((convert::tenant(t), t.id.clone()))

@@ -86,7 +86,7 @@ impl TenantService for Api {
             let req = req.into_inner();
             let t = required("tenant", req.tenant)?;
             let id = validate::name("tenant.name", &t.name, "tenants")?.to_string();
-            self.may_change_tenant(who.as_ref(), METHOD, &id)?;
+            self.may_change_tenant(who.as_deref(), METHOD, &id)?;
             let paths = mask_paths(
                 req.update_mask.as_ref(),
                 &["display_name", "default_policy", "attachments"],

@@ -55,7 +55,8 @@ fn rule(priority: u32) -> pb::FilterRule {
 /// `msg` as sent by `caller`.
 fn by<T>(caller: &Caller, msg: T) -> Request<T> {
     let mut r = Request::new(msg);
-    r.extensions_mut().insert(caller.clone());
+    r.extensions_mut()
+        .insert(std::sync::Arc::new(caller.clone()));
     r
 }
 

@@ -1,9 +1,10 @@
 //! [`AuthzLayer`]: the tower layer that authorizes every call of the API
 //! listener by its method's path, before any service decodes it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
@@ -14,39 +15,66 @@ use tower_service::Service;
 use super::{identity, permission, Caller, Name, Policy};
 use crate::telemetry::Telemetry;
 
+/// The most client certificates whose caller [`AuthzLayer`] remembers;
+/// past it, it forgets them all and starts again.
+pub const CACHED_CERTIFICATES: usize = 1024;
+
+/// The callers of client certificates already seen, by their DER bytes:
+/// reading a certificate's names takes microseconds, comparing its bytes
+/// far less, and a connection sends many calls.
+type Callers = HashMap<Vec<u8>, Arc<Caller>>;
+
 /// Authorizes each call by [`Policy`] and [`super::METHODS`]; refusals
 /// answer `PERMISSION_DENIED` and are counted in [`Telemetry`]. A call
-/// let through carries its [`Caller`] in its extensions.
+/// let through carries its caller (`Arc<Caller>`) in its extensions.
 #[derive(Debug, Clone)]
 pub struct AuthzLayer {
     policy: Arc<Policy>,
     telemetry: Arc<Telemetry>,
+    anonymous: Arc<Caller>,
+    seen: Arc<Mutex<Callers>>,
 }
 
 impl AuthzLayer {
     /// A layer enforcing `policy`, counting refusals in `telemetry`.
     pub fn new(policy: Arc<Policy>, telemetry: Arc<Telemetry>) -> Self {
-        Self { policy, telemetry }
+        Self {
+            anonymous: Arc::new(policy.caller(None)),
+            policy,
+            telemetry,
+            seen: Arc::default(),
+        }
     }
 
     /// The caller of a request with `extensions`: its certificate's names,
     /// when it presented one over TLS, matched against the policy. A
     /// certificate whose names cannot be read is a caller with no names
     /// the policy knows.
-    fn caller(&self, extensions: &http::Extensions) -> Caller {
+    fn caller(&self, extensions: &http::Extensions) -> Arc<Caller> {
         let cert = extensions
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(TlsConnectInfo::peer_certs);
         let Some(first) = cert.as_ref().and_then(|c| c.first()) else {
-            return self.policy.caller(None);
+            return self.anonymous.clone();
         };
-        match identity::names(first) {
+        let der: &[u8] = first.as_ref();
+        if let Some(c) = self.seen.lock().ok().and_then(|s| s.get(der).cloned()) {
+            return c;
+        }
+        let caller = Arc::new(match identity::names(der) {
             Ok(names) => self.policy.caller(Some(&names)),
             Err(e) => {
                 tracing::warn!(error = %e, "a client certificate's names cannot be read");
                 self.policy.caller(Some(&[] as &[Name]))
             }
+        });
+        if let Ok(mut seen) = self.seen.lock() {
+            if seen.len() >= CACHED_CERTIFICATES {
+                seen.clear();
+            }
+            seen.insert(der.to_vec(), caller.clone());
         }
+        caller
     }
 }
 
@@ -120,7 +148,7 @@ mod tests {
 
     /// Answers 200 and keeps the caller each request carried.
     #[derive(Clone, Default)]
-    struct Inner(Arc<Mutex<Vec<Option<Caller>>>>);
+    struct Inner(Arc<Mutex<Vec<Option<Arc<Caller>>>>>);
 
     impl Service<http::Request<()>> for Inner {
         type Response = http::Response<String>;
@@ -135,7 +163,7 @@ mod tests {
             self.0
                 .lock()
                 .unwrap()
-                .push(req.extensions().get::<Caller>().cloned());
+                .push(req.extensions().get::<Arc<Caller>>().cloned());
             std::future::ready(Ok(http::Response::new("served".into())))
         }
     }
@@ -163,7 +191,7 @@ mod tests {
         assert_eq!(r.body(), "served");
         let seen = inner.0.lock().unwrap().pop().unwrap().unwrap();
         assert_eq!(
-            (seen.label.as_str(), seen.role),
+            (seen.label.as_str(), seen.role.clone()),
             (ANONYMOUS, Some(Role::Reader))
         );
         let r = send(&mut svc, "/grpc.health.v1.Health/Check").await;

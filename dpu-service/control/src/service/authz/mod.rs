@@ -7,10 +7,10 @@
 //! in the [`Policy`] built from the configuration, looks the method's path
 //! up in [`METHODS`] and refuses with `PERMISSION_DENIED` what the role does
 //! not allow, counting the refusal by method and client. What passes
-//! carries its [`Caller`] in the request's extensions: the handlers of the
-//! tenant-scoped methods ([`Permission::TenantWrite`]) check the tenant the
-//! request names against it ([`Caller::may_change_tenant`]), as only they
-//! have decoded the request.
+//! carries its [`Caller`] (in an `Arc`) in the request's extensions: the
+//! handlers of the tenant-scoped methods ([`Permission::TenantWrite`])
+//! check the tenant the request names against it
+//! ([`Caller::may_change_tenant`]), as only they have decoded the request.
 //!
 //! Roles:
 //! - `admin`: every method.
