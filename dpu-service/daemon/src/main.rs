@@ -362,6 +362,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         addr = %bound,
         tls = secure,
         mtls = config.grpc.tls_client_ca.is_some(),
+        clients = config.grpc.clients.len(),
         "gRPC listening"
     );
 
