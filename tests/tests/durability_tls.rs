@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::{binary, free_port, Service};
+use dpu_e2e::{binary, free_port, Service, TEST_CONFIG};
 
 /// Writers create tenants as fast as they can; the service is killed with
 /// SIGKILL in the middle. Every creation `dpuctl` saw acknowledged must be
@@ -168,16 +168,23 @@ fn mutual_tls() -> Result<()> {
     make_pki(pki.path())?;
     let p = |f: &str| pki.path().join(f).display().to_string();
     let health = format!("127.0.0.1:{}", free_port());
-    let svc = Service::start_with(&[
-        "--tls-cert",
-        &p("server.crt"),
-        "--tls-key",
-        &p("server.key"),
-        "--tls-client-ca",
-        &p("ca.crt"),
-        "--health-listen",
-        &health,
-    ])?;
+    // Every certificate the CA signs is authenticated; only a named one
+    // may call anything.
+    let config =
+        format!("{TEST_CONFIG}\n[[grpc.clients]]\nidentity = \"cn:client\"\nrole = \"admin\"\n");
+    let svc = Service::start_config(
+        &config,
+        &[
+            "--tls-cert",
+            &p("server.crt"),
+            "--tls-key",
+            &p("server.key"),
+            "--tls-client-ca",
+            &p("ca.crt"),
+            "--health-listen",
+            &health,
+        ],
+    )?;
 
     // Probes that cannot present a certificate use the plain-text,
     // health-only listener; it serves nothing else.

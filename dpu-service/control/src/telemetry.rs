@@ -131,6 +131,9 @@ pub trait CounterSource: Send + Sync {
 pub struct Telemetry {
     sources: RwLock<Vec<Arc<dyn CounterSource>>>,
     requests: Mutex<BTreeMap<(&'static str, i32), u64>>,
+    /// Refused calls by method and client label (both from bounded sets:
+    /// the method table and the configured clients).
+    denied: Mutex<BTreeMap<(&'static str, String), u64>>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -151,6 +154,21 @@ impl Telemetry {
     pub fn observe_request(&self, method: &'static str, code: tonic::Code) {
         if let Ok(mut r) = self.requests.lock() {
             *r.entry((method, code as i32)).or_default() += 1;
+        }
+    }
+
+    /// Counts one call to `method` refused to the client labelled
+    /// `client` (a configured client's name, or
+    /// [`crate::service::authz::UNKNOWN`] or
+    /// [`crate::service::authz::ANONYMOUS`]).
+    pub fn observe_denied(&self, method: &'static str, client: &str) {
+        if let Ok(mut d) = self.denied.lock() {
+            match d.get_mut(&(method, client.to_string())) {
+                Some(n) => *n = n.saturating_add(1),
+                None => {
+                    d.insert((method, client.to_string()), 1);
+                }
+            }
         }
     }
 
@@ -447,6 +465,20 @@ impl Telemetry {
                 m.sample(
                     "dpu_grpc_requests_total",
                     &[("method", method), ("code", &code)],
+                    *n,
+                );
+            }
+        }
+        m.family(
+            "dpu_grpc_denied_total",
+            "counter",
+            "gRPC calls refused by authorization, by method and client.",
+        );
+        if let Ok(denied) = self.denied.lock() {
+            for ((method, client), n) in denied.iter() {
+                m.sample(
+                    "dpu_grpc_denied_total",
+                    &[("method", method), ("client", client)],
                     *n,
                 );
             }
@@ -821,6 +853,9 @@ mod tests {
         t.register(Arc::new(Fixed));
         t.observe_request("/dpu.v1.TenantService/CreateTenant", tonic::Code::Ok);
         t.observe_request("/dpu.v1.TenantService/CreateTenant", tonic::Code::Ok);
+        t.observe_denied("/dpu.v1.TenantService/DeleteTenant", "cn:mon");
+        t.observe_denied("/dpu.v1.TenantService/DeleteTenant", "cn:mon");
+        t.observe_denied("other", "unknown");
         let text = t.render_prometheus(&state, &ports);
         assert!(
             text.contains("dpu_port_rx_packets_total{port=\"p0\"} 5\n"),
@@ -837,6 +872,10 @@ mod tests {
         assert!(text.contains(
             "dpu_grpc_requests_total{method=\"/dpu.v1.TenantService/CreateTenant\",code=\"Ok\"} 2\n"
         ));
+        assert!(text.contains(
+            "dpu_grpc_denied_total{method=\"/dpu.v1.TenantService/DeleteTenant\",client=\"cn:mon\"} 2\n"
+        ), "{text}");
+        assert!(text.contains("dpu_grpc_denied_total{method=\"other\",client=\"unknown\"} 1\n"));
         let target = "\
 # HELP dpu_nvmf_connections_accepted_total NVMe/TCP connections accepted.
 # TYPE dpu_nvmf_connections_accepted_total counter

@@ -31,6 +31,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use dpu_control::model::{State, Timestamp};
+use dpu_control::service::authz::AuthzLayer;
 use dpu_control::service::{Api, Control, ServiceFacts};
 use dpu_control::state::Limits;
 use dpu_control::store::StateHandle;
@@ -301,6 +302,10 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     config::seed_tenants::seed_tenants(&api, &config.tenants).await?;
 
     let tls = tls_config(&config)?;
+    let authz = AuthzLayer::new(Arc::new(config.authz_policy()?), ctl.telemetry.clone());
+    if config.grpc.tls_client_ca.is_some() && config.grpc.clients.is_empty() {
+        tracing::warn!("grpc.clients is empty: every client certificate is refused; name the API's clients and their roles");
+    }
     let grpc_addr = config.grpc.listen;
     let grpc_listener = tokio::net::TcpListener::bind(grpc_addr)
         .await
@@ -365,7 +370,9 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         builder = builder.tls_config(tls).context("TLS configuration")?;
     }
     let mut grpc_stop = stop_rx.clone();
+    // Every call of the API listener is authorized by its method first.
     let router = builder
+        .layer(authz)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -384,6 +391,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         addr = %bound,
         tls = secure,
         mtls = config.grpc.tls_client_ca.is_some(),
+        clients = config.grpc.clients.len(),
         "gRPC listening"
     );
 

@@ -4,7 +4,7 @@ use dpu_proto::v1 as pb;
 use dpu_proto::v1::filter_service_server::FilterService;
 use tonic::{Request, Response, Status};
 
-use super::{num_key, paginate, required, Api, PageLimits};
+use super::{caller, num_key, paginate, required, Api, PageLimits};
 use crate::convert;
 use crate::error::ControlError;
 use crate::validate;
@@ -20,9 +20,12 @@ impl FilterService for Api {
         &self,
         req: Request<pb::AddRuleRequest>,
     ) -> Result<Response<pb::AddRuleResponse>, Status> {
-        self.write("/dpu.v1.FilterService/AddRule", async {
+        const METHOD: &str = "/dpu.v1.FilterService/AddRule";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
             let tid = validate::name("parent", &req.parent, "tenants")?.to_string();
+            self.may_change_tenant(who.as_deref(), METHOD, &tid)?;
             if !req.rule_id.is_empty() {
                 validate::id("rule_id", &req.rule_id)?;
             }
@@ -77,9 +80,12 @@ impl FilterService for Api {
         &self,
         req: Request<pb::DeleteRuleRequest>,
     ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
-        self.write("/dpu.v1.FilterService/DeleteRule", async {
+        const METHOD: &str = "/dpu.v1.FilterService/DeleteRule";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
             let (tid, rid) = validate::rule_name("name", &req.name)?;
+            self.may_change_tenant(who.as_deref(), METHOD, tid)?;
             let (tid, rid) = (tid.to_string(), rid.to_string());
             let v = self
                 .change_tenant(move |s| {
@@ -123,8 +129,14 @@ impl FilterService for Api {
         &self,
         req: Request<pb::ReplaceRulesRequest>,
     ) -> Result<Response<pb::ReplaceRulesResponse>, Status> {
-        self.write("/dpu.v1.FilterService/ReplaceRules", async {
+        const METHOD: &str = "/dpu.v1.FilterService/ReplaceRules";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
+            // The tenant first: a writer of another tenant learns nothing
+            // from how its rules validate.
+            let tid = validate::name("parent", &req.parent, "tenants")?;
+            self.may_change_tenant(who.as_deref(), METHOD, tid)?;
             let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self

@@ -5,6 +5,7 @@
 //! One [`Api`] value implements every service trait; the binary wraps it in
 //! each generated server type.
 
+pub mod authz;
 mod filter;
 mod info;
 mod port;
@@ -15,7 +16,7 @@ mod tenant;
 use std::future::Future;
 use std::sync::Arc;
 
-use tonic::{Code, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use dpu_os::backing::BackingPolicy;
 
@@ -189,6 +190,22 @@ impl Api {
         }
     }
 
+    /// Checks that the caller of a `method` request may change tenant
+    /// `tenant` ([`authz::Caller::may_change_tenant`]); counts a refusal.
+    /// `caller` is what [`caller`] took from the request.
+    ///
+    /// # Errors
+    /// [`ControlError::PermissionDenied`] naming the caller, the method and
+    /// the tenant.
+    fn may_change_tenant(
+        &self,
+        caller: Option<&authz::Caller>,
+        method: &'static str,
+        tenant: &str,
+    ) -> Result<()> {
+        may_change_tenant(&self.ctl.telemetry, caller, method, tenant)
+    }
+
     /// Runs a read-only request: counts it and maps its error.
     async fn read<T>(
         &self,
@@ -323,6 +340,30 @@ pub(crate) mod testing {
         let mut rx = state.subscribe();
         rx.wait_for(|p| p.generation >= generation).await.unwrap();
     }
+}
+
+/// The caller of `req`, as [`authz::AuthzLayer`] let it through; `None`
+/// when the API is served without that layer (then every call is the
+/// service's own, as in process tests).
+fn caller<T>(req: &Request<T>) -> Option<Arc<authz::Caller>> {
+    req.extensions().get::<Arc<authz::Caller>>().cloned()
+}
+
+/// [`Api::may_change_tenant`], for changes that learn their tenant from
+/// the state (inside the change, before it changes anything).
+fn may_change_tenant(
+    telemetry: &Telemetry,
+    caller: Option<&authz::Caller>,
+    method: &'static str,
+    tenant: &str,
+) -> Result<()> {
+    let Some(caller) = caller else {
+        return Ok(());
+    };
+    caller.may_change_tenant(method, tenant).inspect_err(|e| {
+        tracing::debug!(client = %caller.label, method, "refused: {e}");
+        telemetry.observe_denied(method, &caller.label);
+    })
 }
 
 /// Default and maximum page sizes of a list call.

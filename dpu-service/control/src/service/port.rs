@@ -4,7 +4,7 @@ use dpu_proto::v1 as pb;
 use dpu_proto::v1::port_service_server::PortService;
 use tonic::{Request, Response, Status};
 
-use super::{paginate, Api, PAGES};
+use super::{caller, may_change_tenant, paginate, Api, PAGES};
 use crate::convert;
 use crate::error::ControlError;
 use crate::model::{Attachment, PortSpec, State};
@@ -76,11 +76,14 @@ impl PortService for Api {
         &self,
         req: Request<pb::AttachPortRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
-        self.write("/dpu.v1.PortService/AttachPort", async {
+        const METHOD: &str = "/dpu.v1.PortService/AttachPort";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
             let port = validate::name("port", &req.port, "ports")?.to_string();
             let vlan = validate::vlan("vlan_id", req.vlan_id)?;
             let tid = validate::name("tenant", &req.tenant, "tenants")?.to_string();
+            self.may_change_tenant(who.as_deref(), METHOD, &tid)?;
             let ctl = self.ctl.clone();
             let t = self
                 .change_tenant(move |s| {
@@ -97,12 +100,26 @@ impl PortService for Api {
         &self,
         req: Request<pb::DetachPortRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
-        self.write("/dpu.v1.PortService/DetachPort", async {
+        const METHOD: &str = "/dpu.v1.PortService/DetachPort";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
             let port = validate::name("port", &req.port, "ports")?.to_string();
             let vlan = validate::vlan("vlan_id", req.vlan_id)?;
+            let telemetry = self.ctl.telemetry.clone();
             let t = self
                 .change_tenant(move |s| {
+                    // The attachment's tenant is known only here: check it
+                    // before anything changes.
+                    let owner = s
+                        .tenants
+                        .values()
+                        .find(|t| t.attachments.iter().any(|a| a.is_port_vlan(&port, vlan)));
+                    // (One nobody holds is not found, which any reader
+                    // could learn from the tenants' listing.)
+                    if let Some(owner) = owner {
+                        may_change_tenant(&telemetry, who.as_deref(), METHOD, &owner.id)?;
+                    }
                     let t = s.detach(&port, vlan)?;
                     Ok((convert::tenant(t), t.id.clone()))
                 })

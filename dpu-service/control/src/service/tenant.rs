@@ -4,7 +4,7 @@ use dpu_proto::v1 as pb;
 use dpu_proto::v1::tenant_service_server::TenantService;
 use tonic::{Request, Response, Status};
 
-use super::{mask_paths, paginate, required, Api, PAGES};
+use super::{caller, mask_paths, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::model::{RuleSet, Tenant, Timestamp};
 use crate::state::TenantUpdate;
@@ -80,10 +80,13 @@ impl TenantService for Api {
         &self,
         req: Request<pb::UpdateTenantRequest>,
     ) -> Result<Response<pb::Tenant>, Status> {
-        self.write("/dpu.v1.TenantService/UpdateTenant", async {
+        const METHOD: &str = "/dpu.v1.TenantService/UpdateTenant";
+        self.write(METHOD, async {
+            let who = caller(&req);
             let req = req.into_inner();
             let t = required("tenant", req.tenant)?;
             let id = validate::name("tenant.name", &t.name, "tenants")?.to_string();
+            self.may_change_tenant(who.as_deref(), METHOD, &id)?;
             let paths = mask_paths(
                 req.update_mask.as_ref(),
                 &["display_name", "default_policy", "attachments"],

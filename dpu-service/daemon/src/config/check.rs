@@ -40,6 +40,25 @@ impl Config {
                 g.listen
             );
         }
+        if g.tls_cert.is_some()
+            && g.tls_client_ca.is_none()
+            && !g.listen.ip().is_loopback()
+            && !g.allow_insecure_remote
+        {
+            bail!(
+                "refusing TLS without client certificates on non-loopback address {}: anyone who \
+                 reaches it would be an anonymous caller; configure grpc.tls_client_ca (mTLS) and \
+                 grpc.clients, or set grpc.allow_insecure_remote / --allow-insecure-remote",
+                g.listen
+            );
+        }
+        if !g.clients.is_empty() && g.tls_client_ca.is_none() {
+            bail!(
+                "grpc.clients needs grpc.tls_client_ca: clients are known by their certificates \
+                 (mutual TLS)"
+            );
+        }
+        self.authz_policy()?;
         if let Some(h) = g.health_listen {
             if h == g.listen {
                 bail!("grpc.health_listen {h} is also grpc.listen: give the health endpoint its own port");
@@ -466,7 +485,101 @@ mod tests {
         c.grpc.tls_cert = Some("c.pem".into());
         assert!(c.validate().unwrap_err().to_string().contains("tls_key"));
         c.grpc.tls_key = Some("k.pem".into());
+        // Server-only TLS: anyone who reaches it is anonymous.
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("refusing TLS without client certificates"),
+            "{err}"
+        );
+        c.grpc.allow_insecure_remote = true;
         c.validate().unwrap();
+        c.grpc.allow_insecure_remote = false;
+        c.grpc.tls_client_ca = Some("ca.pem".into());
+        c.validate().unwrap();
+        // On loopback server-only TLS needs no consent.
+        c.grpc.tls_client_ca = None;
+        c.grpc.listen = "127.0.0.1:50051".parse().unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn clients_and_their_roles() {
+        let mtls = "[grpc]\nlisten = \"0.0.0.0:50051\"\ntls_cert = \"c\"\ntls_key = \"k\"\ntls_client_ca = \"ca\"\n";
+        let load = |clients: &str| -> Result<Config> {
+            let c: Config = toml::from_str(&format!("{mtls}{clients}"))?;
+            c.validate()?;
+            Ok(c)
+        };
+        let c = load(
+            "[[grpc.clients]]\nidentity = \"cn:ops\"\nrole = \"admin\"\n\
+             [[grpc.clients]]\nidentity = \"dns:mon.example.org\"\nrole = \"reader\"\n\
+             [[grpc.clients]]\nidentity = \"spiffe://example.org/red\"\nrole = \"tenant-writer\"\ntenants = [\"red\", \"blue\"]\n",
+        )
+        .unwrap();
+        let p = c.authz_policy().unwrap();
+        let red = p.caller(Some(&[Name::Uri("spiffe://example.org/red".into())]));
+        assert_eq!(
+            red.role,
+            Some(Role::TenantWriter(
+                ["blue".to_string(), "red".to_string()].into()
+            ))
+        );
+        assert_eq!(red.label, "uri:spiffe://example.org/red");
+        assert_eq!(
+            p.caller(Some(&[Name::Cn("ops".into())])).role,
+            Some(Role::Admin)
+        );
+        // With mTLS there are no anonymous callers; the default role stays admin.
+        assert_eq!(p.caller(None).role, Some(Role::Admin));
+        for (clients, error) in [
+            (
+                "[[grpc.clients]]\nidentity = \"ops\"\nrole = \"admin\"\n",
+                "grpc.clients[0].identity: \"ops\" is not a client identity",
+            ),
+            (
+                "[[grpc.clients]]\nidentity = \"cn:w\"\nrole = \"tenant-writer\"\n",
+                "grpc.clients[0]: role \"tenant-writer\" needs tenants",
+            ),
+            (
+                "[[grpc.clients]]\nidentity = \"cn:w\"\nrole = \"reader\"\ntenants = [\"red\"]\n",
+                "grpc.clients[0]: tenants applies to role \"tenant-writer\" only",
+            ),
+            (
+                "[[grpc.clients]]\nidentity = \"cn:w\"\nrole = \"tenant-writer\"\ntenants = [\"Red Team\"]\n",
+                "grpc.clients[0].tenants[0]",
+            ),
+            (
+                "[[grpc.clients]]\nidentity = \"cn:a\"\nrole = \"admin\"\n\
+                 [[grpc.clients]]\nidentity = \"cn:a\"\nrole = \"reader\"\n",
+                "grpc.clients: client cn:a is named twice",
+            ),
+        ] {
+            let err = load(clients).unwrap_err().to_string();
+            assert!(err.starts_with(error), "{clients}: {err}");
+        }
+        assert!(load("[[grpc.clients]]\nidentity = \"cn:a\"\nrole = \"owner\"\n").is_err());
+        // Clients are known by certificates: they need mTLS.
+        let c: Config =
+            toml::from_str("[[grpc.clients]]\nidentity = \"cn:ops\"\nrole = \"admin\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("grpc.clients needs grpc.tls_client_ca"),
+            "{err}"
+        );
+        // Callers without a certificate: as grpc.anonymous_role says.
+        let c: Config = toml::from_str("[grpc]\nanonymous_role = \"reader\"\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.authz_policy().unwrap().caller(None).role,
+            Some(Role::Reader)
+        );
+        let c: Config = toml::from_str("[grpc]\nanonymous_role = \"none\"\n").unwrap();
+        assert_eq!(c.authz_policy().unwrap().caller(None).role, None);
+        assert_eq!(
+            Config::default().authz_policy().unwrap().caller(None).role,
+            Some(Role::Admin),
+            "the loopback quick-start keeps working"
+        );
     }
 
     #[test]
@@ -1161,6 +1274,10 @@ mod tests {
         );
         assert!(prod.storage.discovery_listen.is_none());
         assert!(prod.grpc.tls_client_ca.is_some(), "production uses mTLS");
+        assert!(
+            !prod.grpc.clients.is_empty(),
+            "production names its clients"
+        );
         assert!(prod.grpc.health_listen.is_some());
         let ids: Vec<&str> = prod.ports.iter().map(|p| p.id.as_str()).collect();
         assert_eq!(ids, ["p0", "pf0hpf", "pf0vf0", "pf0vf1", "p1", "pf1hpf"]);

@@ -29,6 +29,12 @@ pub use cli::{Cli, LogFormat};
 pub use declared::seed_key;
 pub use schema::*;
 
+use dpu_control::service::authz::{Name, Policy, Role};
+
+/// The most `[[grpc.clients]]` entries: each is a label value of the
+/// refusal counters.
+pub const MAX_CLIENTS: usize = 1024;
+
 /// A listener override: a socket address, or "off" for none.
 fn address_or_off(flag: &str, value: &str) -> Result<Option<SocketAddr>> {
     if value == "off" {
@@ -204,6 +210,53 @@ impl Config {
             None => anyhow::anyhow!("storage.file_dirs[{i}]: {why}"),
             Some(j) => anyhow::anyhow!("storage.block_devices[{j}]: {why}"),
         })
+    }
+
+    /// Who may call what on the API ([`dpu_control::service::authz`]):
+    /// `grpc.clients` by their certificates' names, and callers without a
+    /// certificate as `grpc.anonymous_role` says.
+    ///
+    /// # Errors
+    /// Names the `grpc.clients` entry at fault.
+    pub fn authz_policy(&self) -> Result<Policy> {
+        let g = &self.grpc;
+        if g.clients.len() > MAX_CLIENTS {
+            anyhow::bail!(
+                "grpc.clients: {} entries, more than the {MAX_CLIENTS} allowed",
+                g.clients.len()
+            );
+        }
+        let mut clients = Vec::with_capacity(g.clients.len());
+        for (i, c) in g.clients.iter().enumerate() {
+            let at = format!("grpc.clients[{i}]");
+            let name =
+                Name::parse(&c.identity).map_err(|e| anyhow::anyhow!("{at}.identity: {e}"))?;
+            let role = match c.role {
+                RoleName::TenantWriter => {
+                    if c.tenants.is_empty() {
+                        anyhow::bail!("{at}: role \"tenant-writer\" needs tenants = [\"ID\", ...]");
+                    }
+                    for (k, t) in c.tenants.iter().enumerate() {
+                        dpu_control::validate::id(&format!("{at}.tenants[{k}]"), t)
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    }
+                    Role::TenantWriter(c.tenants.iter().cloned().collect())
+                }
+                r if !c.tenants.is_empty() => anyhow::bail!(
+                    "{at}: tenants applies to role \"tenant-writer\" only, not {:?}",
+                    r
+                ),
+                RoleName::Admin => Role::Admin,
+                RoleName::Reader => Role::Reader,
+            };
+            clients.push((name, role));
+        }
+        let anonymous = match g.anonymous_role {
+            AnonymousRole::Admin => Some(Role::Admin),
+            AnonymousRole::Reader => Some(Role::Reader),
+            AnonymousRole::None => None,
+        };
+        Policy::new(clients, anonymous).map_err(|e| anyhow::anyhow!("grpc.clients: {e}"))
     }
 
     /// Creates the default file directory, `<state.dir>/volumes`, with mode

@@ -128,6 +128,56 @@ pub struct GrpcConfig {
     /// (the same statuses as the main listener), for probes that cannot
     /// speak TLS, such as the kubelet's gRPC probes. `None`: no such listener.
     pub health_listen: Option<SocketAddr>,
+    /// The API's clients, known by their certificates' names (mTLS), and
+    /// their roles. A client certificate that names none of them may call
+    /// nothing.
+    pub clients: Vec<ClientConfig>,
+    /// The role of callers without a client certificate (plain text, or
+    /// TLS without `tls_client_ca`); with mTLS there are none.
+    pub anonymous_role: AnonymousRole,
+}
+
+/// `[[grpc.clients]]`: one client of the API and its role.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    /// A name its certificate carries: `cn:NAME` (subject common name),
+    /// `dns:NAME` (DNS subject alternative name), `uri:URI` (URI subject
+    /// alternative name) or a bare SPIFFE ID `spiffe://TRUST-DOMAIN/PATH`.
+    pub identity: String,
+    /// Its role.
+    pub role: RoleName,
+    /// The tenants a `tenant-writer` may change (IDs); empty for the
+    /// other roles.
+    #[serde(default)]
+    pub tenants: Vec<String>,
+}
+
+/// A role of `[[grpc.clients]]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoleName {
+    /// Every method.
+    Admin,
+    /// Gets, lists, watches, counters, service info, health and reflection.
+    Reader,
+    /// What a reader may, and changes to the rules and attachments (and
+    /// default policy and display name) of the tenants it names.
+    TenantWriter,
+}
+
+/// `grpc.anonymous_role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnonymousRole {
+    /// Every method: the loopback quick-start (and, with
+    /// `allow_insecure_remote`, anyone who reaches the listener).
+    #[default]
+    Admin,
+    /// Read methods only.
+    Reader,
+    /// Nothing.
+    None,
 }
 
 impl Default for GrpcConfig {
@@ -139,6 +189,8 @@ impl Default for GrpcConfig {
             tls_key: None,
             tls_client_ca: None,
             health_listen: None,
+            clients: Vec::new(),
+            anonymous_role: AnonymousRole::Admin,
         }
     }
 }
