@@ -270,6 +270,7 @@ fn load(file: &Path) -> std::result::Result<State, LoadError> {
 mod tests {
     use super::*;
     use crate::model::{Action, RuleSet, Tenant, Timestamp};
+    use crate::state::Limits;
 
     fn add_tenant(h: &StateHandle, id: &str) -> Result<()> {
         let t = Tenant {
@@ -280,7 +281,7 @@ mod tests {
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
         };
-        h.mutate_blocking(|s| s.create_tenant(&Default::default(), t))
+        h.mutate_blocking(|s| s.create_tenant(Limits::with_ram(0), &Default::default(), t))
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! `dpu.v1.FilterService`.
 
+use std::collections::HashSet;
+
 use dpu_proto::v1 as pb;
 use dpu_proto::v1::filter_service_server::FilterService;
 use tonic::{Request, Response, Status};
@@ -29,20 +31,21 @@ impl FilterService for Api {
             let pbr = required("rule", req.rule)?;
             let rule = validate::rule("rule", &req.rule_id, &pbr)?;
             let expected = req.expected_version;
+            let limits = self.ctl.limits;
             let (rule, version) = self
                 .change_tenant(move |s| {
                     let mut rule = rule;
                     if rule.id.is_empty() {
-                        let taken: Vec<String> = s
+                        let taken: HashSet<String> = s
                             .tenant(&tid)?
                             .rules
                             .rules
                             .iter()
                             .map(|r| r.id.clone())
                             .collect();
-                        rule.id = s.next_id("rule", |c| taken.iter().any(|t| t == c));
+                        rule.id = s.next_id("rule", |c| taken.contains(c));
                     }
-                    let v = s.add_rule(&tid, rule.clone(), expected)?;
+                    let v = s.add_rule(limits, &tid, rule.clone(), expected)?;
                     Ok(((convert::rule(&tid, &rule), v), tid))
                 })
                 .await?;
@@ -125,11 +128,21 @@ impl FilterService for Api {
     ) -> Result<Response<pb::ReplaceRulesResponse>, Status> {
         self.write("/dpu.v1.FilterService/ReplaceRules", async {
             let req = req.into_inner();
+            let limits = self.ctl.limits;
+            // Before converting anything: the state checks the same cap,
+            // with the tenant's own count, once the rules are converted.
+            if req.rules.len() > limits.rules_per_tenant {
+                return Err(ControlError::exhausted(
+                    "limits.max_rules_per_tenant",
+                    limits.rules_per_tenant,
+                    format!("{} rules in {}", req.rules.len(), req.parent),
+                ));
+            }
             let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self
                 .change_tenant(move |s| {
-                    let v = s.replace_rules(&tid, rules, req.expected_version)?;
+                    let v = s.replace_rules(limits, &tid, rules, req.expected_version)?;
                     Ok((v, tid))
                 })
                 .await?;

@@ -276,7 +276,7 @@ pub(crate) mod testing {
     use crate::store::{Published, StateHandle};
 
     /// Limits for tests: 1 MiB of RAM namespaces.
-    pub(crate) const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
+    pub(crate) const LIMITS: Limits = Limits::with_ram(1 << 20);
 
     /// The backing policy of tests: files anywhere (without symbolic
     /// links), any device under `/dev`.

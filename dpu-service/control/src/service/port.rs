@@ -84,7 +84,12 @@ impl PortService for Api {
             let ctl = self.ctl.clone();
             let t = self
                 .change_tenant(move |s| {
-                    let t = s.attach(&ctl.ports, &tid, Attachment::port_vlan(&port, vlan))?;
+                    let t = s.attach(
+                        ctl.limits,
+                        &ctl.ports,
+                        &tid,
+                        Attachment::port_vlan(&port, vlan),
+                    )?;
                     Ok((convert::tenant(t), tid))
                 })
                 .await?;

@@ -10,7 +10,7 @@ use super::{mask_paths, num_key, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
 use crate::model::{Backend, Namespace, State, Subsystem, Timestamp};
-use crate::state::{Part, SubsystemUpdate};
+use crate::state::{Limits, Part, SubsystemUpdate};
 use crate::validate::{self, DISCOVERY_NQN};
 
 const DEFAULT_MODEL: &str = "dpu-service";
@@ -94,13 +94,22 @@ impl Api {
         &self,
         subsystem: &str,
         host: String,
-        change: for<'a> fn(&'a mut State, &str, &str) -> Result<&'a Subsystem>,
+        change: for<'a> fn(&'a mut State, Limits, &str, &str) -> Result<&'a Subsystem>,
     ) -> Result<pb::Subsystem> {
         let id = validate::name("subsystem", subsystem, "subsystems")?.to_string();
         validate::nqn("host_nqn", &host)?;
-        self.change_storage(move |st| Ok((convert::subsystem(change(st, &id, &host)?), None)))
-            .await
+        let limits = self.ctl.limits;
+        self.change_storage(move |st| {
+            Ok((convert::subsystem(change(st, limits, &id, &host)?), None))
+        })
+        .await
     }
+}
+
+/// [`State::remove_host`] in the shape of [`State::add_host`]: removing
+/// takes no cap.
+fn remove_host<'a>(st: &'a mut State, _: Limits, id: &str, host: &str) -> Result<&'a Subsystem> {
+    st.remove_host(id, host)
 }
 
 #[tonic::async_trait]
@@ -148,7 +157,8 @@ impl StorageService for Api {
                 listeners: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
-            self.change_storage(move |st| st.create_subsystem(sub).map(|()| ((), None)))
+            let limits = self.ctl.limits;
+            self.change_storage(move |st| st.create_subsystem(limits, sub).map(|()| ((), None)))
                 .await?;
             Ok(out)
         })
@@ -212,9 +222,13 @@ impl StorageService for Api {
                     }
                 }
             }
+            let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {
-                    Ok((convert::subsystem(st.update_subsystem(&id, u)?), None))
+                    Ok((
+                        convert::subsystem(st.update_subsystem(limits, &id, u)?),
+                        None,
+                    ))
                 })
                 .await?;
             Ok(out)
@@ -254,7 +268,7 @@ impl StorageService for Api {
     ) -> Result<Response<pb::Subsystem>, Status> {
         self.write("/dpu.v1.StorageService/RemoveHost", async {
             let req = req.into_inner();
-            self.change_host(&req.subsystem, req.host_nqn, State::remove_host)
+            self.change_host(&req.subsystem, req.host_nqn, remove_host)
                 .await
         })
         .await
@@ -385,9 +399,10 @@ impl StorageService for Api {
             let sid = validate::name("parent", &req.parent, "subsystems")?.to_string();
             let l = required("listener", req.listener)?;
             let listener = validate::listener("listener", &req.listener_id, &l)?;
+            let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {
-                    let l = st.create_listener(&sid, listener)?;
+                    let l = st.create_listener(limits, &sid, listener)?;
                     let part = Part::Listener {
                         subsystem: sid.clone(),
                         id: l.id.clone(),

@@ -36,7 +36,8 @@ impl TenantService for Api {
             let out = convert::tenant(&tenant);
             self.change_tenant(move |s| {
                 let id = tenant.id.clone();
-                s.create_tenant(&ctl.ports, tenant).map(|()| ((), id))
+                s.create_tenant(ctl.limits, &ctl.ports, tenant)
+                    .map(|()| ((), id))
             })
             .await?;
             Ok(out)
@@ -110,7 +111,7 @@ impl TenantService for Api {
             let ctl = self.ctl.clone();
             let updated = self
                 .change_tenant(move |s| {
-                    let t = convert::tenant(s.update_tenant(&ctl.ports, &id, u)?);
+                    let t = convert::tenant(s.update_tenant(ctl.limits, &ctl.ports, &id, u)?);
                     Ok((t, id))
                 })
                 .await?;

@@ -7,7 +7,7 @@ use dpu_proto::v1 as pb;
 use super::{child_name, id, name, text};
 use crate::error::{ControlError, Result};
 use crate::model::{
-    Action, Attachment, IpPrefix, MacAddr, PortRange, RateLimit, Rule, SourceGuard,
+    Action, Attachment, Claims, IpPrefix, MacAddr, PortRange, RateLimit, Rule, SourceGuard,
 };
 
 /// Most rules one tenant may hold.
@@ -47,17 +47,19 @@ pub fn attachments(field: &str, list: &[pb::Attachment]) -> Result<Vec<Attachmen
             ),
         ));
     }
-    let mut out: Vec<Attachment> = Vec::with_capacity(list.len());
-    for (i, a) in list.iter().enumerate() {
-        let f = format!("{field}[{i}]");
-        let att = attachment(&f, a)?;
-        if let Some(j) = out.iter().position(|o| o.conflicts_with(&att)) {
+    let out = list
+        .iter()
+        .enumerate()
+        .map(|(i, a)| attachment(&format!("{field}[{i}]"), a))
+        .collect::<Result<Vec<_>>>()?;
+    let mut claims = Claims::new();
+    for (i, att) in out.iter().enumerate() {
+        if let Err((o, j)) = claims.insert(att, i) {
             return Err(ControlError::invalid(
-                f,
-                format!("{att} overlaps {field}[{j}] ({})", out[j]),
+                format!("{field}[{i}]"),
+                format!("{att} overlaps {field}[{j}] ({o})"),
             ));
         }
-        out.push(att);
     }
     Ok(out)
 }
