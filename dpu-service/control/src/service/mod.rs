@@ -5,12 +5,17 @@
 //! One [`Api`] value implements every service trait; the binary wraps it in
 //! each generated server type.
 
+mod bounds;
 mod filter;
 mod info;
 mod port;
 mod storage;
 mod telemetry;
 mod tenant;
+
+pub use bounds::{
+    count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
+};
 
 use std::future::Future;
 use std::sync::Arc;
