@@ -106,13 +106,11 @@ impl FilterService for Api {
             let tid = validate::name("parent", &req.parent, "tenants")?;
             let state = self.ctl.state.snapshot();
             let t = state.tenant(tid)?;
-            let items = t
-                .rules
-                .rules
-                .iter()
-                .map(|r| (num_key(r.priority), convert::rule(tid, r)));
+            let items = t.rules.rules.iter().map(|r| (num_key(r.priority), r));
             let (rules, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, RULE_PAGES)?;
+                paginate(items, req.page_size, &req.page_token, RULE_PAGES, |r| {
+                    convert::rule(tid, r)
+                })?;
             Ok(pb::ListRulesResponse {
                 rules,
                 next_page_token,

@@ -183,12 +183,14 @@ impl StorageService for Api {
         self.read("/dpu.v1.StorageService/ListSubsystems", async {
             let req = req.into_inner();
             let state = self.ctl.state.snapshot();
-            let items = state
-                .subsystems
-                .iter()
-                .map(|(k, s)| (k.clone(), convert::subsystem(s)));
-            let (subsystems, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+            let items = state.subsystems.iter().map(|(k, s)| (k.as_str(), s));
+            let (subsystems, next_page_token) = paginate(
+                items,
+                req.page_size,
+                &req.page_token,
+                PAGES,
+                convert::subsystem,
+            )?;
             Ok(pb::ListSubsystemsResponse {
                 subsystems,
                 next_page_token,
@@ -327,9 +329,11 @@ impl StorageService for Api {
                 .subsystem(sid)?
                 .namespaces
                 .values()
-                .map(|n| (num_key(n.nsid), convert::namespace(sid, n)));
+                .map(|n| (num_key(n.nsid), n));
             let (namespaces, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+                paginate(items, req.page_size, &req.page_token, PAGES, |n| {
+                    convert::namespace(sid, n)
+                })?;
             Ok(pb::ListNamespacesResponse {
                 namespaces,
                 next_page_token,
@@ -427,9 +431,11 @@ impl StorageService for Api {
                 .subsystem(sid)?
                 .listeners
                 .iter()
-                .map(|(k, l)| (k.clone(), convert::listener(sid, l)));
+                .map(|(k, l)| (k.as_str(), l));
             let (listeners, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+                paginate(items, req.page_size, &req.page_token, PAGES, |l| {
+                    convert::listener(sid, l)
+                })?;
             Ok(pb::ListListenersResponse {
                 listeners,
                 next_page_token,

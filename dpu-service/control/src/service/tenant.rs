@@ -63,12 +63,14 @@ impl TenantService for Api {
         self.read("/dpu.v1.TenantService/ListTenants", async {
             let req = req.into_inner();
             let state = self.ctl.state.snapshot();
-            let items = state
-                .tenants
-                .iter()
-                .map(|(k, t)| (k.clone(), convert::tenant(t)));
-            let (tenants, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+            let items = state.tenants.iter().map(|(k, t)| (k.as_str(), t));
+            let (tenants, next_page_token) = paginate(
+                items,
+                req.page_size,
+                &req.page_token,
+                PAGES,
+                convert::tenant,
+            )?;
             Ok(pb::ListTenantsResponse {
                 tenants,
                 next_page_token,
