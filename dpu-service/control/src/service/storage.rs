@@ -26,6 +26,12 @@ fn serial_from_nqn(nqn: &str) -> String {
 }
 
 fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
+    if list.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
+        return Err(ControlError::invalid(
+            field,
+            format!("at most {} hosts", validate::MAX_HOSTS_PER_SUBSYSTEM),
+        ));
+    }
     let mut out = BTreeSet::new();
     for (i, h) in list.iter().enumerate() {
         validate::nqn(&format!("{field}[{i}]"), h)?;
@@ -35,12 +41,6 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
                 format!("{h} is listed twice"),
             ));
         }
-    }
-    if out.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
-        return Err(ControlError::invalid(
-            field,
-            format!("at most {} hosts", validate::MAX_HOSTS_PER_SUBSYSTEM),
-        ));
     }
     Ok(out)
 }
