@@ -150,6 +150,12 @@ async fn a_maximal_replace_rules_is_refused_without_decoding_it() -> Result<()> 
         s.message()
     );
 
+    // Both refusals are counted.
+    let (_, metrics) = svc.http_get("/metrics")?;
+    let line = "dpu_grpc_requests_total{method=\"/dpu.v1.FilterService/ReplaceRules\",\
+                code=\"ResourceExhausted\"} 2";
+    assert!(metrics.contains(line), "{metrics}");
+
     // The service is unharmed and the tenant's rules untouched.
     let t = c
         .list_rules(pb::ListRulesRequest {

@@ -348,6 +348,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             TenantServiceServer::new(api.clone())
                 .max_decoding_message_size(size(<TenantServiceServer<Api> as NamedService>::NAME)),
             limits,
+            ctl.telemetry.clone(),
         ))
         .add_service(
             PortServiceServer::new(api.clone())
@@ -357,6 +358,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             FilterServiceServer::new(api.clone())
                 .max_decoding_message_size(size(<FilterServiceServer<Api> as NamedService>::NAME)),
             limits,
+            ctl.telemetry.clone(),
         ))
         .add_service(
             StorageServiceServer::new(api.clone())

@@ -20,6 +20,7 @@
 //! bytes of the message itself.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -32,6 +33,7 @@ use tonic::Status;
 
 use crate::error::ControlError;
 use crate::state::Limits;
+use crate::telemetry::Telemetry;
 use crate::validate::{MAX_GUARD_ENTRIES, MAX_HOSTS_PER_SUBSYSTEM, MAX_REMOTE_VTEPS};
 
 /// Largest request of a service whose requests hold no long lists
@@ -255,22 +257,25 @@ fn check(method: &str, frame: &[u8], limits: &Limits) -> Result<(), Status> {
 /// A gRPC service (a tonic server) whose requests are held to `max_bytes`
 /// and, for the methods with counted lists, counted before the service
 /// decodes them. Wrap the generated server built with the same
-/// `max_decoding_message_size`.
+/// `max_decoding_message_size`. Refusals are counted with the service's
+/// other requests ([`Telemetry::observe_request`]).
 #[derive(Debug, Clone)]
 pub struct Bounded<S> {
     inner: S,
     limits: Limits,
     max_bytes: usize,
+    telemetry: Arc<Telemetry>,
 }
 
 impl<S: NamedService> Bounded<S> {
     /// Wraps `inner`, whose requests may be [`request_bytes`] long under
-    /// `limits`.
-    pub fn new(inner: S, limits: Limits) -> Self {
+    /// `limits`, counting refusals in `telemetry`.
+    pub fn new(inner: S, limits: Limits, telemetry: Arc<Telemetry>) -> Self {
         Bounded {
             inner,
             max_bytes: request_bytes(S::NAME, &limits),
             limits,
+            telemetry,
         }
     }
 }
@@ -296,13 +301,23 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if !COUNTED.iter().any(|c| c.method == req.uri().path()) {
+        let Some(method) = COUNTED
+            .iter()
+            .map(|c| c.method)
+            .find(|m| *m == req.uri().path())
+        else {
             return Box::pin(self.inner.call(req));
-        }
+        };
         // The readied service answers this call; the clone waits for the next.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let (limits, max_bytes) = (self.limits, self.max_bytes);
+        let telemetry = self.telemetry.clone();
+        let refuse = move |status: Status| {
+            telemetry.observe_request(method, status.code());
+            tracing::debug!(method, error = %status.message(), "refused before decoding");
+            Ok(status.into_http())
+        };
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             // The frame's 5-byte header on top of the message.
@@ -312,18 +327,15 @@ where
             {
                 Ok(c) => c.to_bytes(),
                 Err(e) if e.is::<LengthLimitError>() => {
-                    return Ok(Status::resource_exhausted(format!(
+                    return refuse(Status::resource_exhausted(format!(
                         "the request is larger than the {max_bytes} bytes this service takes \
                          (set by the limits.* caps)"
-                    ))
-                    .into_http())
+                    )))
                 }
-                Err(e) => {
-                    return Ok(Status::cancelled(format!("reading the request: {e}")).into_http())
-                }
+                Err(e) => return refuse(Status::cancelled(format!("reading the request: {e}"))),
             };
-            if let Err(status) = check(parts.uri.path(), &frame, &limits) {
-                return Ok(status.into_http());
+            if let Err(status) = check(method, &frame, &limits) {
+                return refuse(status);
             }
             let body = Body::new(Full::<Bytes>::new(frame));
             inner.call(http::Request::from_parts(parts, body)).await
