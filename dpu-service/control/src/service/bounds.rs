@@ -17,15 +17,21 @@
 //!   the configuration key, and nothing of it is decoded.
 //!
 //! What is decoded is then at most the caps' number of entries plus the
-//! bytes of the message itself.
+//! bytes of the message itself; and since [`Bounded`] serves at most
+//! [`LARGE_REQUESTS_AT_ONCE`] requests larger than [`SMALL_REQUEST`] of
+//! its service at a time (the others wait, within
+//! [`REQUEST_READ_TIMEOUT`]), many clients sending large requests at once
+//! do not multiply it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use prost::bytes::Buf;
+use http_body_util::{BodyExt, Full};
+use prost::bytes::{Buf, BytesMut};
 use prost::encoding::{decode_key, decode_varint, WireType};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Bytes, Service};
 use tonic::server::NamedService;
@@ -254,16 +260,31 @@ fn check(method: &str, frame: &[u8], limits: &Limits) -> Result<(), Status> {
     Ok(())
 }
 
-/// A gRPC service (a tonic server) whose requests are held to `max_bytes`
+/// How many requests of one service larger than [`SMALL_REQUEST`] are
+/// read and served at once; the others wait. Each may hold its message
+/// twice (read here, then decoded by tonic) and what it decodes to, so
+/// this bounds what large requests can make the service allocate, however
+/// many clients send them.
+pub const LARGE_REQUESTS_AT_ONCE: usize = 2;
+
+/// How long a request may take to arrive, waiting for its turn included;
+/// a client that sends slower is refused, so it cannot hold a turn.
+pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A gRPC service (a tonic server) whose requests are held to
+/// [`request_bytes`], at most [`LARGE_REQUESTS_AT_ONCE`] of them larger
+/// than [`SMALL_REQUEST`] at once, read within [`REQUEST_READ_TIMEOUT`],
 /// and, for the methods with counted lists, counted before the service
 /// decodes them. Wrap the generated server built with the same
-/// `max_decoding_message_size`. Refusals are counted with the service's
-/// other requests ([`Telemetry::observe_request`]).
+/// `max_decoding_message_size`. Refusals of the counted methods are
+/// counted with the service's other requests
+/// ([`Telemetry::observe_request`]).
 #[derive(Debug, Clone)]
 pub struct Bounded<S> {
     inner: S,
     limits: Limits,
     max_bytes: usize,
+    large: Arc<Semaphore>,
     telemetry: Arc<Telemetry>,
 }
 
@@ -275,6 +296,7 @@ impl<S: NamedService> Bounded<S> {
             inner,
             max_bytes: request_bytes(S::NAME, &limits),
             limits,
+            large: Arc::new(Semaphore::new(LARGE_REQUESTS_AT_ONCE)),
             telemetry,
         }
     }
@@ -282,6 +304,48 @@ impl<S: NamedService> Bounded<S> {
 
 impl<S: NamedService> NamedService for Bounded<S> {
     const NAME: &'static str = S::NAME;
+}
+
+/// Why a request's body was not read.
+enum Unread {
+    /// It is longer than the service takes.
+    TooLarge,
+    /// The transport failed.
+    Failed(String),
+}
+
+/// Reads a request's body, at most `max` bytes of it: the first
+/// [`SMALL_REQUEST`] bytes at once, the rest once `large` grants a turn,
+/// which is answered with the bytes and held until the request is served.
+async fn read_body(
+    mut body: Body,
+    max: usize,
+    large: &Arc<Semaphore>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Unread> {
+    let mut buf = BytesMut::new();
+    let mut turn = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Unread::Failed(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let len = buf.len().saturating_add(data.len());
+        if len > max {
+            return Err(Unread::TooLarge);
+        }
+        if len > SMALL_REQUEST && turn.is_none() {
+            // Closed never: the semaphore lives as long as the service.
+            turn = Some(
+                large
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| Unread::Failed(e.to_string()))?,
+            );
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf.freeze(), turn))
 }
 
 impl<S> Service<http::Request<Body>> for Bounded<S>
@@ -301,44 +365,55 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let Some(method) = COUNTED
-            .iter()
-            .map(|c| c.method)
-            .find(|m| *m == req.uri().path())
-        else {
-            return Box::pin(self.inner.call(req));
-        };
         // The readied service answers this call; the clone waits for the next.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let (limits, max_bytes) = (self.limits, self.max_bytes);
+        let large = self.large.clone();
         let telemetry = self.telemetry.clone();
+        let counted = COUNTED
+            .iter()
+            .map(|c| c.method)
+            .find(|m| *m == req.uri().path());
         let refuse = move |status: Status| {
-            telemetry.observe_request(method, status.code());
-            tracing::debug!(method, error = %status.message(), "refused before decoding");
+            if let Some(method) = counted {
+                telemetry.observe_request(method, status.code());
+            }
+            tracing::debug!(method = ?counted, error = %status.message(), "refused before decoding");
             Ok(status.into_http())
         };
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             // The frame's 5-byte header on top of the message.
-            let frame = match Limited::new(body, max_bytes.saturating_add(5))
-                .collect()
-                .await
-            {
-                Ok(c) => c.to_bytes(),
-                Err(e) if e.is::<LengthLimitError>() => {
+            let read = read_body(body, max_bytes.saturating_add(5), &large);
+            let (frame, turn) = match tokio::time::timeout(REQUEST_READ_TIMEOUT, read).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(Unread::TooLarge)) => {
                     return refuse(Status::resource_exhausted(format!(
                         "the request is larger than the {max_bytes} bytes this service takes \
                          (set by the limits.* caps)"
                     )))
                 }
-                Err(e) => return refuse(Status::cancelled(format!("reading the request: {e}"))),
+                Ok(Err(Unread::Failed(e))) => {
+                    return refuse(Status::cancelled(format!("reading the request: {e}")))
+                }
+                Err(_) => {
+                    return refuse(Status::deadline_exceeded(format!(
+                        "the request did not arrive within {} s",
+                        REQUEST_READ_TIMEOUT.as_secs()
+                    )))
+                }
             };
-            if let Err(status) = check(method, &frame, &limits) {
-                return refuse(status);
+            if let Some(method) = counted {
+                if let Err(status) = check(method, &frame, &limits) {
+                    return refuse(status);
+                }
             }
             let body = Body::new(Full::<Bytes>::new(frame));
-            inner.call(http::Request::from_parts(parts, body)).await
+            let response = inner.call(http::Request::from_parts(parts, body)).await;
+            // What the request decoded to is gone: the next large one may come.
+            drop(turn);
+            response
         })
     }
 }
@@ -546,5 +621,106 @@ mod tests {
         };
         let e = check("/dpu.v1.TenantService/CreateTenant", &frame(&req), &L).unwrap_err();
         assert!(e.message().contains("allowed_macs"), "{}", e.message());
+    }
+
+    /// An inner service that holds every call until released, counting
+    /// how many it holds.
+    #[derive(Clone)]
+    struct Held {
+        inside: Arc<std::sync::atomic::AtomicUsize>,
+        most: Arc<std::sync::atomic::AtomicUsize>,
+        release: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl NamedService for Held {
+        const NAME: &'static str = "dpu.v1.FilterService";
+    }
+
+    impl Service<http::Request<Body>> for Held {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = BoxFuture<http::Response<Body>, Infallible>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+            use std::sync::atomic::Ordering::SeqCst;
+            let h = self.clone();
+            Box::pin(async move {
+                let n = h.inside.fetch_add(1, SeqCst) + 1;
+                h.most.fetch_max(n, SeqCst);
+                h.release.acquire().await.unwrap().forget();
+                h.inside.fetch_sub(1, SeqCst);
+                Ok(http::Response::new(Body::empty()))
+            })
+        }
+    }
+
+    fn request(path: &'static str, frame: Vec<u8>) -> http::Request<Body> {
+        let mut req = http::Request::new(Body::new(Full::new(Bytes::from(frame))));
+        *req.uri_mut() = http::Uri::from_static(path);
+        req
+    }
+
+    /// Five large requests at once: two are served, the rest wait their
+    /// turn; small ones do not wait; too large ones are refused.
+    #[tokio::test]
+    async fn large_requests_take_turns() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let held = Held {
+            inside: Default::default(),
+            most: Default::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let svc = Bounded::new(held.clone(), L, Arc::new(Telemetry::default()));
+        let big = pb::AddRuleRequest {
+            parent: "tenants/a".into(),
+            rule: Some(pb::FilterRule {
+                description: "d".repeat(1 << 20),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                let mut s = svc.clone();
+                let req = request("/dpu.v1.FilterService/AddRule", frame(&big));
+                tokio::spawn(async move { s.call(req).await })
+            })
+            .collect();
+        let settle = || tokio::time::sleep(Duration::from_millis(200));
+        settle().await;
+        assert_eq!(held.inside.load(SeqCst), LARGE_REQUESTS_AT_ONCE);
+        // A small request is served beside them.
+        let mut s = svc.clone();
+        let small = tokio::spawn(async move {
+            s.call(request(
+                "/dpu.v1.FilterService/GetRule",
+                frame(&pb::GetRuleRequest::default()),
+            ))
+            .await
+        });
+        settle().await;
+        assert_eq!(held.inside.load(SeqCst), LARGE_REQUESTS_AT_ONCE + 1);
+        held.release.add_permits(6);
+        small.await.unwrap().unwrap();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(held.most.load(SeqCst), LARGE_REQUESTS_AT_ONCE + 1);
+        // Longer than the service takes: refused, never served.
+        let huge = request(
+            "/dpu.v1.FilterService/AddRule",
+            vec![0; request_bytes("dpu.v1.FilterService", &L) + 6],
+        );
+        let r = svc.clone().call(huge).await.unwrap();
+        assert_eq!(
+            r.headers().get("grpc-status").map(|v| v.as_bytes()),
+            Some(b"8".as_slice()),
+            "RESOURCE_EXHAUSTED"
+        );
+        assert_eq!(held.inside.load(SeqCst), 0);
     }
 }
