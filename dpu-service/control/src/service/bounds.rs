@@ -2,7 +2,7 @@
 //! before a request is decoded.
 //!
 //! Decoding costs more memory than the wire: an empty `FilterRule` is 2
-//! bytes on the wire and a few hundred once decoded, so a size limit
+//! bytes on the wire and about 190 once decoded, so a size limit
 //! alone lets a 64 MiB `ReplaceRules` become gigabytes. Two bounds close
 //! that:
 //!
@@ -334,7 +334,7 @@ async fn read_body(
             return Err(Unread::TooLarge);
         }
         if len > SMALL_REQUEST && turn.is_none() {
-            // Closed never: the semaphore lives as long as the service.
+            // Never closed: the semaphore lives as long as the service.
             turn = Some(
                 large
                     .clone()
