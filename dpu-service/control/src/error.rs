@@ -57,6 +57,17 @@ pub enum ControlError {
     /// (`INTERNAL`).
     #[error("{0}")]
     Rejected(String),
+    /// The change would take the state, or the request itself, past a
+    /// configured cap (`RESOURCE_EXHAUSTED`); nothing changed.
+    #[error("{what}: the limit is {max} ({limit})")]
+    ResourceExhausted {
+        /// The configuration key of the cap, e.g. `limits.max_tenants`.
+        limit: &'static str,
+        /// The cap's value.
+        max: u64,
+        /// What would exceed it, e.g. `70000 rules in tenants/red`.
+        what: String,
+    },
 }
 
 impl ControlError {
@@ -76,6 +87,16 @@ impl ControlError {
         }
     }
 
+    /// Builds a [`ControlError::ResourceExhausted`]: `what` would exceed
+    /// the cap `max` set by the configuration key `limit`.
+    pub fn exhausted(limit: &'static str, max: usize, what: impl Into<String>) -> Self {
+        Self::ResourceExhausted {
+            limit,
+            max: u64::try_from(max).unwrap_or(u64::MAX),
+            what: what.into(),
+        }
+    }
+
     /// The gRPC status code this error maps onto.
     pub fn code(&self) -> Code {
         match self {
@@ -88,6 +109,7 @@ impl ControlError {
             Self::NotApplied(_) => Code::Internal,
             Self::CannotApply(_) => Code::FailedPrecondition,
             Self::Rejected(_) => Code::Internal,
+            Self::ResourceExhausted { .. } => Code::ResourceExhausted,
         }
     }
 }

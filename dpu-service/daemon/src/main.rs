@@ -32,8 +32,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use dpu_control::model::{State, Timestamp};
 use dpu_control::service::authz::AuthzLayer;
-use dpu_control::service::{Api, Control, ServiceFacts};
-use dpu_control::state::Limits;
+use dpu_control::service::{request_bytes, Api, Bounded, Control, ServiceFacts};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
 use dpu_proto::v1::filter_service_server::FilterServiceServer;
@@ -43,13 +42,12 @@ use dpu_proto::v1::storage_service_server::StorageServiceServer;
 use dpu_proto::v1::telemetry_service_server::TelemetryServiceServer;
 use dpu_proto::v1::tenant_service_server::TenantServiceServer;
 use tokio::sync::watch;
+use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Cli, Config, LogFormat};
 
-/// Largest gRPC message accepted: a full 64K-rule `ReplaceRules` fits.
-const MAX_MESSAGE: usize = 64 << 20;
 /// How long in-flight calls and open streams get to finish at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -272,9 +270,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             .map(|p| (p.id.clone(), p))
             .collect(),
         telemetry,
-        limits: Limits {
-            ram_bytes: config.ram_limit(),
-        },
+        limits: config.limits(),
         backing: Arc::new(backing),
         facts: ServiceFacts {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -370,18 +366,45 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         builder = builder.tls_config(tls).context("TLS configuration")?;
     }
     let mut grpc_stop = stop_rx.clone();
+    // Each service takes what its largest valid request needs under the
+    // configured caps; lists are counted before decoding (`Bounded`).
+    let limits = ctl.limits;
+    let size = |name: &str| request_bytes(name, &limits);
     // Every call of the API listener is authorized by its method first.
     let router = builder
         .layer(authz)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(InfoServiceServer::new(api.clone()))
-        .add_service(TenantServiceServer::new(api.clone()))
-        .add_service(PortServiceServer::new(api.clone()))
-        .add_service(FilterServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE))
-        .add_service(StorageServiceServer::new(api.clone()))
-        .add_service(TelemetryServiceServer::new(api));
+        .add_service(
+            InfoServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<InfoServiceServer<Api> as NamedService>::NAME)),
+        )
+        .add_service(Bounded::new(
+            TenantServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<TenantServiceServer<Api> as NamedService>::NAME)),
+            limits,
+            ctl.telemetry.clone(),
+        ))
+        .add_service(
+            PortServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<PortServiceServer<Api> as NamedService>::NAME)),
+        )
+        .add_service(Bounded::new(
+            FilterServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<FilterServiceServer<Api> as NamedService>::NAME)),
+            limits,
+            ctl.telemetry.clone(),
+        ))
+        .add_service(
+            StorageServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<StorageServiceServer<Api> as NamedService>::NAME)),
+        )
+        .add_service(
+            TelemetryServiceServer::new(api).max_decoding_message_size(size(
+                <TelemetryServiceServer<Api> as NamedService>::NAME,
+            )),
+        );
     let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {

@@ -15,6 +15,7 @@
 #![no_main]
 
 use dpu_control::model::{Action, RuleSet, State, Tenant, Timestamp};
+use dpu_control::state::Limits;
 use dpu_control::{convert, validate};
 use dpu_proto::v1 as pb;
 use prost::Message;
@@ -26,7 +27,9 @@ const TENANT: &str = "fuzz";
 /// state change. `None` if the request is refused.
 fn replace_rules(state: &mut State, req: &pb::ReplaceRulesRequest) -> Option<u64> {
     let (tid, rules) = validate::replace_rules(req).ok()?;
-    state.replace_rules(&tid, rules, req.expected_version).ok()
+    state
+        .replace_rules(Limits::with_ram(0), &tid, rules, req.expected_version)
+        .ok()
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -11,8 +11,11 @@
 //! `network`, the storage side (subsystems, namespaces, listeners) in
 //! `storage`; both are re-exported here, so every type is `model::...`.
 
+mod claims;
 mod network;
 mod storage;
+
+pub use claims::Claims;
 
 pub use network::{
     Action, Attachment, IpPrefix, MacAddr, PortRange, PortRole, PortSpec, PrefixError, RateLimit,

@@ -1,5 +1,7 @@
 //! `dpu.v1.FilterService`.
 
+use std::collections::HashSet;
+
 use dpu_proto::v1 as pb;
 use dpu_proto::v1::filter_service_server::FilterService;
 use tonic::{Request, Response, Status};
@@ -32,20 +34,21 @@ impl FilterService for Api {
             let pbr = required("rule", req.rule)?;
             let rule = validate::rule("rule", &req.rule_id, &pbr)?;
             let expected = req.expected_version;
+            let limits = self.ctl.limits;
             let (rule, version) = self
                 .change_tenant(move |s| {
                     let mut rule = rule;
                     if rule.id.is_empty() {
-                        let taken: Vec<String> = s
+                        let taken: HashSet<String> = s
                             .tenant(&tid)?
                             .rules
                             .rules
                             .iter()
                             .map(|r| r.id.clone())
                             .collect();
-                        rule.id = s.next_id("rule", |c| taken.iter().any(|t| t == c));
+                        rule.id = s.next_id("rule", |c| taken.contains(c));
                     }
-                    let v = s.add_rule(&tid, rule.clone(), expected)?;
+                    let v = s.add_rule(limits, &tid, rule.clone(), expected)?;
                     Ok(((convert::rule(&tid, &rule), v), tid))
                 })
                 .await?;
@@ -109,13 +112,11 @@ impl FilterService for Api {
             let tid = validate::name("parent", &req.parent, "tenants")?;
             let state = self.ctl.state.snapshot();
             let t = state.tenant(tid)?;
-            let items = t
-                .rules
-                .rules
-                .iter()
-                .map(|r| (num_key(r.priority), convert::rule(tid, r)));
+            let items = t.rules.rules.iter().map(|r| (num_key(r.priority), r));
             let (rules, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, RULE_PAGES)?;
+                paginate(items, req.page_size, &req.page_token, RULE_PAGES, |r| {
+                    convert::rule(tid, r)
+                })?;
             Ok(pb::ListRulesResponse {
                 rules,
                 next_page_token,
@@ -137,11 +138,21 @@ impl FilterService for Api {
             // from how its rules validate.
             let tid = validate::name("parent", &req.parent, "tenants")?;
             self.may_change_tenant(who.as_deref(), METHOD, tid)?;
+            let limits = self.ctl.limits;
+            // Before converting anything: the state checks the same cap,
+            // with the tenant's own count, once the rules are converted.
+            if req.rules.len() > limits.rules_per_tenant {
+                return Err(ControlError::exhausted(
+                    "limits.max_rules_per_tenant",
+                    limits.rules_per_tenant,
+                    format!("{} rules in {}", req.rules.len(), req.parent),
+                ));
+            }
             let (tid, rules) = validate::replace_rules(&req)?;
             let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
             let v = self
                 .change_tenant(move |s| {
-                    let v = s.replace_rules(&tid, rules, req.expected_version)?;
+                    let v = s.replace_rules(limits, &tid, rules, req.expected_version)?;
                     Ok((v, tid))
                 })
                 .await?;

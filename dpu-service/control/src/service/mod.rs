@@ -6,12 +6,17 @@
 //! each generated server type.
 
 pub mod authz;
+mod bounds;
 mod filter;
 mod info;
 mod port;
 mod storage;
 mod telemetry;
 mod tenant;
+
+pub use bounds::{
+    count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
+};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -293,7 +298,7 @@ pub(crate) mod testing {
     use crate::store::{Published, StateHandle};
 
     /// Limits for tests: 1 MiB of RAM namespaces.
-    pub(crate) const LIMITS: Limits = Limits { ram_bytes: 1 << 20 };
+    pub(crate) const LIMITS: Limits = Limits::with_ram(1 << 20);
 
     /// The backing policy of tests: files anywhere (without symbolic
     /// links), any device under `/dev`.
@@ -378,15 +383,19 @@ const PAGES: PageLimits = PageLimits {
     max: 1000,
 };
 
-/// Cuts one page out of `items`, which must come in ascending `key` order.
-/// The page token is the hex-encoded key of the last item returned, so a
-/// listing stays correct while items are added or removed between pages.
-fn paginate<T>(
-    items: impl Iterator<Item = (String, T)>,
+/// Cuts one page out of `items`, which must come in ascending key order,
+/// and converts the page's items with `convert` (only those: the items
+/// before the page are skipped by key, so paging through a long list
+/// converts each item once). The page token is the hex-encoded key of the
+/// last item returned, so a listing stays correct while items are added
+/// or removed between pages.
+fn paginate<K: AsRef<str>, T, U>(
+    items: impl Iterator<Item = (K, T)>,
     page_size: i32,
     token: &str,
     limits: PageLimits,
-) -> Result<(Vec<T>, String)> {
+    mut convert: impl FnMut(T) -> U,
+) -> Result<(Vec<U>, String)> {
     let size = match usize::try_from(page_size) {
         Err(_) => return Err(ControlError::invalid("page_size", "must not be negative")),
         Ok(0) => limits.default,
@@ -403,15 +412,16 @@ fn paginate<T>(
     let mut last = String::new();
     let mut more = false;
     for (key, item) in items {
-        if after.as_ref().is_some_and(|a| key.as_str() <= a.as_str()) {
+        let key = key.as_ref();
+        if after.as_ref().is_some_and(|a| key <= a.as_str()) {
             continue;
         }
         if out.len() == size {
             more = true;
             break;
         }
-        last = key;
-        out.push(item);
+        key.clone_into(&mut last);
+        out.push(convert(item));
     }
     let next = if more {
         encode_token(&last)
@@ -485,7 +495,7 @@ mod tests {
         let mut token = String::new();
         let mut seen = vec![];
         loop {
-            let (page, next) = paginate(keys(25), 10, &token, PAGES).unwrap();
+            let (page, next) = paginate(keys(25), 10, &token, PAGES, |i| i).unwrap();
             assert!(page.len() <= 10);
             seen.extend(page);
             if next.is_empty() {
@@ -498,17 +508,37 @@ mod tests {
 
     #[test]
     fn exact_multiple_has_no_empty_trailing_page() {
-        let (page, next) = paginate(keys(10), 10, "", PAGES).unwrap();
+        let (page, next) = paginate(keys(10), 10, "", PAGES, |i| i).unwrap();
         assert_eq!(page.len(), 10);
         assert!(next.is_empty());
     }
 
     #[test]
     fn bad_page_arguments() {
-        assert!(paginate(keys(1), -1, "", PAGES).is_err());
-        assert!(paginate(keys(1), 0, "zz", PAGES).is_err());
-        assert!(paginate(keys(1), 0, "abc", PAGES).is_err());
-        let (page, _) = paginate(keys(5000), 100_000, "", PAGES).unwrap();
+        assert!(paginate(keys(1), -1, "", PAGES, |i| i).is_err());
+        assert!(paginate(keys(1), 0, "zz", PAGES, |i| i).is_err());
+        assert!(paginate(keys(1), 0, "abc", PAGES, |i| i).is_err());
+        let (page, _) = paginate(keys(5000), 100_000, "", PAGES, |i| i).unwrap();
         assert_eq!(page.len(), PAGES.max);
+    }
+
+    /// Paging through a list converts each item once, not every item
+    /// before each page again.
+    #[test]
+    fn only_the_page_is_converted() {
+        let mut converted = 0;
+        let mut token = String::new();
+        loop {
+            let (_, next) = paginate(keys(5000), 100, &token, PAGES, |i| {
+                converted += 1;
+                i
+            })
+            .unwrap();
+            if next.is_empty() {
+                break;
+            }
+            token = next;
+        }
+        assert_eq!(converted, 5000);
     }
 }

@@ -42,12 +42,11 @@ impl PortService for Api {
             let req = req.into_inner();
             let state = self.ctl.state.snapshot();
             let counters = self.ctl.telemetry.collect();
-            let items = self
-                .ctl
-                .ports
-                .values()
-                .map(|p| (p.id.clone(), self.port_message(p, &state, &counters)));
-            let (ports, next_page_token) = paginate(items, req.page_size, &req.page_token, PAGES)?;
+            let items = self.ctl.ports.values().map(|p| (p.id.as_str(), p));
+            let (ports, next_page_token) =
+                paginate(items, req.page_size, &req.page_token, PAGES, |p| {
+                    self.port_message(p, &state, &counters)
+                })?;
             Ok(pb::ListPortsResponse {
                 ports,
                 next_page_token,
@@ -87,7 +86,12 @@ impl PortService for Api {
             let ctl = self.ctl.clone();
             let t = self
                 .change_tenant(move |s| {
-                    let t = s.attach(&ctl.ports, &tid, Attachment::port_vlan(&port, vlan))?;
+                    let t = s.attach(
+                        ctl.limits,
+                        &ctl.ports,
+                        &tid,
+                        Attachment::port_vlan(&port, vlan),
+                    )?;
                     Ok((convert::tenant(t), tid))
                 })
                 .await?;

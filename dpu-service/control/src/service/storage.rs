@@ -10,7 +10,7 @@ use super::{mask_paths, num_key, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
 use crate::model::{Backend, Namespace, State, Subsystem, Timestamp};
-use crate::state::{Part, SubsystemUpdate};
+use crate::state::{Limits, Part, SubsystemUpdate};
 use crate::validate::{self, DISCOVERY_NQN};
 
 const DEFAULT_MODEL: &str = "dpu-service";
@@ -26,6 +26,12 @@ fn serial_from_nqn(nqn: &str) -> String {
 }
 
 fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
+    if list.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
+        return Err(ControlError::invalid(
+            field,
+            format!("at most {} hosts", validate::MAX_HOSTS_PER_SUBSYSTEM),
+        ));
+    }
     let mut out = BTreeSet::new();
     for (i, h) in list.iter().enumerate() {
         validate::nqn(&format!("{field}[{i}]"), h)?;
@@ -35,12 +41,6 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
                 format!("{h} is listed twice"),
             ));
         }
-    }
-    if out.len() > validate::MAX_HOSTS_PER_SUBSYSTEM {
-        return Err(ControlError::invalid(
-            field,
-            format!("at most {} hosts", validate::MAX_HOSTS_PER_SUBSYSTEM),
-        ));
     }
     Ok(out)
 }
@@ -94,13 +94,22 @@ impl Api {
         &self,
         subsystem: &str,
         host: String,
-        change: for<'a> fn(&'a mut State, &str, &str) -> Result<&'a Subsystem>,
+        change: for<'a> fn(&'a mut State, Limits, &str, &str) -> Result<&'a Subsystem>,
     ) -> Result<pb::Subsystem> {
         let id = validate::name("subsystem", subsystem, "subsystems")?.to_string();
         validate::nqn("host_nqn", &host)?;
-        self.change_storage(move |st| Ok((convert::subsystem(change(st, &id, &host)?), None)))
-            .await
+        let limits = self.ctl.limits;
+        self.change_storage(move |st| {
+            Ok((convert::subsystem(change(st, limits, &id, &host)?), None))
+        })
+        .await
     }
+}
+
+/// [`State::remove_host`] in the shape of [`State::add_host`]: removing
+/// takes no cap.
+fn remove_host<'a>(st: &'a mut State, _: Limits, id: &str, host: &str) -> Result<&'a Subsystem> {
+    st.remove_host(id, host)
 }
 
 #[tonic::async_trait]
@@ -148,7 +157,8 @@ impl StorageService for Api {
                 listeners: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
-            self.change_storage(move |st| st.create_subsystem(sub).map(|()| ((), None)))
+            let limits = self.ctl.limits;
+            self.change_storage(move |st| st.create_subsystem(limits, sub).map(|()| ((), None)))
                 .await?;
             Ok(out)
         })
@@ -173,12 +183,14 @@ impl StorageService for Api {
         self.read("/dpu.v1.StorageService/ListSubsystems", async {
             let req = req.into_inner();
             let state = self.ctl.state.snapshot();
-            let items = state
-                .subsystems
-                .iter()
-                .map(|(k, s)| (k.clone(), convert::subsystem(s)));
-            let (subsystems, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+            let items = state.subsystems.iter().map(|(k, s)| (k.as_str(), s));
+            let (subsystems, next_page_token) = paginate(
+                items,
+                req.page_size,
+                &req.page_token,
+                PAGES,
+                convert::subsystem,
+            )?;
             Ok(pb::ListSubsystemsResponse {
                 subsystems,
                 next_page_token,
@@ -212,9 +224,13 @@ impl StorageService for Api {
                     }
                 }
             }
+            let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {
-                    Ok((convert::subsystem(st.update_subsystem(&id, u)?), None))
+                    Ok((
+                        convert::subsystem(st.update_subsystem(limits, &id, u)?),
+                        None,
+                    ))
                 })
                 .await?;
             Ok(out)
@@ -254,7 +270,7 @@ impl StorageService for Api {
     ) -> Result<Response<pb::Subsystem>, Status> {
         self.write("/dpu.v1.StorageService/RemoveHost", async {
             let req = req.into_inner();
-            self.change_host(&req.subsystem, req.host_nqn, State::remove_host)
+            self.change_host(&req.subsystem, req.host_nqn, remove_host)
                 .await
         })
         .await
@@ -313,9 +329,11 @@ impl StorageService for Api {
                 .subsystem(sid)?
                 .namespaces
                 .values()
-                .map(|n| (num_key(n.nsid), convert::namespace(sid, n)));
+                .map(|n| (num_key(n.nsid), n));
             let (namespaces, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+                paginate(items, req.page_size, &req.page_token, PAGES, |n| {
+                    convert::namespace(sid, n)
+                })?;
             Ok(pb::ListNamespacesResponse {
                 namespaces,
                 next_page_token,
@@ -385,9 +403,10 @@ impl StorageService for Api {
             let sid = validate::name("parent", &req.parent, "subsystems")?.to_string();
             let l = required("listener", req.listener)?;
             let listener = validate::listener("listener", &req.listener_id, &l)?;
+            let limits = self.ctl.limits;
             let out = self
                 .change_storage(move |st| {
-                    let l = st.create_listener(&sid, listener)?;
+                    let l = st.create_listener(limits, &sid, listener)?;
                     let part = Part::Listener {
                         subsystem: sid.clone(),
                         id: l.id.clone(),
@@ -412,9 +431,11 @@ impl StorageService for Api {
                 .subsystem(sid)?
                 .listeners
                 .iter()
-                .map(|(k, l)| (k.clone(), convert::listener(sid, l)));
+                .map(|(k, l)| (k.as_str(), l));
             let (listeners, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+                paginate(items, req.page_size, &req.page_token, PAGES, |l| {
+                    convert::listener(sid, l)
+                })?;
             Ok(pb::ListListenersResponse {
                 listeners,
                 next_page_token,

@@ -36,7 +36,8 @@ impl TenantService for Api {
             let out = convert::tenant(&tenant);
             self.change_tenant(move |s| {
                 let id = tenant.id.clone();
-                s.create_tenant(&ctl.ports, tenant).map(|()| ((), id))
+                s.create_tenant(ctl.limits, &ctl.ports, tenant)
+                    .map(|()| ((), id))
             })
             .await?;
             Ok(out)
@@ -62,12 +63,14 @@ impl TenantService for Api {
         self.read("/dpu.v1.TenantService/ListTenants", async {
             let req = req.into_inner();
             let state = self.ctl.state.snapshot();
-            let items = state
-                .tenants
-                .iter()
-                .map(|(k, t)| (k.clone(), convert::tenant(t)));
-            let (tenants, next_page_token) =
-                paginate(items, req.page_size, &req.page_token, PAGES)?;
+            let items = state.tenants.iter().map(|(k, t)| (k.as_str(), t));
+            let (tenants, next_page_token) = paginate(
+                items,
+                req.page_size,
+                &req.page_token,
+                PAGES,
+                convert::tenant,
+            )?;
             Ok(pb::ListTenantsResponse {
                 tenants,
                 next_page_token,
@@ -113,7 +116,7 @@ impl TenantService for Api {
             let ctl = self.ctl.clone();
             let updated = self
                 .change_tenant(move |s| {
-                    let t = convert::tenant(s.update_tenant(&ctl.ports, &id, u)?);
+                    let t = convert::tenant(s.update_tenant(ctl.limits, &ctl.ports, &id, u)?);
                     Ok((t, id))
                 })
                 .await?;

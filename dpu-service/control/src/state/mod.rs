@@ -18,14 +18,71 @@ pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;
 
 use crate::convert::{listener_name, namespace_name};
-use crate::error::Result;
+use crate::error::{ControlError, Result};
 use crate::model::State;
+use crate::validate::{MAX_ATTACHMENTS_PER_TENANT, MAX_RULES_PER_TENANT};
 
-/// Limits that depend on the machine, not on the request.
+/// Limits that depend on the machine and the configuration, not on the
+/// request: how much RAM namespaces may take, and how many of each object
+/// the state may hold. A change past a cap is refused with
+/// [`ControlError::ResourceExhausted`] naming the configuration key; the
+/// counts are sums over tenants and subsystems, so checking costs what
+/// the number of tenants and subsystems (itself capped) costs.
+///
+/// Undoing a tenant's change ([`State::revert`]) puts it back as it was
+/// without these checks: the state may then exceed a cap by what that one
+/// change had freed, until later changes bring it down. Namespaces and
+/// listeners are put back through the checks of the calls that create
+/// them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Most bytes all RAM-backed namespaces together may use.
     pub ram_bytes: u64,
+    /// Most tenants (`limits.max_tenants`).
+    pub tenants: usize,
+    /// Most attachments of one tenant (`limits.max_attachments_per_tenant`).
+    pub attachments_per_tenant: usize,
+    /// Most attachments of all tenants together (`limits.max_attachments`).
+    pub attachments: usize,
+    /// Most rules of one tenant (`limits.max_rules_per_tenant`).
+    pub rules_per_tenant: usize,
+    /// Most rules of all tenants together (`limits.max_rules`).
+    pub rules: usize,
+    /// Most subsystems (`limits.max_subsystems`).
+    pub subsystems: usize,
+    /// Most namespaces of all subsystems together (`limits.max_namespaces`).
+    pub namespaces: usize,
+    /// Most allowed-host entries of all subsystems together (`limits.max_hosts`).
+    pub hosts: usize,
+    /// Most listeners of all subsystems together (`limits.max_listeners`).
+    pub listeners: usize,
+}
+
+impl Limits {
+    /// The default caps, with `ram_bytes` of RAM namespaces.
+    pub const fn with_ram(ram_bytes: u64) -> Limits {
+        Limits {
+            ram_bytes,
+            tenants: 1_024,
+            attachments_per_tenant: MAX_ATTACHMENTS_PER_TENANT,
+            attachments: 16_384,
+            rules_per_tenant: MAX_RULES_PER_TENANT,
+            rules: 1_048_576,
+            subsystems: 1_024,
+            namespaces: 16_384,
+            hosts: 65_536,
+            listeners: 1_024,
+        }
+    }
+}
+
+/// Refuses `count` objects where `max` are allowed.
+fn cap(limit: &'static str, max: usize, count: usize, what: impl FnOnce() -> String) -> Result<()> {
+    if count > max {
+        Err(ControlError::exhausted(limit, max, what()))
+    } else {
+        Ok(())
+    }
 }
 
 /// One part of the state that a single call changes, and that undoing the
@@ -110,7 +167,7 @@ impl State {
             Part::Listener {
                 subsystem: id,
                 id: lid,
-            } => self.revert_listener(id, lid, before, after),
+            } => self.revert_listener(limits, id, lid, before, after),
         }
     }
 }

@@ -1,13 +1,12 @@
 //! Network-side transitions: tenants, their attachments to ports and VXLAN
 //! networks, and their filter rules.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::Reverted;
+use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
-use crate::model::{Action, Attachment, PortSpec, Rule, RuleSet, State, Tenant};
-use crate::validate::MAX_RULES_PER_TENANT;
+use crate::model::{Action, Attachment, Claims, PortSpec, Rule, RuleSet, State, Tenant};
 
 /// The ports the configuration declares, by ID.
 pub type PortRegistry = BTreeMap<String, PortSpec>;
@@ -62,29 +61,93 @@ impl State {
     }
 
     /// Checks that `atts` collide with no attachment of a tenant other
-    /// than `owner`.
+    /// than `owner`: one pass over the attachments on the ports `atts`
+    /// name builds a [`Claims`] index, which each of `atts` is looked up
+    /// in, so the check costs `O((n + m) log m)` for `n` new and `m` held
+    /// attachments, not `O(n·m)`.
     fn check_claims(&self, owner: &str, atts: &[Attachment]) -> Result<()> {
-        for a in atts {
-            for t in self.tenants.values().filter(|t| t.id != owner) {
-                if let Some(o) = t.attachments.iter().find(|o| o.conflicts_with(a)) {
-                    return Err(ControlError::AlreadyExists(format!(
-                        "{a} overlaps {o}, which belongs to tenants/{}",
-                        t.id
-                    )));
-                }
+        if atts.is_empty() {
+            return Ok(());
+        }
+        let ports: BTreeSet<&str> = atts.iter().map(Attachment::port).collect();
+        let mut held = Claims::new();
+        for t in self.tenants.values().filter(|t| t.id != owner) {
+            for o in t.attachments.iter().filter(|o| ports.contains(o.port())) {
+                // Other tenants' attachments never overlap each other; the
+                // first one indexed answers for the traffic it claims.
+                let _ = held.insert(o, t.id.as_str());
             }
         }
-        Ok(())
+        match atts.iter().find_map(|a| held.find(a).map(|o| (a, o))) {
+            Some((a, (o, tid))) => Err(ControlError::AlreadyExists(format!(
+                "{a} overlaps {o}, which belongs to tenants/{tid}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Attachments of all tenants but `except`.
+    fn attachments_but(&self, except: &str) -> usize {
+        self.tenants
+            .values()
+            .filter(|t| t.id != except)
+            .map(|t| t.attachments.len())
+            .sum()
+    }
+
+    /// Rules of all tenants but `except`.
+    fn rules_but(&self, except: &str) -> usize {
+        self.tenants
+            .values()
+            .filter(|t| t.id != except)
+            .map(|t| t.rules.rules.len())
+            .sum()
+    }
+
+    /// Checks that tenant `id` may hold `atts` attachments and `rules`
+    /// rules, given what the other tenants hold.
+    fn check_tenant_caps(&self, limits: Limits, id: &str, atts: usize, rules: usize) -> Result<()> {
+        cap(
+            "limits.max_attachments_per_tenant",
+            limits.attachments_per_tenant,
+            atts,
+            || format!("{atts} attachments in tenants/{id}"),
+        )?;
+        let all = self.attachments_but(id).saturating_add(atts);
+        cap("limits.max_attachments", limits.attachments, all, || {
+            format!("{all} attachments in all tenants")
+        })?;
+        cap(
+            "limits.max_rules_per_tenant",
+            limits.rules_per_tenant,
+            rules,
+            || format!("{rules} rules in tenants/{id}"),
+        )?;
+        let all = self.rules_but(id).saturating_add(rules);
+        cap("limits.max_rules", limits.rules, all, || {
+            format!("{all} rules in all tenants")
+        })
     }
 
     /// Creates a tenant.
-    pub fn create_tenant(&mut self, ports: &PortRegistry, tenant: Tenant) -> Result<()> {
+    pub fn create_tenant(
+        &mut self,
+        limits: Limits,
+        ports: &PortRegistry,
+        tenant: Tenant,
+    ) -> Result<()> {
         if self.tenants.contains_key(&tenant.id) {
             return Err(ControlError::AlreadyExists(format!(
                 "tenants/{} already exists",
                 tenant.id
             )));
         }
+        let n = self.tenants.len() + 1;
+        cap("limits.max_tenants", limits.tenants, n, || {
+            format!("{n} tenants")
+        })?;
+        let (atts, rules) = (tenant.attachments.len(), tenant.rules.rules.len());
+        self.check_tenant_caps(limits, &tenant.id, atts, rules)?;
         self.check_attachments(ports, &tenant.id, &tenant.attachments)?;
         self.tenants.insert(tenant.id.clone(), tenant);
         Ok(())
@@ -93,12 +156,14 @@ impl State {
     /// Updates a tenant and returns it.
     pub fn update_tenant(
         &mut self,
+        limits: Limits,
         ports: &PortRegistry,
         id: &str,
         u: TenantUpdate,
     ) -> Result<&Tenant> {
-        self.tenant(id)?;
+        let t = self.tenant(id)?;
         if let Some(atts) = &u.attachments {
+            self.check_tenant_caps(limits, id, atts.len(), t.rules.rules.len())?;
             self.check_attachments(ports, id, atts)?;
         }
         let t = self.tenant_mut(id)?;
@@ -129,13 +194,20 @@ impl State {
     }
 
     /// Attaches `att` to tenant `id` and returns the tenant.
-    pub fn attach(&mut self, ports: &PortRegistry, id: &str, att: Attachment) -> Result<&Tenant> {
+    pub fn attach(
+        &mut self,
+        limits: Limits,
+        ports: &PortRegistry,
+        id: &str,
+        att: Attachment,
+    ) -> Result<&Tenant> {
         let t = self.tenant(id)?;
         if let Some(o) = t.attachments.iter().find(|o| o.conflicts_with(&att)) {
             return Err(ControlError::AlreadyExists(format!(
                 "{att} overlaps {o}, which tenants/{id} already holds"
             )));
         }
+        self.check_tenant_caps(limits, id, t.attachments.len() + 1, t.rules.rules.len())?;
         self.check_attachments(ports, id, std::slice::from_ref(&att))?;
         let t = self.tenant_mut(id)?;
         t.attachments.push(att);
@@ -158,15 +230,17 @@ impl State {
     }
 
     /// Adds a rule to tenant `id`; returns the new rule-set version.
-    pub fn add_rule(&mut self, id: &str, rule: Rule, expected: Option<u64>) -> Result<u64> {
+    pub fn add_rule(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        rule: Rule,
+        expected: Option<u64>,
+    ) -> Result<u64> {
         let t = self.tenant(id)?;
         check_version(t, expected)?;
         let rules = &t.rules.rules;
-        if rules.len() >= MAX_RULES_PER_TENANT {
-            return Err(ControlError::FailedPrecondition(format!(
-                "tenants/{id} already holds the maximum of {MAX_RULES_PER_TENANT} rules"
-            )));
-        }
+        self.check_tenant_caps(limits, id, t.attachments.len(), rules.len() + 1)?;
         if rules.iter().any(|r| r.id == rule.id) {
             return Err(ControlError::AlreadyExists(format!(
                 "tenants/{id}/rules/{} already exists",
@@ -222,21 +296,14 @@ impl State {
     /// (`None` = assign one). Returns the new version.
     pub fn replace_rules(
         &mut self,
+        limits: Limits,
         id: &str,
         rules: Vec<(Option<String>, Rule)>,
         expected: Option<u64>,
     ) -> Result<u64> {
         let t = self.tenant(id)?;
         check_version(t, expected)?;
-        if rules.len() > MAX_RULES_PER_TENANT {
-            return Err(ControlError::invalid(
-                "rules",
-                format!(
-                    "{} rules, at most {MAX_RULES_PER_TENANT} per tenant",
-                    rules.len()
-                ),
-            ));
-        }
+        self.check_tenant_caps(limits, id, t.attachments.len(), rules.len())?;
         let mut by_priority: BTreeMap<u32, usize> = BTreeMap::new();
         let mut ids: BTreeMap<String, usize> = BTreeMap::new();
         for (i, (rid, r)) in rules.iter().enumerate() {
@@ -314,6 +381,8 @@ mod tests {
     use crate::state::tests::committed;
     use crate::state::{Limits, Part};
 
+    const L: Limits = Limits::with_ram(0);
+
     fn ports() -> PortRegistry {
         ["p0", "p1", "pf0vf0"]
             .into_iter()
@@ -368,36 +437,37 @@ mod tests {
     fn tenants_cannot_share_traffic() {
         let mut s = State::default();
         let p = ports();
-        s.create_tenant(&p, tenant("a", vec![port("p0", 10)]))
+        s.create_tenant(L, &p, tenant("a", vec![port("p0", 10)]))
             .unwrap();
         assert!(matches!(
-            s.create_tenant(&p, tenant("b", vec![port("p0", 10)])),
+            s.create_tenant(L, &p, tenant("b", vec![port("p0", 10)])),
             Err(ControlError::AlreadyExists(_))
         ));
         assert!(matches!(
-            s.create_tenant(&p, tenant("b", vec![port("p0", 0)])),
+            s.create_tenant(L, &p, tenant("b", vec![port("p0", 0)])),
             Err(ControlError::AlreadyExists(_))
         ));
         assert!(matches!(
-            s.create_tenant(&p, tenant("b", vec![port("nope", 0)])),
+            s.create_tenant(L, &p, tenant("b", vec![port("nope", 0)])),
             Err(ControlError::NotFound(_))
         ));
-        s.create_tenant(&p, tenant("b", vec![port("p0", 20)]))
+        s.create_tenant(L, &p, tenant("b", vec![port("p0", 20)]))
             .unwrap();
         assert!(matches!(
-            s.attach(&p, "b", port("p0", 10)),
+            s.attach(L, &p, "b", port("p0", 10)),
             Err(ControlError::AlreadyExists(_))
         ));
         assert!(matches!(
-            s.attach(&p, "b", port("p0", 20)),
+            s.attach(L, &p, "b", port("p0", 20)),
             Err(ControlError::AlreadyExists(_))
         ));
-        s.attach(&p, "b", port("p1", 0)).unwrap();
+        s.attach(L, &p, "b", port("p1", 0)).unwrap();
         assert_eq!(s.detach("p0", 10).unwrap().id, "a");
         assert!(matches!(s.detach("p0", 10), Err(ControlError::NotFound(_))));
-        s.attach(&p, "b", port("p0", 10)).unwrap();
+        s.attach(L, &p, "b", port("p0", 10)).unwrap();
         // An update may keep the tenant's own attachments.
         s.update_tenant(
+            L,
             &p,
             "b",
             TenantUpdate {
@@ -411,10 +481,10 @@ mod tests {
     #[test]
     fn rules_stay_sorted_and_versioned() {
         let mut s = State::default();
-        s.create_tenant(&ports(), tenant("a", vec![])).unwrap();
-        assert_eq!(s.add_rule("a", rule("r30", 30), Some(0)).unwrap(), 1);
-        assert_eq!(s.add_rule("a", rule("r10", 10), None).unwrap(), 2);
-        assert_eq!(s.add_rule("a", rule("r20", 20), Some(2)).unwrap(), 3);
+        s.create_tenant(L, &ports(), tenant("a", vec![])).unwrap();
+        assert_eq!(s.add_rule(L, "a", rule("r30", 30), Some(0)).unwrap(), 1);
+        assert_eq!(s.add_rule(L, "a", rule("r10", 10), None).unwrap(), 2);
+        assert_eq!(s.add_rule(L, "a", rule("r20", 20), Some(2)).unwrap(), 3);
         let order: Vec<u32> = s.tenants["a"]
             .rules
             .rules
@@ -423,15 +493,15 @@ mod tests {
             .collect();
         assert_eq!(order, [10, 20, 30]);
         assert!(matches!(
-            s.add_rule("a", rule("x", 20), None),
+            s.add_rule(L, "a", rule("x", 20), None),
             Err(ControlError::AlreadyExists(_))
         ));
         assert!(matches!(
-            s.add_rule("a", rule("r10", 99), None),
+            s.add_rule(L, "a", rule("r10", 99), None),
             Err(ControlError::AlreadyExists(_))
         ));
         assert!(matches!(
-            s.add_rule("a", rule("y", 5), Some(1)),
+            s.add_rule(L, "a", rule("y", 5), Some(1)),
             Err(ControlError::FailedPrecondition(_))
         ));
         assert_eq!(s.delete_rule("a", "r20", Some(3)).unwrap(), 4);
@@ -445,6 +515,7 @@ mod tests {
         ));
         let v = s
             .replace_rules(
+                L,
                 "a",
                 vec![(None, rule("", 2)), (Some("keep".into()), rule("", 1))],
                 Some(4),
@@ -455,7 +526,7 @@ mod tests {
         assert_eq!(rs[0].id, "keep");
         assert!(rs[1].id.starts_with("rule-"));
         assert!(matches!(
-            s.replace_rules("a", vec![(None, rule("", 1)), (None, rule("", 1))], None),
+            s.replace_rules(L, "a", vec![(None, rule("", 1)), (None, rule("", 1))], None),
             Err(ControlError::InvalidArgument { field, .. }) if field == "rules[1].priority"
         ));
         assert_eq!(
@@ -469,25 +540,25 @@ mod tests {
     #[test]
     fn revert_tenants() {
         let p = ports();
-        let lim = Limits { ram_bytes: 0 };
+        let lim = L;
         let red = Part::Tenant("red".into());
         assert_eq!(red.resource(), "tenants/red");
         let mut s = State::default();
         // A created tenant goes, with whatever it was created with.
         let (before, after) = committed(&mut s, |s| {
-            s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+            s.create_tenant(L, &p, tenant("red", vec![port("p0", 10)]))
                 .unwrap();
         });
-        s.create_tenant(&p, tenant("blue", vec![])).unwrap();
+        s.create_tenant(L, &p, tenant("blue", vec![])).unwrap();
         s.revert(lim, &red, &before, &after).unwrap();
         assert_eq!(s.tenants.keys().collect::<Vec<_>>(), ["blue"]);
 
         // Rules come back with a newer version.
-        s.create_tenant(&p, tenant("red", vec![port("p0", 10)]))
+        s.create_tenant(L, &p, tenant("red", vec![port("p0", 10)]))
             .unwrap();
-        s.add_rule("red", rule("r1", 1), None).unwrap();
+        s.add_rule(L, "red", rule("r1", 1), None).unwrap();
         let (before, after) = committed(&mut s, |s| {
-            s.replace_rules("red", vec![(None, rule("", 5))], Some(1))
+            s.replace_rules(L, "red", vec![(None, rule("", 5))], Some(1))
                 .unwrap();
         });
         s.revert(lim, &red, &before, &after).unwrap();
@@ -504,7 +575,7 @@ mod tests {
         s.revert(lim, &red, &before, &after).unwrap();
         assert_eq!(s.tenants["red"], before.tenants["red"]);
         // Not if the attachment it gave up was taken since.
-        other.attach(&p, "blue", port("p0", 0)).unwrap();
+        other.attach(L, &p, "blue", port("p0", 0)).unwrap();
         let kept = other.clone();
         assert!(matches!(
             other.revert(lim, &red, &before, &after),
@@ -517,14 +588,141 @@ mod tests {
         s.revert(lim, &red, &before, &after).unwrap();
         assert_eq!(s.tenants["red"], before.tenants["red"]);
         let (before, after) = committed(&mut s, |s| {
-            s.add_rule("red", rule("r2", 2), None).unwrap();
+            s.add_rule(L, "red", rule("r2", 2), None).unwrap();
         });
-        s.add_rule("red", rule("r3", 3), None).unwrap();
+        s.add_rule(L, "red", rule("r3", 3), None).unwrap();
         let now = s.clone();
         assert_eq!(
             s.revert(lim, &red, &before, &after).unwrap(),
             Reverted::Superseded
         );
         assert_eq!(s, now);
+    }
+
+    /// The configuration key a refusal names.
+    fn limit_of<T: std::fmt::Debug>(r: Result<T>) -> &'static str {
+        match r {
+            Err(ControlError::ResourceExhausted { limit, .. }) => limit,
+            other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn caps_refuse_and_change_nothing() {
+        let p = ports();
+        let lim = Limits {
+            tenants: 2,
+            attachments_per_tenant: 2,
+            attachments: 3,
+            rules_per_tenant: 2,
+            rules: 3,
+            ..L
+        };
+        let mut s = State::default();
+        s.create_tenant(lim, &p, tenant("a", vec![port("p0", 1), port("p0", 2)]))
+            .unwrap();
+        assert_eq!(
+            limit_of(s.create_tenant(lim, &p, tenant("b", vec![port("p1", 1), port("p1", 2)]))),
+            "limits.max_attachments"
+        );
+        s.create_tenant(lim, &p, tenant("b", vec![port("p1", 1)]))
+            .unwrap();
+        assert_eq!(
+            limit_of(s.create_tenant(lim, &p, tenant("c", vec![]))),
+            "limits.max_tenants"
+        );
+        assert_eq!(
+            limit_of(s.attach(lim, &p, "a", port("p0", 3))),
+            "limits.max_attachments_per_tenant"
+        );
+        assert_eq!(
+            limit_of(s.attach(lim, &p, "b", port("p1", 2))),
+            "limits.max_attachments"
+        );
+        let three = Some(vec![port("p1", 1), port("p1", 2), port("p1", 3)]);
+        assert_eq!(
+            limit_of(s.update_tenant(
+                lim,
+                &p,
+                "b",
+                TenantUpdate {
+                    attachments: three,
+                    ..Default::default()
+                }
+            )),
+            "limits.max_attachments_per_tenant"
+        );
+        s.add_rule(lim, "a", rule("r1", 1), None).unwrap();
+        s.add_rule(lim, "a", rule("r2", 2), None).unwrap();
+        assert_eq!(
+            limit_of(s.add_rule(lim, "a", rule("r3", 3), None)),
+            "limits.max_rules_per_tenant"
+        );
+        s.add_rule(lim, "b", rule("r1", 1), None).unwrap();
+        assert_eq!(
+            limit_of(s.add_rule(lim, "b", rule("r2", 2), None)),
+            "limits.max_rules"
+        );
+        let kept = s.clone();
+        assert_eq!(
+            limit_of(s.replace_rules(
+                lim,
+                "b",
+                vec![(None, rule("", 1)), (None, rule("", 2))],
+                None
+            )),
+            "limits.max_rules"
+        );
+        assert_eq!(s, kept, "refusals change nothing");
+        // Replacing counts the tenant's new rules, not old plus new.
+        s.replace_rules(
+            lim,
+            "a",
+            vec![(None, rule("", 7)), (None, rule("", 8))],
+            None,
+        )
+        .unwrap();
+        let e = s.add_rule(lim, "b", rule("r2", 2), None).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            e.to_string(),
+            "4 rules in all tenants: the limit is 3 (limits.max_rules)"
+        );
+    }
+
+    /// Checking many attachments against many held ones is not quadratic:
+    /// 4,096 new attachments against 16,384 held on the same port.
+    #[test]
+    fn attachment_checks_scale() {
+        let p = ports();
+        let lim = Limits {
+            attachments: 1 << 20,
+            attachments_per_tenant: 1 << 20,
+            ..L
+        };
+        let mut s = State::default();
+        for t in 0..4u16 {
+            let atts = (1..=1024).map(|v| port("p0", t * 1024 + v)).collect();
+            s.create_tenant(lim, &p, tenant(&format!("t{t}"), atts))
+                .unwrap();
+        }
+        let vnis: Vec<Attachment> = (1..=4096)
+            .map(|vni| Attachment::Vxlan {
+                uplink: "p0".into(),
+                vni,
+                remote_vteps: vec![],
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        s.create_tenant(lim, &p, tenant("x", vnis)).unwrap();
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(1),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(matches!(
+            s.attach(lim, &p, "x", port("p0", 4000)),
+            Err(ControlError::AlreadyExists(m)) if m.contains("tenants/t3")
+        ));
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Limits, Reverted};
+use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
 use crate::model::{Backend, Listener, Namespace, State, Subsystem};
 use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
@@ -33,14 +33,47 @@ impl State {
             .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}")))
     }
 
+    /// Allowed-host entries of all subsystems but `except`.
+    fn hosts_but(&self, except: &str) -> usize {
+        self.subsystems
+            .values()
+            .filter(|s| s.id != except)
+            .map(|s| s.allowed_hosts.len())
+            .sum()
+    }
+
+    /// Checks that subsystem `id` may allow `hosts` hosts, given what the
+    /// other subsystems allow.
+    fn check_hosts(&self, limits: Limits, id: &str, hosts: usize) -> Result<()> {
+        let all = self.hosts_but(id).saturating_add(hosts);
+        cap("limits.max_hosts", limits.hosts, all, || {
+            format!("{all} allowed hosts in all subsystems")
+        })
+    }
+
     /// Creates a subsystem.
-    pub fn create_subsystem(&mut self, s: Subsystem) -> Result<()> {
+    pub fn create_subsystem(&mut self, limits: Limits, s: Subsystem) -> Result<()> {
         if self.subsystems.contains_key(&s.id) {
             return Err(ControlError::AlreadyExists(format!(
                 "subsystems/{} already exists",
                 s.id
             )));
         }
+        let n = self.subsystems.len() + 1;
+        cap("limits.max_subsystems", limits.subsystems, n, || {
+            format!("{n} subsystems")
+        })?;
+        self.check_hosts(limits, &s.id, s.allowed_hosts.len())?;
+        let (ns, ls) = (
+            self.namespaces().saturating_add(s.namespaces.len()),
+            self.listeners().saturating_add(s.listeners.len()),
+        );
+        cap("limits.max_namespaces", limits.namespaces, ns, || {
+            format!("{ns} namespaces in all subsystems")
+        })?;
+        cap("limits.max_listeners", limits.listeners, ls, || {
+            format!("{ls} listeners in all subsystems")
+        })?;
         if let Some(o) = self.subsystems.values().find(|o| o.nqn == s.nqn) {
             return Err(ControlError::AlreadyExists(format!(
                 "NQN {} is already used by subsystems/{}",
@@ -52,7 +85,16 @@ impl State {
     }
 
     /// Updates a subsystem and returns it.
-    pub fn update_subsystem(&mut self, id: &str, u: SubsystemUpdate) -> Result<&Subsystem> {
+    pub fn update_subsystem(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        u: SubsystemUpdate,
+    ) -> Result<&Subsystem> {
+        self.subsystem(id)?;
+        if let Some(h) = &u.allowed_hosts {
+            self.check_hosts(limits, id, h.len())?;
+        }
         let s = self.subsystem_mut(id)?;
         if let Some(a) = u.allow_any_host {
             s.allow_any_host = a;
@@ -81,7 +123,9 @@ impl State {
     }
 
     /// Adds `host` to the allow list of subsystem `id`.
-    pub fn add_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
+    pub fn add_host(&mut self, limits: Limits, id: &str, host: &str) -> Result<&Subsystem> {
+        let n = self.subsystem(id)?.allowed_hosts.len();
+        self.check_hosts(limits, id, n + 1)?;
         let s = self.subsystem_mut(id)?;
         if s.allowed_hosts.contains(host) {
             return Err(ControlError::AlreadyExists(format!(
@@ -106,6 +150,16 @@ impl State {
             )));
         }
         Ok(s)
+    }
+
+    /// Namespaces of all subsystems.
+    fn namespaces(&self) -> usize {
+        self.subsystems.values().map(|s| s.namespaces.len()).sum()
+    }
+
+    /// Listeners of all subsystems.
+    fn listeners(&self) -> usize {
+        self.subsystems.values().map(|s| s.listeners.len()).sum()
     }
 
     fn ram_in_use(&self, except: Option<(&str, u32)>) -> u64 {
@@ -142,6 +196,10 @@ impl State {
         given_nguid: bool,
     ) -> Result<&Namespace> {
         let s = self.subsystem(id)?;
+        let n = self.namespaces() + 1;
+        cap("limits.max_namespaces", limits.namespaces, n, || {
+            format!("{n} namespaces in all subsystems")
+        })?;
         if ns.nsid == 0 {
             ns.nsid = (1..=s.max_namespaces)
                 .find(|n| !s.namespaces.contains_key(n))
@@ -271,7 +329,12 @@ impl State {
     }
 
     /// Creates a listener in subsystem `id`.
-    pub fn create_listener(&mut self, id: &str, l: Listener) -> Result<&Listener> {
+    pub fn create_listener(&mut self, limits: Limits, id: &str, l: Listener) -> Result<&Listener> {
+        self.subsystem(id)?;
+        let n = self.listeners() + 1;
+        cap("limits.max_listeners", limits.listeners, n, || {
+            format!("{n} listeners in all subsystems")
+        })?;
         let s = self.subsystem_mut(id)?;
         if s.listeners.contains_key(&l.id) {
             return Err(ControlError::AlreadyExists(format!(
@@ -344,6 +407,7 @@ impl State {
     /// [`State::revert`] for listener `lid` of subsystem `id`.
     pub(super) fn revert_listener(
         &mut self,
+        limits: Limits,
         id: &str,
         lid: &str,
         before: &State,
@@ -357,12 +421,12 @@ impl State {
             (None, None) => {}
             (None, Some(_)) => self.delete_listener(id, lid)?,
             (Some(was), None) => {
-                self.create_listener(id, was.clone())?;
+                self.create_listener(limits, id, was.clone())?;
             }
             (Some(was), Some(made)) => {
                 let made = made.clone();
                 self.delete_listener(id, lid)?;
-                if let Err(e) = self.create_listener(id, was.clone()) {
+                if let Err(e) = self.create_listener(limits, id, was.clone()) {
                     self.subsystem_mut(id)?
                         .listeners
                         .insert(lid.to_string(), made);
@@ -442,12 +506,18 @@ mod tests {
 
     #[test]
     fn storage_objects() {
-        let lim = Limits { ram_bytes: 1 << 20 };
+        let lim = Limits::with_ram(1 << 20);
         let mut s = State::default();
-        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
-            .unwrap();
+        s.create_subsystem(
+            Limits::with_ram(0),
+            subsystem("a", "nqn.2024-01.io.example:a"),
+        )
+        .unwrap();
         assert!(matches!(
-            s.create_subsystem(subsystem("b", "nqn.2024-01.io.example:a")),
+            s.create_subsystem(
+                Limits::with_ram(0),
+                subsystem("b", "nqn.2024-01.io.example:a")
+            ),
             Err(ControlError::AlreadyExists(_))
         ));
         let n1 = s
@@ -480,11 +550,12 @@ mod tests {
             s.delete_subsystem("a", false),
             Err(ControlError::FailedPrecondition(_))
         ));
-        s.add_host("a", "nqn.2024-01.io.example:host1").unwrap();
+        s.add_host(Limits::with_ram(0), "a", "nqn.2024-01.io.example:host1")
+            .unwrap();
         assert!(s.subsystems["a"].allows_host("nqn.2024-01.io.example:host1"));
         assert!(!s.subsystems["a"].allows_host("nqn.2024-01.io.example:host2"));
         assert!(matches!(
-            s.add_host("a", "nqn.2024-01.io.example:host1"),
+            s.add_host(Limits::with_ram(0), "a", "nqn.2024-01.io.example:host1"),
             Err(ControlError::AlreadyExists(_))
         ));
         s.remove_host("a", "nqn.2024-01.io.example:host1").unwrap();
@@ -494,13 +565,14 @@ mod tests {
             address: "127.0.0.1".parse().unwrap(),
             port: 4420,
         };
-        s.create_listener("a", l.clone()).unwrap();
+        s.create_listener(Limits::with_ram(0), "a", l.clone())
+            .unwrap();
         let dup = Listener {
             id: "other".into(),
             ..l
         };
         assert!(matches!(
-            s.create_listener("a", dup),
+            s.create_listener(Limits::with_ram(0), "a", dup),
             Err(ControlError::AlreadyExists(_))
         ));
         s.delete_namespace("a", 2).unwrap();
@@ -524,10 +596,13 @@ mod tests {
 
     #[test]
     fn a_file_the_service_did_not_create_is_not_made_smaller() {
-        let lim = Limits { ram_bytes: 0 };
+        let lim = Limits::with_ram(0);
         let mut s = State::default();
-        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
-            .unwrap();
+        s.create_subsystem(
+            Limits::with_ram(0),
+            subsystem("a", "nqn.2024-01.io.example:a"),
+        )
+        .unwrap();
         let found = Namespace {
             backend: Backend::File {
                 path: "/v/found.img".into(),
@@ -565,10 +640,13 @@ mod tests {
 
     #[test]
     fn revert_undoes_one_change_and_keeps_later_ones() {
-        let lim = Limits { ram_bytes: 1 << 20 };
+        let lim = Limits::with_ram(1 << 20);
         let mut s = State::default();
-        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
-            .unwrap();
+        s.create_subsystem(
+            Limits::with_ram(0),
+            subsystem("a", "nqn.2024-01.io.example:a"),
+        )
+        .unwrap();
         s.subsystems.get_mut("a").unwrap().max_namespaces = 8;
 
         // A created namespace is deleted again; one created since stays.
@@ -648,18 +726,23 @@ mod tests {
     #[test]
     fn revert_listeners() {
         let mut s = State::default();
-        let lim = Limits { ram_bytes: 0 };
-        s.create_subsystem(subsystem("a", "nqn.2024-01.io.example:a"))
-            .unwrap();
+        let lim = Limits::with_ram(0);
+        s.create_subsystem(
+            Limits::with_ram(0),
+            subsystem("a", "nqn.2024-01.io.example:a"),
+        )
+        .unwrap();
         let part = Part::Listener {
             subsystem: "a".into(),
             id: "l".into(),
         };
         assert_eq!(part.resource(), "subsystems/a/listeners/l");
         let (before, after) = committed(&mut s, |s| {
-            s.create_listener("a", listener("l", 4420)).unwrap();
+            s.create_listener(Limits::with_ram(0), "a", listener("l", 4420))
+                .unwrap();
         });
-        s.create_listener("a", listener("m", 4421)).unwrap();
+        s.create_listener(Limits::with_ram(0), "a", listener("m", 4421))
+            .unwrap();
         s.revert(lim, &part, &before, &after).unwrap();
         assert_eq!(
             s.subsystems["a"].listeners.keys().collect::<Vec<_>>(),
@@ -668,7 +751,9 @@ mod tests {
         // A deleted listener comes back unless its address was taken since.
         let (before, after) = committed(&mut s, |s| s.delete_listener("a", "m").unwrap());
         let mut other = s.clone();
-        other.create_listener("a", listener("n", 4421)).unwrap();
+        other
+            .create_listener(Limits::with_ram(0), "a", listener("n", 4421))
+            .unwrap();
         let kept = other.clone();
         let m = Part::Listener {
             subsystem: "a".into(),
@@ -681,5 +766,69 @@ mod tests {
         assert_eq!(other, kept);
         s.revert(lim, &m, &before, &after).unwrap();
         assert_eq!(s.subsystems["a"].listeners["m"], listener("m", 4421));
+    }
+
+    #[test]
+    fn storage_caps() {
+        let lim = Limits {
+            subsystems: 1,
+            namespaces: 1,
+            hosts: 1,
+            listeners: 1,
+            ..Limits::with_ram(1 << 20)
+        };
+        let exhausted = |r: Result<()>| match r {
+            Err(ControlError::ResourceExhausted { limit, .. }) => limit,
+            other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+        };
+        let mut s = State::default();
+        let mut two_hosts = subsystem("a", "nqn.2024-01.io.example:a");
+        two_hosts.allowed_hosts = ["nqn.2024-01.io.example:h1", "nqn.2024-01.io.example:h2"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            exhausted(s.create_subsystem(lim, two_hosts)),
+            "limits.max_hosts"
+        );
+        s.create_subsystem(lim, subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        assert_eq!(
+            exhausted(s.create_subsystem(lim, subsystem("b", "nqn.2024-01.io.example:b"))),
+            "limits.max_subsystems"
+        );
+        s.add_host(lim, "a", "nqn.2024-01.io.example:h1").unwrap();
+        assert_eq!(
+            exhausted(
+                s.add_host(lim, "a", "nqn.2024-01.io.example:h2")
+                    .map(|_| ())
+            ),
+            "limits.max_hosts"
+        );
+        let u = SubsystemUpdate {
+            allowed_hosts: Some(
+                ["nqn.2024-01.io.example:h3", "nqn.2024-01.io.example:h4"]
+                    .map(String::from)
+                    .into(),
+            ),
+            ..Default::default()
+        };
+        assert_eq!(
+            exhausted(s.update_subsystem(lim, "a", u).map(|_| ())),
+            "limits.max_hosts"
+        );
+        s.create_namespace(lim, "a", ram(4096), false, false)
+            .unwrap();
+        assert_eq!(
+            exhausted(
+                s.create_namespace(lim, "a", ram(4096), false, false)
+                    .map(|_| ())
+            ),
+            "limits.max_namespaces"
+        );
+        s.create_listener(lim, "a", listener("l", 4420)).unwrap();
+        assert_eq!(
+            exhausted(s.create_listener(lim, "a", listener("m", 4421)).map(|_| ())),
+            "limits.max_listeners"
+        );
     }
 }

@@ -2,12 +2,14 @@
 //! anti-spoofing lists), default policies, and filter rules with their rate
 //! limits.
 
+use std::collections::{HashMap, HashSet};
+
 use dpu_proto::v1 as pb;
 
 use super::{child_name, id, name, text};
 use crate::error::{ControlError, Result};
 use crate::model::{
-    Action, Attachment, IpPrefix, MacAddr, PortRange, RateLimit, Rule, SourceGuard,
+    Action, Attachment, Claims, IpPrefix, MacAddr, PortRange, RateLimit, Rule, SourceGuard,
 };
 
 /// Most rules one tenant may hold.
@@ -47,17 +49,19 @@ pub fn attachments(field: &str, list: &[pb::Attachment]) -> Result<Vec<Attachmen
             ),
         ));
     }
-    let mut out: Vec<Attachment> = Vec::with_capacity(list.len());
-    for (i, a) in list.iter().enumerate() {
-        let f = format!("{field}[{i}]");
-        let att = attachment(&f, a)?;
-        if let Some(j) = out.iter().position(|o| o.conflicts_with(&att)) {
+    let out = list
+        .iter()
+        .enumerate()
+        .map(|(i, a)| attachment(&format!("{field}[{i}]"), a))
+        .collect::<Result<Vec<_>>>()?;
+    let mut claims = Claims::new();
+    for (i, att) in out.iter().enumerate() {
+        if let Err((o, j)) = claims.insert(att, i) {
             return Err(ControlError::invalid(
-                f,
-                format!("{att} overlaps {field}[{j}] ({})", out[j]),
+                format!("{field}[{i}]"),
+                format!("{att} overlaps {field}[{j}] ({o})"),
             ));
         }
-        out.push(att);
     }
     Ok(out)
 }
@@ -115,6 +119,7 @@ fn remote_vteps(field: &str, list: &[String]) -> Result<Vec<std::net::Ipv4Addr>>
         ));
     }
     let mut out: Vec<std::net::Ipv4Addr> = Vec::with_capacity(list.len());
+    let mut seen = HashSet::with_capacity(list.len());
     for (i, s) in list.iter().enumerate() {
         let f = format!("{field}[{i}]");
         let a: std::net::Ipv4Addr = s
@@ -126,7 +131,7 @@ fn remote_vteps(field: &str, list: &[String]) -> Result<Vec<std::net::Ipv4Addr>>
                 format!("{a} is not a unicast address"),
             ));
         }
-        if out.contains(&a) {
+        if !seen.insert(a) {
             return Err(ControlError::invalid(&f, format!("{a} is listed twice")));
         }
         out.push(a);
@@ -156,12 +161,13 @@ fn source_guard(field: &str, p: &pb::PortAttachment) -> Result<SourceGuard> {
         ));
     }
     let mut guard = SourceGuard::default();
+    let mut macs: HashMap<MacAddr, usize> = HashMap::with_capacity(p.allowed_macs.len());
     for (i, m) in p.allowed_macs.iter().enumerate() {
         let f = format!("{field}.allowed_macs[{i}]");
         let mac: MacAddr = m
             .parse()
             .map_err(|e: String| ControlError::invalid(&f, e))?;
-        if let Some(j) = guard.macs.iter().position(|o| *o == mac) {
+        if let Some(j) = macs.insert(mac, i) {
             return Err(ControlError::invalid(
                 f,
                 format!("{mac} is also allowed_macs[{j}]"),
@@ -169,12 +175,14 @@ fn source_guard(field: &str, p: &pb::PortAttachment) -> Result<SourceGuard> {
         }
         guard.macs.push(mac);
     }
+    let mut prefixes: HashMap<IpPrefix, usize> =
+        HashMap::with_capacity(p.allowed_source_prefixes.len());
     for (i, s) in p.allowed_source_prefixes.iter().enumerate() {
         let f = format!("{field}.allowed_source_prefixes[{i}]");
         let Some(pfx) = prefix(&f, s)? else {
             return Err(ControlError::invalid(f, "a prefix is required"));
         };
-        if let Some(j) = guard.prefixes.iter().position(|o| *o == pfx) {
+        if let Some(j) = prefixes.insert(pfx, i) {
             return Err(ControlError::invalid(
                 f,
                 format!("{pfx} is also allowed_source_prefixes[{j}]"),

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use dpu_control::service::{Api, Control, ServiceFacts};
-use dpu_control::state::Limits;
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
 use dpu_control::{validate, ControlError};
@@ -255,6 +254,7 @@ impl Config {
                 bail!("storage.{key}: {v} is out of range (1 to 86400 seconds)");
             }
         }
+        self.limits.validate()?;
         self.validate_storage()?;
         self.backing_policy()?;
         self.validate_declared_ids()?;
@@ -393,9 +393,7 @@ impl Config {
                 .map(|p| (p.id.clone(), p))
                 .collect(),
             telemetry: Arc::new(Telemetry::default()),
-            limits: Limits {
-                ram_bytes: self.ram_limit(),
-            },
+            limits: self.limits(),
             backing: Arc::new(self.backing_policy()?),
             facts: ServiceFacts::default(),
             storage_applied: None,

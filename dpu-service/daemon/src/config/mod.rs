@@ -12,6 +12,7 @@
 mod check;
 mod cli;
 mod declared;
+mod limits;
 mod schema;
 pub(crate) mod seed;
 pub(crate) mod seed_tenants;
@@ -27,6 +28,7 @@ use dpu_os::backing::{BackingPolicy, VOLUMES_DIR};
 
 pub use cli::{Cli, LogFormat};
 pub use declared::seed_key;
+pub use limits::LimitsConfig;
 pub use schema::*;
 
 use dpu_control::service::authz::{Name, Policy, Role};

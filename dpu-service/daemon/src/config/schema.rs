@@ -33,6 +33,8 @@ pub struct Config {
     /// other: the stored one is kept at later starts, and changes made over
     /// gRPC survive restarts.
     pub tenants: Vec<SeedTenant>,
+    /// Caps on what the state may hold (`[limits]`).
+    pub limits: super::LimitsConfig,
 }
 
 /// `[dataplane]`: the worker threads, their packet buffers and, for the

@@ -177,7 +177,7 @@ pub(crate) mod tests {
             state: state.clone(),
             ports,
             telemetry: Arc::new(Telemetry::default()),
-            limits: Limits { ram_bytes },
+            limits: Limits::with_ram(ram_bytes),
             backing: Arc::new(backing()),
             facts: ServiceFacts::default(),
             storage_applied,

@@ -62,9 +62,11 @@ pub async fn watch(client: &DpuClient, format: Format, args: &WatchArgs) -> Resu
         match format {
             Format::Json => println!(
                 "{}",
-                serde_json::to_string(&snap).map_err(|e| Failure::Other(e.to_string()))?
+                crate::table::json_safe(
+                    &serde_json::to_string(&snap).map_err(|e| Failure::Other(e.to_string()))?
+                )
             ),
-            Format::Table => println!("{}", render::counters(&snap)),
+            Format::Table => println!("{}", crate::table::terminal_safe(&render::counters(&snap))),
         }
     }
     Ok(())

@@ -173,7 +173,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(&cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dpuctl: error: {e}");
+            // The message may quote the service.
+            eprintln!("dpuctl: error: {}", table::escape(&e.to_string()));
             ExitCode::from(e.exit())
         }
     }
@@ -252,9 +253,9 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         Format::Json => {
             let s = serde_json::to_string_pretty(&shown.json)
                 .map_err(|e| Failure::Other(e.to_string()))?;
-            println!("{s}");
+            println!("{}", table::json_safe(&s));
         }
-        Format::Table => print!("{}", shown.text),
+        Format::Table => print!("{}", table::terminal_safe(&shown.text)),
     }
     Ok(())
 }
