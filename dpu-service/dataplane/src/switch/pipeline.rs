@@ -38,10 +38,14 @@ impl SwitchPipeline {
     fn need(&self, x: &Inspected, conn: Option<&ConnKey>) -> Need {
         let Seen::Switch {
             ti,
-            l3: L3::Ip { .. },
+            l3: L3::Ip {
+                later_fragment: false,
+                ..
+            },
             ..
         } = x.seen
         else {
+            // A later fragment is decided by its datagram's first.
             return Need::Ready(None);
         };
         let t = &self.compiled.tenants[ti as usize];
@@ -256,7 +260,7 @@ impl Pipeline for SwitchPipeline {
             // Attachment indices belong to the old snapshot.
             self.macs.clear();
             self.memo.clear();
-            self.conns.reserve_tenants(self.compiled.tracking.len());
+            self.compiled.share_tables(&mut self.conns, &mut self.frags);
             self.store_gauges();
             self.cells.taken.store(self.generation, Ordering::Release);
         }
@@ -284,6 +288,10 @@ impl Pipeline for SwitchPipeline {
             self.conns.sweep(self.now, SWEEP_SLOTS, |uid| {
                 tracking.get(uid as usize).copied().unwrap_or(false)
             });
+        }
+        if !self.frags.is_empty() {
+            // A removed tenant's datagrams age out like any.
+            self.frags.sweep(self.now, SWEEP_SLOTS, |_| true);
         }
         if tick {
             self.store_gauges();
