@@ -198,6 +198,40 @@ impl Config {
                 d.conntrack_per_tenant
             );
         }
+        if d.conntrack_reserved_per_tenant > d.conntrack_per_tenant {
+            bail!(
+                "dataplane.conntrack_reserved_per_tenant must be at most conntrack_per_tenant ({}), not {}",
+                d.conntrack_per_tenant,
+                d.conntrack_reserved_per_tenant
+            );
+        }
+        if d.fragments_max == 0 || d.fragments_max > 1 << 24 {
+            bail!(
+                "dataplane.fragments_max must be in 1..={}, not {}",
+                1 << 24,
+                d.fragments_max
+            );
+        }
+        if d.fragments_per_tenant == 0 || d.fragments_per_tenant > d.fragments_max {
+            bail!(
+                "dataplane.fragments_per_tenant must be in 1..=fragments_max ({}), not {}",
+                d.fragments_max,
+                d.fragments_per_tenant
+            );
+        }
+        if d.fragments_reserved_per_tenant > d.fragments_per_tenant {
+            bail!(
+                "dataplane.fragments_reserved_per_tenant must be at most fragments_per_tenant ({}), not {}",
+                d.fragments_per_tenant,
+                d.fragments_reserved_per_tenant
+            );
+        }
+        if !(1..=120).contains(&d.fragment_timeout_secs) {
+            bail!(
+                "dataplane.fragment_timeout_secs must be in 1..=120, not {}",
+                d.fragment_timeout_secs
+            );
+        }
         if d.flow_cache_entries > 1 << 24 {
             bail!(
                 "dataplane.flow_cache_entries must be at most {}, not {}",
@@ -553,6 +587,26 @@ mod tests {
         bad(
             "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
             "dataplane.conntrack_per_tenant",
+        );
+        bad(
+            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 5\nconntrack_reserved_per_tenant = 6\n",
+            "dataplane.conntrack_reserved_per_tenant",
+        );
+        bad(
+            "[dataplane]\nfragments_max = 0\n",
+            "dataplane.fragments_max",
+        );
+        bad(
+            "[dataplane]\nfragments_max = 10\nfragments_per_tenant = 11\n",
+            "dataplane.fragments_per_tenant",
+        );
+        bad(
+            "[dataplane]\nfragments_per_tenant = 10\nfragments_reserved_per_tenant = 11\n",
+            "dataplane.fragments_reserved_per_tenant",
+        );
+        bad(
+            "[dataplane]\nfragment_timeout_secs = 0\n",
+            "dataplane.fragment_timeout_secs",
         );
         bad(
             "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
