@@ -394,7 +394,8 @@ mod tests {
     /// A pipeline given whole bursts decides exactly what it decides
     /// frame by frame: verdicts, outputs, rewritten bytes and tenant
     /// counters, with connections opened, closed and refused inside a
-    /// burst, MAC learning, VTEP neighbours, flow-cached tenants, tenants
+    /// burst, fragments before and after their first, MAC learning, VTEP
+    /// neighbours, flow-cached tenants, tenants
     /// switched at the link layer (decided by header from memory) and
     /// bursts longer than [`BURST`].
     #[test]
@@ -525,7 +526,20 @@ mod tests {
                                 f.extend(ipv4(ip(a), ip(z), proto::TCP, &tcp(sp, dp, flags)));
                                 f
                             }
-                            4 | 5 => build::udp4(mac(a), dst, vlan, ip(a), ip(z), sp, dp),
+                            4 | 5 => {
+                                let mut f = build::udp4(mac(a), dst, vlan, ip(a), ip(z), sp, dp);
+                                // Some are fragments of a few datagrams:
+                                // firsts, and later ones before or after
+                                // their first.
+                                if rng.below(3) == 0 {
+                                    let l3 = if vlan.is_some() { 18 } else { 14 };
+                                    let id = rng.below(3) as u16;
+                                    let field: u16 = [0x2000, 1][rng.below(2) as usize];
+                                    f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+                                    f[l3 + 6..l3 + 8].copy_from_slice(&field.to_be_bytes());
+                                }
+                                f
+                            }
                             6 => {
                                 let ty = [8, 0][rng.below(2) as usize];
                                 let mut f = eth(dst, mac(a), vlan, ETH_IPV4);
@@ -616,6 +630,7 @@ mod tests {
             "Drop(ConntrackInva",
             "Drop(NoTenant)",
             "Drop(Malformed)",
+            "Drop(FragmentUnknow",
         ] {
             let n = seen
                 .iter()
