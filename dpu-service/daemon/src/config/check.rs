@@ -198,13 +198,6 @@ impl Config {
                 d.conntrack_per_tenant
             );
         }
-        if d.conntrack_reserved_per_tenant > d.conntrack_per_tenant {
-            bail!(
-                "dataplane.conntrack_reserved_per_tenant must be at most conntrack_per_tenant ({}), not {}",
-                d.conntrack_per_tenant,
-                d.conntrack_reserved_per_tenant
-            );
-        }
         if d.fragments_max == 0 || d.fragments_max > 1 << 24 {
             bail!(
                 "dataplane.fragments_max must be in 1..={}, not {}",
@@ -217,13 +210,6 @@ impl Config {
                 "dataplane.fragments_per_tenant must be in 1..=fragments_max ({}), not {}",
                 d.fragments_max,
                 d.fragments_per_tenant
-            );
-        }
-        if d.fragments_reserved_per_tenant > d.fragments_per_tenant {
-            bail!(
-                "dataplane.fragments_reserved_per_tenant must be at most fragments_per_tenant ({}), not {}",
-                d.fragments_per_tenant,
-                d.fragments_reserved_per_tenant
             );
         }
         if !(1..=120).contains(&d.fragment_timeout_secs) {
@@ -589,10 +575,6 @@ mod tests {
             "dataplane.conntrack_per_tenant",
         );
         bad(
-            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 5\nconntrack_reserved_per_tenant = 6\n",
-            "dataplane.conntrack_reserved_per_tenant",
-        );
-        bad(
             "[dataplane]\nfragments_max = 0\n",
             "dataplane.fragments_max",
         );
@@ -601,13 +583,16 @@ mod tests {
             "dataplane.fragments_per_tenant",
         );
         bad(
-            "[dataplane]\nfragments_per_tenant = 10\nfragments_reserved_per_tenant = 11\n",
-            "dataplane.fragments_reserved_per_tenant",
-        );
-        bad(
             "[dataplane]\nfragment_timeout_secs = 0\n",
             "dataplane.fragment_timeout_secs",
         );
+        // A reserve above the cap is cut to it, not refused: a small cap
+        // needs no reserve of its own.
+        let small: Config = toml::from_str(
+            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 5\nfragments_max = 10\nfragments_per_tenant = 5\n",
+        )
+        .unwrap();
+        assert!(small.validate().is_ok(), "{:?}", small.validate());
         bad(
             "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
             "dataplane.worker_cpus names 1 CPUs for 2 workers",

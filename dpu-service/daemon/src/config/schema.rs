@@ -73,8 +73,9 @@ pub struct DataplaneConfig {
     /// Connections kept for each tenant with stateful rules, all workers
     /// together, that no other tenant's connections can take (an even
     /// split of `conntrack_max` if it cannot keep that many for every
-    /// such tenant); the rest of the table is a pool shared up to
-    /// `conntrack_per_tenant`.
+    /// such tenant; never more than `conntrack_per_tenant`, so a small
+    /// cap needs no smaller reserve); the rest of the table is a pool
+    /// shared up to `conntrack_per_tenant`.
     pub conntrack_reserved_per_tenant: usize,
     /// Most fragmented datagrams tracked (those whose first fragment
     /// passed, so that their later fragments may), all workers together.
