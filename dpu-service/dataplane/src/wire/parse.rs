@@ -12,6 +12,11 @@
 //!
 //! The classification key puts ICMP's type and code where TCP/UDP keep
 //! their ports (source and destination), so one classifier serves both.
+//!
+//! A fragment says which datagram it belongs to ([`Fragment`]); only a
+//! first fragment has a transport header, and one that cannot show all
+//! of it, or a later one that would overlap it, is a
+//! [`ParseError::Fragment`] (RFC 1858, RFC 3128, RFC 7112).
 
 /// EtherType of IPv4.
 pub const ETH_IPV4: u16 = 0x0800;
