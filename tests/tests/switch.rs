@@ -77,6 +77,17 @@ impl Host {
             .spawn()?)
     }
 
+    /// Starts `python3 -c script args..` in the namespace, its output
+    /// kept for `wait_with_output`.
+    fn spawn_python_out(&self, script: &str, args: &[&str]) -> Result<Child> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?)
+    }
+
     /// True if two pings to `to` both get replies.
     fn ping(&self, to: &str) -> bool {
         self.ns.ping(to)
@@ -824,6 +835,284 @@ fn a_rate_limited_rule_passes_its_rate_and_drops_the_rest() -> Result<()> {
     );
     eventually("rate-limited drops to be counted", || {
         limited() >= before + 80
+    })?;
+    Ok(())
+}
+
+/// Waits up to 4 s for one UDP datagram on ADDR PORT; prints its length,
+/// or nothing if none came.
+const UDP_RECV: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.settimeout(4)
+try:
+    print(len(s.recv(65536)))
+except socket.timeout:
+    pass
+"#;
+
+/// Sends a UDP datagram of N bytes to ADDR PORT (fragmented by the
+/// kernel past the MTU) five times, half a second apart, so that a
+/// receiver still starting gets one.
+const UDP_SEND: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(5):
+    s.sendto(b"f" * int(sys.argv[3]), (sys.argv[1], int(sys.argv[2])))
+    time.sleep(0.5)
+"#;
+
+/// Item 4 through the real binary: a 3000-byte ping, fragmented both
+/// ways, crosses a default-deny tenant whose only rule is a stateful
+/// ICMP echo allow (the reply's later fragments pass with its first);
+/// on a default-allow tenant, a port deny is not bypassed by a
+/// fragmented datagram, whose later fragments are counted.
+///
+/// On the kernel driver: DPDK's `net_af_packet` joins its sockets to a
+/// fanout group with `PACKET_FANOUT_FLAG_DEFRAG`, so the kernel hands it
+/// datagrams reassembled (and cut to its 2048-byte frames), never the
+/// fragments a NIC's PMD would see.
+#[test]
+fn fragments_pass_with_their_first_fragment_only() -> Result<()> {
+    let client = Host::new("fa", "10.236.0.1/24")?;
+    let server = Host::new("fb", "10.236.0.2/24")?;
+    let sender = Host::new("fc", "10.236.1.1/24")?;
+    let receiver = Host::new("fd", "10.236.1.2/24")?;
+    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n".to_string();
+    for (id, h) in [
+        ("pf0vf0", &client),
+        ("pf0vf1", &server),
+        ("pf0vf2", &sender),
+        ("pf0vf3", &receiver),
+    ] {
+        config += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+            h.port_if
+        );
+    }
+    let svc = Service::start_config(&config, &[])?;
+    svc.dpuctl_json(&[
+        "tenant", "create", "green", "--port", "pf0vf0", "--port", "pf0vf1",
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "green",
+        "--id",
+        "ping",
+        "--priority",
+        "10",
+        "--action",
+        "allow",
+        "--src",
+        "10.236.0.1/32",
+        "--proto",
+        "icmp",
+        "--icmp-type",
+        "8",
+        "--stateful",
+    ])?;
+    svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        "amber",
+        "--default-policy",
+        "allow",
+        "--port",
+        "pf0vf2",
+        "--port",
+        "pf0vf3",
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "amber",
+        "--id",
+        "no-9999",
+        "--priority",
+        "10",
+        "--action",
+        "deny",
+        "--proto",
+        "udp",
+        "--dport",
+        "9999",
+    ])?;
+    let big_ping = |from: &Host, to: &str| {
+        from.ns
+            .exec(&["ping", "-c", "2", "-W", "2", "-s", "3000", to])
+            .is_ok_and(|o| o.status.success())
+    };
+    eventually("a small ping across green", || client.ping("10.236.0.2"))?;
+    assert!(big_ping(&client, "10.236.0.2"), "a 3000-byte ping failed");
+    assert!(
+        !big_ping(&server, "10.236.0.1"),
+        "the server's fragmented ping got through"
+    );
+
+    let drops = |reason: &str| -> u64 {
+        svc.http_get("/metrics").map_or(0, |(_, body)| {
+            metric(
+                &body,
+                &format!("dpu_dropped_packets_total{{reason=\"{reason}\"}}"),
+            )
+        })
+    };
+    let unknown0 = drops("fragment_unknown");
+    eventually("amber's hosts to reach each other", || {
+        sender.ping("10.236.1.2")
+    })?;
+    // 4000 bytes: three fragments. To the denied port, none arrives; to
+    // another, all of it.
+    for (port, want) in [("9999", ""), ("9998", "4000")] {
+        let listen = receiver.spawn_python_out(UDP_RECV, &["10.236.1.2", port])?;
+        let out = sender.python(UDP_SEND, &["10.236.1.2", port, "4000"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = listen.wait_with_output()?;
+        assert_eq!(
+            String::from_utf8_lossy(&got.stdout).trim(),
+            want,
+            "to port {port}"
+        );
+    }
+    eventually(
+        "the denied datagram's later fragments to be counted",
+        || drops("fragment_unknown") >= unknown0 + 10,
+    )?;
+    Ok(())
+}
+
+/// Sends COUNT TCP SYNs from SRC to DST:DPORT through a raw socket, from
+/// source ports 20000 on, checksummed: a bounded SYN flood.
+const SYN_FLOOD: &str = r#"
+import socket, struct, sys
+src, dst, dport, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+for sport in range(20000, 20000 + count):
+    hdr = struct.pack("!HHIIBBHHH", sport, dport, 1000, 0, 5 << 4, 2, 65535, 0, 0)
+    pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(hdr))
+    data = pseudo + hdr
+    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while total >> 16:
+        total = (total & 0xffff) + (total >> 16)
+    s.sendto(hdr[:16] + struct.pack("!H", ~total & 0xffff) + hdr[18:], (dst, 0))
+"#;
+
+/// Item 5 through the real binary: with a 64-connection table, 16 kept
+/// for each of three tenants with stateful rules, two tenants flood SYNs
+/// (500 each) and get the pool and their own reserves; the third still
+/// opens TCP connections and fetches over them.
+#[test]
+fn a_syn_flood_from_other_tenants_leaves_a_tenant_its_connections() -> Result<()> {
+    let _serial = one_at_a_time();
+    let flood1 = Host::new("na", "10.237.0.1/24")?;
+    let flood2 = Host::new("nb", "10.237.1.1/24")?;
+    let client = Host::new("nc", "10.237.2.1/24")?;
+    let server = Host::new("nd", "10.237.2.2/24")?;
+    let cfg = config(
+        "flood",
+        &[
+            ("pf0vf0", &flood1),
+            ("pf0vf1", &flood2),
+            ("pf0vf2", &client),
+            ("pf0vf3", &server),
+        ],
+    )
+    .replacen(
+        "[dataplane]\n",
+        "[dataplane]\nconntrack_max = 64\nconntrack_per_tenant = 64\nconntrack_reserved_per_tenant = 16\n",
+        1,
+    );
+    let svc = Service::start_config(&cfg, &[])?;
+    for (tenant, ports, src) in [
+        ("flood1", &["pf0vf0"][..], "10.237.0.1/32"),
+        ("flood2", &["pf0vf1"][..], "10.237.1.1/32"),
+        ("victim", &["pf0vf2", "pf0vf3"][..], "10.237.2.1/32"),
+    ] {
+        let mut args = vec!["tenant", "create", tenant];
+        for p in ports {
+            args.extend(["--port", p]);
+        }
+        svc.dpuctl_json(&args)?;
+        svc.dpuctl_json(&[
+            "rule",
+            "add",
+            tenant,
+            "--id",
+            "web",
+            "--priority",
+            "10",
+            "--action",
+            "allow",
+            "--src",
+            src,
+            "--proto",
+            "tcp",
+            "--dport",
+            "8080",
+            "--stateful",
+        ])?;
+    }
+    // The flooders' targets answer nothing: a static neighbour lets the
+    // SYNs out.
+    for (h, target) in [(&flood1, "10.237.0.99"), (&flood2, "10.237.1.99")] {
+        let peer = format!("{}p", h.port_if);
+        let out = h.ns.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            target,
+            "lladdr",
+            "02:00:00:00:00:99",
+            "dev",
+            &peer,
+        ])?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (f1, f2) = (
+        flood1.spawn_python(SYN_FLOOD, &["10.237.0.1", "10.237.0.99", "8080", "500"])?,
+        flood2.spawn_python(SYN_FLOOD, &["10.237.1.1", "10.237.1.99", "8080", "500"])?,
+    );
+    let (mut f1, mut f2) = (Reaped(f1), Reaped(f2));
+    f1.0.wait()?;
+    f2.0.wait()?;
+    let gauge = |tenant: &str| -> u64 {
+        svc.http_get("/metrics").map_or(0, |(_, body)| {
+            metric(
+                &body,
+                &format!("dpu_tenant_conntrack_entries{{tenant=\"{tenant}\"}}"),
+            )
+        })
+    };
+    eventually("the flood to fill the pool", || {
+        gauge("flood1") + gauge("flood2") >= 48
+    })?;
+    let full = svc.http_get("/metrics").map_or(0, |(_, body)| {
+        metric(&body, "dpu_dropped_packets_total{reason=\"table_full\"}")
+    });
+    assert!(full >= 900, "only {full} SYNs refused");
+
+    let _web = Reaped(server.spawn_python(SERVER, &["10.237.2.2", "8080", "1000"])?);
+    for i in 0..5 {
+        let mut fetched = String::new();
+        eventually(&format!("TCP fetch {i} from the victim's client"), || {
+            let out = client.python(CLIENT, &["10.237.2.2", "8080"]);
+            fetched = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            out.status.success()
+        })?;
+        assert_eq!(fetched, "1000");
+    }
+    eventually("the victim's connections in its gauge", || {
+        gauge("victim") >= 5
     })?;
     Ok(())
 }

@@ -91,6 +91,11 @@ impl Dataplane {
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
             conntrack_max: d.conntrack_max,
             conntrack_per_tenant: d.conntrack_per_tenant,
+            conntrack_reserved_per_tenant: d.conntrack_reserved_per_tenant,
+            fragments_max: d.fragments_max,
+            fragments_per_tenant: d.fragments_per_tenant,
+            fragments_reserved_per_tenant: d.fragments_reserved_per_tenant,
+            fragment_timeout: Duration::from_secs(d.fragment_timeout_secs),
             flow_cache_entries: d.flow_cache_entries,
             ..SwitchConfig::default()
         };
@@ -534,6 +539,9 @@ impl<D: Driver> CounterSource for PortSource<D> {
                 worker::DropReason::RateLimited => pb::DropReason::RateLimited,
                 worker::DropReason::Malformed => pb::DropReason::Malformed,
                 worker::DropReason::TxFull => pb::DropReason::TxFull,
+                worker::DropReason::FragmentInvalid => pb::DropReason::FragmentInvalid,
+                worker::DropReason::FragmentUnknown => pb::DropReason::FragmentUnknown,
+                worker::DropReason::FragmentTableFull => pb::DropReason::FragmentTableFull,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }

@@ -5,7 +5,9 @@
 //! packets every packet is a connection-table hit (`--conntrack-max N`
 //! sizes the table, default the service's; `--flow-cache N` puts an
 //! N-entry flow cache in front; `--rules 0`: no rules, the tenant's default
-//! policy allows). Frames go through `process_burst` in bursts
+//! policy allows; `--fragments`: every datagram comes in two fragments,
+//! the first one classified and recorded in the fragment table, the
+//! second passing on that record). Frames go through `process_burst` in bursts
 //! of 32, as a worker hands them over; `--single` passes them one by one
 //! to `process` instead. Prints
 //! nanoseconds and millions of packets per second on one core; under
@@ -15,6 +17,7 @@
 //! ```text
 //! cargo bench -p dpu-dataplane --bench switch -- --rules 1000 --packets 20000000
 //! cargo bench -p dpu-dataplane --bench switch -- --rules 1000 --stateful
+//! cargo bench -p dpu-dataplane --bench switch -- --rules 1000 --fragments
 //! ```
 
 use std::hint::black_box;
@@ -23,7 +26,7 @@ use std::time::Instant;
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::memory::MemPacket;
 use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
-use dpu_dataplane::worker::{Pipeline, BURST};
+use dpu_dataplane::worker::{Pipeline, Verdict, BURST};
 
 /// A 64-byte Ethernet/IPv4/UDP frame from 10.x.y.z:`sport` to 10.1.0.1:53.
 fn frame(flow: u32) -> Vec<u8> {
@@ -45,11 +48,28 @@ fn frame(flow: u32) -> Vec<u8> {
     f
 }
 
+/// Frame `flow` of the `--fragments` traffic: for even `flow`, the first
+/// fragment of datagram `flow / 2` (as [`frame`] with MF set); for odd,
+/// its second and last fragment (30 bytes at offset 24, no header).
+fn fragment(flow: u32) -> Vec<u8> {
+    let datagram = flow / 2;
+    let mut f = frame(datagram);
+    f[18..20].copy_from_slice(&(datagram as u16).to_be_bytes());
+    let first = flow.is_multiple_of(2);
+    let field: u16 = if first { 0x2000 } else { 3 };
+    f[20..22].copy_from_slice(&field.to_be_bytes());
+    if !first {
+        f[34..42].fill(0);
+    }
+    f
+}
+
 fn main() {
     let mut rules = 1000usize;
     let mut packets = 20_000_000u64;
     let mut stateful = false;
     let mut single = false;
+    let mut fragments = false;
     let mut flow_cache_entries = SwitchConfig::default().flow_cache_entries;
     let mut conntrack_max = SwitchConfig::default().conntrack_max;
     let mut args = std::env::args().skip(1);
@@ -64,6 +84,7 @@ fn main() {
             }
             "--stateful" => stateful = true,
             "--single" => single = true,
+            "--fragments" => fragments = true,
             "--flow-cache" => {
                 flow_cache_entries = args
                     .next()
@@ -118,13 +139,25 @@ fn main() {
         }],
         conntrack_max,
         flow_cache_entries,
+        // Every datagram of the traffic fits.
+        fragments_per_tenant: SwitchConfig::default().fragments_max,
         ..SwitchConfig::default()
     })
     .expect("configuration compiles");
     let mut p = h.pipeline();
-    let mut frames: Vec<MemPacket> = (0..65_536).map(|f| MemPacket(frame(f))).collect();
+    let make = if fragments { fragment } else { frame };
+    let mut frames: Vec<MemPacket> = (0..65_536).map(|f| MemPacket(make(f))).collect();
     let mut flood = Vec::new();
     p.turn();
+    if fragments {
+        // Every fragment passes: the first ones recorded, before the
+        // clock starts.
+        for f in &mut frames {
+            let v = p.process(0, &mut f.0, &mut flood);
+            assert!(!matches!(v, Verdict::Drop(_)), "{v:?}");
+            flood.clear();
+        }
+    }
     if stateful {
         // Open every flow's connection before the clock starts.
         for f in &mut frames {
@@ -163,8 +196,9 @@ fn main() {
     let counters = h.traffic();
     let read_ms = t.elapsed().as_secs_f64() * 1e3;
     println!(
-        "switch pipeline, {rules} rules{}, {packets} packets: {:.1} ns/packet, {:.2} Mpps",
+        "switch pipeline, {rules} rules{}{}, {packets} packets: {:.1} ns/packet, {:.2} Mpps",
         if stateful { " (stateful)" } else { "" },
+        if fragments { " (fragments)" } else { "" },
         secs * 1e9 / packets as f64,
         packets as f64 / secs / 1e6
     );

@@ -12,9 +12,10 @@
 //!
 //! A connection is known under two keys, one per direction, each with the
 //! tenant in it: a packet of one tenant never matches another tenant's
-//! connection. Each tenant may hold only so many entries (and the table as
-//! a whole only so many), so one tenant cannot exhaust the table for the
-//! others; what is refused is counted by the caller as `TableFull`.
+//! connection. Each tenant may hold only so many entries, and keeps a
+//! reserved share of the table that no other tenant's connections can
+//! take, however many tenants flood it ([`Shares`]); what is refused is
+//! counted by the caller as `TableFull`.
 //!
 //! The table belongs to one worker and is allocated in full when the
 //! worker starts; the packet path never allocates. With several workers,
@@ -22,6 +23,7 @@
 //! Time is the worker's coarse clock in seconds; expired entries go when a
 //! packet meets them or when [`ConnTable::sweep`] passes by.
 
+use crate::shares::{Full, ShareLimits, Shares};
 use crate::wire::{is_echo, proto, FlowKey};
 
 /// TCP FIN flag.
@@ -256,7 +258,7 @@ pub enum Refused {
     Invalid,
     /// The tenant holds as many connections as it may.
     TenantFull,
-    /// The table is full.
+    /// The table is full, but for other tenants' reserves.
     TableFull,
 }
 
@@ -268,13 +270,10 @@ pub enum Refused {
 pub struct ConnTable {
     buckets: Box<[Bucket]>,
     mask: usize,
-    /// Connections per tenant ID.
-    per_tenant: Vec<u32>,
-    max: usize,
-    tenant_max: u32,
+    /// Connections per tenant ID, against the tenants' shares.
+    shares: Shares,
     timeouts: Timeouts,
     cursor: usize,
-    len: usize,
 }
 
 /// Seconds as stored in a bucket (the worker clock starts at 0, so this
@@ -285,43 +284,62 @@ fn secs(t: u64) -> u32 {
 
 impl ConnTable {
     /// A table for at most `max` connections, of which one tenant may hold
-    /// `tenant_max`, allocated now (64 bytes per bucket, two buckets per
-    /// connection).
+    /// `tenant_max`, with nothing reserved, allocated now (64 bytes per
+    /// bucket, two buckets per connection).
     pub fn new(max: usize, tenant_max: usize, timeouts: Timeouts) -> ConnTable {
-        let n = (2 * max).next_power_of_two().max(16);
+        ConnTable::with_shares(
+            ShareLimits {
+                max,
+                per_tenant: tenant_max,
+                reserved: 0,
+            },
+            timeouts,
+        )
+    }
+
+    /// A table for `limits.max` connections shared among tenants as
+    /// `limits` says ([`Shares`]), allocated now.
+    pub fn with_shares(limits: ShareLimits, timeouts: Timeouts) -> ConnTable {
+        let n = (2 * limits.max).next_power_of_two().max(16);
         ConnTable {
             buckets: vec![EMPTY; n].into_boxed_slice(),
             mask: n - 1,
-            per_tenant: Vec::new(),
-            max,
-            tenant_max: u32::try_from(tenant_max).unwrap_or(u32::MAX),
+            shares: Shares::new(limits),
             timeouts,
             cursor: 0,
-            len: 0,
         }
     }
 
     /// Makes room in the per-tenant counts for tenant IDs below `n` (call
     /// off the packet path when tenants are added).
     pub fn reserve_tenants(&mut self, n: usize) {
-        if self.per_tenant.len() < n {
-            self.per_tenant.resize(n, 0);
-        }
+        self.shares.reserve_tenants(n);
+    }
+
+    /// Divides the table among `n` tenants that track connections, each
+    /// with its reserve (off the packet path).
+    pub fn set_tenants(&mut self, n: usize) {
+        self.shares.set_tenants(n);
+    }
+
+    /// The reserve each tenant has in this table.
+    pub fn reserve(&self) -> u32 {
+        self.shares.reserve()
     }
 
     /// Connections in the table.
     pub fn len(&self) -> usize {
-        self.len
+        self.shares.len() as usize
     }
 
     /// True if the table holds no connection.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.shares.is_empty()
     }
 
     /// Connections tenant `tenant` holds.
     pub fn tenant_len(&self, tenant: u32) -> u32 {
-        self.per_tenant.get(tenant as usize).copied().unwrap_or(0)
+        self.shares.held(tenant)
     }
 
     /// The bucket holding `key`, or the empty one where it would go.
@@ -476,12 +494,11 @@ impl ConnTable {
         if found {
             return Err(Refused::Invalid);
         }
-        let tenant = key.canon.tenant as usize;
-        if tenant >= self.per_tenant.len() || self.per_tenant[tenant] >= self.tenant_max {
-            return Err(Refused::TenantFull);
-        }
-        if self.len >= self.max {
-            return Err(Refused::TableFull);
+        let tenant = key.canon.tenant;
+        match self.shares.check(tenant) {
+            Ok(()) => {}
+            Err(Full::Tenant) => return Err(Refused::TenantFull),
+            Err(Full::Pool) => return Err(Refused::TableFull),
         }
         self.buckets[i] = Bucket {
             key: key.canon,
@@ -493,8 +510,7 @@ impl ConnTable {
             orig_lo: key.from_lo,
             used: true,
         };
-        self.per_tenant[tenant] += 1;
-        self.len += 1;
+        self.shares.take(tenant);
         Ok(i as u32)
     }
 
@@ -505,11 +521,7 @@ impl ConnTable {
         if !self.buckets[i].used {
             return;
         }
-        let tenant = self.buckets[i].key.tenant as usize;
-        if let Some(n) = self.per_tenant.get_mut(tenant) {
-            *n = n.saturating_sub(1);
-        }
-        self.len -= 1;
+        self.shares.give(self.buckets[i].key.tenant);
         self.buckets[i].used = false;
         let mut j = i;
         loop {

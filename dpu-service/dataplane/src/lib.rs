@@ -21,6 +21,10 @@
 //!   lookups read.
 //! - [`conntrack`]: connection tracking for stateful rules, per worker.
 //! - [`flowcache`]: an exact-match cache of classifications, per worker.
+//! - [`fragtrack`]: the fragmented datagrams whose first fragment passed,
+//!   per worker, so that their later fragments pass and no others do.
+//! - [`shares`]: fair shares of a bounded table among tenants (reserved
+//!   minimum plus a shared pool), for the connection and fragment tables.
 //! - `l2memo`: decisions remembered by link-layer header, per worker,
 //!   for tenants that switch without looking past it.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
@@ -37,9 +41,11 @@
 pub mod classify;
 pub mod conntrack;
 pub mod flowcache;
+pub mod fragtrack;
 pub mod io;
 mod l2memo;
 mod mactable;
+pub mod shares;
 pub mod switch;
 pub mod wire;
 pub mod worker;

@@ -38,11 +38,21 @@ pub enum DropReason {
     /// The output could not take it: its TX queue was full, or the
     /// pipeline named a port the driver does not have.
     TxFull,
+    /// A fragment that could hide its transport header from the filter:
+    /// a tiny first fragment, or one overlapping the transport header
+    /// (RFC 1858, RFC 3128).
+    FragmentInvalid,
+    /// A later fragment of a datagram whose first fragment did not pass
+    /// (dropped, not seen yet, or too long ago).
+    FragmentUnknown,
+    /// A first fragment the tenant's share of the fragment table had no
+    /// room for (its later fragments could not have passed).
+    FragmentTableFull,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 11] = [
         Self::NoTenant,
         Self::Spoofed,
         Self::AclDeny,
@@ -51,6 +61,9 @@ impl DropReason {
         Self::RateLimited,
         Self::Malformed,
         Self::TxFull,
+        Self::FragmentInvalid,
+        Self::FragmentUnknown,
+        Self::FragmentTableFull,
     ];
 
     fn index(self) -> usize {

@@ -216,6 +216,26 @@ impl Config {
                 d.conntrack_per_tenant
             );
         }
+        if d.fragments_max == 0 || d.fragments_max > 1 << 24 {
+            bail!(
+                "dataplane.fragments_max must be in 1..={}, not {}",
+                1 << 24,
+                d.fragments_max
+            );
+        }
+        if d.fragments_per_tenant == 0 || d.fragments_per_tenant > d.fragments_max {
+            bail!(
+                "dataplane.fragments_per_tenant must be in 1..=fragments_max ({}), not {}",
+                d.fragments_max,
+                d.fragments_per_tenant
+            );
+        }
+        if !(1..=120).contains(&d.fragment_timeout_secs) {
+            bail!(
+                "dataplane.fragment_timeout_secs must be in 1..=120, not {}",
+                d.fragment_timeout_secs
+            );
+        }
         if d.flow_cache_entries > 1 << 24 {
             bail!(
                 "dataplane.flow_cache_entries must be at most {}, not {}",
@@ -665,6 +685,25 @@ mod tests {
             "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 11\n",
             "dataplane.conntrack_per_tenant",
         );
+        bad(
+            "[dataplane]\nfragments_max = 0\n",
+            "dataplane.fragments_max",
+        );
+        bad(
+            "[dataplane]\nfragments_max = 10\nfragments_per_tenant = 11\n",
+            "dataplane.fragments_per_tenant",
+        );
+        bad(
+            "[dataplane]\nfragment_timeout_secs = 0\n",
+            "dataplane.fragment_timeout_secs",
+        );
+        // A reserve above the cap is cut to it, not refused: a small cap
+        // needs no reserve of its own.
+        let small: Config = toml::from_str(
+            "[dataplane]\nconntrack_max = 10\nconntrack_per_tenant = 5\nfragments_max = 10\nfragments_per_tenant = 5\n",
+        )
+        .unwrap();
+        assert!(small.validate().is_ok(), "{:?}", small.validate());
         bad(
             "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
             "dataplane.worker_cpus names 1 CPUs for 2 workers",

@@ -72,6 +72,26 @@ pub struct DataplaneConfig {
     /// Most connections one tenant may have tracked, all workers together;
     /// past it the tenant's new connections are dropped as `table_full`.
     pub conntrack_per_tenant: usize,
+    /// Connections kept for each tenant with stateful rules, all workers
+    /// together, that no other tenant's connections can take (an even
+    /// split of `conntrack_max` if it cannot keep that many for every
+    /// such tenant; never more than `conntrack_per_tenant`, so a small
+    /// cap needs no smaller reserve); the rest of the table is a pool
+    /// shared up to `conntrack_per_tenant`.
+    pub conntrack_reserved_per_tenant: usize,
+    /// Most fragmented datagrams tracked (those whose first fragment
+    /// passed, so that their later fragments may), all workers together.
+    pub fragments_max: usize,
+    /// Most fragmented datagrams of one tenant tracked; past it (or past
+    /// its reserve with the pool used up) first fragments are dropped as
+    /// `fragment_table_full`.
+    pub fragments_per_tenant: usize,
+    /// Fragmented datagrams kept for each tenant (as
+    /// `conntrack_reserved_per_tenant`).
+    pub fragments_reserved_per_tenant: usize,
+    /// Seconds after its first fragment that a datagram's later fragments
+    /// may pass.
+    pub fragment_timeout_secs: u64,
     /// Entries of each worker's flow cache in front of the classifier of
     /// tenants with 64 rules or more (32 bytes each; the default 262,144
     /// is 8 MiB a worker and serves up to about 130,000 flows a worker);
@@ -96,6 +116,11 @@ impl Default for DataplaneConfig {
             mac_ageing_secs: 300,
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
+            conntrack_reserved_per_tenant: 1_024,
+            fragments_max: 65_536,
+            fragments_per_tenant: 16_384,
+            fragments_reserved_per_tenant: 256,
+            fragment_timeout_secs: 10,
             flow_cache_entries: 262_144,
             eal_args: Vec::new(),
         }

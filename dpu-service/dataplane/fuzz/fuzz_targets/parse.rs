@@ -59,8 +59,14 @@ fn check_fields(frame: &[u8], h: &Headers) {
             key,
             tcp_flags,
             later_fragment,
+            fragment,
             ..
         } => {
+            assert_eq!(
+                later_fragment,
+                fragment.is_some_and(|f| f.offset != 0),
+                "{h:?}"
+            );
             let l4 = if key.v6 {
                 assert_eq!(ethertype, ETH_IPV6, "{h:?}");
                 assert!(l3.len() >= 40, "{h:?}");
@@ -89,6 +95,13 @@ fn check_fields(frame: &[u8], h: &Headers) {
                 assert_eq!(key.dst, u128::from(be32(l3, 16)));
                 assert_eq!(key.proto, l3[9]);
                 assert_eq!(later_fragment, be16(l3, 6) & 0x1fff != 0, "{h:?}");
+                let field = be16(l3, 6);
+                assert_eq!(fragment.is_some(), field & 0x3fff != 0, "{h:?}");
+                if let Some(f) = fragment {
+                    assert_eq!(f.id, u32::from(be16(l3, 4)), "{h:?}");
+                    assert_eq!((f.offset, f.more), (field & 0x1fff, field & 0x2000 != 0));
+                    assert_eq!(f.proto, l3[9], "{h:?}");
+                }
                 Some(&l3[ihl..total])
             };
             if later_fragment {

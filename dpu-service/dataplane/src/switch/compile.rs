@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::classify::{AclRule, Classifier};
+use crate::conntrack::ConnTable;
 use crate::conntrack::Timeouts;
+use crate::fragtrack::{FragLimits, FragTable};
+use crate::shares::ShareLimits;
 
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
@@ -229,8 +232,10 @@ pub struct Compiled {
     pub(super) tenants: Vec<CompiledTenant>,
     pub(super) mac_table_size: usize,
     pub(super) mac_ageing: Duration,
-    /// Per worker: connection table size and per-tenant limit.
-    pub(super) conntrack: (usize, usize),
+    /// Per worker: the connection table's size and shares.
+    pub(super) conntrack: ShareLimits,
+    /// Per worker: the fragment table's size, shares and timeout.
+    pub(super) fragments: FragLimits,
     pub(super) conntrack_timeouts: Timeouts,
     pub(super) flow_cache_entries: usize,
     /// Tenant IDs in use (below `uids`) that track connections.
@@ -252,6 +257,17 @@ pub struct Compiled {
 pub(super) type TenantIds = std::collections::HashMap<String, u32>;
 
 impl Compiled {
+    /// Sizes a worker's connection and fragment tables' per-tenant counts
+    /// for this configuration's tenant IDs, and divides them among its
+    /// tenants (those that track connections, for the connection table).
+    /// Off the packet path: walks every tenant ID.
+    pub(super) fn share_tables(&self, conns: &mut ConnTable, frags: &mut FragTable) {
+        let ids = self.tracking.len();
+        conns.reserve_tenants(ids);
+        conns.set_tenants(self.tracking.iter().filter(|&&t| t).count());
+        frags.set_tenants(ids, self.tenants.len());
+    }
+
     /// Checks and compiles `config` (classifiers included).
     ///
     /// # Errors
@@ -282,10 +298,19 @@ impl Compiled {
             tenants: Vec::with_capacity(config.tenants.len()),
             mac_table_size: config.mac_table_size,
             mac_ageing: config.mac_ageing,
-            conntrack: (
-                config.conntrack_max.div_ceil(workers),
-                config.conntrack_per_tenant.div_ceil(workers),
-            ),
+            conntrack: ShareLimits {
+                max: config.conntrack_max.div_ceil(workers),
+                per_tenant: config.conntrack_per_tenant.div_ceil(workers),
+                reserved: config.conntrack_reserved_per_tenant.div_ceil(workers),
+            },
+            fragments: FragLimits {
+                shares: ShareLimits {
+                    max: config.fragments_max.div_ceil(workers),
+                    per_tenant: config.fragments_per_tenant.div_ceil(workers),
+                    reserved: config.fragments_reserved_per_tenant.div_ceil(workers),
+                },
+                timeout: config.fragment_timeout.as_secs().max(1),
+            },
             conntrack_timeouts: config.conntrack_timeouts,
             flow_cache_entries: config.flow_cache_entries,
             tracking: Vec::new(),

@@ -156,6 +156,25 @@ pub struct SwitchConfig {
     pub conntrack_max: usize,
     /// Most tracked connections of one tenant, all workers together.
     pub conntrack_per_tenant: usize,
+    /// Connections kept for each tenant that tracks connections, all
+    /// workers together, that no other tenant can take (see
+    /// [`Shares`]): less if `conntrack_max` cannot keep that many for
+    /// every such tenant, then an even split.
+    ///
+    /// [`Shares`]: crate::shares::Shares
+    pub conntrack_reserved_per_tenant: usize,
+    /// Most fragmented datagrams tracked (whose first fragment passed),
+    /// all tenants and workers together.
+    pub fragments_max: usize,
+    /// Most fragmented datagrams of one tenant tracked, all workers
+    /// together.
+    pub fragments_per_tenant: usize,
+    /// Fragmented datagrams kept for each tenant, all workers together
+    /// (as `conntrack_reserved_per_tenant`).
+    pub fragments_reserved_per_tenant: usize,
+    /// How long after its first fragment a datagram's later fragments
+    /// may pass.
+    pub fragment_timeout: Duration,
     /// How long idle connections live.
     pub conntrack_timeouts: Timeouts,
     /// Entries of each worker's flow cache (classifications of IPv4 keys
@@ -179,6 +198,11 @@ impl Default for SwitchConfig {
             workers: 1,
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
+            conntrack_reserved_per_tenant: 1_024,
+            fragments_max: 65_536,
+            fragments_per_tenant: 16_384,
+            fragments_reserved_per_tenant: 256,
+            fragment_timeout: Duration::from_secs(10),
             conntrack_timeouts: Timeouts::default(),
             flow_cache_entries: 0,
         }

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::conntrack::ConnKey;
+use crate::fragtrack::FragKey;
 use crate::wire::{is_multicast, L3};
 use crate::worker::{DropReason, Egress, Tunnel, Verdict, VlanOp};
 
@@ -158,7 +159,27 @@ impl SwitchPipeline {
             }
         }
         let passed = match *l3 {
-            L3::Ip { key, tcp_flags, .. } => {
+            L3::Ip {
+                key,
+                fragment: Some(f),
+                ..
+            } if f.offset != 0 => {
+                // No transport header to filter: it passes with its
+                // datagram's first fragment, where a filter could refuse
+                // that.
+                let open = t.default_allow && t.order.is_empty();
+                if open || self.frags.passes(&FragKey::of(t.uid, &key, &f), self.now) {
+                    Ok(())
+                } else {
+                    Err(DropReason::FragmentUnknown)
+                }
+            }
+            L3::Ip {
+                key,
+                tcp_flags,
+                fragment,
+                ..
+            } => {
                 let clock = Clock {
                     secs: self.now,
                     micros: self.now_us,
@@ -185,7 +206,14 @@ impl SwitchPipeline {
                     bump(&rc.bytes, len);
                     rc.last_hit.store(self.unix_now, Ordering::Relaxed);
                 }
-                passed
+                match fragment {
+                    // A first fragment that passed: its later ones may.
+                    Some(f) if passed.is_ok() && !(t.default_allow && t.order.is_empty()) => self
+                        .frags
+                        .admit(&FragKey::of(t.uid, &key, &f), self.now)
+                        .map_err(|_| DropReason::FragmentTableFull),
+                    _ => passed,
+                }
             }
             L3::Arp { .. } => Ok(()),
             L3::Other(_) if t.default_allow => Ok(()),

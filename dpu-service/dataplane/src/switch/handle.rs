@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::conntrack::ConnTable;
 use crate::flowcache::{FlowCache, FlowCacheStats};
+use crate::fragtrack::FragTable;
 use crate::l2memo::L2Memo;
 use crate::mactable::MacTable;
 use crate::worker::BURST;
@@ -193,9 +194,9 @@ impl SwitchHandle {
     pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
         let macs = MacTable::new(compiled.mac_table_size);
-        let (max, per_tenant) = compiled.conntrack;
-        let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
-        conns.reserve_tenants(compiled.tracking.len());
+        let mut conns = ConnTable::with_shares(compiled.conntrack, compiled.conntrack_timeouts);
+        let mut frags = FragTable::new(compiled.fragments);
+        compiled.share_tables(&mut conns, &mut frags);
         let cells = Arc::new(PipelineCells {
             taken: AtomicU64::new(generation),
             ..PipelineCells::default()
@@ -203,6 +204,7 @@ impl SwitchHandle {
         self.live_pipelines().live.push(Arc::downgrade(&cells));
         SwitchPipeline {
             conns,
+            frags,
             cache: FlowCache::new(compiled.flow_cache_entries),
             shared: self.shared.clone(),
             generation,

@@ -4,7 +4,8 @@
 
 use crate::conntrack::ConnKey;
 use crate::wire::{
-    is_multicast, network_layer, parse_l2, vtep_frame, VtepFrame, ETH_HLEN, ETH_IPV4, ETH_IPV6, L3,
+    is_multicast, network_layer, parse_l2, vtep_frame, ParseError, VtepFrame, ETH_HLEN, ETH_IPV4,
+    ETH_IPV6, L3,
 };
 use crate::worker::{DropReason, Egress, Verdict};
 
@@ -83,6 +84,9 @@ impl SwitchPipeline {
             if !opaque {
                 match network_layer(ethertype, &frame[h.l3_offset..]) {
                     Ok(l3) => h.l3 = l3,
+                    Err(ParseError::Fragment(_)) => {
+                        return done(Verdict::Drop(DropReason::FragmentInvalid), neighbour)
+                    }
                     Err(_) => return done(Verdict::Drop(DropReason::Malformed), neighbour),
                 }
             }

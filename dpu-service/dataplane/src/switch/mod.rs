@@ -56,6 +56,8 @@ mod counters;
 mod decide;
 mod epoch;
 mod filter;
+#[cfg(test)]
+mod fragment_tests;
 mod frame;
 mod handle;
 mod inspect;

@@ -38,10 +38,14 @@ impl SwitchPipeline {
     fn need(&self, x: &Inspected, conn: Option<&ConnKey>) -> Need {
         let Seen::Switch {
             ti,
-            l3: L3::Ip { .. },
+            l3: L3::Ip {
+                later_fragment: false,
+                ..
+            },
             ..
         } = x.seen
         else {
+            // A later fragment is decided by its datagram's first.
             return Need::Ready(None);
         };
         let t = &self.compiled.tenants[ti as usize];
@@ -256,7 +260,7 @@ impl Pipeline for SwitchPipeline {
             // Attachment indices belong to the old snapshot.
             self.macs.clear();
             self.memo.clear();
-            self.conns.reserve_tenants(self.compiled.tracking.len());
+            self.compiled.share_tables(&mut self.conns, &mut self.frags);
             self.store_gauges();
             self.cells.taken.store(self.generation, Ordering::Release);
         }
@@ -284,6 +288,10 @@ impl Pipeline for SwitchPipeline {
             self.conns.sweep(self.now, SWEEP_SLOTS, |uid| {
                 tracking.get(uid as usize).copied().unwrap_or(false)
             });
+        }
+        if !self.frags.is_empty() {
+            // A removed tenant's datagrams age out like any.
+            self.frags.sweep(self.now, SWEEP_SLOTS, |_| true);
         }
         if tick {
             self.store_gauges();
@@ -386,7 +394,8 @@ mod tests {
     /// A pipeline given whole bursts decides exactly what it decides
     /// frame by frame: verdicts, outputs, rewritten bytes and tenant
     /// counters, with connections opened, closed and refused inside a
-    /// burst, MAC learning, VTEP neighbours, flow-cached tenants, tenants
+    /// burst, fragments before and after their first, MAC learning, VTEP
+    /// neighbours, flow-cached tenants, tenants
     /// switched at the link layer (decided by header from memory) and
     /// bursts longer than [`BURST`].
     #[test]
@@ -517,7 +526,20 @@ mod tests {
                                 f.extend(ipv4(ip(a), ip(z), proto::TCP, &tcp(sp, dp, flags)));
                                 f
                             }
-                            4 | 5 => build::udp4(mac(a), dst, vlan, ip(a), ip(z), sp, dp),
+                            4 | 5 => {
+                                let mut f = build::udp4(mac(a), dst, vlan, ip(a), ip(z), sp, dp);
+                                // Some are fragments of a few datagrams:
+                                // firsts, and later ones before or after
+                                // their first.
+                                if rng.below(3) == 0 {
+                                    let l3 = if vlan.is_some() { 18 } else { 14 };
+                                    let id = rng.below(3) as u16;
+                                    let field: u16 = [0x2000, 1][rng.below(2) as usize];
+                                    f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+                                    f[l3 + 6..l3 + 8].copy_from_slice(&field.to_be_bytes());
+                                }
+                                f
+                            }
                             6 => {
                                 let ty = [8, 0][rng.below(2) as usize];
                                 let mut f = eth(dst, mac(a), vlan, ETH_IPV4);
@@ -608,6 +630,7 @@ mod tests {
             "Drop(ConntrackInva",
             "Drop(NoTenant)",
             "Drop(Malformed)",
+            "Drop(FragmentUnknow",
         ] {
             let n = seen
                 .iter()

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use crate::conntrack::{ConnKey, ConnTable};
 use crate::flowcache::{FlowCache, FlowCacheStats};
+use crate::fragtrack::FragTable;
 use crate::l2memo::L2Memo;
 use crate::mactable::MacTable;
 use crate::worker::BURST;
@@ -25,6 +26,8 @@ pub(super) const NEIGHBOURS_MAX: usize = 4096;
 /// connection table.
 pub struct SwitchPipeline {
     pub(super) conns: ConnTable,
+    /// Fragmented datagrams whose first fragment passed.
+    pub(super) frags: FragTable,
     pub(super) cache: FlowCache,
     pub(super) shared: Arc<Shared>,
     pub(super) generation: u64,

@@ -39,8 +39,8 @@ mod vxlan;
 pub(crate) use self::parse::tests;
 pub use self::parse::{
     ip_checksum, is_echo, is_multicast, network_layer, parse, parse_l2, proto, vtep_frame, FlowKey,
-    Headers, ParseError, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN, L3, VLAN_HLEN,
-    VXLAN_UDP_PORT,
+    Fragment, Headers, ParseError, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN, L3,
+    VLAN_HLEN, VXLAN_UDP_PORT,
 };
 pub(crate) use self::vlan::apply_vlan;
 pub(crate) use self::vxlan::apply_tunnel;

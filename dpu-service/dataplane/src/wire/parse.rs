@@ -12,6 +12,11 @@
 //!
 //! The classification key puts ICMP's type and code where TCP/UDP keep
 //! their ports (source and destination), so one classifier serves both.
+//!
+//! A fragment says which datagram it belongs to ([`Fragment`]); only a
+//! first fragment has a transport header, and one that cannot show all
+//! of it, or a later one that would overlap it, is a
+//! [`ParseError::Fragment`] (RFC 1858, RFC 3128, RFC 7112).
 
 /// EtherType of IPv4.
 pub const ETH_IPV4: u16 = 0x0800;
@@ -86,6 +91,8 @@ pub enum L3 {
         tcp_flags: u8,
         /// A fragment other than the first: no transport header.
         later_fragment: bool,
+        /// Where the packet sits in its datagram, if it is a fragment.
+        fragment: Option<Fragment>,
         /// The identifier of an ICMP or ICMPv6 echo request or reply
         /// (connection tracking tells pings apart by it); 0 otherwise.
         echo_id: u16,
@@ -104,6 +111,26 @@ pub enum L3 {
     /// An EtherType carried as opaque L2: one the parser does not know,
     /// or any, as [`parse_l2`] leaves it.
     Other(u16),
+}
+
+/// A fragment of an IP datagram: what ties it to its datagram's other
+/// fragments, and where in the datagram it goes.
+///
+/// An IPv6 atomic fragment (offset 0, no more fragments; RFC 6946) is a
+/// whole datagram and has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fragment {
+    /// The datagram's identification (IPv4's 16 bits, IPv6's 32).
+    pub id: u32,
+    /// The protocol every fragment of the datagram names: IPv4's protocol
+    /// field, or the Next Header of IPv6's Fragment header (an extension
+    /// header's type if the chain goes on past it).
+    pub proto: u8,
+    /// Offset of the fragment's data in the datagram, in 8-byte units;
+    /// 0 for the first fragment.
+    pub offset: u16,
+    /// More fragments follow (IPv4 MF, IPv6 M).
+    pub more: bool,
 }
 
 /// The parsed headers of one frame.
@@ -130,6 +157,12 @@ pub enum ParseError {
     /// A header field is impossible (version, header length, total length).
     #[error("invalid {0} header")]
     Invalid(&'static str),
+    /// A fragment that could hide its transport header from a filter
+    /// (RFC 1858, RFC 3128): a first fragment too short to hold the
+    /// whole transport header, or a later one whose data would overlap
+    /// it.
+    #[error("{0}")]
+    Fragment(&'static str),
 }
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
@@ -365,7 +398,13 @@ fn parse_ipv4(b: &[u8]) -> Result<L3, ParseError> {
         return Err(ParseError::Invalid("IPv4"));
     }
     let frag = be16(b, 6).ok_or(ParseError::Truncated("IPv4"))?;
-    let later_fragment = frag & 0x1fff != 0;
+    // Offset and MF; the reserved bit and DF say nothing of where it goes.
+    let fragment = (frag & 0x3fff != 0).then(|| Fragment {
+        id: u32::from(be16(b, 4).unwrap_or(0)),
+        proto: b[9],
+        offset: frag & 0x1fff,
+        more: frag & 0x2000 != 0,
+    });
     let src = be32(b, 12).ok_or(ParseError::Truncated("IPv4"))?;
     let dst = be32(b, 16).ok_or(ParseError::Truncated("IPv4"))?;
     ip(
@@ -374,7 +413,7 @@ fn parse_ipv4(b: &[u8]) -> Result<L3, ParseError> {
         b[9],
         false,
         &b[ihl..total],
-        later_fragment,
+        fragment,
     )
 }
 
@@ -402,8 +441,13 @@ fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
     let end = 40 + payload;
     let mut next = b[6];
     let mut off = 40;
-    let mut later_fragment = false;
+    let mut fragment = None;
     for _ in 0..MAX_V6_EXTENSIONS {
+        if fragment.is_some_and(|f: Fragment| f.offset != 0) {
+            // What follows a later fragment's Fragment header is data of
+            // the middle of the datagram, not a header.
+            break;
+        }
         match next {
             // Hop-by-hop, routing, destination options: (len + 1) * 8 bytes.
             0 | 43 | 60 => {
@@ -414,8 +458,19 @@ fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
             // Fragment: 8 bytes; offset in the upper 13 bits of bytes 2..4.
             44 => {
                 let h = b.get(off..off + 8).filter(|_| off + 8 <= end).ok_or(T)?;
+                if fragment.is_some() {
+                    return Err(ParseError::Invalid("IPv6 Fragment header repeated"));
+                }
                 next = h[0];
-                later_fragment = u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0;
+                let field = u16::from_be_bytes([h[2], h[3]]);
+                let f = Fragment {
+                    id: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+                    proto: next,
+                    offset: field >> 3,
+                    more: field & 1 != 0,
+                };
+                // An atomic fragment is a whole datagram (RFC 6946).
+                fragment = (f.offset != 0 || f.more).then_some(f);
                 off += 8;
             }
             // Authentication header: (len + 2) * 4 bytes.
@@ -430,10 +485,46 @@ fn parse_ipv6(b: &[u8]) -> Result<L3, ParseError> {
             return Err(ParseError::Invalid("IPv6 extension header"));
         }
     }
-    if matches!(next, 0 | 43 | 44 | 51 | 60) {
+    let later = fragment.is_some_and(|f| f.offset != 0);
+    if !later && matches!(next, 0 | 43 | 44 | 51 | 60) {
         return Err(ParseError::Invalid("IPv6 extension header chain"));
     }
-    ip(src, dst, next, true, &b[off..end], later_fragment)
+    ip(src, dst, next, true, &b[off..end], fragment)
+}
+
+/// The fewest bytes of a `proto` header a filter needs to see whole in
+/// a datagram's first fragment: the ports, TCP's flags, ICMP's type, code
+/// and echo identifier (RFC 1858, RFC 3128; RFC 7112 for IPv6). 0 for
+/// protocols the filter reads nothing of.
+fn min_transport(proto: u8) -> usize {
+    match proto {
+        proto::TCP => 20,
+        proto::UDP | proto::ICMP | proto::ICMPV6 => 8,
+        proto::SCTP => 12,
+        _ => 0,
+    }
+}
+
+/// Refuses fragment `f` of a `proto` datagram if it could hide the
+/// transport header from the filter: a first fragment that does not hold
+/// all of it (`l4` is what the fragment carries after the network-layer
+/// headers), or a later one that would overlap it.
+fn check_fragment(f: &Fragment, proto: u8, l4: &[u8]) -> Result<(), ParseError> {
+    let need = min_transport(proto);
+    if f.offset == 0 {
+        let whole = match proto {
+            proto::TCP => l4.len() >= 20 && usize::from(l4[12] >> 4) * 4 <= l4.len(),
+            _ => l4.len() >= need,
+        };
+        if !whole {
+            return Err(ParseError::Fragment("tiny first fragment"));
+        }
+    } else if usize::from(f.offset) * 8 < need {
+        return Err(ParseError::Fragment(
+            "fragment overlapping the transport header",
+        ));
+    }
+    Ok(())
 }
 
 /// What the transport header adds to a key: the ports (ICMP type and
@@ -502,8 +593,15 @@ fn ip(
     proto: u8,
     v6: bool,
     l4: &[u8],
-    later_fragment: bool,
+    fragment: Option<Fragment>,
 ) -> Result<L3, ParseError> {
+    let later_fragment = match &fragment {
+        Some(f) => {
+            check_fragment(f, proto, l4)?;
+            f.offset != 0
+        }
+        None => false,
+    };
     let t = transport(proto, l4, later_fragment)?;
     Ok(L3::Ip {
         key: FlowKey {
@@ -516,6 +614,7 @@ fn ip(
         },
         tcp_flags: t.tcp_flags,
         later_fragment,
+        fragment,
         echo_id: t.echo_id,
     })
 }
@@ -626,6 +725,34 @@ pub(crate) mod tests {
             p.extend_from_slice(&dst.to_be_bytes());
             p.extend_from_slice(payload);
             p
+        }
+
+        /// IPv4 packet `ip` (from [`ipv4`]) made a fragment of datagram
+        /// `id` at `offset` (8-byte units), with more to come if `more`.
+        pub fn frag4(mut ip: Vec<u8>, id: u16, offset: u16, more: bool) -> Vec<u8> {
+            ip[4..6].copy_from_slice(&id.to_be_bytes());
+            let field = offset | if more { 0x2000 } else { 0 };
+            ip[6..8].copy_from_slice(&field.to_be_bytes());
+            ip
+        }
+
+        /// An IPv6 packet whose Fragment header (datagram `id`, `offset`
+        /// in 8-byte units, `more`) names `next` and carries `data`.
+        pub fn frag6(
+            src: u128,
+            dst: u128,
+            next: u8,
+            id: u32,
+            offset: u16,
+            more: bool,
+            data: &[u8],
+        ) -> Vec<u8> {
+            let field = offset << 3 | u16::from(more);
+            let mut payload = vec![next, 0];
+            payload.extend_from_slice(&field.to_be_bytes());
+            payload.extend_from_slice(&id.to_be_bytes());
+            payload.extend_from_slice(data);
+            ipv6(src, dst, 44, &payload)
         }
     }
 
@@ -803,5 +930,176 @@ pub(crate) mod tests {
         let mut f = eth(B, A, None, ETH_IPV6);
         f.extend(ipv6(1, 2, 60, &[proto::UDP, 200, 0, 0, 0, 0, 0, 0]));
         assert!(parse(&f).is_err());
+    }
+
+    /// The fragment of `f`'s IP packet, or the parse error.
+    fn fragment_of(f: &[u8]) -> Result<(Option<Fragment>, FlowKey), ParseError> {
+        match parse(f)?.l3 {
+            L3::Ip { fragment, key, .. } => Ok((fragment, key)),
+            l3 => panic!("{l3:?}"),
+        }
+    }
+
+    #[test]
+    fn ipv4_fragments_carry_their_datagram() {
+        let v4 = |ip: Vec<u8>| {
+            let mut f = eth(B, A, None, ETH_IPV4);
+            f.extend(ip);
+            f
+        };
+        let first = frag4(
+            ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::UDP, &udp(7, 53, 8)),
+            0xbeef,
+            0,
+            true,
+        );
+        let (frag, key) = fragment_of(&v4(first)).unwrap();
+        assert_eq!(
+            frag,
+            Some(Fragment {
+                id: 0xbeef,
+                proto: proto::UDP,
+                offset: 0,
+                more: true
+            })
+        );
+        assert_eq!((key.src_port, key.dst_port), (7, 53), "the first has ports");
+        // A later one: no ports, whatever its bytes look like.
+        let later = frag4(
+            ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::UDP, &udp(9, 9, 8)),
+            0xbeef,
+            185,
+            false,
+        );
+        let (frag, key) = fragment_of(&v4(later)).unwrap();
+        assert_eq!(frag.map(|f| (f.offset, f.more)), Some((185, false)));
+        assert_eq!((key.src_port, key.dst_port), (0, 0));
+        // DF alone, or nothing: not a fragment.
+        let mut df = ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::UDP, &udp(7, 53, 8));
+        df[6] = 0x40;
+        assert_eq!(fragment_of(&v4(df)).unwrap().0, None);
+        // Later fragments of ICMP are not echo replies of type 0.
+        let icmp = frag4(
+            ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::ICMP, &[0; 16]),
+            3,
+            4,
+            true,
+        );
+        let L3::Ip {
+            echo_id,
+            later_fragment,
+            ..
+        } = parse(&v4(icmp)).unwrap().l3
+        else {
+            panic!()
+        };
+        assert!(later_fragment);
+        assert_eq!(echo_id, 0);
+    }
+
+    /// RFC 1858 and RFC 3128: a first fragment that cuts the transport
+    /// header short, and a later one that would write over it, are
+    /// refused; the same lengths unfragmented are merely truncated.
+    #[test]
+    fn tiny_and_overlapping_fragments_are_refused() {
+        let v4 = |ip: Vec<u8>| {
+            let mut f = eth(B, A, None, ETH_IPV4);
+            f.extend(ip);
+            f
+        };
+        let tiny = ParseError::Fragment("tiny first fragment");
+        let overlap = ParseError::Fragment("fragment overlapping the transport header");
+        // TCP cut after the ports (8 bytes): the flags are in the next one.
+        let syn = tcp(40000, 80, 0x02);
+        for (proto, l4) in [
+            (proto::TCP, &syn[..8]),
+            (proto::TCP, &syn[..16]),
+            (proto::UDP, &udp(1, 2, 0)[..4]),
+            (proto::ICMP, &[8u8, 0, 0, 0][..]),
+            (proto::SCTP, &[0u8; 8][..]),
+        ] {
+            let first = frag4(ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto, l4), 1, 0, true);
+            assert_eq!(fragment_of(&v4(first)), Err(tiny), "{proto}");
+        }
+        // A TCP header whose data offset reaches past the fragment.
+        let mut long = syn.clone();
+        long[12] = 0xf0;
+        let first = frag4(
+            ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::TCP, &long),
+            1,
+            0,
+            true,
+        );
+        assert_eq!(fragment_of(&v4(first)), Err(tiny));
+        // Offsets 1 and 2 reach into TCP's 20 bytes; 3 does not.
+        for (offset, want) in [(1, Err(overlap)), (2, Err(overlap)), (3, Ok(()))] {
+            let later = frag4(
+                ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::TCP, &[0; 8]),
+                1,
+                offset,
+                true,
+            );
+            assert_eq!(fragment_of(&v4(later)).map(|_| ()), want, "offset {offset}");
+        }
+        // UDP's header is 8 bytes: offset 1 is clear of it.
+        let later = frag4(
+            ipv4([1, 1, 1, 1], [2, 2, 2, 2], proto::UDP, &[0; 8]),
+            1,
+            1,
+            true,
+        );
+        assert!(fragment_of(&v4(later)).is_ok());
+        // A protocol the filter reads nothing of has no tiny fragments.
+        let first = frag4(ipv4([1, 1, 1, 1], [2, 2, 2, 2], 47, &[0; 2]), 1, 0, true);
+        assert!(fragment_of(&v4(first)).is_ok());
+        // IPv6, alike.
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(frag6(1, 2, proto::TCP, 9, 0, true, &syn[..12]));
+        assert_eq!(fragment_of(&f), Err(tiny));
+        let mut f = eth(B, A, None, ETH_IPV6);
+        f.extend(frag6(1, 2, proto::TCP, 9, 1, true, &[0; 8]));
+        assert_eq!(fragment_of(&f), Err(overlap));
+    }
+
+    #[test]
+    fn ipv6_fragments_and_atomic_fragments() {
+        let v6 = |p: Vec<u8>| {
+            let mut f = eth(B, A, None, ETH_IPV6);
+            f.extend(p);
+            f
+        };
+        let (frag, key) = fragment_of(&v6(frag6(
+            1,
+            2,
+            proto::UDP,
+            0xdead_beef,
+            0,
+            true,
+            &udp(7, 53, 8),
+        )))
+        .unwrap();
+        assert_eq!(
+            frag,
+            Some(Fragment {
+                id: 0xdead_beef,
+                proto: proto::UDP,
+                offset: 0,
+                more: true
+            })
+        );
+        assert_eq!((key.proto, key.src_port, key.dst_port), (proto::UDP, 7, 53));
+        // An atomic fragment is a whole datagram (RFC 6946).
+        let (frag, key) =
+            fragment_of(&v6(frag6(1, 2, proto::UDP, 5, 0, false, &udp(7, 53, 8)))).unwrap();
+        assert_eq!((frag, key.dst_port), (None, 53));
+        // A later fragment: the bytes after its Fragment header are data,
+        // even where the header names another extension header.
+        let (frag, key) = fragment_of(&v6(frag6(1, 2, 60, 5, 100, false, &[0xff; 16]))).unwrap();
+        assert_eq!(frag.map(|f| (f.proto, f.offset)), Some((60, 100)));
+        assert_eq!((key.proto, key.src_port, key.dst_port), (60, 0, 0));
+        // Two Fragment headers in one chain.
+        let inner = frag6(1, 2, proto::UDP, 5, 0, true, &udp(7, 53, 8));
+        let twice = frag6(1, 2, 44, 5, 0, true, &inner[40..]);
+        assert!(matches!(parse(&v6(twice)), Err(ParseError::Invalid(_))));
     }
 }
