@@ -57,6 +57,10 @@ pub mod fctype {
     pub const PROPERTY_GET: u8 = 0x04;
     /// Disconnect.
     pub const DISCONNECT: u8 = 0x08;
+    /// Authentication Send (host-to-controller data).
+    pub const AUTH_SEND: u8 = 0x05;
+    /// Authentication Receive (controller-to-host data).
+    pub const AUTH_RECEIVE: u8 = 0x06;
 }
 
 /// Controller property offsets (the fabrics form of the register map).
