@@ -162,6 +162,9 @@ impl Status {
     pub const CONNECT_INVALID_PARAMETERS: Self = Self::specific(0x82);
     /// Connect: Invalid Host.
     pub const CONNECT_INVALID_HOST: Self = Self::specific(0x84);
+    /// Authentication Required: the queue has not completed in-band
+    /// authentication (Fabrics command set specific status 91h).
+    pub const AUTH_REQUIRED: Self = Self::specific(0x91);
 
     /// Media: Write Fault.
     pub const WRITE_FAULT: Self = Self {

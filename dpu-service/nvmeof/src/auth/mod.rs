@@ -39,7 +39,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Sha256, Sha384, Sha512};
 use zeroize::Zeroize;
 
-pub use controller::{Authenticator, Outcome as AuthOutcome};
+pub use controller::{Authenticator, HostKeys, Outcome as AuthOutcome};
 pub use dh::DhGroup;
 pub use secret::{Secret, SecretError};
 
