@@ -1118,6 +1118,17 @@ impl Connection {
         if tl != data.len() {
             return Outcome::status(sqe, Status::INVALID_FIELD);
         }
+        if data.first() == Some(&0) && data.get(1) == Some(&0) && self.auth.is_some() {
+            // An AUTH_Negotiate (re-authentication): the host's keys as
+            // they are now.
+            if let Some(c) = &self.ctrl {
+                let keys = self.target.auth_policy(&c.subnqn, &c.hostnqn).1;
+                self.auth_keys.clone_from(&keys);
+                if let Some(a) = self.auth.as_mut() {
+                    a.set_keys(keys);
+                }
+            }
+        }
         let Some(a) = self.authenticator(now) else {
             // No secret for this host: nothing to authenticate with.
             return Outcome::status(sqe, Status::INVALID_FIELD);

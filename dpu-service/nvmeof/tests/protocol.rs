@@ -1892,6 +1892,31 @@ mod auth {
     }
 
     #[test]
+    fn a_changed_secret_takes_effect_on_the_next_authentication() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        let mut a = Host::new(&t, Digests::default());
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.authenticate(&mut dh), Ok(()));
+        // The secret changes; the queue stays authenticated until the host
+        // authenticates again, which the old secret no longer passes.
+        t.set_host_keys(NQN, HOST, Some(HostKeys::new(wrong(), None)));
+        assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 2);
+        assert!(matches!(
+            a.authenticate(&mut dh),
+            Err(HostAuthError::Refused { .. })
+        ));
+        assert!(a.conn.is_closed());
+        // A new queue with the new secret passes.
+        let mut b = Host::new(&t, Digests::default());
+        assert_eq!(b.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, wrong(), None, 1);
+        assert_eq!(b.authenticate(&mut dh), Ok(()));
+        assert_eq!(health(&t), (2, 1));
+    }
+
+    #[test]
     fn a_queue_that_does_not_authenticate_in_time_is_closed() {
         let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
         let mut h = Host::new(&t, Digests::default());

@@ -138,7 +138,10 @@ enum State {
 
 /// One queue's authentication, controller side.
 pub struct Authenticator {
-    keys: Arc<HostKeys>,
+    /// `None` once the host's secret was removed: negotiation fails.
+    keys: Option<Arc<HostKeys>>,
+    /// The keys of the transaction under way, taken at its AUTH_Negotiate.
+    current: Option<Arc<HostKeys>>,
     hostnqn: String,
     subnqn: String,
     state: State,
@@ -173,7 +176,8 @@ impl Authenticator {
         now: Instant,
     ) -> Self {
         Self {
-            keys,
+            keys: Some(keys),
+            current: None,
             hostnqn: hostnqn.to_owned(),
             subnqn: subnqn.to_owned(),
             state: State::Negotiate,
@@ -184,6 +188,13 @@ impl Authenticator {
             outcome: None,
             closed: false,
         }
+    }
+
+    /// Replaces the host's keys (`None`: removed) for the next
+    /// AUTH_Negotiate: a changed secret takes effect on the next
+    /// authentication, the transaction under way keeps its keys.
+    pub fn set_keys(&mut self, keys: Option<Arc<HostKeys>>) {
+        self.keys = keys;
     }
 
     /// Whether the queue has completed authentication.
@@ -344,8 +355,15 @@ impl Authenticator {
                 now,
             );
         }
-        let Some(hash) = self
-            .keys
+        let Some(keys) = self.keys.clone() else {
+            return self.fail(
+                n.t_id,
+                explanation::NOT_USABLE,
+                "the host's secret was removed",
+                now,
+            );
+        };
+        let Some(hash) = keys
             .hashes
             .iter()
             .copied()
@@ -358,8 +376,7 @@ impl Authenticator {
                 now,
             );
         };
-        let Some(group) = self
-            .keys
+        let Some(group) = keys
             .dh_groups
             .iter()
             .copied()
@@ -377,6 +394,7 @@ impl Authenticator {
             hash,
             group,
         };
+        self.current = Some(keys);
     }
 
     fn reply(&mut self, r: Reply, now: Instant) {
@@ -424,7 +442,10 @@ impl Authenticator {
             Some(k) => augmented_challenge(hash, k, c).as_bytes().to_vec(),
             None => c.to_vec(),
         };
-        let host_key = self.keys.secret.transform(&self.hostnqn);
+        let Some(keys) = self.current.clone() else {
+            return self.fail(t_id, explanation::FAILED, "no keys negotiated", now);
+        };
+        let host_key = keys.secret.transform(&self.hostnqn);
         let want = response(
             hash,
             Role::Host,
@@ -445,7 +466,7 @@ impl Authenticator {
         // not (NVMe Base Specification 2.2, 8.3.4.5.4).
         let ctrl_response = match (&r.c2, r.seqnum) {
             (Some(c2), s2) if s2 != 0 => {
-                let Some(cs) = &self.keys.ctrl_secret else {
+                let Some(cs) = &keys.ctrl_secret else {
                     return self.fail(
                         t_id,
                         explanation::FAILED,

@@ -664,3 +664,22 @@ fn attempts_are_bounded() {
     assert!(exchange(&mut c, &mut h, now).is_err());
     assert!(!c.is_authenticated());
 }
+
+#[test]
+fn removed_keys_fail_the_next_negotiation() {
+    let now = Instant::now();
+    let mut c = Authenticator::new(keys(false), HOST, SUB, Duration::from_secs(5), now);
+    let mut h = DhchapHost::new(HOST, SUB, secret(HOST_SECRET), None, 1);
+    assert_eq!(exchange(&mut c, &mut h, now), Ok(()));
+    c.set_keys(None);
+    c.send(&h.negotiate(), now);
+    let f = msg::decode(&c.receive(64, now).expect("failure1"));
+    assert!(matches!(
+        f,
+        Ok(Message::Failure {
+            explanation: explanation::NOT_USABLE,
+            ..
+        })
+    ));
+    assert!(!c.is_authenticated() && c.has_failed());
+}
