@@ -683,3 +683,42 @@ fn removed_keys_fail_the_next_negotiation() {
     ));
     assert!(!c.is_authenticated() && c.has_failed());
 }
+
+/// The controller's CPU cost of one authentication per DH group (SHA-256,
+/// unidirectional), host work excluded: what a queue's reconnect costs the
+/// Arm cores. Run in release:
+/// `cargo test --release -p dpu-nvmeof --lib controller_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement; run in release"]
+fn controller_cost() {
+    for group in DhGroup::ALL {
+        let mut k = (*keys(false)).clone();
+        k.hashes = vec![HashId::Sha256];
+        k.dh_groups = vec![group];
+        let k = Arc::new(k);
+        let rounds = if group.bits() >= 6144 { 10 } else { 40 };
+        let mut spent = Duration::ZERO;
+        for _ in 0..rounds {
+            let now = Instant::now();
+            let mut h = DhchapHost::new(HOST, SUB, secret(HOST_SECRET), None, 1);
+            let t = Instant::now();
+            let mut c = Authenticator::new(k.clone(), HOST, SUB, Duration::from_secs(5), now);
+            c.send(&h.negotiate(), now);
+            let ch = c.receive(4096, now).expect("challenge");
+            spent += t.elapsed();
+            let reply = h.reply(&ch).expect("reply");
+            let t = Instant::now();
+            c.send(&reply, now);
+            let s1 = c.receive(4096, now).expect("success1");
+            spent += t.elapsed();
+            assert!(h.success1(&s1).is_ok() && c.is_authenticated());
+        }
+        let per = spent / rounds;
+        println!(
+            "{:>9}: {:>8.3} ms per authentication, {:>7.0} per second per core",
+            group.name(),
+            per.as_secs_f64() * 1e3,
+            1.0 / per.as_secs_f64()
+        );
+    }
+}
