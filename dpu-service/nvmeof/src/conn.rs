@@ -660,6 +660,9 @@ impl Connection {
         if self.phase == Phase::Closed {
             return;
         }
+        if self.auth_required && self.auth.as_mut().is_some_and(Authenticator::abandon) {
+            self.auth_outcome();
+        }
         self.phase = Phase::Closed;
         self.close_reason = Some(why.to_string());
         self.host_slot = None;

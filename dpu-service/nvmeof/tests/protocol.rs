@@ -1846,6 +1846,13 @@ mod auth {
             (Status::CONNECT_INVALID_HOST.to_field(), 1 | 512 << 16)
         );
         assert_eq!(health(&t), (0, 3));
+        // A host with a secret that disconnects without authenticating
+        // counts as a failure.
+        t.set_auth_required(NQN, None);
+        let mut d = Host::new(&t, Digests::default());
+        assert_eq!(d.connect(0, 0xffff, NQN, HOST, 0).dw0 & ATR, ATR);
+        d.conn.close("peer went away");
+        assert_eq!(health(&t), (0, 4));
         // Not required: no ATR, commands go through.
         t.set_auth_required(NQN, Some(false));
         let (_, _) = Host::admin(&t, NQN, 0);

@@ -197,6 +197,20 @@ impl Authenticator {
         self.keys = keys;
     }
 
+    /// The connection closes: a transaction that neither succeeded nor
+    /// failed yet, on a queue not authenticated, ends as failed (the host
+    /// gave up, or had no secret). Returns whether it did.
+    pub fn abandon(&mut self) -> bool {
+        if self.authenticated || matches!(self.state, State::Done) {
+            return false;
+        }
+        self.finish(Outcome::Failed {
+            explanation: explanation::FAILED,
+            why: "connection closed before authentication completed",
+        });
+        true
+    }
+
     /// Whether the queue has completed authentication.
     pub fn is_authenticated(&self) -> bool {
         self.authenticated
