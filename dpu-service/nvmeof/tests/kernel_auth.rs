@@ -4,7 +4,9 @@
 //! (unidirectional and bidirectional, SHA-256/ffdhe2048 and
 //! SHA-512/ffdhe4096 and null), writes and reads back with `dd`, and is
 //! refused with a wrong host secret, a wrong controller secret, and no
-//! secret. Needs KVM and a cached trixie guest; run with
+//! secret. In the other role, `nvmf-perf` (this crate's host side)
+//! authenticates to the guest kernel's own target. Needs the trixie guest
+//! of the `kernel-nvme` tool (downloaded once); run with
 //! `KERNEL_NVME_RUN=/path/to/kernel-nvme/run.sh cargo test -p dpu-nvmeof
 //! --test kernel_auth -- --ignored --nocapture`.
 
@@ -75,8 +77,7 @@ fn linux_initiator_authenticates() {
     assert!(Secret::parse(WRONG).is_ok());
     let target = Target::new();
     let (_transport, addr) = serve(&target);
-    // Each guest step asks the host to switch the policy through a file
-    // the host polls: simpler here is one policy per guest run.
+    // One guest run per policy.
     let connect = |extra: &str| {
         format!(
             "nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {NQN} --hostnqn {HOST} -i 1 {extra}"
@@ -178,4 +179,72 @@ fn linux_initiator_authenticates() {
         }
     }
     assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+/// The other role: `nvmf-perf`, with this crate's host-side DH-HMAC-CHAP,
+/// against the Linux target (nvmet in the guest, SHA-512 and ffdhe4096,
+/// bidirectional): the right secrets connect every queue and run I/O, a
+/// wrong host secret is refused by Linux, a wrong controller secret is
+/// caught by our host.
+#[test]
+#[ignore = "boots a QEMU guest with Debian 13's kernel"]
+fn our_host_authenticates_to_the_linux_target() {
+    let Ok(run) = std::env::var("KERNEL_NVME_RUN") else {
+        panic!("set KERNEL_NVME_RUN to the kernel-nvme tool's run.sh");
+    };
+    let cfs = "/sys/kernel/config/nvmet";
+    let script = format!(
+        "mkdir {cfs}/hosts/{HOST}\n\
+         echo '{SECRET}' > {cfs}/hosts/{HOST}/dhchap_key\n\
+         echo '{CTRL_SECRET}' > {cfs}/hosts/{HOST}/dhchap_ctrl_key\n\
+         echo 'hmac(sha512)' > {cfs}/hosts/{HOST}/dhchap_hash\n\
+         echo ffdhe4096 > {cfs}/hosts/{HOST}/dhchap_dhgroup\n\
+         echo 0 > {cfs}/subsystems/$KERNEL_TARGET_NQN/attr_allow_any_host\n\
+         ln -s {cfs}/hosts/{HOST} {cfs}/subsystems/$KERNEL_TARGET_NQN/allowed_hosts/{HOST}\n"
+    );
+    let perf = env!("CARGO_BIN_EXE_nvmf-perf");
+    let one = |secret: &str, ctrl: &str| {
+        format!(
+            "{perf} --addr 127.0.0.1:$KERNEL_TARGET_PORT --nqn $KERNEL_TARGET_NQN --hostnqn {HOST} \
+             --dhchap-secret '{secret}' --dhchap-ctrl-secret '{ctrl}' --job randread:4k:1 --time 1"
+        )
+    };
+    let host_cmd = format!(
+        "{} && ! {} && ! {}",
+        one(SECRET, CTRL_SECRET),
+        one(WRONG, CTRL_SECRET),
+        one(SECRET, WRONG)
+    );
+    let dir = std::env::temp_dir().join(format!("kernel-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script_file = dir.join("nvmet-hosts.sh");
+    std::fs::write(&script_file, script).unwrap();
+    let out = Command::new("bash")
+        .arg(&run)
+        .args([
+            "--kernel-suite",
+            "trixie",
+            "--timeout",
+            "300",
+            "--kernel-target",
+            "4431",
+            "--script",
+        ])
+        .arg(&script_file)
+        .arg("--host-cmd")
+        .arg(&host_cmd)
+        .output()
+        .expect("run kernel-nvme");
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    for l in log
+        .lines()
+        .filter(|l| l.contains("Error") || l.contains("randread") || l.contains("exit status"))
+    {
+        println!("   {l}");
+    }
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("randread 4k QD1"), "the right secrets ran I/O");
+    assert!(log.contains("the controller refused: reason 0x01, explanation 0x01"));
+    assert!(log.contains("the controller's response is wrong"));
 }
