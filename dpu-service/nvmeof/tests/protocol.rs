@@ -1924,6 +1924,50 @@ mod auth {
     }
 
     #[test]
+    fn authentication_data_through_r2t_and_disconnect_before_it() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        let mut h = Host::new(&t, Digests::default());
+        assert_eq!(h.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        // The AUTH_Negotiate's data asked for with R2T, not in the capsule.
+        let n = dh.negotiate();
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, n.len() as u32);
+        sqe.0[39] = sgl::TRANSPORT;
+        h.submit(&sqe);
+        match h.next_pdu() {
+            Some(Owned::R2T {
+                cccid, r2to, r2tl, ..
+            }) => {
+                assert_eq!((cccid, r2to, r2tl as usize), (cid, 0, n.len()));
+            }
+            other => panic!("expected an R2T, got {other:?}"),
+        }
+        h.send_last_data(cid, &n);
+        h.expect_completion(cid, 0, "auth send");
+        let ch = h.auth_receive(4096);
+        let reply = dh.reply(&ch.data).expect("reply");
+        assert_eq!(h.auth_send(&reply).status, 0);
+        assert!(dh.success1(&h.auth_receive(4096).data).is_ok());
+        assert_eq!(h.prop_set_cc(host::CC_ENABLE).status, 0);
+        // More than any message: refused before its data is asked for.
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, 9000);
+        sqe.0[39] = sgl::TRANSPORT;
+        h.submit(&sqe);
+        h.expect_completion(cid, Status::INVALID_FIELD.to_field(), "oversized auth send");
+        // A Disconnect is taken before authentication.
+        let mut d = Host::new(&t, Digests::default());
+        assert_eq!(d.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let cid = d.cid();
+        let mut sqe = host::command(spec::FABRICS, cid);
+        sqe.0[4] = spec::fctype::DISCONNECT;
+        sqe.0[39] = 0;
+        assert_eq!(d.command(sqe, &[], 0).cqe.map(|c| c.status), Some(0));
+        assert!(d.conn.is_closed());
+    }
+
+    #[test]
     fn a_queue_that_does_not_authenticate_in_time_is_closed() {
         let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
         let mut h = Host::new(&t, Digests::default());
