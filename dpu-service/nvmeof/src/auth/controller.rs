@@ -9,8 +9,9 @@
 //! any failure --> Failure1 --Receive(AUTH_Failure1)--> Failed
 //! ```
 //!
-//! A new AUTH_Negotiate restarts the transaction (re-authentication), at
-//! most [`MAX_ATTEMPTS`] times per queue. A step not taken within the
+//! A new AUTH_Negotiate restarts a transaction that has not failed
+//! (re-authentication), at most [`MAX_ATTEMPTS`] times per queue; once one
+//! fails, the queue only gets its AUTH_Failure1. A step not taken within the
 //! timeout fails the transaction; so does a Failure2 from the host.
 
 use std::sync::Arc;
@@ -275,7 +276,9 @@ impl Authenticator {
 
     /// Handles the data of an Authentication Send.
     pub fn send(&mut self, data: &[u8], now: Instant) {
-        if self.closed {
+        // A failed transaction is final: a new AUTH_Negotiate cannot
+        // replace the Failure1 owed (no guessing again on the same queue).
+        if self.closed || matches!(self.state, State::Failure1 { .. }) {
             return;
         }
         let m = match msg::decode(data) {

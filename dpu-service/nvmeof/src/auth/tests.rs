@@ -663,6 +663,25 @@ fn attempts_are_bounded() {
     let mut h = DhchapHost::new(HOST, SUB, secret(HOST_SECRET), None, 1);
     assert!(exchange(&mut c, &mut h, now).is_err());
     assert!(!c.is_authenticated());
+    // A wrong reply cannot be followed by another try on the queue.
+    let mut c = Authenticator::new(keys(false), HOST, SUB, Duration::from_secs(5), now);
+    let mut h = DhchapHost::new(HOST, SUB, other_secret(), None, 1);
+    c.send(&h.negotiate(), now);
+    let reply = h
+        .reply(&c.receive(4096, now).expect("challenge"))
+        .expect("reply");
+    c.send(&reply, now);
+    let h = DhchapHost::new(HOST, SUB, secret(HOST_SECRET), None, 1);
+    c.send(&h.negotiate(), now);
+    let f = msg::decode(&c.receive(4096, now).expect("failure1"));
+    assert!(matches!(
+        f,
+        Ok(Message::Failure {
+            explanation: explanation::FAILED,
+            ..
+        })
+    ));
+    assert!(c.has_failed() && !c.is_authenticated());
 }
 
 #[test]
