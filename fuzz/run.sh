@@ -6,7 +6,7 @@
 #   FUZZ_SECONDS=600 fuzz/run.sh switch  # only the named targets
 #
 # Fuzz crates, one beside each crate that parses untrusted input:
-# dpu-service/nvmeof/fuzz (pdu, connection, handshake), dpu-service/dataplane/fuzz
+# dpu-service/nvmeof/fuzz (pdu, connection, handshake, auth), dpu-service/dataplane/fuzz
 # (parse, switch, rules) and dpu-service/control/fuzz (rule_proto). Each
 # target runs on:
 #   <crate>/corpus/<target>       the growing corpus (gitignored, kept

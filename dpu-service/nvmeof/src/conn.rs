@@ -29,6 +29,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::admin::{self, AdminQueue};
+use crate::auth::controller::{
+    HostKeys, DEFAULT_TIMEOUT as AUTH_TIMEOUT, MAX_RECEIVE as MAX_AUTH_DATA,
+};
+use crate::auth::{AuthOutcome, Authenticator};
 use crate::backend::is_out_of_range;
 use crate::block::sized;
 use crate::command::{Outcome, IO_CMDS};
@@ -229,6 +233,14 @@ pub struct Connection {
     /// The queue's place under the per-host connection limit, once
     /// connected.
     host_slot: Option<HostAdmission>,
+    /// The queue must complete DH-HMAC-CHAP before any command but
+    /// Authentication Send/Receive and Disconnect.
+    auth_required: bool,
+    /// The host's keys, as they were at Connect.
+    auth_keys: Option<Arc<HostKeys>>,
+    /// The queue's authentication, from Connect (when required) or the
+    /// first Authentication Send.
+    auth: Option<Authenticator>,
 }
 
 impl Connection {
@@ -265,6 +277,9 @@ impl Connection {
             partial_since: None,
             timeouts,
             host_slot: None,
+            auth_required: false,
+            auth_keys: None,
+            auth: None,
         }
     }
 
@@ -546,6 +561,11 @@ impl Connection {
         let Some(ctrl) = self.ctrl.clone() else {
             return;
         };
+        if self.auth.as_mut().is_some_and(|a| a.tick(now)) {
+            self.auth_outcome();
+            self.close("authentication not completed in time");
+            return;
+        }
         if self.qid == 0 && ctrl.keep_alive_expired(now) {
             tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "keep-alive timeout; ending the controller");
             self.target
@@ -639,6 +659,9 @@ impl Connection {
     pub fn close(&mut self, why: &str) {
         if self.phase == Phase::Closed {
             return;
+        }
+        if self.auth_required && self.auth.as_mut().is_some_and(Authenticator::abandon) {
+            self.auth_outcome();
         }
         self.phase = Phase::Closed;
         self.close_reason = Some(why.to_string());
@@ -820,6 +843,13 @@ impl Connection {
     /// `Ok(false)` when it reads no data (its answer does not depend on
     /// any), `Err` with the status it gets otherwise.
     fn reads_data(&self, sqe: &Sqe, ns: Option<&Arc<Namespace>>) -> Result<bool, Status> {
+        if sqe.opcode() == FABRICS && sqe.fctype() == fctype::AUTH_SEND && self.ctrl.is_some() {
+            return if sqe.sgl_len() as usize > MAX_AUTH_DATA {
+                Err(Status::INVALID_FIELD)
+            } else {
+                Ok(true)
+            };
+        }
         if sqe.opcode() == FABRICS {
             // Only a Connect reads data, as the queue's first command, and
             // answers a short one without reading it.
@@ -1000,7 +1030,9 @@ impl Connection {
     /// Runs a command whose data (if any) is all here; an I/O command runs
     /// against `ns`, the namespace it was accepted against.
     fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>, now: Instant) {
-        let outcome = if sqe.opcode() == FABRICS {
+        let outcome = if self.needs_auth(&sqe) {
+            Outcome::status(&sqe, Status::AUTH_REQUIRED)
+        } else if sqe.opcode() == FABRICS {
             self.fabrics(&sqe, &data, now)
         } else if self.ctrl.is_none() {
             Outcome::status(&sqe, Status::COMMAND_SEQUENCE)
@@ -1022,6 +1054,135 @@ impl Connection {
                 self.requests.push_back(req);
             }
             Outcome::Parked => {}
+        }
+        if self.auth.as_ref().is_some_and(Authenticator::has_failed) {
+            // After the Failure1 (or the host's Failure2), as Linux's
+            // target: the queue is of no further use.
+            self.close("authentication failed");
+        }
+    }
+
+    /// Whether `sqe` must wait for authentication: the queue requires it,
+    /// has not completed it, and `sqe` is not an authentication command
+    /// or a Disconnect.
+    fn needs_auth(&self, sqe: &Sqe) -> bool {
+        if self.ctrl.is_none()
+            || !self.auth_required
+            || self
+                .auth
+                .as_ref()
+                .is_some_and(Authenticator::is_authenticated)
+        {
+            return false;
+        }
+        !(sqe.opcode() == FABRICS
+            && matches!(
+                sqe.fctype(),
+                fctype::AUTH_SEND | fctype::AUTH_RECEIVE | fctype::DISCONNECT
+            ))
+    }
+
+    /// Checks the protocol fields of an Authentication Send or Receive:
+    /// SECP E9h, SPSP0 and SPSP1 01h, a non-zero length (CDW11).
+    fn auth_fields(sqe: &Sqe) -> Result<usize, Status> {
+        let [_, spsp0, spsp1, secp] = sqe.cdw(10).to_le_bytes();
+        if secp != crate::auth::SECP || spsp0 != crate::auth::SPSP || spsp1 != crate::auth::SPSP {
+            return Err(Status::INVALID_FIELD);
+        }
+        match sqe.cdw(11) as usize {
+            0 => Err(Status::INVALID_FIELD),
+            n => Ok(n),
+        }
+    }
+
+    /// The queue's authenticator, made on first use when the host has
+    /// keys.
+    fn authenticator(&mut self, now: Instant) -> Option<&mut Authenticator> {
+        if self.auth.is_none() {
+            let keys = self.auth_keys.clone()?;
+            let c = self.ctrl.as_ref()?;
+            self.auth = Some(Authenticator::new(
+                keys,
+                &c.hostnqn,
+                &c.subnqn,
+                AUTH_TIMEOUT,
+                now,
+            ));
+        }
+        self.auth.as_mut()
+    }
+
+    /// Authentication Send: hands the message to the authenticator.
+    fn auth_send(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
+        let tl = match Self::auth_fields(sqe) {
+            Ok(n) => n,
+            Err(st) => return Outcome::status(sqe, st),
+        };
+        if tl != data.len() {
+            return Outcome::status(sqe, Status::INVALID_FIELD);
+        }
+        if data.first() == Some(&0) && data.get(1) == Some(&0) && self.auth.is_some() {
+            // An AUTH_Negotiate (re-authentication): the host's keys as
+            // they are now.
+            if let Some(c) = &self.ctrl {
+                let keys = self.target.auth_policy(&c.subnqn, &c.hostnqn).1;
+                self.auth_keys.clone_from(&keys);
+                if let Some(a) = self.auth.as_mut() {
+                    a.set_keys(keys);
+                }
+            }
+        }
+        let Some(a) = self.authenticator(now) else {
+            // No secret for this host: nothing to authenticate with.
+            return Outcome::status(sqe, Status::INVALID_FIELD);
+        };
+        a.send(data, now);
+        self.auth_outcome();
+        Outcome::ok(sqe)
+    }
+
+    /// Authentication Receive: the authenticator's next message.
+    fn auth_receive(&mut self, sqe: &Sqe, now: Instant) -> Outcome {
+        let al = match Self::auth_fields(sqe) {
+            Ok(n) => n,
+            Err(st) => return Outcome::status(sqe, st),
+        };
+        if al > sqe.sgl_len() as usize {
+            return Outcome::status(sqe, Status::INVALID_FIELD);
+        }
+        let Some(a) = self.authenticator(now) else {
+            return Outcome::status(sqe, Status::INVALID_FIELD);
+        };
+        match a.receive(al, now) {
+            Ok(d) => {
+                self.auth_outcome();
+                Outcome::data(sqe, d)
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, "authentication receive: {e}");
+                Outcome::status(sqe, Status::INVALID_FIELD)
+            }
+        }
+    }
+
+    /// Counts and logs a transaction that just ended (never with key
+    /// material).
+    fn auth_outcome(&mut self) {
+        let Some(o) = self.auth.as_mut().and_then(Authenticator::take_outcome) else {
+            return;
+        };
+        let Some(c) = &self.ctrl else {
+            return;
+        };
+        match o {
+            AuthOutcome::Succeeded => {
+                c.health.auth_succeeded.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, "host authenticated");
+            }
+            AuthOutcome::Failed { explanation, why } => {
+                c.health.auth_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, explanation, "authentication failed: {why}");
+            }
         }
     }
 
@@ -1227,6 +1388,11 @@ impl Connection {
                 Outcome::DoneAndClose(Cqe::new(sqe.cid(), Status::SUCCESS))
             }
             fctype::DISCONNECT => Outcome::status(sqe, Status::COMMAND_SEQUENCE),
+            fctype::AUTH_SEND | fctype::AUTH_RECEIVE if self.ctrl.is_none() => {
+                Outcome::status(sqe, Status::COMMAND_SEQUENCE)
+            }
+            fctype::AUTH_SEND => self.auth_send(sqe, data, now),
+            fctype::AUTH_RECEIVE => self.auth_receive(sqe, now),
             _ => Outcome::status(sqe, Status::INVALID_OPCODE),
         }
     }
@@ -1269,6 +1435,21 @@ impl Connection {
         let hostnqn = nqn(&data[512..768]);
         if sqsize == 0 || sqsize >= MAX_QUEUE_SIZE {
             return refused(invalid(sqe, false, 44));
+        }
+        let (auth_required, auth_keys) = if subnqn == spec::DISCOVERY_NQN {
+            (false, None)
+        } else {
+            self.target.auth_policy(&subnqn, &hostnqn)
+        };
+        if auth_required && auth_keys.is_none() {
+            tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "authentication required, but the host has no secret");
+            self.target
+                .health(&subnqn)
+                .auth_failed
+                .fetch_add(1, Ordering::Relaxed);
+            let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
+            c.dw0 = 1 | (512 << 16);
+            return refused(Outcome::Done(c, None));
         }
         let Some(host_slot) = self.target.admit_host(&hostnqn) else {
             return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));
@@ -1372,7 +1553,15 @@ impl Connection {
         ctrl.health.connections.fetch_add(1, Ordering::Relaxed);
         self.ctrl = Some(ctrl);
         self.host_slot = Some(host_slot);
-        Outcome::dw0(sqe, u32::from(id))
+        self.auth_required = auth_required;
+        self.auth_keys = auth_keys;
+        if auth_required {
+            // The step timer starts now: a host that never authenticates
+            // is cut off.
+            let _ = self.authenticator(now);
+        }
+        // AUTHREQ (bits 31:16): ATR, bit 1, asks the host to authenticate.
+        Outcome::dw0(sqe, u32::from(id) | u32::from(auth_required) << 17)
     }
 }
 

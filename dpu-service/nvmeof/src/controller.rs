@@ -143,6 +143,11 @@ pub struct Health {
     pub writes: AtomicU64,
     /// Backend I/O errors.
     pub media_errors: AtomicU64,
+    /// DH-HMAC-CHAP authentications that succeeded (one per queue).
+    pub auth_succeeded: AtomicU64,
+    /// DH-HMAC-CHAP authentications that failed, and connects refused for
+    /// lack of a secret where authentication is required.
+    pub auth_failed: AtomicU64,
 }
 
 /// A controller.

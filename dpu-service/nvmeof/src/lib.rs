@@ -12,6 +12,9 @@
 //! - [`target`]: subsystems, namespaces and controllers being served.
 //! - [`conn`]: one connection (queue): fabrics, admin and NVM commands.
 //! - [`host`]: host-side command capsules (Connect, enable) for initiators.
+//! - [`auth`]: in-band authentication (DH-HMAC-CHAP): secrets, DH,
+//!   messages and the controller's state machine. Its crates are named in
+//!   its module doc.
 
 //!
 //! It knows nothing of gRPC or the control plane: the daemon configures a
@@ -22,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+pub mod auth;
 pub mod backend;
 mod block;
 mod command;

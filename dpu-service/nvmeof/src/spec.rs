@@ -57,6 +57,10 @@ pub mod fctype {
     pub const PROPERTY_GET: u8 = 0x04;
     /// Disconnect.
     pub const DISCONNECT: u8 = 0x08;
+    /// Authentication Send (host-to-controller data).
+    pub const AUTH_SEND: u8 = 0x05;
+    /// Authentication Receive (controller-to-host data).
+    pub const AUTH_RECEIVE: u8 = 0x06;
 }
 
 /// Controller property offsets (the fabrics form of the register map).
@@ -158,6 +162,9 @@ impl Status {
     pub const CONNECT_INVALID_PARAMETERS: Self = Self::specific(0x82);
     /// Connect: Invalid Host.
     pub const CONNECT_INVALID_HOST: Self = Self::specific(0x84);
+    /// Authentication Required: the queue has not completed in-band
+    /// authentication (Fabrics command set specific status 91h).
+    pub const AUTH_REQUIRED: Self = Self::specific(0x91);
 
     /// Media: Write Fault.
     pub const WRITE_FAULT: Self = Self {

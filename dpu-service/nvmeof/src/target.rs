@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
 
+use crate::auth::controller::HostKeys;
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
 use crate::conn::budget::SharedBudget;
 use crate::conn::Timeouts;
@@ -439,6 +440,17 @@ struct Inner {
     write_budget: SharedBudget,
     timeouts: RwLock<Timeouts>,
     hosts: Mutex<HostConnections>,
+    auth: RwLock<AuthConfig>,
+}
+
+/// In-band authentication settings, per subsystem and host.
+#[derive(Debug, Default)]
+struct AuthConfig {
+    /// Keys by (subsystem NQN, host NQN).
+    keys: HashMap<(String, String), Arc<HostKeys>>,
+    /// Whether a subsystem requires authentication, where set; by default
+    /// it does for each host that has a secret.
+    required: HashMap<String, bool>,
 }
 
 /// Connections per host NQN, against [`Target::set_max_connections_per_host`].
@@ -508,6 +520,62 @@ impl Target {
                 ..Inner::default()
             }),
         }
+    }
+
+    /// Sets (`Some`) or removes (`None`) the DH-HMAC-CHAP secrets and
+    /// allowed hashes and DH groups of host `hostnqn` on subsystem
+    /// `subnqn`. Queues that connect from now on use them; queues already
+    /// authenticated stay so.
+    pub fn set_host_keys(&self, subnqn: &str, hostnqn: &str, keys: Option<HostKeys>) {
+        let mut a = self.inner.auth.write().expect("auth lock");
+        let k = (subnqn.to_owned(), hostnqn.to_owned());
+        match keys {
+            Some(keys) => {
+                a.keys.insert(k, Arc::new(keys));
+            }
+            None => {
+                a.keys.remove(&k);
+            }
+        }
+    }
+
+    /// The DH-HMAC-CHAP keys of `hostnqn` on `subnqn`, if set.
+    pub fn host_keys(&self, subnqn: &str, hostnqn: &str) -> Option<Arc<HostKeys>> {
+        self.inner
+            .auth
+            .read()
+            .expect("auth lock")
+            .keys
+            .get(&(subnqn.to_owned(), hostnqn.to_owned()))
+            .cloned()
+    }
+
+    /// Makes subsystem `subnqn` require authentication of every host
+    /// (`Some(true)`), of none (`Some(false)`), or (`None`, the default)
+    /// of each host that has a secret. A host without a secret where it
+    /// is required cannot connect.
+    pub fn set_auth_required(&self, subnqn: &str, required: Option<bool>) {
+        let mut a = self.inner.auth.write().expect("auth lock");
+        match required {
+            Some(r) => {
+                a.required.insert(subnqn.to_owned(), r);
+            }
+            None => {
+                a.required.remove(subnqn);
+            }
+        }
+    }
+
+    /// Whether `hostnqn`'s queues on `subnqn` must authenticate, and with
+    /// which keys.
+    pub(crate) fn auth_policy(&self, subnqn: &str, hostnqn: &str) -> (bool, Option<Arc<HostKeys>>) {
+        let a = self.inner.auth.read().expect("auth lock");
+        let keys = a
+            .keys
+            .get(&(subnqn.to_owned(), hostnqn.to_owned()))
+            .cloned();
+        let required = a.required.get(subnqn).copied().unwrap_or(keys.is_some());
+        (required, keys)
     }
 
     /// Counters.

@@ -1654,3 +1654,332 @@ fn queues_of_one_host_are_held_to_their_limit() {
     let mut h = Host::new(&t, Digests::default());
     assert_eq!(h.connect(2, cntlid, NQN, HOST, 0).status, 0);
 }
+
+mod auth {
+    //! DH-HMAC-CHAP through whole connections: the Connect's AUTHREQ, the
+    //! gate on an unauthenticated queue, Authentication Send/Receive on
+    //! admin and I/O queues, refusals, counters.
+
+    use super::*;
+    use dpu_nvmeof::auth::{DhGroup, HashId, HostKeys, Secret};
+    use dpu_nvmeof::host::{DhchapHost, HostAuthError};
+
+    /// `vectors.py` in `src/auth` makes these: key 00..1f (SHA-256
+    /// transformation) and key 64..93 (48 bytes, none).
+    const SECRET: &str = "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    const CTRL_SECRET: &str =
+        "DHHC-1:00:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOEhYaHiImKi4yNjo+QkZKTvGwQfg==:";
+    /// Another 32-byte key (5a repeated), indicator 00.
+    fn wrong() -> Secret {
+        let key = [0x5au8; 32];
+        let crc = {
+            // CRC-32 (IEEE) computed bit by bit, independent of the crate's.
+            let mut c = 0xffff_ffffu32;
+            for b in key {
+                c ^= u32::from(b);
+                for _ in 0..8 {
+                    c = if c & 1 != 0 {
+                        c >> 1 ^ 0xedb8_8320
+                    } else {
+                        c >> 1
+                    };
+                }
+            }
+            !c
+        };
+        let mut raw = key.to_vec();
+        raw.extend_from_slice(&crc.to_le_bytes());
+        const B64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut s = String::new();
+        for c in raw.chunks(3) {
+            let n = c
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+            for i in 0..=c.len() {
+                s.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+            for _ in c.len()..3 {
+                s.push('=');
+            }
+        }
+        Secret::parse(&format!("DHHC-1:00:{s}:")).expect("valid")
+    }
+
+    fn secret(s: &str) -> Secret {
+        Secret::parse(s).expect("valid secret")
+    }
+
+    fn auth_target(ctrl: bool, hashes: &[HashId], groups: &[DhGroup]) -> Target {
+        let t = target(&[HOST]);
+        let mut k = HostKeys::new(secret(SECRET), ctrl.then(|| secret(CTRL_SECRET)));
+        k.hashes = hashes.to_vec();
+        k.dh_groups = groups.to_vec();
+        t.set_host_keys(NQN, HOST, Some(k));
+        t
+    }
+
+    impl Host {
+        fn auth_send(&mut self, msg: &[u8]) -> Cqe {
+            let cid = self.cid();
+            let sqe = host::auth_send(cid, msg.len() as u32);
+            self.command(sqe, msg, 0).cqe.expect("auth send completes")
+        }
+
+        fn auth_receive(&mut self, al: u32) -> Reply {
+            let cid = self.cid();
+            let sqe = host::auth_receive(cid, al);
+            self.command(sqe, &[], al)
+        }
+
+        /// Runs DH-HMAC-CHAP as the Linux host does.
+        fn authenticate(&mut self, dh: &mut DhchapHost) -> Result<(), HostAuthError> {
+            assert_eq!(self.auth_send(&dh.negotiate()).status, 0);
+            let ch = self.auth_receive(4096);
+            assert_eq!(ch.cqe.map(|c| c.status), Some(0));
+            let reply = dh.reply(&ch.data)?;
+            assert_eq!(self.auth_send(&reply).status, 0);
+            let s1 = self.auth_receive(4096);
+            match dh.success1(&s1.data) {
+                Ok(Some(s2)) => {
+                    assert_eq!(self.auth_send(&s2).status, 0);
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(HostAuthError::ControllerResponse) => {
+                    self.auth_send(&dh.failure2());
+                    Err(HostAuthError::ControllerResponse)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    fn health(t: &Target) -> (u64, u64) {
+        let h = t.health(NQN);
+        (
+            h.auth_succeeded.load(Ordering::Relaxed),
+            h.auth_failed.load(Ordering::Relaxed),
+        )
+    }
+
+    const ATR: u32 = 1 << 17;
+
+    #[test]
+    fn admin_and_io_queues_authenticate_before_anything_else() {
+        let t = auth_target(true, &[HashId::Sha512], &[DhGroup::Ffdhe2048]);
+        let mut a = Host::new(&t, Digests::default());
+        let c = a.connect(0, 0xffff, NQN, HOST, 0);
+        assert_eq!(c.status, 0);
+        assert_eq!(c.dw0 & ATR, ATR, "AUTHREQ.ATR set");
+        let cntlid = c.dw0 as u16;
+        // Nothing but authentication before it completes.
+        let required = Status::AUTH_REQUIRED.to_field();
+        assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, required);
+        assert_eq!(a.prop_get(spec::prop::CSTS, false).status, required);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), Some(secret(CTRL_SECRET)), 1);
+        assert_eq!(a.authenticate(&mut dh), Ok(()));
+        assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, 0);
+        assert_eq!(a.prop_get(spec::prop::CSTS, false).dw0 & 1, 1);
+        // An I/O queue authenticates on its own.
+        let mut q = Host::new(&t, Digests::default());
+        let c = q.connect(1, cntlid, NQN, HOST, 0);
+        assert_eq!((c.status, c.dw0 & ATR), (0, ATR));
+        assert_eq!(
+            q.rw(nvm::READ, 0, 1, &[]).cqe.map(|c| c.status),
+            Some(required)
+        );
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 2);
+        assert_eq!(q.authenticate(&mut dh), Ok(()));
+        let w = q.rw(nvm::WRITE, 0, 1, &[0xab; 512]);
+        assert_eq!(w.cqe.map(|c| c.status), Some(0));
+        assert_eq!(q.rw(nvm::READ, 0, 1, &[]).data, vec![0xab; 512]);
+        assert_eq!(health(&t), (2, 0));
+    }
+
+    #[test]
+    fn every_hash_with_null_and_ffdhe_groups() {
+        for hash in HashId::ALL {
+            for group in [DhGroup::Null, DhGroup::Ffdhe2048, DhGroup::Ffdhe4096] {
+                let t = auth_target(false, &[hash], &[group]);
+                let mut a = Host::new(&t, Digests::default());
+                assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+                let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 7);
+                assert_eq!(a.authenticate(&mut dh), Ok(()), "{hash:?} {group:?}");
+                assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_or_missing_secrets_are_refused_and_counted() {
+        let t = auth_target(true, &HashId::ALL, &[DhGroup::Ffdhe2048]);
+        // A wrong host secret: Failure1, then the connection closes.
+        let mut a = Host::new(&t, Digests::default());
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, wrong(), None, 1);
+        assert!(matches!(
+            a.authenticate(&mut dh),
+            Err(HostAuthError::Refused { explanation: 1, .. })
+        ));
+        assert!(a.conn.is_closed());
+        assert_eq!(health(&t), (0, 1));
+        // A wrong controller secret: the host sends Failure2.
+        let mut a = Host::new(&t, Digests::default());
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), Some(wrong()), 1);
+        assert_eq!(
+            a.authenticate(&mut dh),
+            Err(HostAuthError::ControllerResponse)
+        );
+        assert!(a.conn.is_closed());
+        assert_eq!(health(&t), (0, 2));
+        // Authentication required of every host, this one without a
+        // secret: the Connect is refused.
+        const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-other";
+        assert!(t.apply(&config(&[HOST, OTHER])).is_empty());
+        t.set_auth_required(NQN, Some(true));
+        let mut b = Host::new(&t, Digests::default());
+        let c = b.connect(0, 0xffff, NQN, OTHER, 0);
+        assert_eq!(
+            (c.status, c.dw0),
+            (Status::CONNECT_INVALID_HOST.to_field(), 1 | 512 << 16)
+        );
+        assert_eq!(health(&t), (0, 3));
+        // A host with a secret that disconnects without authenticating
+        // counts as a failure.
+        t.set_auth_required(NQN, None);
+        let mut d = Host::new(&t, Digests::default());
+        assert_eq!(d.connect(0, 0xffff, NQN, HOST, 0).dw0 & ATR, ATR);
+        d.conn.close("peer went away");
+        assert_eq!(health(&t), (0, 4));
+        // Not required: no ATR, commands go through.
+        t.set_auth_required(NQN, Some(false));
+        let (_, _) = Host::admin(&t, NQN, 0);
+        // The secret removed: the default (required when a secret exists)
+        // no longer asks.
+        t.set_auth_required(NQN, None);
+        t.set_host_keys(NQN, HOST, None);
+        let mut c = Host::new(&t, Digests::default());
+        assert_eq!(c.connect(0, 0xffff, NQN, HOST, 0).dw0 & ATR, 0);
+    }
+
+    #[test]
+    fn authentication_commands_check_their_fields() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        // Before Connect: a command sequence error.
+        let mut h = Host::new(&t, Digests::default());
+        let n = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1).negotiate();
+        assert_eq!(h.auth_send(&n).status, Status::COMMAND_SEQUENCE.to_field());
+        assert_eq!(h.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let invalid = Status::INVALID_FIELD.to_field();
+        // Wrong SECP.
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, n.len() as u32);
+        sqe.0[43] = 0xea;
+        assert_eq!(h.command(sqe, &n, 0).cqe.map(|c| c.status), Some(invalid));
+        // TL not the data's length.
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, n.len() as u32);
+        sqe.0[44..48].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(h.command(sqe, &n, 0).cqe.map(|c| c.status), Some(invalid));
+        // An allocation length too small for the challenge: refused, the
+        // transaction goes on.
+        assert_eq!(h.auth_send(&n).status, 0);
+        assert_eq!(h.auth_receive(16).cqe.map(|c| c.status), Some(invalid));
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(h.authenticate(&mut dh), Ok(()));
+        // Malformed messages: Failure1 with "incorrect payload", closed.
+        let mut h = Host::new(&t, Digests::default());
+        assert_eq!(h.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        assert_eq!(h.auth_send(&[0, 0, 0, 0, 1, 0, 0, 9]).status, 0);
+        let f = h.auth_receive(64);
+        assert_eq!(&f.data[..8], &[0, 0xf1, 0, 0, 0, 0, 1, 6]);
+        assert!(h.conn.is_closed());
+    }
+
+    #[test]
+    fn a_changed_secret_takes_effect_on_the_next_authentication() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        let mut a = Host::new(&t, Digests::default());
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.authenticate(&mut dh), Ok(()));
+        // The secret changes; the queue stays authenticated until the host
+        // authenticates again, which the old secret no longer passes.
+        t.set_host_keys(NQN, HOST, Some(HostKeys::new(wrong(), None)));
+        assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 2);
+        assert!(matches!(
+            a.authenticate(&mut dh),
+            Err(HostAuthError::Refused { .. })
+        ));
+        assert!(a.conn.is_closed());
+        // A new queue with the new secret passes.
+        let mut b = Host::new(&t, Digests::default());
+        assert_eq!(b.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, wrong(), None, 1);
+        assert_eq!(b.authenticate(&mut dh), Ok(()));
+        assert_eq!(health(&t), (2, 1));
+    }
+
+    #[test]
+    fn authentication_data_through_r2t_and_disconnect_before_it() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        let mut h = Host::new(&t, Digests::default());
+        assert_eq!(h.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        // The AUTH_Negotiate's data asked for with R2T, not in the capsule.
+        let n = dh.negotiate();
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, n.len() as u32);
+        sqe.0[39] = sgl::TRANSPORT;
+        h.submit(&sqe);
+        match h.next_pdu() {
+            Some(Owned::R2T {
+                cccid, r2to, r2tl, ..
+            }) => {
+                assert_eq!((cccid, r2to, r2tl as usize), (cid, 0, n.len()));
+            }
+            other => panic!("expected an R2T, got {other:?}"),
+        }
+        h.send_last_data(cid, &n);
+        h.expect_completion(cid, 0, "auth send");
+        let ch = h.auth_receive(4096);
+        let reply = dh.reply(&ch.data).expect("reply");
+        assert_eq!(h.auth_send(&reply).status, 0);
+        assert!(dh.success1(&h.auth_receive(4096).data).is_ok());
+        assert_eq!(h.prop_set_cc(host::CC_ENABLE).status, 0);
+        // More than any message: refused before its data is asked for.
+        let cid = h.cid();
+        let mut sqe = host::auth_send(cid, 9000);
+        sqe.0[39] = sgl::TRANSPORT;
+        h.submit(&sqe);
+        h.expect_completion(cid, Status::INVALID_FIELD.to_field(), "oversized auth send");
+        // A Disconnect is taken before authentication.
+        let mut d = Host::new(&t, Digests::default());
+        assert_eq!(d.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let cid = d.cid();
+        let mut sqe = host::command(spec::FABRICS, cid);
+        sqe.0[4] = spec::fctype::DISCONNECT;
+        sqe.0[39] = 0;
+        assert_eq!(d.command(sqe, &[], 0).cqe.map(|c| c.status), Some(0));
+        assert!(d.conn.is_closed());
+    }
+
+    #[test]
+    fn a_queue_that_does_not_authenticate_in_time_is_closed() {
+        let t = auth_target(false, &HashId::ALL, &[DhGroup::Null]);
+        let mut h = Host::new(&t, Digests::default());
+        assert_eq!(h.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        h.conn.tick(Instant::now() + Duration::from_secs(1));
+        assert!(!h.conn.is_closed());
+        h.conn.tick(Instant::now() + Duration::from_secs(31));
+        assert!(h.conn.is_closed());
+        assert_eq!(
+            h.conn.close_reason(),
+            Some("authentication not completed in time")
+        );
+        assert_eq!(health(&t), (0, 1));
+    }
+}

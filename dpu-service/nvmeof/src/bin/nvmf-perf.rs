@@ -17,13 +17,58 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use dpu_nvmeof::host;
+use std::sync::OnceLock;
+
+use dpu_nvmeof::auth::Secret;
+use dpu_nvmeof::host::{self, DhchapHost, HostAuthError};
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
 
 type Error = Box<dyn std::error::Error>;
 
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
+
+/// The host NQN (`--hostnqn`) and DH-HMAC-CHAP secrets (`--dhchap-secret`,
+/// `--dhchap-ctrl-secret`), set once from the command line.
+struct Identity {
+    hostnqn: String,
+    secret: Option<Secret>,
+    ctrl_secret: Option<Secret>,
+}
+
+static IDENTITY: OnceLock<Identity> = OnceLock::new();
+
+fn hostnqn() -> &'static str {
+    IDENTITY.get().map_or(HOSTNQN, |i| i.hostnqn.as_str())
+}
+
+/// Authenticates queue `qid` with DH-HMAC-CHAP, as the controller asked in
+/// its Connect response.
+fn authenticate(q: &mut Queue, qid: u16, nqn: &str) -> Result<(), Error> {
+    let id = IDENTITY.get().ok_or("no identity")?;
+    let secret = id
+        .secret
+        .clone()
+        .ok_or("the controller requires authentication: give --dhchap-secret")?;
+    let mut dh = DhchapHost::new(hostnqn(), nqn, secret, id.ctrl_secret.clone(), qid);
+    let send = |q: &mut Queue, m: &[u8]| q.call(&host::auth_send(0, m.len() as u32), m).map(|_| ());
+    let receive = |q: &mut Queue| q.call(&host::auth_receive(0, 4096), &[]).map(|(_, d)| d);
+    send(q, &dh.negotiate())?;
+    let challenge = receive(q)?;
+    let reply = dh.reply(&challenge)?;
+    send(q, &reply)?;
+    let success1 = receive(q)?;
+    match dh.success1(&success1) {
+        Ok(Some(s2)) => send(q, &s2),
+        Ok(None) => Ok(()),
+        Err(e) => {
+            if e == HostAuthError::ControllerResponse {
+                send(q, &dh.failure2())?;
+            }
+            Err(format!("queue {qid}: {e}").into())
+        }
+    }
+}
 
 /// One measurement: pattern, block size, queue depth.
 #[derive(Debug, Clone, Copy)]
@@ -287,8 +332,12 @@ enum Owned {
 fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, entries: u16) -> Result<u16, Error> {
     let kato_ms = if qid == 0 { 30_000 } else { 0 };
     let s = host::connect(0, qid, entries, kato_ms);
-    let d = host::connect_data(*b"nvmf-perf-hostid", cntlid, nqn, HOSTNQN);
+    let d = host::connect_data(*b"nvmf-perf-hostid", cntlid, nqn, hostnqn());
     let (c, _) = q.call(&s, &d)?;
+    // AUTHREQ.ATR: authenticate before anything else.
+    if c.dw0 & 1 << 17 != 0 {
+        authenticate(q, qid, nqn)?;
+    }
     Ok(c.dw0 as u16)
 }
 
@@ -495,6 +544,11 @@ fn main() -> Result<(), Error> {
     let mut jobs: Vec<Job> = Vec::new();
     let mut time = Duration::from_secs(5);
     let mut conns = 1usize;
+    let mut id = Identity {
+        hostnqn: HOSTNQN.to_string(),
+        secret: None,
+        ctrl_secret: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -509,13 +563,19 @@ fn main() -> Result<(), Error> {
                     return Err("--conns takes a count of at least 1".into());
                 }
             }
+            "--hostnqn" => id.hostnqn = val()?,
+            "--dhchap-secret" => id.secret = Some(val()?.parse()?),
+            "--dhchap-ctrl-secret" => id.ctrl_secret = Some(val()?.parse()?),
             "--bench" => {}
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]...");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
         }
+    }
+    if IDENTITY.set(id).is_err() {
+        return Err("identity set twice".into());
     }
     if jobs.is_empty() {
         jobs = [
