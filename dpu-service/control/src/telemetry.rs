@@ -764,7 +764,10 @@ mod tests {
                 "table_full",
                 "rate_limited",
                 "malformed",
-                "tx_full"
+                "tx_full",
+                "unknown_vtep",
+                "mac_limit",
+                "encapsulated"
             ]
         );
     }
@@ -779,7 +782,7 @@ mod tests {
         assert_eq!(snap.ports[0].counters.as_ref().unwrap().rx_packets, 10);
         assert_eq!(snap.tenants.len(), 2);
         assert_eq!(snap.drops.len(), drop_reasons().count());
-        assert_eq!(drop_reasons().count(), 8);
+        assert_eq!(drop_reasons().count(), 11);
         assert_eq!(snap.drops[2].packets, 6);
         assert_eq!(
             snap.flow_cache,

@@ -89,6 +89,9 @@ impl Dataplane {
             workers: usize::from(d.workers),
             mac_table_size: d.mac_table_size,
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
+            mac_per_tenant: d.mac_per_tenant,
+            mac_per_attachment: d.mac_per_attachment,
+            mac_reserved_per_tenant: d.mac_reserved_per_tenant,
             conntrack_max: d.conntrack_max,
             conntrack_per_tenant: d.conntrack_per_tenant,
             flow_cache_entries: d.flow_cache_entries,
@@ -346,6 +349,7 @@ fn at_fault(e: &ConfigError) -> Vec<String> {
         | ConfigError::BadVlan { tenant, .. }
         | ConfigError::NoVtep { tenant, .. }
         | ConfigError::BadVni { tenant, .. }
+        | ConfigError::BadVtepPrefix { tenant, .. }
         | ConfigError::DuplicateOrder { tenant, .. } => (tenant, None),
         ConfigError::Overlap { tenant, other, .. }
         | ConfigError::VniOverlap { tenant, other, .. } => (tenant, Some(other)),
@@ -534,6 +538,9 @@ impl<D: Driver> CounterSource for PortSource<D> {
                 worker::DropReason::RateLimited => pb::DropReason::RateLimited,
                 worker::DropReason::Malformed => pb::DropReason::Malformed,
                 worker::DropReason::TxFull => pb::DropReason::TxFull,
+                worker::DropReason::UnknownVtep => pb::DropReason::UnknownVtep,
+                worker::DropReason::MacLimit => pb::DropReason::MacLimit,
+                worker::DropReason::Encapsulated => pb::DropReason::Encapsulated,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }

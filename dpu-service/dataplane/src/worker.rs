@@ -38,11 +38,22 @@ pub enum DropReason {
     /// The output could not take it: its TX queue was full, or the
     /// pipeline named a port the driver does not have.
     TxFull,
+    /// VXLAN from an underlay address that is none of the attachment's
+    /// remote VTEPs nor in its underlay ranges (or an ARP reply to the
+    /// VTEP from such an address).
+    UnknownVtep,
+    /// A new source MAC address beyond its tenant's or attachment's
+    /// limit of learned addresses.
+    MacLimit,
+    /// On an attachment with an address guard: a frame whose network
+    /// layer is behind a tag or encapsulation the guard cannot look
+    /// through (a second 802.1Q tag, QinQ, MPLS, PPPoE).
+    Encapsulated,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 11] = [
         Self::NoTenant,
         Self::Spoofed,
         Self::AclDeny,
@@ -51,6 +62,9 @@ impl DropReason {
         Self::RateLimited,
         Self::Malformed,
         Self::TxFull,
+        Self::UnknownVtep,
+        Self::MacLimit,
+        Self::Encapsulated,
     ];
 
     fn index(self) -> usize {

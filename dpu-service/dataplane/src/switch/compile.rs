@@ -11,6 +11,12 @@ use crate::conntrack::Timeouts;
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
 use super::police::Bucket;
+use crate::mactable::MacLimits;
+
+/// `n`, or `u32::MAX` if larger.
+fn clamp_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
 
 /// Tenants with at least this many rules have their classifications
 /// cached. Below it the classifier's trees are shallow enough that a
@@ -52,8 +58,23 @@ pub(super) struct CompiledTenant {
     pub(super) attachments: Vec<Attach>,
     /// Remote VTEPs per attachment (empty but for VXLAN attachments).
     pub(super) remotes: Vec<Vec<u32>>,
+    /// Underlay ranges per attachment whose VTEPs may send into it
+    /// besides `remotes` (empty but for VXLAN attachments).
+    pub(super) vtep_prefixes: Vec<Vec<(u32, u32)>>,
     pub(super) default_allow: bool,
     pub(super) classifier: Classifier,
+}
+
+impl CompiledTenant {
+    /// Whether VXLAN attachment `ai` accepts frames from the remote VTEP
+    /// `ip`: one it names, or in one of its underlay ranges.
+    pub(super) fn accepts_vtep(&self, ai: usize, ip: u32) -> bool {
+        self.remotes.get(ai).is_some_and(|r| r.contains(&ip))
+            || self
+                .vtep_prefixes
+                .get(ai)
+                .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= ip && ip <= hi))
+    }
 }
 
 /// An allow rule (else deny).
@@ -214,6 +235,10 @@ pub struct Published {
     pub unchanged: usize,
 }
 
+/// The remote VTEPs a port's VXLAN attachments name, and the underlay
+/// ranges (inclusive) they accept.
+pub(super) type VtepPeers = (hashbrown::HashSet<u32>, Vec<(u32, u32)>);
+
 /// An immutable, compiled switch configuration.
 #[derive(Debug)]
 pub struct Compiled {
@@ -229,6 +254,10 @@ pub struct Compiled {
     pub(super) tenants: Vec<CompiledTenant>,
     pub(super) mac_table_size: usize,
     pub(super) mac_ageing: Duration,
+    pub(super) mac_limits: MacLimits,
+    /// Per port: the remote VTEPs its VXLAN attachments name, and the
+    /// underlay ranges they accept: the only neighbours its VTEP learns.
+    pub(super) vtep_peers: Vec<VtepPeers>,
     /// Per worker: connection table size and per-tenant limit.
     pub(super) conntrack: (usize, usize),
     pub(super) conntrack_timeouts: Timeouts,
@@ -282,6 +311,13 @@ impl Compiled {
             tenants: Vec::with_capacity(config.tenants.len()),
             mac_table_size: config.mac_table_size,
             mac_ageing: config.mac_ageing,
+            mac_limits: MacLimits {
+                per_tenant: clamp_u32(config.mac_per_tenant),
+                per_attachment: clamp_u32(config.mac_per_attachment),
+                reserved: clamp_u32(config.mac_reserved_per_tenant),
+                tenants: clamp_u32(config.tenants.len()),
+            },
+            vtep_peers: vec![Default::default(); config.ports],
             conntrack: (
                 config.conntrack_max.div_ceil(workers),
                 config.conntrack_per_tenant.div_ceil(workers),
@@ -338,6 +374,21 @@ impl Compiled {
                         });
                     }
                     c.vxlan.insert(key, (ti as u32, ai as u32));
+                    let peers = &mut c.vtep_peers[a.port];
+                    if let Some(r) = t.remote_vteps.get(ai) {
+                        peers.0.extend(r.iter().copied());
+                    }
+                    for &(lo, hi) in t.vtep_prefixes.get(ai).into_iter().flatten() {
+                        if lo > hi {
+                            return Err(ConfigError::BadVtepPrefix {
+                                tenant: t.name.clone(),
+                                vni: a.vni,
+                            });
+                        }
+                        if !peers.1.contains(&(lo, hi)) {
+                            peers.1.push((lo, hi));
+                        }
+                    }
                     continue;
                 }
                 let whole = c.whole[a.port].0;
@@ -443,6 +494,12 @@ impl Compiled {
                         _ => t.remote_vteps.get(i).cloned().unwrap_or_default(),
                     })
                     .collect(),
+                vtep_prefixes: (0..t.attachments.len())
+                    .map(|i| match t.attachments[i].vni {
+                        0 => Vec::new(),
+                        _ => t.vtep_prefixes.get(i).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
                 default_allow: t.default_allow,
                 classifier,
             });
@@ -459,6 +516,14 @@ impl Compiled {
             })
             .collect();
         Ok(c)
+    }
+
+    /// Whether the VTEP of `port` knows `ip` as a remote VTEP: named by
+    /// one of the port's VXLAN attachments, or in a range one accepts.
+    pub(super) fn is_vtep_peer(&self, port: usize, ip: u32) -> bool {
+        self.vtep_peers.get(port).is_some_and(|(ips, ranges)| {
+            ips.contains(&ip) || ranges.iter().any(|&(lo, hi)| lo <= ip && ip <= hi)
+        })
     }
 
     /// The tenant and attachment a frame on `port` with outer VLAN `vlan`

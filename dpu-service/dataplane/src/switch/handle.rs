@@ -192,7 +192,8 @@ impl SwitchHandle {
     /// then undercount).
     pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
-        let macs = MacTable::new(compiled.mac_table_size);
+        let mut macs = MacTable::new(compiled.mac_table_size);
+        macs.reset(compiled.mac_limits);
         let (max, per_tenant) = compiled.conntrack;
         let mut conns = ConnTable::new(max, per_tenant, compiled.conntrack_timeouts);
         conns.reserve_tenants(compiled.tracking.len());

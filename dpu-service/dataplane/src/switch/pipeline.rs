@@ -254,7 +254,7 @@ impl Pipeline for SwitchPipeline {
             drop(cur);
             self.shard = self.worker % self.compiled.shards.len().max(1);
             // Attachment indices belong to the old snapshot.
-            self.macs.clear();
+            self.macs.reset(self.compiled.mac_limits);
             self.memo.clear();
             self.conns.reserve_tenants(self.compiled.tracking.len());
             self.store_gauges();
