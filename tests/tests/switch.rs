@@ -970,11 +970,12 @@ fn dropped(svc: &Service, reason: &str) -> u64 {
     })
 }
 
-/// VXLAN is accepted from the remote VTEPs an attachment names only: an
-/// underlay host that knows red's VNI, sending from another address
-/// (192.0.2.3) on the same underlay, reaches none of red's hosts and is
-/// counted as `unknown_vtep`, while the same frames from the configured
-/// remote VTEP (192.0.2.2) reach red's host.
+/// VXLAN is accepted from the remote VTEPs an attachment names, and its
+/// underlay prefixes, only: an underlay host that knows red's VNI,
+/// sending from another address (192.0.2.3) on the same underlay,
+/// reaches none of red's hosts and is counted as `unknown_vtep`, while
+/// the same frames from the configured remote VTEP (192.0.2.2) or from
+/// red's underlay prefix (198.51.100.0/24) reach red's host.
 #[test]
 fn vxlan_from_an_unknown_vtep_is_dropped_and_counted() -> Result<()> {
     let remote = Host::new("u1", "192.0.2.2/24")?;
@@ -999,8 +1000,13 @@ fn vxlan_from_an_unknown_vtep_is_dropped_and_counted() -> Result<()> {
         "--port",
         "pf0vf0",
         "--vxlan",
-        "p0:100:192.0.2.2",
+        "p0:100:192.0.2.2,198.51.100.0/24",
     ])?;
+    let red = svc.dpuctl_json(&["tenant", "get", "red"])?;
+    assert_eq!(
+        red["attachments"][1]["vxlan"]["underlayPrefixes"][0], "198.51.100.0/24",
+        "{red}"
+    );
     let vtep_mac = parse_mac(&host_mac_outside(&remote)?);
     let remote_mac = parse_mac(&host_mac(&remote)?);
     let marker = *b"vxlan-mac-unknown-vtep";
@@ -1037,10 +1043,15 @@ fn vxlan_from_an_unknown_vtep_is_dropped_and_counted() -> Result<()> {
     eventually("unknown_vtep drops to be counted", || {
         dropped(&svc, "unknown_vtep") >= before + 20
     })?;
-    // The configured remote still gets through.
+    // The configured remote still gets through, and so does a VTEP of
+    // the underlay prefix.
     let l = Counting::start(&a, &marker, 2)?;
-    send_frames(&remote, 10, &[vxlan_from([192, 0, 2, 2])])?;
-    assert_eq!(l.count()?, 10);
+    send_frames(
+        &remote,
+        10,
+        &[vxlan_from([192, 0, 2, 2]), vxlan_from([198, 51, 100, 5])],
+    )?;
+    assert_eq!(l.count()?, 20);
     Ok(())
 }
 
