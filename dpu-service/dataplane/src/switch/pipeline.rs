@@ -386,9 +386,10 @@ mod tests {
     /// A pipeline given whole bursts decides exactly what it decides
     /// frame by frame: verdicts, outputs, rewritten bytes and tenant
     /// counters, with connections opened, closed and refused inside a
-    /// burst, MAC learning, VTEP neighbours, flow-cached tenants, tenants
-    /// switched at the link layer (decided by header from memory) and
-    /// bursts longer than [`BURST`].
+    /// burst, MAC learning (and its limits), VTEP neighbours and VXLAN
+    /// from unnamed VTEPs, flow-cached tenants, tenants switched at the
+    /// link layer (decided by header from memory) and bursts longer than
+    /// [`BURST`].
     #[test]
     fn bursts_decide_like_frames_one_by_one() {
         use crate::conntrack::{ACK, FIN, RST, SYN};
@@ -396,6 +397,7 @@ mod tests {
         use crate::wire::ETH_IPV4;
         const VTEP: u32 = 0xc000_0201;
         const REMOTE: u32 = 0xc000_0202;
+        const STRANGER: u32 = 0xc000_0263;
         let mut rng = crate::classify::tests::Rng(0xb0b5);
         let mut seen = std::collections::HashMap::<String, usize>::new();
         let mut recalled = [0; 2];
@@ -476,6 +478,8 @@ mod tests {
                 vteps,
                 tenants,
                 flow_cache_entries: 4096,
+                // Sources beyond it are dropped, in some rounds.
+                mac_per_attachment: if round % 4 == 1 { 3 } else { 1024 },
                 ..SwitchConfig::default()
             };
             let (ha, hb) = (
@@ -548,7 +552,8 @@ mod tests {
                             let t = Tunnel {
                                 src_mac: mac(0xbb),
                                 dst_mac: mac(0xaa),
-                                src_ip: REMOTE,
+                                // Now and then from an unnamed VTEP.
+                                src_ip: if rng.below(4) == 0 { STRANGER } else { REMOTE },
                                 dst_ip: VTEP,
                                 vni: [100, 101, 102][rng.below(3) as usize],
                                 resolve: false,
@@ -608,6 +613,8 @@ mod tests {
             "Drop(ConntrackInva",
             "Drop(NoTenant)",
             "Drop(Malformed)",
+            "Drop(UnknownVtep)",
+            "Drop(MacLimit)",
         ] {
             let n = seen
                 .iter()
