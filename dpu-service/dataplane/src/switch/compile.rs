@@ -13,6 +13,19 @@ use super::counters::{RuleCells, Shard, TenantCells};
 use super::police::Bucket;
 use crate::mactable::MacLimits;
 
+/// Inclusive ranges sorted and merged: disjoint, not adjacent, in order.
+fn merged(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match out.last_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
 /// `n`, or `u32::MAX` if larger.
 fn clamp_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
@@ -385,9 +398,7 @@ impl Compiled {
                                 vni: a.vni,
                             });
                         }
-                        if !peers.1.contains(&(lo, hi)) {
-                            peers.1.push((lo, hi));
-                        }
+                        peers.1.push((lo, hi));
                     }
                     continue;
                 }
@@ -504,6 +515,9 @@ impl Compiled {
                 classifier,
             });
         }
+        for (_, ranges) in &mut c.vtep_peers {
+            *ranges = merged(std::mem::take(ranges));
+        }
         c.l2_memo = c.tenants.iter().any(|t| t.opaque_ip);
         c.shards = (0..workers)
             .map(|_| Shard {
@@ -519,10 +533,16 @@ impl Compiled {
     }
 
     /// Whether the VTEP of `port` knows `ip` as a remote VTEP: named by
-    /// one of the port's VXLAN attachments, or in a range one accepts.
+    /// one of the port's VXLAN attachments, or in a range one accepts (a
+    /// hash lookup and a binary search, however many tenants share the
+    /// port).
     pub(super) fn is_vtep_peer(&self, port: usize, ip: u32) -> bool {
         self.vtep_peers.get(port).is_some_and(|(ips, ranges)| {
-            ips.contains(&ip) || ranges.iter().any(|&(lo, hi)| lo <= ip && ip <= hi)
+            if ips.contains(&ip) {
+                return true;
+            }
+            let i = ranges.partition_point(|&(_, hi)| hi < ip);
+            ranges.get(i).is_some_and(|&(lo, _)| lo <= ip)
         })
     }
 
@@ -679,6 +699,52 @@ mod tests {
                 order: dup
             })
         );
+    }
+
+    /// A port's underlay ranges, merged, answer as the list they came
+    /// from does, for addresses around every bound.
+    #[test]
+    fn merged_ranges_answer_as_the_list() {
+        let mut rnd = crate::classify::tests::Rng(0x7e9);
+        for _ in 0..300 {
+            let n = rnd.below(12);
+            let top = rnd.below(2) == 0;
+            let list: Vec<(u32, u32)> = (0..n)
+                .map(|_| {
+                    let lo = rnd.below(200) as u32;
+                    (lo, lo + rnd.below(30) as u32)
+                })
+                .chain(top.then_some((u32::MAX - 3, u32::MAX)))
+                .collect();
+            let m = merged(list.clone());
+            assert!(
+                m.windows(2).all(|w| w[0].1.saturating_add(1) < w[1].0),
+                "{m:?}"
+            );
+            let mut t = tenant("t", &[], true);
+            t.attachments.push(Attach {
+                port: 0,
+                vlan: 0,
+                vni: 1,
+            });
+            t.vtep_prefixes = vec![list.clone()];
+            let c = Compiled::new(&SwitchConfig {
+                ports: 1,
+                vteps: vtep_on_port_0(1, 0xc000_0201),
+                tenants: vec![t],
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            let probes = list
+                .iter()
+                .flat_map(|&(lo, hi)| [lo.wrapping_sub(1), lo, hi, hi.wrapping_add(1)])
+                .chain([0, 100, 250, u32::MAX]);
+            for ip in probes {
+                let want = list.iter().any(|&(lo, hi)| lo <= ip && ip <= hi);
+                assert_eq!(c.is_vtep_peer(0, ip), want, "{ip} in {list:?}");
+                assert_eq!(c.tenants[0].accepts_vtep(0, ip), want, "{ip} in {list:?}");
+            }
+        }
     }
 
     #[test]
