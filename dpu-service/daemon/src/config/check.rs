@@ -583,6 +583,26 @@ mod tests {
             "dataplane.conntrack_per_tenant",
         );
         bad(
+            "[dataplane]\nmac_table_size = 0\n",
+            "dataplane.mac_table_size",
+        );
+        bad(
+            "[dataplane]\nmac_table_size = 100\nmac_per_tenant = 101\n",
+            "dataplane.mac_per_tenant",
+        );
+        bad(
+            "[dataplane]\nmac_per_tenant = 10\nmac_per_attachment = 11\n",
+            "dataplane.mac_per_attachment",
+        );
+        bad(
+            "[dataplane]\nmac_per_attachment = 0\n",
+            "dataplane.mac_per_attachment",
+        );
+        bad(
+            "[dataplane]\nmac_per_tenant = 10\nmac_per_attachment = 10\nmac_reserved_per_tenant = 11\n",
+            "dataplane.mac_reserved_per_tenant",
+        );
+        bad(
             "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
             "dataplane.worker_cpus names 1 CPUs for 2 workers",
         );
