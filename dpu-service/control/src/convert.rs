@@ -29,10 +29,12 @@ pub fn attachment(a: &Attachment) -> pb::Attachment {
             uplink,
             vni,
             remote_vteps,
+            underlay_prefixes,
         } => pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
             uplink: format!("ports/{uplink}"),
             vni: *vni,
             remote_vteps: remote_vteps.iter().map(ToString::to_string).collect(),
+            underlay_prefixes: underlay_prefixes.iter().map(ToString::to_string).collect(),
         }),
     };
     pb::Attachment { kind: Some(kind) }

@@ -89,6 +89,9 @@ impl Dataplane {
             workers: usize::from(d.workers),
             mac_table_size: d.mac_table_size,
             mac_ageing: Duration::from_secs(d.mac_ageing_secs),
+            mac_per_tenant: d.mac_per_tenant,
+            mac_per_attachment: d.mac_per_attachment,
+            mac_reserved_per_tenant: d.mac_reserved_per_tenant,
             conntrack_max: d.conntrack_max,
             conntrack_per_tenant: d.conntrack_per_tenant,
             conntrack_reserved_per_tenant: d.conntrack_reserved_per_tenant,
@@ -351,6 +354,7 @@ fn at_fault(e: &ConfigError) -> Vec<String> {
         | ConfigError::BadVlan { tenant, .. }
         | ConfigError::NoVtep { tenant, .. }
         | ConfigError::BadVni { tenant, .. }
+        | ConfigError::BadVtepPrefix { tenant, .. }
         | ConfigError::DuplicateOrder { tenant, .. } => (tenant, None),
         ConfigError::Overlap { tenant, other, .. }
         | ConfigError::VniOverlap { tenant, other, .. } => (tenant, Some(other)),
@@ -392,22 +396,39 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
                     tracing::warn!(tenant = %t.id, attachment = %a, "port has no data-plane driver; attachment kept, not forwarded");
                     continue;
                 };
-                let (attach, guard, remotes) = match a {
-                    Attachment::Port { vlan, guard, .. } => {
-                        (Attach::port(port, *vlan), switch_guard(guard), Vec::new())
-                    }
-                    Attachment::Vxlan { vni, remote_vteps, .. } => {
+                let (attach, guard, remotes, ranges) = match a {
+                    Attachment::Port { vlan, guard, .. } => (
+                        Attach::port(port, *vlan),
+                        switch_guard(guard),
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                    Attachment::Vxlan {
+                        vni,
+                        remote_vteps,
+                        underlay_prefixes,
+                        ..
+                    } => {
                         if base.vteps.get(port).copied().flatten().is_none() {
                             tracing::warn!(tenant = %t.id, attachment = %a, "port has no vtep_address; VXLAN attachment kept, not forwarded");
                             continue;
                         }
                         let remotes = remote_vteps.iter().map(|&ip| u32::from(ip)).collect();
-                        (Attach { port, vlan: 0, vni: *vni }, Guard::default(), remotes)
+                        let ranges = underlay_prefixes
+                            .iter()
+                            .filter(|p| p.is_ipv4())
+                            .map(|p| {
+                                let (lo, hi) = prefix_range(Some(p), 32);
+                                (lo as u32, hi as u32)
+                            })
+                            .collect();
+                        (Attach { port, vlan: 0, vni: *vni }, Guard::default(), remotes, ranges)
                     }
                 };
                 out.attachments.push(attach);
                 out.guards.push(guard);
                 out.remote_vteps.push(remotes);
+                out.vtep_prefixes.push(ranges);
             }
             out
         })
@@ -542,6 +563,9 @@ impl<D: Driver> CounterSource for PortSource<D> {
                 worker::DropReason::FragmentInvalid => pb::DropReason::FragmentInvalid,
                 worker::DropReason::FragmentUnknown => pb::DropReason::FragmentUnknown,
                 worker::DropReason::FragmentTableFull => pb::DropReason::FragmentTableFull,
+                worker::DropReason::UnknownVtep => pb::DropReason::UnknownVtep,
+                worker::DropReason::MacLimit => pb::DropReason::MacLimit,
+                worker::DropReason::Encapsulated => pb::DropReason::Encapsulated,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }
@@ -806,11 +830,13 @@ mod tests {
                         uplink: "p0".into(),
                         vni: 5000,
                         remote_vteps: vec!["192.0.2.9".parse().unwrap()],
+                        underlay_prefixes: vec!["198.51.100.0/24".parse().unwrap()],
                     },
                     Attachment::Vxlan {
                         uplink: "pf0vf1".into(),
                         vni: 6000,
                         remote_vteps: Vec::new(),
+                        underlay_prefixes: Vec::new(),
                     },
                 ],
                 default_policy: Action::Allow,
@@ -850,6 +876,10 @@ mod tests {
             ]
         );
         assert_eq!(t.remote_vteps, vec![vec![], vec![], vec![0xc000_0209]]);
+        assert_eq!(
+            t.vtep_prefixes,
+            vec![vec![], vec![], vec![(0xc633_6400, 0xc633_64ff)]]
+        );
         assert_eq!(
             t.guards,
             vec![

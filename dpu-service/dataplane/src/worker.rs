@@ -48,11 +48,22 @@ pub enum DropReason {
     /// A first fragment the tenant's share of the fragment table had no
     /// room for (its later fragments could not have passed).
     FragmentTableFull,
+    /// VXLAN from an underlay address that is none of the attachment's
+    /// remote VTEPs nor in its underlay ranges (or an ARP reply to the
+    /// VTEP from such an address).
+    UnknownVtep,
+    /// A new source MAC address beyond its tenant's or attachment's
+    /// limit of learned addresses.
+    MacLimit,
+    /// On an attachment with an address guard: a frame whose network
+    /// layer is behind a tag or encapsulation the guard cannot look
+    /// through (a second 802.1Q tag, QinQ, MPLS, PPPoE).
+    Encapsulated,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 14] = [
         Self::NoTenant,
         Self::Spoofed,
         Self::AclDeny,
@@ -64,6 +75,9 @@ impl DropReason {
         Self::FragmentInvalid,
         Self::FragmentUnknown,
         Self::FragmentTableFull,
+        Self::UnknownVtep,
+        Self::MacLimit,
+        Self::Encapsulated,
     ];
 
     fn index(self) -> usize {

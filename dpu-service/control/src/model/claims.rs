@@ -106,6 +106,7 @@ mod tests {
                     uplink: port.into(),
                     vni,
                     remote_vteps: vec![],
+                    underlay_prefixes: vec![],
                 });
             }
         }

@@ -333,6 +333,10 @@ pub enum Attachment {
         /// Remote VTEPs that get the network's flooded frames.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         remote_vteps: Vec<std::net::Ipv4Addr>,
+        /// IPv4 underlay prefixes whose VTEPs may send into the network
+        /// besides `remote_vteps`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        underlay_prefixes: Vec<IpPrefix>,
     },
 }
 
@@ -539,6 +543,7 @@ mod tests {
             uplink: "p0".into(),
             vni: 10,
             remote_vteps: Vec::new(),
+            underlay_prefixes: Vec::new(),
         };
         assert!(whole.conflicts_with(&v10));
         assert!(v10.conflicts_with(&whole));

@@ -711,6 +711,7 @@ mod tests {
                 uplink: "p0".into(),
                 vni,
                 remote_vteps: vec![],
+                underlay_prefixes: vec![],
             })
             .collect();
         let start = std::time::Instant::now();

@@ -92,6 +92,10 @@ pub fn attachment(field: &str, a: &pb::Attachment) -> Result<Attachment> {
                     &format!("{field}.vxlan.remote_vteps"),
                     &v.remote_vteps,
                 )?,
+                underlay_prefixes: underlay_prefixes(
+                    &format!("{field}.vxlan.underlay_prefixes"),
+                    &v.underlay_prefixes,
+                )?,
             })
         }
         None => Err(ControlError::invalid(
@@ -108,6 +112,39 @@ pub const MAX_REMOTE_VTEPS: usize = 64;
 /// broadcast, multicast or loopback.
 pub fn is_unicast_v4(a: std::net::Ipv4Addr) -> bool {
     !(a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback())
+}
+
+/// A VXLAN attachment's underlay prefixes: IPv4, not of length 0 (an
+/// attachment names its underlay, it does not open to every address),
+/// no repeats, at most [`MAX_REMOTE_VTEPS`].
+fn underlay_prefixes(field: &str, list: &[String]) -> Result<Vec<IpPrefix>> {
+    if list.len() > MAX_REMOTE_VTEPS {
+        return Err(ControlError::invalid(
+            field,
+            format!("{} entries; at most {MAX_REMOTE_VTEPS}", list.len()),
+        ));
+    }
+    let mut out: Vec<IpPrefix> = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        let p: IpPrefix = s
+            .parse()
+            .map_err(|e| ControlError::invalid(&f, format!("{s:?}: {e}")))?;
+        if !p.is_ipv4() {
+            return Err(ControlError::invalid(&f, format!("{p} is not IPv4")));
+        }
+        if p.is_empty() {
+            return Err(ControlError::invalid(
+                &f,
+                format!("{p} would accept every address"),
+            ));
+        }
+        if out.contains(&p) {
+            return Err(ControlError::invalid(&f, format!("{p} is listed twice")));
+        }
+        out.push(p);
+    }
+    Ok(out)
 }
 
 /// A VXLAN attachment's remote VTEPs: unicast IPv4 addresses, no repeats.
@@ -580,6 +617,7 @@ mod tests {
                 uplink: "ports/p0".into(),
                 vni,
                 remote_vteps: remotes.iter().map(|s| s.to_string()).collect(),
+                underlay_prefixes: Vec::new(),
             })),
         };
         let a = attachment("a", &v(100, &["192.0.2.2", "198.51.100.7"])).unwrap();
@@ -592,6 +630,7 @@ mod tests {
                     "192.0.2.2".parse().unwrap(),
                     "198.51.100.7".parse().unwrap()
                 ],
+                underlay_prefixes: Vec::new(),
             }
         );
         let field = |a: pb::Attachment| field_of(attachment("a", &a).unwrap_err());
@@ -611,6 +650,49 @@ mod tests {
         let many: Vec<String> = (1..=65).map(|i| format!("10.0.0.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(field(v(5, &many)), "a.vxlan.remote_vteps");
+    }
+
+    #[test]
+    fn vxlan_underlay_prefixes() {
+        let v = |prefixes: &[&str]| pb::Attachment {
+            kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
+                uplink: "ports/p0".into(),
+                vni: 100,
+                remote_vteps: vec!["192.0.2.2".into()],
+                underlay_prefixes: prefixes.iter().map(|s| s.to_string()).collect(),
+            })),
+        };
+        let Attachment::Vxlan {
+            underlay_prefixes, ..
+        } = attachment("a", &v(&["198.51.100.0/24", "192.0.2.7"])).unwrap()
+        else {
+            panic!("not VXLAN")
+        };
+        assert_eq!(
+            underlay_prefixes,
+            vec![
+                "198.51.100.0/24".parse().unwrap(),
+                "192.0.2.7/32".parse().unwrap()
+            ]
+        );
+        let field = |a: pb::Attachment| field_of(attachment("a", &a).unwrap_err());
+        for bad in [
+            &["nope"][..],
+            &["2001:db8::/32"],
+            &["0.0.0.0/0"],
+            &["198.51.100.1/24"],
+            &["10.0.0.0/8", "10.0.0.0/8"],
+        ] {
+            let at = bad.len() - 1;
+            assert_eq!(
+                field(v(bad)),
+                format!("a.vxlan.underlay_prefixes[{at}]"),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<String> = (1..=65).map(|i| format!("10.0.{i}.0/24")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(field(v(&many)), "a.vxlan.underlay_prefixes");
     }
 
     #[test]

@@ -243,6 +243,34 @@ impl Config {
                 d.flow_cache_entries
             );
         }
+        if d.mac_table_size == 0 || d.mac_table_size > 1 << 24 {
+            bail!(
+                "dataplane.mac_table_size must be in 1..={}, not {}",
+                1 << 24,
+                d.mac_table_size
+            );
+        }
+        if d.mac_per_tenant == 0 || d.mac_per_tenant > d.mac_table_size {
+            bail!(
+                "dataplane.mac_per_tenant must be in 1..=mac_table_size ({}), not {}",
+                d.mac_table_size,
+                d.mac_per_tenant
+            );
+        }
+        if d.mac_per_attachment == 0 || d.mac_per_attachment > d.mac_per_tenant {
+            bail!(
+                "dataplane.mac_per_attachment must be in 1..=mac_per_tenant ({}), not {}",
+                d.mac_per_tenant,
+                d.mac_per_attachment
+            );
+        }
+        if d.mac_reserved_per_tenant > d.mac_per_tenant {
+            bail!(
+                "dataplane.mac_reserved_per_tenant must be at most mac_per_tenant ({}), not {}",
+                d.mac_per_tenant,
+                d.mac_reserved_per_tenant
+            );
+        }
         if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
             bail!(
                 "dataplane.file_prefix {:?} must be a non-empty name without '/'",
@@ -704,6 +732,26 @@ mod tests {
         )
         .unwrap();
         assert!(small.validate().is_ok(), "{:?}", small.validate());
+        bad(
+            "[dataplane]\nmac_table_size = 0\n",
+            "dataplane.mac_table_size",
+        );
+        bad(
+            "[dataplane]\nmac_table_size = 100\nmac_per_tenant = 101\n",
+            "dataplane.mac_per_tenant",
+        );
+        bad(
+            "[dataplane]\nmac_per_tenant = 10\nmac_per_attachment = 11\n",
+            "dataplane.mac_per_attachment",
+        );
+        bad(
+            "[dataplane]\nmac_per_attachment = 0\n",
+            "dataplane.mac_per_attachment",
+        );
+        bad(
+            "[dataplane]\nmac_per_tenant = 10\nmac_per_attachment = 10\nmac_reserved_per_tenant = 11\n",
+            "dataplane.mac_reserved_per_tenant",
+        );
         bad(
             "[dataplane]\nworkers = 2\nworker_cpus = [1]\n",
             "dataplane.worker_cpus names 1 CPUs for 2 workers",

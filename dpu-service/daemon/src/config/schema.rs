@@ -66,6 +66,16 @@ pub struct DataplaneConfig {
     pub mac_table_size: usize,
     /// Seconds before an unseen learned MAC address is forgotten.
     pub mac_ageing_secs: u64,
+    /// Most MAC addresses each worker learns for one tenant; frames from
+    /// a new source address beyond it are dropped as `mac_limit`.
+    pub mac_per_tenant: usize,
+    /// Most MAC addresses each worker learns on one attachment (port
+    /// security); beyond it, as for `mac_per_tenant`.
+    pub mac_per_attachment: usize,
+    /// Entries of each worker's MAC table kept for each tenant, that no
+    /// other tenant's addresses can take (at most `mac_table_size` over
+    /// the number of tenants); the rest is shared.
+    pub mac_reserved_per_tenant: usize,
     /// Most connections tracked for stateful rules, all workers together
     /// (each worker gets an even share, allocated at start).
     pub conntrack_max: usize,
@@ -114,6 +124,9 @@ impl Default for DataplaneConfig {
             mbufs: 16_383,
             mac_table_size: 16_384,
             mac_ageing_secs: 300,
+            mac_per_tenant: 4096,
+            mac_per_attachment: 1024,
+            mac_reserved_per_tenant: 256,
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
             conntrack_reserved_per_tenant: 1_024,

@@ -15,13 +15,18 @@
 //!   names no output twice; into a tunnel only toward a remote VTEP of
 //!   that VXLAN attachment; decapsulated exactly when it came in VXLAN;
 //! - the VTEP answers ARP for its address where it came from, takes ARP
-//!   replies, and drops as `NoTenant` a VXLAN frame of nobody's VNI or
-//!   anything else addressed to it;
+//!   replies of the remote VTEPs its attachments name and drops others'
+//!   as `UnknownVtep`, drops as `NoTenant` a VXLAN frame of nobody's VNI
+//!   or anything else addressed to it, and as `UnknownVtep` a VXLAN
+//!   frame from a source its attachment does not name;
 //! - a frame that does not parse is `Malformed`, one nobody owns is
 //!   `NoTenant`, but for the IP layer of a tenant switched at L2 (no
 //!   rules, allow by default, no address guard), which is not parsed;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
-//!   `Spoofed`;
+//!   `Spoofed`, or as `Encapsulated` where its guard lists prefixes and
+//!   the network layer is behind a second tag, QinQ, MPLS or PPPoE;
+//! - `MacLimit` drops only frames the guard admitted (the table's limits
+//!   are not modelled);
 //! - a tenant without stateful rules passes exactly what its first
 //!   matching rule (or its default policy) allows, flow cache or not,
 //!   under the configuration of the moment;
@@ -69,6 +74,8 @@ const VTEP_IP: u32 = 0xc000_0201;
 const VTEP_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xaa];
 /// Remote VTEPs (192.0.2.2 and .3).
 const REMOTES: [u32; 2] = [0xc000_0202, 0xc000_0203];
+/// An underlay host no attachment names (192.0.2.99).
+const STRANGER: u32 = 0xc000_0263;
 /// VNIs frames may come in on: the last is nobody's.
 const VNIS: [u32; 3] = [100, 200, 300];
 
@@ -247,7 +254,11 @@ fn config(variant: u8) -> SwitchConfig {
                 red_rules,
             ),
             tenant("blue", &[], false, blue_rules),
-            vxlan(tenant("green", &[(4, 50)], false, Vec::new()), 100, &[]),
+            vxlan(
+                tenant("green", &[(4, 50)], false, Vec::new()),
+                100,
+                &[REMOTES[1]],
+            ),
             tenant("bulk", &[(5, 0), (4, 10)], false, bulk_rules(3)),
         ],
     };
@@ -295,8 +306,32 @@ fn vxlan_owner(cfg: &SwitchConfig, port: usize, vni: u32) -> Option<(usize, usiz
     })
 }
 
-/// Whether `guard` lets a frame from `src_mac` with network layer `l3` in
-/// (the documented rules of `Guard`, written out again).
+/// Whether the VTEP's port knows `ip` as a remote VTEP: named by one of
+/// the port's VXLAN attachments.
+fn vtep_peer(cfg: &SwitchConfig, ip: u32) -> bool {
+    cfg.tenants.iter().any(|t| {
+        t.attachments
+            .iter()
+            .zip(&t.remote_vteps)
+            .any(|(a, r)| a.port == VTEP_PORT && a.vni != 0 && r.contains(&ip))
+    })
+}
+
+/// Why `guard` refuses a frame from `src_mac` with network layer `l3`, if
+/// it does (the documented rules of `Guard`, written out again).
+fn guard_refusal(guard: &Guard, src_mac: &[u8; 6], l3: &L3) -> Option<DropReason> {
+    let prefixes = !guard.v4.is_empty() || !guard.v6.is_empty();
+    let hidden = [0x8100, 0x88a8, 0x9100, 0x9200, 0x9300, 0x8847, 0x8848, 0x8864, 0x6558];
+    if let L3::Other(ethertype) = l3 {
+        if prefixes && hidden.contains(ethertype) {
+            return Some(DropReason::Encapsulated);
+        }
+    }
+    (!guard_allows(guard, src_mac, l3)).then_some(DropReason::Spoofed)
+}
+
+/// Whether `guard`'s source checks let a frame from `src_mac` with
+/// network layer `l3` in.
 fn guard_allows(guard: &Guard, src_mac: &[u8; 6], l3: &L3) -> bool {
     let mac_ok = |m: &[u8; 6]| guard.macs.is_empty() || guard.macs.contains(m);
     let in_v4 = |a: u32| guard.v4.iter().any(|&(lo, hi)| (lo..=hi).contains(&a));
@@ -477,7 +512,11 @@ fn tunnelled(mut frame: Vec<u8>, f: [u8; 8]) -> Vec<u8> {
     ip[2..4].copy_from_slice(&((36 + frame.len()) as u16).to_be_bytes());
     ip[8] = 64;
     ip[9] = proto::UDP;
-    ip[12..16].copy_from_slice(&REMOTES[usize::from(f[2] >> 4 & 1)].to_be_bytes());
+    let src = match f[2] >> 6 {
+        3 => STRANGER,
+        _ => REMOTES[usize::from(f[2] >> 4 & 1)],
+    };
+    ip[12..16].copy_from_slice(&src.to_be_bytes());
     ip[16..20].copy_from_slice(&VTEP_IP.to_be_bytes());
     let sum = wire::ip_checksum(&ip) ^ u16::from(f[2] >> 5 & 1);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
@@ -515,15 +554,29 @@ fn check(
                 assert_eq!(verdict, Verdict::Forward(Egress::to(port)), "ARP reply");
                 return;
             }
-            VtepFrame::ArpReply { .. } => {
-                assert_eq!((verdict, flood.len()), (Verdict::Flood, 0), "ARP taken");
+            VtepFrame::ArpReply { sender_ip, .. } => {
+                if vtep_peer(cfg, sender_ip) {
+                    assert_eq!((verdict, flood.len()), (Verdict::Flood, 0), "ARP taken");
+                } else {
+                    assert_eq!(verdict, Verdict::Drop(DropReason::UnknownVtep), "ARP");
+                }
                 return;
             }
-            VtepFrame::Vxlan { inner, vni, .. } => {
+            VtepFrame::Vxlan {
+                inner, vni, src_ip, ..
+            } => {
                 let Some(o) = vxlan_owner(cfg, port, vni) else {
                     assert_eq!(verdict, Verdict::Drop(DropReason::NoTenant), "VNI {vni}");
                     return;
                 };
+                if !cfg.tenants[o.0].remote_vteps[o.1].contains(&src_ip) {
+                    assert_eq!(
+                        verdict,
+                        Verdict::Drop(DropReason::UnknownVtep),
+                        "VNI {vni} from {src_ip:#x}"
+                    );
+                    return;
+                }
                 (decap, network) = (inner, Some(o));
             }
         }
@@ -566,16 +619,19 @@ fn check(
     let from = t.attachments[ai];
     let c = counts.entry(t.name.clone()).or_default();
     c.0 += 1;
-    let admitted = t
+    let refusal = t
         .guards
         .get(ai)
-        .is_none_or(|g| guard_allows(g, &h.src_mac, &h.l3));
-    assert_eq!(
-        verdict == Verdict::Drop(DropReason::Spoofed),
-        !admitted,
-        "{} on {from:?}: {verdict:?} for {h:?}",
-        t.name
-    );
+        .and_then(|g| guard_refusal(g, &h.src_mac, &h.l3));
+    let admitted = refusal.is_none();
+    for reason in [DropReason::Spoofed, DropReason::Encapsulated] {
+        assert_eq!(
+            verdict == Verdict::Drop(reason),
+            refusal == Some(reason),
+            "{} on {from:?}: {verdict:?} for {h:?}",
+            t.name
+        );
+    }
     let stateless = !t.rules.iter().any(|r| r.stateful && r.allow);
     let outs = match verdict {
         Verdict::Forward(e) => vec![e],
@@ -587,6 +643,10 @@ fn check(
                 t.name
             );
             c.2 += 1;
+            if r == DropReason::MacLimit {
+                assert!(admitted, "{r:?} for a refused frame: {h:?}");
+                return;
+            }
             if admitted && stateless {
                 assert!(
                     !expected_pass(t, &h.l3),

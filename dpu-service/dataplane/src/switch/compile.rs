@@ -14,6 +14,25 @@ use crate::shares::ShareLimits;
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
 use super::police::Bucket;
+use crate::mactable::MacLimits;
+
+/// Inclusive ranges sorted and merged: disjoint, not adjacent, in order.
+fn merged(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match out.last_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+/// `n`, or `u32::MAX` if larger.
+fn clamp_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
 
 /// Tenants with at least this many rules have their classifications
 /// cached. Below it the classifier's trees are shallow enough that a
@@ -55,8 +74,23 @@ pub(super) struct CompiledTenant {
     pub(super) attachments: Vec<Attach>,
     /// Remote VTEPs per attachment (empty but for VXLAN attachments).
     pub(super) remotes: Vec<Vec<u32>>,
+    /// Underlay ranges per attachment whose VTEPs may send into it
+    /// besides `remotes` (empty but for VXLAN attachments).
+    pub(super) vtep_prefixes: Vec<Vec<(u32, u32)>>,
     pub(super) default_allow: bool,
     pub(super) classifier: Classifier,
+}
+
+impl CompiledTenant {
+    /// Whether VXLAN attachment `ai` accepts frames from the remote VTEP
+    /// `ip`: one it names, or in one of its underlay ranges.
+    pub(super) fn accepts_vtep(&self, ai: usize, ip: u32) -> bool {
+        self.remotes.get(ai).is_some_and(|r| r.contains(&ip))
+            || self
+                .vtep_prefixes
+                .get(ai)
+                .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= ip && ip <= hi))
+    }
 }
 
 /// An allow rule (else deny).
@@ -217,6 +251,10 @@ pub struct Published {
     pub unchanged: usize,
 }
 
+/// The remote VTEPs a port's VXLAN attachments name, and the underlay
+/// ranges (inclusive) they accept.
+pub(super) type VtepPeers = (hashbrown::HashSet<u32>, Vec<(u32, u32)>);
+
 /// An immutable, compiled switch configuration.
 #[derive(Debug)]
 pub struct Compiled {
@@ -236,6 +274,10 @@ pub struct Compiled {
     pub(super) conntrack: ShareLimits,
     /// Per worker: the fragment table's size, shares and timeout.
     pub(super) fragments: FragLimits,
+    pub(super) mac_limits: MacLimits,
+    /// Per port: the remote VTEPs its VXLAN attachments name, and the
+    /// underlay ranges they accept: the only neighbours its VTEP learns.
+    pub(super) vtep_peers: Vec<VtepPeers>,
     pub(super) conntrack_timeouts: Timeouts,
     pub(super) flow_cache_entries: usize,
     /// Tenant IDs in use (below `uids`) that track connections.
@@ -311,6 +353,13 @@ impl Compiled {
                 },
                 timeout: config.fragment_timeout.as_secs().max(1),
             },
+            mac_limits: MacLimits {
+                per_tenant: clamp_u32(config.mac_per_tenant),
+                per_attachment: clamp_u32(config.mac_per_attachment),
+                reserved: clamp_u32(config.mac_reserved_per_tenant),
+                tenants: clamp_u32(config.tenants.len()),
+            },
+            vtep_peers: vec![Default::default(); config.ports],
             conntrack_timeouts: config.conntrack_timeouts,
             flow_cache_entries: config.flow_cache_entries,
             tracking: Vec::new(),
@@ -363,6 +412,19 @@ impl Compiled {
                         });
                     }
                     c.vxlan.insert(key, (ti as u32, ai as u32));
+                    let peers = &mut c.vtep_peers[a.port];
+                    if let Some(r) = t.remote_vteps.get(ai) {
+                        peers.0.extend(r.iter().copied());
+                    }
+                    for &(lo, hi) in t.vtep_prefixes.get(ai).into_iter().flatten() {
+                        if lo > hi {
+                            return Err(ConfigError::BadVtepPrefix {
+                                tenant: t.name.clone(),
+                                vni: a.vni,
+                            });
+                        }
+                        peers.1.push((lo, hi));
+                    }
                     continue;
                 }
                 let whole = c.whole[a.port].0;
@@ -468,9 +530,18 @@ impl Compiled {
                         _ => t.remote_vteps.get(i).cloned().unwrap_or_default(),
                     })
                     .collect(),
+                vtep_prefixes: (0..t.attachments.len())
+                    .map(|i| match t.attachments[i].vni {
+                        0 => Vec::new(),
+                        _ => t.vtep_prefixes.get(i).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
                 default_allow: t.default_allow,
                 classifier,
             });
+        }
+        for (_, ranges) in &mut c.vtep_peers {
+            *ranges = merged(std::mem::take(ranges));
         }
         c.l2_memo = c.tenants.iter().any(|t| t.opaque_ip);
         c.shards = (0..workers)
@@ -484,6 +555,20 @@ impl Compiled {
             })
             .collect();
         Ok(c)
+    }
+
+    /// Whether the VTEP of `port` knows `ip` as a remote VTEP: named by
+    /// one of the port's VXLAN attachments, or in a range one accepts (a
+    /// hash lookup and a binary search, however many tenants share the
+    /// port).
+    pub(super) fn is_vtep_peer(&self, port: usize, ip: u32) -> bool {
+        self.vtep_peers.get(port).is_some_and(|(ips, ranges)| {
+            if ips.contains(&ip) {
+                return true;
+            }
+            let i = ranges.partition_point(|&(_, hi)| hi < ip);
+            ranges.get(i).is_some_and(|&(lo, _)| lo <= ip)
+        })
     }
 
     /// The tenant and attachment a frame on `port` with outer VLAN `vlan`
@@ -639,6 +724,52 @@ mod tests {
                 order: dup
             })
         );
+    }
+
+    /// A port's underlay ranges, merged, answer as the list they came
+    /// from does, for addresses around every bound.
+    #[test]
+    fn merged_ranges_answer_as_the_list() {
+        let mut rnd = crate::classify::tests::Rng(0x7e9);
+        for _ in 0..300 {
+            let n = rnd.below(12);
+            let top = rnd.below(2) == 0;
+            let list: Vec<(u32, u32)> = (0..n)
+                .map(|_| {
+                    let lo = rnd.below(200) as u32;
+                    (lo, lo + rnd.below(30) as u32)
+                })
+                .chain(top.then_some((u32::MAX - 3, u32::MAX)))
+                .collect();
+            let m = merged(list.clone());
+            assert!(
+                m.windows(2).all(|w| w[0].1.saturating_add(1) < w[1].0),
+                "{m:?}"
+            );
+            let mut t = tenant("t", &[], true);
+            t.attachments.push(Attach {
+                port: 0,
+                vlan: 0,
+                vni: 1,
+            });
+            t.vtep_prefixes = vec![list.clone()];
+            let c = Compiled::new(&SwitchConfig {
+                ports: 1,
+                vteps: vtep_on_port_0(1, 0xc000_0201),
+                tenants: vec![t],
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            let probes = list
+                .iter()
+                .flat_map(|&(lo, hi)| [lo.wrapping_sub(1), lo, hi, hi.wrapping_add(1)])
+                .chain([0, 100, 250, u32::MAX]);
+            for ip in probes {
+                let want = list.iter().any(|&(lo, hi)| lo <= ip && ip <= hi);
+                assert_eq!(c.is_vtep_peer(0, ip), want, "{ip} in {list:?}");
+                assert_eq!(c.tenants[0].accepts_vtep(0, ip), want, "{ip} in {list:?}");
+            }
+        }
     }
 
     #[test]

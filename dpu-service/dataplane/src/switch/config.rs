@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::classify::AclRule;
 use crate::conntrack::Timeouts;
-use crate::wire::L3;
+use crate::wire::{hides_network_layer, L3};
+use crate::worker::DropReason;
 
 /// One way a tenant is reached: a port, and a VLAN on it (0: the whole
 /// port), or a VXLAN network on the port's VTEP.
@@ -87,10 +88,30 @@ impl Guard {
         self.macs.is_empty() && self.v4.is_empty() && self.v6.is_empty()
     }
 
-    /// True if a frame from `src_mac` with network layer `l3` may enter.
-    /// Once any prefix is listed, IP of a family without one is refused;
-    /// an ARP probe (sender address 0.0.0.0) passes the address check.
-    pub(super) fn allows(&self, src_mac: &[u8; 6], l3: &L3) -> bool {
+    /// Whether a frame from `src_mac` with network layer `l3` may enter:
+    /// `Spoofed` if a source is not allowed, `Encapsulated` if prefixes
+    /// are listed and its network layer is behind a header the parser
+    /// stops at ([`hides_network_layer`]: a second tag, QinQ, MPLS,
+    /// PPPoE), where the guard cannot check it. Once any prefix is
+    /// listed, IP of a family without one is refused; an ARP probe
+    /// (sender address 0.0.0.0) passes the address check.
+    pub(super) fn check(&self, src_mac: &[u8; 6], l3: &L3) -> Result<(), DropReason> {
+        let prefixes = !self.v4.is_empty() || !self.v6.is_empty();
+        if let L3::Other(ethertype) = *l3 {
+            if prefixes && hides_network_layer(ethertype) {
+                return Err(DropReason::Encapsulated);
+            }
+        }
+        if self.allows(src_mac, l3) {
+            Ok(())
+        } else {
+            Err(DropReason::Spoofed)
+        }
+    }
+
+    /// True if the sources of a frame from `src_mac` with network layer
+    /// `l3` are allowed (see [`Guard::check`]).
+    fn allows(&self, src_mac: &[u8; 6], l3: &L3) -> bool {
         let mac_ok = |m: &[u8; 6]| self.macs.is_empty() || self.macs.contains(m);
         let prefixes = !self.v4.is_empty() || !self.v6.is_empty();
         let v4_ok = |a: u32| self.v4.iter().any(|&(lo, hi)| lo <= a && a <= hi);
@@ -130,6 +151,13 @@ pub struct TenantConfig {
     /// unknown-unicast frames (head-end replication). Known unicast goes
     /// to the VTEP its destination was learned from.
     pub remote_vteps: Vec<Vec<u32>>,
+    /// Per VXLAN attachment, by index into `attachments`: underlay
+    /// address ranges (IPv4, inclusive) whose VTEPs may also send into
+    /// it, besides its `remote_vteps`. VXLAN from any other source is
+    /// dropped as [`DropReason::UnknownVtep`].
+    ///
+    /// [`DropReason::UnknownVtep`]: crate::worker::DropReason::UnknownVtep
+    pub vtep_prefixes: Vec<Vec<(u32, u32)>>,
     /// Verdict for IP packets no rule matches, and for non-IP, non-ARP frames.
     pub default_allow: bool,
     /// Filter rules.
@@ -149,6 +177,18 @@ pub struct SwitchConfig {
     pub mac_table_size: usize,
     /// A learned address not seen for this long is forgotten.
     pub mac_ageing: Duration,
+    /// Most MAC addresses a worker learns for one tenant; a frame from
+    /// a new address beyond it is dropped as [`DropReason::MacLimit`].
+    ///
+    /// [`DropReason::MacLimit`]: crate::worker::DropReason::MacLimit
+    pub mac_per_tenant: usize,
+    /// Most MAC addresses a worker learns on one attachment (port
+    /// security); beyond it, as for `mac_per_tenant`.
+    pub mac_per_attachment: usize,
+    /// Entries of each worker's MAC table kept for each tenant, that no
+    /// other tenant's addresses can take (at most `mac_table_size` over
+    /// the number of tenants); the rest is shared.
+    pub mac_reserved_per_tenant: usize,
     /// Worker threads: one shard of tenant and rule counters each.
     pub workers: usize,
     /// Most tracked connections, all tenants and workers together (each
@@ -195,6 +235,9 @@ impl Default for SwitchConfig {
             tenants: Vec::new(),
             mac_table_size: 16_384,
             mac_ageing: Duration::from_secs(300),
+            mac_per_tenant: 4096,
+            mac_per_attachment: 1024,
+            mac_reserved_per_tenant: 256,
             workers: 1,
             conntrack_max: 262_144,
             conntrack_per_tenant: 65_536,
@@ -274,6 +317,14 @@ pub enum ConfigError {
         vni: u32,
         /// The tenant that has it.
         other: String,
+    },
+    /// An underlay range of a VXLAN attachment whose start is past its end.
+    #[error("tenant {tenant}: VXLAN network {vni} has an empty underlay range")]
+    BadVtepPrefix {
+        /// Tenant name.
+        tenant: String,
+        /// The VNI.
+        vni: u32,
     },
     /// Two rules of a tenant have the same order.
     #[error("tenant {tenant}: two rules have order {order}")]

@@ -153,10 +153,14 @@ impl SwitchPipeline {
         bump(&cells.rx_packets, 1);
         bump(&cells.rx_bytes, len);
         if let Some(g) = &t.guards[ai] {
-            if !g.allows(&src_mac, l3) {
+            if let Err(reason) = g.check(&src_mac, l3) {
                 bump(&cells.dropped, 1);
-                return Verdict::Drop(DropReason::Spoofed);
+                return Verdict::Drop(reason);
             }
+        }
+        if !self.macs.admits(ti as u32, src_mac, ai as u32) {
+            bump(&cells.dropped, 1);
+            return Verdict::Drop(DropReason::MacLimit);
         }
         let passed = match *l3 {
             L3::Ip {
@@ -365,6 +369,7 @@ mod tests {
             vlan: 0,
             vni: 200,
         });
+        u.remote_vteps = vec![vec![], vec![REMOTE]];
         let mut cfg = SwitchConfig {
             ports: 3,
             vteps: vec![
@@ -506,6 +511,340 @@ mod tests {
         ));
     }
 
+    /// One tenant's MAC flood: its new sources beyond its limits are
+    /// dropped and counted, while another tenant's stations stay learned
+    /// (its unicast forwarded, not flooded) and its new stations are
+    /// still learned from its reserve. A station moving to a full
+    /// attachment is refused too.
+    #[test]
+    fn a_mac_flood_stays_within_its_tenant() {
+        let (h, mut p) = {
+            let h = SwitchHandle::new(&SwitchConfig {
+                ports: 6,
+                tenants: vec![
+                    tenant("flood", &[(0, 0), (1, 0), (2, 0)], true),
+                    tenant("calm", &[(3, 0), (4, 0), (5, 0)], true),
+                ],
+                mac_table_size: 64,
+                mac_per_tenant: 48,
+                mac_per_attachment: 40,
+                mac_reserved_per_tenant: 16,
+                ..SwitchConfig::default()
+            })
+            .unwrap();
+            let mut p = h.pipeline();
+            p.turn();
+            (h, p)
+        };
+        // calm's stations 1 and 2, learned.
+        run(&mut p, 3, udp(1, BCAST, None, 53));
+        run(&mut p, 4, udp(2, BCAST, None, 53));
+        let known = |p: &mut SwitchPipeline| {
+            (
+                run(p, 3, udp(1, mac(2), None, 53)).0,
+                run(p, 4, udp(2, mac(1), None, 53)).0,
+            )
+        };
+        let before = known(&mut p);
+        assert_eq!(
+            before,
+            (
+                Verdict::Forward(Egress::to(4)),
+                Verdict::Forward(Egress::to(3))
+            )
+        );
+        // flood sends from 1,000 random sources on port 0.
+        let mut rng = crate::classify::tests::Rng(0xf100d);
+        let (mut passed, mut limited) = (0, 0);
+        for _ in 0..1000 {
+            let mut f = udp(7, BCAST, None, 53);
+            let r = rng.below(1 << 40);
+            f[6..12].copy_from_slice(&[
+                2,
+                (r >> 32) as u8,
+                (r >> 24) as u8,
+                (r >> 16) as u8,
+                (r >> 8) as u8,
+                r as u8,
+            ]);
+            match run(&mut p, 0, f).0 {
+                Verdict::Drop(DropReason::MacLimit) => limited += 1,
+                Verdict::Flood => passed += 1,
+                v => panic!("{v:?}"),
+            }
+        }
+        // The attachment's limit, then nothing more.
+        assert_eq!(passed, 40);
+        assert_eq!(limited, 960);
+        assert_eq!(p.macs.tenant_len(0), 40);
+        // From another attachment: up to the tenant's limit, less what
+        // the others' reserve keeps (64 - 16 = 48, the tenant's limit).
+        let mut more = 0;
+        for i in 0..100u8 {
+            let mut f = udp(7, BCAST, None, 53);
+            f[6..12].copy_from_slice(&[2, 9, 9, 9, 9, i]);
+            more += usize::from(run(&mut p, 1, f).0 == Verdict::Flood);
+        }
+        assert_eq!(more, 8);
+        assert_eq!(p.macs.tenant_len(0), 48);
+        // calm is untouched: its unicast still forwarded, and a new
+        // station of it learned.
+        assert_eq!(known(&mut p), before);
+        assert_eq!(run(&mut p, 5, udp(3, BCAST, None, 53)).0, Verdict::Flood);
+        assert_eq!(
+            run(&mut p, 3, udp(1, mac(3), None, 53)).0,
+            Verdict::Forward(Egress::to(5))
+        );
+        // A known station of flood still passes; it may not move to
+        // port 0, whose attachment is full.
+        let mut f = udp(7, BCAST, None, 53);
+        f[6..12].copy_from_slice(&[2, 9, 9, 9, 9, 0]);
+        assert_eq!(run(&mut p, 1, f.clone()).0, Verdict::Flood);
+        assert_eq!(run(&mut p, 0, f).0, Verdict::Drop(DropReason::MacLimit));
+        let t = h.traffic();
+        assert_eq!(t.tenants["calm"].dropped_packets, 0);
+        assert_eq!(t.tenants["flood"].dropped_packets, 960 + 92 + 1);
+    }
+
+    /// On an attachment whose guard lists source prefixes, a frame whose
+    /// network layer the parser cannot see (behind a second 802.1Q tag,
+    /// an 802.1ad or pre-standard QinQ tag, MPLS, PPPoE) is dropped as
+    /// `Encapsulated`; the same frames pass where no address guard would
+    /// look, and a frame the guard can read is still checked.
+    #[test]
+    fn stacked_tags_do_not_pass_an_address_guard() {
+        use crate::wire::{ETH_IPV4, ETH_MPLS, ETH_PPPOE, ETH_QINQ, ETH_VLAN};
+        let mut guarded = tenant("guarded", &[(0, 0), (1, 0), (2, 10)], true);
+        let g = Guard {
+            v4: vec![(0x0a00_0001, 0x0a00_0001)],
+            ..Guard::default()
+        };
+        guarded.guards = vec![g.clone(), Guard::default(), g];
+        let (h, mut p) = switch(5, vec![guarded, tenant("open", &[(3, 0), (4, 0)], true)]);
+        // 10.0.0.66 spoofed behind the outer header `outer` (ethertype,
+        // and the bytes between it and IPv4).
+        let hidden = |vlan: Option<u16>, outer: u16, between: &[u8]| {
+            let mut f = build::eth(mac(9), mac(1), vlan, outer);
+            f.extend_from_slice(between);
+            f.extend(build::ipv4(
+                [10, 0, 0, 66],
+                [10, 0, 0, 99],
+                proto::UDP,
+                &[0x13, 0x88, 0, 53, 0, 8, 0, 0],
+            ));
+            f
+        };
+        let tag = |v: u16, inner: u16| [v.to_be_bytes(), inner.to_be_bytes()].concat();
+        let cases = [
+            ("802.1Q in 802.1Q", ETH_VLAN, tag(10, ETH_IPV4)),
+            ("802.1ad", ETH_QINQ, tag(10, ETH_IPV4)),
+            (
+                "802.1ad over 802.1Q",
+                ETH_QINQ,
+                [tag(10, ETH_VLAN), tag(11, ETH_IPV4)].concat(),
+            ),
+            ("0x9100", 0x9100, tag(10, ETH_IPV4)),
+            ("MPLS", ETH_MPLS, vec![0, 1, 0x11, 64]),
+            ("PPPoE", ETH_PPPOE, vec![0x11, 0, 0, 1, 0, 30, 0, 0x21]),
+        ];
+        let enc = Verdict::Drop(DropReason::Encapsulated);
+        let mut refused = 0;
+        for (what, outer, between) in &cases {
+            // A whole-port attachment: with one outer tag the parser
+            // reads, or (but for 802.1Q, which it reads) untagged.
+            assert_eq!(
+                run(&mut p, 0, hidden(Some(5), *outer, between)).0,
+                enc,
+                "{what}"
+            );
+            if *outer != ETH_VLAN {
+                assert_eq!(
+                    run(&mut p, 0, hidden(None, *outer, between)).0,
+                    enc,
+                    "{what}"
+                );
+                refused += 1;
+            }
+            refused += 2;
+            // A VLAN attachment: behind its own tag.
+            assert_eq!(
+                run(&mut p, 2, hidden(Some(10), *outer, between)).0,
+                enc,
+                "{what}"
+            );
+            // Unguarded: switched as before.
+            assert_eq!(
+                run(&mut p, 1, hidden(Some(5), *outer, between)).0,
+                Verdict::Flood,
+                "{what}"
+            );
+            assert!(
+                matches!(
+                    run(&mut p, 3, hidden(Some(5), *outer, between)).0,
+                    Verdict::Forward(_)
+                ),
+                "{what}"
+            );
+        }
+        // One tag the parser reads: the guard sees the spoofed source.
+        assert_eq!(
+            run(&mut p, 0, hidden(Some(5), ETH_IPV4, &[])).0,
+            Verdict::Drop(DropReason::Spoofed)
+        );
+        // And the real source passes, with a tag or without.
+        assert_eq!(run(&mut p, 0, udp(1, BCAST, None, 53)).0, Verdict::Flood);
+        assert_eq!(
+            run(&mut p, 2, udp(1, BCAST, Some(10), 53)).0,
+            Verdict::Flood
+        );
+        assert_eq!(h.traffic().tenants["guarded"].dropped_packets, refused + 1);
+    }
+
+    /// VXLAN enters an attachment only from the remote VTEPs it names or
+    /// an underlay range it accepts: a stranger that knows a VNI is
+    /// dropped and counted, its inner source is not learned (the tenant's
+    /// unicast to that MAC is not tunnelled to it), and the VTEP learns
+    /// no neighbour from it, by VXLAN or ARP, for any VNI.
+    #[test]
+    fn vxlan_enters_only_from_known_vteps() {
+        use crate::io::memory::MemPacket;
+        use crate::wire::apply_tunnel;
+        const LOCAL: u32 = 0xc000_0201; // 192.0.2.1
+        const REMOTE: u32 = 0xc000_0202; // 192.0.2.2
+        const STRANGER: u32 = 0xc000_0263; // 192.0.2.99
+        const RANGE: (u32, u32) = (0xc633_6400, 0xc633_64ff); // 198.51.100.0/24
+        let up_mac = [2, 0, 0, 0, 0, 0xaa];
+        let mut t = tenant("t", &[(0, 0)], true);
+        t.attachments.push(Attach {
+            port: 1,
+            vlan: 0,
+            vni: 100,
+        });
+        t.remote_vteps = vec![vec![], vec![REMOTE]];
+        let mut w = tenant("w", &[(2, 0)], true);
+        w.attachments.push(Attach {
+            port: 1,
+            vlan: 0,
+            vni: 300,
+        });
+        w.vtep_prefixes = vec![vec![], vec![RANGE]];
+        let mut cfg = SwitchConfig {
+            ports: 3,
+            vteps: vec![
+                None,
+                Some(Vtep {
+                    ip: LOCAL,
+                    mac: up_mac,
+                }),
+            ],
+            tenants: vec![t, w],
+            ..SwitchConfig::default()
+        };
+        let h = SwitchHandle::new(&cfg).unwrap();
+        let mut p = h.pipeline();
+        p.turn();
+        let from = |src_ip: u32, vni: u32, inner: Vec<u8>| {
+            let mut f = MemPacket(inner);
+            assert!(apply_tunnel(
+                &mut f,
+                &Tunnel {
+                    src_mac: mac(0xee),
+                    dst_mac: up_mac,
+                    src_ip,
+                    dst_ip: LOCAL,
+                    vni,
+                    resolve: false,
+                }
+            ));
+            f.0
+        };
+        let unknown = Verdict::Drop(DropReason::UnknownVtep);
+        // The stranger claims t's gateway mac(1) on t's VNI: refused.
+        assert_eq!(
+            run(&mut p, 1, from(STRANGER, 100, udp(1, BCAST, None, 53))).0,
+            unknown
+        );
+        assert!(!p.neighbours.contains_key(&(1, STRANGER)));
+        // t's unicast to mac(1) is still flooded to the configured
+        // remote, not tunnelled to the stranger.
+        let (v, _) = run(&mut p, 0, udp(2, mac(1), None, 53));
+        let Verdict::Forward(Egress {
+            tunnel: Some(tun), ..
+        }) = v
+        else {
+            panic!("{v:?}")
+        };
+        assert_eq!(tun.dst_ip, REMOTE);
+        // The configured remote is accepted, and learned from.
+        let (v, _) = run(&mut p, 1, from(REMOTE, 100, udp(9, mac(2), None, 53)));
+        assert_eq!(
+            v,
+            Verdict::Forward(Egress {
+                decap: VXLAN_OVERHEAD as u16,
+                ..Egress::to(0)
+            })
+        );
+        assert!(p.neighbours.contains_key(&(1, REMOTE)));
+        // A stranger on a VNI nobody has: nobody's, and not a neighbour.
+        assert_eq!(
+            run(&mut p, 1, from(STRANGER, 555, udp(1, BCAST, None, 53))).0,
+            Verdict::Drop(DropReason::NoTenant)
+        );
+        assert!(!p.neighbours.contains_key(&(1, STRANGER)));
+        // The stranger's ARP: a request is answered (any host would),
+        // neither it nor a reply makes it a neighbour, the reply counted.
+        let arp = |op: u16, ip: u32| {
+            build::arp(
+                mac(0xee),
+                if op == 1 { BCAST } else { up_mac },
+                None,
+                op,
+                ip.to_be_bytes(),
+                LOCAL.to_be_bytes(),
+            )
+        };
+        let (v, _) = run(&mut p, 1, arp(1, STRANGER));
+        assert_eq!(v, Verdict::Forward(Egress::to(1)));
+        assert_eq!(run(&mut p, 1, arp(2, STRANGER)).0, unknown);
+        assert!(!p.neighbours.contains_key(&(1, STRANGER)));
+        // A host of w's underlay range is accepted on w's VNI only.
+        let inside = RANGE.0 + 7;
+        let (v, _) = run(&mut p, 1, from(inside, 300, udp(5, BCAST, None, 53)));
+        assert_eq!(
+            v,
+            Verdict::Forward(Egress {
+                decap: VXLAN_OVERHEAD as u16,
+                ..Egress::to(2)
+            })
+        );
+        assert!(p.neighbours.contains_key(&(1, inside)));
+        assert_eq!(
+            run(&mut p, 1, from(inside, 100, udp(5, BCAST, None, 53))).0,
+            unknown
+        );
+        assert_eq!(
+            run(&mut p, 1, from(RANGE.1 + 1, 300, udp(5, BCAST, None, 53))).0,
+            unknown
+        );
+        // w's reply to mac(5) goes back to the host it came from.
+        let (v, _) = run(&mut p, 2, udp(6, mac(5), None, 53));
+        let Verdict::Forward(Egress {
+            tunnel: Some(tun), ..
+        }) = v
+        else {
+            panic!("{v:?}")
+        };
+        assert_eq!(tun.dst_ip, inside);
+        let traffic = h.traffic();
+        assert_eq!(traffic.tenants["t"].rx_packets, 2, "only t's own frames");
+        // A range whose start is past its end is refused.
+        cfg.tenants[1].vtep_prefixes = vec![vec![], vec![(RANGE.1, RANGE.0)]];
+        assert!(matches!(
+            SwitchHandle::new(&cfg),
+            Err(ConfigError::BadVtepPrefix { vni: 300, .. })
+        ));
+    }
+
     /// Random tenants on random ports, VLANs and VXLAN networks, random
     /// frames from anywhere (forged tags, spoofed and broadcast MACs,
     /// VXLAN on any VNI from any remote VTEP): every output is an
@@ -514,8 +853,10 @@ mod tests {
     fn random_traffic_never_leaves_its_tenant() {
         const VTEP: u32 = 0xc000_0201;
         const REMOTES: [u32; 2] = [0xc000_0202, 0xc000_0203];
-        // Outputs into a tunnel, and out of one: both must be exercised.
-        let (mut encapsulated, mut decapsulated) = (0, 0);
+        const STRANGER: u32 = 0xc000_0263;
+        // Outputs into a tunnel, and out of one, and VXLAN refused: all
+        // must be exercised.
+        let (mut encapsulated, mut decapsulated, mut refused) = (0, 0, 0);
         let mut rng = crate::classify::tests::Rng(0x5eed);
         for round in 0..200 {
             let ports = 1 + rng.below(5) as usize;
@@ -632,8 +973,9 @@ mod tests {
                     udp(src, dst, vlan, 53)
                 };
                 // Some frames come through port 0's VTEP, from a remote
-                // VTEP, on a VNI that may be nobody's.
+                // VTEP or a stranger, on a VNI that may be nobody's.
                 let vni = [0, 0, 100, 200, 300, 400][rng.below(6) as usize];
+                let src_ip = [REMOTES[0], REMOTES[1], STRANGER][rng.below(3) as usize];
                 let (port, frame) = if vni == 0 {
                     (port, frame)
                 } else {
@@ -641,7 +983,7 @@ mod tests {
                     let t = Tunnel {
                         src_mac: mac(0xbb),
                         dst_mac: mac(0xaa),
-                        src_ip: REMOTES[rng.below(2) as usize],
+                        src_ip,
                         dst_ip: VTEP,
                         vni,
                         resolve: false,
@@ -655,6 +997,16 @@ mod tests {
                     vxlan_owner(0, vni)
                 };
                 let (v, flood) = run(&mut p, port, frame);
+                // VXLAN enters only from the attachment's remote VTEPs.
+                if let (true, Some((ti, a))) = (vni != 0, ingress) {
+                    let t = &tenants[ti];
+                    let ai = t.attachments.iter().position(|x| *x == a).unwrap();
+                    if !t.remote_vteps[ai].contains(&src_ip) {
+                        assert_eq!(v, Verdict::Drop(DropReason::UnknownVtep), "round {round}");
+                        refused += 1;
+                        continue;
+                    }
+                }
                 if let Some((ti, _)) = ingress {
                     let t = &tenants[ti];
                     if !t.default_allow && !t.rules.is_empty() {
@@ -701,8 +1053,8 @@ mod tests {
             }
         }
         assert!(
-            encapsulated > 100 && decapsulated > 100,
-            "{encapsulated} {decapsulated}"
+            encapsulated > 100 && decapsulated > 100 && refused > 100,
+            "{encapsulated} {decapsulated} {refused}"
         );
     }
 }

@@ -193,7 +193,8 @@ impl SwitchHandle {
     /// then undercount).
     pub fn pipeline_for(&self, worker: usize) -> SwitchPipeline {
         let (generation, compiled) = self.load();
-        let macs = MacTable::new(compiled.mac_table_size);
+        let mut macs = MacTable::new(compiled.mac_table_size);
+        macs.reset(compiled.mac_limits);
         let mut conns = ConnTable::with_shares(compiled.conntrack, compiled.conntrack_timeouts);
         let mut frags = FragTable::new(compiled.fragments);
         compiled.share_tables(&mut conns, &mut frags);

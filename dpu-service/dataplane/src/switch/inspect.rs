@@ -32,6 +32,11 @@ impl SwitchPipeline {
                     sender_mac,
                     sender_ip,
                 } => {
+                    // Only the remote VTEPs the port's attachments accept
+                    // are learned as neighbours.
+                    if !self.compiled.is_vtep_peer(port, sender_ip) {
+                        return done(Verdict::Drop(DropReason::UnknownVtep), None);
+                    }
                     // Consumed: an empty flood sends nothing and counts nothing.
                     return done(Verdict::Flood, Some((sender_ip, sender_mac)));
                 }
@@ -39,6 +44,9 @@ impl SwitchPipeline {
                     sender_mac,
                     sender_ip,
                 } => {
+                    // Answered whoever asks (as any host on the underlay
+                    // does), learned only from a known remote VTEP.
+                    let peer = self.compiled.is_vtep_peer(port, sender_ip);
                     // The request becomes the reply, back where it came from.
                     let a = &mut packet[ETH_HLEN..];
                     a[6..8].copy_from_slice(&2u16.to_be_bytes());
@@ -50,7 +58,7 @@ impl SwitchPipeline {
                     packet[6..12].copy_from_slice(&v.mac);
                     return done(
                         Verdict::Forward(Egress::to(port)),
-                        Some((sender_ip, sender_mac)),
+                        peer.then_some((sender_ip, sender_mac)),
                     );
                 }
                 VtepFrame::Vxlan {
@@ -59,11 +67,17 @@ impl SwitchPipeline {
                     src_ip,
                     src_mac,
                 } => {
-                    neighbour = Some((src_ip, src_mac));
-                    match self.compiled.vxlan.get(&(port as u32, vni)) {
-                        Some(&(t, a)) => vxlan = Some((inner, t as usize, a as usize, src_ip)),
-                        None => return done(Verdict::Drop(DropReason::NoTenant), neighbour),
+                    // Accepted only from the attachment's remote VTEPs and
+                    // underlay ranges: from anyone else, a VNI is no
+                    // password into its tenant.
+                    let Some(&(t, a)) = self.compiled.vxlan.get(&(port as u32, vni)) else {
+                        return done(Verdict::Drop(DropReason::NoTenant), None);
+                    };
+                    if !self.compiled.tenants[t as usize].accepts_vtep(a as usize, src_ip) {
+                        return done(Verdict::Drop(DropReason::UnknownVtep), None);
                     }
+                    neighbour = Some((src_ip, src_mac));
+                    vxlan = Some((inner, t as usize, a as usize, src_ip));
                 }
             }
         }

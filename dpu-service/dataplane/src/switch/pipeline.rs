@@ -258,7 +258,7 @@ impl Pipeline for SwitchPipeline {
             drop(cur);
             self.shard = self.worker % self.compiled.shards.len().max(1);
             // Attachment indices belong to the old snapshot.
-            self.macs.clear();
+            self.macs.reset(self.compiled.mac_limits);
             self.memo.clear();
             self.compiled.share_tables(&mut self.conns, &mut self.frags);
             self.store_gauges();
@@ -394,10 +394,10 @@ mod tests {
     /// A pipeline given whole bursts decides exactly what it decides
     /// frame by frame: verdicts, outputs, rewritten bytes and tenant
     /// counters, with connections opened, closed and refused inside a
-    /// burst, fragments before and after their first, MAC learning, VTEP
-    /// neighbours, flow-cached tenants, tenants
-    /// switched at the link layer (decided by header from memory) and
-    /// bursts longer than [`BURST`].
+    /// burst, fragments before and after their first, MAC learning (and
+    /// its limits), VTEP neighbours and VXLAN from unnamed VTEPs,
+    /// flow-cached tenants, tenants switched at the link layer (decided by
+    /// header from memory) and bursts longer than [`BURST`].
     #[test]
     fn bursts_decide_like_frames_one_by_one() {
         use crate::conntrack::{ACK, FIN, RST, SYN};
@@ -405,6 +405,7 @@ mod tests {
         use crate::wire::ETH_IPV4;
         const VTEP: u32 = 0xc000_0201;
         const REMOTE: u32 = 0xc000_0202;
+        const STRANGER: u32 = 0xc000_0263;
         let mut rng = crate::classify::tests::Rng(0xb0b5);
         let mut seen = std::collections::HashMap::<String, usize>::new();
         let mut recalled = [0; 2];
@@ -485,6 +486,8 @@ mod tests {
                 vteps,
                 tenants,
                 flow_cache_entries: 4096,
+                // Sources beyond it are dropped, in some rounds.
+                mac_per_attachment: if round % 4 == 1 { 3 } else { 1024 },
                 ..SwitchConfig::default()
             };
             let (ha, hb) = (
@@ -570,7 +573,8 @@ mod tests {
                             let t = Tunnel {
                                 src_mac: mac(0xbb),
                                 dst_mac: mac(0xaa),
-                                src_ip: REMOTE,
+                                // Now and then from an unnamed VTEP.
+                                src_ip: if rng.below(4) == 0 { STRANGER } else { REMOTE },
                                 dst_ip: VTEP,
                                 vni: [100, 101, 102][rng.below(3) as usize],
                                 resolve: false,
@@ -631,6 +635,8 @@ mod tests {
             "Drop(NoTenant)",
             "Drop(Malformed)",
             "Drop(FragmentUnknow",
+            "Drop(UnknownVtep)",
+            "Drop(MacLimit)",
         ] {
             let n = seen
                 .iter()

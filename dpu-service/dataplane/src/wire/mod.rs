@@ -38,9 +38,9 @@ mod vxlan;
 #[cfg(test)]
 pub(crate) use self::parse::tests;
 pub use self::parse::{
-    ip_checksum, is_echo, is_multicast, network_layer, parse, parse_l2, proto, vtep_frame, FlowKey,
-    Fragment, Headers, ParseError, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4, ETH_IPV6, ETH_VLAN, L3,
-    VLAN_HLEN, VXLAN_UDP_PORT,
+    hides_network_layer, ip_checksum, is_echo, is_multicast, network_layer, parse, parse_l2, proto,
+    vtep_frame, FlowKey, Fragment, Headers, ParseError, VtepFrame, ETH_ARP, ETH_HLEN, ETH_IPV4,
+    ETH_IPV6, ETH_MPLS, ETH_MPLS_MC, ETH_PPPOE, ETH_QINQ, ETH_VLAN, L3, VLAN_HLEN, VXLAN_UDP_PORT,
 };
 pub(crate) use self::vlan::apply_vlan;
 pub(crate) use self::vxlan::apply_tunnel;

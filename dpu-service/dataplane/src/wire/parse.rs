@@ -41,6 +41,37 @@ pub mod proto {
     pub const SCTP: u8 = 132;
 }
 
+/// EtherType of an 802.1ad service tag (QinQ).
+pub const ETH_QINQ: u16 = 0x88a8;
+/// EtherType of MPLS unicast.
+pub const ETH_MPLS: u16 = 0x8847;
+/// EtherType of MPLS multicast.
+pub const ETH_MPLS_MC: u16 = 0x8848;
+/// EtherType of a PPPoE session.
+pub const ETH_PPPOE: u16 = 0x8864;
+
+/// True for an EtherType that puts another header (a tag, a label, a
+/// session header, a whole Ethernet frame) between the frame's link
+/// layer and a network layer a receiver may still find behind it:
+/// 802.1Q and 802.1ad tags, the pre-standard QinQ tags 0x9100, 0x9200
+/// and 0x9300, MPLS, PPPoE sessions and transparent Ethernet bridging
+/// (0x6558). [`parse`] reads one outer 802.1Q tag; behind it, or
+/// instead of it, these are where it stops.
+pub fn hides_network_layer(ethertype: u16) -> bool {
+    matches!(
+        ethertype,
+        ETH_VLAN
+            | ETH_QINQ
+            | 0x9100
+            | 0x9200
+            | 0x9300
+            | ETH_MPLS
+            | ETH_MPLS_MC
+            | ETH_PPPOE
+            | 0x6558
+    )
+}
+
 /// Length of an Ethernet header without tags.
 pub const ETH_HLEN: usize = 14;
 /// Length of an 802.1Q tag.

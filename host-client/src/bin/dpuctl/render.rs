@@ -46,16 +46,19 @@ fn attachment(a: &pb::Attachment) -> String {
             }
             out
         }
-        Some(pb::attachment::Kind::Vxlan(v)) if v.remote_vteps.is_empty() => {
+        Some(pb::attachment::Kind::Vxlan(v))
+            if v.remote_vteps.is_empty() && v.underlay_prefixes.is_empty() =>
+        {
             format!("{}:vni{}", id(&v.uplink), v.vni)
         }
         Some(pb::attachment::Kind::Vxlan(v)) => {
-            format!(
-                "{}:vni{}:{}",
-                id(&v.uplink),
-                v.vni,
-                v.remote_vteps.join(",")
-            )
+            let from: Vec<&str> = v
+                .remote_vteps
+                .iter()
+                .chain(&v.underlay_prefixes)
+                .map(String::as_str)
+                .collect();
+            format!("{}:vni{}:{}", id(&v.uplink), v.vni, from.join(","))
         }
         None => "?".into(),
     }

@@ -34,7 +34,9 @@ pub struct TenantFields {
     pub ports: Vec<pb::Attachment>,
     /// Attach a VXLAN network on an uplink: UPLINK:VNI, or
     /// UPLINK:VNI:VTEP[,VTEP...] with the remote VTEPs that get its
-    /// flooded frames (repeatable).
+    /// flooded frames; an entry with a length (198.51.100.0/24) is an
+    /// underlay prefix whose VTEPs may also send into it. VXLAN from any
+    /// other address is dropped (repeatable).
     #[arg(long = "vxlan", value_name = "UPLINK:VNI[:VTEPS]", value_parser = vxlan_attachment)]
     pub vxlans: Vec<pb::Attachment>,
 }
@@ -91,15 +93,17 @@ fn vxlan_attachment(s: &str) -> Result<pb::Attachment, String> {
     let vni = vni
         .parse()
         .map_err(|_| format!("VNI {vni:?} is not a number"))?;
+    // An entry with a prefix length is an underlay prefix.
+    let (prefixes, vteps): (Vec<&str>, Vec<&str>) = vteps
+        .split(',')
+        .filter(|v| !v.is_empty())
+        .partition(|v| v.contains('/'));
     Ok(pb::Attachment {
         kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
             uplink: port_name(uplink),
             vni,
-            remote_vteps: vteps
-                .split(',')
-                .filter(|v| !v.is_empty())
-                .map(str::to_string)
-                .collect(),
+            remote_vteps: vteps.into_iter().map(str::to_string).collect(),
+            underlay_prefixes: prefixes.into_iter().map(str::to_string).collect(),
         })),
     })
 }
@@ -216,6 +220,9 @@ mod tests {
         );
         assert!(
             matches!(vxlan_attachment("p0:7:192.0.2.2,192.0.2.3").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.vni == 7 && v.remote_vteps == ["192.0.2.2", "192.0.2.3"])
+        );
+        assert!(
+            matches!(vxlan_attachment("p0:7:192.0.2.2,198.51.100.0/24").unwrap().kind, Some(pb::attachment::Kind::Vxlan(v)) if v.remote_vteps == ["192.0.2.2"] && v.underlay_prefixes == ["198.51.100.0/24"])
         );
         assert!(vxlan_attachment("p0").is_err());
         assert!(vxlan_attachment(":5").is_err());
