@@ -7,7 +7,7 @@
 #
 # Fuzz crates, one beside each crate that parses untrusted input:
 # dpu-service/nvmeof/fuzz (pdu, connection, handshake, auth), dpu-service/dataplane/fuzz
-# (parse, switch, rules) and dpu-service/control/fuzz (rule_proto). Each
+# (parse, switch, isolation, rules) and dpu-service/control/fuzz (rule_proto). Each
 # target runs on:
 #   <crate>/corpus/<target>       the growing corpus (gitignored, kept
 #                                 between runs if the directory is)

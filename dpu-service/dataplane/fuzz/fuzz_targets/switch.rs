@@ -23,7 +23,7 @@
 //!   `NoTenant`, but for the IP layer of a tenant switched at L2 (no
 //!   rules, allow by default, no address guard), which is not parsed;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
-//!   `Spoofed`, or as `Encapsulated` where its guard lists prefixes and
+//!   `Spoofed`, or as `Encapsulated` where it has a guard and
 //!   the network layer is behind a second tag, QinQ, MPLS or PPPoE;
 //! - `MacLimit` drops only frames the guard admitted (the table's limits
 //!   are not modelled);
@@ -320,10 +320,9 @@ fn vtep_peer(cfg: &SwitchConfig, ip: u32) -> bool {
 /// Why `guard` refuses a frame from `src_mac` with network layer `l3`, if
 /// it does (the documented rules of `Guard`, written out again).
 fn guard_refusal(guard: &Guard, src_mac: &[u8; 6], l3: &L3) -> Option<DropReason> {
-    let prefixes = !guard.v4.is_empty() || !guard.v6.is_empty();
-    let hidden = [0x8100, 0x88a8, 0x9100, 0x9200, 0x9300, 0x8847, 0x8848, 0x8864, 0x6558];
+    let guarded = !guard.macs.is_empty() || !guard.v4.is_empty() || !guard.v6.is_empty();
     if let L3::Other(ethertype) = l3 {
-        if prefixes && hidden.contains(ethertype) {
+        if guarded && HIDDEN.contains(ethertype) {
             return Some(DropReason::Encapsulated);
         }
     }
@@ -369,9 +368,17 @@ fn expected_pass(t: &TenantConfig, l3: &L3) -> bool {
             .min_by_key(|r| r.matches.order)
             .map_or(t.default_allow, |r| r.allow),
         L3::Arp { .. } => true,
+        // A tenant with rules does not let a hidden network layer by.
+        L3::Other(ethertype) if HIDDEN.contains(ethertype) && !t.rules.is_empty() => false,
         L3::Other(_) => t.default_allow,
     }
 }
+
+/// EtherTypes behind which the parser does not look: a second 802.1Q
+/// tag, 802.1ad and pre-standard QinQ tags, MPLS, PPPoE, bridged Ethernet.
+const HIDDEN: [u16; 9] = [
+    0x8100, 0x88a8, 0x9100, 0x9200, 0x9300, 0x8847, 0x8848, 0x8864, 0x6558,
+];
 
 fn mac(n: u8) -> [u8; 6] {
     if n == 7 {

@@ -89,16 +89,15 @@ impl Guard {
     }
 
     /// Whether a frame from `src_mac` with network layer `l3` may enter:
-    /// `Spoofed` if a source is not allowed, `Encapsulated` if prefixes
-    /// are listed and its network layer is behind a header the parser
+    /// `Spoofed` if a source is not allowed, `Encapsulated` if the guard
+    /// lists anything and its network layer is behind a header the parser
     /// stops at ([`hides_network_layer`]: a second tag, QinQ, MPLS,
     /// PPPoE), where the guard cannot check it. Once any prefix is
     /// listed, IP of a family without one is refused; an ARP probe
     /// (sender address 0.0.0.0) passes the address check.
     pub(super) fn check(&self, src_mac: &[u8; 6], l3: &L3) -> Result<(), DropReason> {
-        let prefixes = !self.v4.is_empty() || !self.v6.is_empty();
         if let L3::Other(ethertype) = *l3 {
-            if prefixes && hides_network_layer(ethertype) {
+            if !self.is_open() && hides_network_layer(ethertype) {
                 return Err(DropReason::Encapsulated);
             }
         }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use crate::conntrack::ConnKey;
 use crate::fragtrack::FragKey;
-use crate::wire::{is_multicast, L3};
+use crate::wire::{hides_network_layer, is_multicast, L3};
 use crate::worker::{DropReason, Egress, Tunnel, Verdict, VlanOp};
 
 use super::compile::CompiledTenant;
@@ -220,6 +220,14 @@ impl SwitchPipeline {
                 }
             }
             L3::Arp { .. } => Ok(()),
+            // A tenant with rules filters its IP: a network layer hidden
+            // behind a second tag, QinQ, MPLS or PPPoE would slip past
+            // them under a default allow.
+            L3::Other(ethertype)
+                if t.default_allow && !t.order.is_empty() && hides_network_layer(ethertype) =>
+            {
+                Err(DropReason::Encapsulated)
+            }
             L3::Other(_) if t.default_allow => Ok(()),
             L3::Other(_) => Err(DropReason::AclDeny),
         };
