@@ -303,6 +303,9 @@ impl Disk {
         self.snapshot_format = FORMAT_VERSION;
         // The snapshot holds every record; a crash before the journal is
         // empty leaves records that loading skips by their `seq`.
+        if self.journal_len == 0 && !self.journal_dirty {
+            return Ok(());
+        }
         let f = self.journal.as_ref().expect("opened above");
         match f.set_len(0).and_then(|()| f.sync_data()) {
             Ok(()) => {
