@@ -228,7 +228,11 @@ impl Disk {
                 .open(&path)?;
             f.set_permissions(fs::Permissions::from_mode(0o600))?;
             if !existed {
-                sync_dir(&self.dir)?;
+                if let Err(e) = sync_dir(&self.dir) {
+                    // Created but maybe not durably: the next call starts over.
+                    let _ = fs::remove_file(&path);
+                    return Err(e);
+                }
             }
             self.journal = Some(f);
         }
