@@ -1,0 +1,389 @@
+//! What one committed change did to the state, as the journal records it.
+//!
+//! [`diff`] compares the state before a change with the state after it and
+//! answers the [`Op`]s that turn one into the other; [`apply`] replays
+//! them. The ops are as small as the change, not as the state: a tenant's
+//! rules are recorded as a splice (keep the first `keep_front` rules and
+//! the last `keep_back`, put `middle` between them), so adding or deleting
+//! one rule among 10,000 records one rule or none. A tenant's other fields
+//! and a whole subsystem (namespaces, listeners and hosts, bounded by their
+//! limits) are recorded whole when they change.
+//!
+//! Finding the ops costs a walk over the tenant and subsystem maps (rule
+//! sets that the change did not touch share their allocation with the
+//! state before and compare by pointer) and, for a rule set that changed,
+//! one comparison per rule, in memory; only the ops reach the disk.
+
+use std::cmp::Ordering;
+use std::collections::btree_map;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Action, Attachment, Rule, RuleSet, State, Subsystem, Tenant, Timestamp};
+
+/// One step of a recorded change.
+///
+/// Externally tagged (`{"put_tenant": {...}}`): serde reads an internally
+/// tagged enum through a buffer that loses the integer keys of a
+/// subsystem's namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Op {
+    /// A tenant that did not exist, whole.
+    PutTenant {
+        /// The tenant.
+        tenant: Tenant,
+    },
+    /// A tenant's fields other than its rules.
+    TenantFields {
+        /// The tenant's ID.
+        id: String,
+        /// New display name.
+        display_name: String,
+        /// New attachments.
+        attachments: Vec<Attachment>,
+        /// New default policy.
+        default_policy: Action,
+        /// Creation time (changes only when a tenant is deleted and made again).
+        create_time: Timestamp,
+    },
+    /// A tenant's rule set: its new version and a splice of its rules.
+    Rules {
+        /// The tenant's ID.
+        id: String,
+        /// The rule set's new version.
+        version: u64,
+        /// Rules kept from the front of the old list.
+        keep_front: usize,
+        /// Rules kept from the back of the old list.
+        keep_back: usize,
+        /// Rules put between them.
+        middle: Vec<Rule>,
+    },
+    /// A tenant deleted.
+    DeleteTenant {
+        /// The tenant's ID.
+        id: String,
+    },
+    /// A subsystem created or changed, whole.
+    PutSubsystem {
+        /// The subsystem.
+        subsystem: Subsystem,
+    },
+    /// A subsystem deleted.
+    DeleteSubsystem {
+        /// The subsystem's ID.
+        id: String,
+    },
+    /// The counter for service-assigned IDs.
+    IdSeq {
+        /// Its new value.
+        value: u64,
+    },
+}
+
+/// The ops that turn `before` into `after`; empty when they are equal.
+pub(crate) fn diff(before: &State, after: &State) -> Vec<Op> {
+    let mut ops = Vec::new();
+    merge(&before.tenants, &after.tenants, |id, was, now| {
+        match (was, now) {
+            (None, Some(t)) => ops.push(Op::PutTenant { tenant: t.clone() }),
+            (Some(_), None) => ops.push(Op::DeleteTenant { id: id.clone() }),
+            (Some(was), Some(now)) => tenant_ops(was, now, &mut ops),
+            (None, None) => {}
+        }
+    });
+    merge(
+        &before.subsystems,
+        &after.subsystems,
+        |id, was, now| match (was, now) {
+            (_, Some(s)) if was != Some(s) => ops.push(Op::PutSubsystem {
+                subsystem: s.clone(),
+            }),
+            (Some(_), None) => ops.push(Op::DeleteSubsystem { id: id.clone() }),
+            _ => {}
+        },
+    );
+    if before.id_seq != after.id_seq {
+        ops.push(Op::IdSeq {
+            value: after.id_seq,
+        });
+    }
+    ops
+}
+
+/// Calls `f` for each key of `a` or `b`, in order, with its values in both.
+fn merge<V>(
+    a: &std::collections::BTreeMap<String, V>,
+    b: &std::collections::BTreeMap<String, V>,
+    mut f: impl FnMut(&String, Option<&V>, Option<&V>),
+) {
+    let (mut ia, mut ib) = (a.iter().peekable(), b.iter().peekable());
+    loop {
+        let order = match (ia.peek(), ib.peek()) {
+            (None, None) => return,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((ka, _)), Some((kb, _))) => ka.cmp(kb),
+        };
+        match order {
+            Ordering::Less => {
+                let (k, v) = ia.next().expect("peeked");
+                f(k, Some(v), None);
+            }
+            Ordering::Greater => {
+                let (k, v) = ib.next().expect("peeked");
+                f(k, None, Some(v));
+            }
+            Ordering::Equal => {
+                let (k, va) = ia.next().expect("peeked");
+                let (_, vb) = ib.next().expect("peeked");
+                f(k, Some(va), Some(vb));
+            }
+        }
+    }
+}
+
+fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
+    if was.display_name != now.display_name
+        || was.attachments != now.attachments
+        || was.default_policy != now.default_policy
+        || was.create_time != now.create_time
+    {
+        ops.push(Op::TenantFields {
+            id: now.id.clone(),
+            display_name: now.display_name.clone(),
+            attachments: now.attachments.clone(),
+            default_policy: now.default_policy,
+            create_time: now.create_time,
+        });
+    }
+    let (old, new) = (&was.rules.rules, &now.rules.rules);
+    if Arc::ptr_eq(old, new) || old == new {
+        if was.rules.version != now.rules.version {
+            ops.push(Op::Rules {
+                id: now.id.clone(),
+                version: now.rules.version,
+                keep_front: old.len(),
+                keep_back: 0,
+                middle: Vec::new(),
+            });
+        }
+        return;
+    }
+    let front = old
+        .iter()
+        .zip(new.iter())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let most = old.len().min(new.len()) - front;
+    let back = old
+        .iter()
+        .rev()
+        .zip(new.iter().rev())
+        .take(most)
+        .take_while(|(a, b)| a == b)
+        .count();
+    ops.push(Op::Rules {
+        id: now.id.clone(),
+        version: now.rules.version,
+        keep_front: front,
+        keep_back: back,
+        middle: new[front..new.len() - back].to_vec(),
+    });
+}
+
+/// Replays `ops` on `state`.
+///
+/// # Errors
+/// A description of the first op that does not fit the state (a tenant
+/// that should exist and does not, or the reverse; a splice longer than
+/// the rules it keeps). `state` may then be partly changed.
+pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
+    for op in ops {
+        match op {
+            Op::PutTenant { tenant } => match state.tenants.entry(tenant.id.clone()) {
+                btree_map::Entry::Occupied(_) => {
+                    return Err(format!("tenant {} created twice", tenant.id))
+                }
+                btree_map::Entry::Vacant(v) => {
+                    v.insert(tenant);
+                }
+            },
+            Op::TenantFields {
+                id,
+                display_name,
+                attachments,
+                default_policy,
+                create_time,
+            } => {
+                let t = tenant(state, &id)?;
+                t.display_name = display_name;
+                t.attachments = attachments;
+                t.default_policy = default_policy;
+                t.create_time = create_time;
+            }
+            Op::Rules {
+                id,
+                version,
+                keep_front,
+                keep_back,
+                middle,
+            } => {
+                let t = tenant(state, &id)?;
+                let old = &t.rules.rules;
+                let kept = keep_front.checked_add(keep_back);
+                if kept.is_none_or(|k| k > old.len()) {
+                    return Err(format!(
+                        "tenants/{id}: keeps {keep_front} + {keep_back} of {} rules",
+                        old.len()
+                    ));
+                }
+                let rules = if keep_front == old.len() && middle.is_empty() {
+                    old.clone()
+                } else {
+                    let mut new = Vec::with_capacity(keep_front + middle.len() + keep_back);
+                    new.extend_from_slice(&old[..keep_front]);
+                    new.extend(middle);
+                    new.extend_from_slice(&old[old.len() - keep_back..]);
+                    Arc::new(new)
+                };
+                t.rules = RuleSet { version, rules };
+            }
+            Op::DeleteTenant { id } => {
+                if state.tenants.remove(&id).is_none() {
+                    return Err(format!("tenants/{id} deleted but does not exist"));
+                }
+            }
+            Op::PutSubsystem { subsystem } => {
+                state.subsystems.insert(subsystem.id.clone(), subsystem);
+            }
+            Op::DeleteSubsystem { id } => {
+                if state.subsystems.remove(&id).is_none() {
+                    return Err(format!("subsystems/{id} deleted but does not exist"));
+                }
+            }
+            Op::IdSeq { value } => state.id_seq = value,
+        }
+    }
+    Ok(())
+}
+
+fn tenant<'a>(state: &'a mut State, id: &str) -> Result<&'a mut Tenant, String> {
+    state
+        .tenants
+        .get_mut(id)
+        .ok_or_else(|| format!("tenants/{id} changed but does not exist"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(priority: u32) -> Rule {
+        Rule {
+            id: format!("r{priority}"),
+            priority,
+            src: None,
+            dst: None,
+            src_ports: None,
+            dst_ports: None,
+            protocol: None,
+            icmp_type: None,
+            icmp_code: None,
+            action: Action::Allow,
+            stateful: false,
+            description: String::new(),
+            rate_limit: None,
+        }
+    }
+
+    fn state(rules: Vec<Rule>) -> State {
+        let mut s = State::default();
+        s.tenants.insert(
+            "a".into(),
+            Tenant {
+                id: "a".into(),
+                display_name: "a".into(),
+                attachments: vec![],
+                default_policy: Action::Deny,
+                create_time: Timestamp::default(),
+                rules: RuleSet {
+                    version: 1,
+                    rules: Arc::new(rules),
+                },
+            },
+        );
+        s
+    }
+
+    fn splice(ops: &[Op]) -> (usize, usize, usize) {
+        match ops {
+            [Op::Rules {
+                keep_front,
+                keep_back,
+                middle,
+                ..
+            }] => (*keep_front, *keep_back, middle.len()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule_changes_are_splices_of_what_changed() {
+        let before = state((0..10_000).map(|p| rule(p * 2)).collect());
+        let with = |f: &dyn Fn(&mut Vec<Rule>)| {
+            let mut s = before.clone();
+            let t = s.tenants.get_mut("a").unwrap();
+            let mut rules = t.rules.rules.as_ref().clone();
+            f(&mut rules);
+            t.rules = RuleSet {
+                version: 2,
+                rules: Arc::new(rules),
+            };
+            s
+        };
+        for (after, expected) in [
+            (with(&|r| r.insert(5_000, rule(9_999))), (5_000, 5_000, 1)),
+            (with(&|r| r.push(rule(99_999))), (10_000, 0, 1)),
+            (with(&|r| r.insert(0, rule(1))), (0, 10_000, 1)),
+            (
+                with(&|r| {
+                    r.remove(17);
+                }),
+                (17, 9_982, 0),
+            ),
+            (with(&|r| r[3].description = "x".into()), (3, 9_996, 1)),
+            (with(&|r| r.clear()), (0, 0, 0)),
+            (with(&|_| {}), (10_000, 0, 0)),
+        ] {
+            let ops = diff(&before, &after);
+            assert_eq!(splice(&ops), expected);
+            let mut replayed = before.clone();
+            apply(&mut replayed, ops).unwrap();
+            assert_eq!(replayed, after);
+        }
+        assert!(diff(&before, &before.clone()).is_empty());
+    }
+
+    #[test]
+    fn splices_that_do_not_fit_are_refused() {
+        let mut s = state((0..3).map(rule).collect());
+        let op = |front, back| Op::Rules {
+            id: "a".into(),
+            version: 2,
+            keep_front: front,
+            keep_back: back,
+            middle: vec![],
+        };
+        assert!(apply(&mut s, vec![op(2, 2)])
+            .unwrap_err()
+            .contains("keeps 2 + 2 of 3"));
+        assert!(apply(&mut s, vec![op(usize::MAX, 1)]).is_err());
+        let err = apply(&mut s, vec![Op::DeleteTenant { id: "b".into() }]).unwrap_err();
+        assert!(err.contains("tenants/b"), "{err}");
+        let t = s.tenants["a"].clone();
+        assert!(apply(&mut s, vec![Op::PutTenant { tenant: t }]).is_err());
+    }
+}
