@@ -170,7 +170,8 @@ pub fn code_name(code: Code) -> &'static str {
 
 /// Process exit code for an error, as `dpuctl` documents it: 1 other, 3
 /// NOT_FOUND, 4 ALREADY_EXISTS, 5 INVALID_ARGUMENT, 6 FAILED_PRECONDITION
-/// or ABORTED, 7 unreachable, 8 timeout, 9 UNAUTHENTICATED or PERMISSION_DENIED.
+/// or ABORTED, 7 unreachable, 8 timeout, 9 UNAUTHENTICATED or PERMISSION_DENIED,
+/// 10 RESOURCE_EXHAUSTED (a configured cap, named in the message).
 pub fn exit_code(err: &ClientError) -> u8 {
     match err.code() {
         Some(Code::NotFound) => 3,
@@ -180,6 +181,7 @@ pub fn exit_code(err: &ClientError) -> u8 {
         Some(Code::Unavailable) => 7,
         Some(Code::DeadlineExceeded) => 8,
         Some(Code::Unauthenticated | Code::PermissionDenied) => 9,
+        Some(Code::ResourceExhausted) => 10,
         _ => 1,
     }
 }
@@ -537,6 +539,7 @@ mod tests {
         );
         assert_eq!(exit_code(&ClientError::Timeout(Duration::from_secs(1))), 8);
         assert_eq!(exit_code(&st(Code::PermissionDenied)), 9);
+        assert_eq!(exit_code(&st(Code::ResourceExhausted)), 10);
         assert_eq!(exit_code(&st(Code::Internal)), 1);
         assert_eq!(exit_code(&ClientError::InvalidConfig(String::new())), 1);
     }

@@ -45,7 +45,8 @@ Exit codes:
   6  FAILED_PRECONDITION or ABORTED (e.g. a stale --expect-version)
   7  UNAVAILABLE: service unreachable
   8  DEADLINE_EXCEEDED: no answer within --timeout
-  9  UNAUTHENTICATED or PERMISSION_DENIED";
+  9  UNAUTHENTICATED or PERMISSION_DENIED
+  10 RESOURCE_EXHAUSTED: past a configured cap (the message names its key)";
 
 /// Exit code of a value `dpuctl` cannot parse.
 const EXIT_INVALID: u8 = 5;
