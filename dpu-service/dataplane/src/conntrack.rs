@@ -23,6 +23,7 @@
 //! Time is the worker's coarse clock in seconds; expired entries go when a
 //! packet meets them or when [`ConnTable::sweep`] passes by.
 
+use crate::probe::{self, Probed};
 use crate::shares::{Full, ShareLimits, Shares};
 use crate::wire::{is_echo, proto, FlowKey};
 
@@ -250,6 +251,20 @@ const EMPTY: Bucket = Bucket {
     orig_lo: false,
     used: false,
 };
+
+impl Probed for Bucket {
+    fn used(&self) -> bool {
+        self.used
+    }
+
+    fn clear(&mut self) {
+        self.used = false;
+    }
+
+    fn hash(&self) -> u32 {
+        self.hash
+    }
+}
 
 /// Why a connection was not opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -517,31 +532,11 @@ impl ConnTable {
     /// Removes connection `slot`. Entries of the same probe chain move
     /// back into the gap, so slot numbers from before are stale after.
     pub fn remove(&mut self, slot: u32) {
-        let mut i = slot as usize;
-        if !self.buckets[i].used {
+        if !self.buckets[slot as usize].used {
             return;
         }
-        self.shares.give(self.buckets[i].key.tenant);
-        self.buckets[i].used = false;
-        let mut j = i;
-        loop {
-            j = (j + 1) & self.mask;
-            if !self.buckets[j].used {
-                return;
-            }
-            let home = self.buckets[j].hash as usize & self.mask;
-            // An entry stays if its home lies cyclically in (i, j].
-            let stays = if i <= j {
-                i < home && home <= j
-            } else {
-                i < home || home <= j
-            };
-            if !stays {
-                self.buckets[i] = self.buckets[j];
-                self.buckets[j].used = false;
-                i = j;
-            }
-        }
+        self.shares.give(self.buckets[slot as usize].key.tenant);
+        probe::remove(&mut self.buckets, self.mask, slot as usize);
     }
 
     /// Moves past up to `budget` buckets from where the last sweep stopped

@@ -19,6 +19,7 @@
 //! one worker and is allocated in full when the worker starts; the packet
 //! path never allocates.
 
+use crate::probe::{self, Probed};
 use crate::shares::{Full, ShareLimits, Shares};
 use crate::wire::{FlowKey, Fragment};
 
@@ -88,6 +89,20 @@ const EMPTY: Bucket = Bucket {
     expires: 0,
     used: false,
 };
+
+impl Probed for Bucket {
+    fn used(&self) -> bool {
+        self.used
+    }
+
+    fn clear(&mut self) {
+        self.used = false;
+    }
+
+    fn hash(&self) -> u32 {
+        self.hash
+    }
+}
 
 /// The limits of a worker's fragment table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,30 +218,11 @@ impl FragTable {
     }
 
     fn remove(&mut self, slot: usize) {
-        let mut i = slot;
-        if !self.buckets[i].used {
+        if !self.buckets[slot].used {
             return;
         }
-        self.shares.give(self.buckets[i].id.tenant);
-        self.buckets[i].used = false;
-        let mut j = i;
-        loop {
-            j = (j + 1) & self.mask;
-            if !self.buckets[j].used {
-                return;
-            }
-            let home = self.buckets[j].hash as usize & self.mask;
-            let stays = if i <= j {
-                i < home && home <= j
-            } else {
-                i < home || home <= j
-            };
-            if !stays {
-                self.buckets[i] = self.buckets[j];
-                self.buckets[j].used = false;
-                i = j;
-            }
-        }
+        self.shares.give(self.buckets[slot].id.tenant);
+        probe::remove(&mut self.buckets, self.mask, slot);
     }
 
     /// Moves past up to `budget` buckets from where the last sweep

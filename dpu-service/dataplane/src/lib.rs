@@ -45,6 +45,7 @@ pub mod fragtrack;
 pub mod io;
 mod l2memo;
 mod mactable;
+mod probe;
 pub mod shares;
 pub mod switch;
 pub mod wire;
