@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use dpu_nvmeof::{Connection, Target};
-use smoltcp::iface::{Config, Interface, PollIngressSingleResult, SocketHandle, SocketSet};
+use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, CongestionControl, State};
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListenEndpoint};
@@ -31,6 +31,13 @@ use crate::session::{Fate, Session};
 /// How often every connection is ticked (handshake, PDU, keep-alive and
 /// idle timers; the write timeout), as the kernel transport's groups do.
 pub const TICK: Duration = Duration::from_millis(100);
+
+/// Frames one [`Endpoint::poll`] sends at most (a few more when the last
+/// pass over the sockets crosses it): a busy endpoint gives its worker
+/// back after about 0.7 ms of 9000-byte frames (0.12 ms of 1500-byte
+/// ones) at 25 Gbit/s, and
+/// [`Endpoint::poll_at`] asks for the next poll at once.
+pub const EGRESS_BURST: u64 = 256;
 
 /// How long a closed connection's socket may take to finish its FIN
 /// exchange before it is reset and freed.
@@ -254,10 +261,8 @@ impl Endpoint {
             frame_mtu: self.config.mtu + ETHERNET_HEADER,
             sent: 0,
         };
-        let r = self
-            .iface
+        self.iface
             .poll_ingress_single(t, &mut dev, &mut self.sockets);
-        debug_assert!(r != PollIngressSingleResult::None || frame.is_empty() || dev.rx.is_none());
     }
 
     /// Serves the connections (accepts new ones, moves their bytes, runs
@@ -274,10 +279,6 @@ impl Endpoint {
         self.egress(now, emit);
         self.reap(now);
         self.arm();
-        // What the egress freed in the send buffers may take more output
-        // (and the ACKs it sent may bring more input): one more round.
-        self.serve(now);
-        self.egress(now, emit);
     }
 
     /// When to call [`Endpoint::poll`] next at the latest (`now` when
@@ -304,7 +305,7 @@ impl Endpoint {
             let us = u64::try_from(s.total_micros()).unwrap_or(0);
             at = at.min(self.epoch + Duration::from_micros(us));
         }
-        at.max(now.min(at))
+        at
     }
 
     fn egress(&mut self, now: Instant, emit: &mut impl FnMut(&[u8])) {
@@ -318,7 +319,11 @@ impl Endpoint {
             frame_mtu: self.config.mtu + ETHERNET_HEADER,
             sent: 0,
         };
-        self.iface.poll_egress(t, &mut dev, &mut self.sockets);
+        // Each pass sends at most one segment per socket.
+        while dev.sent < EGRESS_BURST
+            && self.iface.poll_egress(t, &mut dev, &mut self.sockets)
+                == PollResult::SocketStateChanged
+        {}
         self.stats.frames_out += dev.sent;
     }
 

@@ -77,7 +77,7 @@ impl Session {
     }
 
     /// Moves bytes between the socket and the connection and runs the
-    /// block requests waiting, until neither side can move.
+    /// block requests waiting, until no byte moves either way.
     pub(crate) fn pump(&mut self, sock: &mut tcp::Socket<'_>, now: Instant) -> Fate {
         match sock.state() {
             State::TimeWait => {
@@ -104,12 +104,12 @@ impl Session {
                 stalled_since,
                 ..
             } = self;
-            if conn.execute_requests(|c| {
-                write_out(sock, c, stalled_since, now);
-            }) > 0
-            {
-                moved = true;
-            }
+            // Requests that ran are no reason for another round by
+            // themselves: the rest of a long Write Zeroes runs one chunk
+            // per poll, as in the kernel transport.
+            conn.execute_requests(|c| {
+                moved |= write_out(sock, c, stalled_since, now);
+            });
             moved |= self.write(sock, now);
             if !moved || self.conn.is_closed() {
                 break;

@@ -208,6 +208,9 @@ pub struct Pair {
     pub frames_from_ep: u64,
     /// The longest frame the endpoint sent.
     pub longest_from_ep: usize,
+    /// Time spent in the endpoint's `receive` and `poll` (the host's
+    /// stack and the wire left out).
+    pub ep_busy: Duration,
     wire: VecDeque<Vec<u8>>,
     out: Vec<Vec<u8>>,
 }
@@ -241,6 +244,7 @@ impl Pair {
             to_host: Chaos::none(),
             frames_from_ep: 0,
             longest_from_ep: 0,
+            ep_busy: Duration::ZERO,
             wire: VecDeque::new(),
             out: Vec::new(),
         }
@@ -263,11 +267,13 @@ impl Pair {
         if !moved {
             self.to_ep.flush(&mut self.wire);
         }
+        let t0 = Instant::now();
         while let Some(f) = self.wire.pop_front() {
             self.ep.receive(&f, self.now);
         }
         let out = &mut self.out;
         self.ep.poll(self.now, &mut |f: &[u8]| out.push(f.to_vec()));
+        self.ep_busy += t0.elapsed();
         moved |= !self.out.is_empty();
         for f in std::mem::take(&mut self.out) {
             self.frames_from_ep += 1;
@@ -554,11 +560,17 @@ impl NvmeHost {
         reply
     }
 
-    /// Fabrics Connect of queue `qid` (32 entries) to controller `cntlid`.
+    /// Fabrics Connect of queue `qid` (128 entries) to controller `cntlid`.
     pub fn connect(&mut self, p: &mut Pair, qid: u16, cntlid: u16) -> Cqe {
+        self.connect_to(p, qid, cntlid, NQN)
+    }
+
+    /// Fabrics Connect of queue `qid` (128 entries) to controller `cntlid`
+    /// of subsystem `subnqn`.
+    pub fn connect_to(&mut self, p: &mut Pair, qid: u16, cntlid: u16, subnqn: &str) -> Cqe {
         let cid = self.cid();
-        let sqe = host::connect(cid, qid, 32, 0);
-        let data = host::connect_data([7; 16], cntlid, NQN, HOSTNQN);
+        let sqe = host::connect(cid, qid, 128, 0);
+        let data = host::connect_data([7; 16], cntlid, subnqn, HOSTNQN);
         self.command(p, sqe, &data, 0)
             .cqe
             .expect("connect completes")

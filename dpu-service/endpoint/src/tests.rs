@@ -110,6 +110,42 @@ fn nvme_over_tcp_end_to_end() {
 }
 
 #[test]
+fn discovery_through_the_endpoint_names_its_address() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    let mut d = NvmeHost::open(&mut p, 40000).unwrap();
+    let c = d.connect_to(&mut p, 0, 0xffff, dpu_nvmeof::spec::DISCOVERY_NQN);
+    assert_eq!(c.status, 0, "{c:?}");
+    let cid = d.cid();
+    assert_eq!(
+        d.command(&mut p, dpu_nvmeof::host::enable(cid), &[], 0)
+            .cqe
+            .unwrap()
+            .status,
+        0
+    );
+    let mut sqe = dpu_nvmeof::host::command(admin::GET_LOG_PAGE, d.cid());
+    // LID 0x70 (discovery), 2048 bytes: NUMDL = 511.
+    sqe.0[40..44].copy_from_slice(&(0x70u32 | 511 << 16).to_le_bytes());
+    let log = d.command(&mut p, sqe, &[], 2048);
+    assert_eq!(log.cqe.unwrap().status, 0);
+    let log = log.data;
+    assert_eq!(
+        u64::from_le_bytes(log[8..16].try_into().unwrap()),
+        1,
+        "records"
+    );
+    let e = &log[1024..];
+    let text = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .trim_end_matches(['\0', ' '])
+            .to_string()
+    };
+    assert_eq!(text(&e[32..64]), "4420");
+    assert_eq!(text(&e[256..512]), NQN);
+    assert_eq!(text(&e[512..768]), "10.1.0.250");
+}
+
+#[test]
 fn jumbo_frames_carry_jumbo_segments() {
     let p = end_to_end(9000, None);
     assert!(p.longest_from_ep > 8000, "{}", p.longest_from_ep);
