@@ -110,6 +110,8 @@ pub struct Endpoint {
     /// The instant smoltcp's clock counts from.
     epoch: Instant,
     last_tick: Instant,
+    /// A frame arrived since the last poll.
+    received: bool,
     stats: EndpointStats,
 }
 
@@ -162,6 +164,7 @@ impl Endpoint {
             pending,
             epoch: now,
             last_tick: now,
+            received: false,
             stats: EndpointStats::default(),
         })
     }
@@ -239,6 +242,7 @@ impl Endpoint {
         }
     }
 
+    /// `now` on smoltcp's clock, which counts from the endpoint's creation.
     fn smol(&self, now: Instant) -> SmolInstant {
         let us = now.saturating_duration_since(self.epoch).as_micros();
         SmolInstant::from_micros(i64::try_from(us).unwrap_or(i64::MAX))
@@ -250,6 +254,7 @@ impl Endpoint {
     /// IP address, bad checksums, truncated) are ignored.
     pub fn receive(&mut self, frame: &[u8], now: Instant) {
         self.stats.frames_in += 1;
+        self.received = true;
         if self.pending.is_full() {
             self.stats.frames_dropped += 1;
             return;
@@ -269,6 +274,7 @@ impl Endpoint {
     /// their block requests, enforces their timers) and hands every frame
     /// to send to `emit`, in order.
     pub fn poll(&mut self, now: Instant, emit: &mut impl FnMut(&[u8])) {
+        self.received = false;
         self.stats.frames_out += self.pending.flush(emit);
         self.accept(now);
         if now.saturating_duration_since(self.last_tick) >= TICK {
@@ -281,10 +287,13 @@ impl Endpoint {
         self.arm();
     }
 
-    /// When to call [`Endpoint::poll`] next at the latest (`now` when
-    /// there is work already).
+    /// When to call [`Endpoint::poll`] next at the latest: `now` when there
+    /// is work already (frames received since the last poll, replies
+    /// waiting, block requests left to run), else the next timer of the
+    /// stack or the connections.
     pub fn poll_at(&mut self, now: Instant) -> Instant {
-        if !self.pending.is_empty()
+        if self.received
+            || !self.pending.is_empty()
             || self
                 .sessions
                 .iter()

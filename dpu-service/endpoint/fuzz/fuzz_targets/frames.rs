@@ -38,7 +38,7 @@ fn run(data: &[u8]) {
     let mut hosts = Vec::new();
     let mut next_port = 40000u16;
     let mut it = data;
-    let mut take = |n: usize, it: &mut &[u8]| -> Vec<u8> {
+    let take = |n: usize, it: &mut &[u8]| -> Vec<u8> {
         let n = n.min(it.len());
         let (a, b) = it.split_at(n);
         *it = b;
