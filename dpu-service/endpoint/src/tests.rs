@@ -350,3 +350,18 @@ fn a_bad_configuration_is_refused() {
     assert!(p.ep.unlisten(PORT));
     assert!(!p.ep.unlisten(PORT));
 }
+
+#[test]
+fn replies_waiting_for_a_poll_are_bounded() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    let n = crate::device::PENDING_FRAMES + 44;
+    for _ in 0..n {
+        p.ep.receive(&arp_request(EP_IP), p.now);
+    }
+    let s = p.ep.stats();
+    assert_eq!((s.frames_in, s.frames_dropped), (n as u64, 44));
+    assert_eq!(poll_frames(&mut p).len(), crate::device::PENDING_FRAMES);
+    // Room again.
+    p.ep.receive(&arp_request(EP_IP), p.now);
+    assert_eq!(poll_frames(&mut p).len(), 1);
+}
