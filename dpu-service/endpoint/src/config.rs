@@ -51,7 +51,9 @@ pub struct EndpointConfig {
     /// reset as soon as its SYN arrives.
     pub max_connections_per_address: usize,
     /// Listening sockets armed per port: SYNs that may arrive between two
-    /// polls.
+    /// polls. Each holds its buffers while it waits (smoltcp sizes the
+    /// window scale from them when the socket is made), so an idle port
+    /// costs `backlog * (rx_buffer + tx_buffer)`: 1.5 MiB by default.
     pub backlog: usize,
     /// How long a host may take no byte of the endpoint's output before
     /// its connection is reset (as [`dpu_nvmeof::TcpConfig::write_timeout`]).
@@ -74,7 +76,7 @@ impl EndpointConfig {
             buffer_budget: 256 << 20,
             max_connections: 341,
             max_connections_per_address: 128,
-            backlog: 4,
+            backlog: 2,
             write_timeout: dpu_nvmeof::tcp::WRITE_TIMEOUT,
         }
     }
