@@ -365,3 +365,58 @@ fn replies_waiting_for_a_poll_are_bounded() {
     p.ep.receive(&arp_request(EP_IP), p.now);
     assert_eq!(poll_frames(&mut p).len(), 1);
 }
+
+/// A host that stops reading for a while (its window closed, the
+/// endpoint's output over its budget, the endpoint no longer reading its
+/// commands) and then resumes loses nothing.
+#[test]
+fn a_host_that_pauses_reading_gets_everything_after() {
+    let mut p = Pair::new(config(1500), target(16 * MIB));
+    let (_a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    let handle = p.open(40001, 64 << 10);
+    p.run(STEPS, |p| {
+        p.socket(handle).state() == tcp::State::Established
+    });
+    let mut io = NvmeHost::io_on(&mut p, handle, cntlid);
+    let pattern: Vec<u8> = (0..512 * 1024u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(io.write(&mut p, 0, &pattern), 0);
+    // 12 MiB of reads: three times the connection's output budget.
+    let cids: Vec<u16> = (0..24).map(|_| io.submit_read(&mut p, 0, 1024)).collect();
+    // Paused for 2 s, well within the write timeout (10 s).
+    let start = p.now;
+    p.run(STEPS, |p| p.now - start >= Duration::from_secs(2));
+    // Commands sent now wait in the endpoint's socket, unread.
+    let mut cids = cids;
+    cids.extend((0..8).map(|_| io.submit_read(&mut p, 0, 1024)));
+    let start = p.now;
+    p.run(STEPS, |p| p.now - start >= Duration::from_secs(1));
+    assert_eq!(p.ep.stats().write_timeouts, 0);
+    assert!(p.socket(handle).is_active());
+    let mut data: std::collections::HashMap<u16, Vec<u8>> = Default::default();
+    let mut done = 0;
+    while done < cids.len() {
+        match io.next_pdu(&mut p).expect("a PDU") {
+            Owned::Data {
+                cccid,
+                datao,
+                data: d,
+                success,
+            } => {
+                let buf = data.entry(cccid).or_default();
+                assert_eq!(datao as usize, buf.len());
+                buf.extend(d);
+                if success {
+                    done += 1;
+                }
+            }
+            Owned::Resp(c) => {
+                assert_eq!(c.status, 0);
+                done += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for cid in cids {
+        assert!(data[&cid] == pattern, "read {cid}");
+    }
+}
