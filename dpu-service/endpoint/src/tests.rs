@@ -420,3 +420,13 @@ fn a_host_that_pauses_reading_gets_everything_after() {
         assert!(data[&cid] == pattern, "read {cid}");
     }
 }
+
+/// The switch's workers own endpoints: they must move between threads.
+#[test]
+fn an_endpoint_can_move_to_a_worker_thread() {
+    fn send<T: Send + 'static>(_: &T) {}
+    let ep = crate::Endpoint::new(config(1500), std::time::Instant::now()).unwrap();
+    send(&ep);
+    let h = std::thread::spawn(move || ep.open_connections());
+    assert_eq!(h.join().unwrap(), 0);
+}
