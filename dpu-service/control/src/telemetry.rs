@@ -86,6 +86,11 @@ pub struct SubsystemCounters {
     pub write_bytes: u64,
     /// Commands completed with an error.
     pub errors: u64,
+    /// DH-HMAC-CHAP authentications that succeeded.
+    pub auth_succeeded: u64,
+    /// DH-HMAC-CHAP authentications that failed, and connects refused for
+    /// want of a secret.
+    pub auth_failed: u64,
 }
 
 /// Everything counted, keyed by resource ID.
@@ -432,6 +437,20 @@ impl Telemetry {
             .map(|s| (strip(&s.subsystem), s))
             .collect();
         m.fields(&ss_fields, "subsystem", &ss_rows);
+        m.family(
+            "dpu_nvmf_auth_total",
+            "counter",
+            "DH-HMAC-CHAP authentications of the subsystem's queues by result; failed includes connects refused for want of a secret.",
+        );
+        for (id, c) in &ss_rows {
+            for (result, v) in [("succeeded", c.auth_succeeded), ("failed", c.auth_failed)] {
+                m.sample(
+                    "dpu_nvmf_auth_total",
+                    &[("subsystem", id), ("result", result)],
+                    v,
+                );
+            }
+        }
 
         let target = &c.nvmf_target;
         for (name, kind, help, samples) in NVMF_TARGET_FAMILIES {
@@ -558,6 +577,8 @@ fn snapshot_of(
                     read_bytes: s.read_bytes,
                     write_bytes: s.write_bytes,
                     errors: s.errors,
+                    auth_succeeded: s.auth_succeeded,
+                    auth_failed: s.auth_failed,
                 }
             })
             .collect(),

@@ -7,10 +7,11 @@
 //! call returns only once the target serves its change
 //! ([`dpu_control::apply`]).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
@@ -28,6 +29,18 @@ pub struct Storage {
     target: dpu_nvmeof::Target,
     transport: dpu_nvmeof::TcpTransport,
     discovery: Option<SocketAddr>,
+    /// What [`Storage::apply_auth`] gave the target last, to take back
+    /// what the next state no longer has.
+    auth_applied: Mutex<AuthApplied>,
+}
+
+/// The DH-HMAC-CHAP settings the target was given.
+#[derive(Default)]
+struct AuthApplied {
+    /// (subsystem NQN, host NQN) pairs with keys.
+    keys: BTreeSet<(String, String)>,
+    /// Subsystem NQNs with a requirement other than the default.
+    required: BTreeSet<String>,
 }
 
 impl Storage {
@@ -52,6 +65,7 @@ impl Storage {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
             discovery,
+            auth_applied: Mutex::default(),
         });
         s.apply(state);
         Ok(s)
@@ -65,6 +79,9 @@ impl Storage {
     /// retried at the next change.
     pub fn apply(&self, state: &State) -> Vec<Problem> {
         let cfg = target_config(state, self.discovery);
+        // Keys first: a host allowed by this state authenticates from its
+        // first connect.
+        self.apply_auth(state);
         let mut problems = Vec::new();
         for e in self.target.apply(&cfg) {
             tracing::error!(subsystem = %e.nqn, nsid = e.nsid, error = %e.source, "namespace not served");
@@ -97,6 +114,52 @@ impl Storage {
             }
         }
         problems
+    }
+
+    /// Gives the target the DH-HMAC-CHAP keys and requirements of `state`
+    /// and takes back those it no longer has. Each takes effect at the
+    /// next authentication of a queue; queues authenticated already stay
+    /// so (a host removed from the allow list is disconnected by the
+    /// target). Never logs a secret.
+    ///
+    /// Keys that do not parse (only a state file edited by hand: requests
+    /// are checked before they are stored) fail closed: the error is
+    /// logged and the subsystem requires authentication of every host, so
+    /// that host cannot connect.
+    fn apply_auth(&self, state: &State) {
+        let mut now = AuthApplied::default();
+        for s in state.subsystems.values() {
+            let mut broken = false;
+            for (host, a) in &s.host_auth {
+                match a.host_keys() {
+                    Ok(keys) => {
+                        self.target.set_host_keys(&s.nqn, host, Some(keys));
+                        now.keys.insert((s.nqn.clone(), host.clone()));
+                    }
+                    Err(e) => {
+                        tracing::error!(subsystem = %s.id, host = %host, error = %e, "DH-HMAC-CHAP settings in the state do not parse; the subsystem requires authentication until they are set again");
+                        broken = true;
+                    }
+                }
+            }
+            let required = if broken {
+                Some(true)
+            } else {
+                s.auth_requirement.target_policy()
+            };
+            self.target.set_auth_required(&s.nqn, required);
+            if required.is_some() {
+                now.required.insert(s.nqn.clone());
+            }
+        }
+        let mut last = self.auth_applied.lock().unwrap_or_else(|e| e.into_inner());
+        for (sub, host) in last.keys.difference(&now.keys) {
+            self.target.set_host_keys(sub, host, None);
+        }
+        for sub in last.required.difference(&now.required) {
+            self.target.set_auth_required(sub, None);
+        }
+        *last = now;
     }
 
     /// Applies every state `state` publishes from now on (the newest,
@@ -165,6 +228,8 @@ impl CounterSource for StorageCounters {
             c.read_bytes += h.bytes_read.load(Ordering::Relaxed);
             c.write_bytes += h.bytes_written.load(Ordering::Relaxed);
             c.errors += h.errors.load(Ordering::Relaxed);
+            c.auth_succeeded += h.auth_succeeded.load(Ordering::Relaxed);
+            c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
         }
         let st = self.storage.target.stats();
         let t = &mut out.nvmf_target;

@@ -37,6 +37,8 @@ use tonic::codegen::{http, BoxFuture, Bytes, Service};
 use tonic::server::NamedService;
 use tonic::Status;
 
+use dpu_nvmeof::auth::{DhGroup, HashId};
+
 use crate::error::ControlError;
 use crate::state::Limits;
 use crate::telemetry::Telemetry;
@@ -169,7 +171,48 @@ const COUNTED: &[Counted] = &[
         field: "tenant.attachments[].vxlan.remote_vteps",
         max: attachment_entries,
     },
+    Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 4],
+        field: "auth.hashes",
+        max: auth_hashes,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 5],
+        field: "auth.dh_groups",
+        max: auth_dh_groups,
+    },
 ];
+
+/// `Subsystem.host_auth` (12) is output only; what a request carries of
+/// it is refused by the service, and counted here so that it cannot
+/// decode to more entries than a subsystem has hosts.
+fn host_auth(_: &Limits) -> (usize, &'static str) {
+    (MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
+}
+
+/// `HostAuth.hashes` (4): one entry per hash function.
+fn auth_hashes(_: &Limits) -> (usize, &'static str) {
+    (HashId::ALL.len(), "DH-HMAC-CHAP hash functions")
+}
+
+/// `HostAuth.dh_groups` (5): one entry per DH group.
+fn auth_dh_groups(_: &Limits) -> (usize, &'static str) {
+    (DhGroup::ALL.len(), "DH-HMAC-CHAP DH groups")
+}
 
 /// Why a message could not be walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -111,7 +111,8 @@ enum Command {
     /// Filter rules of a tenant.
     #[command(subcommand)]
     Rule(rule::RuleCmd),
-    /// NVMe-oF subsystems.
+    /// NVMe-oF subsystems, their allowed hosts and the hosts' DH-HMAC-CHAP
+    /// secrets (`set-auth --dhchap-secret-file`).
     #[command(subcommand)]
     Subsystem(subsystem::SubsystemCmd),
     /// Namespaces of a subsystem.
