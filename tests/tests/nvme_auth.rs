@@ -4,13 +4,17 @@
 //! doing I/O, a wrong host secret, a wrong controller secret and a
 //! missing secret where one is required refused and counted on `/metrics`,
 //! secrets never in a response, the log or `/metrics`, kept in the state
-//! files (mode 0600) and applied again after a restart.
+//! files (mode 0600) and applied again after a restart. Then the Linux
+//! initiator (Debian 13's 6.12, in the `kernel-nvme` tool's guest)
+//! authenticates through the daemon with SHA-256/ffdhe2048, one way and
+//! both ways, and is refused with a wrong host or controller secret or
+//! none.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
 
-use anyhow::{ensure, Context, Result};
-use dpu_e2e::{binary, free_port, Service};
+use anyhow::{bail, ensure, Context, Result};
+use dpu_e2e::{binary, free_port, repo_root, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:auth";
 /// The host NQNs `nvmf-perf` connects with.
@@ -278,6 +282,162 @@ fn dhchap_through_the_daemon() -> Result<()> {
     )?;
     did_io("cleared", &perf(port, HOST, None, None)?)?;
 
+    holds_no_key("the service's log", &svc.log_text());
+    Ok(())
+}
+
+/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
+/// beside the repository (as `nvme_kernel.rs` finds it).
+fn harness() -> Result<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
+        return Ok(p.into());
+    }
+    [
+        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
+        "/work/shared/tools/kernel-nvme/run.sh".into(),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
+}
+
+/// One guest run of Linux 6.12 against a subsystem whose host has a
+/// secret and a controller secret, SHA-256 and ffdhe2048 only: connect
+/// one way and both ways (each writing and reading back 256 KiB with
+/// `dd`), then a wrong host secret, a wrong controller secret and no
+/// secret, each refused; successes and failures counted per subsystem.
+#[test]
+fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
+    const KNQN: &str = "nqn.2024-01.io.dpu-service.test:kauth";
+    let svc = Service::start()?;
+    let port = free_port();
+    let p = port.to_string();
+    let dir = tempfile::tempdir()?;
+    let write = |name: &str, text: &str| -> Result<String> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(path.display().to_string())
+    };
+    let (sf, cf) = (write("h.key", SECRET_SHA256)?, write("c.key", CTRL_SECRET)?);
+    dpuctl(&svc, &["subsystem", "create", "auth", "--nqn", KNQN])?;
+    dpuctl(&svc, &["subsystem", "add-host", "auth", HOST])?;
+    dpuctl(&svc, &["namespace", "create", "auth", "--ram", "16M"])?;
+    dpuctl(
+        &svc,
+        &[
+            "listener",
+            "create",
+            "auth",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &p,
+        ],
+    )?;
+    dpuctl(
+        &svc,
+        &[
+            "subsystem",
+            "set-auth",
+            "auth",
+            HOST,
+            "--dhchap-secret-file",
+            &sf,
+            "--dhchap-ctrl-secret-file",
+            &cf,
+            "--hash",
+            "sha256",
+            "--dh-group",
+            "ffdhe2048",
+        ],
+    )?;
+    let connect = |extra: &str| {
+        format!("nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {KNQN} --hostnqn {HOST} -i 1 {extra}")
+    };
+    let io = format!(
+        "dev=$(nvme-wait-ns {KNQN} 1 20)\n\
+         dd if=/dev/urandom of=/tmp/w bs=4096 count=64\n\
+         dd if=/tmp/w of=$dev bs=4096 count=64 oflag=direct\n\
+         dd if=$dev of=/tmp/r bs=4096 count=64 iflag=direct\n\
+         cmp /tmp/w /tmp/r\n\
+         nvme disconnect -n {KNQN}\n"
+    );
+    let refused = |case: &str, extra: &str| {
+        format!(
+            "if {}; then echo 'UNEXPECTED: {case} connected'; exit 1; fi\necho 'REFUSED: {case}'\n",
+            connect(extra)
+        )
+    };
+    let script = [
+        "set -e\nmodprobe nvme-tcp\n".to_string(),
+        connect(&format!("--dhchap-secret {SECRET_SHA256}")) + "\n",
+        io.clone(),
+        "echo 'CONNECTED: one way'\n".into(),
+        connect(&format!(
+            "--dhchap-secret {SECRET_SHA256} --dhchap-ctrl-secret {CTRL_SECRET}"
+        )) + "\n",
+        io,
+        "echo 'CONNECTED: both ways'\n".into(),
+        refused(
+            "wrong host secret",
+            &format!("--dhchap-secret {WRONG_SECRET}"),
+        ),
+        refused(
+            "wrong controller secret",
+            &format!("--dhchap-secret {SECRET_SHA256} --dhchap-ctrl-secret {WRONG_CTRL}"),
+        ),
+        refused("no secret", ""),
+    ]
+    .concat();
+    let script_path = write("guest.sh", &script)?;
+    let t0 = std::time::Instant::now();
+    let out = Command::new(harness()?)
+        .args([
+            "--kernel-suite",
+            "trixie",
+            "--timeout",
+            "300",
+            "--hostnqn",
+            HOST,
+        ])
+        .args([
+            "--target",
+            &format!("127.0.0.1:{port}"),
+            "--script",
+            &script_path,
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("starting kernel-nvme")?;
+    let console = String::from_utf8_lossy(&out.stdout);
+    eprintln!("kernel guest ran {:.1?}", t0.elapsed());
+    if !out.status.success() {
+        bail!(
+            "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            svc.log_text()
+        );
+    }
+    // Shown with --nocapture.
+    println!("{console}");
+    for line in [
+        "CONNECTED: one way",
+        "CONNECTED: both ways",
+        "REFUSED: wrong host secret",
+        "REFUSED: wrong controller secret",
+        "REFUSED: no secret",
+    ] {
+        assert!(
+            console.lines().any(|l| l.trim() == line),
+            "no {line}:\n{console}"
+        );
+    }
+    // Two good connects of two queues each; three refusals.
+    let ok = auth_total(&svc, "succeeded")?;
+    let failed = auth_total(&svc, "failed")?;
+    assert!(ok >= 4, "{ok} authentications succeeded");
+    assert!(failed >= 3, "{failed} authentications failed");
     holds_no_key("the service's log", &svc.log_text());
     Ok(())
 }
