@@ -424,6 +424,66 @@ mod tests {
         port
     }
 
+    /// DH-HMAC-CHAP settings reach the target when SetHostAuth returns,
+    /// and leave it with the host, with ClearHostAuth and with the
+    /// subsystem.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn host_auth_follows_the_state() {
+        const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:h1";
+        let (storage, api, _state) = served();
+        create_vol(&api).await;
+        let add = || {
+            api.add_host(Request::new(pb::AddHostRequest {
+                subsystem: "subsystems/vol".into(),
+                host_nqn: HOST.into(),
+            }))
+        };
+        let set = || {
+            api.set_host_auth(Request::new(pb::SetHostAuthRequest {
+                subsystem: "subsystems/vol".into(),
+                auth: Some(pb::HostAuth {
+                    host_nqn: HOST.into(),
+                    dhchap_secret: "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:"
+                        .into(),
+                    dh_groups: vec!["ffdhe3072".into()],
+                    ..Default::default()
+                }),
+            }))
+        };
+        let keys = || storage.target.host_keys(NQN, HOST);
+        add().await.unwrap();
+        assert!(keys().is_none());
+        let shown = set().await.unwrap().into_inner();
+        assert!(shown.host_auth[0].dhchap_secret.is_empty() && shown.host_auth[0].secret_set);
+        let k = keys().expect("applied once SetHostAuth returned");
+        assert_eq!(k.dh_groups, [dpu_nvmeof::auth::DhGroup::Ffdhe3072]);
+        api.clear_host_auth(Request::new(pb::ClearHostAuthRequest {
+            subsystem: "subsystems/vol".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "cleared");
+        set().await.unwrap();
+        api.remove_host(Request::new(pb::RemoveHostRequest {
+            subsystem: "subsystems/vol".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "gone with the host");
+        add().await.unwrap();
+        set().await.unwrap();
+        api.delete_subsystem(Request::new(pb::DeleteSubsystemRequest {
+            name: "subsystems/vol".into(),
+            force: true,
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "gone with the subsystem");
+        storage.shutdown();
+    }
+
     /// The target's own counters reach telemetry each from its own source:
     /// connections accepted and open, the poll groups' queues, and the
     /// refusals at accept by the limit that refused them.

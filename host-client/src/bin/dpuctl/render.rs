@@ -521,6 +521,41 @@ mod tests {
         assert_eq!(id("tenants/a/rules/r"), "r");
     }
 
+    /// The AUTH column: the requirement, then each host with a secret by
+    /// its hash indicators; the secret text is never printed, even from a
+    /// service that sent one.
+    #[test]
+    fn subsystem_auth_shows_hashes_only() {
+        let s = pb::Subsystem {
+            name: "subsystems/vol".into(),
+            auth_requirement: pb::AuthRequirement::Required as i32,
+            host_auth: vec![
+                pb::HostAuth {
+                    host_nqn: "nqn.h1".into(),
+                    dhchap_secret: "DHHC-1:01:c2VjcmV0:".into(),
+                    secret_set: true,
+                    secret_hash: 1,
+                    ctrl_secret_set: true,
+                    ctrl_secret_hash: 2,
+                    ..Default::default()
+                },
+                pb::HostAuth {
+                    host_nqn: "nqn.h2".into(),
+                    secret_set: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let out = subsystems(&[s]);
+        assert!(
+            out.contains("required nqn.h1=secret:01+ctrl:02 nqn.h2=secret:00"),
+            "{out}"
+        );
+        assert!(!out.contains("c2VjcmV0"), "{out}");
+        assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-secret"));
+    }
+
     #[test]
     fn counters_end_with_the_flow_cache() {
         let s = pb::CounterSnapshot {

@@ -337,3 +337,27 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             .await?),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A secret comes from the command line or from a file, trimmed; a
+    /// file that cannot be a secret is refused without reading it all.
+    #[test]
+    fn secrets_from_flags_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("k");
+        std::fs::write(&f, "DHHC-1:00:abc:\n").unwrap();
+        assert_eq!(secret(None, Some(&f)).unwrap(), "DHHC-1:00:abc:");
+        assert_eq!(secret(Some(&"s".to_string()), None).unwrap(), "s");
+        assert_eq!(secret(None, None).unwrap(), "");
+        let missing = secret(None, Some(&dir.path().join("none"))).unwrap_err();
+        assert!(matches!(missing, Failure::Input(_)), "{missing}");
+        std::fs::write(&f, vec![b'a'; 5000]).unwrap();
+        assert!(matches!(
+            secret(None, Some(&f)).unwrap_err(),
+            Failure::Input(m) if m.contains("not a secret")
+        ));
+    }
+}
