@@ -956,6 +956,57 @@ dpu_nvmf_poll_group_queues{group=\"1\"} 0
         }
     }
 
+    /// Authentication counts of a subsystem reach the snapshot and
+    /// `/metrics`, one sample per result.
+    #[test]
+    fn subsystem_auth_counts() {
+        struct Auth;
+        impl CounterSource for Auth {
+            fn collect(&self, out: &mut Counters) {
+                let c = out.subsystems.entry("vol".into()).or_default();
+                c.auth_succeeded += 4;
+                c.auth_failed += 3;
+            }
+        }
+        let (mut state, ports) = fixture();
+        state.subsystems.insert(
+            "vol".into(),
+            crate::model::Subsystem {
+                id: "vol".into(),
+                nqn: "nqn.2024-01.io.example:vol".into(),
+                serial_number: "s".into(),
+                model_number: "m".into(),
+                allow_any_host: true,
+                allowed_hosts: Default::default(),
+                max_namespaces: 1,
+                create_time: Timestamp::now(),
+                namespaces: BTreeMap::new(),
+                listeners: BTreeMap::new(),
+                auth_requirement: Default::default(),
+                host_auth: BTreeMap::new(),
+            },
+        );
+        let t = Telemetry::default();
+        t.register(Arc::new(Auth));
+        let snap = t.snapshot(&state, &ports, None);
+        assert_eq!(
+            (
+                snap.subsystems[0].auth_succeeded,
+                snap.subsystems[0].auth_failed
+            ),
+            (4, 3)
+        );
+        let text = t.render_prometheus(&state, &ports);
+        assert!(
+            text.contains(
+                "# TYPE dpu_nvmf_auth_total counter\n\
+                 dpu_nvmf_auth_total{subsystem=\"vol\",result=\"succeeded\"} 4\n\
+                 dpu_nvmf_auth_total{subsystem=\"vol\",result=\"failed\"} 3\n"
+            ),
+            "{text}"
+        );
+    }
+
     #[test]
     fn label_values_are_escaped() {
         let mut m = Metrics::default();
