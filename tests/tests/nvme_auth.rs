@@ -6,9 +6,9 @@
 //! secrets never in a response, the log or `/metrics`, kept in the state
 //! files (mode 0600) and applied again after a restart. Then the Linux
 //! initiator (Debian 13's 6.12, in the `kernel-nvme` tool's guest)
-//! authenticates through the daemon with SHA-256/ffdhe2048, one way and
-//! both ways, and is refused with a wrong host or controller secret or
-//! none.
+//! authenticates through the daemon with SHA-256/ffdhe2048 one way and
+//! both ways, and with SHA-512/ffdhe4096 and SHA-512/null both ways, and is
+//! refused with a wrong host or controller secret or none.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
@@ -301,14 +301,32 @@ fn harness() -> Result<std::path::PathBuf> {
     .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
 }
 
-/// One guest run of Linux 6.12 against a subsystem whose host has a
-/// secret and a controller secret, SHA-256 and ffdhe2048 only: connect
-/// one way and both ways (each writing and reading back 256 KiB with
-/// `dd`), then a wrong host secret, a wrong controller secret and no
-/// secret, each refused; successes and failures counted per subsystem.
+/// One guest run of Linux 6.12 against subsystems whose host has a
+/// secret and a controller secret: on the first, SHA-256 and ffdhe2048
+/// only, it connects one way and both ways, then is refused with a wrong
+/// host secret, a wrong controller secret and no secret; on the others
+/// it connects both ways with SHA-512 and ffdhe4096, and with SHA-512 and
+/// the null group. Each connect writes and reads back 256 KiB with `dd`;
+/// successes and failures are counted per subsystem.
 #[test]
 fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
     const KNQN: &str = "nqn.2024-01.io.dpu-service.test:kauth";
+    /// Subsystem ID, NQN, hash and DH group of the subsystems connected
+    /// both ways with SHA-512.
+    const SHA512: [(&str, &str, &str, &str); 2] = [
+        (
+            "k4096",
+            "nqn.2024-01.io.dpu-service.test:k4096",
+            "sha512",
+            "ffdhe4096",
+        ),
+        (
+            "knull",
+            "nqn.2024-01.io.dpu-service.test:knull",
+            "sha512",
+            "null",
+        ),
+    ];
     let svc = Service::start()?;
     let port = free_port();
     let p = port.to_string();
@@ -351,17 +369,55 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
             "ffdhe2048",
         ],
     )?;
-    let connect = |extra: &str| {
-        format!("nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {KNQN} --hostnqn {HOST} -i 1 {extra}")
+    for (id, nqn, hash, group) in SHA512 {
+        dpuctl(&svc, &["subsystem", "create", id, "--nqn", nqn])?;
+        dpuctl(&svc, &["subsystem", "add-host", id, HOST])?;
+        dpuctl(&svc, &["namespace", "create", id, "--ram", "8M"])?;
+        dpuctl(
+            &svc,
+            &[
+                "listener",
+                "create",
+                id,
+                "--address",
+                "127.0.0.1",
+                "--port",
+                &p,
+            ],
+        )?;
+        dpuctl(
+            &svc,
+            &[
+                "subsystem",
+                "set-auth",
+                id,
+                HOST,
+                "--dhchap-secret-file",
+                &sf,
+                "--dhchap-ctrl-secret-file",
+                &cf,
+                "--hash",
+                hash,
+                "--dh-group",
+                group,
+            ],
+        )?;
+    }
+    let connect_to = |nqn: &str, extra: &str| {
+        format!("nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {nqn} --hostnqn {HOST} -i 1 {extra}")
     };
-    let io = format!(
-        "dev=$(nvme-wait-ns {KNQN} 1 20)\n\
-         dd if=/dev/urandom of=/tmp/w bs=4096 count=64\n\
-         dd if=/tmp/w of=$dev bs=4096 count=64 oflag=direct\n\
-         dd if=$dev of=/tmp/r bs=4096 count=64 iflag=direct\n\
-         cmp /tmp/w /tmp/r\n\
-         nvme disconnect -n {KNQN}\n"
-    );
+    let connect = |extra: &str| connect_to(KNQN, extra);
+    let io_on = |nqn: &str| {
+        format!(
+            "dev=$(nvme-wait-ns {nqn} 1 20)\n\
+             dd if=/dev/urandom of=/tmp/w bs=4096 count=64\n\
+             dd if=/tmp/w of=$dev bs=4096 count=64 oflag=direct\n\
+             dd if=$dev of=/tmp/r bs=4096 count=64 iflag=direct\n\
+             cmp /tmp/w /tmp/r\n\
+             nvme disconnect -n {nqn}\n"
+        )
+    };
+    let io = io_on(KNQN);
     let refused = |case: &str, extra: &str| {
         format!(
             "if {}; then echo 'UNEXPECTED: {case} connected'; exit 1; fi\necho 'REFUSED: {case}'\n",
@@ -388,7 +444,19 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
         ),
         refused("no secret", ""),
     ]
-    .concat();
+    .concat()
+        + &SHA512
+            .iter()
+            .map(|(_, nqn, hash, group)| {
+                let both =
+                    format!("--dhchap-secret {SECRET_SHA256} --dhchap-ctrl-secret {CTRL_SECRET}");
+                format!(
+                    "{}\n{}echo 'CONNECTED: {hash}/{group}'\n",
+                    connect_to(nqn, &both),
+                    io_on(nqn)
+                )
+            })
+            .collect::<String>();
     let script_path = write("guest.sh", &script)?;
     let t0 = std::time::Instant::now();
     let out = Command::new(harness()?)
@@ -427,10 +495,25 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
         "REFUSED: wrong host secret",
         "REFUSED: wrong controller secret",
         "REFUSED: no secret",
+        "CONNECTED: sha512/ffdhe4096",
+        "CONNECTED: sha512/null",
     ] {
         assert!(
             console.lines().any(|l| l.trim() == line),
             "no {line}:\n{console}"
+        );
+    }
+    // What the kernel says it negotiated, and that it checked the
+    // controller.
+    for said in [
+        "authenticated with hash hmac(sha256) dhgroup ffdhe2048",
+        "authenticated with hash hmac(sha512) dhgroup ffdhe4096",
+        "authenticated with hash hmac(sha512) dhgroup null",
+        "controller authenticated",
+    ] {
+        assert!(
+            console.contains(said),
+            "the kernel never said {said:?}:\n{console}"
         );
     }
     // Two good connects of two queues each; three refusals.
@@ -438,6 +521,16 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
     let failed = auth_total(&svc, "failed")?;
     assert!(ok >= 4, "{ok} authentications succeeded");
     assert!(failed >= 3, "{failed} authentications failed");
+    for (id, ..) in SHA512 {
+        let (_, body) = svc.http_get("/metrics")?;
+        let series = format!("dpu_nvmf_auth_total{{subsystem=\"{id}\",result=\"succeeded\"}} ");
+        let n: u64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {series}"))?;
+        assert!(n >= 2, "{id}: {n} authentications succeeded");
+    }
     holds_no_key("the service's log", &svc.log_text());
     Ok(())
 }
