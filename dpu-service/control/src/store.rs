@@ -685,6 +685,8 @@ mod tests {
                 })
                 .collect(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         }
     }
 

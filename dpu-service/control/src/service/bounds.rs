@@ -10,7 +10,9 @@
 //!   largest valid request needs under the configured [`Limits`] (tonic's
 //!   `max_decoding_message_size`), and
 //! - [`Bounded`] wraps a service and, for the methods whose requests carry
-//!   long lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`), reads the
+//!   long lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`; the
+//!   DH-HMAC-CHAP lists of `SetHostAuth` and the output-only `host_auth` of
+//!   `CreateSubsystem` and `UpdateSubsystem`), reads the
 //!   request (within that size) and counts the list's entries on the wire
 //!   ([`count`], no allocation) before tonic decodes it; a request with
 //!   more than the caps allow is refused with `RESOURCE_EXHAUSTED` naming
@@ -36,6 +38,8 @@ use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Bytes, Service};
 use tonic::server::NamedService;
 use tonic::Status;
+
+use dpu_nvmeof::auth::{DhGroup, HashId};
 
 use crate::error::ControlError;
 use crate::state::Limits;
@@ -169,7 +173,48 @@ const COUNTED: &[Counted] = &[
         field: "tenant.attachments[].vxlan.remote_vteps",
         max: attachment_entries,
     },
+    Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 4],
+        field: "auth.hashes",
+        max: auth_hashes,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 5],
+        field: "auth.dh_groups",
+        max: auth_dh_groups,
+    },
 ];
+
+/// `Subsystem.host_auth` (12) is output only; what a request carries of
+/// it is refused by the service, and counted here so that it cannot
+/// decode to more entries than a subsystem has hosts.
+fn host_auth(_: &Limits) -> (usize, &'static str) {
+    (MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
+}
+
+/// `HostAuth.hashes` (4): one entry per hash function.
+fn auth_hashes(_: &Limits) -> (usize, &'static str) {
+    (HashId::ALL.len(), "DH-HMAC-CHAP hash functions")
+}
+
+/// `HostAuth.dh_groups` (5): one entry per DH group.
+fn auth_dh_groups(_: &Limits) -> (usize, &'static str) {
+    (DhGroup::ALL.len(), "DH-HMAC-CHAP DH groups")
+}
 
 /// Why a message could not be walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,6 +558,77 @@ mod tests {
         let f = frame(&req);
         assert!(f.len() - 5 <= request_bytes("dpu.v1.TenantService", &L));
         check("/dpu.v1.TenantService/UpdateTenant", &f, &L).unwrap();
+    }
+
+    /// The DH-HMAC-CHAP lists are counted where prost decodes them, and
+    /// a SetHostAuth with more hashes than exist is refused undecoded.
+    #[test]
+    fn host_auth_lists_are_counted() {
+        let auth = pb::HostAuth {
+            hashes: vec!["sha256".into(); 4],
+            dh_groups: vec!["null".into(); 7],
+            ..Default::default()
+        };
+        let sub = pb::Subsystem {
+            host_auth: vec![auth.clone(); 5],
+            ..Default::default()
+        };
+        let msgs = [
+            (
+                "SetHostAuth",
+                pb::SetHostAuthRequest {
+                    subsystem: "subsystems/a".into(),
+                    auth: Some(auth),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "CreateSubsystem",
+                pb::CreateSubsystemRequest {
+                    subsystem_id: "a".into(),
+                    subsystem: Some(sub.clone()),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "UpdateSubsystem",
+                pb::UpdateSubsystemRequest {
+                    subsystem: Some(sub),
+                    update_mask: None,
+                }
+                .encode_to_vec(),
+            ),
+        ];
+        let mut seen = 0;
+        for c in COUNTED
+            .iter()
+            .filter(|c| c.method.contains("Subsystem") || c.method.contains("HostAuth"))
+        {
+            let (_, msg) = msgs
+                .iter()
+                .find(|(m, _)| c.method.ends_with(m))
+                .expect("a message for each counted storage method");
+            let want = match c.field {
+                "subsystem.host_auth" => 5,
+                "auth.hashes" => 4,
+                "auth.dh_groups" => 7,
+                other => panic!("unexpected counted field {other}"),
+            };
+            assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
+            seen += 1;
+        }
+        assert_eq!(seen, 4);
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(msgs[0].1.len()).unwrap().to_be_bytes());
+        frame.extend_from_slice(&msgs[0].1);
+        let e = check(
+            "/dpu.v1.StorageService/SetHostAuth",
+            &frame,
+            &Limits::with_ram(0),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("auth.hashes"), "{}", e.message());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
-use crate::model::{Backend, Listener, Namespace, State, Subsystem};
+use crate::model::{AuthRequirement, Backend, HostAuth, Listener, Namespace, State, Subsystem};
 use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
 
 /// Changes to a subsystem; `None` leaves a field as it is.
@@ -17,6 +17,8 @@ pub struct SubsystemUpdate {
     pub allowed_hosts: Option<BTreeSet<String>>,
     /// New model number.
     pub model_number: Option<String>,
+    /// New authentication requirement.
+    pub auth_requirement: Option<AuthRequirement>,
 }
 
 impl State {
@@ -100,7 +102,11 @@ impl State {
             s.allow_any_host = a;
         }
         if let Some(h) = u.allowed_hosts {
+            s.host_auth.retain(|host, _| h.contains(host));
             s.allowed_hosts = h;
+        }
+        if let Some(r) = u.auth_requirement {
+            s.auth_requirement = r;
         }
         if let Some(m) = u.model_number {
             s.model_number = m;
@@ -141,12 +147,39 @@ impl State {
         Ok(s)
     }
 
-    /// Removes `host` from the allow list of subsystem `id`.
+    /// Removes `host` from the allow list of subsystem `id`, with its
+    /// DH-HMAC-CHAP settings.
     pub fn remove_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
         let s = self.subsystem_mut(id)?;
         if !s.allowed_hosts.remove(host) {
             return Err(ControlError::NotFound(format!(
                 "host {host} on subsystems/{id}"
+            )));
+        }
+        s.host_auth.remove(host);
+        Ok(s)
+    }
+
+    /// Sets the DH-HMAC-CHAP settings of `host`, which must be on the
+    /// allow list of subsystem `id` (at most one entry per allowed host,
+    /// so their number is bounded by the hosts' caps).
+    pub fn set_host_auth(&mut self, id: &str, host: &str, auth: HostAuth) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if !s.allowed_hosts.contains(host) {
+            return Err(ControlError::NotFound(format!(
+                "host {host} on subsystems/{id}: add it to the allow list first"
+            )));
+        }
+        s.host_auth.insert(host.to_string(), auth);
+        Ok(s)
+    }
+
+    /// Removes the DH-HMAC-CHAP settings of `host` on subsystem `id`.
+    pub fn clear_host_auth(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if s.host_auth.remove(host).is_none() {
+            return Err(ControlError::NotFound(format!(
+                "DH-HMAC-CHAP settings of host {host} on subsystems/{id}"
             )));
         }
         Ok(s)
@@ -491,6 +524,8 @@ mod tests {
             create_time: Timestamp::now(),
             namespaces: BTreeMap::new(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         }
     }
 
@@ -830,5 +865,55 @@ mod tests {
             exhausted(s.create_listener(lim, "a", listener("m", 4421)).map(|_| ())),
             "limits.max_listeners"
         );
+    }
+
+    /// DH-HMAC-CHAP settings belong to an allowed host: they need one,
+    /// and go with it when it leaves the allow list.
+    #[test]
+    fn host_auth_follows_the_allow_list() {
+        use crate::model::{AuthRequirement, SecretText};
+        let lim = Limits::with_ram(0);
+        let (h1, h2) = ("nqn.2024-01.io.example:h1", "nqn.2024-01.io.example:h2");
+        let auth = || HostAuth {
+            secret: SecretText::parse(
+                "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:",
+            )
+            .unwrap()
+            .0,
+            ctrl_secret: None,
+            hashes: vec![],
+            dh_groups: vec![],
+        };
+        let mut s = State::default();
+        s.create_subsystem(lim, subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        assert!(matches!(
+            s.set_host_auth("a", h1, auth()),
+            Err(ControlError::NotFound(_))
+        ));
+        s.add_host(lim, "a", h1).unwrap();
+        s.add_host(lim, "a", h2).unwrap();
+        s.set_host_auth("a", h1, auth()).unwrap();
+        s.set_host_auth("a", h2, auth()).unwrap();
+        s.remove_host("a", h1).unwrap();
+        assert_eq!(s.subsystems["a"].host_auth.keys().collect::<Vec<_>>(), [h2]);
+        let u = SubsystemUpdate {
+            allowed_hosts: Some([h1.to_string()].into()),
+            auth_requirement: Some(AuthRequirement::Required),
+            ..Default::default()
+        };
+        s.update_subsystem(lim, "a", u).unwrap();
+        assert!(s.subsystems["a"].host_auth.is_empty());
+        assert_eq!(
+            s.subsystems["a"].auth_requirement,
+            AuthRequirement::Required
+        );
+        assert!(matches!(
+            s.clear_host_auth("a", h1),
+            Err(ControlError::NotFound(_))
+        ));
+        s.set_host_auth("a", h1, auth()).unwrap();
+        s.clear_host_auth("a", h1).unwrap();
+        assert!(s.subsystems["a"].host_auth.is_empty());
     }
 }
