@@ -288,3 +288,66 @@ fn bad_endpoints_are_refused() {
         Err(ConfigError::BadEndpoint { .. })
     ));
 }
+
+/// Random frames of both tenants and both endpoints, with each other's
+/// MACs, VLAN IDs and addresses, through bursts and one by one: an
+/// endpoint's port only ever gets frames of its own tenant, and an
+/// endpoint's frames only ever leave through its tenant's ports.
+#[test]
+fn random_traffic_never_reaches_another_tenants_endpoint() {
+    use crate::wire::tests::build::udp4;
+    let mut rng = crate::classify::tests::Rng(0xe9d5);
+    let rules = vec![tcp_rule("storage", 20, 4420, 0, 0, true)];
+    let (_h, mut p) = pipeline(&config(rules, rng.below(2) == 0));
+    // Whose each port is.
+    let owner = |port: usize| match port {
+        0 | 1 | BLUE_PORT => "blue",
+        _ => "red",
+    };
+    let macs = [BLUE_EP, RED_EP, BCAST, mac(1), mac(2), mac(3)];
+    let ips = [EP_IP, [10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 9]];
+    let mut reached = [0usize; 2];
+    for i in 0..20_000 {
+        let port = rng.below(5) as usize;
+        let pick = |rng: &mut crate::classify::tests::Rng, n: usize| rng.below(n as u64) as usize;
+        let src = match port {
+            BLUE_PORT if rng.below(4) != 0 => BLUE_EP,
+            RED_PORT if rng.below(4) != 0 => RED_EP,
+            _ => macs[pick(&mut rng, macs.len())],
+        };
+        let dst = macs[pick(&mut rng, macs.len())];
+        let vlan = [None, Some(10), Some(20)][pick(&mut rng, 3)];
+        let (sip, dip) = (ips[pick(&mut rng, 4)], ips[pick(&mut rng, 4)]);
+        let f = match rng.below(4) {
+            0 => arp(src, dst, vlan, 1 + rng.below(2) as u16, sip, dip),
+            1 => udp4(src, dst, vlan, sip, dip, 5000, 4420),
+            _ => {
+                let mut f = eth(dst, src, vlan, ETH_IPV4);
+                let flags = [SYN, SYN | ACK, ACK][pick(&mut rng, 3)];
+                let (sp, dp) = if rng.below(2) == 0 {
+                    (40000, 4420)
+                } else {
+                    (4420, 40000)
+                };
+                f.extend(ipv4(sip, dip, proto::TCP, &tcp(sp, dp, flags)));
+                f
+            }
+        };
+        let (v, flood) = run(&mut p, port, f);
+        for out in outputs(&v, &flood) {
+            assert_eq!(
+                owner(out),
+                owner(port),
+                "frame {i} from port {port} to {out}"
+            );
+            if out >= BLUE_PORT {
+                reached[out - BLUE_PORT] += 1;
+            }
+        }
+        if i % 1000 == 999 {
+            p.turn();
+        }
+    }
+    // Both endpoints were reached, many times.
+    assert!(reached.iter().all(|&n| n > 200), "{reached:?}");
+}
