@@ -249,6 +249,8 @@ pub fn listener(sid: &str, l: &Listener) -> pb::Listener {
         } as i32,
         address: l.address.to_string(),
         port: u32::from(l.port),
+        tenant: l.tenant.clone().unwrap_or_default(),
+        mac: l.mac.map(|m| m.to_string()).unwrap_or_default(),
     }
 }
 

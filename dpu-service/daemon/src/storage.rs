@@ -310,7 +310,7 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
             listeners: s
                 .listeners
                 .values()
-                .filter(|l| l.transport == Transport::Tcp)
+                .filter(|l| l.transport == Transport::Tcp && l.tenant.is_none())
                 .map(|l| SocketAddr::new(l.address, l.port))
                 .collect(),
         })

@@ -2,14 +2,14 @@
 //! backends, and their listeners.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use dpu_nvmeof::auth::controller::HostKeys;
 use dpu_nvmeof::auth::{DhGroup, HashId, Secret, SecretError};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::Timestamp;
+use super::{MacAddr, Timestamp};
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +74,26 @@ pub struct Listener {
     pub address: IpAddr,
     /// TCP port.
     pub port: u16,
+    /// The tenant whose network this listener is a storage endpoint in;
+    /// `None` for a listener on the service's own kernel sockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The endpoint's MAC address, assigned by the state when the listener
+    /// is created (shared by every listener of the same tenant and
+    /// address); `None` without a tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+}
+
+impl Listener {
+    /// The storage endpoint this listener is on, as (tenant, IPv4
+    /// address), or `None` for a kernel-socket listener.
+    pub fn endpoint(&self) -> Option<(&str, Ipv4Addr)> {
+        match (&self.tenant, self.address) {
+            (Some(t), IpAddr::V4(a)) => Some((t, a)),
+            _ => None,
+        }
+    }
 }
 
 /// Whether hosts must authenticate (DH-HMAC-CHAP) to a subsystem.

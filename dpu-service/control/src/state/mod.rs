@@ -11,9 +11,11 @@
 //! attachments, rules) is in `network`, the storage side (subsystems,
 //! hosts, namespaces, listeners) in `storage`.
 
+mod endpoint;
 mod network;
 mod storage;
 
+pub use endpoint::Endpoint;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;
 

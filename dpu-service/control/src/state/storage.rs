@@ -82,7 +82,25 @@ impl State {
                 s.nqn, o.id
             )));
         }
-        self.subsystems.insert(s.id.clone(), s);
+        self.insert_subsystem(s)
+    }
+
+    /// Inserts subsystem `s`, placing each of its listeners that names a
+    /// tenant ([`State::place_endpoint`]); on an error nothing changed.
+    fn insert_subsystem(&mut self, mut s: Subsystem) -> Result<()> {
+        let (id, seq) = (s.id.clone(), self.id_seq);
+        let listeners = std::mem::take(&mut s.listeners);
+        self.subsystems.insert(id.clone(), s);
+        for (lid, mut l) in listeners {
+            if let Err(e) = self.place_endpoint(&mut l) {
+                self.subsystems.remove(&id);
+                self.id_seq = seq;
+                return Err(e);
+            }
+            if let Some(s) = self.subsystems.get_mut(&id) {
+                s.listeners.insert(lid, l);
+            }
+        }
         Ok(())
     }
 
@@ -362,29 +380,45 @@ impl State {
     }
 
     /// Creates a listener in subsystem `id`.
-    pub fn create_listener(&mut self, limits: Limits, id: &str, l: Listener) -> Result<&Listener> {
+    /// A listener that names a tenant is a storage endpoint of it
+    /// ([`State::place_endpoint`]): the tenant must exist, the address
+    /// be none of its hosts', and the listener gets its endpoint's MAC.
+    pub fn create_listener(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        mut l: Listener,
+    ) -> Result<&Listener> {
         self.subsystem(id)?;
         let n = self.listeners() + 1;
         cap("limits.max_listeners", limits.listeners, n, || {
             format!("{n} listeners in all subsystems")
         })?;
-        let s = self.subsystem_mut(id)?;
+        let s = self.subsystem(id)?;
         if s.listeners.contains_key(&l.id) {
             return Err(ControlError::AlreadyExists(format!(
                 "subsystems/{id}/listeners/{} already exists",
                 l.id
             )));
         }
-        if let Some(o) = s
-            .listeners
-            .values()
-            .find(|o| o.transport == l.transport && o.address == l.address && o.port == l.port)
-        {
+        if let Some(o) = s.listeners.values().find(|o| {
+            o.transport == l.transport
+                && o.address == l.address
+                && o.port == l.port
+                && o.tenant == l.tenant
+        }) {
+            let within = l
+                .tenant
+                .as_ref()
+                .map(|t| format!(" in tenants/{t}"))
+                .unwrap_or_default();
             return Err(ControlError::AlreadyExists(format!(
-                "subsystems/{id}/listeners/{} already listens on {}:{}",
+                "subsystems/{id}/listeners/{} already listens on {}:{}{within}",
                 o.id, l.address, l.port
             )));
         }
+        self.place_endpoint(&mut l)?;
+        let s = self.subsystem_mut(id)?;
         let lid = l.id.clone();
         Ok(s.listeners.entry(lid).or_insert(l))
     }
@@ -599,6 +633,8 @@ mod tests {
             transport: Transport::Tcp,
             address: "127.0.0.1".parse().unwrap(),
             port: 4420,
+            tenant: None,
+            mac: None,
         };
         s.create_listener(Limits::with_ram(0), "a", l.clone())
             .unwrap();
@@ -663,6 +699,8 @@ mod tests {
             transport: Transport::Tcp,
             address: "127.0.0.1".parse().unwrap(),
             port,
+            tenant: None,
+            mac: None,
         }
     }
 

@@ -337,7 +337,9 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
     ))
 }
 
-/// Converts a listener to create, deriving its ID when `listener_id` is empty.
+/// Converts a listener to create, deriving its ID when `listener_id` is
+/// empty. A listener naming a tenant needs an IPv4 address; its MAC is
+/// left for the state to assign.
 pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<Listener> {
     let f = |s: &str| format!("{field}.{s}");
     let transport = match pb::Transport::try_from(l.transport) {
@@ -372,11 +374,25 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         id("listener_id", listener_id)?;
         listener_id.to_string()
     };
+    let tenant = if l.tenant.is_empty() {
+        None
+    } else {
+        id(&f("tenant"), &l.tenant)?;
+        if !address.is_ipv4() {
+            return Err(ControlError::invalid(
+                f("address"),
+                format!("{address} is not an IPv4 address; a tenant's endpoint has one"),
+            ));
+        }
+        Some(l.tenant.clone())
+    };
     Ok(Listener {
         id: id_str,
         transport,
         address,
         port,
+        tenant,
+        mac: None,
     })
 }
 

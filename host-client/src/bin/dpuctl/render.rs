@@ -78,6 +78,14 @@ pub fn info(i: &pb::ServiceInfo) -> String {
     ])
 }
 
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
 fn or_none(s: &str) -> String {
     if s.is_empty() {
         "none".into()
@@ -327,7 +335,7 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
 
 /// Listeners, one row each.
 pub fn listeners(list: &[pb::Listener]) -> String {
-    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT"]);
+    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT", "TENANT", "MAC"]);
     for l in list {
         let tr = pb::Transport::try_from(l.transport)
             .map(|x| enum_name(x.as_str_name(), "TRANSPORT_"))
@@ -337,6 +345,8 @@ pub fn listeners(list: &[pb::Listener]) -> String {
             tr,
             l.address.clone(),
             l.port.to_string(),
+            or_dash(&l.tenant),
+            or_dash(&l.mac),
         ]);
     }
     t.render()
