@@ -241,6 +241,8 @@ mod tests {
             create_time: Timestamp::now(),
             namespaces: BTreeMap::new(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         }
     }
 
