@@ -13,7 +13,7 @@ source cross/env.sh "$(cross/sysroot.sh)"
 # PACKET_AUXDATA, PACKET_FANOUT), so the tests that open packet sockets
 # (the net_af_packet veth test, the kernel driver's socket and veth tests)
 # cannot run here; they run natively.
-cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof \
+cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof -p dpu-endpoint \
   -- --skip ping_crosses_the_worker_between_two_namespaces \
   --skip loopback_frames_cross_between_two_sockets --skip fanout_groups_get_kernel_chosen_ids \
   --skip ping_crosses_the_kernel_driver --skip two_queues_per_port_share_the_traffic

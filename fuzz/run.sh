@@ -7,7 +7,8 @@
 #
 # Fuzz crates, one beside each crate that parses untrusted input:
 # dpu-service/nvmeof/fuzz (pdu, connection, handshake, auth), dpu-service/dataplane/fuzz
-# (parse, switch, isolation, rules) and dpu-service/control/fuzz (rule_proto). Each
+# (parse, switch, isolation, rules), dpu-service/control/fuzz (rule_proto) and
+# dpu-service/endpoint/fuzz (frames). Each
 # target runs on:
 #   <crate>/corpus/<target>       the growing corpus (gitignored, kept
 #                                 between runs if the directory is)
@@ -40,7 +41,7 @@ seconds=${FUZZ_SECONDS:-30}
 timeout=${FUZZ_TIMEOUT:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 target_dir=${FUZZ_TARGET_DIR:-$root/target/fuzz}
-crates=(dpu-service/nvmeof/fuzz dpu-service/dataplane/fuzz dpu-service/control/fuzz)
+crates=(dpu-service/nvmeof/fuzz dpu-service/dataplane/fuzz dpu-service/control/fuzz dpu-service/endpoint/fuzz)
 
 cargo_cmd=(cargo)
 if [ -n "${FUZZ_TOOLCHAIN:-}" ]; then
@@ -79,6 +80,7 @@ for crate in "${crates[@]}"; do
 
   rss=${FUZZ_RSS_MB:-2048}
   [ "$crate" = dpu-service/nvmeof/fuzz ] && rss=${FUZZ_RSS_MB:-384}
+  [ "$crate" = dpu-service/endpoint/fuzz ] && rss=${FUZZ_RSS_MB:-384}
 
   t0=$SECONDS
   echo "fuzz: building $crate (${targets[*]})" >&2

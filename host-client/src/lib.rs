@@ -370,6 +370,10 @@ impl DpuClient {
         add_host(StorageServiceClient, AddHostRequest) -> Subsystem, WRITE;
         /// Removes a host NQN from a subsystem's allow list.
         remove_host(StorageServiceClient, RemoveHostRequest) -> Subsystem, WRITE;
+        /// Sets the DH-HMAC-CHAP secrets of an allowed host.
+        set_host_auth(StorageServiceClient, SetHostAuthRequest) -> Subsystem, WRITE;
+        /// Removes the DH-HMAC-CHAP secrets of a host.
+        clear_host_auth(StorageServiceClient, ClearHostAuthRequest) -> Subsystem, WRITE;
         /// Creates a namespace.
         create_namespace(StorageServiceClient, CreateNamespaceRequest) -> Namespace, WRITE;
         /// Returns one namespace.

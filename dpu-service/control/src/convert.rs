@@ -4,8 +4,8 @@ use dpu_proto::pbjson_types::Timestamp as PbTimestamp;
 use dpu_proto::v1 as pb;
 
 use crate::model::{
-    Action, Attachment, Backend, Listener, Namespace, PortRole, PortSpec, Rule, State, Subsystem,
-    Tenant, Timestamp, Transport,
+    Action, Attachment, AuthRequirement, Backend, HostAuth, Listener, Namespace, PortRole,
+    PortSpec, Rule, State, Subsystem, Tenant, Timestamp, Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -147,6 +147,35 @@ pub fn subsystem(s: &Subsystem) -> pb::Subsystem {
         create_time: Some(timestamp(s.create_time)),
         namespace_count: u32::try_from(s.namespaces.len()).unwrap_or(u32::MAX),
         listener_count: u32::try_from(s.listeners.len()).unwrap_or(u32::MAX),
+        auth_requirement: match s.auth_requirement {
+            AuthRequirement::HostsWithSecret => pb::AuthRequirement::Unspecified,
+            AuthRequirement::Required => pb::AuthRequirement::Required,
+            AuthRequirement::Disabled => pb::AuthRequirement::Disabled,
+        } as i32,
+        host_auth: s
+            .host_auth
+            .iter()
+            .map(|(host, a)| host_auth(host, a))
+            .collect(),
+    }
+}
+
+/// One host's DH-HMAC-CHAP settings as a protobuf message: whether each
+/// secret is set and its hash indicator, never the secret.
+pub fn host_auth(host: &str, a: &HostAuth) -> pb::HostAuth {
+    pb::HostAuth {
+        host_nqn: host.to_string(),
+        dhchap_secret: String::new(),
+        dhchap_ctrl_secret: String::new(),
+        hashes: a.hashes.clone(),
+        dh_groups: a.dh_groups.clone(),
+        secret_set: true,
+        secret_hash: u32::from(a.secret.hash_indicator()),
+        ctrl_secret_set: a.ctrl_secret.is_some(),
+        ctrl_secret_hash: a
+            .ctrl_secret
+            .as_ref()
+            .map_or(0, |c| u32::from(c.hash_indicator())),
     }
 }
 
@@ -220,6 +249,8 @@ pub fn listener(sid: &str, l: &Listener) -> pb::Listener {
         } as i32,
         address: l.address.to_string(),
         port: u32::from(l.port),
+        tenant: l.tenant.clone().unwrap_or_default(),
+        mac: l.mac.map(|m| m.to_string()).unwrap_or_default(),
     }
 }
 

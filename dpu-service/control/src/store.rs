@@ -687,6 +687,8 @@ mod tests {
                 })
                 .collect(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         }
     }
 

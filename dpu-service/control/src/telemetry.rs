@@ -86,6 +86,11 @@ pub struct SubsystemCounters {
     pub write_bytes: u64,
     /// Commands completed with an error.
     pub errors: u64,
+    /// DH-HMAC-CHAP authentications that succeeded.
+    pub auth_succeeded: u64,
+    /// DH-HMAC-CHAP authentications that failed, and connects refused for
+    /// want of a secret.
+    pub auth_failed: u64,
 }
 
 /// Everything counted, keyed by resource ID.
@@ -432,6 +437,20 @@ impl Telemetry {
             .map(|s| (strip(&s.subsystem), s))
             .collect();
         m.fields(&ss_fields, "subsystem", &ss_rows);
+        m.family(
+            "dpu_nvmf_auth_total",
+            "counter",
+            "DH-HMAC-CHAP authentications of the subsystem's queues by result; failed includes connects refused for want of a secret.",
+        );
+        for (id, c) in &ss_rows {
+            for (result, v) in [("succeeded", c.auth_succeeded), ("failed", c.auth_failed)] {
+                m.sample(
+                    "dpu_nvmf_auth_total",
+                    &[("subsystem", id), ("result", result)],
+                    v,
+                );
+            }
+        }
 
         let target = &c.nvmf_target;
         for (name, kind, help, samples) in NVMF_TARGET_FAMILIES {
@@ -558,6 +577,8 @@ fn snapshot_of(
                     read_bytes: s.read_bytes,
                     write_bytes: s.write_bytes,
                     errors: s.errors,
+                    auth_succeeded: s.auth_succeeded,
+                    auth_failed: s.auth_failed,
                 }
             })
             .collect(),
@@ -933,6 +954,57 @@ dpu_nvmf_poll_group_queues{group=\"1\"} 0
                 assert!(typed.contains(name), "{line}");
             }
         }
+    }
+
+    /// Authentication counts of a subsystem reach the snapshot and
+    /// `/metrics`, one sample per result.
+    #[test]
+    fn subsystem_auth_counts() {
+        struct Auth;
+        impl CounterSource for Auth {
+            fn collect(&self, out: &mut Counters) {
+                let c = out.subsystems.entry("vol".into()).or_default();
+                c.auth_succeeded += 4;
+                c.auth_failed += 3;
+            }
+        }
+        let (mut state, ports) = fixture();
+        state.subsystems.insert(
+            "vol".into(),
+            crate::model::Subsystem {
+                id: "vol".into(),
+                nqn: "nqn.2024-01.io.example:vol".into(),
+                serial_number: "s".into(),
+                model_number: "m".into(),
+                allow_any_host: true,
+                allowed_hosts: Default::default(),
+                max_namespaces: 1,
+                create_time: Timestamp::now(),
+                namespaces: BTreeMap::new(),
+                listeners: BTreeMap::new(),
+                auth_requirement: Default::default(),
+                host_auth: BTreeMap::new(),
+            },
+        );
+        let t = Telemetry::default();
+        t.register(Arc::new(Auth));
+        let snap = t.snapshot(&state, &ports, None);
+        assert_eq!(
+            (
+                snap.subsystems[0].auth_succeeded,
+                snap.subsystems[0].auth_failed
+            ),
+            (4, 3)
+        );
+        let text = t.render_prometheus(&state, &ports);
+        assert!(
+            text.contains(
+                "# TYPE dpu_nvmf_auth_total counter\n\
+                 dpu_nvmf_auth_total{subsystem=\"vol\",result=\"succeeded\"} 4\n\
+                 dpu_nvmf_auth_total{subsystem=\"vol\",result=\"failed\"} 3\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -22,8 +22,8 @@ use dpu_dataplane::classify::AclRule;
 use dpu_dataplane::io::kernel::KernelDriver;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::switch::{
-    Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig,
-    Vtep,
+    Attach, ConfigError, Endpoint, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule,
+    TenantConfig, Vtep,
 };
 use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
 use dpu_proto::v1 as pb;
@@ -355,7 +355,8 @@ fn at_fault(e: &ConfigError) -> Vec<String> {
         | ConfigError::NoVtep { tenant, .. }
         | ConfigError::BadVni { tenant, .. }
         | ConfigError::BadVtepPrefix { tenant, .. }
-        | ConfigError::DuplicateOrder { tenant, .. } => (tenant, None),
+        | ConfigError::DuplicateOrder { tenant, .. }
+        | ConfigError::BadEndpoint { tenant, .. } => (tenant, None),
         ConfigError::Overlap { tenant, other, .. }
         | ConfigError::VniOverlap { tenant, other, .. } => (tenant, Some(other)),
     };
@@ -381,6 +382,13 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
         .enumerate()
         .map(|(i, id)| (id.as_str(), i))
         .collect();
+    let mut endpoints: BTreeMap<&str, Vec<Endpoint>> = BTreeMap::new();
+    for e in state.endpoints() {
+        endpoints.entry(e.tenant).or_default().push(Endpoint {
+            mac: e.mac.0,
+            ip: u32::from(e.address),
+        });
+    }
     let tenants = state
         .tenants
         .values()
@@ -389,6 +397,7 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
                 name: t.id.clone(),
                 default_allow: t.default_policy == Action::Allow,
                 rules: t.rules.rules.iter().map(switch_rule).collect(),
+                endpoints: endpoints.remove(t.id.as_str()).unwrap_or_default(),
                 ..TenantConfig::default()
             };
             for a in &t.attachments {
@@ -895,5 +904,78 @@ mod tests {
         assert!(t.default_allow);
         assert_eq!(t.rules.len(), 1);
         dpu_dataplane::switch::Compiled::new(&c).unwrap();
+    }
+
+    #[test]
+    fn endpoints_reach_the_switch_in_their_own_tenant() {
+        use dpu_control::model::{Listener, Subsystem, Transport};
+        let mut state = State::default();
+        for id in ["blue", "red"] {
+            state.tenants.insert(
+                id.into(),
+                Tenant {
+                    id: id.into(),
+                    display_name: String::new(),
+                    attachments: vec![Attachment::port_vlan(
+                        if id == "blue" { "p0" } else { "pf0vf1" },
+                        10,
+                    )],
+                    default_policy: Action::Allow,
+                    create_time: Timestamp::now(),
+                    rules: RuleSet::default(),
+                },
+            );
+        }
+        let listener = |id: &str, tenant: Option<&str>, mac: u8| Listener {
+            id: id.into(),
+            transport: Transport::Tcp,
+            address: "10.1.0.250".parse().unwrap(),
+            port: 4420,
+            tenant: tenant.map(String::from),
+            mac: tenant.map(|_| dpu_control::model::MacAddr([2, 0xd5, 0, 0, 0, mac])),
+        };
+        let mut sub = Subsystem {
+            id: "vol".into(),
+            nqn: "nqn.2024-01.io.example:vol".into(),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host: true,
+            allowed_hosts: Default::default(),
+            max_namespaces: 1,
+            create_time: Timestamp::now(),
+            namespaces: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
+        };
+        for l in [
+            listener("b", Some("blue"), 1),
+            listener("b2", Some("blue"), 1),
+            listener("r", Some("red"), 2),
+            listener("k", None, 0),
+        ] {
+            sub.listeners.insert(l.id.clone(), l);
+        }
+        state.subsystems.insert("vol".into(), sub);
+        let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
+        let base = SwitchConfig {
+            ports: 2,
+            ..SwitchConfig::default()
+        };
+        let c = switch_config(&base, &ids, &state);
+        let ep = |mac: u8| Endpoint {
+            mac: [2, 0xd5, 0, 0, 0, mac],
+            ip: 0x0a01_00fa,
+        };
+        // One endpoint per (tenant, address), whatever its listeners.
+        assert_eq!(c.tenants[0].endpoints, [ep(1)]);
+        assert_eq!(c.tenants[1].endpoints, [ep(2)]);
+        let h = SwitchHandle::new(&c).unwrap();
+        let ports: Vec<(usize, usize)> = h
+            .endpoint_ports()
+            .iter()
+            .map(|p| (p.tenant, p.port))
+            .collect();
+        assert_eq!(ports, [(0, 2), (1, 3)]);
     }
 }

@@ -7,10 +7,11 @@
 //! call returns only once the target serves its change
 //! ([`dpu_control::apply`]).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
@@ -28,6 +29,18 @@ pub struct Storage {
     target: dpu_nvmeof::Target,
     transport: dpu_nvmeof::TcpTransport,
     discovery: Option<SocketAddr>,
+    /// What [`Storage::apply_auth`] gave the target last, to take back
+    /// what the next state no longer has.
+    auth_applied: Mutex<AuthApplied>,
+}
+
+/// The DH-HMAC-CHAP settings the target was given.
+#[derive(Default)]
+struct AuthApplied {
+    /// (subsystem NQN, host NQN) pairs with keys.
+    keys: BTreeSet<(String, String)>,
+    /// Subsystem NQNs with a requirement other than the default.
+    required: BTreeSet<String>,
 }
 
 impl Storage {
@@ -52,6 +65,7 @@ impl Storage {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
             discovery,
+            auth_applied: Mutex::default(),
         });
         s.apply(state);
         Ok(s)
@@ -65,6 +79,9 @@ impl Storage {
     /// retried at the next change.
     pub fn apply(&self, state: &State) -> Vec<Problem> {
         let cfg = target_config(state, self.discovery);
+        // Keys first: a host allowed by this state authenticates from its
+        // first connect.
+        self.apply_auth(state);
         let mut problems = Vec::new();
         for e in self.target.apply(&cfg) {
             tracing::error!(subsystem = %e.nqn, nsid = e.nsid, error = %e.source, "namespace not served");
@@ -97,6 +114,52 @@ impl Storage {
             }
         }
         problems
+    }
+
+    /// Gives the target the DH-HMAC-CHAP keys and requirements of `state`
+    /// and takes back those it no longer has. Each takes effect at the
+    /// next authentication of a queue; queues authenticated already stay
+    /// so (a host removed from the allow list is disconnected by the
+    /// target). Never logs a secret.
+    ///
+    /// Keys that do not parse (only a state file edited by hand: requests
+    /// are checked before they are stored) fail closed: the error is
+    /// logged and the subsystem requires authentication of every host, so
+    /// that host cannot connect.
+    fn apply_auth(&self, state: &State) {
+        let mut now = AuthApplied::default();
+        for s in state.subsystems.values() {
+            let mut broken = false;
+            for (host, a) in &s.host_auth {
+                match a.host_keys() {
+                    Ok(keys) => {
+                        self.target.set_host_keys(&s.nqn, host, Some(keys));
+                        now.keys.insert((s.nqn.clone(), host.clone()));
+                    }
+                    Err(e) => {
+                        tracing::error!(subsystem = %s.id, host = %host, error = %e, "DH-HMAC-CHAP settings in the state do not parse; the subsystem requires authentication until they are set again");
+                        broken = true;
+                    }
+                }
+            }
+            let required = if broken {
+                Some(true)
+            } else {
+                s.auth_requirement.target_policy()
+            };
+            self.target.set_auth_required(&s.nqn, required);
+            if required.is_some() {
+                now.required.insert(s.nqn.clone());
+            }
+        }
+        let mut last = self.auth_applied.lock().unwrap_or_else(|e| e.into_inner());
+        for (sub, host) in last.keys.difference(&now.keys) {
+            self.target.set_host_keys(sub, host, None);
+        }
+        for sub in last.required.difference(&now.required) {
+            self.target.set_auth_required(sub, None);
+        }
+        *last = now;
     }
 
     /// Applies every state `state` publishes from now on (the newest,
@@ -165,6 +228,8 @@ impl CounterSource for StorageCounters {
             c.read_bytes += h.bytes_read.load(Ordering::Relaxed);
             c.write_bytes += h.bytes_written.load(Ordering::Relaxed);
             c.errors += h.errors.load(Ordering::Relaxed);
+            c.auth_succeeded += h.auth_succeeded.load(Ordering::Relaxed);
+            c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
         }
         let st = self.storage.target.stats();
         let t = &mut out.nvmf_target;
@@ -245,7 +310,7 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
             listeners: s
                 .listeners
                 .values()
-                .filter(|l| l.transport == Transport::Tcp)
+                .filter(|l| l.transport == Transport::Tcp && l.tenant.is_none())
                 .map(|l| SocketAddr::new(l.address, l.port))
                 .collect(),
         })
@@ -357,6 +422,66 @@ mod tests {
         .await
         .unwrap();
         port
+    }
+
+    /// DH-HMAC-CHAP settings reach the target when SetHostAuth returns,
+    /// and leave it with the host, with ClearHostAuth and with the
+    /// subsystem.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn host_auth_follows_the_state() {
+        const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:h1";
+        let (storage, api, _state) = served();
+        create_vol(&api).await;
+        let add = || {
+            api.add_host(Request::new(pb::AddHostRequest {
+                subsystem: "subsystems/vol".into(),
+                host_nqn: HOST.into(),
+            }))
+        };
+        let set = || {
+            api.set_host_auth(Request::new(pb::SetHostAuthRequest {
+                subsystem: "subsystems/vol".into(),
+                auth: Some(pb::HostAuth {
+                    host_nqn: HOST.into(),
+                    dhchap_secret: "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:"
+                        .into(),
+                    dh_groups: vec!["ffdhe3072".into()],
+                    ..Default::default()
+                }),
+            }))
+        };
+        let keys = || storage.target.host_keys(NQN, HOST);
+        add().await.unwrap();
+        assert!(keys().is_none());
+        let shown = set().await.unwrap().into_inner();
+        assert!(shown.host_auth[0].dhchap_secret.is_empty() && shown.host_auth[0].secret_set);
+        let k = keys().expect("applied once SetHostAuth returned");
+        assert_eq!(k.dh_groups, [dpu_nvmeof::auth::DhGroup::Ffdhe3072]);
+        api.clear_host_auth(Request::new(pb::ClearHostAuthRequest {
+            subsystem: "subsystems/vol".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "cleared");
+        set().await.unwrap();
+        api.remove_host(Request::new(pb::RemoveHostRequest {
+            subsystem: "subsystems/vol".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "gone with the host");
+        add().await.unwrap();
+        set().await.unwrap();
+        api.delete_subsystem(Request::new(pb::DeleteSubsystemRequest {
+            name: "subsystems/vol".into(),
+            force: true,
+        }))
+        .await
+        .unwrap();
+        assert!(keys().is_none(), "gone with the subsystem");
+        storage.shutdown();
     }
 
     /// The target's own counters reach telemetry each from its own source:

@@ -40,6 +40,7 @@
 
 pub mod classify;
 pub mod conntrack;
+pub mod endpoint;
 pub mod flowcache;
 pub mod fragtrack;
 pub mod io;

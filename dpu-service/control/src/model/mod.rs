@@ -21,7 +21,10 @@ pub use network::{
     Action, Attachment, IpPrefix, MacAddr, PortRange, PortRole, PortSpec, PrefixError, RateLimit,
     Rule, RuleSet, SourceGuard, Tenant,
 };
-pub use storage::{Backend, Listener, Namespace, Subsystem, Transport};
+pub use storage::{
+    dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
+    SecretText, Subsystem, Transport,
+};
 
 use std::collections::BTreeMap;
 

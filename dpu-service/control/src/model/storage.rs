@@ -2,11 +2,14 @@
 //! backends, and their listeners.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
+use dpu_nvmeof::auth::controller::HostKeys;
+use dpu_nvmeof::auth::{DhGroup, HashId, Secret, SecretError};
 use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
 
-use super::Timestamp;
+use super::{MacAddr, Timestamp};
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +74,146 @@ pub struct Listener {
     pub address: IpAddr,
     /// TCP port.
     pub port: u16,
+    /// The tenant whose network this listener is a storage endpoint in;
+    /// `None` for a listener on the service's own kernel sockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The endpoint's MAC address, assigned by the state when the listener
+    /// is created (shared by every listener of the same tenant and
+    /// address); `None` without a tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+}
+
+impl Listener {
+    /// The storage endpoint this listener is on, as (tenant, IPv4
+    /// address), or `None` for a kernel-socket listener.
+    pub fn endpoint(&self) -> Option<(&str, Ipv4Addr)> {
+        match (&self.tenant, self.address) {
+            (Some(t), IpAddr::V4(a)) => Some((t, a)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether hosts must authenticate (DH-HMAC-CHAP) to a subsystem.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthRequirement {
+    /// A host with a secret must authenticate; one without need not.
+    #[default]
+    HostsWithSecret,
+    /// Every host must authenticate.
+    Required,
+    /// No host authenticates.
+    Disabled,
+}
+
+impl AuthRequirement {
+    /// What [`dpu_nvmeof::Target::set_auth_required`] takes for it.
+    pub fn target_policy(self) -> Option<bool> {
+        match self {
+            Self::HostsWithSecret => None,
+            Self::Required => Some(true),
+            Self::Disabled => Some(false),
+        }
+    }
+}
+
+/// A DH-HMAC-CHAP secret in its `DHHC-1:` text form, checked by
+/// [`Secret::parse`] before it is stored. Its `Debug` shows no key, and
+/// the text is wiped when dropped; only the state file (mode 0600) holds
+/// it, never a response, the log or a metric.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(Zeroizing<String>);
+
+impl SecretText {
+    /// Parses `text` and keeps it with what it parsed to.
+    ///
+    /// # Errors
+    /// As [`Secret::parse`]; the error never carries key bytes.
+    pub fn parse(text: &str) -> Result<(Self, Secret), SecretError> {
+        let secret = Secret::parse(text)?;
+        Ok((Self(Zeroizing::new(text.trim().to_string())), secret))
+    }
+
+    /// The parsed secret.
+    ///
+    /// # Errors
+    /// As [`Secret::parse`]: only for a state file edited by hand.
+    pub fn secret(&self) -> Result<Secret, SecretError> {
+        Secret::parse(&self.0)
+    }
+
+    /// The hash indicator (0 to 3) of the secret.
+    pub fn hash_indicator(&self) -> u8 {
+        self.secret().map_or(0, |s| s.hash_indicator())
+    }
+}
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretText(<{} hidden bytes>)", self.0.len())
+    }
+}
+
+/// The DH-HMAC-CHAP settings of one allowed host of a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostAuth {
+    /// The host's secret.
+    pub secret: SecretText,
+    /// The controller's secret, for bidirectional authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctrl_secret: Option<SecretText>,
+    /// Hash functions allowed, by name, most preferred first; empty: all.
+    #[serde(default)]
+    pub hashes: Vec<String>,
+    /// DH groups allowed, by name, most preferred first; empty: all.
+    #[serde(default)]
+    pub dh_groups: Vec<String>,
+}
+
+impl HostAuth {
+    /// The keys the NVMe-oF target authenticates the host with.
+    ///
+    /// # Errors
+    /// A secret, hash or DH group that does not parse: only for a state
+    /// file edited by hand, since requests are checked before they are
+    /// stored.
+    pub fn host_keys(&self) -> Result<HostKeys, String> {
+        let secret = self.secret.secret().map_err(|e| format!("secret: {e}"))?;
+        let ctrl = match &self.ctrl_secret {
+            Some(c) => Some(c.secret().map_err(|e| format!("ctrl_secret: {e}"))?),
+            None => None,
+        };
+        let mut keys = HostKeys::new(secret, ctrl);
+        if !self.hashes.is_empty() {
+            keys.hashes = self
+                .hashes
+                .iter()
+                .map(|n| hash_by_name(n).ok_or_else(|| format!("unknown hash {n:?}")))
+                .collect::<Result<_, _>>()?;
+        }
+        if !self.dh_groups.is_empty() {
+            keys.dh_groups = self
+                .dh_groups
+                .iter()
+                .map(|n| dh_group_by_name(n).ok_or_else(|| format!("unknown DH group {n:?}")))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(keys)
+    }
+}
+
+/// The hash function called `name` ("sha256", "sha384", "sha512").
+pub fn hash_by_name(name: &str) -> Option<HashId> {
+    HashId::ALL.into_iter().find(|h| h.name() == name)
+}
+
+/// The DH group called `name` ("null", "ffdhe2048" .. "ffdhe8192").
+pub fn dh_group_by_name(name: &str) -> Option<DhGroup> {
+    DhGroup::ALL.into_iter().find(|g| g.name() == name)
 }
 
 /// An NVM subsystem.
@@ -96,6 +239,13 @@ pub struct Subsystem {
     pub namespaces: BTreeMap<u32, Namespace>,
     /// Listeners by ID.
     pub listeners: BTreeMap<String, Listener>,
+    /// Whether hosts must authenticate.
+    #[serde(default)]
+    pub auth_requirement: AuthRequirement,
+    /// DH-HMAC-CHAP settings by host NQN, each of a host in
+    /// `allowed_hosts`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_auth: BTreeMap<String, HostAuth>,
 }
 
 impl Subsystem {

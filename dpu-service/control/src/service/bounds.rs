@@ -11,14 +11,16 @@
 //!   `max_decoding_message_size`), and
 //! - [`Bounded`] wraps a service and, for the methods whose requests carry
 //!   lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`,
-//!   `CreateSubsystem`, `UpdateSubsystem`: rules, attachments and their
-//!   guard, VTEP and underlay entries, allowed hosts, update-mask paths),
-//!   reads the request (within that size) and counts every list's entries
-//!   on the wire ([`count`], no allocation) before tonic decodes it; a
-//!   request with more than the caps allow is refused, with
+//!   `CreateSubsystem`, `UpdateSubsystem`, `SetHostAuth`: rules,
+//!   attachments and their guard, VTEP and underlay entries, allowed hosts,
+//!   update-mask paths, the DH-HMAC-CHAP lists and the output-only
+//!   `host_auth`), reads the request (within that size) and counts every
+//!   list's entries on the wire ([`count`], no allocation) before tonic
+//!   decodes it; a request with more than the caps allow is refused, with
 //!   `RESOURCE_EXHAUSTED` naming the configuration key for a configured
-//!   cap and `INVALID_ARGUMENT` naming the field for a fixed one (as the
-//!   checks after decoding would), and nothing of it is decoded.
+//!   cap and `INVALID_ARGUMENT` naming the field for a fixed one of the
+//!   lists that the checks after decoding answer so (allowed hosts, mask
+//!   paths), and nothing of it is decoded.
 //!
 //! What is decoded is then at most the caps' number of entries plus the
 //! bytes of the message itself; and since [`Bounded`] serves at most
@@ -40,6 +42,8 @@ use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Bytes, Service};
 use tonic::server::NamedService;
 use tonic::Status;
+
+use dpu_nvmeof::auth::{DhGroup, HashId};
 
 use crate::error::ControlError;
 use crate::state::Limits;
@@ -235,7 +239,48 @@ const COUNTED: &[Counted] = &[
         field: "update_mask.paths",
         max: mask_paths,
     },
+    Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 12],
+        field: "subsystem.host_auth",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 4],
+        field: "auth.hashes",
+        max: auth_hashes,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/SetHostAuth",
+        path: &[2, 5],
+        field: "auth.dh_groups",
+        max: auth_dh_groups,
+    },
 ];
+
+/// `Subsystem.host_auth` (12) is output only; what a request carries of
+/// it is refused by the service, and counted here so that it cannot
+/// decode to more entries than a subsystem has hosts.
+fn host_auth(_: &Limits) -> Cap {
+    Cap::Limit(MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
+}
+
+/// `HostAuth.hashes` (4): one entry per hash function.
+fn auth_hashes(_: &Limits) -> Cap {
+    Cap::Limit(HashId::ALL.len(), "DH-HMAC-CHAP hash functions")
+}
+
+/// `HostAuth.dh_groups` (5): one entry per DH group.
+fn auth_dh_groups(_: &Limits) -> Cap {
+    Cap::Limit(DhGroup::ALL.len(), "DH-HMAC-CHAP DH groups")
+}
 
 /// Why a message could not be walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,6 +637,79 @@ mod tests {
         check("/dpu.v1.TenantService/UpdateTenant", &f, &L).unwrap();
     }
 
+    /// The DH-HMAC-CHAP lists are counted where prost decodes them, and
+    /// a SetHostAuth with more hashes than exist is refused undecoded.
+    #[test]
+    fn host_auth_lists_are_counted() {
+        let auth = pb::HostAuth {
+            hashes: vec!["sha256".into(); 4],
+            dh_groups: vec!["null".into(); 7],
+            ..Default::default()
+        };
+        let sub = pb::Subsystem {
+            host_auth: vec![auth.clone(); 5],
+            ..Default::default()
+        };
+        let msgs = [
+            (
+                "SetHostAuth",
+                pb::SetHostAuthRequest {
+                    subsystem: "subsystems/a".into(),
+                    auth: Some(auth),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "CreateSubsystem",
+                pb::CreateSubsystemRequest {
+                    subsystem_id: "a".into(),
+                    subsystem: Some(sub.clone()),
+                }
+                .encode_to_vec(),
+            ),
+            (
+                "UpdateSubsystem",
+                pb::UpdateSubsystemRequest {
+                    subsystem: Some(sub),
+                    update_mask: None,
+                }
+                .encode_to_vec(),
+            ),
+        ];
+        let mut seen = 0;
+        for c in COUNTED
+            .iter()
+            .filter(|c| c.method.contains("Subsystem") || c.method.contains("HostAuth"))
+        {
+            let (_, msg) = msgs
+                .iter()
+                .find(|(m, _)| c.method.ends_with(m))
+                .expect("a message for each counted storage method");
+            let want = match c.field {
+                "subsystem.host_auth" => 5,
+                "auth.hashes" => 4,
+                "auth.dh_groups" => 7,
+                // Counted in `counts_match_prost`.
+                "subsystem.allowed_hosts" | "update_mask.paths" => continue,
+                other => panic!("unexpected counted field {other}"),
+            };
+            assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
+            seen += 1;
+        }
+        assert_eq!(seen, 4);
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(msgs[0].1.len()).unwrap().to_be_bytes());
+        frame.extend_from_slice(&msgs[0].1);
+        let e = check(
+            "/dpu.v1.StorageService/SetHostAuth",
+            &frame,
+            &Limits::with_ram(0),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("auth.hashes"), "{}", e.message());
+    }
+
     #[test]
     fn counts_match_prost() {
         let req = pb::ReplaceRulesRequest {
@@ -655,7 +773,10 @@ mod tests {
             }),
         }
         .encode_to_vec();
-        for c in COUNTED.iter().filter(|c| c.method.contains("Subsystem")) {
+        for c in COUNTED
+            .iter()
+            .filter(|c| c.method.contains("Subsystem") && c.field != "subsystem.host_auth")
+        {
             let msg = if c.method.ends_with("CreateSubsystem") {
                 &create
             } else {

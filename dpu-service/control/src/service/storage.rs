@@ -141,6 +141,12 @@ impl StorageService for Api {
                 s.model_number
             };
             validate::ascii_id("subsystem.model_number", &model, 40)?;
+            if !s.host_auth.is_empty() {
+                return Err(ControlError::invalid(
+                    "subsystem.host_auth",
+                    "output only: set a host's secrets with SetHostAuth once it is created",
+                ));
+            }
             let sub = Subsystem {
                 id: req.subsystem_id,
                 nqn: s.nqn,
@@ -155,6 +161,11 @@ impl StorageService for Api {
                 create_time: Timestamp::now(),
                 namespaces: BTreeMap::new(),
                 listeners: BTreeMap::new(),
+                auth_requirement: validate::auth_requirement(
+                    "subsystem.auth_requirement",
+                    s.auth_requirement,
+                )?,
+                host_auth: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
             let limits = self.ctl.limits;
@@ -209,7 +220,12 @@ impl StorageService for Api {
             let id = validate::name("subsystem.name", &s.name, "subsystems")?.to_string();
             let paths = mask_paths(
                 req.update_mask.as_ref(),
-                &["allow_any_host", "allowed_hosts", "model_number"],
+                &[
+                    "allow_any_host",
+                    "allowed_hosts",
+                    "model_number",
+                    "auth_requirement",
+                ],
             )?;
             let mut u = SubsystemUpdate::default();
             for p in &paths {
@@ -217,6 +233,12 @@ impl StorageService for Api {
                     "allow_any_host" => u.allow_any_host = Some(s.allow_any_host),
                     "allowed_hosts" => {
                         u.allowed_hosts = Some(hosts("subsystem.allowed_hosts", &s.allowed_hosts)?)
+                    }
+                    "auth_requirement" => {
+                        u.auth_requirement = Some(validate::auth_requirement(
+                            "subsystem.auth_requirement",
+                            s.auth_requirement,
+                        )?)
                     }
                     _ => {
                         validate::ascii_id("subsystem.model_number", &s.model_number, 40)?;
@@ -272,6 +294,45 @@ impl StorageService for Api {
             let req = req.into_inner();
             self.change_host(&req.subsystem, req.host_nqn, remove_host)
                 .await
+        })
+        .await
+    }
+
+    async fn set_host_auth(
+        &self,
+        req: Request<pb::SetHostAuthRequest>,
+    ) -> Result<Response<pb::Subsystem>, Status> {
+        self.write("/dpu.v1.StorageService/SetHostAuth", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            let a = required("auth", req.auth)?;
+            let (host, auth) = validate::host_auth("auth", &a)?;
+            self.change_storage(move |st| {
+                Ok((
+                    convert::subsystem(st.set_host_auth(&id, &host, auth)?),
+                    None,
+                ))
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn clear_host_auth(
+        &self,
+        req: Request<pb::ClearHostAuthRequest>,
+    ) -> Result<Response<pb::Subsystem>, Status> {
+        self.write("/dpu.v1.StorageService/ClearHostAuth", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            validate::nqn("host_nqn", &req.host_nqn)?;
+            self.change_storage(move |st| {
+                Ok((
+                    convert::subsystem(st.clear_host_auth(&id, &req.host_nqn)?),
+                    None,
+                ))
+            })
+            .await
         })
         .await
     }

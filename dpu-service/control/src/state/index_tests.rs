@@ -139,6 +139,8 @@ fn subsystem(rng: &mut Rng, id: &str) -> Subsystem {
         create_time: Timestamp::default(),
         namespaces: BTreeMap::new(),
         listeners: BTreeMap::new(),
+        auth_requirement: Default::default(),
+        host_auth: BTreeMap::new(),
     }
 }
 
@@ -172,8 +174,11 @@ fn listener(rng: &mut Rng) -> Listener {
     Listener {
         id: format!("l{}", rng.below(3)),
         transport: Transport::Tcp,
-        address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        address: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + rng.below(2) as u8)),
         port: 4420 + rng.below(3) as u16,
+        // Half of them storage endpoints in a tenant's network.
+        tenant: (rng.below(2) == 0).then(|| rng.pick(&TENANTS).to_string()),
+        mac: None,
     }
 }
 

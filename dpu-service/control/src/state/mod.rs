@@ -14,10 +14,12 @@
 //! attachments, rules) is in `network`, the storage side (subsystems,
 //! hosts, namespaces, listeners) in `storage`.
 
+mod endpoint;
 mod index;
 mod network;
 mod storage;
 
+pub use endpoint::Endpoint;
 pub use index::Index;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;

@@ -57,6 +57,7 @@ impl State {
         if let Some(a) = atts.iter().find(|a| !ports.contains_key(a.port())) {
             return Err(ControlError::NotFound(format!("ports/{}", a.port())));
         }
+        self.check_guards_spare_endpoints(owner, atts)?;
         self.check_claims(owner, atts)
     }
 
@@ -178,9 +179,16 @@ impl State {
         Ok(t)
     }
 
-    /// Deletes a tenant; without `force` it must hold no rules or attachments.
+    /// Deletes a tenant; without `force` it must hold no rules or
+    /// attachments, and it never may while a listener is a storage endpoint
+    /// in it (FAILED_PRECONDITION naming the listener).
     pub fn delete_tenant(&mut self, id: &str, force: bool) -> Result<()> {
         let t = self.tenant(id)?;
+        if let Some(l) = self.endpoint_of_tenant(id) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "tenants/{id} has a storage endpoint, {l}; delete its listeners first"
+            )));
+        }
         if !force && (!t.rules.rules.is_empty() || !t.attachments.is_empty()) {
             return Err(ControlError::FailedPrecondition(format!(
                 "tenants/{id} still has {} rules and {} attachments; delete them first or set force",

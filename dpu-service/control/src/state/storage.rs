@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
-use crate::model::{Backend, Listener, Namespace, State, Subsystem};
+use crate::model::{AuthRequirement, Backend, HostAuth, Listener, Namespace, State, Subsystem};
 use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
 
 /// Changes to a subsystem; `None` leaves a field as it is.
@@ -17,6 +17,8 @@ pub struct SubsystemUpdate {
     pub allowed_hosts: Option<BTreeSet<String>>,
     /// New model number.
     pub model_number: Option<String>,
+    /// New authentication requirement.
+    pub auth_requirement: Option<AuthRequirement>,
 }
 
 impl State {
@@ -80,8 +82,31 @@ impl State {
                 s.nqn
             )));
         }
-        self.index.add_subsystem(&s);
-        self.subsystems.insert(s.id.clone(), s);
+        self.insert_subsystem(s)
+    }
+
+    /// Inserts subsystem `s`, placing each of its listeners that names a
+    /// tenant ([`State::place_endpoint`]); on an error nothing changed.
+    fn insert_subsystem(&mut self, mut s: Subsystem) -> Result<()> {
+        let (id, seq) = (s.id.clone(), self.id_seq);
+        let listeners = std::mem::take(&mut s.listeners);
+        self.subsystems.insert(id.clone(), s);
+        for (lid, mut l) in listeners {
+            if let Err(e) = self.place_endpoint(&mut l) {
+                self.subsystems.remove(&id);
+                self.id_seq = seq;
+                return Err(e);
+            }
+            if let Some(s) = self.subsystems.get_mut(&id) {
+                s.listeners.insert(lid, l);
+            }
+        }
+        let State {
+            subsystems, index, ..
+        } = self;
+        if let Some(s) = subsystems.get(&id) {
+            index.add_subsystem(s);
+        }
         Ok(())
     }
 
@@ -105,7 +130,11 @@ impl State {
             s.allow_any_host = a;
         }
         if let Some(h) = u.allowed_hosts {
+            s.host_auth.retain(|host, _| h.contains(host));
             s.allowed_hosts = h;
+        }
+        if let Some(r) = u.auth_requirement {
+            s.auth_requirement = r;
         }
         if let Some(m) = u.model_number {
             s.model_number = m;
@@ -149,7 +178,8 @@ impl State {
         self.subsystem(id)
     }
 
-    /// Removes `host` from the allow list of subsystem `id`.
+    /// Removes `host` from the allow list of subsystem `id`, with its
+    /// DH-HMAC-CHAP settings.
     pub fn remove_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
         let s = self.subsystem_mut(id)?;
         if !s.allowed_hosts.remove(host) {
@@ -157,8 +187,34 @@ impl State {
                 "host {host} on subsystems/{id}"
             )));
         }
+        s.host_auth.remove(host);
         self.index.hosts_changed(1, 0);
         self.subsystem(id)
+    }
+
+    /// Sets the DH-HMAC-CHAP settings of `host`, which must be on the
+    /// allow list of subsystem `id` (at most one entry per allowed host,
+    /// so their number is bounded by the hosts' caps).
+    pub fn set_host_auth(&mut self, id: &str, host: &str, auth: HostAuth) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if !s.allowed_hosts.contains(host) {
+            return Err(ControlError::NotFound(format!(
+                "host {host} on subsystems/{id}: add it to the allow list first"
+            )));
+        }
+        s.host_auth.insert(host.to_string(), auth);
+        Ok(s)
+    }
+
+    /// Removes the DH-HMAC-CHAP settings of `host` on subsystem `id`.
+    pub fn clear_host_auth(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
+        let s = self.subsystem_mut(id)?;
+        if s.host_auth.remove(host).is_none() {
+            return Err(ControlError::NotFound(format!(
+                "DH-HMAC-CHAP settings of host {host} on subsystems/{id}"
+            )));
+        }
+        Ok(s)
     }
 
     /// Bytes of RAM namespaces, but namespace `except`.
@@ -337,29 +393,45 @@ impl State {
     }
 
     /// Creates a listener in subsystem `id`.
-    pub fn create_listener(&mut self, limits: Limits, id: &str, l: Listener) -> Result<&Listener> {
+    /// A listener that names a tenant is a storage endpoint of it
+    /// ([`State::place_endpoint`]): the tenant must exist, the address
+    /// be none of its hosts', and the listener gets its endpoint's MAC.
+    pub fn create_listener(
+        &mut self,
+        limits: Limits,
+        id: &str,
+        mut l: Listener,
+    ) -> Result<&Listener> {
         self.subsystem(id)?;
         let n = self.index.listeners() + 1;
         cap("limits.max_listeners", limits.listeners, n, || {
             format!("{n} listeners in all subsystems")
         })?;
-        let s = self.subsystem_mut(id)?;
+        let s = self.subsystem(id)?;
         if s.listeners.contains_key(&l.id) {
             return Err(ControlError::AlreadyExists(format!(
                 "subsystems/{id}/listeners/{} already exists",
                 l.id
             )));
         }
-        if let Some(o) = s
-            .listeners
-            .values()
-            .find(|o| o.transport == l.transport && o.address == l.address && o.port == l.port)
-        {
+        if let Some(o) = s.listeners.values().find(|o| {
+            o.transport == l.transport
+                && o.address == l.address
+                && o.port == l.port
+                && o.tenant == l.tenant
+        }) {
+            let within = l
+                .tenant
+                .as_ref()
+                .map(|t| format!(" in tenants/{t}"))
+                .unwrap_or_default();
             return Err(ControlError::AlreadyExists(format!(
-                "subsystems/{id}/listeners/{} already listens on {}:{}",
+                "subsystems/{id}/listeners/{} already listens on {}:{}{within}",
                 o.id, l.address, l.port
             )));
         }
+        self.place_endpoint(&mut l)?;
+        let s = self.subsystem_mut(id)?;
         let lid = l.id.clone();
         s.listeners.insert(lid.clone(), l);
         self.index.listeners_changed(0, 1);
@@ -502,6 +574,8 @@ mod tests {
             create_time: Timestamp::now(),
             namespaces: BTreeMap::new(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         }
     }
 
@@ -575,6 +649,8 @@ mod tests {
             transport: Transport::Tcp,
             address: "127.0.0.1".parse().unwrap(),
             port: 4420,
+            tenant: None,
+            mac: None,
         };
         s.create_listener(Limits::with_ram(0), "a", l.clone())
             .unwrap();
@@ -639,6 +715,8 @@ mod tests {
             transport: Transport::Tcp,
             address: "127.0.0.1".parse().unwrap(),
             port,
+            tenant: None,
+            mac: None,
         }
     }
 
@@ -841,5 +919,55 @@ mod tests {
             exhausted(s.create_listener(lim, "a", listener("m", 4421)).map(|_| ())),
             "limits.max_listeners"
         );
+    }
+
+    /// DH-HMAC-CHAP settings belong to an allowed host: they need one,
+    /// and go with it when it leaves the allow list.
+    #[test]
+    fn host_auth_follows_the_allow_list() {
+        use crate::model::{AuthRequirement, SecretText};
+        let lim = Limits::with_ram(0);
+        let (h1, h2) = ("nqn.2024-01.io.example:h1", "nqn.2024-01.io.example:h2");
+        let auth = || HostAuth {
+            secret: SecretText::parse(
+                "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:",
+            )
+            .unwrap()
+            .0,
+            ctrl_secret: None,
+            hashes: vec![],
+            dh_groups: vec![],
+        };
+        let mut s = State::default();
+        s.create_subsystem(lim, subsystem("a", "nqn.2024-01.io.example:a"))
+            .unwrap();
+        assert!(matches!(
+            s.set_host_auth("a", h1, auth()),
+            Err(ControlError::NotFound(_))
+        ));
+        s.add_host(lim, "a", h1).unwrap();
+        s.add_host(lim, "a", h2).unwrap();
+        s.set_host_auth("a", h1, auth()).unwrap();
+        s.set_host_auth("a", h2, auth()).unwrap();
+        s.remove_host("a", h1).unwrap();
+        assert_eq!(s.subsystems["a"].host_auth.keys().collect::<Vec<_>>(), [h2]);
+        let u = SubsystemUpdate {
+            allowed_hosts: Some([h1.to_string()].into()),
+            auth_requirement: Some(AuthRequirement::Required),
+            ..Default::default()
+        };
+        s.update_subsystem(lim, "a", u).unwrap();
+        assert!(s.subsystems["a"].host_auth.is_empty());
+        assert_eq!(
+            s.subsystems["a"].auth_requirement,
+            AuthRequirement::Required
+        );
+        assert!(matches!(
+            s.clear_host_auth("a", h1),
+            Err(ControlError::NotFound(_))
+        ));
+        s.set_host_auth("a", h1, auth()).unwrap();
+        s.clear_host_auth("a", h1).unwrap();
+        assert!(s.subsystems["a"].host_auth.is_empty());
     }
 }

@@ -186,6 +186,8 @@ mod tests {
                 create_time: Timestamp::now(),
                 namespaces: BTreeMap::from([(ns.nsid, ns)]),
                 listeners: BTreeMap::new(),
+                auth_requirement: Default::default(),
+                host_auth: BTreeMap::new(),
             },
         );
         s

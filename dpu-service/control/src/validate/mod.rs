@@ -24,9 +24,9 @@ pub use network::{
     MAX_REMOTE_VTEPS, MAX_RULES_PER_TENANT,
 };
 pub use storage::{
-    ascii_id, hex16, listener, listener_name, max_namespaces, namespace, namespace_name, nqn, uuid,
-    DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT, DISCOVERY_NQN, MAX_HOSTS_PER_SUBSYSTEM,
-    MAX_NAMESPACES, MAX_NQN_LEN,
+    ascii_id, auth_requirement, hex16, host_auth, listener, listener_name, max_namespaces,
+    namespace, namespace_name, nqn, uuid, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT,
+    DISCOVERY_NQN, MAX_HOSTS_PER_SUBSYSTEM, MAX_NAMESPACES, MAX_NQN_LEN,
 };
 
 use crate::error::{ControlError, Result};

@@ -8,7 +8,10 @@ use dpu_proto::v1 as pb;
 
 use super::{child_name, id};
 use crate::error::{ControlError, Result};
-use crate::model::{Backend, Listener, Namespace, Transport};
+use crate::model::{
+    dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
+    SecretText, Transport,
+};
 
 /// Longest NQN, in bytes (NVMe base specification).
 pub const MAX_NQN_LEN: usize = 223;
@@ -22,6 +25,89 @@ pub const MAX_HOSTS_PER_SUBSYSTEM: usize = 1_024;
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 /// Default NVMe/TCP port (IANA).
 pub const DEFAULT_NVME_TCP_PORT: u16 = 4420;
+
+/// Checks the DH-HMAC-CHAP settings of a SetHostAuth request (`field` is
+/// the message's field name) and answers the host NQN and the settings to
+/// store. Errors name the field and never quote a secret.
+pub fn host_auth(field: &str, a: &pb::HostAuth) -> Result<(String, HostAuth)> {
+    nqn(&format!("{field}.host_nqn"), &a.host_nqn)?;
+    let secret_field = format!("{field}.dhchap_secret");
+    if a.dhchap_secret.is_empty() {
+        return Err(ControlError::invalid(secret_field, "required"));
+    }
+    let (secret, parsed) = SecretText::parse(&a.dhchap_secret)
+        .map_err(|e| ControlError::invalid(&secret_field, e.to_string()))?;
+    let ctrl_secret = if a.dhchap_ctrl_secret.is_empty() {
+        None
+    } else {
+        let ctrl_field = format!("{field}.dhchap_ctrl_secret");
+        let (text, ctrl) = SecretText::parse(&a.dhchap_ctrl_secret)
+            .map_err(|e| ControlError::invalid(&ctrl_field, e.to_string()))?;
+        // The same key both ways would let a controller's challenge be
+        // answered by reflecting it (Linux refuses this too).
+        if ctrl.same_as(&parsed) {
+            return Err(ControlError::invalid(
+                ctrl_field,
+                "must differ from the host secret",
+            ));
+        }
+        Some(text)
+    };
+    let names = |sub: &str, list: &[String], known: &dyn Fn(&str) -> bool, all: &str| {
+        let mut out: Vec<String> = Vec::with_capacity(list.len());
+        for (i, n) in list.iter().enumerate() {
+            let f = format!("{field}.{sub}[{i}]");
+            if !known(n) {
+                return Err(ControlError::invalid(
+                    f,
+                    format!(
+                        "{:?} is not one of {all}",
+                        n.chars().take(32).collect::<String>()
+                    ),
+                ));
+            }
+            if out.contains(n) {
+                return Err(ControlError::invalid(f, format!("{n} is listed twice")));
+            }
+            out.push(n.clone());
+        }
+        Ok(out)
+    };
+    let hashes = names(
+        "hashes",
+        &a.hashes,
+        &|n| hash_by_name(n).is_some(),
+        "sha256, sha384, sha512",
+    )?;
+    let dh_groups = names(
+        "dh_groups",
+        &a.dh_groups,
+        &|n| dh_group_by_name(n).is_some(),
+        "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+    )?;
+    Ok((
+        a.host_nqn.clone(),
+        HostAuth {
+            secret,
+            ctrl_secret,
+            hashes,
+            dh_groups,
+        },
+    ))
+}
+
+/// The authentication requirement a request's enum value stands for.
+pub fn auth_requirement(field: &str, v: i32) -> Result<AuthRequirement> {
+    match pb::AuthRequirement::try_from(v) {
+        Ok(pb::AuthRequirement::Unspecified) => Ok(AuthRequirement::HostsWithSecret),
+        Ok(pb::AuthRequirement::Required) => Ok(AuthRequirement::Required),
+        Ok(pb::AuthRequirement::Disabled) => Ok(AuthRequirement::Disabled),
+        Err(_) => Err(ControlError::invalid(
+            field,
+            format!("unknown authentication requirement {v}"),
+        )),
+    }
+}
 
 /// Parses a namespace name `subsystems/{subsystem}/namespaces/{nsid}`.
 pub fn namespace_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, u32)> {
@@ -251,7 +337,9 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
     ))
 }
 
-/// Converts a listener to create, deriving its ID when `listener_id` is empty.
+/// Converts a listener to create, deriving its ID when `listener_id` is
+/// empty. A listener naming a tenant needs an IPv4 address; its MAC is
+/// left for the state to assign.
 pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<Listener> {
     let f = |s: &str| format!("{field}.{s}");
     let transport = match pb::Transport::try_from(l.transport) {
@@ -286,11 +374,25 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         id("listener_id", listener_id)?;
         listener_id.to_string()
     };
+    let tenant = if l.tenant.is_empty() {
+        None
+    } else {
+        id(&f("tenant"), &l.tenant)?;
+        if !address.is_ipv4() {
+            return Err(ControlError::invalid(
+                f("address"),
+                format!("{address} is not an IPv4 address; a tenant's endpoint has one"),
+            ));
+        }
+        Some(l.tenant.clone())
+    };
     Ok(Listener {
         id: id_str,
         transport,
         address,
         port,
+        tenant,
+        mac: None,
     })
 }
 
@@ -419,5 +521,100 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    /// Test secrets: a key of one repeated byte, as `DHHC-1` text.
+    const RAW32: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+    const SHA256: &str = "DHHC-1:01:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgJvwX3v:";
+    const RAW48: &str =
+        "DHHC-1:00:BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUF5lUjlA==:";
+
+    fn auth(secret: &str, ctrl: &str) -> pb::HostAuth {
+        pb::HostAuth {
+            host_nqn: "nqn.2024-01.io.example:h1".into(),
+            dhchap_secret: secret.into(),
+            dhchap_ctrl_secret: ctrl.into(),
+            ..Default::default()
+        }
+    }
+
+    /// What each refusal names, and that no message quotes key material.
+    #[test]
+    fn host_auth_is_checked_field_by_field() {
+        let (host, a) = host_auth("auth", &auth(RAW32, SHA256)).unwrap();
+        assert_eq!(host, "nqn.2024-01.io.example:h1");
+        assert_eq!(a.secret.hash_indicator(), 0);
+        assert_eq!(a.ctrl_secret.as_ref().unwrap().hash_indicator(), 1);
+        assert!(a.hashes.is_empty() && a.dh_groups.is_empty());
+        let keys = a.host_keys().unwrap();
+        assert_eq!(keys.hashes.len(), 3);
+        assert_eq!(keys.dh_groups.len(), 6);
+
+        let refused = |x: pb::HostAuth| {
+            let e = host_auth("auth", &x).unwrap_err();
+            let shown = e.to_string();
+            for b64 in [&RAW32[10..50], &SHA256[10..50]] {
+                assert!(!shown.contains(b64), "{shown}");
+            }
+            (field_of(e), shown)
+        };
+        assert_eq!(refused(auth("", "")).0, "auth.dhchap_secret");
+        assert_eq!(refused(auth("secret", "")).0, "auth.dhchap_secret");
+        let crc = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEAAAAA:";
+        let (f, why) = refused(auth(crc, ""));
+        assert_eq!(f, "auth.dhchap_secret");
+        assert!(why.contains("CRC"), "{why}");
+        // A 48-byte key cannot be transformed with SHA-256.
+        let (f, why) = refused(auth(&RAW48.replacen(":00:", ":01:", 1), ""));
+        assert_eq!(f, "auth.dhchap_secret");
+        assert!(why.contains("48-byte key"), "{why}");
+        assert_eq!(
+            refused(auth(RAW32, &crc.replace("DHHC-1", "DHHC-2"))).0,
+            "auth.dhchap_ctrl_secret"
+        );
+        let (f, why) = refused(auth(SHA256, SHA256));
+        assert_eq!(f, "auth.dhchap_ctrl_secret");
+        assert!(why.contains("differ"), "{why}");
+        let mut x = auth(RAW32, "");
+        x.host_nqn = "host".into();
+        assert_eq!(refused(x).0, "auth.host_nqn");
+        let mut x = auth(RAW32, "");
+        x.hashes = vec!["sha256".into(), "md5".into()];
+        assert_eq!(refused(x).0, "auth.hashes[1]");
+        let mut x = auth(RAW32, "");
+        x.dh_groups = vec!["ffdhe2048".into(), "ffdhe2048".into()];
+        assert_eq!(refused(x).0, "auth.dh_groups[1]");
+        let mut x = auth(RAW32, "");
+        x.hashes = vec!["sha512".into()];
+        x.dh_groups = vec!["null".into(), "ffdhe4096".into()];
+        let keys = host_auth("auth", &x).unwrap().1.host_keys().unwrap();
+        assert_eq!(keys.hashes, [dpu_nvmeof::auth::HashId::Sha512]);
+        assert_eq!(
+            keys.dh_groups,
+            [
+                dpu_nvmeof::auth::DhGroup::Null,
+                dpu_nvmeof::auth::DhGroup::Ffdhe4096
+            ]
+        );
+        assert_eq!(
+            field_of(auth_requirement("subsystem.auth_requirement", 7).unwrap_err()),
+            "subsystem.auth_requirement"
+        );
+    }
+
+    /// A stored secret shows in no `Debug` output, and reads back from
+    /// the state file's JSON as it was.
+    #[test]
+    fn stored_secrets_hide_from_debug_and_round_trip() {
+        let (_, a) = host_auth("auth", &auth(RAW32, SHA256)).unwrap();
+        let dbg = format!("{a:?}");
+        assert!(
+            !dbg.contains(&RAW32[10..40]) && !dbg.contains(&SHA256[10..40]),
+            "{dbg}"
+        );
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(json.contains(RAW32), "the state file keeps the secret");
+        let back: HostAuth = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, a);
     }
 }

@@ -361,6 +361,13 @@ fn guard_allows(guard: &Guard, src_mac: &[u8; 6], l3: &L3) -> bool {
 /// What a stateless tenant's filter must decide for a parsed frame.
 fn expected_pass(t: &TenantConfig, l3: &L3) -> bool {
     match l3 {
+        // A later fragment carries no transport header to filter: it
+        // passes with its datagram's first fragment, and this target sends
+        // none, so only a tenant with nothing to filter lets it by.
+        L3::Ip {
+            later_fragment: true,
+            ..
+        } => t.default_allow && t.rules.is_empty(),
         L3::Ip { key, .. } => t
             .rules
             .iter()

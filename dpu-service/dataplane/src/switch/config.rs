@@ -161,6 +161,10 @@ pub struct TenantConfig {
     pub default_allow: bool,
     /// Filter rules.
     pub rules: Vec<SwitchRule>,
+    /// Storage endpoints: stations of the tenant the service serves
+    /// itself, each compiled into an attachment on a virtual port (see
+    /// [`Endpoint`](super::Endpoint)).
+    pub endpoints: Vec<super::Endpoint>,
 }
 
 /// The whole switch configuration.
@@ -332,5 +336,15 @@ pub enum ConfigError {
         tenant: String,
         /// The order.
         order: u32,
+    },
+    /// A storage endpoint with a MAC that is not unicast or is another
+    /// endpoint's, an address that is no host's, or an address twice in
+    /// one tenant.
+    #[error("tenant {tenant}: endpoint {reason}")]
+    BadEndpoint {
+        /// Tenant name.
+        tenant: String,
+        /// What is wrong.
+        reason: String,
     },
 }

@@ -158,6 +158,11 @@ impl SwitchPipeline {
                 return Verdict::Drop(reason);
             }
         }
+        if t.endpoint(&src_mac).is_some_and(|at| at != ai) {
+            // An endpoint's MAC from anywhere but its own port.
+            bump(&cells.dropped, 1);
+            return Verdict::Drop(DropReason::Spoofed);
+        }
         if !self.macs.admits(ti as u32, src_mac, ai as u32) {
             bump(&cells.dropped, 1);
             return Verdict::Drop(DropReason::MacLimit);
@@ -239,6 +244,9 @@ impl SwitchPipeline {
         let from = t.attachments[ai];
         let to = if is_multicast(&dst_mac) {
             None
+        } else if let Some(at) = t.endpoint(&dst_mac) {
+            // An endpoint is where its MAC is, learned or not.
+            Some((at, 0))
         } else {
             let ageing = self.compiled.mac_ageing.as_secs();
             self.macs

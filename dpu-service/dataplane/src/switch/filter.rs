@@ -66,6 +66,7 @@ pub(super) struct IpPacket<'k> {
 /// tag of the rule that matched, if one was looked up and matched, and
 /// whether the packet passes. A matching rule's rate limit is taken from
 /// `rules` (the worker's cells of the tenant's rules).
+#[inline(always)]
 pub(super) fn filter_ip(
     t: &CompiledTenant,
     rules: &[RuleCells],

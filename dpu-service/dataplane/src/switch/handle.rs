@@ -132,6 +132,15 @@ impl SwitchHandle {
         out
     }
 
+    /// The storage endpoints of the current configuration with their
+    /// virtual ports: where a worker hands a frame forwarded to port
+    /// `port` (beyond the driver's), and which port the endpoint's own
+    /// frames enter through.
+    pub fn endpoint_ports(&self) -> Vec<super::EndpointPort> {
+        let (_, current) = self.load();
+        current.endpoints.clone()
+    }
+
     /// How many configurations have been published.
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::Acquire)

@@ -39,6 +39,8 @@
 //! - `compile`: a configuration checked and compiled into a snapshot;
 //! - `epoch`: what the handle and its pipelines share (publication);
 //! - `handle`: [`SwitchHandle`];
+//! - `endpoint`: storage endpoints, compiled into attachments on
+//!   virtual ports;
 //! - `police`: rate limits;
 //! - `counters`: the per-worker counter cells; `traffic`: what they sum to;
 //! - `state`: [`SwitchPipeline`], one worker's state; `frame`: what a
@@ -54,6 +56,9 @@ mod compile;
 mod config;
 mod counters;
 mod decide;
+mod endpoint;
+#[cfg(test)]
+mod endpoint_tests;
 mod epoch;
 mod filter;
 #[cfg(test)]
@@ -74,6 +79,7 @@ pub use compile::{Compiled, Published};
 pub use config::{
     Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, TenantConfig, Vtep,
 };
+pub use endpoint::{Endpoint, EndpointPort};
 pub use handle::SwitchHandle;
 pub use state::SwitchPipeline;
 pub use traffic::{RuleTraffic, TenantTraffic, Traffic};

@@ -21,6 +21,11 @@ pub enum ListenerCmd {
         /// Listener ID (derived from address and port if absent).
         #[arg(long)]
         id: Option<String>,
+        /// Tenant whose network the listener is a storage endpoint in
+        /// (`--address` is then an IPv4 address of that network); absent
+        /// for the service's own sockets.
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Lists a subsystem's listeners.
     List {
@@ -46,11 +51,13 @@ pub async fn execute(c: &DpuClient, cmd: &ListenerCmd) -> Result<Shown, Failure>
             address,
             port,
             id,
+            tenant,
         } => {
             let l = pb::Listener {
                 transport: pb::Transport::Tcp as i32,
                 address: address.clone(),
                 port: port.unwrap_or(0),
+                tenant: tenant.clone().unwrap_or_default(),
                 ..Default::default()
             };
             let l = c

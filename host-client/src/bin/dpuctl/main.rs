@@ -111,7 +111,8 @@ enum Command {
     /// Filter rules of a tenant.
     #[command(subcommand)]
     Rule(rule::RuleCmd),
-    /// NVMe-oF subsystems.
+    /// NVMe-oF subsystems, their allowed hosts and the hosts' DH-HMAC-CHAP
+    /// secrets (`set-auth --dhchap-secret-file`).
     #[command(subcommand)]
     Subsystem(subsystem::SubsystemCmd),
     /// Namespaces of a subsystem.
@@ -350,6 +351,7 @@ mod tests {
             &["rule", "add", "t", "--priority", "1", "--action", "maybe"],
             &["tenant", "create", "t", "--vxlan", "p0"],
             &["tenant", "list", "--page-size=-1"],
+            &["subsystem", "update", "s", "--auth", "sometimes"],
         ] {
             assert!(value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
         }
@@ -361,6 +363,35 @@ mod tests {
             &["tenant", "update", "t"],
             &["subsystem", "update", "s"],
             &["--cert", "c.pem", "info"],
+            // A secret is required, given once: inline or from a file.
+            &[
+                "subsystem",
+                "set-auth",
+                "s",
+                "nqn.2014-08.org.nvmexpress:uuid:h",
+            ],
+            &[
+                "subsystem",
+                "set-auth",
+                "s",
+                "nqn.2014-08.org.nvmexpress:uuid:h",
+                "--dhchap-secret",
+                "x",
+                "--dhchap-secret-file",
+                "f",
+            ],
+            &[
+                "subsystem",
+                "set-auth",
+                "s",
+                "nqn.2014-08.org.nvmexpress:uuid:h",
+                "--dhchap-secret-file",
+                "f",
+                "--dhchap-ctrl-secret",
+                "x",
+                "--dhchap-ctrl-secret-file",
+                "g",
+            ],
         ] {
             assert!(!value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
         }

@@ -78,6 +78,14 @@ pub fn info(i: &pb::ServiceInfo) -> String {
     ])
 }
 
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
+    }
+}
+
 fn or_none(s: &str) -> String {
     if s.is_empty() {
         "none".into()
@@ -250,6 +258,7 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
         "HOSTS",
         "NAMESPACES",
         "LISTENERS",
+        "AUTH",
     ]);
     for s in list {
         let hosts = if s.allow_any_host {
@@ -266,9 +275,29 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
             hosts,
             s.namespace_count.to_string(),
             s.listener_count.to_string(),
+            auth(s),
         ]);
     }
     t.render()
+}
+
+/// A subsystem's authentication: who must authenticate, then each host
+/// with a secret as `host=secret:HH[+ctrl:HH]` (the hash indicators;
+/// secrets themselves never reach the client).
+fn auth(s: &pb::Subsystem) -> String {
+    let who = match pb::AuthRequirement::try_from(s.auth_requirement) {
+        Ok(pb::AuthRequirement::Required) => "required",
+        Ok(pb::AuthRequirement::Disabled) => "disabled",
+        _ => "hosts-with-secret",
+    };
+    let mut out = who.to_string();
+    for a in &s.host_auth {
+        out.push_str(&format!(" {}=secret:{:02}", a.host_nqn, a.secret_hash));
+        if a.ctrl_secret_set {
+            out.push_str(&format!("+ctrl:{:02}", a.ctrl_secret_hash));
+        }
+    }
+    out
 }
 
 /// A byte count with a binary unit.
@@ -306,7 +335,7 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
 
 /// Listeners, one row each.
 pub fn listeners(list: &[pb::Listener]) -> String {
-    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT"]);
+    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT", "TENANT", "MAC"]);
     for l in list {
         let tr = pb::Transport::try_from(l.transport)
             .map(|x| enum_name(x.as_str_name(), "TRANSPORT_"))
@@ -316,6 +345,8 @@ pub fn listeners(list: &[pb::Listener]) -> String {
             tr,
             l.address.clone(),
             l.port.to_string(),
+            or_dash(&l.tenant),
+            or_dash(&l.mac),
         ]);
     }
     t.render()
@@ -413,6 +444,8 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
         "READ BYTES",
         "WRITE BYTES",
         "ERRORS",
+        "AUTH OK",
+        "AUTH FAILED",
     ]);
     for x in &s.subsystems {
         ss.row(vec![
@@ -423,6 +456,8 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
             x.read_bytes.to_string(),
             x.write_bytes.to_string(),
             x.errors.to_string(),
+            x.auth_succeeded.to_string(),
+            x.auth_failed.to_string(),
         ]);
     }
     out.push('\n');
@@ -494,6 +529,41 @@ mod tests {
         assert_eq!(bytes(1536), "1536 B");
         assert_eq!(enum_name("RULE_ACTION_ALLOW", "RULE_ACTION_"), "allow");
         assert_eq!(id("tenants/a/rules/r"), "r");
+    }
+
+    /// The AUTH column: the requirement, then each host with a secret by
+    /// its hash indicators; the secret text is never printed, even from a
+    /// service that sent one.
+    #[test]
+    fn subsystem_auth_shows_hashes_only() {
+        let s = pb::Subsystem {
+            name: "subsystems/vol".into(),
+            auth_requirement: pb::AuthRequirement::Required as i32,
+            host_auth: vec![
+                pb::HostAuth {
+                    host_nqn: "nqn.h1".into(),
+                    dhchap_secret: "DHHC-1:01:c2VjcmV0:".into(),
+                    secret_set: true,
+                    secret_hash: 1,
+                    ctrl_secret_set: true,
+                    ctrl_secret_hash: 2,
+                    ..Default::default()
+                },
+                pb::HostAuth {
+                    host_nqn: "nqn.h2".into(),
+                    secret_set: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let out = subsystems(&[s]);
+        assert!(
+            out.contains("required nqn.h1=secret:01+ctrl:02 nqn.h2=secret:00"),
+            "{out}"
+        );
+        assert!(!out.contains("c2VjcmV0"), "{out}");
+        assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-secret"));
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! `dpuctl subsystem`: its subcommands and flags, and their handler; the
-//! allowed hosts of a subsystem are among them (`add-host`, `remove-host`).
+//! allowed hosts of a subsystem are among them (`add-host`, `remove-host`),
+//! and their DH-HMAC-CHAP secrets (`set-auth`, `clear-auth`).
 
-use clap::{ArgGroup, Subcommand};
+use std::path::{Path, PathBuf};
+
+use clap::{ArgGroup, Subcommand, ValueEnum};
 use dpu_client::{pb, subsystem_name, DpuClient};
 
 use crate::common::{all_pages, deleted, json, mask, Paging, Shown};
@@ -31,6 +34,9 @@ pub enum SubsystemCmd {
         /// Largest namespace ID.
         #[arg(long)]
         max_namespaces: Option<u32>,
+        /// Which hosts must authenticate with DH-HMAC-CHAP.
+        #[arg(long, value_enum)]
+        auth: Option<AuthArg>,
     },
     /// Shows a subsystem.
     Get {
@@ -44,7 +50,7 @@ pub enum SubsystemCmd {
         ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["allow_any_host", "model", "hosts", "clear_hosts"])
+            .args(["allow_any_host", "model", "hosts", "clear_hosts", "auth"])
     ))]
     Update {
         /// Subsystem ID.
@@ -61,6 +67,9 @@ pub enum SubsystemCmd {
         /// Empty the allow list.
         #[arg(long)]
         clear_hosts: bool,
+        /// Which hosts must authenticate with DH-HMAC-CHAP.
+        #[arg(long, value_enum)]
+        auth: Option<AuthArg>,
     },
     /// Deletes a subsystem.
     Delete {
@@ -84,6 +93,95 @@ pub enum SubsystemCmd {
         /// Host NQN.
         nqn: String,
     },
+    /// Sets the DH-HMAC-CHAP secrets of an allowed host (replacing what
+    /// it had); they take effect at its next authentication. Secrets are
+    /// never shown back: output says only whether one is set and its hash.
+    /// Prefer the `-file` flags, which keep secrets out of shell history.
+    #[command(group(ArgGroup::new("secret").required(true).args(["dhchap_secret", "dhchap_secret_file"])))]
+    SetAuth {
+        /// Subsystem ID.
+        id: String,
+        /// Host NQN, one of the subsystem's allowed hosts.
+        nqn: String,
+        /// The host's secret, `DHHC-1:..:..:` as `nvme gen-dhchap-key` makes it.
+        #[arg(long)]
+        dhchap_secret: Option<String>,
+        /// A file holding the host's secret.
+        #[arg(long, conflicts_with = "dhchap_secret")]
+        dhchap_secret_file: Option<PathBuf>,
+        /// The controller's secret, for bidirectional authentication.
+        #[arg(long)]
+        dhchap_ctrl_secret: Option<String>,
+        /// A file holding the controller's secret.
+        #[arg(long, conflicts_with = "dhchap_ctrl_secret")]
+        dhchap_ctrl_secret_file: Option<PathBuf>,
+        /// Allowed hash function, most preferred first (repeatable; default all):
+        /// sha256, sha384, sha512.
+        #[arg(long = "hash")]
+        hashes: Vec<String>,
+        /// Allowed DH group, most preferred first (repeatable; default all):
+        /// null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192.
+        #[arg(long = "dh-group")]
+        dh_groups: Vec<String>,
+    },
+    /// Removes the DH-HMAC-CHAP secrets of a host.
+    ClearAuth {
+        /// Subsystem ID.
+        id: String,
+        /// Host NQN.
+        nqn: String,
+    },
+}
+
+/// Which hosts of a subsystem must authenticate.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum AuthArg {
+    /// Hosts that have a secret (the default).
+    HostsWithSecret,
+    /// Every host: one without a secret cannot connect.
+    Required,
+    /// None, secrets or not.
+    Disabled,
+}
+
+impl AuthArg {
+    fn proto(self) -> i32 {
+        let r = match self {
+            AuthArg::HostsWithSecret => pb::AuthRequirement::Unspecified,
+            AuthArg::Required => pb::AuthRequirement::Required,
+            AuthArg::Disabled => pb::AuthRequirement::Disabled,
+        };
+        r as i32
+    }
+}
+
+/// Longest secret file read: a `DHHC-1` secret is at most about 100 bytes.
+const MAX_SECRET_FILE: u64 = 4096;
+
+/// The secret given on the command line or in a file (trimmed), if any.
+fn secret(given: Option<&String>, file: Option<&Path>) -> Result<String, Failure> {
+    if let Some(s) = given {
+        return Ok(s.clone());
+    }
+    let Some(path) = file else {
+        return Ok(String::new());
+    };
+    let read = || -> std::io::Result<String> {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)?
+            .take(MAX_SECRET_FILE + 1)
+            .read_to_string(&mut text)?;
+        Ok(text)
+    };
+    let text = read().map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
+    if text.len() as u64 > MAX_SECRET_FILE {
+        return Err(Failure::Input(format!(
+            "{}: longer than {MAX_SECRET_FILE} bytes; not a secret",
+            path.display()
+        )));
+    }
+    Ok(text.trim().to_string())
 }
 
 /// `dpuctl subsystem ...`.
@@ -101,6 +199,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             allow_any_host,
             hosts,
             max_namespaces,
+            auth,
         } => {
             let s = pb::Subsystem {
                 nqn: nqn.clone(),
@@ -109,6 +208,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 allow_any_host: *allow_any_host,
                 allowed_hosts: hosts.clone(),
                 max_namespaces: max_namespaces.unwrap_or(0),
+                auth_requirement: auth.map_or(0, AuthArg::proto),
                 ..Default::default()
             };
             one(c
@@ -145,6 +245,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             model,
             hosts,
             clear_hosts,
+            auth,
         } => {
             let mut paths = Vec::new();
             if allow_any_host.is_some() {
@@ -156,9 +257,12 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             if *clear_hosts || !hosts.is_empty() {
                 paths.push("allowed_hosts");
             }
+            if auth.is_some() {
+                paths.push("auth_requirement");
+            }
             if paths.is_empty() {
                 return Err(Failure::Input(
-                    "nothing to update: give --allow-any-host, --model, --host or --clear-hosts"
+                    "nothing to update: give --allow-any-host, --model, --host, --clear-hosts or --auth"
                         .into(),
                 ));
             }
@@ -167,6 +271,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 allow_any_host: allow_any_host.unwrap_or(false),
                 model_number: model.clone().unwrap_or_default(),
                 allowed_hosts: hosts.clone(),
+                auth_requirement: auth.map_or(0, AuthArg::proto),
                 ..Default::default()
             };
             one(c
@@ -196,5 +301,63 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 host_nqn: nqn.clone(),
             })
             .await?),
+        SubsystemCmd::SetAuth {
+            id,
+            nqn,
+            dhchap_secret,
+            dhchap_secret_file,
+            dhchap_ctrl_secret,
+            dhchap_ctrl_secret_file,
+            hashes,
+            dh_groups,
+        } => {
+            let auth = pb::HostAuth {
+                host_nqn: nqn.clone(),
+                dhchap_secret: secret(dhchap_secret.as_ref(), dhchap_secret_file.as_deref())?,
+                dhchap_ctrl_secret: secret(
+                    dhchap_ctrl_secret.as_ref(),
+                    dhchap_ctrl_secret_file.as_deref(),
+                )?,
+                hashes: hashes.clone(),
+                dh_groups: dh_groups.clone(),
+                ..Default::default()
+            };
+            one(c
+                .set_host_auth(pb::SetHostAuthRequest {
+                    subsystem: subsystem_name(id),
+                    auth: Some(auth),
+                })
+                .await?)
+        }
+        SubsystemCmd::ClearAuth { id, nqn } => one(c
+            .clear_host_auth(pb::ClearHostAuthRequest {
+                subsystem: subsystem_name(id),
+                host_nqn: nqn.clone(),
+            })
+            .await?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A secret comes from the command line or from a file, trimmed; a
+    /// file that cannot be a secret is refused without reading it all.
+    #[test]
+    fn secrets_from_flags_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("k");
+        std::fs::write(&f, "DHHC-1:00:abc:\n").unwrap();
+        assert_eq!(secret(None, Some(&f)).unwrap(), "DHHC-1:00:abc:");
+        assert_eq!(secret(Some(&"s".to_string()), None).unwrap(), "s");
+        assert_eq!(secret(None, None).unwrap(), "");
+        let missing = secret(None, Some(&dir.path().join("none"))).unwrap_err();
+        assert!(matches!(missing, Failure::Input(_)), "{missing}");
+        std::fs::write(&f, vec![b'a'; 5000]).unwrap();
+        assert!(matches!(
+            secret(None, Some(&f)).unwrap_err(),
+            Failure::Input(m) if m.contains("not a secret")
+        ));
+    }
 }

@@ -93,6 +93,8 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/CreateListener", Permission::Admin),
     ("/dpu.v1.StorageService/ListListeners", Permission::Read),
     ("/dpu.v1.StorageService/DeleteListener", Permission::Admin),
+    ("/dpu.v1.StorageService/SetHostAuth", Permission::Admin),
+    ("/dpu.v1.StorageService/ClearHostAuth", Permission::Admin),
     ("/dpu.v1.TelemetryService/GetCounters", Permission::Read),
     ("/dpu.v1.TelemetryService/WatchCounters", Permission::Read),
 ];

@@ -1,0 +1,109 @@
+//! Storage endpoints in the switch: stations of a tenant that the service
+//! itself serves (an NVMe/TCP target's TCP/IP stack), not hosts behind a
+//! port.
+//!
+//! Each endpoint becomes, at compile time, one more attachment of its
+//! tenant on a *virtual port* numbered after the driver's ports (endpoint
+//! `k` of the configuration, counting tenants in order, is port
+//! `ports + k`), guarded for exactly its MAC and IPv4 address. Everything
+//! the switch does for a station then holds for it with no code of its
+//! own on the packet path: the tenant's rules and connection tracking
+//! apply both ways, its counters count it, its broadcasts (ARP requests
+//! for its address among them) reach it, and no frame of another tenant
+//! can, as no other tenant has an attachment on its port. A frame the
+//! endpoint sends enters as received on its virtual port.
+//!
+//! Two things a learned station would not get are fixed for endpoints:
+//! a frame to an endpoint's MAC goes to its port whatever the MAC table
+//! says (it is never flooded to the tenant's ports first, and an address
+//! learned elsewhere cannot divert it), and a frame from an endpoint's
+//! MAC that enters anywhere but its port is dropped as `Spoofed` before
+//! anything is learned from it. Both cost a tenant without endpoints one
+//! test of an empty list.
+//!
+//! Where a worker sends a frame for a virtual port, and where it takes
+//! the endpoint's frames from, is the worker's business
+//! ([`crate::endpoint`]); the switch only names the port.
+
+use super::config::{Attach, ConfigError, Guard, SwitchConfig};
+
+/// A storage endpoint of a tenant: its MAC and IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// MAC address: unicast, not zero, unique among all endpoints.
+    pub mac: [u8; 6],
+    /// IPv4 address, not 0.0.0.0, unique within the tenant.
+    pub ip: u32,
+}
+
+/// Where an endpoint was compiled: its tenant and virtual port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointPort {
+    /// The tenant's index in the configuration.
+    pub tenant: usize,
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// The virtual port frames for it are forwarded to, and its own
+    /// frames enter through.
+    pub port: usize,
+}
+
+/// The virtual ports of `config`'s endpoints, in order, or an error if
+/// an endpoint is malformed or a MAC or (tenant, address) repeats.
+///
+/// # Errors
+/// [`ConfigError::BadEndpoint`] naming the tenant and the problem.
+pub(super) fn endpoint_ports(config: &SwitchConfig) -> Result<Vec<EndpointPort>, ConfigError> {
+    let mut out: Vec<EndpointPort> = Vec::new();
+    for (ti, t) in config.tenants.iter().enumerate() {
+        for e in &t.endpoints {
+            let bad = |reason: String| ConfigError::BadEndpoint {
+                tenant: t.name.clone(),
+                reason,
+            };
+            if e.mac[0] & 1 != 0 || e.mac == [0; 6] {
+                return Err(bad(format!("MAC {:02x?} is not a unicast address", e.mac)));
+            }
+            if e.ip == 0 || e.ip == u32::MAX {
+                return Err(bad(format!("IPv4 address {:#x} is not a host's", e.ip)));
+            }
+            if let Some(o) = out.iter().find(|o| o.endpoint.mac == e.mac) {
+                return Err(bad(format!(
+                    "MAC {:02x?} is already the endpoint of tenant {}",
+                    e.mac, config.tenants[o.tenant].name
+                )));
+            }
+            if out.iter().any(|o| o.tenant == ti && o.endpoint.ip == e.ip) {
+                return Err(bad(format!("two endpoints have address {:#x}", e.ip)));
+            }
+            out.push(EndpointPort {
+                tenant: ti,
+                endpoint: *e,
+                port: config.ports + out.len(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `config` with each endpoint of `ports` an attachment of its tenant on
+/// its virtual port, guarded for its addresses alone; `ports` counts the
+/// virtual ones too.
+pub(super) fn with_endpoint_attachments(
+    config: &SwitchConfig,
+    ports: &[EndpointPort],
+) -> SwitchConfig {
+    let mut c = config.clone();
+    c.ports += ports.len();
+    for p in ports {
+        let t = &mut c.tenants[p.tenant];
+        t.guards.resize(t.attachments.len(), Guard::default());
+        t.attachments.push(Attach::port(p.port, 0));
+        t.guards.push(Guard {
+            macs: vec![p.endpoint.mac],
+            v4: vec![(p.endpoint.ip, p.endpoint.ip)],
+            v6: Vec::new(),
+        });
+    }
+    c
+}

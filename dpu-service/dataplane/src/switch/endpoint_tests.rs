@@ -1,0 +1,353 @@
+//! Storage endpoints in the switch: what reaches an endpoint's virtual
+//! port, what its own frames may do, and what no other tenant can.
+
+use super::testing::*;
+use super::{Endpoint, EndpointPort};
+use crate::conntrack::{ACK, SYN};
+use crate::wire::tests::build::{arp, eth, ipv4, tcp};
+use crate::wire::ETH_IPV4;
+
+/// Blue's and red's endpoints: the same address, MACs of their own.
+const BLUE_EP: [u8; 6] = [0x02, 0xd5, 0, 0, 0, 1];
+const RED_EP: [u8; 6] = [0x02, 0xd5, 0, 0, 0, 2];
+const EP_IP: [u8; 4] = [10, 0, 0, 250];
+/// Ports: 0 and 1 blue's (VLAN 10 on 0, all of 1), 2 red's (VLAN 10);
+/// the endpoints' virtual ports follow: 3 blue's, 4 red's.
+const PORTS: usize = 3;
+const BLUE_PORT: usize = 3;
+const RED_PORT: usize = 4;
+
+fn endpoint(mac: [u8; 6]) -> Endpoint {
+    Endpoint {
+        mac,
+        ip: u32::from_be_bytes(EP_IP),
+    }
+}
+
+/// A TCP rule of order `order` to port `dport` from `src` (`prefix`
+/// bits), allowing or denying.
+fn tcp_rule(id: &str, order: u32, dport: u16, src: u32, bits: u8, allow: bool) -> SwitchRule {
+    let mut m = AclRule::any(order, 0, Family::V4);
+    m.proto = (proto::TCP, proto::TCP);
+    m.dst_port = (dport, dport);
+    m.src = AclRule::prefix_range(u128::from(src), bits, 32);
+    SwitchRule {
+        id: id.into(),
+        matches: m,
+        allow,
+        stateful: allow,
+        rate_limit: None,
+    }
+}
+
+fn config(blue_rules: Vec<SwitchRule>, blue_allows: bool) -> SwitchConfig {
+    let mut blue = tenant("blue", &[(0, 10), (1, 0)], blue_allows);
+    blue.rules = blue_rules;
+    blue.endpoints = vec![endpoint(BLUE_EP)];
+    let mut red = tenant("red", &[(2, 10)], true);
+    red.endpoints = vec![endpoint(RED_EP)];
+    SwitchConfig {
+        ports: PORTS,
+        tenants: vec![blue, red],
+        ..SwitchConfig::default()
+    }
+}
+
+fn pipeline(c: &SwitchConfig) -> (SwitchHandle, SwitchPipeline) {
+    let h = SwitchHandle::new(c).unwrap();
+    let mut p = h.pipeline();
+    p.turn();
+    (h, p)
+}
+
+/// A TCP segment from host `h` (MAC `mac(h)`, 10.0.0.h) to the endpoint.
+fn to_endpoint(h: u8, dst: [u8; 6], vlan: Option<u16>, sport: u16, flags: u8) -> Vec<u8> {
+    let mut f = eth(dst, mac(h), vlan, ETH_IPV4);
+    f.extend(ipv4(
+        [10, 0, 0, h],
+        EP_IP,
+        proto::TCP,
+        &tcp(sport, 4420, flags),
+    ));
+    f
+}
+
+/// A TCP segment from endpoint `ep` to host `h`.
+fn from_endpoint(ep: [u8; 6], src_ip: [u8; 4], h: u8, dport: u16, flags: u8) -> Vec<u8> {
+    let mut f = eth(mac(h), ep, None, ETH_IPV4);
+    f.extend(ipv4(
+        src_ip,
+        [10, 0, 0, h],
+        proto::TCP,
+        &tcp(4420, dport, flags),
+    ));
+    f
+}
+
+/// The ports a verdict sends a frame to.
+fn outputs(v: &Verdict, flood: &[Egress]) -> Vec<usize> {
+    match v {
+        Verdict::Forward(e) => vec![e.port],
+        Verdict::Flood => flood.iter().map(|e| e.port).collect(),
+        Verdict::Drop(_) => Vec::new(),
+    }
+}
+
+#[test]
+fn endpoints_get_virtual_ports_after_the_drivers() {
+    let (h, _) = pipeline(&config(Vec::new(), true));
+    let ports = h.endpoint_ports();
+    assert_eq!(
+        ports,
+        [
+            EndpointPort {
+                tenant: 0,
+                endpoint: endpoint(BLUE_EP),
+                port: BLUE_PORT
+            },
+            EndpointPort {
+                tenant: 1,
+                endpoint: endpoint(RED_EP),
+                port: RED_PORT
+            },
+        ]
+    );
+    // Without endpoints, nothing changes.
+    let (h, _) = switch(PORTS, vec![tenant("blue", &[(0, 10)], true)]);
+    assert!(h.endpoint_ports().is_empty());
+}
+
+#[test]
+fn arp_for_the_endpoint_reaches_it_and_only_its_tenants() {
+    let (_h, mut p) = pipeline(&config(Vec::new(), true));
+    let who_has = arp(mac(1), BCAST, Some(10), 1, [10, 0, 0, 1], EP_IP);
+    let (v, flood) = run(&mut p, 0, who_has.clone());
+    assert_eq!(v, Verdict::Flood);
+    let to_ep: Vec<_> = flood.iter().filter(|e| e.port == BLUE_PORT).collect();
+    assert_eq!(to_ep.len(), 1, "{flood:?}");
+    assert_eq!(
+        to_ep[0].vlan,
+        VlanOp::Strip,
+        "the endpoint gets it untagged"
+    );
+    assert!(!outputs(&v, &flood).contains(&RED_PORT));
+    // The same request in red's network (same VLAN ID, same addresses)
+    // reaches red's endpoint and nothing of blue's.
+    let (v, flood) = run(&mut p, 2, who_has);
+    assert_eq!(outputs(&v, &flood), [RED_PORT]);
+}
+
+#[test]
+fn unicast_to_the_endpoint_goes_to_it_alone_and_never_across_tenants() {
+    let (h, mut p) = pipeline(&config(Vec::new(), true));
+    // Before anything is learned: straight to the endpoint, not flooded.
+    let (v, _) = run(&mut p, 0, to_endpoint(1, BLUE_EP, Some(10), 40000, SYN));
+    match v {
+        Verdict::Forward(e) => assert_eq!((e.port, e.vlan), (BLUE_PORT, VlanOp::Strip)),
+        v => panic!("{v:?}"),
+    }
+    let (v, _) = run(&mut p, 1, to_endpoint(2, BLUE_EP, None, 40001, SYN));
+    assert!(
+        matches!(v, Verdict::Forward(e) if e.port == BLUE_PORT),
+        "{v:?}"
+    );
+    // Red's host with blue's addresses (same VLAN ID on its own
+    // attachment, same IPs, blue's endpoint MAC): never blue's endpoint.
+    for f in [
+        to_endpoint(1, BLUE_EP, Some(10), 40000, SYN),
+        to_endpoint(1, RED_EP, Some(10), 40000, SYN),
+    ] {
+        let (v, flood) = run(&mut p, 2, f);
+        let out = outputs(&v, &flood);
+        assert!(!out.contains(&BLUE_PORT), "{v:?} {flood:?}");
+        assert!(out.iter().all(|&o| o == RED_PORT), "{out:?}");
+    }
+    let t = h.traffic();
+    assert_eq!(t.tenants["blue"].forwarded_packets, 2);
+    assert_eq!(t.tenants["red"].rx_packets, 2);
+}
+
+#[test]
+fn the_tenants_rules_drop_storage_traffic_before_the_endpoint() {
+    // Deny TCP 4420 from 10.0.0.0/29; allow it from elsewhere.
+    let rules = vec![
+        tcp_rule("no-storage", 10, 4420, 0x0a00_0000, 29, false),
+        tcp_rule("storage", 20, 4420, 0, 0, true),
+    ];
+    let (h, mut p) = pipeline(&config(rules, false));
+    let (v, _) = run(&mut p, 0, to_endpoint(5, BLUE_EP, Some(10), 40000, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::AclDeny));
+    let (v, _) = run(&mut p, 0, to_endpoint(9, BLUE_EP, Some(10), 40000, SYN));
+    assert!(
+        matches!(v, Verdict::Forward(e) if e.port == BLUE_PORT),
+        "{v:?}"
+    );
+    let t = h.traffic();
+    assert_eq!(t.tenants["blue"].dropped_packets, 1);
+    assert_eq!(t.rules[&("blue".into(), "no-storage".into())].packets, 1);
+    assert_eq!(t.rules[&("blue".into(), "storage".into())].packets, 1);
+
+    // The endpoint's answer passes on the connection (the default denies),
+    // back to the host's port and VLAN; a connection it opens itself
+    // does not.
+    let (v, _) = run(
+        &mut p,
+        BLUE_PORT,
+        from_endpoint(BLUE_EP, EP_IP, 9, 40000, SYN | ACK),
+    );
+    match v {
+        Verdict::Forward(e) => assert_eq!((e.port, e.vlan), (0, VlanOp::Push(10))),
+        v => panic!("{v:?}"),
+    }
+    let (v, _) = run(&mut p, BLUE_PORT, from_endpoint(BLUE_EP, EP_IP, 9, 80, SYN));
+    assert_eq!(v, Verdict::Drop(DropReason::AclDeny));
+    assert_eq!(h.traffic().tenants["blue"].rx_packets, 4);
+}
+
+#[test]
+fn the_endpoint_sends_only_from_its_own_addresses() {
+    let (h, mut p) = pipeline(&config(Vec::new(), true));
+    // Learn host 1 on port 0, VLAN 10.
+    run(&mut p, 0, to_endpoint(1, BLUE_EP, Some(10), 40000, SYN));
+    let (v, _) = run(
+        &mut p,
+        BLUE_PORT,
+        from_endpoint(BLUE_EP, EP_IP, 1, 40000, SYN | ACK),
+    );
+    assert!(matches!(v, Verdict::Forward(e) if e.port == 0), "{v:?}");
+    for f in [
+        from_endpoint(mac(7), EP_IP, 1, 40000, ACK),
+        from_endpoint(BLUE_EP, [10, 0, 0, 251], 1, 40000, ACK),
+        arp(mac(7), BCAST, None, 1, EP_IP, [10, 0, 0, 1]),
+        arp(BLUE_EP, BCAST, None, 1, [10, 0, 0, 9], [10, 0, 0, 1]),
+    ] {
+        let (v, _) = run(&mut p, BLUE_PORT, f);
+        assert_eq!(v, Verdict::Drop(DropReason::Spoofed));
+    }
+    // Its ARP for a host is flooded to the tenant's ports, not to red.
+    let (v, flood) = run(
+        &mut p,
+        BLUE_PORT,
+        arp(BLUE_EP, BCAST, None, 1, EP_IP, [10, 0, 0, 3]),
+    );
+    let mut out = outputs(&v, &flood);
+    out.sort_unstable();
+    assert_eq!(out, [0, 1]);
+    assert_eq!(h.traffic().tenants["blue"].dropped_packets, 4);
+}
+
+#[test]
+fn a_host_cannot_take_the_endpoints_mac() {
+    let (_h, mut p) = pipeline(&config(Vec::new(), true));
+    // Host on port 1 sends with the endpoint's MAC: dropped, not learned.
+    let mut f = eth(mac(1), BLUE_EP, None, ETH_IPV4);
+    f.extend(ipv4(
+        EP_IP,
+        [10, 0, 0, 1],
+        proto::TCP,
+        &tcp(4420, 40000, ACK),
+    ));
+    let (v, _) = run(&mut p, 1, f);
+    assert_eq!(v, Verdict::Drop(DropReason::Spoofed));
+    let (v, _) = run(&mut p, 0, to_endpoint(1, BLUE_EP, Some(10), 40000, SYN));
+    assert!(
+        matches!(v, Verdict::Forward(e) if e.port == BLUE_PORT),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn bad_endpoints_are_refused() {
+    let mut c = config(Vec::new(), true);
+    c.tenants[1].endpoints[0].mac = BLUE_EP;
+    assert!(matches!(
+        SwitchHandle::new(&c),
+        Err(ConfigError::BadEndpoint { tenant, .. }) if tenant == "red"
+    ));
+    let mut c = config(Vec::new(), true);
+    c.tenants[0].endpoints.push(Endpoint {
+        mac: [0x02, 0xd5, 0, 0, 0, 9],
+        ..endpoint(BLUE_EP)
+    });
+    assert!(matches!(
+        SwitchHandle::new(&c),
+        Err(ConfigError::BadEndpoint { .. })
+    ));
+    for mac in [[0x03, 0, 0, 0, 0, 1], [0; 6]] {
+        let mut c = config(Vec::new(), true);
+        c.tenants[0].endpoints[0].mac = mac;
+        assert!(matches!(
+            SwitchHandle::new(&c),
+            Err(ConfigError::BadEndpoint { .. })
+        ));
+    }
+    let mut c = config(Vec::new(), true);
+    c.tenants[0].endpoints[0].ip = 0;
+    assert!(matches!(
+        SwitchHandle::new(&c),
+        Err(ConfigError::BadEndpoint { .. })
+    ));
+}
+
+/// Random frames of both tenants and both endpoints, with each other's
+/// MACs, VLAN IDs and addresses, through bursts and one by one: an
+/// endpoint's port only ever gets frames of its own tenant, and an
+/// endpoint's frames only ever leave through its tenant's ports.
+#[test]
+fn random_traffic_never_reaches_another_tenants_endpoint() {
+    use crate::wire::tests::build::udp4;
+    let mut rng = crate::classify::tests::Rng(0xe9d5);
+    let rules = vec![tcp_rule("storage", 20, 4420, 0, 0, true)];
+    let (_h, mut p) = pipeline(&config(rules, rng.below(2) == 0));
+    // Whose each port is.
+    let owner = |port: usize| match port {
+        0 | 1 | BLUE_PORT => "blue",
+        _ => "red",
+    };
+    let macs = [BLUE_EP, RED_EP, BCAST, mac(1), mac(2), mac(3)];
+    let ips = [EP_IP, [10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 9]];
+    let mut reached = [0usize; 2];
+    for i in 0..20_000 {
+        let port = rng.below(5) as usize;
+        let pick = |rng: &mut crate::classify::tests::Rng, n: usize| rng.below(n as u64) as usize;
+        let src = match port {
+            BLUE_PORT if rng.below(4) != 0 => BLUE_EP,
+            RED_PORT if rng.below(4) != 0 => RED_EP,
+            _ => macs[pick(&mut rng, macs.len())],
+        };
+        let dst = macs[pick(&mut rng, macs.len())];
+        let vlan = [None, Some(10), Some(20)][pick(&mut rng, 3)];
+        let (sip, dip) = (ips[pick(&mut rng, 4)], ips[pick(&mut rng, 4)]);
+        let f = match rng.below(4) {
+            0 => arp(src, dst, vlan, 1 + rng.below(2) as u16, sip, dip),
+            1 => udp4(src, dst, vlan, sip, dip, 5000, 4420),
+            _ => {
+                let mut f = eth(dst, src, vlan, ETH_IPV4);
+                let flags = [SYN, SYN | ACK, ACK][pick(&mut rng, 3)];
+                let (sp, dp) = if rng.below(2) == 0 {
+                    (40000, 4420)
+                } else {
+                    (4420, 40000)
+                };
+                f.extend(ipv4(sip, dip, proto::TCP, &tcp(sp, dp, flags)));
+                f
+            }
+        };
+        let (v, flood) = run(&mut p, port, f);
+        for out in outputs(&v, &flood) {
+            assert_eq!(
+                owner(out),
+                owner(port),
+                "frame {i} from port {port} to {out}"
+            );
+            if out >= BLUE_PORT {
+                reached[out - BLUE_PORT] += 1;
+            }
+        }
+        if i % 1000 == 999 {
+            p.turn();
+        }
+    }
+    // Both endpoints were reached, many times.
+    assert!(reached.iter().all(|&n| n > 200), "{reached:?}");
+}

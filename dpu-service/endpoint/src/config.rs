@@ -1,0 +1,224 @@
+//! What an [`Endpoint`](crate::Endpoint) is made with, and its checks.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+/// Ethernet header bytes in front of every IP packet.
+pub const ETHERNET_HEADER: usize = 14;
+
+/// Smallest IP MTU an endpoint takes (IPv4's minimum datagram).
+pub const MIN_MTU: usize = 576;
+
+/// Largest IP MTU an endpoint takes: jumbo frames of 9216 bytes.
+pub const MAX_MTU: usize = 9216;
+
+/// Smallest TCP buffer (each direction) of a connection: room for a few
+/// PDUs of 8 KiB in-capsule data.
+pub const MIN_BUFFER: usize = 16 << 10;
+
+/// Largest TCP buffer (each direction) of a connection.
+pub const MAX_BUFFER: usize = 64 << 20;
+
+/// How an endpoint is placed in its tenant's network and what it may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// The endpoint's MAC: unicast, not all zeros.
+    pub mac: [u8; 6],
+    /// The endpoint's IPv4 address in the tenant's network.
+    pub address: Ipv4Addr,
+    /// Prefix length of the tenant's network (1 to 32): the hosts the
+    /// endpoint reaches directly (it has no router).
+    pub prefix_len: u8,
+    /// IP MTU of the switch port the endpoint sits behind
+    /// ([`MIN_MTU`] to [`MAX_MTU`]); frames are up to 14 bytes longer.
+    pub mtu: usize,
+    /// TCP receive buffer of each connection. Above 64 KiB the window is
+    /// scaled (RFC 7323); 256 KiB holds two 128 KiB H2CData PDUs.
+    pub rx_buffer: usize,
+    /// TCP send buffer of each connection: read data waits here for the
+    /// host's window; the NVMe/TCP connection keeps the rest (up to its
+    /// output budget) and stops running reads past it.
+    pub tx_buffer: usize,
+    /// Socket buffer bytes all the endpoint's sockets (listening,
+    /// connected and closing) may hold together: a socket is only armed
+    /// when its `rx_buffer + tx_buffer` fit.
+    pub buffer_budget: usize,
+    /// Most connections open at once (handshaking, connected or
+    /// closing); a SYN beyond it finds no listening socket and is
+    /// answered with a RST.
+    pub max_connections: usize,
+    /// Most connections open at once from one host address; one more is
+    /// reset as soon as its SYN arrives.
+    pub max_connections_per_address: usize,
+    /// Listening sockets armed per port: SYNs that may arrive between two
+    /// polls. Each holds its buffers while it waits (smoltcp sizes the
+    /// window scale from them when the socket is made), so an idle port
+    /// costs `backlog * (rx_buffer + tx_buffer)`: 1.5 MiB by default.
+    pub backlog: usize,
+    /// How long a host may take no byte of the endpoint's output before
+    /// its connection is reset (as [`dpu_nvmeof::TcpConfig::write_timeout`]).
+    pub write_timeout: Duration,
+}
+
+impl EndpointConfig {
+    /// An endpoint at `address`/`prefix_len` with `mac`, the defaults
+    /// elsewhere: MTU 1500, 256 KiB receive and 512 KiB send buffers,
+    /// 256 MiB of them in all, the kernel transport's connection limits
+    /// scaled to one endpoint (341 and 128) and write timeout.
+    pub fn new(mac: [u8; 6], address: Ipv4Addr, prefix_len: u8) -> Self {
+        Self {
+            mac,
+            address,
+            prefix_len,
+            mtu: 1500,
+            rx_buffer: 256 << 10,
+            tx_buffer: 512 << 10,
+            buffer_budget: 256 << 20,
+            max_connections: 341,
+            max_connections_per_address: 128,
+            backlog: 2,
+            write_timeout: dpu_nvmeof::tcp::WRITE_TIMEOUT,
+        }
+    }
+
+    /// Socket buffer bytes one connection holds.
+    pub fn per_connection(&self) -> usize {
+        self.rx_buffer + self.tx_buffer
+    }
+
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// The first field out of its range, named.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.mac == [0; 6] || self.mac[0] & 1 == 1 {
+            return Err(ConfigError::Invalid {
+                field: "mac",
+                why: "must be a unicast address other than 00:00:00:00:00:00",
+            });
+        }
+        let a = self.address;
+        if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+            return Err(ConfigError::Invalid {
+                field: "address",
+                why: "must be a unicast address (not 0.0.0.0, loopback, multicast or broadcast)",
+            });
+        }
+        let range = |field, value: usize, lo: usize, hi: usize, text| {
+            if (lo..=hi).contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::OutOfRange {
+                    field,
+                    value,
+                    range: text,
+                })
+            }
+        };
+        range("prefix_len", usize::from(self.prefix_len), 1, 32, "1 to 32")?;
+        range("mtu", self.mtu, MIN_MTU, MAX_MTU, "576 to 9216")?;
+        range(
+            "rx_buffer",
+            self.rx_buffer,
+            MIN_BUFFER,
+            MAX_BUFFER,
+            "16 KiB to 64 MiB",
+        )?;
+        range(
+            "tx_buffer",
+            self.tx_buffer,
+            MIN_BUFFER,
+            MAX_BUFFER,
+            "16 KiB to 64 MiB",
+        )?;
+        range(
+            "buffer_budget",
+            self.buffer_budget,
+            self.per_connection(),
+            usize::MAX,
+            "at least rx_buffer + tx_buffer",
+        )?;
+        range(
+            "max_connections",
+            self.max_connections,
+            1,
+            65_535,
+            "1 to 65535",
+        )?;
+        range(
+            "max_connections_per_address",
+            self.max_connections_per_address,
+            1,
+            65_535,
+            "1 to 65535",
+        )?;
+        range("backlog", self.backlog, 1, 64, "1 to 64")?;
+        if self.write_timeout.is_zero() {
+            return Err(ConfigError::OutOfRange {
+                field: "write_timeout",
+                value: 0,
+                range: "more than 0",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why an [`EndpointConfig`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A number out of its range.
+    #[error("{field}: {value} is out of range ({range})")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The values it may take.
+        range: &'static str,
+    },
+    /// An address that cannot be the endpoint's.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> EndpointConfig {
+        EndpointConfig::new([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 1, 0, 250), 24)
+    }
+
+    #[test]
+    fn defaults_are_valid_and_bad_fields_are_named() {
+        assert_eq!(ok().validate(), Ok(()));
+        let bad = |f: fn(&mut EndpointConfig)| {
+            let mut c = ok();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(bad(|c| c.mac = [1, 0, 0, 0, 0, 1]).starts_with("mac:"));
+        assert!(bad(|c| c.mac = [0; 6]).starts_with("mac:"));
+        assert!(bad(|c| c.address = Ipv4Addr::BROADCAST).starts_with("address:"));
+        assert_eq!(
+            bad(|c| c.prefix_len = 33),
+            "prefix_len: 33 is out of range (1 to 32)"
+        );
+        assert_eq!(
+            bad(|c| c.mtu = 9217),
+            "mtu: 9217 is out of range (576 to 9216)"
+        );
+        assert!(bad(|c| c.rx_buffer = 1024).starts_with("rx_buffer:"));
+        assert!(bad(|c| c.buffer_budget = c.rx_buffer).starts_with("buffer_budget:"));
+        assert!(bad(|c| c.max_connections = 0).starts_with("max_connections:"));
+        assert!(bad(|c| c.backlog = 0).starts_with("backlog:"));
+        assert!(bad(|c| c.write_timeout = Duration::ZERO).starts_with("write_timeout:"));
+    }
+}

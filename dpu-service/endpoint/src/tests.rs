@@ -1,0 +1,432 @@
+//! The endpoint driven by a host stack over an in-memory wire
+//! ([`crate::testing`]).
+
+use std::time::Duration;
+
+use dpu_nvmeof::spec::admin;
+use smoltcp::socket::tcp;
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
+    EthernetRepr,
+};
+
+use crate::testing::*;
+use crate::EndpointConfig;
+
+const MIB: u64 = 1 << 20;
+
+/// An Ethernet frame carrying an ARP request for `target_ip` from the host.
+fn arp_request(target_ip: std::net::Ipv4Addr) -> Vec<u8> {
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: EthernetAddress(HOST_MAC),
+        source_protocol_addr: HOST_IP,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: target_ip,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress(HOST_MAC),
+        dst_addr: EthernetAddress::BROADCAST,
+        ethertype: EthernetProtocol::Arp,
+    };
+    // Junk first, so a field the emitters leave out shows.
+    let mut b = vec![0xa5; eth.buffer_len() + arp.buffer_len()];
+    let mut f = EthernetFrame::new_unchecked(&mut b);
+    eth.emit(&mut f);
+    arp.emit(&mut ArpPacket::new_unchecked(f.payload_mut()));
+    b
+}
+
+/// Frames the endpoint sends in one poll.
+fn poll_frames(p: &mut Pair) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    p.ep.poll(p.now, &mut |f: &[u8]| out.push(f.to_vec()));
+    out
+}
+
+#[test]
+fn arp_is_answered_for_the_endpoint_address_only() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    p.ep.receive(&arp_request(EP_IP), p.now);
+    let out = poll_frames(&mut p);
+    assert_eq!(out.len(), 1, "one reply");
+    let f = EthernetFrame::new_checked(&out[0][..]).unwrap();
+    assert_eq!(f.dst_addr(), EthernetAddress(HOST_MAC));
+    assert_eq!(f.src_addr(), EthernetAddress(EP_MAC));
+    let arp = ArpRepr::parse(&ArpPacket::new_checked(f.payload()).unwrap()).unwrap();
+    assert_eq!(
+        arp,
+        ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Reply,
+            source_hardware_addr: EthernetAddress(EP_MAC),
+            source_protocol_addr: EP_IP,
+            target_hardware_addr: EthernetAddress(HOST_MAC),
+            target_protocol_addr: HOST_IP,
+        }
+    );
+    // Another station's address, in the same network or not: silence.
+    for other in [[10, 1, 0, 6], [10, 1, 0, 5], [192, 168, 0, 250]] {
+        p.ep.receive(&arp_request(other.into()), p.now);
+        assert!(poll_frames(&mut p).is_empty(), "ARP for {other:?}");
+    }
+}
+
+/// Identify, a write and a read back, through the endpoint on `mtu`.
+fn end_to_end(mtu: usize, chaos: Option<(u64, u64)>) -> Pair {
+    let mut p = Pair::new(config(mtu), target(4 * MIB));
+    if let Some((drop, reorder)) = chaos {
+        p.to_ep = Chaos::new(drop, reorder, 11);
+        p.to_host = Chaos::new(drop, reorder, 29);
+    }
+    let (mut a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    let mut sqe = dpu_nvmeof::host::command(admin::IDENTIFY, a.cid());
+    sqe.0[40] = 1; // CNS 1: the controller
+    let id = a.command(&mut p, sqe, &[], 4096);
+    assert_eq!(id.cqe.unwrap().status, 0);
+    assert_eq!(id.data.len(), 4096);
+    assert_eq!(&id.data[4..7], b"EP1", "serial number");
+
+    let mut io = NvmeHost::io(&mut p, 40001, cntlid);
+    let small: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(io.write(&mut p, 8, &small), 0);
+    // 128 KiB through R2T and H2CData, many segments each way.
+    let big: Vec<u8> = (0..128 * 1024u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(io.write(&mut p, 1024, &big), 0);
+    let r = io.read(&mut p, 8, 8);
+    assert_eq!(r.cqe.unwrap().status, 0);
+    assert!(r.data == small, "4 KiB read back");
+    let r = io.read(&mut p, 1024, 256);
+    assert_eq!(r.cqe.unwrap().status, 0);
+    assert!(r.data == big, "128 KiB read back");
+    assert_eq!(p.ep.open_connections(), 2);
+    p
+}
+
+#[test]
+fn nvme_over_tcp_end_to_end() {
+    let p = end_to_end(1500, None);
+    assert!(p.longest_from_ep <= 1514, "{}", p.longest_from_ep);
+    assert!(p.longest_from_ep > 1400, "full-sized segments");
+}
+
+#[test]
+fn discovery_through_the_endpoint_names_its_address() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    let mut d = NvmeHost::open(&mut p, 40000).unwrap();
+    let c = d.connect_to(&mut p, 0, 0xffff, dpu_nvmeof::spec::DISCOVERY_NQN);
+    assert_eq!(c.status, 0, "{c:?}");
+    let cid = d.cid();
+    assert_eq!(
+        d.command(&mut p, dpu_nvmeof::host::enable(cid), &[], 0)
+            .cqe
+            .unwrap()
+            .status,
+        0
+    );
+    let mut sqe = dpu_nvmeof::host::command(admin::GET_LOG_PAGE, d.cid());
+    // LID 0x70 (discovery), 2048 bytes: NUMDL = 511.
+    sqe.0[40..44].copy_from_slice(&(0x70u32 | 511 << 16).to_le_bytes());
+    let log = d.command(&mut p, sqe, &[], 2048);
+    assert_eq!(log.cqe.unwrap().status, 0);
+    let log = log.data;
+    assert_eq!(
+        u64::from_le_bytes(log[8..16].try_into().unwrap()),
+        1,
+        "records"
+    );
+    let e = &log[1024..];
+    let text = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .trim_end_matches(['\0', ' '])
+            .to_string()
+    };
+    assert_eq!(text(&e[32..64]), "4420");
+    assert_eq!(text(&e[256..512]), NQN);
+    assert_eq!(text(&e[512..768]), "10.1.0.250");
+}
+
+#[test]
+fn jumbo_frames_carry_jumbo_segments() {
+    let p = end_to_end(9000, None);
+    assert!(p.longest_from_ep > 8000, "{}", p.longest_from_ep);
+    assert!(p.longest_from_ep <= 9014);
+}
+
+#[test]
+fn segments_lost_and_in_any_order_still_arrive_whole() {
+    let p = end_to_end(1500, Some((30, 150)));
+    let (dropped, reordered) = (
+        p.to_ep.dropped + p.to_host.dropped,
+        p.to_ep.reordered + p.to_host.reordered,
+    );
+    assert!(dropped >= 5 && reordered >= 20, "{dropped} {reordered}");
+}
+
+#[test]
+fn a_reset_mid_io_frees_the_connection() {
+    let t = target(4 * MIB);
+    let mut p = Pair::new(config(1500), t.clone());
+    let (_a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    let mut io = NvmeHost::io(&mut p, 40001, cntlid);
+    let idle = p.ep.buffer_bytes();
+    for i in 0..16 {
+        io.submit_read(&mut p, i * 256, 256);
+    }
+    // Some data on its way, not all.
+    p.run(STEPS, |p| p.frames_from_ep > 40);
+    p.socket(io.handle).abort();
+    assert!(p.run(STEPS, |p| p.ep.open_connections() == 1));
+    assert_eq!(p.ep.buffer_bytes(), idle - p.ep.config().per_connection());
+    // The admin queue and its controller live on; the I/O queue is gone.
+    assert_eq!(t.controller_count(), 1);
+    // And a new I/O queue works.
+    let mut io = NvmeHost::io(&mut p, 40002, cntlid);
+    assert_eq!(io.read(&mut p, 0, 8).cqe.unwrap().status, 0);
+    p.run(100, |_| false);
+    assert_eq!(p.ep.buffer_bytes(), idle);
+}
+
+#[test]
+fn a_host_that_stops_reading_hits_the_write_timeout() {
+    let t = target(8 * MIB);
+    let cfg = EndpointConfig {
+        write_timeout: Duration::from_secs(1),
+        ..config(1500)
+    };
+    let mut p = Pair::new(cfg, t.clone());
+    let (_a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    // The I/O queue's socket has a small receive buffer it never reads.
+    let handle = p.open(40001, 16 << 10);
+    p.run(STEPS, |p| {
+        p.socket(handle).state() == tcp::State::Established
+    });
+    let mut io = NvmeHost::io_on(&mut p, handle, cntlid);
+    for i in 0..24 {
+        io.submit_read(&mut p, i * 128, 128); // 1.5 MiB in all
+    }
+    // The host's window closes; the endpoint keeps probing, then gives up.
+    let start = p.now;
+    assert!(p.run(STEPS, |p| p.ep.stats().write_timeouts == 1));
+    let took = p.now - start;
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(
+        t.stats()
+            .write_timeouts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(p.run(STEPS, |p| p.ep.open_connections() == 1));
+    assert!(p.run(STEPS, |p| !p.socket(handle).is_open()), "reset");
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_with_a_reset() {
+    let cfg = EndpointConfig {
+        max_connections: 2,
+        backlog: 1,
+        ..config(1500)
+    };
+    let mut p = Pair::new(cfg, target(MIB));
+    let a = NvmeHost::open(&mut p, 40000).unwrap();
+    let b = NvmeHost::open(&mut p, 40001).unwrap();
+    let e = NvmeHost::open(&mut p, 40002).unwrap_err();
+    assert_eq!(e, "not connected: CLOSED");
+    assert_eq!(p.ep.open_connections(), 2);
+    // One leaves: a new one gets its place.
+    p.socket(a.handle).abort();
+    p.run(1000, |p| p.ep.open_connections() == 1);
+    NvmeHost::open(&mut p, 40003).unwrap();
+    assert!(p.socket(b.handle).is_active());
+}
+
+#[test]
+fn connections_past_the_per_address_cap_are_reset() {
+    let cfg = EndpointConfig {
+        max_connections_per_address: 1,
+        ..config(1500)
+    };
+    let mut p = Pair::new(cfg, target(MIB));
+    NvmeHost::open(&mut p, 40000).unwrap();
+    assert!(NvmeHost::open(&mut p, 40001).is_err());
+    assert_eq!(p.ep.stats().refused_per_address, 1);
+    p.run(1000, |p| p.ep.open_connections() == 1);
+    assert_eq!(p.ep.open_connections(), 1);
+}
+
+#[test]
+fn garbage_frames_are_ignored() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    // A real SYN from the host, captured from its stack.
+    let h = p.open(40000, 1 << 16);
+    let t = smoltcp::time::Instant::from_micros(0);
+    p.dev.rx.push_back(arp_reply_from_endpoint());
+    p.host.poll(t, &mut p.dev, &mut p.sockets);
+    let syn = p
+        .dev
+        .tx
+        .iter()
+        .find(|f| f.len() > 54)
+        .expect("the host's SYN")
+        .clone();
+    p.dev.tx.clear();
+    let _ = h;
+    let mut bad = Vec::new();
+    for n in [0, 1, 13, 14, 20, 33, 34, 40, 53] {
+        bad.push(syn[..n].to_vec()); // truncated
+    }
+    let mut sum = syn.clone();
+    let last = sum.len() - 1;
+    sum[last] ^= 0xff; // TCP checksum wrong
+    bad.push(sum);
+    let mut ipsum = syn.clone();
+    ipsum[24] ^= 0x01; // IP header checksum wrong
+    bad.push(ipsum);
+    let mut mac = syn.clone();
+    mac[5] ^= 0x10; // another station's MAC
+    bad.push(mac);
+    let mut ip = syn.clone();
+    ip[33] ^= 0x01; // another address (checksums no longer match either)
+    bad.push(ip);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for len in [60usize, 64, 1514, 9000] {
+        let f: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        bad.push(f);
+    }
+    for f in &bad {
+        p.ep.receive(f, p.now);
+    }
+    assert!(poll_frames(&mut p).is_empty(), "nothing answered");
+    assert_eq!(p.ep.open_connections(), 0);
+    // The real SYN still opens a connection.
+    p.ep.receive(&syn, p.now);
+    let out = poll_frames(&mut p);
+    assert_eq!(out.len(), 1, "SYN-ACK");
+    assert_eq!(p.ep.open_connections(), 1);
+}
+
+/// The endpoint's answer to the host's ARP request, as the host would
+/// receive it (so the host's stack sends its SYN at once).
+fn arp_reply_from_endpoint() -> Vec<u8> {
+    let arp = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Reply,
+        source_hardware_addr: EthernetAddress(EP_MAC),
+        source_protocol_addr: EP_IP,
+        target_hardware_addr: EthernetAddress(HOST_MAC),
+        target_protocol_addr: HOST_IP,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress(EP_MAC),
+        dst_addr: EthernetAddress(HOST_MAC),
+        ethertype: EthernetProtocol::Arp,
+    };
+    let mut b = vec![0; eth.buffer_len() + arp.buffer_len()];
+    let mut f = EthernetFrame::new_unchecked(&mut b);
+    eth.emit(&mut f);
+    arp.emit(&mut ArpPacket::new_unchecked(f.payload_mut()));
+    b
+}
+
+#[test]
+fn a_bad_configuration_is_refused() {
+    let cfg = EndpointConfig {
+        mtu: 100,
+        ..config(1500)
+    };
+    let e = crate::Endpoint::new(cfg, std::time::Instant::now()).unwrap_err();
+    assert_eq!(e.to_string(), "mtu: 100 is out of range (576 to 9216)");
+    let mut p = Pair::new(config(1500), target(MIB));
+    assert!(p.ep.listen(PORT, target(MIB)).is_err());
+    assert!(p.ep.listen(0, target(MIB)).is_err());
+    assert!(p.ep.unlisten(PORT));
+    assert!(!p.ep.unlisten(PORT));
+}
+
+#[test]
+fn replies_waiting_for_a_poll_are_bounded() {
+    let mut p = Pair::new(config(1500), target(MIB));
+    let n = crate::device::PENDING_FRAMES + 44;
+    for _ in 0..n {
+        p.ep.receive(&arp_request(EP_IP), p.now);
+    }
+    let s = p.ep.stats();
+    assert_eq!((s.frames_in, s.frames_dropped), (n as u64, 44));
+    assert_eq!(poll_frames(&mut p).len(), crate::device::PENDING_FRAMES);
+    // Room again.
+    p.ep.receive(&arp_request(EP_IP), p.now);
+    assert_eq!(poll_frames(&mut p).len(), 1);
+}
+
+/// A host that stops reading for a while (its window closed, the
+/// endpoint's output over its budget, the endpoint no longer reading its
+/// commands) and then resumes loses nothing.
+#[test]
+fn a_host_that_pauses_reading_gets_everything_after() {
+    let mut p = Pair::new(config(1500), target(16 * MIB));
+    let (_a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    let handle = p.open(40001, 64 << 10);
+    p.run(STEPS, |p| {
+        p.socket(handle).state() == tcp::State::Established
+    });
+    let mut io = NvmeHost::io_on(&mut p, handle, cntlid);
+    let pattern: Vec<u8> = (0..512 * 1024u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(io.write(&mut p, 0, &pattern), 0);
+    // 12 MiB of reads: three times the connection's output budget.
+    let cids: Vec<u16> = (0..24).map(|_| io.submit_read(&mut p, 0, 1024)).collect();
+    // Paused for 2 s, well within the write timeout (10 s).
+    let start = p.now;
+    p.run(STEPS, |p| p.now - start >= Duration::from_secs(2));
+    // Commands sent now wait in the endpoint's socket, unread.
+    let mut cids = cids;
+    cids.extend((0..8).map(|_| io.submit_read(&mut p, 0, 1024)));
+    let start = p.now;
+    p.run(STEPS, |p| p.now - start >= Duration::from_secs(1));
+    assert_eq!(p.ep.stats().write_timeouts, 0);
+    assert!(p.socket(handle).is_active());
+    let mut data: std::collections::HashMap<u16, Vec<u8>> = Default::default();
+    let mut done = 0;
+    while done < cids.len() {
+        match io.next_pdu(&mut p).expect("a PDU") {
+            Owned::Data {
+                cccid,
+                datao,
+                data: d,
+                success,
+            } => {
+                let buf = data.entry(cccid).or_default();
+                assert_eq!(datao as usize, buf.len());
+                buf.extend(d);
+                if success {
+                    done += 1;
+                }
+            }
+            Owned::Resp(c) => {
+                assert_eq!(c.status, 0);
+                done += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for cid in cids {
+        assert!(data[&cid] == pattern, "read {cid}");
+    }
+}
+
+/// The switch's workers own endpoints: they must move between threads.
+#[test]
+fn an_endpoint_can_move_to_a_worker_thread() {
+    fn send<T: Send + 'static>(_: &T) {}
+    let ep = crate::Endpoint::new(config(1500), std::time::Instant::now()).unwrap();
+    send(&ep);
+    let h = std::thread::spawn(move || ep.open_connections());
+    assert_eq!(h.join().unwrap(), 0);
+}
