@@ -2,7 +2,8 @@
 //! `ReplaceRules` of the largest size the service takes, full of 2-byte
 //! empty rules, is refused naming the limit without the service's memory
 //! growing by more than the message; configured caps refuse with
-//! `RESOURCE_EXHAUSTED` naming their key.
+//! `RESOURCE_EXHAUSTED` naming their key; a `CreateSubsystem` with more
+//! allowed hosts than a subsystem takes is refused before decoding too.
 
 use anyhow::{Context, Result};
 use dpu_client::{pb, tenant_name, ClientConfig, ClientError, DpuClient};
@@ -248,5 +249,73 @@ async fn configured_caps_name_their_keys() -> Result<()> {
     let (msg, _) = empty_rules(64 * 1024 + 3 * 1024 + 1);
     let s = raw_call(&svc, "/dpu.v1.FilterService/ReplaceRules", msg).await?;
     assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    Ok(())
+}
+
+/// `CreateSubsystemRequest { subsystem_id: "many", subsystem: {
+/// allowed_hosts: [""; n] } }`: 2 bytes a host.
+fn empty_hosts(n: usize) -> Bytes {
+    let mut sub = prost::Message::encode_to_vec(&pb::Subsystem {
+        nqn: "nqn.2024-01.io.example:many".into(),
+        allow_any_host: true,
+        ..Default::default()
+    });
+    for _ in 0..n {
+        sub.extend_from_slice(&[0x32, 0x00]);
+    }
+    let mut m = b"\x0a\x04many\x12".to_vec();
+    prost::encoding::encode_varint(sub.len() as u64, &mut m);
+    m.extend_from_slice(&sub);
+    Bytes::from(m)
+}
+
+/// A `CreateSubsystem` of 150,000 empty host names (300 KB, within the
+/// size the storage service takes) is refused with `INVALID_ARGUMENT`
+/// naming `subsystem.allowed_hosts`, as its check after decoding would
+/// refuse it, and creates nothing; so is an update mask of 17 paths.
+#[tokio::test]
+async fn too_many_hosts_are_refused_without_decoding_them() -> Result<()> {
+    let svc = Service::start()?;
+    let c = client(&svc).await?;
+    let s = raw_call(
+        &svc,
+        "/dpu.v1.StorageService/CreateSubsystem",
+        empty_hosts(150_000),
+    )
+    .await?;
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(
+        s.message()
+            .starts_with("subsystem.allowed_hosts: 150000 entries; at most 1024"),
+        "{}",
+        s.message()
+    );
+    let (_, metrics) = svc.http_get("/metrics")?;
+    let line = "dpu_grpc_requests_total{method=\"/dpu.v1.StorageService/CreateSubsystem\",\
+                code=\"InvalidArgument\"} 1";
+    assert!(metrics.contains(line), "{metrics}");
+    // UpdateSubsystemRequest { subsystem: {}, update_mask: { paths: [""; 17] } }
+    let mut mask = vec![];
+    for _ in 0..17 {
+        mask.extend_from_slice(&[0x0a, 0x00]);
+    }
+    let mut m = vec![0x0a, 0x00, 0x12, u8::try_from(mask.len())?];
+    m.extend_from_slice(&mask);
+    let s = raw_call(
+        &svc,
+        "/dpu.v1.StorageService/UpdateSubsystem",
+        Bytes::from(m),
+    )
+    .await?;
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert!(
+        s.message().starts_with("update_mask.paths"),
+        "{}",
+        s.message()
+    );
+    let subs = c
+        .list_subsystems(pb::ListSubsystemsRequest::default())
+        .await?;
+    assert!(subs.subsystems.is_empty(), "{subs:?}");
     Ok(())
 }

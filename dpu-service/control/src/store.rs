@@ -607,6 +607,8 @@ fn load(dir: &Path, mode: Persistence) -> std::result::Result<(Disk, State), Loa
             .map_err(|r| corrupt(&jpath, format!("record {i} (change {}): {r}", entry.seq)))?;
         disk.seq = entry.seq;
     }
+    // The replay changed the maps directly.
+    state.reindex();
     if let Some(torn) = journal.torn {
         tracing::warn!(
             journal = %jpath.display(),
@@ -822,6 +824,11 @@ mod tests {
                     assert_eq!(
                         *reopened.snapshot(),
                         *h.snapshot(),
+                        "seed {seed}, change {n}"
+                    );
+                    // The snapshot and the replayed journal are indexed.
+                    assert!(
+                        reopened.snapshot().index_drift().is_none(),
                         "seed {seed}, change {n}"
                     );
                 }

@@ -945,6 +945,8 @@ mod tests {
             create_time: Timestamp::now(),
             namespaces: BTreeMap::new(),
             listeners: BTreeMap::new(),
+            auth_requirement: Default::default(),
+            host_auth: BTreeMap::new(),
         };
         for l in [
             listener("b", Some("blue"), 1),

@@ -396,10 +396,12 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             limits,
             ctl.telemetry.clone(),
         ))
-        .add_service(
+        .add_service(Bounded::new(
             StorageServiceServer::new(api.clone())
                 .max_decoding_message_size(size(<StorageServiceServer<Api> as NamedService>::NAME)),
-        )
+            limits,
+            ctl.telemetry.clone(),
+        ))
         .add_service(
             TelemetryServiceServer::new(api).max_decoding_message_size(size(
                 <TelemetryServiceServer<Api> as NamedService>::NAME,

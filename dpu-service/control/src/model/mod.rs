@@ -53,7 +53,14 @@ impl Timestamp {
 }
 
 /// Everything the service has accepted: the content of the state file.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+///
+/// Besides what is stored, a state carries an index of it that its
+/// checks look up ([`crate::state::Index`]): the transitions of
+/// [`crate::state`] keep it up to date, reading a state back builds it,
+/// and code that changes `tenants` or `subsystems` directly calls
+/// [`State::reindex`] afterwards. States compare by what is stored.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub struct State {
     /// Tenants by ID.
     pub tenants: BTreeMap<String, Tenant>,
@@ -61,4 +68,38 @@ pub struct State {
     pub subsystems: BTreeMap<String, Subsystem>,
     /// Counter for service-assigned IDs; never reused.
     pub id_seq: u64,
+    /// Derived from the above; never stored.
+    #[serde(skip)]
+    pub(crate) index: crate::state::Index,
+}
+
+impl PartialEq for State {
+    fn eq(&self, other: &Self) -> bool {
+        self.tenants == other.tenants
+            && self.subsystems == other.subsystems
+            && self.id_seq == other.id_seq
+    }
+}
+
+impl Eq for State {}
+
+/// A [`State`] as stored, before its index is built.
+#[derive(Deserialize)]
+struct Stored {
+    tenants: BTreeMap<String, Tenant>,
+    subsystems: BTreeMap<String, Subsystem>,
+    id_seq: u64,
+}
+
+impl From<Stored> for State {
+    fn from(s: Stored) -> State {
+        let mut state = State {
+            tenants: s.tenants,
+            subsystems: s.subsystems,
+            id_seq: s.id_seq,
+            index: Default::default(),
+        };
+        state.reindex();
+        state
+    }
 }

@@ -10,13 +10,17 @@
 //!   largest valid request needs under the configured [`Limits`] (tonic's
 //!   `max_decoding_message_size`), and
 //! - [`Bounded`] wraps a service and, for the methods whose requests carry
-//!   long lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`; the
-//!   DH-HMAC-CHAP lists of `SetHostAuth` and the output-only `host_auth` of
-//!   `CreateSubsystem` and `UpdateSubsystem`), reads the
-//!   request (within that size) and counts the list's entries on the wire
-//!   ([`count`], no allocation) before tonic decodes it; a request with
-//!   more than the caps allow is refused with `RESOURCE_EXHAUSTED` naming
-//!   the configuration key, and nothing of it is decoded.
+//!   lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`,
+//!   `CreateSubsystem`, `UpdateSubsystem`, `SetHostAuth`: rules,
+//!   attachments and their guard, VTEP and underlay entries, allowed hosts,
+//!   update-mask paths, the DH-HMAC-CHAP lists and the output-only
+//!   `host_auth`), reads the request (within that size) and counts every
+//!   list's entries on the wire ([`count`], no allocation) before tonic
+//!   decodes it; a request with more than the caps allow is refused, with
+//!   `RESOURCE_EXHAUSTED` naming the configuration key for a configured
+//!   cap and `INVALID_ARGUMENT` naming the field for a fixed one of the
+//!   lists that the checks after decoding answer so (allowed hosts, mask
+//!   paths), and nothing of it is decoded.
 //!
 //! What is decoded is then at most the caps' number of entries plus the
 //! bytes of the message itself; and since [`Bounded`] serves at most
@@ -90,34 +94,60 @@ struct Counted {
     path: &'static [u32],
     /// The field, as an error names it.
     field: &'static str,
-    /// The most entries allowed, and the configuration key behind it.
-    max: fn(&Limits) -> (usize, &'static str),
+    /// The most entries allowed.
+    max: fn(&Limits) -> Cap,
 }
 
-fn rules(l: &Limits) -> (usize, &'static str) {
-    (l.rules_per_tenant, "limits.max_rules_per_tenant")
+/// How many entries a counted field may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    /// At most this many, by the configuration key named: more is
+    /// `RESOURCE_EXHAUSTED`.
+    Limit(usize, &'static str),
+    /// At most this many, fixed by the API: more is `INVALID_ARGUMENT`.
+    Fixed(usize),
 }
 
-fn attachments(l: &Limits) -> (usize, &'static str) {
-    (
+fn rules(l: &Limits) -> Cap {
+    Cap::Limit(l.rules_per_tenant, "limits.max_rules_per_tenant")
+}
+
+fn attachments(l: &Limits) -> Cap {
+    Cap::Limit(
         l.attachments_per_tenant,
         "limits.max_attachments_per_tenant",
     )
 }
 
-/// Guard or VTEP entries of all attachments of a tenant.
-fn attachment_entries(l: &Limits) -> (usize, &'static str) {
+/// Guard, VTEP or underlay entries of all attachments of a tenant.
+fn attachment_entries(l: &Limits) -> Cap {
     let per = MAX_GUARD_ENTRIES.max(MAX_REMOTE_VTEPS);
-    (
+    Cap::Limit(
         l.attachments_per_tenant.saturating_mul(per),
         "limits.max_attachments_per_tenant",
     )
 }
 
+/// Allowed hosts of one subsystem.
+fn hosts(_: &Limits) -> Cap {
+    Cap::Fixed(MAX_HOSTS_PER_SUBSYSTEM)
+}
+
+/// Most paths an update mask may name: each update names a few fields
+/// (three at most today), repeats are harmless, thousands are not.
+pub const MAX_MASK_PATHS: usize = 16;
+
+fn mask_paths(_: &Limits) -> Cap {
+    Cap::Fixed(MAX_MASK_PATHS)
+}
+
 /// `CreateTenantRequest.tenant` is 2, `UpdateTenantRequest.tenant` 1;
 /// `Tenant.attachments` 3; `Attachment.port` 1 with `allowed_macs` 3 and
 /// `allowed_source_prefixes` 4; `Attachment.vxlan` 2 with `remote_vteps`
-/// 3; `ReplaceRulesRequest.rules` 2. The tests check these against prost.
+/// 3 and `underlay_prefixes` 4; `ReplaceRulesRequest.rules` 2;
+/// `CreateSubsystemRequest.subsystem` 2, `UpdateSubsystemRequest.subsystem`
+/// 1, `Subsystem.allowed_hosts` 6; `update_mask` 2 of both update
+/// requests, `FieldMask.paths` 1. The tests check these against prost.
 const COUNTED: &[Counted] = &[
     Counted {
         method: "/dpu.v1.FilterService/ReplaceRules",
@@ -150,6 +180,12 @@ const COUNTED: &[Counted] = &[
         max: attachment_entries,
     },
     Counted {
+        method: "/dpu.v1.TenantService/CreateTenant",
+        path: &[2, 3, 2, 4],
+        field: "tenant.attachments[].vxlan.underlay_prefixes",
+        max: attachment_entries,
+    },
+    Counted {
         method: "/dpu.v1.TenantService/UpdateTenant",
         path: &[1, 3],
         field: "tenant.attachments",
@@ -172,6 +208,36 @@ const COUNTED: &[Counted] = &[
         path: &[1, 3, 2, 3],
         field: "tenant.attachments[].vxlan.remote_vteps",
         max: attachment_entries,
+    },
+    Counted {
+        method: "/dpu.v1.TenantService/UpdateTenant",
+        path: &[1, 3, 2, 4],
+        field: "tenant.attachments[].vxlan.underlay_prefixes",
+        max: attachment_entries,
+    },
+    Counted {
+        method: "/dpu.v1.TenantService/UpdateTenant",
+        path: &[2, 1],
+        field: "update_mask.paths",
+        max: mask_paths,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 6],
+        field: "subsystem.allowed_hosts",
+        max: hosts,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 6],
+        field: "subsystem.allowed_hosts",
+        max: hosts,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[2, 1],
+        field: "update_mask.paths",
+        max: mask_paths,
     },
     Counted {
         method: "/dpu.v1.StorageService/CreateSubsystem",
@@ -202,18 +268,18 @@ const COUNTED: &[Counted] = &[
 /// `Subsystem.host_auth` (12) is output only; what a request carries of
 /// it is refused by the service, and counted here so that it cannot
 /// decode to more entries than a subsystem has hosts.
-fn host_auth(_: &Limits) -> (usize, &'static str) {
-    (MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
+fn host_auth(_: &Limits) -> Cap {
+    Cap::Limit(MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
 }
 
 /// `HostAuth.hashes` (4): one entry per hash function.
-fn auth_hashes(_: &Limits) -> (usize, &'static str) {
-    (HashId::ALL.len(), "DH-HMAC-CHAP hash functions")
+fn auth_hashes(_: &Limits) -> Cap {
+    Cap::Limit(HashId::ALL.len(), "DH-HMAC-CHAP hash functions")
 }
 
 /// `HostAuth.dh_groups` (5): one entry per DH group.
-fn auth_dh_groups(_: &Limits) -> (usize, &'static str) {
-    (DhGroup::ALL.len(), "DH-HMAC-CHAP DH groups")
+fn auth_dh_groups(_: &Limits) -> Cap {
+    Cap::Limit(DhGroup::ALL.len(), "DH-HMAC-CHAP DH groups")
 }
 
 /// Why a message could not be walked.
@@ -295,11 +361,22 @@ fn check(method: &str, frame: &[u8], limits: &Limits) -> Result<(), Status> {
         let n = count(msg, c.path).map_err(|Malformed| {
             Status::invalid_argument("the request is not a well-formed protobuf message")
         })?;
-        let (max, limit) = (c.max)(limits);
-        if n > u64::try_from(max).unwrap_or(u64::MAX) {
-            return Err(
-                ControlError::exhausted(limit, max, format!("{n} entries in {}", c.field)).into(),
-            );
+        let over = |max: usize| n > u64::try_from(max).unwrap_or(u64::MAX);
+        match (c.max)(limits) {
+            Cap::Limit(max, limit) if over(max) => {
+                return Err(ControlError::exhausted(
+                    limit,
+                    max,
+                    format!("{n} entries in {}", c.field),
+                )
+                .into())
+            }
+            Cap::Fixed(max) if over(max) => {
+                return Err(
+                    ControlError::invalid(c.field, format!("{n} entries; at most {max}")).into(),
+                )
+            }
+            Cap::Limit(..) | Cap::Fixed(_) => {}
         }
     }
     Ok(())
@@ -612,6 +689,8 @@ mod tests {
                 "subsystem.host_auth" => 5,
                 "auth.hashes" => 4,
                 "auth.dh_groups" => 7,
+                // Counted in `counts_match_prost`.
+                "subsystem.allowed_hosts" | "update_mask.paths" => continue,
                 other => panic!("unexpected counted field {other}"),
             };
             assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
@@ -643,6 +722,7 @@ mod tests {
         let vx = pb::Attachment {
             kind: Some(pb::attachment::Kind::Vxlan(pb::VxlanAttachment {
                 remote_vteps: vec!["192.0.2.1".into(); 7],
+                underlay_prefixes: vec!["192.0.2.0/24".into(); 5],
                 ..Default::default()
             })),
         };
@@ -657,7 +737,9 @@ mod tests {
         .encode_to_vec();
         let update = pb::UpdateTenantRequest {
             tenant: Some(tenant),
-            update_mask: None,
+            update_mask: Some(dpu_proto::pbjson_types::FieldMask {
+                paths: vec!["attachments".into(); 9],
+            }),
         }
         .encode_to_vec();
         for c in COUNTED.iter().filter(|c| c.method.contains("Tenant")) {
@@ -669,7 +751,41 @@ mod tests {
             let want = match c.field {
                 "tenant.attachments" => 3,
                 "tenant.attachments[].vxlan.remote_vteps" => 14,
+                "tenant.attachments[].vxlan.underlay_prefixes" => 10,
+                "update_mask.paths" => 9,
                 _ => MAX_GUARD_ENTRIES as u64,
+            };
+            assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
+        }
+        let sub = pb::Subsystem {
+            allowed_hosts: vec!["nqn.2024-01.io.example:h".into(); 11],
+            ..Default::default()
+        };
+        let create = pb::CreateSubsystemRequest {
+            subsystem_id: "s".into(),
+            subsystem: Some(sub.clone()),
+        }
+        .encode_to_vec();
+        let update = pb::UpdateSubsystemRequest {
+            subsystem: Some(sub),
+            update_mask: Some(dpu_proto::pbjson_types::FieldMask {
+                paths: vec!["allowed_hosts".into(); 4],
+            }),
+        }
+        .encode_to_vec();
+        for c in COUNTED
+            .iter()
+            .filter(|c| c.method.contains("Subsystem") && c.field != "subsystem.host_auth")
+        {
+            let msg = if c.method.ends_with("CreateSubsystem") {
+                &create
+            } else {
+                &update
+            };
+            let want = if c.field == "update_mask.paths" {
+                4
+            } else {
+                11
             };
             assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
         }
@@ -737,6 +853,70 @@ mod tests {
         };
         let e = check("/dpu.v1.TenantService/CreateTenant", &frame(&req), &L).unwrap_err();
         assert!(e.message().contains("allowed_macs"), "{}", e.message());
+    }
+
+    /// The largest valid subsystem requests pass; one host or mask path
+    /// more is refused as the checks after decoding would refuse it.
+    #[test]
+    fn storage_lists_are_counted() {
+        let long = |i: usize| format!("nqn.2024-01.io.example:{}{i:05}", "h".repeat(190));
+        let sub = |n: usize| pb::Subsystem {
+            nqn: long(0),
+            serial_number: "s".repeat(20),
+            model_number: "m".repeat(40),
+            allowed_hosts: (0..n).map(long).collect(),
+            ..Default::default()
+        };
+        let create = |n| pb::CreateSubsystemRequest {
+            subsystem_id: "a".repeat(63),
+            subsystem: Some(sub(n)),
+        };
+        let mask = |n| {
+            Some(dpu_proto::pbjson_types::FieldMask {
+                paths: vec!["allowed_hosts".into(); n],
+            })
+        };
+        let update = |n, m| pb::UpdateSubsystemRequest {
+            subsystem: Some(sub(n)),
+            update_mask: mask(m),
+        };
+        const CREATE: &str = "/dpu.v1.StorageService/CreateSubsystem";
+        const UPDATE: &str = "/dpu.v1.StorageService/UpdateSubsystem";
+        let most = frame(&create(MAX_HOSTS_PER_SUBSYSTEM));
+        assert!(most.len() - 5 <= request_bytes("dpu.v1.StorageService", &L));
+        check(CREATE, &most, &L).unwrap();
+        check(UPDATE, &frame(&update(MAX_HOSTS_PER_SUBSYSTEM, 3)), &L).unwrap();
+        for (method, f, field) in [
+            (
+                CREATE,
+                frame(&create(MAX_HOSTS_PER_SUBSYSTEM + 1)),
+                "subsystem.allowed_hosts",
+            ),
+            (
+                UPDATE,
+                frame(&update(MAX_HOSTS_PER_SUBSYSTEM + 1, 1)),
+                "subsystem.allowed_hosts",
+            ),
+            (
+                UPDATE,
+                frame(&update(0, MAX_MASK_PATHS + 1)),
+                "update_mask.paths",
+            ),
+        ] {
+            let e = check(method, &f, &L).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{method}");
+            assert!(e.message().starts_with(field), "{}", e.message());
+        }
+        let e = check(
+            "/dpu.v1.TenantService/UpdateTenant",
+            &frame(&pb::UpdateTenantRequest {
+                tenant: None,
+                update_mask: mask(MAX_MASK_PATHS + 1),
+            }),
+            &L,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
     /// An inner service that holds every call until released, counting
@@ -838,5 +1018,45 @@ mod tests {
             "RESOURCE_EXHAUSTED"
         );
         assert_eq!(held.inside.load(SeqCst), 0);
+    }
+
+    /// Through [`Bounded`]: a `CreateSubsystem` of 150,000
+    /// 2-byte empty host names, within the service's size, is refused and
+    /// never reaches the service that would decode it.
+    #[tokio::test]
+    async fn too_many_hosts_never_reach_the_service() {
+        let held = Held {
+            inside: Default::default(),
+            most: Default::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let telemetry = Arc::new(Telemetry::default());
+        let svc = Bounded::new(held.clone(), L, telemetry);
+        // CreateSubsystemRequest { subsystem_id: "s", subsystem: { allowed_hosts: [""; n] } }
+        let n = 150_000usize;
+        let mut sub = Vec::new();
+        for _ in 0..n {
+            sub.extend_from_slice(&[0x32, 0x00]);
+        }
+        let mut msg = b"\x0a\x01s\x12".to_vec();
+        prost::encoding::encode_varint(sub.len() as u64, &mut msg);
+        msg.extend_from_slice(&sub);
+        let mut f = vec![0];
+        f.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(&msg);
+        assert!(msg.len() <= request_bytes("dpu.v1.StorageService", &L));
+        let r = svc
+            .clone()
+            .call(request("/dpu.v1.StorageService/CreateSubsystem", f))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers().get("grpc-status").map(|v| v.as_bytes()),
+            Some(b"3".as_slice()),
+            "INVALID_ARGUMENT"
+        );
+        let message = r.headers().get("grpc-message").unwrap().to_str().unwrap();
+        assert!(message.contains("150000"), "{message}");
+        assert_eq!(held.most.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }

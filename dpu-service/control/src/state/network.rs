@@ -1,12 +1,12 @@
 //! Network-side transitions: tenants, their attachments to ports and VXLAN
 //! networks, and their filter rules.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
-use crate::model::{Action, Attachment, Claims, PortSpec, Rule, RuleSet, State, Tenant};
+use crate::model::{Action, Attachment, PortSpec, Rule, RuleSet, State, Tenant};
 
 /// The ports the configuration declares, by ID.
 pub type PortRegistry = BTreeMap<String, PortSpec>;
@@ -62,47 +62,28 @@ impl State {
     }
 
     /// Checks that `atts` collide with no attachment of a tenant other
-    /// than `owner`: one pass over the attachments on the ports `atts`
-    /// name builds a [`Claims`] index, which each of `atts` is looked up
-    /// in, so the check costs `O((n + m) log m)` for `n` new and `m` held
-    /// attachments, not `O(n·m)`.
+    /// than `owner`: each is looked up in the state's [`Index`] of claims,
+    /// so the check costs `O(n log m)` for `n` new and `m` held
+    /// attachments.
+    ///
+    /// [`Index`]: super::Index
     fn check_claims(&self, owner: &str, atts: &[Attachment]) -> Result<()> {
-        if atts.is_empty() {
-            return Ok(());
+        for a in atts {
+            let Some(tid) = self.index.claimant(owner, a) else {
+                continue;
+            };
+            // The claimant's own attachments are few (its cap): find the
+            // one that overlaps, to name it.
+            let held = self
+                .tenants
+                .get(tid)
+                .and_then(|t| t.attachments.iter().find(|o| o.conflicts_with(a)));
+            return Err(ControlError::AlreadyExists(match held {
+                Some(o) => format!("{a} overlaps {o}, which belongs to tenants/{tid}"),
+                None => format!("{a} overlaps an attachment of tenants/{tid}"),
+            }));
         }
-        let ports: BTreeSet<&str> = atts.iter().map(Attachment::port).collect();
-        let mut held = Claims::new();
-        for t in self.tenants.values().filter(|t| t.id != owner) {
-            for o in t.attachments.iter().filter(|o| ports.contains(o.port())) {
-                // Other tenants' attachments never overlap each other; the
-                // first one indexed answers for the traffic it claims.
-                let _ = held.insert(o, t.id.as_str());
-            }
-        }
-        match atts.iter().find_map(|a| held.find(a).map(|o| (a, o))) {
-            Some((a, (o, tid))) => Err(ControlError::AlreadyExists(format!(
-                "{a} overlaps {o}, which belongs to tenants/{tid}"
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Attachments of all tenants but `except`.
-    fn attachments_but(&self, except: &str) -> usize {
-        self.tenants
-            .values()
-            .filter(|t| t.id != except)
-            .map(|t| t.attachments.len())
-            .sum()
-    }
-
-    /// Rules of all tenants but `except`.
-    fn rules_but(&self, except: &str) -> usize {
-        self.tenants
-            .values()
-            .filter(|t| t.id != except)
-            .map(|t| t.rules.rules.len())
-            .sum()
+        Ok(())
     }
 
     /// Checks that tenant `id` may hold `atts` attachments and `rules`
@@ -114,7 +95,15 @@ impl State {
             atts,
             || format!("{atts} attachments in tenants/{id}"),
         )?;
-        let all = self.attachments_but(id).saturating_add(atts);
+        let (held_atts, held_rules) = self
+            .tenants
+            .get(id)
+            .map_or((0, 0), |t| (t.attachments.len(), t.rules.rules.len()));
+        let all = self
+            .index
+            .attachments()
+            .saturating_sub(held_atts)
+            .saturating_add(atts);
         cap("limits.max_attachments", limits.attachments, all, || {
             format!("{all} attachments in all tenants")
         })?;
@@ -124,7 +113,11 @@ impl State {
             rules,
             || format!("{rules} rules in tenants/{id}"),
         )?;
-        let all = self.rules_but(id).saturating_add(rules);
+        let all = self
+            .index
+            .rules()
+            .saturating_sub(held_rules)
+            .saturating_add(rules);
         cap("limits.max_rules", limits.rules, all, || {
             format!("{all} rules in all tenants")
         })
@@ -150,6 +143,7 @@ impl State {
         let (atts, rules) = (tenant.attachments.len(), tenant.rules.rules.len());
         self.check_tenant_caps(limits, &tenant.id, atts, rules)?;
         self.check_attachments(ports, &tenant.id, &tenant.attachments)?;
+        self.index.add_tenant(&tenant);
         self.tenants.insert(tenant.id.clone(), tenant);
         Ok(())
     }
@@ -166,6 +160,11 @@ impl State {
         if let Some(atts) = &u.attachments {
             self.check_tenant_caps(limits, id, atts.len(), t.rules.rules.len())?;
             self.check_attachments(ports, id, atts)?;
+        }
+        if let Some(a) = &u.attachments {
+            let old = std::mem::take(&mut self.tenant_mut(id)?.attachments);
+            self.index.remove_attachments(id, &old);
+            self.index.add_attachments(id, a);
         }
         let t = self.tenant_mut(id)?;
         if let Some(d) = u.display_name {
@@ -197,7 +196,9 @@ impl State {
                 t.attachments.len()
             )));
         }
-        self.tenants.remove(id);
+        if let Some(t) = self.tenants.remove(id) {
+            self.index.remove_tenant(&t);
+        }
         Ok(())
     }
 
@@ -217,6 +218,7 @@ impl State {
         }
         self.check_tenant_caps(limits, id, t.attachments.len() + 1, t.rules.rules.len())?;
         self.check_attachments(ports, id, std::slice::from_ref(&att))?;
+        self.index.add_attachments(id, std::slice::from_ref(&att));
         let t = self.tenant_mut(id)?;
         t.attachments.push(att);
         Ok(t)
@@ -227,14 +229,18 @@ impl State {
     pub fn detach(&mut self, port: &str, vlan: u16) -> Result<&Tenant> {
         let want = Attachment::port_vlan(port, vlan);
         let owner = self
-            .tenants
-            .values()
-            .find(|t| t.attachments.iter().any(|a| a.is_port_vlan(port, vlan)))
-            .map(|t| t.id.clone())
+            .index
+            .port_vlan_holder(port, vlan)
+            .map(str::to_string)
             .ok_or_else(|| ControlError::NotFound(format!("attachment {want}")))?;
         let t = self.tenant_mut(&owner)?;
-        t.attachments.retain(|a| !a.is_port_vlan(port, vlan));
-        Ok(t)
+        let (gone, kept) = std::mem::take(&mut t.attachments)
+            .into_iter()
+            .partition(|a| a.is_port_vlan(port, vlan));
+        t.attachments = kept;
+        let gone: Vec<Attachment> = gone;
+        self.index.remove_attachments(&owner, &gone);
+        self.tenant(&owner)
     }
 
     /// Adds a rule to tenant `id`; returns the new rule-set version.
@@ -269,6 +275,8 @@ impl State {
         new.extend_from_slice(&t.rules.rules[..pos]);
         new.push(rule);
         new.extend_from_slice(&t.rules.rules[pos..]);
+        self.index.rules_changed(0, 1);
+        let t = self.tenant_mut(id)?;
         t.rules = RuleSet {
             version: t.rules.version + 1,
             rules: Arc::new(new),
@@ -293,6 +301,9 @@ impl State {
             .filter(|r| r.id != rule_id)
             .cloned()
             .collect();
+        let old = t.rules.rules.len();
+        self.index.rules_changed(old, new.len());
+        let t = self.tenant_mut(id)?;
         t.rules = RuleSet {
             version: t.rules.version + 1,
             rules: Arc::new(new),
@@ -339,6 +350,8 @@ impl State {
             out.push(r);
         }
         out.sort_by_key(|r| r.priority);
+        let old = self.tenant(id)?.rules.rules.len();
+        self.index.rules_changed(old, out.len());
         let t = self.tenant_mut(id)?;
         t.rules = RuleSet {
             version: t.rules.version + 1,
@@ -375,6 +388,10 @@ impl State {
                         made.rules.version + 1
                     };
                 }
+                if let Some(old) = self.tenants.remove(id) {
+                    self.index.remove_tenant(&old);
+                }
+                self.index.add_tenant(&t);
                 self.tenants.insert(id.to_string(), t);
             }
         }

@@ -37,11 +37,11 @@ impl State {
 
     /// Allowed-host entries of all subsystems but `except`.
     fn hosts_but(&self, except: &str) -> usize {
-        self.subsystems
-            .values()
-            .filter(|s| s.id != except)
-            .map(|s| s.allowed_hosts.len())
-            .sum()
+        let held = self
+            .subsystems
+            .get(except)
+            .map_or(0, |s| s.allowed_hosts.len());
+        self.index.hosts().saturating_sub(held)
     }
 
     /// Checks that subsystem `id` may allow `hosts` hosts, given what the
@@ -67,8 +67,8 @@ impl State {
         })?;
         self.check_hosts(limits, &s.id, s.allowed_hosts.len())?;
         let (ns, ls) = (
-            self.namespaces().saturating_add(s.namespaces.len()),
-            self.listeners().saturating_add(s.listeners.len()),
+            self.index.namespaces().saturating_add(s.namespaces.len()),
+            self.index.listeners().saturating_add(s.listeners.len()),
         );
         cap("limits.max_namespaces", limits.namespaces, ns, || {
             format!("{ns} namespaces in all subsystems")
@@ -76,10 +76,10 @@ impl State {
         cap("limits.max_listeners", limits.listeners, ls, || {
             format!("{ls} listeners in all subsystems")
         })?;
-        if let Some(o) = self.subsystems.values().find(|o| o.nqn == s.nqn) {
+        if let Some(o) = self.index.nqn_holder(&s.nqn) {
             return Err(ControlError::AlreadyExists(format!(
-                "NQN {} is already used by subsystems/{}",
-                s.nqn, o.id
+                "NQN {} is already used by subsystems/{o}",
+                s.nqn
             )));
         }
         self.insert_subsystem(s)
@@ -101,6 +101,12 @@ impl State {
                 s.listeners.insert(lid, l);
             }
         }
+        let State {
+            subsystems, index, ..
+        } = self;
+        if let Some(s) = subsystems.get(&id) {
+            index.add_subsystem(s);
+        }
         Ok(())
     }
 
@@ -114,6 +120,10 @@ impl State {
         self.subsystem(id)?;
         if let Some(h) = &u.allowed_hosts {
             self.check_hosts(limits, id, h.len())?;
+        }
+        if let Some(h) = &u.allowed_hosts {
+            let old = self.subsystem(id)?.allowed_hosts.len();
+            self.index.hosts_changed(old, h.len());
         }
         let s = self.subsystem_mut(id)?;
         if let Some(a) = u.allow_any_host {
@@ -142,7 +152,9 @@ impl State {
                 s.listeners.len()
             )));
         }
-        self.subsystems.remove(id);
+        if let Some(s) = self.subsystems.remove(id) {
+            self.index.remove_subsystem(&s);
+        }
         Ok(())
     }
 
@@ -162,7 +174,8 @@ impl State {
             )));
         }
         s.allowed_hosts.insert(host.to_string());
-        Ok(s)
+        self.index.hosts_changed(0, 1);
+        self.subsystem(id)
     }
 
     /// Removes `host` from the allow list of subsystem `id`, with its
@@ -175,7 +188,8 @@ impl State {
             )));
         }
         s.host_auth.remove(host);
-        Ok(s)
+        self.index.hosts_changed(1, 0);
+        self.subsystem(id)
     }
 
     /// Sets the DH-HMAC-CHAP settings of `host`, which must be on the
@@ -203,26 +217,15 @@ impl State {
         Ok(s)
     }
 
-    /// Namespaces of all subsystems.
-    fn namespaces(&self) -> usize {
-        self.subsystems.values().map(|s| s.namespaces.len()).sum()
-    }
-
-    /// Listeners of all subsystems.
-    fn listeners(&self) -> usize {
-        self.subsystems.values().map(|s| s.listeners.len()).sum()
-    }
-
+    /// Bytes of RAM namespaces, but namespace `except`.
     fn ram_in_use(&self, except: Option<(&str, u32)>) -> u64 {
-        self.subsystems
-            .values()
-            .flat_map(|s| s.namespaces.values().map(move |n| (s.id.as_str(), n)))
-            .filter(|(sid, n)| except != Some((sid, n.nsid)))
-            .map(|(_, n)| match n.backend {
+        let held = except
+            .and_then(|(sid, nsid)| self.namespace_at(sid, nsid))
+            .map_or(0, |n| match n.backend {
                 Backend::Ram { size_bytes } => size_bytes,
                 _ => 0,
-            })
-            .fold(0u64, u64::saturating_add)
+            });
+        self.index.ram_bytes().saturating_sub(held)
     }
 
     fn check_ram(&self, limits: Limits, except: Option<(&str, u32)>, extra: u64) -> Result<()> {
@@ -247,7 +250,7 @@ impl State {
         given_nguid: bool,
     ) -> Result<&Namespace> {
         let s = self.subsystem(id)?;
-        let n = self.namespaces() + 1;
+        let n = self.index.namespaces() + 1;
         cap("limits.max_namespaces", limits.namespaces, n, || {
             format!("{n} namespaces in all subsystems")
         })?;
@@ -277,31 +280,20 @@ impl State {
         if let Backend::Ram { size_bytes } = ns.backend {
             self.check_ram(limits, None, size_bytes)?;
         }
-        let all = || self.subsystems.values().flat_map(|s| s.namespaces.values());
-        if given_uuid && all().any(|o| o.uuid == ns.uuid) {
+        if given_uuid && self.index.uuid_taken(&ns.uuid) {
             return Err(ControlError::AlreadyExists(
                 "namespace.uuid is used by another namespace".into(),
             ));
         }
-        if given_nguid && all().any(|o| o.nguid == ns.nguid) {
+        if given_nguid && self.index.nguid_taken(&ns.nguid) {
             return Err(ControlError::AlreadyExists(
                 "namespace.nguid is used by another namespace".into(),
             ));
         }
-        let path_of = |b: &Backend| match b {
-            Backend::File { path, .. } | Backend::BlockDevice { path } => Some(path.clone()),
-            Backend::Ram { .. } => None,
-        };
-        if let Some(p) = path_of(&ns.backend) {
-            if let Some((sid, o)) = self
-                .subsystems
-                .values()
-                .flat_map(|s| s.namespaces.values().map(move |n| (&s.id, n)))
-                .find(|(_, o)| path_of(&o.backend).as_deref() == Some(p.as_str()))
-            {
+        if let Backend::File { path, .. } | Backend::BlockDevice { path } = &ns.backend {
+            if let Some((sid, nsid)) = self.index.path_user(path) {
                 return Err(ControlError::AlreadyExists(format!(
-                    "{p} already backs subsystems/{sid}/namespaces/{}",
-                    o.nsid
+                    "{path} already backs subsystems/{sid}/namespaces/{nsid}"
                 )));
             }
         }
@@ -312,6 +304,7 @@ impl State {
             ns.nguid = random_bytes();
         }
         let nsid = ns.nsid;
+        self.index.add_namespace(id, &ns);
         let s = self.subsystem_mut(id)?;
         Ok(s.namespaces.entry(nsid).or_insert(ns))
     }
@@ -358,25 +351,45 @@ impl State {
                 ))
             }
         }
-        let ns = self
-            .subsystem_mut(id)?
-            .namespaces
-            .get_mut(&nsid)
-            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        let mut ns = ns.clone();
         match &mut ns.backend {
             Backend::Ram { size_bytes } | Backend::File { size_bytes, .. } => *size_bytes = size,
             Backend::BlockDevice { .. } => {}
         }
+        self.put_namespace(id, ns)
+    }
+
+    /// Puts `ns` in the place of the namespace of subsystem `id` with its
+    /// NSID, which exists, keeping the index up to date.
+    fn put_namespace(&mut self, id: &str, ns: Namespace) -> Result<&Namespace> {
+        let nsid = ns.nsid;
+        let slot = self
+            .subsystem_mut(id)?
+            .namespaces
+            .get_mut(&nsid)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        let old = std::mem::replace(slot, ns);
+        self.index.remove_namespace(id, &old);
+        let State {
+            subsystems, index, ..
+        } = self;
+        let ns = subsystems
+            .get(id)
+            .and_then(|s| s.namespaces.get(&nsid))
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        index.add_namespace(id, ns);
         Ok(ns)
     }
 
     /// Deletes a namespace.
     pub fn delete_namespace(&mut self, id: &str, nsid: u32) -> Result<()> {
-        self.subsystem_mut(id)?
+        let ns = self
+            .subsystem_mut(id)?
             .namespaces
             .remove(&nsid)
-            .map(|_| ())
-            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/namespaces/{nsid}")))?;
+        self.index.remove_namespace(id, &ns);
+        Ok(())
     }
 
     /// Creates a listener in subsystem `id`.
@@ -390,7 +403,7 @@ impl State {
         mut l: Listener,
     ) -> Result<&Listener> {
         self.subsystem(id)?;
-        let n = self.listeners() + 1;
+        let n = self.index.listeners() + 1;
         cap("limits.max_listeners", limits.listeners, n, || {
             format!("{n} listeners in all subsystems")
         })?;
@@ -420,7 +433,10 @@ impl State {
         self.place_endpoint(&mut l)?;
         let s = self.subsystem_mut(id)?;
         let lid = l.id.clone();
-        Ok(s.listeners.entry(lid).or_insert(l))
+        s.listeners.insert(lid.clone(), l);
+        self.index.listeners_changed(0, 1);
+        self.listener_at(id, &lid)
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/listeners/{lid}")))
     }
 
     /// Deletes a listener.
@@ -428,8 +444,9 @@ impl State {
         self.subsystem_mut(id)?
             .listeners
             .remove(lid)
-            .map(|_| ())
-            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/listeners/{lid}")))
+            .ok_or_else(|| ControlError::NotFound(format!("subsystems/{id}/listeners/{lid}")))?;
+        self.index.listeners_changed(1, 0);
+        Ok(())
     }
 
     fn namespace_at(&self, id: &str, nsid: u32) -> Option<&Namespace> {
@@ -463,9 +480,7 @@ impl State {
                 if let Backend::Ram { size_bytes } = was.backend {
                     self.check_ram(limits, Some((id, nsid)), size_bytes)?;
                 }
-                if let Some(n) = self.subsystem_mut(id)?.namespaces.get_mut(&nsid) {
-                    *n = was.clone();
-                }
+                self.put_namespace(id, was.clone())?;
             }
         }
         Ok(Reverted::Done)
@@ -497,6 +512,7 @@ impl State {
                     self.subsystem_mut(id)?
                         .listeners
                         .insert(lid.to_string(), made);
+                    self.index.listeners_changed(0, 1);
                     return Err(e);
                 }
             }
