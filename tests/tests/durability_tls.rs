@@ -106,10 +106,14 @@ fn kill_9_during_rule_changes_loses_none_and_corruption_stops_the_start() -> Res
     let endpoint = svc.endpoint();
     let added = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
     let deleted = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
+    // Deletions asked for, acknowledged or not: one in flight when the
+    // service dies (or one whose answer was an error after it was stored)
+    // may or may not have taken effect.
+    let asked = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
     let dpuctl = binary("dpuctl")?;
     let writers: Vec<_> = (0..4u32)
         .map(|w| {
-            let (added, deleted) = (added.clone(), deleted.clone());
+            let (added, deleted, asked) = (added.clone(), deleted.clone(), asked.clone());
             let (endpoint, dpuctl) = (endpoint.clone(), dpuctl.clone());
             std::thread::spawn(move || {
                 let tenant = format!("j{}", w % 2);
@@ -126,6 +130,7 @@ fn kill_9_during_rule_changes_loses_none_and_corruption_stops_the_start() -> Res
                     let out = if i % 3 == 2 && !mine.is_empty() {
                         // Delete one of this writer's acknowledged rules.
                         let victim: String = mine.remove(0);
+                        asked.lock().unwrap().push((tenant.clone(), victim.clone()));
                         let o = run(&["rule", "delete", &tenant, &victim]);
                         if matches!(&o, Ok(o) if o.status.success()) {
                             deleted.lock().unwrap().push((tenant.clone(), victim));
@@ -195,7 +200,8 @@ fn kill_9_during_rule_changes_loses_none_and_corruption_stops_the_start() -> Res
             name(d)
         );
     }
-    for a in added.iter().filter(|a| !deleted.contains(a)) {
+    let asked = asked.lock().unwrap().clone();
+    for a in added.iter().filter(|a| !asked.contains(a)) {
         ensure!(
             rules.contains(&name(a)),
             "acknowledged {} lost after kill -9",
