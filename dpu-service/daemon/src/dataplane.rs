@@ -575,6 +575,7 @@ impl<D: Driver> CounterSource for PortSource<D> {
                 worker::DropReason::UnknownVtep => pb::DropReason::UnknownVtep,
                 worker::DropReason::MacLimit => pb::DropReason::MacLimit,
                 worker::DropReason::Encapsulated => pb::DropReason::Encapsulated,
+                worker::DropReason::EndpointFull => pb::DropReason::EndpointFull,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }
