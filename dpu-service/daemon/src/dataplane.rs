@@ -30,6 +30,9 @@ use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
 
+/// Ethernet header bytes in front of an endpoint's IP packets.
+const ETHERNET_HEADER: usize = 14;
+
 /// The running data plane.
 pub struct Dataplane {
     workers: Workers,
@@ -150,6 +153,26 @@ impl Dataplane {
         }
     }
 
+    /// The switch the workers run.
+    pub fn switch(&self) -> SwitchHandle {
+        self.switch.clone()
+    }
+
+    /// How the storage endpoints' stacks are made: the IP MTU the ports
+    /// allow (their smallest), the kernel transport's connection limits
+    /// and write timeout for each endpoint.
+    pub fn endpoint_settings(
+        &self,
+        tcp: &dpu_nvmeof::TcpConfig,
+    ) -> crate::endpoints::StackSettings {
+        crate::endpoints::StackSettings {
+            mtu: self.base.endpoint_frame_max.saturating_sub(ETHERNET_HEADER),
+            max_connections: tcp.max_connections,
+            max_connections_per_address: tcp.max_connections_per_address,
+            write_timeout: tcp.write_timeout,
+        }
+    }
+
     /// The counters the data plane contributes to telemetry.
     pub fn counters(&self) -> Arc<dyn CounterSource> {
         self.counters.clone()
@@ -199,6 +222,14 @@ impl Start<'_> {
                 tracing::info!(port = %id, address = %ip, "VXLAN tunnel endpoint");
             }
         }
+        // Storage endpoints take frames the smallest port MTU allows
+        // (1500 where no driver says).
+        let mtu = (0..ids.len())
+            .filter_map(|i| driver.link(i).map(|l| l.mtu as usize))
+            .filter(|&m| m > 0)
+            .min()
+            .unwrap_or(1500);
+        base.endpoint_frame_max = mtu + ETHERNET_HEADER;
         if let Some(i) =
             (0..ids.len()).find(|&i| ports[i].vtep_address.is_some() && base.vteps[i].is_none())
         {
