@@ -307,8 +307,9 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         switch_applied,
     });
     let api = Api::new(ctl.clone());
-    config::seed::seed_storage(&api, &config.storage).await?;
+    // Tenants first: a declared listener may be an endpoint in one.
     config::seed_tenants::seed_tenants(&api, &config.tenants).await?;
+    config::seed::seed_storage(&api, &config.storage).await?;
 
     let tls = tls_config(&config)?;
     let authz = AuthzLayer::new(Arc::new(config.authz_policy()?), ctl.telemetry.clone());
