@@ -141,6 +141,8 @@ fn did_io(what: &str, out: &Output) -> Result<()> {
         iops.len() == 2 && iops.iter().all(|&x| x > 0.0),
         "{what}: no I/O in {t}"
     );
+    // Shown with --nocapture.
+    println!("{what}:\n{t}");
     Ok(())
 }
 

@@ -49,6 +49,14 @@ const RECEIVE_BATCH: usize = 64;
 /// is reached directly (the tenant's hosts share its network).
 const PREFIX_LEN: u8 = 1;
 
+/// Frames one poll of a stack may send at most: its egress burst, the
+/// replies it queued while receiving, and a margin for the last pass
+/// over its sockets. A stack is polled for output only when every lane
+/// has room for them, so its frames wait in its socket buffers instead of
+/// being dropped at a full queue.
+const POLL_FRAMES: usize =
+    dpu_endpoint::endpoint::EGRESS_BURST as usize + dpu_endpoint::device::PENDING_FRAMES + 64;
+
 /// Most connections' worker lanes remembered per endpoint; beyond it the
 /// memory is cleared (replies then take lane 0 until the next frame in).
 const LANES_MAX: usize = 4096;
@@ -296,6 +304,12 @@ impl Stack {
             }
         }
         let (queues, lanes) = (&self.queues, &self.lanes);
+        if let Some(q) = queues {
+            if (0..q.workers()).any(|lane| q.send_room(lane) < POLL_FRAMES) {
+                // The workers have not taken the last poll's frames yet.
+                return moved;
+            }
+        }
         self.ep.poll(now, &mut |frame: &[u8]| {
             // Without queues (the switch has not taken the endpoint yet)
             // the frame is lost; TCP sends it again.

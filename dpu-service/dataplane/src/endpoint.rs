@@ -186,6 +186,15 @@ impl EndpointQueues {
         self.lane(worker).from_stack.push(frame)
     }
 
+    /// Stack side: how many more frames [`EndpointQueues::send`] takes
+    /// through `worker`'s lane now (the stack polls for output only when
+    /// its burst fits, so that its frames wait in its socket buffers
+    /// rather than being lost here).
+    pub fn send_room(&self, worker: usize) -> usize {
+        let q = &self.lane(worker).from_stack;
+        q.capacity().saturating_sub(q.len())
+    }
+
     /// Frames dropped on the way to the stack, all lanes together.
     pub fn full(&self) -> u64 {
         self.lanes

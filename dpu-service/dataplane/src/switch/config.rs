@@ -259,7 +259,7 @@ impl Default for SwitchConfig {
             fragment_timeout: Duration::from_secs(10),
             conntrack_timeouts: Timeouts::default(),
             flow_cache_entries: 0,
-            endpoint_queue_depth: 256,
+            endpoint_queue_depth: 1024,
             endpoint_frame_max: 1514,
         }
     }
