@@ -6,8 +6,8 @@
 //! A rule of the tenant denying TCP 4420 from the host refuses it (and
 //! the switch counts the drops); removing the rule restores it. A host of
 //! another tenant with the same addresses reaches its own tenant's
-//! endpoint, never the first one's. Needs root; everything made is
-//! removed on exit.
+//! endpoint, never the first one's; after a restart the endpoint serves
+//! again with its MAC. Needs root; everything made is removed on exit.
 
 use std::process::{Command, Output};
 
@@ -165,7 +165,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
             h.port_if
         );
     }
-    let svc = Service::start_config(&config, &[])?;
+    let mut svc = Service::start_config(&config, &[])?;
     for (tenant, port) in [("blue", "pf0vf0"), ("red", "pf0vf1")] {
         svc.dpuctl_json(&[
             "tenant",
@@ -288,6 +288,17 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     // Allowed again, it works again.
     svc.dpuctl_json(&["rule", "delete", "blue", "no-storage"])?;
     did_io("blue after the rule went", &blue.io(BLUE_NQN)?)?;
+
+    // Rebuilt from the state at start, with the same MAC.
+    let mac = |svc: &Service| -> Result<String> {
+        let l = svc.dpuctl_json(&["listener", "list", "blue-a"])?;
+        Ok(l[0]["mac"].as_str().unwrap_or_default().to_string())
+    };
+    let before = mac(&svc)?;
+    svc.restart()?;
+    assert_eq!(mac(&svc)?, before);
+    eventually("blue's endpoint after a restart", || blue.ns.ping(EP))?;
+    did_io("blue after a restart", &blue.io(BLUE_NQN)?)?;
 
     // Its listeners gone, the endpoint stops answering.
     for sub in ["blue-a", "blue-b"] {
