@@ -4,6 +4,10 @@
 //! own thread. Each turn it receives a burst from every RX queue, runs the
 //! pipeline on each packet, queues forwarded packets per output port and
 //! transmits them; what a full TX queue refuses is dropped and counted.
+//! A packet forwarded to a storage endpoint's virtual port is copied into
+//! the endpoint's queue instead ([`crate::endpoint`]), and each turn the
+//! worker also takes up to a burst of each endpoint's own frames and runs
+//! them through the pipeline as received on its virtual port.
 //! Buffers are reserved once before the loop: the packet path allocates
 //! nothing, takes no lock and makes no syscall (an idle worker may sleep).
 
