@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Storage through a tenant's storage endpoint, side by side with the
+# kernel-socket listener of the same service, same nvmf-perf settings, one
+# sitting (as root):
+#
+#   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
+#       [--time 3] [--job PATTERN:BS:QD]...
+#
+# One service (kernel driver, one worker, idle backoff) with one switch
+# port: a veth pair whose other end is in a network namespace, the host
+# of tenant "blue" (default allow). Subsystem "ep" (256 MiB RAM) listens
+# at blue's endpoint 10.79.0.250:4420; subsystem "k" (256 MiB RAM) on
+# 127.0.0.1. nvmf-perf runs in the namespace for the first (its frames
+# cross the veth, the worker's packet sockets, the switch, the endpoint's
+# queues and its smoltcp stack) and on the host's loopback for the second
+# (the kernel's TCP, the target's poll groups). Each namespace is written
+# through once before it is measured. Prints a Markdown table.
+set -euo pipefail
+
+bin=target/release secs=3 jobs=()
+while (($#)); do
+  case "$1" in
+    --bin) shift; bin=$1 ;;
+    --time) shift; secs=$1 ;;
+    --job) shift; jobs+=("$1") ;;
+    *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+((${#jobs[@]})) || jobs=(randread:4k:1 randread:4k:32 read:128k:16)
+for b in dpu-service dpuctl nvmf-perf; do
+  [ -x "$bin/$b" ] || { echo "through-switch: no $bin/$b (cargo build --release -p dpu-service -p dpu-client -p dpu-nvmeof --bins)" >&2; exit 2; }
+done
+bin=$(realpath "$bin")
+
+id=$$ ns=epb$$ port_if=epb$$ peer=epb$$p
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  ip link del "$port_if" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+ip link add "$port_if" type veth peer name "$peer"
+ip link set "$peer" netns "$ns"
+ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1
+sysctl -qw "net.ipv6.conf.$port_if.disable_ipv6=1"
+offloads=(tx off tso off gso off gro off)
+ethtool -K "$port_if" "${offloads[@]}" >/dev/null
+ip netns exec "$ns" ethtool -K "$peer" "${offloads[@]}" >/dev/null
+ip -n "$ns" addr add 10.79.0.5/24 dev "$peer"
+ip -n "$ns" link set "$peer" up
+ip link set "$port_if" up
+
+grpc=$((20000 + id % 20000)) metrics=$((grpc + 1)) kport=$((grpc + 2))
+cat >"$work/config.toml" <<EOF
+[log]
+level = "warn"
+
+[storage]
+ram_limit = "1GiB"
+
+[dataplane]
+workers = 1
+idle = "backoff"
+mbufs = 8192
+
+[[ports]]
+id = "pf0vf0"
+role = "vf"
+driver = "kernel"
+device = "$port_if"
+EOF
+"$bin/dpu-service" --config "$work/config.toml" --grpc-listen "127.0.0.1:$grpc" \
+  --metrics-listen "127.0.0.1:$metrics" --state-dir "$work/state" 2>"$work/service.log" &
+pid=$!
+for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && break; sleep 0.1; done
+export DPU_ENDPOINT="http://127.0.0.1:$grpc"
+ctl() { "$bin/dpuctl" "$@" >/dev/null; }
+ctl tenant create blue --default-policy allow --port pf0vf0
+for s in ep k; do
+  ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
+  ctl namespace create "$s" --ram 256M
+done
+ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420
+ctl listener create k --id k --address 127.0.0.1 --port "$kport"
+
+perf() { # where: ep or k; then nvmf-perf arguments
+  local where=$1; shift
+  if [ "$where" = ep ]; then
+    ip netns exec "$ns" "$bin/nvmf-perf" --addr 10.79.0.250:4420 --nqn nqn.2024-01.io.dpu-service.bench:ep "$@"
+  else
+    "$bin/nvmf-perf" --addr "127.0.0.1:$kport" --nqn nqn.2024-01.io.dpu-service.bench:k "$@"
+  fi
+}
+for _ in $(seq 1 50); do ip netns exec "$ns" ping -c 1 -W 1 10.79.0.250 >/dev/null 2>&1 && break; sleep 0.1; done
+for w in ep k; do perf "$w" --job write:128k:16 --time 2 >/dev/null; done
+
+echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | kernel sockets IOPS | kernel sockets MB/s | kernel sockets p50 us |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+for j in "${jobs[@]}"; do
+  row="| $j"
+  for w in ep k; do
+    line=$(perf "$w" --job "$j" --time "$secs" | awk '!/^#/ && !/^job/' | tail -1)
+    # job name is three words (pattern, size, QD), then IOPS, MB/s, p50.
+    row+=$(awk '{printf " | %s | %s | %s", $4, $5, $6}' <<<"$line")
+  done
+  echo "$row |"
+done
+# What was dropped on the way (none, unless a queue overflowed).
+curl -s "127.0.0.1:$metrics/metrics" | grep -E '^dpu_dropped_packets_total' | grep -v ' 0$' >&2 || true
