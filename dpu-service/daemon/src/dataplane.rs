@@ -42,6 +42,8 @@ pub struct Dataplane {
     /// Port IDs by driver index.
     ids: Arc<Vec<String>>,
     base: SwitchConfig,
+    /// What idle workers do.
+    idle: Idle,
 }
 
 /// Starts EAL with the DPDK ports and opens them, in order.
@@ -136,6 +138,7 @@ impl Dataplane {
             driver,
             ids,
             base,
+            idle: idle_mode(d.idle),
         })
     }
 
@@ -158,9 +161,10 @@ impl Dataplane {
         self.switch.clone()
     }
 
-    /// How the storage endpoints' stacks are made: the IP MTU the ports
-    /// allow (their smallest), the kernel transport's connection limits
-    /// and write timeout for each endpoint.
+    /// How the storage endpoints' stacks are made and run: the IP MTU the
+    /// ports allow (their smallest), the kernel transport's connection
+    /// limits and write timeout for each endpoint, and the workers' idle
+    /// behaviour for their thread.
     pub fn endpoint_settings(
         &self,
         tcp: &dpu_nvmeof::TcpConfig,
@@ -170,6 +174,7 @@ impl Dataplane {
             max_connections: tcp.max_connections,
             max_connections_per_address: tcp.max_connections_per_address,
             write_timeout: tcp.write_timeout,
+            idle: self.idle,
         }
     }
 
@@ -245,6 +250,17 @@ impl Start<'_> {
     }
 }
 
+/// What the workers (and the storage endpoints' thread) do when idle.
+fn idle_mode(mode: IdleMode) -> Idle {
+    match mode {
+        IdleMode::Busy => Idle::BusyPoll,
+        IdleMode::Backoff => Idle::Backoff {
+            spins: 1000,
+            max: Duration::from_micros(200),
+        },
+    }
+}
+
 /// Starts one worker per queue on `driver`'s ports, running the switch.
 fn run<D: Driver>(
     driver: D,
@@ -253,13 +269,7 @@ fn run<D: Driver>(
     switch: &SwitchHandle,
 ) -> Result<(Workers, Arc<dyn CounterSource>)> {
     let d = &config.dataplane;
-    let idle = match d.idle {
-        IdleMode::Busy => Idle::BusyPoll,
-        IdleMode::Backoff => Idle::Backoff {
-            spins: 1000,
-            max: Duration::from_micros(200),
-        },
-    };
+    let idle = idle_mode(d.idle);
     let configs = (0..d.workers)
         .map(|q| WorkerConfig {
             rx: (0..ids.len()).map(|p| (p, q)).collect(),

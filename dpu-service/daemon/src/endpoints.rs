@@ -18,9 +18,11 @@
 //! configuration (where each endpoint's queues are). An endpoint keeps
 //! its stack, and its connections, for as long as the state has it.
 //!
-//! Idle, it sleeps, doubling from 1 µs up to [`MAX_NAP`]: a frame waits
-//! at most that long for the thread to wake (bounded latency), and an
-//! idle service costs a few thousand wake-ups a second.
+//! Idle, it follows the workers ([`Idle`]): with `BusyPoll` (a DPU's
+//! dedicated cores) it keeps polling; with `Backoff` it sleeps after an
+//! empty turn, doubling from 1 µs up to the workers' longest sleep: a
+//! frame waits at most that long for the thread to wake (bounded
+//! latency), and an idle service costs a few thousand wake-ups a second.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -31,13 +33,10 @@ use std::time::{Duration, Instant};
 
 use dpu_dataplane::endpoint::EndpointQueues;
 use dpu_dataplane::switch::SwitchHandle;
+use dpu_dataplane::worker::Idle;
 use dpu_endpoint::{Endpoint, EndpointConfig};
 
 use crate::storage::{EndpointPlan, EndpointSpec};
-
-/// Longest sleep of an idle endpoint thread: the most a frame waits for
-/// it to wake.
-pub const MAX_NAP: Duration = Duration::from_micros(500);
 
 /// Frames taken from one lane of one endpoint before its stack runs:
 /// many connections' segments per poll, and no lane starves the others.
@@ -72,6 +71,8 @@ pub struct StackSettings {
     pub max_connections_per_address: usize,
     /// How long a host may take no byte of output.
     pub write_timeout: Duration,
+    /// What the thread does when no frame moved.
+    pub idle: Idle,
 }
 
 impl StackSettings {
@@ -161,12 +162,20 @@ struct Loop {
 
 impl Loop {
     fn run(&mut self, stop: &AtomicBool) {
+        // An empty turn polls every stack, heavier than a worker's empty
+        // poll of its queues: with backoff the thread sleeps at its first
+        // one (spinning as the workers do cost the 4 KiB QD 1 latency
+        // tenfold on a machine with fewer cores than busy threads).
+        let (busy, max_nap) = match self.settings.idle {
+            Idle::BusyPoll => (true, Duration::ZERO),
+            Idle::Backoff { max, .. } => (false, max),
+        };
         let mut nap = Duration::from_micros(1);
         while !stop.load(Ordering::Relaxed) {
             self.follow();
             let now = Instant::now();
             let mut moved = 0;
-            let mut next = now + MAX_NAP;
+            let mut next = now + max_nap;
             for s in self.stacks.values_mut() {
                 moved += s.turn(now);
                 next = next.min(s.ep.poll_at(now));
@@ -176,11 +185,12 @@ impl Loop {
                 continue;
             }
             let until = next.saturating_duration_since(Instant::now());
-            if until.is_zero() {
+            if busy || until.is_zero() {
+                std::hint::spin_loop();
                 continue;
             }
             std::thread::sleep(nap.min(until));
-            nap = (nap * 2).min(MAX_NAP);
+            nap = (nap * 2).min(max_nap);
         }
         for s in self.stacks.values_mut() {
             s.ep.shutdown();
