@@ -15,6 +15,11 @@
 # queues and its smoltcp stack) and on the host's loopback for the second
 # (the kernel's TCP, the target's poll groups). Each namespace is written
 # through once before it is measured. Prints a Markdown table.
+#
+# Then a second tenant, "red", with two hosts on two more ports of the
+# same worker: one sends TCP to the other (a Python bulk sender, TIME
+# seconds) alone, and again while blue's host reads 128 KiB blocks at
+# QD 16 from its endpoint; prints both rates.
 set -euo pipefail
 
 bin=target/release secs=3 jobs=()
@@ -33,29 +38,38 @@ for b in dpu-service dpuctl nvmf-perf; do
 done
 bin=$(realpath "$bin")
 
-id=$$ ns=epb$$ port_if=epb$$ peer=epb$$p
+id=$$ ns=epb$$ port_if=epb$$
 work=$(mktemp -d)
 pid=""
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  ip link del "$port_if" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
+  for h in epb epr1 epr2; do
+    ip link del "$h$id" 2>/dev/null || true
+    ip netns del "$h$id" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-ip netns add "$ns"
-ip -n "$ns" link set lo up
-ip link add "$port_if" type veth peer name "$peer"
-ip link set "$peer" netns "$ns"
-ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1
-sysctl -qw "net.ipv6.conf.$port_if.disable_ipv6=1"
-offloads=(tx off tso off gso off gro off)
-ethtool -K "$port_if" "${offloads[@]}" >/dev/null
-ip netns exec "$ns" ethtool -K "$peer" "${offloads[@]}" >/dev/null
-ip -n "$ns" addr add 10.79.0.5/24 dev "$peer"
-ip -n "$ns" link set "$peer" up
-ip link set "$port_if" up
+# host NAME ADDR: namespace NAME with one end of a veth pair (NAME inside
+# as NAMEp, NAME outside for the service).
+host() {
+  local n=$1 p=$1p
+  ip netns add "$n"
+  ip -n "$n" link set lo up
+  ip link add "$n" type veth peer name "$p"
+  ip link set "$p" netns "$n"
+  ip netns exec "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1
+  sysctl -qw "net.ipv6.conf.$n.disable_ipv6=1"
+  ethtool -K "$n" tx off tso off gso off gro off >/dev/null
+  ip netns exec "$n" ethtool -K "$p" tx off tso off gso off gro off >/dev/null
+  ip -n "$n" addr add "$2" dev "$p"
+  ip -n "$n" link set "$p" up
+  ip link set "$n" up
+}
+host "epb$id" 10.79.0.5/24
+host "epr1$id" 10.80.0.1/24
+host "epr2$id" 10.80.0.2/24
 
 grpc=$((20000 + id % 20000)) metrics=$((grpc + 1)) kport=$((grpc + 2))
 cat >"$work/config.toml" <<EOF
@@ -75,6 +89,18 @@ id = "pf0vf0"
 role = "vf"
 driver = "kernel"
 device = "$port_if"
+
+[[ports]]
+id = "pf0vf1"
+role = "vf"
+driver = "kernel"
+device = "epr1$id"
+
+[[ports]]
+id = "pf0vf2"
+role = "vf"
+driver = "kernel"
+device = "epr2$id"
 EOF
 "$bin/dpu-service" --config "$work/config.toml" --grpc-listen "127.0.0.1:$grpc" \
   --metrics-listen "127.0.0.1:$metrics" --state-dir "$work/state" 2>"$work/service.log" &
@@ -83,6 +109,7 @@ for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && br
 export DPU_ENDPOINT="http://127.0.0.1:$grpc"
 ctl() { "$bin/dpuctl" "$@" >/dev/null; }
 ctl tenant create blue --default-policy allow --port pf0vf0
+ctl tenant create red --default-policy allow --port pf0vf1 --port pf0vf2
 for s in ep k; do
   ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
   ctl namespace create "$s" --ram 256M
@@ -112,5 +139,39 @@ for j in "${jobs[@]}"; do
   done
   echo "$row |"
 done
+# Red's TCP rate, alone and beside blue's storage load.
+sink='import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("",5001)); s.listen(1)
+c,_=s.accept(); n=0
+while True:
+    b=c.recv(1<<20)
+    if not b: break
+    n+=len(b)
+print(n)'
+send='import socket,sys,time
+s=socket.create_connection(("10.80.0.2",5001)); b=bytes(1<<16); end=time.time()+float(sys.argv[1])
+while time.time()<end: s.sendall(b)
+s.close()'
+red_rate() {
+  ip netns exec "epr2$id" python3 -c "$sink" >"$work/sink" &
+  local s=$!
+  sleep 0.5
+  local t0 t1
+  t0=$(date +%s.%N)
+  ip netns exec "epr1$id" python3 -c "$send" "$secs"
+  wait "$s"
+  t1=$(date +%s.%N)
+  awk -v n="$(cat "$work/sink")" -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f Mbit/s", n*8/(b-a)/1e6}'
+}
+for _ in $(seq 1 50); do ip netns exec "epr1$id" ping -c 1 -W 1 10.80.0.2 >/dev/null 2>&1 && break; sleep 0.1; done
+alone=$(red_rate)
+perf ep --job read:128k:16 --time "$((secs + 2))" >"$work/busy" &
+busy=$!
+sleep 1
+beside=$(red_rate)
+wait "$busy"
+echo
+echo "red's TCP rate: alone $alone; beside blue's endpoint at read:128k:16: $beside (blue: $(awk '!/^#/ && !/^job/ {print $4" IOPS"}' "$work/busy"))"
+
 # What was dropped on the way (none, unless a queue overflowed).
 curl -s "127.0.0.1:$metrics/metrics" | grep -E '^dpu_dropped_packets_total' | grep -v ' 0$' >&2 || true
