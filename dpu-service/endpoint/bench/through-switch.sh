@@ -4,9 +4,9 @@
 # sitting (as root):
 #
 #   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
-#       [--time 3] [--job PATTERN:BS:QD]...
+#       [--time 3] [--idle backoff|busy] [--job PATTERN:BS:QD]...
 #
-# One service (kernel driver, one worker, idle backoff) with one switch
+# One service (kernel driver, one worker, idle backoff or busy) with one switch
 # port: a veth pair whose other end is in a network namespace, the host
 # of tenant "blue" (default allow). Subsystem "ep" (256 MiB RAM) listens
 # at blue's endpoint 10.79.0.250:4420; subsystem "k" (256 MiB RAM) on
@@ -22,11 +22,12 @@
 # QD 16 from its endpoint; prints both rates.
 set -euo pipefail
 
-bin=target/release secs=3 jobs=()
+bin=target/release secs=3 idle=backoff jobs=()
 while (($#)); do
   case "$1" in
     --bin) shift; bin=$1 ;;
     --time) shift; secs=$1 ;;
+    --idle) shift; idle=$1 ;;
     --job) shift; jobs+=("$1") ;;
     *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -81,7 +82,7 @@ ram_limit = "1GiB"
 
 [dataplane]
 workers = 1
-idle = "backoff"
+idle = "$idle"
 mbufs = 8192
 
 [[ports]]
