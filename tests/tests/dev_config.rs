@@ -3,7 +3,8 @@
 //! a BlueField's (DPDK `net_tap`) and the seeded tenant "demo" with its
 //! rules. Two of the TAP interfaces move into network namespaces, as in
 //! the README's walkthrough, and ping crosses the switch where the rules
-//! allow it and not where they deny it.
+//! allow it and not where they deny it; a host of the tenant reaches the
+//! tenant's storage endpoint (ping, discovery, I/O with `nvmf-perf`).
 //!
 //! Only the names other tests (or a running development service) could
 //! clash on are changed: ports, interface names, EAL's file prefix and the
@@ -84,7 +85,13 @@ fn dev_config(ifs: &[String; 4]) -> Result<String> {
         "discovery_listen = \"127.0.0.1:8009\"",
         &format!("discovery_listen = \"127.0.0.1:{}\"", free_port()),
     )?;
-    c = swap(&c, "port = 4420", &format!("port = {}", free_port()))?;
+    // The service's own listener moves; the demo tenant's endpoint is
+    // in namespaces of its own and keeps 4420.
+    c = swap(
+        &c,
+        "address = \"127.0.0.1\"\nport = 4420",
+        &format!("address = \"127.0.0.1\"\nport = {}", free_port()),
+    )?;
     swap(&c, "ram = \"256MiB\"", "ram = \"16MiB\"")
 }
 
@@ -149,7 +156,7 @@ fn dev_config_switches_between_tap_ports_in_namespaces() -> Result<()> {
     let demo = entry(&tenants, "tenants", "name", "tenants/demo");
     assert_eq!(demo["displayName"], "Demo tenant", "{tenants}");
     assert_eq!(demo["defaultPolicy"], "DEFAULT_POLICY_DENY", "{demo}");
-    assert_eq!(demo["ruleCount"], 3, "{demo}");
+    assert_eq!(demo["ruleCount"], 4, "{demo}");
     let ports: Vec<&str> = demo["attachments"]
         .as_array()
         .into_iter()
@@ -166,7 +173,8 @@ fn dev_config_switches_between_tap_ports_in_namespaces() -> Result<()> {
         [
             "tenants/demo/rules/quarantine",
             "tenants/demo/rules/ping",
-            "tenants/demo/rules/web"
+            "tenants/demo/rules/web",
+            "tenants/demo/rules/storage"
         ],
         "{rules}"
     );
@@ -184,6 +192,39 @@ fn dev_config_switches_between_tap_ports_in_namespaces() -> Result<()> {
     assert!(
         !a.ping("10.20.0.130"),
         "the quarantine rule let ICMP through"
+    );
+
+    // The demo tenant's storage endpoint, as the README's tour uses it:
+    // ping, discovery and I/O with nvmf-perf from a host of the tenant.
+    eventually("a ping to the storage endpoint", || a.ping("10.20.0.100"))?;
+    let perf = dpu_e2e::binary("nvmf-perf")?;
+    let perf = perf.to_string_lossy();
+    let out = a.exec(&[&perf, "--addr", "10.20.0.100:4420", "--discover"])?;
+    let log = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && log.trim() == "10.20.0.100 4420 nqn.2024-01.io.dpu-service:demo-vol",
+        "discovery at the endpoint: {log} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = a.exec(&[
+        &perf,
+        "--addr",
+        "10.20.0.100:4420",
+        "--nqn",
+        "nqn.2024-01.io.dpu-service:demo-vol",
+        "--time",
+        "0.5",
+        "--job",
+        "randwrite:4k:8",
+        "--job",
+        "randread:4k:8",
+    ])?;
+    ensure!(
+        out.status.success(),
+        "I/O at the endpoint: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 
     let c = svc.dpuctl_json(&["counters", "--tenant", "demo"])?;

@@ -35,7 +35,7 @@ fn endpoints_are_created_listed_kept_and_deleted() -> Result<()> {
     ] {
         svc.dpuctl_json(t)?;
     }
-    for s in ["vol1", "vol2"] {
+    for s in ["vol1", "vol2", "vol3"] {
         let nqn = format!("nqn.2024-01.io.example:{s}");
         svc.dpuctl_json(&["subsystem", "create", s, "--nqn", &nqn])?;
     }
@@ -62,8 +62,50 @@ fn endpoints_are_created_listed_kept_and_deleted() -> Result<()> {
     // on the same address is another station.
     let b = create("vol2", "ep", "blue", "10.1.0.250")?;
     assert_eq!(b["mac"], mac.as_str(), "{b}");
-    let r = create("vol1", "red-ep", "red", "10.1.0.250")?;
+    let r = create("vol3", "red-ep", "red", "10.1.0.250")?;
     assert_ne!(r["mac"], mac.as_str(), "{r}");
+    // A subsystem is served in one place: blue's vol1 cannot also listen
+    // in red's network, nor on the service's own sockets.
+    let (c, err) = code(
+        &svc,
+        &[
+            "listener",
+            "create",
+            "vol1",
+            "--id",
+            "x",
+            "--tenant",
+            "red",
+            "--address",
+            "10.1.0.251",
+            "--port",
+            "4420",
+        ],
+    );
+    assert_ne!(c, 0, "{err}");
+    assert!(err.contains("served in tenant blue's network"), "{err}");
+    let port = dpu_e2e::free_port().to_string();
+    let (c, err) = code(
+        &svc,
+        &[
+            "listener",
+            "create",
+            "vol1",
+            "--id",
+            "x",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &port,
+        ],
+    );
+    assert_ne!(c, 0, "{err}");
+    assert!(err.contains("served in tenant blue's network"), "{err}");
+    assert_eq!(
+        listeners(&svc, "vol1")?.len(),
+        1,
+        "the refused listeners are undone"
+    );
 
     // Refusals, each with its code and what it is about.
     let bad = |id: &str, tenant: &str, address: &str| {
@@ -110,12 +152,18 @@ fn endpoints_are_created_listed_kept_and_deleted() -> Result<()> {
     }
 
     // The endpoints and their MACs survive a restart and a kill -9.
-    let before = (listeners(&svc, "vol1")?, listeners(&svc, "vol2")?);
-    assert_eq!(before.0.len(), 2);
+    let all = |svc: &Service| -> Result<Vec<Vec<Value>>> {
+        ["vol1", "vol2", "vol3"]
+            .iter()
+            .map(|s| listeners(svc, s))
+            .collect()
+    };
+    let before = all(&svc)?;
+    assert_eq!(before.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
     svc.restart()?;
-    assert_eq!((listeners(&svc, "vol1")?, listeners(&svc, "vol2")?), before);
+    assert_eq!(all(&svc)?, before);
     svc.crash_and_restart()?;
-    assert_eq!((listeners(&svc, "vol1")?, listeners(&svc, "vol2")?), before);
+    assert_eq!(all(&svc)?, before);
 
     // Table output shows the tenant and the MAC.
     let out = svc.dpuctl(&["listener", "list", "vol2"])?;
@@ -128,6 +176,6 @@ fn endpoints_are_created_listed_kept_and_deleted() -> Result<()> {
     svc.dpuctl_json(&["tenant", "delete", "blue", "--force"])?;
     let (c, err) = code(&svc, &["tenant", "delete", "red", "--force"]);
     assert_eq!(c, 6, "{err}");
-    assert!(err.contains("subsystems/vol1/listeners/red-ep"), "{err}");
+    assert!(err.contains("subsystems/vol3/listeners/red-ep"), "{err}");
     Ok(())
 }

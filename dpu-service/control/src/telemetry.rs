@@ -823,7 +823,8 @@ mod tests {
                 "fragment_table_full",
                 "unknown_vtep",
                 "mac_limit",
-                "encapsulated"
+                "encapsulated",
+                "endpoint_full"
             ]
         );
     }
@@ -838,7 +839,7 @@ mod tests {
         assert_eq!(snap.ports[0].counters.as_ref().unwrap().rx_packets, 10);
         assert_eq!(snap.tenants.len(), 2);
         assert_eq!(snap.drops.len(), drop_reasons().count());
-        assert_eq!(drop_reasons().count(), 14);
+        assert_eq!(drop_reasons().count(), 15);
         assert_eq!(snap.drops[2].packets, 6);
         assert_eq!(
             snap.flow_cache,

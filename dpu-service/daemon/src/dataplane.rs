@@ -30,6 +30,9 @@ use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
 
+/// Ethernet header bytes in front of an endpoint's IP packets.
+const ETHERNET_HEADER: usize = 14;
+
 /// The running data plane.
 pub struct Dataplane {
     workers: Workers,
@@ -39,6 +42,8 @@ pub struct Dataplane {
     /// Port IDs by driver index.
     ids: Arc<Vec<String>>,
     base: SwitchConfig,
+    /// What idle workers do.
+    idle: Idle,
 }
 
 /// Starts EAL with the DPDK ports and opens them, in order.
@@ -133,6 +138,7 @@ impl Dataplane {
             driver,
             ids,
             base,
+            idle: idle_mode(d.idle),
         })
     }
 
@@ -147,6 +153,28 @@ impl Dataplane {
             switch: self.switch.clone(),
             ids: self.ids.clone(),
             base: self.base.clone(),
+        }
+    }
+
+    /// The switch the workers run.
+    pub fn switch(&self) -> SwitchHandle {
+        self.switch.clone()
+    }
+
+    /// How the storage endpoints' stacks are made and run: the IP MTU the
+    /// ports allow (their smallest), the kernel transport's connection
+    /// limits and write timeout for each endpoint, and the workers' idle
+    /// behaviour for their thread.
+    pub fn endpoint_settings(
+        &self,
+        tcp: &dpu_nvmeof::TcpConfig,
+    ) -> crate::endpoints::StackSettings {
+        crate::endpoints::StackSettings {
+            mtu: self.base.endpoint_frame_max.saturating_sub(ETHERNET_HEADER),
+            max_connections: tcp.max_connections,
+            max_connections_per_address: tcp.max_connections_per_address,
+            write_timeout: tcp.write_timeout,
+            idle: self.idle,
         }
     }
 
@@ -199,6 +227,14 @@ impl Start<'_> {
                 tracing::info!(port = %id, address = %ip, "VXLAN tunnel endpoint");
             }
         }
+        // Storage endpoints take frames the smallest port MTU allows
+        // (1500 where no driver says).
+        let mtu = (0..ids.len())
+            .filter_map(|i| driver.link(i).map(|l| l.mtu as usize))
+            .filter(|&m| m > 0)
+            .min()
+            .unwrap_or(1500);
+        base.endpoint_frame_max = mtu + ETHERNET_HEADER;
         if let Some(i) =
             (0..ids.len()).find(|&i| ports[i].vtep_address.is_some() && base.vteps[i].is_none())
         {
@@ -214,6 +250,17 @@ impl Start<'_> {
     }
 }
 
+/// What the workers (and the storage endpoints' thread) do when idle.
+fn idle_mode(mode: IdleMode) -> Idle {
+    match mode {
+        IdleMode::Busy => Idle::BusyPoll,
+        IdleMode::Backoff => Idle::Backoff {
+            spins: 1000,
+            max: Duration::from_micros(200),
+        },
+    }
+}
+
 /// Starts one worker per queue on `driver`'s ports, running the switch.
 fn run<D: Driver>(
     driver: D,
@@ -222,13 +269,7 @@ fn run<D: Driver>(
     switch: &SwitchHandle,
 ) -> Result<(Workers, Arc<dyn CounterSource>)> {
     let d = &config.dataplane;
-    let idle = match d.idle {
-        IdleMode::Busy => Idle::BusyPoll,
-        IdleMode::Backoff => Idle::Backoff {
-            spins: 1000,
-            max: Duration::from_micros(200),
-        },
-    };
+    let idle = idle_mode(d.idle);
     let configs = (0..d.workers)
         .map(|q| WorkerConfig {
             rx: (0..ids.len()).map(|p| (p, q)).collect(),
@@ -575,6 +616,7 @@ impl<D: Driver> CounterSource for PortSource<D> {
                 worker::DropReason::UnknownVtep => pb::DropReason::UnknownVtep,
                 worker::DropReason::MacLimit => pb::DropReason::MacLimit,
                 worker::DropReason::Encapsulated => pb::DropReason::Encapsulated,
+                worker::DropReason::EndpointFull => pb::DropReason::EndpointFull,
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }

@@ -19,6 +19,7 @@
 
 mod config;
 mod dataplane;
+mod endpoints;
 mod metrics;
 mod runtime;
 mod storage;
@@ -262,6 +263,18 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     telemetry.register(nvmf.counters(state.clone()));
     // Storage calls return once the target has applied their change.
     let (nvmf_task, storage_applied) = nvmf.follow(&state, first.generation);
+    // Storage endpoints in tenants' networks need the switch.
+    let storage_endpoints = match &dp {
+        Some(dp) => Some(
+            endpoints::Endpoints::start(
+                nvmf.endpoint_plan(),
+                dp.switch(),
+                dp.endpoint_settings(&config.transport()),
+            )
+            .context("starting the storage endpoints' thread")?,
+        ),
+        None => None,
+    };
     let ctl = Arc::new(Control {
         state,
         ports: config
@@ -294,8 +307,9 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         switch_applied,
     });
     let api = Api::new(ctl.clone());
-    config::seed::seed_storage(&api, &config.storage).await?;
+    // Tenants first: a declared listener may be an endpoint in one.
     config::seed_tenants::seed_tenants(&api, &config.tenants).await?;
+    config::seed::seed_storage(&api, &config.storage).await?;
 
     let tls = tls_config(&config)?;
     let authz = AuthzLayer::new(Arc::new(config.authz_policy()?), ctl.telemetry.clone());
@@ -452,6 +466,11 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         t.abort();
     }
     nvmf_task.abort();
+    if let Some(mut e) = storage_endpoints {
+        tokio::task::spawn_blocking(move || e.stop())
+            .await
+            .context("storage endpoints' stop task")?;
+    }
     tokio::task::spawn_blocking(move || nvmf.shutdown())
         .await
         .context("NVMe/TCP target stop task")?;

@@ -6,11 +6,21 @@
 //! generation it applied, with what it could not serve, so that a storage
 //! call returns only once the target serves its change
 //! ([`dpu_control::apply`]).
+//!
+//! A subsystem that listens in a tenant's network (a storage endpoint) is
+//! served by a target of that tenant's own, not by the one behind the
+//! kernel sockets: its discovery controller lists that tenant's
+//! subsystems alone, and a host of another tenant whose addresses happen
+//! to be the same reaches none of them. Such a subsystem is served in
+//! that one place: a kernel listener or another tenant's listener on it
+//! is refused as a problem of the change (the call fails and is undone).
+//! What the endpoints serve is handed to the thread running their stacks
+//! through an [`EndpointPlan`].
 
-use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::TargetLimits;
@@ -32,6 +42,54 @@ pub struct Storage {
     /// What [`Storage::apply_auth`] gave the target last, to take back
     /// what the next state no longer has.
     auth_applied: Mutex<AuthApplied>,
+    /// Made like `target`, for the tenants' targets.
+    limits: TargetLimits,
+    backing: BackingPolicy,
+    /// The target of each tenant with storage endpoints.
+    tenant_targets: Mutex<BTreeMap<String, dpu_nvmeof::Target>>,
+    /// What the storage endpoints serve, for their thread.
+    plan: Arc<EndpointPlan>,
+}
+
+/// A storage endpoint as the state has it: where it is and what it serves.
+#[derive(Debug, Clone)]
+pub struct EndpointSpec {
+    /// The tenant whose network it is in.
+    pub tenant: String,
+    /// Its IPv4 address there.
+    pub address: Ipv4Addr,
+    /// Its MAC.
+    pub mac: [u8; 6],
+    /// The TCP ports it listens on.
+    pub ports: BTreeSet<u16>,
+    /// The tenant's target: the subsystems listening in the tenant's
+    /// network, and their discovery controller.
+    pub target: dpu_nvmeof::Target,
+}
+
+/// The storage endpoints the last applied state has, published for the
+/// thread that runs their stacks.
+#[derive(Debug, Default)]
+pub struct EndpointPlan {
+    specs: Mutex<Arc<Vec<EndpointSpec>>>,
+    generation: AtomicU64,
+}
+
+impl EndpointPlan {
+    /// How many times the plan was replaced: a cheap test for a change.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The endpoints, ordered by tenant and address.
+    pub fn specs(&self) -> Arc<Vec<EndpointSpec>> {
+        self.specs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn publish(&self, specs: Vec<EndpointSpec>) {
+        *self.specs.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(specs);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// The DH-HMAC-CHAP settings the target was given.
@@ -57,15 +115,16 @@ impl Storage {
         limits: TargetLimits,
         backing: BackingPolicy,
     ) -> Result<Arc<Self>, TcpConfigError> {
-        let target = dpu_nvmeof::Target::with_backing(backing);
-        target.set_timeouts(limits.timeouts);
-        target.set_write_buffer_budget(limits.write_buffer_budget);
-        target.set_max_connections_per_host(limits.max_connections_per_host);
+        let target = new_target(&backing, limits);
         let s = Arc::new(Self {
             transport: dpu_nvmeof::TcpTransport::with_config(target.clone(), tcp)?,
             target,
             discovery,
             auth_applied: Mutex::default(),
+            limits,
+            backing,
+            tenant_targets: Mutex::default(),
+            plan: Arc::default(),
         });
         s.apply(state);
         Ok(s)
@@ -79,11 +138,45 @@ impl Storage {
     /// retried at the next change.
     pub fn apply(&self, state: &State) -> Vec<Problem> {
         let cfg = target_config(state, self.discovery);
+        let tenants = tenant_configs(state);
+        // The tenants' targets this state needs, made before the keys are
+        // given out.
+        let targets: Vec<(String, dpu_nvmeof::Target)> = {
+            let mut all = self
+                .tenant_targets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for t in tenants.configs.keys() {
+                all.entry(t.clone())
+                    .or_insert_with(|| new_target(&self.backing, self.limits));
+            }
+            all.iter().map(|(t, x)| (t.clone(), x.clone())).collect()
+        };
         // Keys first: a host allowed by this state authenticates from its
         // first connect.
-        self.apply_auth(state);
-        let mut problems = Vec::new();
-        for e in self.target.apply(&cfg) {
+        self.apply_auth(state, &targets);
+        let mut problems = tenants.problems;
+        for p in &problems {
+            tracing::error!(resource = %p.resource, reason = %p.reason, "listener not served");
+        }
+        // The kernel sockets' target first: a subsystem moving into a
+        // tenant's network lets go of its backends before the tenant's
+        // target opens them.
+        let mut errors = self.target.apply(&cfg);
+        for (tenant, target) in &targets {
+            let empty = dpu_nvmeof::TargetConfig::default();
+            let c = tenants.configs.get(tenant).unwrap_or(&empty);
+            errors.extend(target.apply(c));
+        }
+        {
+            let mut all = self
+                .tenant_targets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            all.retain(|t, _| tenants.configs.contains_key(t));
+        }
+        self.plan.publish(endpoint_specs(state, &targets));
+        for e in errors {
             tracing::error!(subsystem = %e.nqn, nsid = e.nsid, error = %e.source, "namespace not served");
             problems.extend(
                 state
@@ -126,14 +219,19 @@ impl Storage {
     /// are checked before they are stored) fail closed: the error is
     /// logged and the subsystem requires authentication of every host, so
     /// that host cannot connect.
-    fn apply_auth(&self, state: &State) {
+    fn apply_auth(&self, state: &State, tenants: &[(String, dpu_nvmeof::Target)]) {
+        let targets: Vec<&dpu_nvmeof::Target> = std::iter::once(&self.target)
+            .chain(tenants.iter().map(|(_, t)| t))
+            .collect();
         let mut now = AuthApplied::default();
         for s in state.subsystems.values() {
             let mut broken = false;
             for (host, a) in &s.host_auth {
                 match a.host_keys() {
                     Ok(keys) => {
-                        self.target.set_host_keys(&s.nqn, host, Some(keys));
+                        for t in &targets {
+                            t.set_host_keys(&s.nqn, host, Some(keys.clone()));
+                        }
                         now.keys.insert((s.nqn.clone(), host.clone()));
                     }
                     Err(e) => {
@@ -147,17 +245,21 @@ impl Storage {
             } else {
                 s.auth_requirement.target_policy()
             };
-            self.target.set_auth_required(&s.nqn, required);
+            for t in &targets {
+                t.set_auth_required(&s.nqn, required);
+            }
             if required.is_some() {
                 now.required.insert(s.nqn.clone());
             }
         }
         let mut last = self.auth_applied.lock().unwrap_or_else(|e| e.into_inner());
-        for (sub, host) in last.keys.difference(&now.keys) {
-            self.target.set_host_keys(sub, host, None);
-        }
-        for sub in last.required.difference(&now.required) {
-            self.target.set_auth_required(sub, None);
+        for t in &targets {
+            for (sub, host) in last.keys.difference(&now.keys) {
+                t.set_host_keys(sub, host, None);
+            }
+            for sub in last.required.difference(&now.required) {
+                t.set_auth_required(sub, None);
+            }
         }
         *last = now;
     }
@@ -205,6 +307,22 @@ impl Storage {
         })
     }
 
+    /// What the storage endpoints serve, for the thread running them.
+    pub fn endpoint_plan(&self) -> Arc<EndpointPlan> {
+        self.plan.clone()
+    }
+
+    /// The target behind the kernel sockets and each tenant's.
+    fn all_targets(&self) -> Vec<dpu_nvmeof::Target> {
+        let tenants = self
+            .tenant_targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        std::iter::once(self.target.clone())
+            .chain(tenants.values().cloned())
+            .collect()
+    }
+
     /// Closes every connection and listener.
     pub fn shutdown(&self) {
         self.transport.shutdown();
@@ -219,44 +337,49 @@ struct StorageCounters {
 impl CounterSource for StorageCounters {
     fn collect(&self, out: &mut Counters) {
         let s = self.state.snapshot();
+        let targets = self.storage.all_targets();
         for sub in s.subsystems.values() {
-            let h = self.storage.target.health(&sub.nqn);
             let c = out.subsystems.entry(sub.id.clone()).or_default();
-            c.connections += h.connections.load(Ordering::Relaxed);
-            c.read_ops += h.reads.load(Ordering::Relaxed);
-            c.write_ops += h.writes.load(Ordering::Relaxed);
-            c.read_bytes += h.bytes_read.load(Ordering::Relaxed);
-            c.write_bytes += h.bytes_written.load(Ordering::Relaxed);
-            c.errors += h.errors.load(Ordering::Relaxed);
-            c.auth_succeeded += h.auth_succeeded.load(Ordering::Relaxed);
-            c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
+            for target in &targets {
+                let h = target.health(&sub.nqn);
+                c.connections += h.connections.load(Ordering::Relaxed);
+                c.read_ops += h.reads.load(Ordering::Relaxed);
+                c.write_ops += h.writes.load(Ordering::Relaxed);
+                c.read_bytes += h.bytes_read.load(Ordering::Relaxed);
+                c.write_bytes += h.bytes_written.load(Ordering::Relaxed);
+                c.errors += h.errors.load(Ordering::Relaxed);
+                c.auth_succeeded += h.auth_succeeded.load(Ordering::Relaxed);
+                c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
+            }
         }
-        let st = self.storage.target.stats();
         let t = &mut out.nvmf_target;
-        // Each field of the contract beside the target's counter that
-        // fills it: a counter the target adds is one more pair.
-        for (field, counted) in [
-            (&mut t.connections_accepted, &st.connections),
-            (&mut t.protocol_errors, &st.protocol_errors),
-            (&mut t.connects_refused, &st.connects_refused),
-            (&mut t.keep_alive_timeouts, &st.keep_alive_timeouts),
-            (&mut t.handshake_timeouts, &st.handshake_timeouts),
-            (&mut t.pdu_timeouts, &st.pdu_timeouts),
-            (&mut t.write_timeouts, &st.write_timeouts),
-            (&mut t.refused_max_connections, &st.connections_over_limit),
-            (
-                &mut t.refused_max_connections_per_address,
-                &st.connections_over_address_limit,
-            ),
-            (&mut t.write_buffer_waits, &st.write_buffer_waits),
-            (&mut t.controllers_revoked, &st.controllers_revoked),
-            (&mut t.idle_timeouts, &st.idle_timeouts),
-            (
-                &mut t.refused_max_connections_per_host,
-                &st.connects_over_host_limit,
-            ),
-        ] {
-            *field += counted.load(Ordering::Relaxed);
+        for target in &targets {
+            let st = target.stats();
+            // Each field of the contract beside the target's counter that
+            // fills it: a counter the target adds is one more pair.
+            for (field, counted) in [
+                (&mut t.connections_accepted, &st.connections),
+                (&mut t.protocol_errors, &st.protocol_errors),
+                (&mut t.connects_refused, &st.connects_refused),
+                (&mut t.keep_alive_timeouts, &st.keep_alive_timeouts),
+                (&mut t.handshake_timeouts, &st.handshake_timeouts),
+                (&mut t.pdu_timeouts, &st.pdu_timeouts),
+                (&mut t.write_timeouts, &st.write_timeouts),
+                (&mut t.refused_max_connections, &st.connections_over_limit),
+                (
+                    &mut t.refused_max_connections_per_address,
+                    &st.connections_over_address_limit,
+                ),
+                (&mut t.write_buffer_waits, &st.write_buffer_waits),
+                (&mut t.controllers_revoked, &st.controllers_revoked),
+                (&mut t.idle_timeouts, &st.idle_timeouts),
+                (
+                    &mut t.refused_max_connections_per_host,
+                    &st.connects_over_host_limit,
+                ),
+            ] {
+                *field += counted.load(Ordering::Relaxed);
+            }
         }
         let transport = &self.storage.transport;
         t.open_connections += transport.open_connections() as u64;
@@ -270,55 +393,161 @@ impl CounterSource for StorageCounters {
     }
 }
 
-/// What the target serves for `state`.
+/// A target made with the daemon's limits.
+fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Target {
+    let target = dpu_nvmeof::Target::with_backing(backing.clone());
+    target.set_timeouts(limits.timeouts);
+    target.set_write_buffer_budget(limits.write_buffer_budget);
+    target.set_max_connections_per_host(limits.max_connections_per_host);
+    target
+}
+
+/// The tenant a subsystem is served in: the first (by name) of its
+/// listeners' tenants; `None` for one served on the kernel sockets.
+fn serving_tenant(s: &dpu_control::model::Subsystem) -> Option<&str> {
+    s.listeners
+        .values()
+        .filter_map(|l| l.tenant.as_deref())
+        .min()
+}
+
+/// The subsystem as the target serves it, exported on `listeners`.
+fn subsystem_config(
+    s: &dpu_control::model::Subsystem,
+    listeners: Vec<SocketAddr>,
+) -> SubsystemConfig {
+    SubsystemConfig {
+        nqn: s.nqn.clone(),
+        serial: s.serial_number.clone(),
+        model: s.model_number.clone(),
+        allow_any_host: s.allow_any_host,
+        allowed_hosts: s.allowed_hosts.clone(),
+        max_namespaces: s.max_namespaces,
+        namespaces: s
+            .namespaces
+            .values()
+            .map(|n| NamespaceConfig {
+                nsid: n.nsid,
+                block_size: n.block_size,
+                uuid: n.uuid,
+                nguid: n.nguid,
+                backend: match &n.backend {
+                    Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
+                    Backend::File {
+                        path,
+                        size_bytes,
+                        created,
+                    } => BackendSpec::File {
+                        path: PathBuf::from(path),
+                        size: *size_bytes,
+                        created: *created,
+                    },
+                    Backend::BlockDevice { path } => BackendSpec::BlockDevice {
+                        path: PathBuf::from(path),
+                    },
+                },
+            })
+            .collect(),
+        listeners,
+    }
+}
+
+/// What the target behind the kernel sockets serves for `state`: every
+/// subsystem but those served in a tenant's network.
 pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConfig {
     let subsystems = state
         .subsystems
         .values()
-        .map(|s| SubsystemConfig {
-            nqn: s.nqn.clone(),
-            serial: s.serial_number.clone(),
-            model: s.model_number.clone(),
-            allow_any_host: s.allow_any_host,
-            allowed_hosts: s.allowed_hosts.clone(),
-            max_namespaces: s.max_namespaces,
-            namespaces: s
-                .namespaces
-                .values()
-                .map(|n| NamespaceConfig {
-                    nsid: n.nsid,
-                    block_size: n.block_size,
-                    uuid: n.uuid,
-                    nguid: n.nguid,
-                    backend: match &n.backend {
-                        Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
-                        Backend::File {
-                            path,
-                            size_bytes,
-                            created,
-                        } => BackendSpec::File {
-                            path: PathBuf::from(path),
-                            size: *size_bytes,
-                            created: *created,
-                        },
-                        Backend::BlockDevice { path } => BackendSpec::BlockDevice {
-                            path: PathBuf::from(path),
-                        },
-                    },
-                })
-                .collect(),
-            listeners: s
+        .filter(|s| serving_tenant(s).is_none())
+        .map(|s| {
+            let listeners = s
                 .listeners
                 .values()
-                .filter(|l| l.transport == Transport::Tcp && l.tenant.is_none())
+                .filter(|l| l.transport == Transport::Tcp)
                 .map(|l| SocketAddr::new(l.address, l.port))
-                .collect(),
+                .collect();
+            subsystem_config(s, listeners)
         })
         .collect();
     TargetConfig {
         subsystems,
         discovery,
     }
+}
+
+/// What each tenant's target serves, and the listeners that cannot be
+/// served where they are.
+#[derive(Debug, Default)]
+pub struct TenantConfigs {
+    /// By tenant: the subsystems listening in its network, exported on
+    /// its endpoints' addresses; no discovery listener of its own (the
+    /// discovery controller answers on each endpoint's ports).
+    pub configs: BTreeMap<String, TargetConfig>,
+    /// Listeners of a subsystem served in a tenant's network that are on
+    /// the kernel sockets or in another tenant's network.
+    pub problems: Vec<Problem>,
+}
+
+/// The tenants' targets for `state`.
+pub fn tenant_configs(state: &State) -> TenantConfigs {
+    let mut out = TenantConfigs::default();
+    for s in state.subsystems.values() {
+        let Some(tenant) = serving_tenant(s) else {
+            continue;
+        };
+        let mut listeners = Vec::new();
+        for l in s.listeners.values() {
+            match l.endpoint() {
+                Some((t, address)) if t == tenant && l.transport == Transport::Tcp => {
+                    listeners.push(SocketAddr::new(address.into(), l.port));
+                }
+                _ => out.problems.push(Problem {
+                    resource: listener_name(&s.id, &l.id),
+                    reason: format!(
+                        "subsystem {} is served in tenant {tenant}'s network; it cannot also listen {}",
+                        s.id,
+                        match l.tenant.as_deref() {
+                            Some(other) => format!("in tenant {other}'s"),
+                            None => format!("on the service's own address {}", l.address),
+                        }
+                    ),
+                }),
+            }
+        }
+        out.configs
+            .entry(tenant.to_string())
+            .or_default()
+            .subsystems
+            .push(subsystem_config(s, listeners));
+    }
+    out
+}
+
+/// The storage endpoints of `state` with what they serve, each with its
+/// tenant's target from `targets`.
+fn endpoint_specs(state: &State, targets: &[(String, dpu_nvmeof::Target)]) -> Vec<EndpointSpec> {
+    let mut out: Vec<EndpointSpec> = Vec::new();
+    for e in state.endpoints() {
+        let Some((_, target)) = targets.iter().find(|(t, _)| t == e.tenant) else {
+            continue;
+        };
+        let ports = state
+            .subsystems
+            .values()
+            .filter(|s| serving_tenant(s) == Some(e.tenant))
+            .flat_map(|s| s.listeners.values())
+            .filter(|l| l.endpoint() == Some((e.tenant, e.address)))
+            .map(|l| l.port)
+            .collect();
+        out.push(EndpointSpec {
+            tenant: e.tenant.to_string(),
+            address: e.address,
+            mac: e.mac.0,
+            ports,
+            target: target.clone(),
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -333,6 +562,146 @@ mod tests {
     use super::*;
 
     const NQN: &str = "nqn.2024-01.io.example:vol";
+
+    /// Subsystem `id` with listeners (id, tenant, port), each tenant's at
+    /// 10.1.0.250, the others on 127.0.0.1.
+    fn subsystem(
+        id: &str,
+        listeners: &[(&str, Option<&str>, u16)],
+    ) -> dpu_control::model::Subsystem {
+        use dpu_control::model::{Listener, MacAddr, Subsystem, Timestamp};
+        Subsystem {
+            id: id.into(),
+            nqn: format!("nqn.2024-01.io.example:{id}"),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host: true,
+            allowed_hosts: Default::default(),
+            max_namespaces: 1,
+            create_time: Timestamp::now(),
+            namespaces: Default::default(),
+            listeners: listeners
+                .iter()
+                .map(|&(lid, tenant, port)| {
+                    let l = Listener {
+                        id: lid.into(),
+                        transport: Transport::Tcp,
+                        address: if tenant.is_some() {
+                            "10.1.0.250"
+                        } else {
+                            "127.0.0.1"
+                        }
+                        .parse()
+                        .unwrap(),
+                        port,
+                        tenant: tenant.map(String::from),
+                        mac: tenant.map(|t| MacAddr([2, 0xd5, 0, 0, 0, t.len() as u8])),
+                    };
+                    (l.id.clone(), l)
+                })
+                .collect(),
+            auth_requirement: Default::default(),
+            host_auth: Default::default(),
+        }
+    }
+
+    #[test]
+    fn each_subsystem_is_served_in_one_place() {
+        let mut state = State::default();
+        for s in [
+            subsystem("kernel", &[("k", None, 4420)]),
+            subsystem("blue1", &[("e", Some("blue"), 4420)]),
+            subsystem("blue2", &[("e", Some("blue"), 4421)]),
+            subsystem("red1", &[("e", Some("red"), 4420)]),
+            // Blue's (the first tenant by name), with listeners it
+            // cannot also have.
+            subsystem(
+                "mixed",
+                &[
+                    ("k", None, 4430),
+                    ("r", Some("red"), 4420),
+                    ("z", Some("blue"), 4420),
+                ],
+            ),
+        ] {
+            state.subsystems.insert(s.id.clone(), s);
+        }
+        let kernel = target_config(&state, None);
+        assert_eq!(
+            kernel
+                .subsystems
+                .iter()
+                .map(|s| s.nqn.as_str())
+                .collect::<Vec<_>>(),
+            ["nqn.2024-01.io.example:kernel"]
+        );
+        let t = tenant_configs(&state);
+        let nqns = |tenant: &str| -> Vec<(String, Vec<SocketAddr>)> {
+            t.configs[tenant]
+                .subsystems
+                .iter()
+                .map(|s| {
+                    (
+                        s.nqn.rsplit(':').next().unwrap().to_string(),
+                        s.listeners.clone(),
+                    )
+                })
+                .collect()
+        };
+        let ep = |port| vec![SocketAddr::from(([10, 1, 0, 250], port))];
+        assert_eq!(
+            nqns("blue"),
+            [
+                ("blue1".to_string(), ep(4420)),
+                ("blue2".to_string(), ep(4421)),
+                ("mixed".to_string(), ep(4420))
+            ]
+        );
+        assert_eq!(nqns("red"), [("red1".to_string(), ep(4420))]);
+        assert!(t.configs.values().all(|c| c.discovery.is_none()));
+        let mut refused: Vec<&str> = t.problems.iter().map(|p| p.resource.as_str()).collect();
+        refused.sort_unstable();
+        assert_eq!(
+            refused,
+            [
+                "subsystems/mixed/listeners/k",
+                "subsystems/mixed/listeners/r"
+            ]
+        );
+        assert!(t
+            .problems
+            .iter()
+            .all(|p| p.reason.contains("tenant blue's network")));
+    }
+
+    #[test]
+    fn endpoints_get_their_ports_and_their_tenants_target() {
+        let mut state = State::default();
+        for s in [
+            subsystem("blue1", &[("e", Some("blue"), 4420)]),
+            subsystem("blue2", &[("e", Some("blue"), 4421)]),
+            subsystem("red1", &[("e", Some("red"), 4420)]),
+        ] {
+            state.subsystems.insert(s.id.clone(), s);
+        }
+        let targets = vec![
+            ("blue".to_string(), dpu_nvmeof::Target::new()),
+            ("red".to_string(), dpu_nvmeof::Target::new()),
+        ];
+        let specs = endpoint_specs(&state, &targets);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(
+            (
+                specs[0].tenant.as_str(),
+                specs[0].address,
+                specs[0].ports.iter().copied().collect::<Vec<_>>()
+            ),
+            ("blue", Ipv4Addr::new(10, 1, 0, 250), vec![4420, 4421])
+        );
+        assert!(specs[0].target.is_same(&targets[0].1));
+        assert!(specs[1].target.is_same(&targets[1].1));
+        assert_eq!(specs[1].ports.iter().copied().collect::<Vec<_>>(), [4420]);
+    }
 
     /// A target following a fresh in-memory state, and an API whose
     /// storage calls wait for it.

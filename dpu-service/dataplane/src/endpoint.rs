@@ -12,14 +12,21 @@
 //!   is dropped and counted ([`EndpointQueues::full`]), which the worker
 //!   reports as `DropReason::EndpointFull`.
 //! - Memory is bounded: each lane owns at most `2 × depth` buffers of
-//!   `frame_max` bytes. Buffers are recycled ([`EndpointQueues::recycle`]),
+//!   `frame_max` bytes toward the stack, and keeps at most `depth`
+//!   emptied ones from it. Buffers are recycled ([`EndpointQueues::recycle`]),
 //!   so once warm the packet path allocates nothing.
 //! - Each worker has a lane of its own: connection tracking is per
 //!   worker (symmetric RSS sends both directions of a flow to one), so a
 //!   stack answers a frame through the lane it came from, and the worker
 //!   that saw a connection open sees its replies.
+//! - Buffers go back the other way too: the worker copies a frame the
+//!   stack sent into a packet of its driver and keeps the emptied buffer
+//!   for the stack's next frame ([`EndpointQueues::send_buffer`]).
+//! - Queues belong to an endpoint, not to a port number:
+//!   [`EndpointTable`] maps one configuration's virtual ports to them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
@@ -35,6 +42,9 @@ struct Lane {
     /// Buffers this lane has allocated (at most the capacity of
     /// `to_stack` and `free` together).
     allocated: AtomicUsize,
+    /// Buffers the worker emptied of the stack's frames, for the stack's
+    /// next ones.
+    sent_free: ArrayQueue<Vec<u8>>,
     /// Frames dropped because `to_stack` was full, too long, or no
     /// buffer was left.
     full: AtomicU64,
@@ -58,11 +68,17 @@ impl EndpointQueues {
                 to_stack: ArrayQueue::new(depth),
                 from_stack: ArrayQueue::new(depth),
                 free: ArrayQueue::new(depth),
+                sent_free: ArrayQueue::new(depth),
                 allocated: AtomicUsize::new(0),
                 full: AtomicU64::new(0),
             })
             .collect();
         EndpointQueues { lanes, frame_max }
+    }
+
+    /// Frames each lane's queues hold, each way.
+    pub fn depth(&self) -> usize {
+        self.lanes.first().map_or(0, |l| l.to_stack.capacity())
     }
 
     /// The number of lanes (workers).
@@ -109,11 +125,17 @@ impl EndpointQueues {
         }
     }
 
-    /// Worker side: the next frame the stack sent through `worker`'s
-    /// lane, to run through the switch as received on the endpoint's
-    /// virtual port.
-    pub fn take_sent(&self, worker: usize) -> Option<Vec<u8>> {
-        self.lane(worker).from_stack.pop()
+    /// Worker side: hands the next frame the stack sent through
+    /// `worker`'s lane to `f` (which makes a packet of it, to run through
+    /// the switch as received on the endpoint's virtual port) and keeps
+    /// its buffer for the stack's next frame. `None` when there is none.
+    pub fn take_sent_with<R>(&self, worker: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let lane = self.lane(worker);
+        let buf = lane.from_stack.pop()?;
+        let r = f(&buf);
+        // A full free list frees the buffer instead.
+        let _ = lane.sent_free.push(buf);
+        Some(r)
     }
 
     /// Stack side: the next frame delivered through `worker`'s lane. Give
@@ -137,6 +159,23 @@ impl EndpointQueues {
         }
     }
 
+    /// Stack side: an empty buffer for a frame to [`EndpointQueues::send`]
+    /// through `worker`'s lane: one the worker has emptied, or a new one.
+    pub fn send_buffer(&self, worker: usize) -> Vec<u8> {
+        match self.lane(worker).sent_free.pop() {
+            Some(mut b) => {
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(self.frame_max),
+        }
+    }
+
+    /// The longest frame a lane takes toward the stack.
+    pub fn frame_max(&self) -> usize {
+        self.frame_max
+    }
+
     /// Stack side: queues `frame` for `worker` to switch, as sent by the
     /// endpoint. The frame back if the queue is full (the stack keeps it
     /// or drops it; TCP retransmits).
@@ -147,12 +186,76 @@ impl EndpointQueues {
         self.lane(worker).from_stack.push(frame)
     }
 
+    /// Stack side: how many more frames [`EndpointQueues::send`] takes
+    /// through `worker`'s lane now (the stack polls for output only when
+    /// its burst fits, so that its frames wait in its socket buffers
+    /// rather than being lost here).
+    pub fn send_room(&self, worker: usize) -> usize {
+        let q = &self.lane(worker).from_stack;
+        q.capacity().saturating_sub(q.len())
+    }
+
     /// Frames dropped on the way to the stack, all lanes together.
     pub fn full(&self) -> u64 {
         self.lanes
             .iter()
             .map(|l| l.full.load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+/// The storage endpoints' queues of one switch configuration, by virtual
+/// port: what a worker needs to hand frames to endpoints and take theirs.
+///
+/// The switch makes one with each configuration that has endpoints, and
+/// keeps an endpoint's queues from one configuration to the next as long
+/// as the endpoint (its tenant, MAC and address) stays: a stack keyed by
+/// the endpoint finds its frames whatever port number the endpoint gets.
+#[derive(Debug)]
+pub struct EndpointTable {
+    /// The first virtual port (the driver's port count).
+    first: usize,
+    /// Queues of ports `first`, `first + 1`, ...
+    queues: Box<[Arc<EndpointQueues>]>,
+}
+
+impl EndpointTable {
+    /// The queues of virtual ports `first`, `first + 1`, ... in order.
+    pub fn new(first: usize, queues: Vec<Arc<EndpointQueues>>) -> EndpointTable {
+        EndpointTable {
+            first,
+            queues: queues.into_boxed_slice(),
+        }
+    }
+
+    /// The queues of virtual port `port`, if it is one.
+    #[inline]
+    pub fn get(&self, port: usize) -> Option<&EndpointQueues> {
+        let i = port.checked_sub(self.first)?;
+        self.queues.get(i).map(|q| &**q)
+    }
+
+    /// The queues of the `i`th endpoint (in port order).
+    pub fn get_arc(&self, i: usize) -> Option<Arc<EndpointQueues>> {
+        self.queues.get(i).cloned()
+    }
+
+    /// Every virtual port with its queues, in port order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &EndpointQueues)> {
+        self.queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (self.first + i, &**q))
+    }
+
+    /// The number of endpoints.
+    pub fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// True without endpoints.
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty()
     }
 }
 
@@ -171,8 +274,18 @@ mod tests {
         q.recycle(0, b);
         assert_eq!(q.receive(0), None);
         q.send(1, b"from-stack".to_vec()).unwrap();
-        assert_eq!(q.take_sent(0), None, "lanes are separate");
-        assert_eq!(q.take_sent(1).as_deref(), Some(&b"from-stack"[..]));
+        assert_eq!(
+            q.take_sent_with(0, <[u8]>::to_vec),
+            None,
+            "lanes are separate"
+        );
+        assert_eq!(
+            q.take_sent_with(1, <[u8]>::to_vec).as_deref(),
+            Some(&b"from-stack"[..])
+        );
+        // The worker keeps the emptied buffer for the stack's next frame.
+        let b = q.send_buffer(1);
+        assert!(b.is_empty() && b.capacity() >= 10);
         assert_eq!(q.full(), 0);
     }
 

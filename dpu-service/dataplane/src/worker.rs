@@ -4,6 +4,10 @@
 //! own thread. Each turn it receives a burst from every RX queue, runs the
 //! pipeline on each packet, queues forwarded packets per output port and
 //! transmits them; what a full TX queue refuses is dropped and counted.
+//! A packet forwarded to a storage endpoint's virtual port is copied into
+//! the endpoint's queue instead ([`crate::endpoint`]), and each turn the
+//! worker also takes up to a burst of each endpoint's own frames and runs
+//! them through the pipeline as received on its virtual port.
 //! Buffers are reserved once before the loop: the packet path allocates
 //! nothing, takes no lock and makes no syscall (an idle worker may sleep).
 
@@ -12,6 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::endpoint::EndpointTable;
 use crate::io::{Driver, IoError, Packet, RxQueue, TxQueue};
 use crate::wire::{apply_tunnel, apply_vlan};
 
@@ -59,11 +64,15 @@ pub enum DropReason {
     /// layer is behind a tag or encapsulation the guard cannot look
     /// through (a second 802.1Q tag, QinQ, MPLS, PPPoE).
     Encapsulated,
+    /// A frame for a storage endpoint that its queue could not take (full,
+    /// or the frame longer than its buffers), or a frame the endpoint sent
+    /// that no packet buffer was free for.
+    EndpointFull,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         Self::NoTenant,
         Self::Spoofed,
         Self::AclDeny,
@@ -78,6 +87,7 @@ impl DropReason {
         Self::UnknownVtep,
         Self::MacLimit,
         Self::Encapsulated,
+        Self::EndpointFull,
     ];
 
     fn index(self) -> usize {
@@ -191,6 +201,15 @@ pub trait Pipeline: Send + 'static {
     /// Called at the start of every turn, between bursts: the place to
     /// pick up new configuration or read the clock once per burst.
     fn turn(&mut self) {}
+
+    /// The storage endpoints' queues of the configuration this pipeline
+    /// decides by, from its last [`Pipeline::turn`]: where the worker
+    /// hands frames forwarded to a virtual port (beyond the driver's
+    /// ports), and where it takes the frames the endpoints send. `None`
+    /// (the default) when there are none.
+    fn endpoints(&self) -> Option<&Arc<EndpointTable>> {
+        None
+    }
 }
 
 /// The empty pipeline: each input port is wired to one output port (like a
@@ -312,14 +331,133 @@ struct Loop<D: Driver, P: Pipeline> {
     tx: Vec<D::Tx>,
     pipeline: P,
     counters: Arc<WorkerCounters>,
+    /// Makes packets of the frames storage endpoints send.
+    driver: D,
+    /// This worker's index: its lane in every endpoint's queues.
+    worker: usize,
+}
+
+/// Where one worker's decided packets go: per-port output queues, and
+/// the storage endpoints' queues for virtual ports.
+struct Outputs<'a, P> {
+    out: &'a mut [Vec<P>],
+    out_bytes: &'a mut [u64],
+    c: &'a WorkerCounters,
+    endpoints: Option<&'a EndpointTable>,
+    worker: usize,
+}
+
+impl<P: Packet> Outputs<'_, P> {
+    /// Queues `pkt` as `verdict` says, or counts its drop.
+    #[inline(always)]
+    fn take(&mut self, pkt: P, verdict: &Verdict, flood: &[Egress]) {
+        match verdict {
+            Verdict::Forward(e) => self.emit(pkt, e),
+            Verdict::Flood => {
+                let Some((last, copies)) = flood.split_last() else {
+                    return;
+                };
+                for e in copies {
+                    match pkt.try_clone() {
+                        Some(copy) => self.emit(copy, e),
+                        None => bump(&self.c.drops[DropReason::TxFull.index()], 1),
+                    }
+                }
+                self.emit(pkt, last);
+            }
+            Verdict::Drop(r) => bump(&self.c.drops[r.index()], 1),
+        }
+    }
+
+    /// Queues `pkt` for output `e` after its tag operation, or counts the
+    /// drop.
+    #[inline(always)]
+    fn emit(&mut self, pkt: P, e: &Egress) {
+        // The frame as it came, to a port that exists: queued in place.
+        if let (0, VlanOp::Keep, None, Some(q)) =
+            (e.decap, e.vlan, &e.tunnel, self.out.get_mut(e.port))
+        {
+            self.out_bytes[e.port] += pkt.len() as u64;
+            q.push(pkt);
+            return;
+        }
+        self.emit_rewritten(pkt, e);
+    }
+
+    /// [`Outputs::emit`] of a frame to rewrite first (decapsulated,
+    /// tagged, untagged or tunnelled), or for a storage endpoint.
+    #[inline(never)]
+    fn emit_rewritten(&mut self, mut pkt: P, e: &Egress) {
+        let c = self.c;
+        let endpoint = match self.endpoints {
+            Some(t) if e.port >= self.out.len() => t.get(e.port),
+            _ => None,
+        };
+        if (e.port >= self.out.len() && endpoint.is_none())
+            || (e.decap > 0 && !pkt.trim_front(usize::from(e.decap)))
+            || !apply_vlan(&mut pkt, e.vlan)
+            || e.tunnel
+                .as_ref()
+                .is_some_and(|t| !apply_tunnel(&mut pkt, t))
+        {
+            bump(&c.drops[DropReason::TxFull.index()], 1);
+            return;
+        }
+        if let Some(q) = endpoint {
+            // Copied into the endpoint's lane; the packet goes back to
+            // its pool here.
+            if !q.deliver(self.worker, pkt.data()) {
+                bump(&c.drops[DropReason::EndpointFull.index()], 1);
+            }
+            return;
+        }
+        self.out_bytes[e.port] += pkt.len() as u64;
+        self.out[e.port].push(pkt);
+    }
 }
 
 impl<D: Driver, P: Pipeline> Loop<D, P> {
+    /// Runs the frames the storage endpoints of `table` sent through this
+    /// worker's lanes (at most a burst per endpoint and turn, so a busy
+    /// endpoint cannot starve the ports) through the pipeline as received
+    /// on each endpoint's virtual port. Returns how many there were.
+    fn endpoint_input(
+        &mut self,
+        table: &EndpointTable,
+        burst: &mut Vec<D::Packet>,
+        flood: &mut Vec<Egress>,
+        outs: &mut Outputs<'_, D::Packet>,
+    ) -> usize {
+        let mut got = 0;
+        for (port, q) in table.iter() {
+            while burst.len() < BURST {
+                let driver = &self.driver;
+                let Some(made) = q.take_sent_with(self.worker, |f| driver.packet_from(f)) else {
+                    break;
+                };
+                match made {
+                    Some(p) => burst.push(p),
+                    None => bump(&outs.c.drops[DropReason::EndpointFull.index()], 1),
+                }
+            }
+            if burst.is_empty() {
+                continue;
+            }
+            got += burst.len();
+            self.pipeline
+                .process_burst(port, burst, flood, |pkt, verdict, flood| {
+                    outs.take(pkt, verdict, flood);
+                });
+        }
+        got
+    }
+
     fn run(mut self, stop: &AtomicBool, idle: Idle) {
         let ports = self.tx.len();
         let mut burst: Vec<D::Packet> = Vec::with_capacity(BURST);
-        // Every RX queue may forward a whole burst to one port in a turn.
-        let per_port = BURST * self.rx.len().max(1);
+        // Every RX queue (and the endpoints, together) may forward a
+        // whole burst to one port in a turn.
+        let per_port = BURST * (self.rx.len() + 1);
         let mut out: Vec<Vec<D::Packet>> =
             (0..ports).map(|_| Vec::with_capacity(per_port)).collect();
         let mut out_bytes = vec![0u64; ports];
@@ -327,9 +465,24 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
         let c = self.counters.clone();
         let mut empty_turns = 0u32;
         let mut nap = Duration::from_micros(1);
+        // The endpoints' queues of the pipeline's configuration, kept
+        // here so that a turn borrows them while the pipeline decides.
+        let mut endpoints: Option<Arc<EndpointTable>> = None;
         while !stop.load(Ordering::Relaxed) {
             self.pipeline.turn();
+            match (self.pipeline.endpoints(), &endpoints) {
+                (None, None) => {}
+                (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {}
+                (now, _) => endpoints = now.cloned(),
+            }
             let mut got = 0;
+            let mut outs = Outputs {
+                out: &mut out,
+                out_bytes: &mut out_bytes,
+                c: &c,
+                endpoints: endpoints.as_deref(),
+                worker: self.worker,
+            };
             for (port, rx) in &mut self.rx {
                 let n = rx.recv(&mut burst, BURST);
                 if n == 0 {
@@ -337,33 +490,20 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 }
                 got += n;
                 let mut bytes = 0u64;
-                let (out, out_bytes) = (&mut out, &mut out_bytes);
                 self.pipeline.process_burst(
                     *port,
                     &mut burst,
                     &mut flood,
                     |pkt, verdict, flood| {
                         bytes += pkt.len() as u64;
-                        match verdict {
-                            Verdict::Forward(e) => emit(pkt, e, out, out_bytes, &c),
-                            Verdict::Flood => {
-                                let Some((last, copies)) = flood.split_last() else {
-                                    return;
-                                };
-                                for e in copies {
-                                    match pkt.try_clone() {
-                                        Some(copy) => emit(copy, e, out, out_bytes, &c),
-                                        None => bump(&c.drops[DropReason::TxFull.index()], 1),
-                                    }
-                                }
-                                emit(pkt, last, out, out_bytes, &c);
-                            }
-                            Verdict::Drop(r) => bump(&c.drops[r.index()], 1),
-                        }
+                        outs.take(pkt, verdict, flood);
                     },
                 );
                 bump(&c.rx_packets[*port], n as u64);
                 bump(&c.rx_bytes[*port], bytes);
+            }
+            if let Some(table) = endpoints.as_deref() {
+                got += self.endpoint_input(table, &mut burst, &mut flood, &mut outs);
             }
             for (o, pkts) in out.iter_mut().enumerate() {
                 if pkts.is_empty() {
@@ -398,48 +538,6 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
             }
         }
     }
-}
-
-/// Queues `pkt` for output `e` after its tag operation, or counts the drop.
-#[inline(always)]
-fn emit<P: Packet>(
-    pkt: P,
-    e: &Egress,
-    out: &mut [Vec<P>],
-    out_bytes: &mut [u64],
-    c: &WorkerCounters,
-) {
-    // The frame as it came, to a port that exists: queued in place.
-    if let (0, VlanOp::Keep, None, Some(q)) = (e.decap, e.vlan, &e.tunnel, out.get_mut(e.port)) {
-        out_bytes[e.port] += pkt.len() as u64;
-        q.push(pkt);
-        return;
-    }
-    emit_rewritten(pkt, e, out, out_bytes, c);
-}
-
-/// [`emit`] of a frame to rewrite first: decapsulated, tagged, untagged
-/// or tunnelled.
-#[inline(never)]
-fn emit_rewritten<P: Packet>(
-    mut pkt: P,
-    e: &Egress,
-    out: &mut [Vec<P>],
-    out_bytes: &mut [u64],
-    c: &WorkerCounters,
-) {
-    if e.port >= out.len()
-        || (e.decap > 0 && !pkt.trim_front(usize::from(e.decap)))
-        || !apply_vlan(&mut pkt, e.vlan)
-        || e.tunnel
-            .as_ref()
-            .is_some_and(|t| !apply_tunnel(&mut pkt, t))
-    {
-        bump(&c.drops[DropReason::TxFull.index()], 1);
-        return;
-    }
-    out_bytes[e.port] += pkt.len() as u64;
-    out[e.port].push(pkt);
 }
 
 /// Reads the summed counters of a set of workers; cheap to clone, usable
@@ -528,6 +626,8 @@ impl Workers {
                             tx,
                             pipeline: p,
                             counters: c,
+                            driver: d.clone(),
+                            worker: i,
                         };
                         Ok((guard, l))
                     })();
@@ -779,6 +879,80 @@ mod tests {
         let t0 = std::time::Instant::now();
         w.stop();
         assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+
+    /// Port 0 to the endpoint on virtual port 2 (untagged), the
+    /// endpoint's frames to port 1, anything for virtual port 3 (no
+    /// endpoint there) to port 3.
+    struct ToEndpoint(Arc<EndpointTable>);
+    impl Pipeline for ToEndpoint {
+        fn process(&mut self, in_port: usize, _p: &mut [u8], _f: &mut Vec<Egress>) -> Verdict {
+            match in_port {
+                0 => Verdict::Forward(Egress {
+                    vlan: VlanOp::Strip,
+                    ..Egress::to(2)
+                }),
+                2 => Verdict::Forward(Egress::to(1)),
+                _ => Verdict::Forward(Egress::to(3)),
+            }
+        }
+        fn endpoints(&self) -> Option<&Arc<EndpointTable>> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn frames_reach_an_endpoint_untagged_and_its_frames_enter_the_switch() {
+        use crate::endpoint::EndpointQueues;
+        let d = MemoryDriver::new(2);
+        let q = Arc::new(EndpointQueues::new(1, 4, 64));
+        let table = Arc::new(EndpointTable::new(2, vec![q.clone()]));
+        let mut tagged = vec![0xff; 12];
+        tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x07, 0x08, 0x00]);
+        tagged.extend_from_slice(&[0xab; 46]);
+        for _ in 0..6 {
+            d.inject(0, tagged.clone()).unwrap();
+        }
+        // Too long for the endpoint's buffers (64 bytes): counted.
+        let mut long = tagged.clone();
+        long.resize(90, 0);
+        d.inject(0, long).unwrap();
+        // From port 1 to virtual port 3, where no endpoint is.
+        d.inject(1, vec![1; 60]).unwrap();
+        let cfg = WorkerConfig {
+            rx: vec![(0, 0), (1, 0)],
+            tx_queue: 0,
+            cpu: None,
+            idle: BACKOFF,
+        };
+        let t = table.clone();
+        let mut w = Workers::start(&d, vec![cfg], move |_| ToEndpoint(t.clone())).unwrap();
+        wait_for(|| w.totals().rx_packets[0] == 7 && w.totals().rx_packets[1] == 1);
+        // The queue holds 4 frames: 2 more and the long one were dropped.
+        let t = w.totals();
+        assert_eq!(t.dropped(DropReason::EndpointFull), 3);
+        assert_eq!(t.dropped(DropReason::TxFull), 1, "no endpoint on port 3");
+        let mut got = Vec::new();
+        while let Some(f) = q.receive(0) {
+            got.push(f.clone());
+            q.recycle(0, f);
+        }
+        assert_eq!(got.len(), 4);
+        assert!(got
+            .iter()
+            .all(|f| f[..12] == tagged[..12] && f[12..] == tagged[16..]));
+        // The endpoint answers: its frames go through the pipeline as
+        // received on its virtual port, out of port 1.
+        for i in 0..3u8 {
+            let mut b = q.send_buffer(0);
+            b.extend_from_slice(&[i; 60]);
+            q.send(0, b).unwrap();
+        }
+        wait_for(|| w.totals().tx_packets[1] == 3);
+        w.stop();
+        let sent = d.take_sent(1);
+        assert_eq!(sent, (0..3u8).map(|i| vec![i; 60]).collect::<Vec<_>>());
+        assert_eq!(w.totals().dropped(DropReason::EndpointFull), 3);
     }
 
     /// Records the CPUs its thread may run on at each turn.

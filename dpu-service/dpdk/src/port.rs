@@ -93,7 +93,8 @@ struct PortInner {
     name: String,
     rx_taken: Mutex<Vec<bool>>,
     tx_taken: Mutex<Vec<bool>>,
-    _pool: Arc<Mempool>,
+    /// The pool the port's RX queues receive into.
+    pool: Arc<Mempool>,
     _eal: Eal,
 }
 
@@ -128,6 +129,12 @@ fn check(port: &str, op: &'static str, rc: i32) -> Result<(), DpdkError> {
 }
 
 impl Port {
+    /// The pool the port's RX queues receive into: where packets that
+    /// join its traffic from software are allocated.
+    pub fn pool(&self) -> &Mempool {
+        &self.inner.pool
+    }
+
     /// Finds the port DPDK registered under `name` (a vdev name such as
     /// "net_ring0", or a PCI address), configures it and starts it.
     ///
@@ -216,7 +223,7 @@ impl Port {
             name: name.to_string(),
             rx_taken: Mutex::new(vec![false; usize::from(rxq)]),
             tx_taken: Mutex::new(vec![false; usize::from(txq)]),
-            _pool: pool,
+            pool,
             _eal: eal.clone(),
         });
         // SAFETY: the port is configured with all its queues set up.

@@ -506,6 +506,12 @@ struct Controllers {
 const MAX_CNTLID: u16 = 0xffef;
 
 impl Target {
+    /// True if `other` is a clone of this target (the same target), not
+    /// another one.
+    pub fn is_same(&self, other: &Target) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// An empty target that opens no file or block-device backend.
     pub fn new() -> Self {
         Self::default()

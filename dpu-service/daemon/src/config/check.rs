@@ -419,7 +419,7 @@ impl Config {
 
     /// Checks the declared subsystems (with their namespaces and
     /// listeners) and tenants (with their rules) by creating them, as
-    /// startup does ([`seed::seed_storage`], [`seed_tenants::seed_tenants`]),
+    /// startup does ([`seed_tenants::seed_tenants`], then [`seed::seed_storage`]),
     /// through the API over a fresh in-memory state with the declared
     /// ports, RAM limit and backing policy (whose checks look at the
     /// files and devices named): every rule of the API's (IDs, NQNs, block
@@ -456,8 +456,8 @@ impl Config {
                         .build()
                         .context("starting a runtime to check the declarations")?
                         .block_on(async {
-                            seed::seed_storage(&api, &self.storage).await?;
-                            seed_tenants::seed_tenants(&api, &self.tenants).await
+                            seed_tenants::seed_tenants(&api, &self.tenants).await?;
+                            seed::seed_storage(&api, &self.storage).await
                         })
                 })
                 .join()
@@ -992,6 +992,10 @@ mod tests {
                 declared("", &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\n{ls}\nid = \"x\"\naddress = \"127.0.0.1\"\nport = 4420\n")),
                 "storage.subsystems[0].listeners[1]: subsystems/a/listeners/tcp-127-0-0-1-4420 already listens on 127.0.0.1:4420",
             ),
+            (
+                declared("", &format!("{ls}\ntenant = \"green\"\naddress = \"10.0.0.9\"\nport = 4420\n")),
+                "storage.subsystems[0].listeners[0]: tenants/green not found",
+            ),
             // Values a request would carry as "unset": refused before the
             // dry run, which could not tell them from defaults.
             (
@@ -1314,6 +1318,7 @@ mod tests {
                 ("quarantine", SeedAction::Deny, false),
                 ("ping", SeedAction::Allow, true),
                 ("web", SeedAction::Allow, true),
+                ("storage", SeedAction::Allow, true),
             ]
         );
         let dev = dev_config.storage;
@@ -1321,9 +1326,16 @@ mod tests {
             dev.discovery_listen,
             Some("127.0.0.1:8009".parse().unwrap())
         );
-        let [s] = &dev.subsystems[..] else {
-            panic!("dev.toml declares one subsystem")
+        let [s, demo] = &dev.subsystems[..] else {
+            panic!("dev.toml declares two subsystems")
         };
+        // The demo tenant's storage endpoint.
+        assert_eq!(demo.id, "demo-vol");
+        let l = &demo.listeners[0];
+        assert_eq!(
+            (l.tenant.as_deref(), l.address.to_string(), l.port),
+            (Some("demo"), "10.20.0.100".to_string(), 4420)
+        );
         assert_eq!(
             (s.id.as_str(), s.nqn.as_str()),
             ("dev", "nqn.2024-01.io.dpu-service:dev")

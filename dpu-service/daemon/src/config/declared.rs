@@ -69,6 +69,7 @@ impl SeedListener {
             } as i32,
             address: self.address.to_string(),
             port: u32::from(self.port),
+            tenant: self.tenant.clone().unwrap_or_default(),
             ..Default::default()
         }
     }

@@ -436,6 +436,11 @@ pub struct SeedListener {
     /// Transport.
     #[serde(default)]
     pub transport: SeedTransport,
+    /// A declared tenant whose network the listener is a storage
+    /// endpoint in (`address` then an IPv4 address of that network);
+    /// unset: a listener on the service's own sockets.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// Transport of a declared listener.

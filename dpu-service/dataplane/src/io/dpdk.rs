@@ -209,6 +209,15 @@ impl Driver for DpdkDriver {
             .map_err(|e| queue_err(port, e))
     }
 
+    /// From the pool of the first port (every port of a driver opened
+    /// by [`DpdkDriver::open`] receives into the same pool).
+    fn packet_from(&self, frame: &[u8]) -> Option<dpdk::Mbuf> {
+        let pool = self.ports.first()?.pool();
+        let mut m = dpdk::Mbuf::alloc(pool).ok()?;
+        m.append(frame.len()).ok()?.copy_from_slice(frame);
+        Some(m)
+    }
+
     fn stats(&self, port: usize) -> PortStats {
         let Some(p) = self.ports.get(port) else {
             return PortStats::default();

@@ -471,6 +471,16 @@ impl Driver for KernelDriver {
         })
     }
 
+    fn packet_from(&self, frame: &[u8]) -> Option<KernelPacket> {
+        let mut p = self.pool.take()?;
+        if frame.len() > p.len {
+            return None;
+        }
+        p.len = frame.len();
+        p.data_mut().copy_from_slice(frame);
+        Some(p)
+    }
+
     fn stats(&self, port: usize) -> PortStats {
         let Some(p) = self.ports.get(port) else {
             return PortStats::default();

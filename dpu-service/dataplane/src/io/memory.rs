@@ -223,6 +223,10 @@ impl Driver for MemoryDriver {
         })
     }
 
+    fn packet_from(&self, frame: &[u8]) -> Option<MemPacket> {
+        Some(MemPacket(frame.to_vec()))
+    }
+
     fn stats(&self, port: usize) -> PortStats {
         self.ports
             .get(port)

@@ -146,6 +146,11 @@ pub trait Driver: Clone + Send + Sync + 'static {
     fn tx_queue(&self, port: usize, queue: u16) -> Result<Self::Tx, IoError>;
     /// The port's driver-level counters.
     fn stats(&self, port: usize) -> PortStats;
+    /// A packet holding a copy of `frame`, in a buffer of the driver's
+    /// own (the pool its ports receive into): for frames that enter the
+    /// switch from the service itself, such as a storage endpoint's.
+    /// `None` if no buffer is free or `frame` does not fit one.
+    fn packet_from(&self, frame: &[u8]) -> Option<Self::Packet>;
     /// The port's link, address and MTU; `None` if the driver has no such
     /// notion (in-memory ports) or the port does not exist.
     fn link(&self, _port: usize) -> Option<LinkState> {

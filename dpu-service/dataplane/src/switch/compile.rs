@@ -13,8 +13,9 @@ use crate::shares::ShareLimits;
 
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
-use super::endpoint::{endpoint_ports, with_endpoint_attachments, EndpointPort};
+use super::endpoint::{endpoint_ports, endpoint_queues, with_endpoint_attachments, EndpointPort};
 use super::police::Bucket;
+use crate::endpoint::EndpointTable;
 use crate::mactable::MacLimits;
 
 /// Inclusive ranges sorted and merged: disjoint, not adjacent, in order.
@@ -318,6 +319,10 @@ pub struct Compiled {
     pub(super) stats: Published,
     /// The storage endpoints and their virtual ports, in port order.
     pub(super) endpoints: Vec<EndpointPort>,
+    /// Their tenants' names, in the same order.
+    pub(super) endpoint_tenants: Vec<String>,
+    /// Their queues by virtual port; `None` without endpoints.
+    pub(super) endpoint_queues: Option<Arc<EndpointTable>>,
 }
 
 /// Tenant IDs by name: stable for the life of a [`SwitchHandle`].
@@ -357,6 +362,11 @@ impl Compiled {
         // Endpoints are attachments on virtual ports: a configuration
         // without any is compiled as it is.
         let endpoints = endpoint_ports(config)?;
+        let endpoint_tenants: Vec<String> = endpoints
+            .iter()
+            .map(|p| config.tenants[p.tenant].name.clone())
+            .collect();
+        let endpoint_queues = endpoint_queues(config, &endpoints, &endpoint_tenants, prev);
         let expanded;
         let config = if endpoints.is_empty() {
             config
@@ -404,6 +414,8 @@ impl Compiled {
             shards: Box::default(),
             stats: Published::default(),
             endpoints,
+            endpoint_tenants,
+            endpoint_queues,
         };
         for (ti, t) in config.tenants.iter().enumerate() {
             for (ai, a) in t.attachments.iter().enumerate() {

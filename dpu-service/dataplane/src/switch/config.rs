@@ -228,6 +228,14 @@ pub struct SwitchConfig {
     ///
     /// [`FLOW_CACHE_MIN_RULES`]: super::FLOW_CACHE_MIN_RULES
     pub flow_cache_entries: usize,
+    /// Frames each way between one worker and one storage endpoint that
+    /// may wait for the other side ([`crate::endpoint::EndpointQueues`]);
+    /// a frame for an endpoint beyond them is dropped as `EndpointFull`.
+    pub endpoint_queue_depth: usize,
+    /// The longest frame (untagged, without FCS) a storage endpoint
+    /// takes: its IP MTU plus 14 bytes. Longer ones are dropped as
+    /// `EndpointFull`.
+    pub endpoint_frame_max: usize,
 }
 
 impl Default for SwitchConfig {
@@ -251,6 +259,8 @@ impl Default for SwitchConfig {
             fragment_timeout: Duration::from_secs(10),
             conntrack_timeouts: Timeouts::default(),
             flow_cache_entries: 0,
+            endpoint_queue_depth: 1024,
+            endpoint_frame_max: 1514,
         }
     }
 }

@@ -25,7 +25,11 @@
 //! the endpoint's frames from, is the worker's business
 //! ([`crate::endpoint`]); the switch only names the port.
 
+use std::sync::Arc;
+
+use super::compile::Compiled;
 use super::config::{Attach, ConfigError, Guard, SwitchConfig};
+use crate::endpoint::{EndpointQueues, EndpointTable};
 
 /// A storage endpoint of a tenant: its MAC and IPv4 address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +50,61 @@ pub struct EndpointPort {
     /// The virtual port frames for it are forwarded to, and its own
     /// frames enter through.
     pub port: usize,
+}
+
+/// A storage endpoint of the current configuration with its queues: what
+/// the thread serving the endpoint's stack needs.
+#[derive(Debug, Clone)]
+pub struct EndpointLink {
+    /// The tenant's name.
+    pub tenant: String,
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// Its virtual port in the current configuration (it may change when
+    /// other endpoints come or go; the queues do not).
+    pub port: usize,
+    /// The frames between the workers and its stack.
+    pub queues: Arc<EndpointQueues>,
+}
+
+/// The queues of `ports` (whose tenants are named in `tenants`), by
+/// virtual port: an endpoint of `prev` (same tenant, MAC and address)
+/// keeps its queues if they are still of the right shape, others get new
+/// ones. `None` without endpoints.
+pub(super) fn endpoint_queues(
+    config: &SwitchConfig,
+    ports: &[EndpointPort],
+    tenants: &[String],
+    prev: Option<&Compiled>,
+) -> Option<Arc<EndpointTable>> {
+    let first = ports.first()?.port;
+    let workers = config.workers.max(1);
+    let queues = ports
+        .iter()
+        .zip(tenants)
+        .map(|(p, tenant)| {
+            prev.and_then(|c| {
+                let i = c
+                    .endpoints
+                    .iter()
+                    .zip(&c.endpoint_tenants)
+                    .position(|(o, t)| o.endpoint == p.endpoint && t == tenant)?;
+                let q = c.endpoint_queues.as_ref()?.get_arc(i)?;
+                (q.workers() == workers
+                    && q.frame_max() == config.endpoint_frame_max
+                    && q.depth() == config.endpoint_queue_depth.max(1))
+                .then_some(q)
+            })
+            .unwrap_or_else(|| {
+                Arc::new(EndpointQueues::new(
+                    workers,
+                    config.endpoint_queue_depth,
+                    config.endpoint_frame_max,
+                ))
+            })
+        })
+        .collect();
+    Some(Arc::new(EndpointTable::new(first, queues)))
 }
 
 /// The virtual ports of `config`'s endpoints, in order, or an error if

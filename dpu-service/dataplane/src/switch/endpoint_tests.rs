@@ -351,3 +351,49 @@ fn random_traffic_never_reaches_another_tenants_endpoint() {
     // Both endpoints were reached, many times.
     assert!(reached.iter().all(|&n| n > 200), "{reached:?}");
 }
+
+#[test]
+fn an_endpoint_keeps_its_queues_when_others_come_and_go() {
+    let c = config(Vec::new(), true);
+    let (h, mut p) = pipeline(&c);
+    let links = h.endpoint_links();
+    assert_eq!(links.len(), 2);
+    assert_eq!(
+        links
+            .iter()
+            .map(|l| (l.tenant.as_str(), l.port))
+            .collect::<Vec<_>>(),
+        [("blue", BLUE_PORT), ("red", RED_PORT)]
+    );
+    let red = links[1].queues.clone();
+    // The pipeline hands the worker the same queues by virtual port.
+    let table = p.endpoints().unwrap().clone();
+    assert!(std::ptr::eq(table.get(RED_PORT).unwrap(), &*red));
+
+    // Blue's endpoint goes: red's moves to port 3 with its queues.
+    let mut c2 = c.clone();
+    c2.tenants[0].endpoints.clear();
+    h.publish(&c2).unwrap();
+    p.turn();
+    let links = h.endpoint_links();
+    assert_eq!(links.len(), 1);
+    assert_eq!(
+        (links[0].tenant.as_str(), links[0].port),
+        ("red", BLUE_PORT)
+    );
+    assert!(std::sync::Arc::ptr_eq(&links[0].queues, &red));
+    let table = p.endpoints().unwrap();
+    assert!(std::ptr::eq(table.get(BLUE_PORT).unwrap(), &*red));
+    assert!(table.get(RED_PORT).is_none());
+
+    // Red's endpoint at another address is another endpoint: new queues.
+    let mut c3 = c2.clone();
+    c3.tenants[1].endpoints[0].ip += 1;
+    h.publish(&c3).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&h.endpoint_links()[0].queues, &red));
+    // None left: no table at all.
+    c3.tenants[1].endpoints.clear();
+    h.publish(&c3).unwrap();
+    p.turn();
+    assert!(p.endpoints().is_none() && h.endpoint_links().is_empty());
+}

@@ -141,6 +141,29 @@ impl SwitchHandle {
         current.endpoints.clone()
     }
 
+    /// The storage endpoints of the current configuration with their
+    /// queues, in port order.
+    pub fn endpoint_links(&self) -> Vec<super::EndpointLink> {
+        let (_, current) = self.load();
+        let Some(table) = current.endpoint_queues.as_ref() else {
+            return Vec::new();
+        };
+        current
+            .endpoints
+            .iter()
+            .zip(&current.endpoint_tenants)
+            .enumerate()
+            .filter_map(|(i, (p, tenant))| {
+                Some(super::EndpointLink {
+                    tenant: tenant.clone(),
+                    endpoint: p.endpoint,
+                    port: p.port,
+                    queues: table.get_arc(i)?,
+                })
+            })
+            .collect()
+    }
+
     /// How many configurations have been published.
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::Acquire)

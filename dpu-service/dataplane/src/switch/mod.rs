@@ -79,7 +79,7 @@ pub use compile::{Compiled, Published};
 pub use config::{
     Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, TenantConfig, Vtep,
 };
-pub use endpoint::{Endpoint, EndpointPort};
+pub use endpoint::{Endpoint, EndpointLink, EndpointPort};
 pub use handle::SwitchHandle;
 pub use state::SwitchPipeline;
 pub use traffic::{RuleTraffic, TenantTraffic, Traffic};

@@ -245,6 +245,10 @@ impl<P> Waiting<P> {
 }
 
 impl Pipeline for SwitchPipeline {
+    fn endpoints(&self) -> Option<&std::sync::Arc<crate::endpoint::EndpointTable>> {
+        self.compiled.endpoint_queues.as_ref()
+    }
+
     fn turn(&mut self) {
         let g = self.shared.generation.load(Ordering::Acquire);
         if g != self.generation {

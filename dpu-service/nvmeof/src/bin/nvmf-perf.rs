@@ -11,7 +11,11 @@
 //! nvmf-perf --addr 127.0.0.1:4420 --nqn nqn.2024-01.io.dpu-service:dev \
 //!     --job randread:4k:1 --job randread:4k:32 --job randwrite:4k:32 --time 5
 //! nvmf-perf --conns 64 --job randread:4k:1     # 64 queues x QD 1
+//! nvmf-perf --addr 10.1.0.250:4420 --discover  # the discovery log
 //! ```
+//!
+//! `--discover` runs no job: it asks the discovery controller at `--addr`
+//! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -368,6 +372,37 @@ fn setup(admin_q: &mut Queue, nqn: &str, queues: u16) -> Result<(u16, u64, u32, 
     Ok((cntlid, blocks, 1 << lbads, in_capsule))
 }
 
+/// Reads the discovery log of the discovery controller on `q`: one
+/// (traddr, trsvcid, subnqn) per entry (NVMe-oF 1.1, 5.3).
+fn discover(q: &mut Queue) -> Result<Vec<(String, String, String)>, Error> {
+    connect(q, 0, 0xffff, dpu_nvmeof::spec::DISCOVERY_NQN, 32)?;
+    q.call(&host::enable(1), &[])?;
+    let get_log = |q: &mut Queue, cid: u16, len: u32| -> Result<Vec<u8>, Error> {
+        let mut s = host::command(admin::GET_LOG_PAGE, cid);
+        s.0[32..36].copy_from_slice(&len.to_le_bytes());
+        let numdl = len / 4 - 1;
+        s.0[40..44].copy_from_slice(&(0x70 | (numdl & 0xffff) << 16).to_le_bytes());
+        s.0[44..48].copy_from_slice(&(numdl >> 16).to_le_bytes());
+        Ok(q.call(&s, &[])?.1)
+    };
+    let head = get_log(q, 2, 1024)?;
+    let numrec = u64::from_le_bytes(head.get(8..16).ok_or("short log")?.try_into()?);
+    // At most 255 entries: a page of up to 256 KiB.
+    let n = numrec.min(255) as u32;
+    let log = get_log(q, 3, 1024 * (n + 1))?;
+    let text = |b: &[u8]| {
+        String::from_utf8_lossy(b)
+            .trim_end_matches(['\0', ' '])
+            .to_string()
+    };
+    Ok(log
+        .chunks_exact(1024)
+        .skip(1)
+        .take(n as usize)
+        .map(|e| (text(&e[512..768]), text(&e[32..64]), text(&e[256..512])))
+        .collect())
+}
+
 struct Result_ {
     ios: u64,
     secs: f64,
@@ -544,6 +579,7 @@ fn main() -> Result<(), Error> {
     let mut jobs: Vec<Job> = Vec::new();
     let mut time = Duration::from_secs(5);
     let mut conns = 1usize;
+    let mut discovery = false;
     let mut id = Identity {
         hostnqn: HOSTNQN.to_string(),
         secret: None,
@@ -567,8 +603,9 @@ fn main() -> Result<(), Error> {
             "--dhchap-secret" => id.secret = Some(val()?.parse()?),
             "--dhchap-ctrl-secret" => id.ctrl_secret = Some(val()?.parse()?),
             "--bench" => {}
+            "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--discover]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -576,6 +613,12 @@ fn main() -> Result<(), Error> {
     }
     if IDENTITY.set(id).is_err() {
         return Err("identity set twice".into());
+    }
+    if discovery {
+        for (traddr, trsvcid, subnqn) in discover(&mut Queue::open(&addr)?)? {
+            println!("{traddr} {trsvcid} {subnqn}");
+        }
+        return Ok(());
     }
     if jobs.is_empty() {
         jobs = [

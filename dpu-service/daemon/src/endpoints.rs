@@ -1,0 +1,458 @@
+//! The storage endpoints' thread: one TCP/IP stack
+//! ([`dpu_endpoint::Endpoint`]) per (tenant, address) of the state,
+//! serving NVMe/TCP to the tenant's hosts through the switch.
+//!
+//! Why a thread of its own rather than the workers or the NVMe/TCP poll
+//! groups: the workers must never wait for storage (a busy endpoint
+//! would stall the forwarding of every other tenant), and the poll groups
+//! are built around kernel sockets and their readiness. The thread takes
+//! the frames the workers copied into each endpoint's queues
+//! ([`EndpointQueues`]), hands them to its stack, runs the stack (its
+//! block requests included) and queues the stack's frames back, each to
+//! the worker that brought the connection's frames in, so that the
+//! worker that tracks a connection sees both of its directions.
+//!
+//! It follows two things: the storage state ([`EndpointPlan`], published
+//! by [`crate::storage::Storage`] with every applied change: endpoints
+//! appear, go, and change ports and subsystems) and the switch's
+//! configuration (where each endpoint's queues are). An endpoint keeps
+//! its stack, and its connections, for as long as the state has it.
+//!
+//! Idle, it follows the workers ([`Idle`]): with `BusyPoll` (a DPU's
+//! dedicated cores) it keeps polling; with `Backoff` it sleeps after an
+//! empty turn, doubling from 1 µs up to the workers' longest sleep: a
+//! frame waits at most that long for the thread to wake (bounded
+//! latency), and an idle service costs a few thousand wake-ups a second.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dpu_dataplane::endpoint::EndpointQueues;
+use dpu_dataplane::switch::SwitchHandle;
+use dpu_dataplane::worker::Idle;
+use dpu_endpoint::{Endpoint, EndpointConfig};
+
+use crate::storage::{EndpointPlan, EndpointSpec};
+
+/// Frames taken from one lane of one endpoint before its stack runs:
+/// many connections' segments per poll, and no lane starves the others.
+const RECEIVE_BATCH: usize = 64;
+
+/// Prefix length an endpoint's address is configured with. The state
+/// has no tenant network prefix and the endpoint has no router: every
+/// host in the half of the address space the endpoint's address is in
+/// is reached directly (the tenant's hosts share its network).
+const PREFIX_LEN: u8 = 1;
+
+/// Frames one poll of a stack may send at most: its egress burst, the
+/// replies it queued while receiving, and a margin for the last pass
+/// over its sockets. A stack is polled for output only when every lane
+/// has room for them, so its frames wait in its socket buffers instead of
+/// being dropped at a full queue.
+const POLL_FRAMES: usize =
+    dpu_endpoint::endpoint::EGRESS_BURST as usize + dpu_endpoint::device::PENDING_FRAMES + 64;
+
+/// Most connections' worker lanes remembered per endpoint; beyond it the
+/// memory is cleared (replies then take lane 0 until the next frame in).
+const LANES_MAX: usize = 4096;
+
+/// How each endpoint's stack is made.
+#[derive(Debug, Clone)]
+pub struct StackSettings {
+    /// IP MTU: the smallest of the data-plane ports'.
+    pub mtu: usize,
+    /// Most connections of one endpoint.
+    pub max_connections: usize,
+    /// Most connections of one endpoint from one host address.
+    pub max_connections_per_address: usize,
+    /// How long a host may take no byte of output.
+    pub write_timeout: Duration,
+    /// What the thread does when no frame moved.
+    pub idle: Idle,
+}
+
+impl StackSettings {
+    fn config(&self, spec: &EndpointSpec) -> EndpointConfig {
+        let mut c = EndpointConfig::new(spec.mac, spec.address, PREFIX_LEN);
+        c.mtu = self
+            .mtu
+            .clamp(dpu_endpoint::config::MIN_MTU, dpu_endpoint::config::MAX_MTU);
+        c.max_connections = self.max_connections.clamp(1, 65_535);
+        c.max_connections_per_address = self.max_connections_per_address.clamp(1, 65_535);
+        c.write_timeout = self.write_timeout;
+        c
+    }
+}
+
+/// The running endpoint thread: stopped by [`Endpoints::stop`] or on drop.
+pub struct Endpoints {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Endpoints {
+    /// Starts the thread serving the endpoints of `plan`, with their
+    /// frames in `switch`'s queues.
+    ///
+    /// # Errors
+    /// If the OS refuses the thread.
+    pub fn start(
+        plan: Arc<EndpointPlan>,
+        switch: SwitchHandle,
+        settings: StackSettings,
+    ) -> std::io::Result<Endpoints> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("storage-endpoints".into())
+            .spawn(move || {
+                let mut l = Loop {
+                    plan,
+                    switch,
+                    settings,
+                    stacks: BTreeMap::new(),
+                    plan_generation: u64::MAX,
+                    switch_generation: u64::MAX,
+                };
+                l.run(&s);
+            })?;
+        Ok(Endpoints {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Ends every endpoint's connections and stops the thread.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Endpoints {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One endpoint's stack and where its frames are.
+struct Stack {
+    ep: Endpoint,
+    mac: [u8; 6],
+    ports: std::collections::BTreeSet<u16>,
+    target: dpu_nvmeof::Target,
+    queues: Option<Arc<EndpointQueues>>,
+    lanes: Lanes,
+}
+
+struct Loop {
+    plan: Arc<EndpointPlan>,
+    switch: SwitchHandle,
+    settings: StackSettings,
+    stacks: BTreeMap<(String, Ipv4Addr), Stack>,
+    plan_generation: u64,
+    switch_generation: u64,
+}
+
+impl Loop {
+    fn run(&mut self, stop: &AtomicBool) {
+        // An empty turn polls every stack, heavier than a worker's empty
+        // poll of its queues: with backoff the thread sleeps at its first
+        // one (spinning as the workers do cost the 4 KiB QD 1 latency
+        // tenfold on a machine with fewer cores than busy threads).
+        let (busy, max_nap) = match self.settings.idle {
+            Idle::BusyPoll => (true, Duration::ZERO),
+            Idle::Backoff { max, .. } => (false, max),
+        };
+        let mut nap = Duration::from_micros(1);
+        while !stop.load(Ordering::Relaxed) {
+            self.follow();
+            let now = Instant::now();
+            let mut moved = 0;
+            let mut next = now + max_nap;
+            for s in self.stacks.values_mut() {
+                moved += s.turn(now);
+                next = next.min(s.ep.poll_at(now));
+            }
+            if moved > 0 {
+                nap = Duration::from_micros(1);
+                continue;
+            }
+            let until = next.saturating_duration_since(Instant::now());
+            if busy || until.is_zero() {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::sleep(nap.min(until));
+            nap = (nap * 2).min(max_nap);
+        }
+        for s in self.stacks.values_mut() {
+            s.ep.shutdown();
+            s.turn(Instant::now());
+        }
+    }
+
+    /// Takes up the plan's and the switch's changes.
+    fn follow(&mut self) {
+        let g = self.plan.generation();
+        if g != self.plan_generation {
+            self.plan_generation = g;
+            self.reconcile(&self.plan.specs());
+            // New stacks need their queues.
+            self.switch_generation = u64::MAX;
+        }
+        let g = self.switch.generation();
+        if g != self.switch_generation {
+            self.switch_generation = g;
+            let links = self.switch.endpoint_links();
+            for ((tenant, address), s) in &mut self.stacks {
+                let queues = links
+                    .iter()
+                    .find(|l| {
+                        &l.tenant == tenant
+                            && l.endpoint.ip == u32::from(*address)
+                            && l.endpoint.mac == s.mac
+                    })
+                    .map(|l| l.queues.clone());
+                if queues.as_ref().map(Arc::as_ptr) != s.queues.as_ref().map(Arc::as_ptr) {
+                    s.lanes.clear();
+                }
+                s.queues = queues;
+            }
+        }
+    }
+
+    /// Makes the stacks `specs` asks for, changes their ports, and shuts
+    /// down those it no longer has.
+    fn reconcile(&mut self, specs: &[EndpointSpec]) {
+        let now = Instant::now();
+        let wanted: std::collections::BTreeSet<(String, Ipv4Addr)> = specs
+            .iter()
+            .map(|s| (s.tenant.clone(), s.address))
+            .collect();
+        self.stacks.retain(|(tenant, address), s| {
+            let keep = wanted.contains(&(tenant.clone(), *address));
+            if !keep {
+                tracing::info!(%tenant, %address, "storage endpoint removed");
+                s.ep.shutdown();
+                s.turn(now);
+            }
+            keep
+        });
+        for spec in specs {
+            let key = (spec.tenant.clone(), spec.address);
+            let stale = self
+                .stacks
+                .get(&key)
+                .is_some_and(|s| s.mac != spec.mac || !s.target.is_same(&spec.target));
+            if stale {
+                if let Some(mut s) = self.stacks.remove(&key) {
+                    s.ep.shutdown();
+                    s.turn(now);
+                }
+            }
+            if !self.stacks.contains_key(&key) {
+                match Endpoint::new(self.settings.config(spec), now) {
+                    Ok(ep) => {
+                        tracing::info!(tenant = %spec.tenant, address = %spec.address, mtu = ep.config().mtu, "storage endpoint serving");
+                        self.stacks.insert(
+                            key.clone(),
+                            Stack {
+                                ep,
+                                mac: spec.mac,
+                                ports: Default::default(),
+                                target: spec.target.clone(),
+                                queues: None,
+                                lanes: Lanes::default(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        tracing::error!(tenant = %spec.tenant, address = %spec.address, error = %e, "storage endpoint not started");
+                        continue;
+                    }
+                }
+            }
+            let Some(s) = self.stacks.get_mut(&key) else {
+                continue;
+            };
+            for &p in s.ports.difference(&spec.ports) {
+                s.ep.unlisten(p);
+            }
+            for &p in spec.ports.difference(&s.ports) {
+                if let Err(e) = s.ep.listen(p, spec.target.clone()) {
+                    tracing::error!(tenant = %spec.tenant, address = %spec.address, port = p, error = %e, "storage endpoint cannot listen");
+                }
+            }
+            s.ports = spec.ports.clone();
+        }
+    }
+}
+
+impl Stack {
+    /// Moves frames from the queues into the stack, runs it, and queues
+    /// its frames back. Returns how many frames moved.
+    fn turn(&mut self, now: Instant) -> usize {
+        let mut moved = 0;
+        if let Some(q) = &self.queues {
+            for lane in 0..q.workers() {
+                for _ in 0..RECEIVE_BATCH {
+                    let Some(frame) = q.receive(lane) else {
+                        break;
+                    };
+                    self.lanes.learn(&frame, lane);
+                    self.ep.receive(&frame, now);
+                    q.recycle(lane, frame);
+                    moved += 1;
+                }
+            }
+        }
+        let (queues, lanes) = (&self.queues, &self.lanes);
+        if let Some(q) = queues {
+            if (0..q.workers()).any(|lane| q.send_room(lane) < POLL_FRAMES) {
+                // The workers have not taken the last poll's frames yet.
+                return moved;
+            }
+        }
+        self.ep.poll(now, &mut |frame: &[u8]| {
+            // Without queues (the switch has not taken the endpoint yet)
+            // the frame is lost; TCP sends it again.
+            let Some(q) = queues else {
+                return;
+            };
+            let lane = if q.workers() > 1 {
+                lanes.pick(frame)
+            } else {
+                0
+            };
+            let mut b = q.send_buffer(lane);
+            b.extend_from_slice(frame);
+            // A full queue loses the frame, as a full link would.
+            let _ = q.send(lane, b);
+            moved += 1;
+        });
+        moved
+    }
+}
+
+/// Which worker brought each peer's frames in: a connection's replies go
+/// back through the worker that tracks it (symmetric RSS sends both
+/// directions of a flow to one worker).
+#[derive(Default)]
+struct Lanes {
+    /// (peer IPv4 address, peer TCP port or 0) to lane.
+    by_peer: HashMap<(u32, u16), usize>,
+}
+
+impl Lanes {
+    fn clear(&mut self) {
+        self.by_peer.clear();
+    }
+
+    /// Remembers the lane `frame` (to the endpoint) came through.
+    fn learn(&mut self, frame: &[u8], lane: usize) {
+        let Some((ip, port)) = peer(frame, true) else {
+            return;
+        };
+        if self.by_peer.len() >= LANES_MAX && !self.by_peer.contains_key(&(ip, port)) {
+            self.by_peer.clear();
+        }
+        self.by_peer.insert((ip, port), lane);
+        if port != 0 {
+            self.by_peer.insert((ip, 0), lane);
+        }
+    }
+
+    /// The lane for `frame` (from the endpoint): its connection's, else
+    /// its peer's last, else 0.
+    fn pick(&self, frame: &[u8]) -> usize {
+        let Some((ip, port)) = peer(frame, false) else {
+            return 0;
+        };
+        self.by_peer
+            .get(&(ip, port))
+            .or_else(|| self.by_peer.get(&(ip, 0)))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The peer of an untagged Ethernet frame to (`inbound`) or from the
+/// endpoint: its IPv4 address and, for TCP, its port (0 otherwise).
+fn peer(frame: &[u8], inbound: bool) -> Option<(u32, u16)> {
+    let be32 = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(frame.get(at..at + 4)?.try_into().ok()?))
+    };
+    let be16 = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes(frame.get(at..at + 2)?.try_into().ok()?))
+    };
+    match be16(12)? {
+        // ARP: the sender of a frame in, the target of a frame out.
+        0x0806 => Some((be32(if inbound { 28 } else { 38 })?, 0)),
+        0x0800 => {
+            let ihl = usize::from(frame.get(14)? & 0x0f) * 4;
+            let ip = be32(if inbound { 26 } else { 30 })?;
+            let port = if *frame.get(23)? == 6 {
+                be16(14 + ihl + if inbound { 0 } else { 2 })?
+            } else {
+                0
+            };
+            Some((ip, port))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp_frame(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 54];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[23] = 6;
+        f[26..30].copy_from_slice(&src);
+        f[30..34].copy_from_slice(&dst);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn replies_go_back_through_the_lane_their_connection_came_in() {
+        let host = [10, 1, 0, 5];
+        let ep = [10, 1, 0, 250];
+        let mut l = Lanes::default();
+        l.learn(&tcp_frame(host, ep, 40000, 4420), 3);
+        l.learn(&tcp_frame(host, ep, 40001, 4420), 1);
+        assert_eq!(l.pick(&tcp_frame(ep, host, 4420, 40000)), 3);
+        assert_eq!(l.pick(&tcp_frame(ep, host, 4420, 40001)), 1);
+        // A connection not seen yet: the host's last lane.
+        assert_eq!(l.pick(&tcp_frame(ep, host, 4420, 40002)), 1);
+        // ARP to an unknown host, garbage: lane 0.
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        arp[38..42].copy_from_slice(&[10, 1, 0, 9]);
+        assert_eq!(l.pick(&arp), 0);
+        assert_eq!(l.pick(&[1, 2, 3]), 0);
+        // ARP to a known host: its lane.
+        arp[38..42].copy_from_slice(&host);
+        assert_eq!(l.pick(&arp), 1);
+    }
+
+    #[test]
+    fn the_lane_memory_is_bounded() {
+        let mut l = Lanes::default();
+        for i in 0..(LANES_MAX as u32 * 2) {
+            l.learn(&tcp_frame(i.to_be_bytes(), [10, 0, 0, 1], 1, 4420), 2);
+            assert!(l.by_peer.len() <= LANES_MAX + 1);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Storage through a tenant's storage endpoint, side by side with the
+# kernel-socket listener of the same service, same nvmf-perf settings, one
+# sitting (as root):
+#
+#   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
+#       [--time 3] [--idle backoff|busy] [--job PATTERN:BS:QD]...
+#
+# One service (kernel driver, one worker, idle backoff or busy) with one switch
+# port: a veth pair whose other end is in a network namespace, the host
+# of tenant "blue" (default allow). Subsystem "ep" (256 MiB RAM) listens
+# at blue's endpoint 10.79.0.250:4420; subsystem "k" (256 MiB RAM) on
+# 127.0.0.1. nvmf-perf runs in the namespace for the first (its frames
+# cross the veth, the worker's packet sockets, the switch, the endpoint's
+# queues and its smoltcp stack) and on the host's loopback for the second
+# (the kernel's TCP, the target's poll groups). Each namespace is written
+# through once before it is measured. Prints a Markdown table.
+#
+# Then a second tenant, "red", with two hosts on two more ports of the
+# same worker: one sends TCP to the other (a Python bulk sender, TIME
+# seconds) alone, and again while blue's host reads 128 KiB blocks at
+# QD 16 from its endpoint; prints both rates.
+set -euo pipefail
+
+bin=target/release secs=3 idle=backoff jobs=()
+while (($#)); do
+  case "$1" in
+    --bin) shift; bin=$1 ;;
+    --time) shift; secs=$1 ;;
+    --idle) shift; idle=$1 ;;
+    --job) shift; jobs+=("$1") ;;
+    *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+((${#jobs[@]})) || jobs=(randread:4k:1 randread:4k:32 read:128k:16)
+for b in dpu-service dpuctl nvmf-perf; do
+  [ -x "$bin/$b" ] || { echo "through-switch: no $bin/$b (cargo build --release -p dpu-service -p dpu-client -p dpu-nvmeof --bins)" >&2; exit 2; }
+done
+bin=$(realpath "$bin")
+
+id=$$ ns=epb$$ port_if=epb$$
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  for h in epb epr1 epr2; do
+    ip link del "$h$id" 2>/dev/null || true
+    ip netns del "$h$id" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# host NAME ADDR: namespace NAME with one end of a veth pair (NAME inside
+# as NAMEp, NAME outside for the service).
+host() {
+  local n=$1 p=$1p
+  ip netns add "$n"
+  ip -n "$n" link set lo up
+  ip link add "$n" type veth peer name "$p"
+  ip link set "$p" netns "$n"
+  ip netns exec "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1
+  sysctl -qw "net.ipv6.conf.$n.disable_ipv6=1"
+  ethtool -K "$n" tx off tso off gso off gro off >/dev/null
+  ip netns exec "$n" ethtool -K "$p" tx off tso off gso off gro off >/dev/null
+  ip -n "$n" addr add "$2" dev "$p"
+  ip -n "$n" link set "$p" up
+  ip link set "$n" up
+}
+host "epb$id" 10.79.0.5/24
+host "epr1$id" 10.80.0.1/24
+host "epr2$id" 10.80.0.2/24
+
+grpc=$((20000 + id % 20000)) metrics=$((grpc + 1)) kport=$((grpc + 2))
+cat >"$work/config.toml" <<EOF
+[log]
+level = "warn"
+
+[storage]
+ram_limit = "1GiB"
+
+[dataplane]
+workers = 1
+idle = "$idle"
+mbufs = 8192
+
+[[ports]]
+id = "pf0vf0"
+role = "vf"
+driver = "kernel"
+device = "$port_if"
+
+[[ports]]
+id = "pf0vf1"
+role = "vf"
+driver = "kernel"
+device = "epr1$id"
+
+[[ports]]
+id = "pf0vf2"
+role = "vf"
+driver = "kernel"
+device = "epr2$id"
+EOF
+"$bin/dpu-service" --config "$work/config.toml" --grpc-listen "127.0.0.1:$grpc" \
+  --metrics-listen "127.0.0.1:$metrics" --state-dir "$work/state" 2>"$work/service.log" &
+pid=$!
+for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && break; sleep 0.1; done
+export DPU_ENDPOINT="http://127.0.0.1:$grpc"
+ctl() { "$bin/dpuctl" "$@" >/dev/null; }
+ctl tenant create blue --default-policy allow --port pf0vf0
+ctl tenant create red --default-policy allow --port pf0vf1 --port pf0vf2
+for s in ep k; do
+  ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
+  ctl namespace create "$s" --ram 256M
+done
+ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420
+ctl listener create k --id k --address 127.0.0.1 --port "$kport"
+
+perf() { # where: ep or k; then nvmf-perf arguments
+  local where=$1; shift
+  if [ "$where" = ep ]; then
+    ip netns exec "$ns" "$bin/nvmf-perf" --addr 10.79.0.250:4420 --nqn nqn.2024-01.io.dpu-service.bench:ep "$@"
+  else
+    "$bin/nvmf-perf" --addr "127.0.0.1:$kport" --nqn nqn.2024-01.io.dpu-service.bench:k "$@"
+  fi
+}
+for _ in $(seq 1 50); do ip netns exec "$ns" ping -c 1 -W 1 10.79.0.250 >/dev/null 2>&1 && break; sleep 0.1; done
+for w in ep k; do perf "$w" --job write:128k:16 --time 2 >/dev/null; done
+
+echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | kernel sockets IOPS | kernel sockets MB/s | kernel sockets p50 us |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+for j in "${jobs[@]}"; do
+  row="| $j"
+  for w in ep k; do
+    line=$(perf "$w" --job "$j" --time "$secs" | awk '!/^#/ && !/^job/' | tail -1)
+    # job name is three words (pattern, size, QD), then IOPS, MB/s, p50.
+    row+=$(awk '{printf " | %s | %s | %s", $4, $5, $6}' <<<"$line")
+  done
+  echo "$row |"
+done
+# Red's TCP rate, alone and beside blue's storage load.
+sink='import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("",5001)); s.listen(1)
+c,_=s.accept(); n=0
+while True:
+    b=c.recv(1<<20)
+    if not b: break
+    n+=len(b)
+print(n)'
+send='import socket,sys,time
+s=socket.create_connection(("10.80.0.2",5001)); b=bytes(1<<16); end=time.time()+float(sys.argv[1])
+while time.time()<end: s.sendall(b)
+s.close()'
+red_rate() {
+  ip netns exec "epr2$id" python3 -c "$sink" >"$work/sink" &
+  local s=$!
+  sleep 0.5
+  local t0 t1
+  t0=$(date +%s.%N)
+  ip netns exec "epr1$id" python3 -c "$send" "$secs"
+  wait "$s"
+  t1=$(date +%s.%N)
+  awk -v n="$(cat "$work/sink")" -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f Mbit/s", n*8/(b-a)/1e6}'
+}
+for _ in $(seq 1 50); do ip netns exec "epr1$id" ping -c 1 -W 1 10.80.0.2 >/dev/null 2>&1 && break; sleep 0.1; done
+alone=$(red_rate)
+perf ep --job read:128k:16 --time "$((secs + 2))" >"$work/busy" &
+busy=$!
+sleep 1
+beside=$(red_rate)
+wait "$busy"
+echo
+echo "red's TCP rate: alone $alone; beside blue's endpoint at read:128k:16: $beside (blue: $(awk '!/^#/ && !/^job/ {print $4" IOPS"}' "$work/busy"))"
+
+# What was dropped on the way (none, unless a queue overflowed).
+curl -s "127.0.0.1:$metrics/metrics" | grep -E '^dpu_dropped_packets_total' | grep -v ' 0$' >&2 || true

@@ -1,0 +1,181 @@
+//! The Linux kernel initiator as a tenant's host, reaching the tenant's
+//! storage endpoint through the switch: `../shared/tools/kernel-nvme/run.sh
+//! --bridge` puts the guest's second NIC on a bridge with one end of a
+//! veth pair whose other end is a switch port of the service (kernel
+//! driver). From there the guest runs `nvme discover` and `nvme connect`
+//! at the endpoint's address, identifies the controller and namespace,
+//! writes and verifies data with fio, and disconnects. Needs root, the
+//! harness and its cached kernel; everything made is removed on exit.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use dpu_e2e::net::ip;
+use dpu_e2e::{repo_root, Service};
+
+const NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-kernel";
+const EP: &str = "10.78.0.250";
+
+/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
+/// beside the repository.
+fn harness() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
+        return Ok(PathBuf::from(p));
+    }
+    [
+        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
+        PathBuf::from("/work/shared/tools/kernel-nvme/run.sh"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
+}
+
+/// A veth pair: `port` for the service, `bridged` for the guest's bridge.
+/// Removed on drop.
+struct Wire {
+    port: String,
+    bridged: String,
+}
+
+impl Wire {
+    fn new() -> Result<Wire> {
+        let id = std::process::id();
+        let w = Wire {
+            port: format!("ek{id}"),
+            bridged: format!("ek{id}g"),
+        };
+        ip(&[
+            "link", "add", &w.port, "type", "veth", "peer", "name", &w.bridged,
+        ])?;
+        // The service reads frames as they are: no GRO on its side, and
+        // the guest's large segments cut at the bridge's side.
+        for dev in [&w.port, &w.bridged] {
+            let out = Command::new("ethtool")
+                .args([
+                    "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+                ])
+                .output()?;
+            if !out.status.success() {
+                bail!("ethtool -K: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let key = format!("net.ipv6.conf.{dev}.disable_ipv6=1");
+            Command::new("sysctl").args(["-qw", &key]).output()?;
+            ip(&["link", "set", dev, "up"])?;
+        }
+        Ok(w)
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.port])
+            .output();
+    }
+}
+
+#[test]
+fn the_kernel_initiator_uses_its_tenants_storage_endpoint() -> Result<()> {
+    let run = harness()?;
+    let wire = Wire::new()?;
+    let config = format!(
+        "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+        wire.port
+    );
+    let svc = Service::start_config(&config, &[])?;
+    svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        "blue",
+        "--default-policy",
+        "deny",
+        "--port",
+        "pf0vf0",
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--id",
+        "storage",
+        "--priority",
+        "10",
+        "--action",
+        "allow",
+        "--proto",
+        "tcp",
+        "--dst",
+        &format!("{EP}/32"),
+        "--dport",
+        "4420",
+        "--stateful",
+    ])?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol",
+        "--nqn",
+        NQN,
+        "--allow-any-host",
+    ])?;
+    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "64M"])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        "vol",
+        "--id",
+        "ep",
+        "--tenant",
+        "blue",
+        "--address",
+        EP,
+        "--port",
+        "4420",
+    ])?;
+    let script = format!(
+        r#"
+nvme discover -t tcp -a {EP} -s 4420 | tee /tmp/log
+grep -q "subnqn: *{NQN}" /tmp/log
+test "$(grep -c '^subnqn' /tmp/log)" = 1
+nvme connect -t tcp -a {EP} -s 4420 -n {NQN}
+ns=$(nvme-wait-ns {NQN})
+nvme id-ctrl $ns | grep -E '^(mn|subnqn) '
+nvme id-ns $ns | grep -E '^nsze '
+fio --name=v --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+    --iodepth=16 --size=32M --verify=crc32c --verify_fatal=1 --eta=never
+fio --name=r --filename=$ns --direct=1 --ioengine=libaio --rw=read --bs=128k \
+    --iodepth=8 --size=32M --eta=never
+nvme disconnect -n {NQN}
+"#
+    );
+    let out = Command::new(&run)
+        .args(["--bridge", &wire.bridged, "--guest-ip", "10.78.0.5/24"])
+        .args(["--timeout", "280", "--"])
+        .arg(&script)
+        .output()
+        .context("running kernel-nvme")?;
+    let console = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!(
+            "guest failed ({}):\n{console}\n--- service log ---\n{}",
+            out.status,
+            svc.log_text()
+        );
+    }
+    assert!(
+        console.contains("err= 0"),
+        "fio reported errors:\n{console}"
+    );
+    assert!(
+        console.contains("disconnected 1 controller"),
+        "no disconnect:\n{console}"
+    );
+    println!("{console}");
+    Ok(())
+}
