@@ -402,3 +402,185 @@ fn replies_meet_their_connection_on_its_worker() -> Result<()> {
     assert_eq!(drops(&svc, "conntrack_invalid")?, invalid);
     Ok(())
 }
+
+/// Forged SYNs at `EP:4420` from random addresses of the host's /24
+/// (not the host's own): `rate` a second for `secs` seconds, by a raw
+/// socket in the namespace. Prints how many were sent.
+const SYN_FLOOD: &str = r#"
+import random, socket, struct, sys, time
+ep, rate, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+dst = socket.inet_aton(ep)
+sent, start = 0, time.monotonic()
+while time.monotonic() - start < secs:
+    for _ in range(rate // 100):
+        src = socket.inet_aton("10.77.0.%d" % random.randint(20, 240))
+        sport = random.randint(1024, 65535)
+        tcp = struct.pack("!HHIIBBHHH", sport, 4420, random.getrandbits(32), 0, 5 << 4, 0x02, 64240, 0, 0)
+        c = csum(src + dst + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)
+        tcp = tcp[:16] + struct.pack("!H", c) + tcp[18:]
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0, 64, 6, 0, src, dst)
+        s.sendto(ip + tcp, (ep, 0))
+        sent += 1
+    time.sleep(0.01)
+print(sent)
+"#;
+
+/// A host's `count` plain TCP connections to `EP:4420` held open for
+/// `hold` seconds; prints how many were accepted and how many refused.
+const MANY_CONNECTIONS: &str = r#"
+import socket, sys, time
+ep, count, hold = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+held, refused = [], 0
+for _ in range(count):
+    c = socket.socket()
+    c.settimeout(5)
+    try:
+        c.connect((ep, 4420))
+        held.append(c)
+    except OSError:
+        refused += 1
+        c.close()
+time.sleep(hold)
+# Still open: a refused connection is reset at once, not later.
+alive = 0
+for c in held:
+    c.setblocking(False)
+    try:
+        alive += c.recv(1) != b""
+    except BlockingIOError:
+        alive += 1
+    except OSError:
+        pass
+print(len(held), refused, alive)
+"#;
+
+/// A flood of SYNs from forged addresses at an endpoint neither stops a
+/// connected host's storage nor holds more than a few sockets, and the
+/// endpoint takes new connections again once it ends (during it, with
+/// no anti-spoofing on the port, a new handshake competes with the
+/// forged ones for the 32 places); a host opening
+/// hundreds of connections gets its per-address share, the rest are
+/// refused and counted, and the service serves on.
+#[test]
+fn an_endpoint_weathers_a_syn_flood_and_hundreds_of_connections() -> Result<()> {
+    let blue = Host::new("f", HOST)?;
+    let config = format!(
+        "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nmax_connections_per_address = 100\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+        blue.port_if
+    );
+    let svc = Service::start_config(&config, &[])?;
+    svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        "blue",
+        "--default-policy",
+        "allow",
+        "--port",
+        "pf0vf0",
+    ])?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol",
+        "--nqn",
+        BLUE_NQN,
+        "--allow-any-host",
+    ])?;
+    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "16M"])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        "vol",
+        "--id",
+        "ep",
+        "--tenant",
+        "blue",
+        "--address",
+        EP,
+        "--port",
+        "4420",
+    ])?;
+    eventually("the host to ping its endpoint", || blue.ns.ping(EP))?;
+    let closed = |svc: &Service| -> Result<u64> {
+        let (_, body) = svc.http_get("/metrics")?;
+        Ok(metric(
+            &body,
+            "dpu_nvmf_connections_closed_total{reason=\"handshake_timeout\"}",
+        ))
+    };
+    let before = closed(&svc)?;
+
+    // The host connects, then 3,000 forged SYNs a second for 3 s arrive
+    // while its I/O runs.
+    let perf = binary("nvmf-perf")?;
+    let io = Command::new("ip")
+        .args(["netns", "exec", &blue.ns.name, "timeout", "20"])
+        .arg(&perf)
+        .args(["--addr", &format!("{EP}:4420"), "--nqn", BLUE_NQN])
+        .args(["--time", "4", "--job", "randread:4k:8"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let flood = Command::new("ip")
+        .args(["netns", "exec", &blue.ns.name, "python3", "-c", SYN_FLOOD])
+        .args([EP, "3000", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let flood = flood.wait_with_output()?;
+    let during = io.wait_with_output()?;
+    ensure!(flood.status.success(), "flood: {}", text(&flood));
+    let sent: u64 = String::from_utf8_lossy(&flood.stdout).trim().parse()?;
+    let t = String::from_utf8_lossy(&during.stdout);
+    ensure!(
+        during.status.success()
+            && t.lines().filter(|l| l.starts_with("randread")).any(|l| l
+                .split_whitespace()
+                .nth(3)
+                .and_then(|w| w.parse::<f64>().ok())
+                > Some(0.0)),
+        "the host's I/O during the flood: {}",
+        text(&during)
+    );
+    println!("I/O during a SYN flood:\n{t}");
+    // The handshakes left waiting go within 3 s.
+    eventually("the forged handshakes to be dropped", || {
+        closed(&svc).is_ok_and(|n| n >= before + 100)
+    })?;
+    let dropped = closed(&svc)? - before;
+    println!("{sent} forged SYNs sent, {dropped} handshakes dropped");
+    let (_, body) = svc.http_get("/metrics")?;
+    assert!(
+        metric(&body, "dpu_nvmf_open_connections") <= 40,
+        "sockets held after the flood: {}",
+        metric(&body, "dpu_nvmf_open_connections")
+    );
+
+    // 300 connections from one address: 100 held, the rest refused.
+    let out = blue
+        .ns
+        .exec(&["python3", "-c", MANY_CONNECTIONS, EP, "300", "1"])?;
+    ensure!(out.status.success(), "connections: {}", text(&out));
+    let n: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(n, [100, 200, 100], "held, refused, still open");
+    let (_, body) = svc.http_get("/metrics")?;
+    assert!(
+        metric(
+            &body,
+            "dpu_nvmf_connections_refused_total{reason=\"max_connections_per_address\"}"
+        ) >= 200
+    );
+    // They closed: the host's storage works again.
+    did_io("I/O after 300 connections", &blue.io(BLUE_NQN)?)?;
+    Ok(())
+}

@@ -50,6 +50,12 @@ pub struct EndpointConfig {
     /// Most connections open at once from one host address; one more is
     /// reset as soon as its SYN arrives.
     pub max_connections_per_address: usize,
+    /// Most connections whose TCP handshake is not complete yet (in
+    /// SYN-RECEIVED) at once. One more resets the oldest of them, so a
+    /// flood of SYNs that are never completed (from forged addresses)
+    /// holds at most this many sockets, and a real host's handshake, done
+    /// within a round trip, still gets through.
+    pub max_handshakes: usize,
     /// Listening sockets armed per port: SYNs that may arrive between two
     /// polls. Each holds its buffers while it waits (smoltcp sizes the
     /// window scale from them when the socket is made), so an idle port
@@ -76,6 +82,7 @@ impl EndpointConfig {
             buffer_budget: 256 << 20,
             max_connections: 341,
             max_connections_per_address: 128,
+            max_handshakes: 32,
             backlog: 2,
             write_timeout: dpu_nvmeof::tcp::WRITE_TIMEOUT,
         }
@@ -152,6 +159,13 @@ impl EndpointConfig {
             65_535,
             "1 to 65535",
         )?;
+        range(
+            "max_handshakes",
+            self.max_handshakes,
+            1,
+            65_535,
+            "1 to 65535",
+        )?;
         range("backlog", self.backlog, 1, 64, "1 to 64")?;
         if self.write_timeout.is_zero() {
             return Err(ConfigError::OutOfRange {
@@ -218,6 +232,7 @@ mod tests {
         assert!(bad(|c| c.rx_buffer = 1024).starts_with("rx_buffer:"));
         assert!(bad(|c| c.buffer_budget = c.rx_buffer).starts_with("buffer_budget:"));
         assert!(bad(|c| c.max_connections = 0).starts_with("max_connections:"));
+        assert!(bad(|c| c.max_handshakes = 0).starts_with("max_handshakes:"));
         assert!(bad(|c| c.backlog = 0).starts_with("backlog:"));
         assert!(bad(|c| c.write_timeout = Duration::ZERO).starts_with("write_timeout:"));
     }

@@ -10,10 +10,15 @@
 //! Listening: each port keeps up to [`EndpointConfig::backlog`] sockets in
 //! LISTEN. A socket that takes a SYN becomes a connection (its NVMe/TCP
 //! [`Connection`] made for the port's [`Target`]) and a new one is armed in
-//! its place, as long as the connections, the listening sockets and the
+//! its place, before the next SYN to the port is taken in, as long as the connections, the listening sockets and the
 //! closing ones together stay within [`EndpointConfig::max_connections`]
 //! and their buffers within [`EndpointConfig::buffer_budget`]. At the cap
-//! no socket listens, and the stack answers a SYN with a RST.
+//! no socket listens, and the stack answers a SYN with a RST. There is no
+//! SYN cookie: at most [`EndpointConfig::max_handshakes`] connections may
+//! wait for the host's final ACK, one more drops the oldest of them, and
+//! none waits longer than [`SYN_TIMEOUT`], so SYNs from forged addresses
+//! hold a few sockets for a moment while a real host's handshake, done in
+//! a round trip, gets through.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -38,6 +43,10 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// ones) at 25 Gbit/s, and
 /// [`Endpoint::poll_at`] asks for the next poll at once.
 pub const EGRESS_BURST: u64 = 256;
+
+/// How long a connection may stay in SYN-RECEIVED (its SYN-ACK
+/// unanswered) before it is reset and its socket freed.
+pub const SYN_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a closed connection's socket may take to finish its FIN
 /// exchange before it is reset and freed.
@@ -79,6 +88,10 @@ pub struct EndpointStats {
     /// Connections reset because their host took nothing for the write
     /// timeout.
     pub write_timeouts: u64,
+    /// Connections dropped with their TCP handshake not done: the oldest
+    /// ones when more than [`EndpointConfig::max_handshakes`] were
+    /// pending, and those pending for [`SYN_TIMEOUT`].
+    pub handshakes_reset: u64,
 }
 
 /// A listening port.
@@ -259,6 +272,16 @@ impl Endpoint {
             self.stats.frames_dropped += 1;
             return;
         }
+        if let Some(port) = syn_to(frame, self.config.address) {
+            // Each SYN finds a listening socket while the caps allow one:
+            // take those that got theirs (dropping the oldest handshakes
+            // past the cap) and arm more, so a burst of SYNs between two
+            // polls is not answered with resets.
+            if self.ports.iter().any(|p| p.port == port) {
+                self.accept(now);
+                self.arm();
+            }
+        }
         let t = self.smol(now);
         let mut dev = FrameDevice::<fn(&[u8])> {
             rx: Some(frame),
@@ -379,8 +402,56 @@ impl Endpoint {
                 tracing::debug!(%peer, %local, "NVMe/TCP connection to a storage endpoint");
                 let conn = Connection::new(p.target.clone(), local, peer);
                 self.sessions
-                    .push(Session::new(h, peer, conn, p.target.clone()));
+                    .push(Session::new(h, peer, conn, p.target.clone(), now));
             }
+        }
+        self.bound_handshakes();
+    }
+
+    /// Resets the oldest connections still in SYN-RECEIVED until at most
+    /// [`EndpointConfig::max_handshakes`] are.
+    fn bound_handshakes(&mut self) {
+        let sockets = &mut self.sockets;
+        let mut pending: Vec<(Instant, usize)> = self
+            .sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| sockets.get::<tcp::Socket>(s.handle).state() == State::SynReceived)
+            .map(|(i, s)| (s.opened, i))
+            .collect();
+        let Some(over) = pending.len().checked_sub(self.config.max_handshakes) else {
+            return;
+        };
+        if over == 0 {
+            return;
+        }
+        pending.sort_unstable();
+        let mut oldest: Vec<usize> = pending[..over].iter().map(|&(_, i)| i).collect();
+        self.drop_handshakes(&mut oldest);
+        tracing::warn!(
+            reset = over,
+            max = self.config.max_handshakes,
+            "storage endpoint {}: TCP handshakes past the cap; the oldest were dropped",
+            self.config.address
+        );
+    }
+
+    /// Drops the sessions at `which`, whose handshakes are not done, and
+    /// frees their sockets at once: a forged peer gets nothing, and a real
+    /// one that answers later finds no connection and is reset by the
+    /// stack.
+    fn drop_handshakes(&mut self, which: &mut [usize]) {
+        // Highest first, so swap_remove leaves the others in place.
+        which.sort_unstable_by(|a, b| b.cmp(a));
+        for &i in which.iter() {
+            let mut s = self.sessions.swap_remove(i);
+            s.conn.close("TCP handshake not completed");
+            s.target
+                .stats()
+                .handshake_timeouts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.sockets.remove(s.handle);
+            self.stats.handshakes_reset += 1;
         }
     }
 
@@ -479,6 +550,16 @@ impl Endpoint {
     /// for the write timeout.
     fn tick(&mut self, now: Instant) {
         let limit = self.config.write_timeout;
+        let mut stale: Vec<usize> = (0..self.sessions.len())
+            .filter(|&i| {
+                let s = &self.sessions[i];
+                now.saturating_duration_since(s.opened) >= SYN_TIMEOUT
+                    && self.sockets.get::<tcp::Socket>(s.handle).state() == State::SynReceived
+            })
+            .collect();
+        if !stale.is_empty() {
+            self.drop_handshakes(&mut stale);
+        }
         for s in &mut self.sessions {
             s.conn.tick(now);
             if let Some(since) = s.stalled_since {
@@ -495,6 +576,23 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// The destination port of `frame` if it is an untagged IPv4 TCP SYN
+/// (without ACK) to `address`.
+fn syn_to(frame: &[u8], address: std::net::Ipv4Addr) -> Option<u16> {
+    const IPV4: [u8; 2] = [0x08, 0x00];
+    const TCP: u8 = 6;
+    let ip = frame.get(ETHERNET_HEADER..)?;
+    if frame.get(12..14)? != IPV4 || ip.first()? >> 4 != 4 || *ip.get(9)? != TCP {
+        return None;
+    }
+    if ip.get(16..20)? != address.octets() {
+        return None;
+    }
+    let tcp = ip.get(usize::from(ip[0] & 0x0f) * 4..)?;
+    let flags = *tcp.get(13)?;
+    (flags & 0x12 == 0x02).then(|| u16::from_be_bytes([tcp[2], tcp[3]]))
 }
 
 impl Drop for Endpoint {

@@ -56,15 +56,19 @@ pub(crate) struct Session {
     rx: Vec<u8>,
     /// Since when output has waited for a send buffer with no room.
     pub(crate) stalled_since: Option<Instant>,
+    /// When its SYN arrived.
+    pub(crate) opened: Instant,
 }
 
 impl Session {
-    /// A session on `handle` from `peer`, serving `conn`.
+    /// A session on `handle` from `peer`, serving `conn`, its SYN taken
+    /// at `now`.
     pub(crate) fn new(
         handle: SocketHandle,
         peer: SocketAddr,
         conn: Connection,
         target: Target,
+        now: Instant,
     ) -> Self {
         Self {
             handle,
@@ -73,6 +77,7 @@ impl Session {
             target,
             rx: Vec::new(),
             stalled_since: None,
+            opened: now,
         }
     }
 

@@ -430,3 +430,104 @@ fn an_endpoint_can_move_to_a_worker_thread() {
     let h = std::thread::spawn(move || ep.open_connections());
     assert_eq!(h.join().unwrap(), 0);
 }
+
+/// A SYN to the endpoint's port from `src` (any address, as a forged one
+/// would be), port `sport`.
+fn forged_syn(src: std::net::Ipv4Addr, sport: u16) -> Vec<u8> {
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::{
+        IpAddress, IpProtocol, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    };
+    let tcp = TcpRepr {
+        src_port: sport,
+        dst_port: PORT,
+        control: TcpControl::Syn,
+        seq_number: TcpSeqNumber(i32::from(sport) * 7919),
+        ack_number: None,
+        window_len: 64240,
+        window_scale: Some(7),
+        max_seg_size: Some(1460),
+        sack_permitted: false,
+        sack_ranges: [None, None, None],
+        timestamp: None,
+        payload: &[],
+    };
+    let ip = Ipv4Repr {
+        src_addr: src,
+        dst_addr: EP_IP,
+        next_header: IpProtocol::Tcp,
+        payload_len: tcp.buffer_len(),
+        hop_limit: 64,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress(HOST_MAC),
+        dst_addr: EthernetAddress(EP_MAC),
+        ethertype: EthernetProtocol::Ipv4,
+    };
+    let mut b = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
+    let mut f = EthernetFrame::new_unchecked(&mut b);
+    eth.emit(&mut f);
+    let caps = ChecksumCapabilities::default();
+    let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
+    ip.emit(&mut p, &caps);
+    tcp.emit(
+        &mut TcpPacket::new_unchecked(p.payload_mut()),
+        &IpAddress::Ipv4(src),
+        &IpAddress::Ipv4(EP_IP),
+        &caps,
+    );
+    b
+}
+
+#[test]
+fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
+    let cfg = EndpointConfig {
+        max_handshakes: 8,
+        ..config(1500)
+    };
+    let max = cfg.max_connections;
+    let mut p = Pair::new(cfg, target(MIB));
+    // Ten times the connection cap of SYNs from forged addresses, a few
+    // per poll, none ever completed.
+    let mut n: u32 = 0;
+    for _ in 0..(max * 10 / 4) {
+        for _ in 0..4 {
+            n += 1;
+            let src = std::net::Ipv4Addr::new(10, 1, (n >> 8) as u8 % 200 + 1, n as u8);
+            p.ep.receive(&forged_syn(src, 1024 + (n % 60000) as u16), p.now);
+        }
+        let _ = poll_frames(&mut p);
+        assert!(
+            p.ep.open_connections() <= 8 + 2,
+            "{} sockets held",
+            p.ep.open_connections()
+        );
+        p.now += Duration::from_micros(50);
+    }
+    // Every SYN found a listening socket (none was answered with a
+    // reset), and all but the newest few were dropped.
+    let st = p.ep.stats();
+    assert_eq!(st.connections, u64::from(n), "{st:?}");
+    assert!(st.handshakes_reset >= st.connections - 8, "{st:?}");
+    // Between two forged SYNs a real host completes its handshake and
+    // its NVMe/TCP work.
+    p.ep.receive(&forged_syn(std::net::Ipv4Addr::new(10, 1, 9, 9), 9), p.now);
+    let (mut admin, _) = NvmeHost::admin(&mut p, 40000);
+    let mut sqe = dpu_nvmeof::host::command(admin::IDENTIFY, admin.cid());
+    sqe.0[40] = 1; // CNS 1: the controller
+    let id = admin.command(&mut p, sqe, &[], 4096);
+    assert_eq!(id.cqe.unwrap().status, 0);
+    // Handshakes left pending go after the SYN timeout.
+    for _ in 0..4 {
+        n += 1;
+        p.ep.receive(
+            &forged_syn(std::net::Ipv4Addr::new(10, 1, 7, n as u8), 7),
+            p.now,
+        );
+    }
+    let before = p.ep.stats().handshakes_reset;
+    p.run(100_000, |p| p.ep.open_connections() == 1);
+    assert_eq!(p.ep.open_connections(), 1, "only the real host's is left");
+    assert!(p.ep.stats().handshakes_reset >= before + 4);
+    assert!(p.socket(admin.handle).is_active());
+}

@@ -388,7 +388,9 @@ pub struct TargetStats {
     /// Controllers ended by keep-alive timeout.
     pub keep_alive_timeouts: AtomicU64,
     /// Connections closed for sending no ICReq in time
-    /// ([`ICREQ_TIMEOUT`](crate::conn::ICREQ_TIMEOUT)).
+    /// ([`ICREQ_TIMEOUT`](crate::conn::ICREQ_TIMEOUT)); a transport
+    /// that runs its own TCP (a storage endpoint) also counts here the
+    /// connections it drops before their TCP handshake is done.
     pub handshake_timeouts: AtomicU64,
     /// Connections closed for leaving a PDU partial too long
     /// ([`PDU_TIMEOUT`](crate::conn::PDU_TIMEOUT)).
