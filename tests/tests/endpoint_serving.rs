@@ -528,16 +528,9 @@ fn an_endpoint_weathers_a_syn_flood_and_hundreds_of_connections() -> Result<()> 
         .stderr(std::process::Stdio::piped())
         .spawn()?;
     std::thread::sleep(std::time::Duration::from_millis(700));
-    let flood = Command::new("ip")
-        .args(["netns", "exec", &blue.ns.name, "python3", "-c", SYN_FLOOD])
-        .args([EP, "3000", "3"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let flood = flood.wait_with_output()?;
+    let flood = syn_flood(&blue)?;
     let during = io.wait_with_output()?;
-    ensure!(flood.status.success(), "flood: {}", text(&flood));
-    let sent: u64 = String::from_utf8_lossy(&flood.stdout).trim().parse()?;
+    let sent = flooded(flood)?;
     let t = String::from_utf8_lossy(&during.stdout);
     ensure!(
         during.status.success()
@@ -582,5 +575,49 @@ fn an_endpoint_weathers_a_syn_flood_and_hundreds_of_connections() -> Result<()> 
     );
     // They closed: the host's storage works again.
     did_io("I/O after 300 connections", &blue.io(BLUE_NQN)?)?;
+
+    // With the port's sources limited to the host's address, the switch
+    // drops the forged SYNs (counted) and new connections work during a
+    // flood.
+    svc.dpuctl_json(&[
+        "tenant",
+        "update",
+        "blue",
+        "--clear-attachments",
+        "--port",
+        "pf0vf0,ip=10.77.0.5/32",
+    ])?;
+    let spoofed = drops(&svc, "spoofed")?;
+    let flood = syn_flood(&blue)?;
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let during = blue.io(BLUE_NQN);
+    let sent = flooded(flood)?;
+    did_io(
+        "new connections during a flood, with anti-spoofing",
+        &during?,
+    )?;
+    let dropped = drops(&svc, "spoofed")? - spoofed;
+    assert!(
+        dropped >= sent * 9 / 10,
+        "{dropped} of {sent} forged SYNs dropped as spoofed"
+    );
     Ok(())
+}
+
+/// Starts [`SYN_FLOOD`] from `host`'s namespace: 3,000 SYNs a second for
+/// 3 s.
+fn syn_flood(host: &Host) -> Result<std::process::Child> {
+    Ok(Command::new("ip")
+        .args(["netns", "exec", &host.ns.name, "python3", "-c", SYN_FLOOD])
+        .args([EP, "3000", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?)
+}
+
+/// Waits for a flood to end; the SYNs it sent.
+fn flooded(flood: std::process::Child) -> Result<u64> {
+    let out = flood.wait_with_output()?;
+    ensure!(out.status.success(), "flood: {}", text(&out));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
