@@ -621,3 +621,87 @@ fn flooded(flood: std::process::Child) -> Result<u64> {
     ensure!(out.status.success(), "flood: {}", text(&out));
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
+
+/// Endpoints share one pool of socket buffer memory, each with a reserve:
+/// with a pool smaller than the reserves, one tenant's host opening many
+/// connections gets its endpoint's reserve (four sockets) and no more,
+/// the rest are refused and counted, and another tenant's host does its
+/// storage meanwhile.
+#[test]
+fn one_tenants_connections_do_not_starve_anothers_endpoint() -> Result<()> {
+    let blue = Host::new("pb", HOST)?;
+    let red = Host::new("pr", HOST)?;
+    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nendpoint_buffer_memory = \"1MiB\"\n".to_string();
+    for (id, h) in [("pf0vf0", &blue), ("pf0vf1", &red)] {
+        config += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+            h.port_if
+        );
+    }
+    let svc = Service::start_config(&config, &[])?;
+    for (tenant, port, sub, nqn) in [
+        ("blue", "pf0vf0", "blue-a", BLUE_NQN),
+        ("red", "pf0vf1", "red-a", RED_NQN),
+    ] {
+        svc.dpuctl_json(&[
+            "tenant",
+            "create",
+            tenant,
+            "--default-policy",
+            "allow",
+            "--port",
+            port,
+        ])?;
+        svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
+        svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
+        svc.dpuctl_json(&[
+            "listener",
+            "create",
+            sub,
+            "--id",
+            "ep",
+            "--tenant",
+            tenant,
+            "--address",
+            EP,
+            "--port",
+            "4420",
+        ])?;
+    }
+    eventually("blue's host to ping its endpoint", || blue.ns.ping(EP))?;
+    eventually("red's host to ping its endpoint", || red.ns.ping(EP))?;
+
+    let many = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &blue.ns.name,
+            "python3",
+            "-c",
+            MANY_CONNECTIONS,
+        ])
+        .args([EP, "10", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let during = red.io(RED_NQN);
+    let many = many.wait_with_output()?;
+    ensure!(many.status.success(), "connections: {}", text(&many));
+    let n: Vec<u64> = String::from_utf8_lossy(&many.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(n, [4, 6, 4], "held, refused, still open");
+    did_io("red while blue holds its endpoint's share", &during?)?;
+    let (_, body) = svc.http_get("/metrics")?;
+    assert!(
+        metric(
+            &body,
+            "dpu_nvmf_connections_refused_total{reason=\"max_connections\"}"
+        ) >= 6
+    );
+    // Blue's connections gone, its share is its own again.
+    did_io("blue after its connections closed", &blue.io(BLUE_NQN)?)?;
+    Ok(())
+}

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use dpu_dataplane::endpoint::EndpointQueues;
 use dpu_dataplane::switch::SwitchHandle;
 use dpu_dataplane::worker::Idle;
-use dpu_endpoint::{Endpoint, EndpointConfig};
+use dpu_endpoint::{BufferPool, Endpoint, EndpointConfig};
 
 use crate::storage::{EndpointPlan, EndpointSpec};
 
@@ -73,7 +73,13 @@ pub struct StackSettings {
     pub write_timeout: Duration,
     /// What the thread does when no frame moved.
     pub idle: Idle,
+    /// Socket buffer bytes all endpoints together may hold beyond their
+    /// reserves (`storage.endpoint_buffer_memory`).
+    pub buffer_memory: usize,
 }
+
+/// `storage.endpoint_buffer_memory` when the configuration leaves it out.
+pub const DEFAULT_BUFFER_MEMORY: usize = 512 << 20;
 
 impl StackSettings {
     fn config(&self, spec: &EndpointSpec) -> EndpointConfig {
@@ -113,6 +119,7 @@ impl Endpoints {
                 let mut l = Loop {
                     plan,
                     switch,
+                    pool: BufferPool::new(settings.buffer_memory),
                     settings,
                     stacks: BTreeMap::new(),
                     plan_generation: u64::MAX,
@@ -155,6 +162,8 @@ struct Loop {
     plan: Arc<EndpointPlan>,
     switch: SwitchHandle,
     settings: StackSettings,
+    /// The socket buffer memory every endpoint's stack takes from.
+    pool: Arc<BufferPool>,
     stacks: BTreeMap<(String, Ipv4Addr), Stack>,
     plan_generation: u64,
     switch_generation: u64,
@@ -258,7 +267,7 @@ impl Loop {
                 }
             }
             if !self.stacks.contains_key(&key) {
-                match Endpoint::new(self.settings.config(spec), now) {
+                match Endpoint::with_pool(self.settings.config(spec), now, &self.pool) {
                     Ok(ep) => {
                         tracing::info!(tenant = %spec.tenant, address = %spec.address, mtu = ep.config().mtu, "storage endpoint serving");
                         self.stacks.insert(

@@ -269,7 +269,10 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             endpoints::Endpoints::start(
                 nvmf.endpoint_plan(),
                 dp.switch(),
-                dp.endpoint_settings(&config.transport()),
+                endpoints::StackSettings {
+                    buffer_memory: config.endpoint_buffer_memory(),
+                    ..dp.endpoint_settings(&config.transport())
+                },
             )
             .context("starting the storage endpoints' thread")?,
         ),

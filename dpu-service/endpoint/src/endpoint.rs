@@ -31,6 +31,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListe
 
 use crate::config::{ConfigError, EndpointConfig, ETHERNET_HEADER};
 use crate::device::{FrameDevice, Pending, Sink};
+use crate::pool::{BufferPool, Share};
 use crate::session::{Fate, Session};
 
 /// How often every connection is ticked (handshake, PDU, keep-alive and
@@ -47,6 +48,11 @@ pub const EGRESS_BURST: u64 = 256;
 /// How long a connection may stay in SYN-RECEIVED (its SYN-ACK
 /// unanswered) before it is reset and its socket freed.
 pub const SYN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connections an endpoint can always serve, beside its listening
+/// sockets, whatever other endpoints hold of a shared [`BufferPool`]: its
+/// reserve there is `(backlog + RESERVED_CONNECTIONS)` sockets' buffers.
+pub const RESERVED_CONNECTIONS: usize = 2;
 
 /// How long a closed connection's socket may take to finish its FIN
 /// exchange before it is reset and freed.
@@ -92,6 +98,10 @@ pub struct EndpointStats {
     /// ones when more than [`EndpointConfig::max_handshakes`] were
     /// pending, and those pending for [`SYN_TIMEOUT`].
     pub handshakes_reset: u64,
+    /// SYNs to a listening port that found no listening socket, answered
+    /// with a reset: the endpoint's caps or budget, or the shared
+    /// [`BufferPool`], were full.
+    pub refused_no_room: u64,
 }
 
 /// A listening port.
@@ -126,6 +136,8 @@ pub struct Endpoint {
     /// A frame arrived since the last poll.
     received: bool,
     stats: EndpointStats,
+    /// Its share of the service's socket buffer memory, if it has one.
+    share: Option<Share>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -179,7 +191,25 @@ impl Endpoint {
             last_tick: now,
             received: false,
             stats: EndpointStats::default(),
+            share: None,
         })
+    }
+
+    /// [`Endpoint::new`], its sockets' buffers also taken from `pool`,
+    /// with a reserve there of its listening sockets and
+    /// [`RESERVED_CONNECTIONS`] connections.
+    ///
+    /// # Errors
+    /// As [`Endpoint::new`].
+    pub fn with_pool(
+        config: EndpointConfig,
+        now: Instant,
+        pool: &std::sync::Arc<BufferPool>,
+    ) -> Result<Self, EndpointError> {
+        let reserve = (config.backlog + RESERVED_CONNECTIONS) * config.per_connection();
+        let mut ep = Self::new(config, now)?;
+        ep.share = Some(pool.share(reserve));
+        Ok(ep)
     }
 
     /// The configuration.
@@ -277,9 +307,22 @@ impl Endpoint {
             // take those that got theirs (dropping the oldest handshakes
             // past the cap) and arm more, so a burst of SYNs between two
             // polls is not answered with resets.
-            if self.ports.iter().any(|p| p.port == port) {
+            if let Some(i) = self.ports.iter().position(|p| p.port == port) {
                 self.accept(now);
                 self.arm();
+                let sockets = &self.sockets;
+                let p = &self.ports[i];
+                if !p
+                    .listening
+                    .iter()
+                    .any(|&h| sockets.get::<tcp::Socket>(h).state() == State::Listen)
+                {
+                    self.stats.refused_no_room += 1;
+                    p.target
+                        .stats()
+                        .connections_over_limit
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
         let t = self.smol(now);
@@ -308,6 +351,14 @@ impl Endpoint {
         self.egress(now, emit);
         self.reap(now);
         self.arm();
+        self.settle();
+    }
+
+    /// Gives back to the shared pool what freed sockets held.
+    fn settle(&mut self) {
+        if let Some(share) = &mut self.share {
+            share.shrink_to(self.sockets.iter().count() * self.config.per_connection());
+        }
     }
 
     /// When to call [`Endpoint::poll`] next at the latest: `now` when there
@@ -457,6 +508,7 @@ impl Endpoint {
 
     /// Arms listening sockets up to the backlog, within the caps.
     fn arm(&mut self) {
+        self.settle();
         let c = &self.config;
         let per = c.per_connection();
         let ip = IpAddress::Ipv4(c.address);
@@ -466,6 +518,11 @@ impl Endpoint {
                 let open = sockets; // listening, connected and closing alike
                 if open >= c.max_connections || (sockets + 1) * per > c.buffer_budget {
                     return;
+                }
+                if let Some(share) = &mut self.share {
+                    if !share.grow(per) {
+                        return;
+                    }
                 }
                 let mut s = tcp::Socket::new(
                     tcp::SocketBuffer::new(vec![0u8; c.rx_buffer]),

@@ -16,6 +16,8 @@
 //!   TCP), the listening ports, each bound to an NVMe-oF
 //!   [`Target`](dpu_nvmeof::Target) (its I/O subsystems and discovery
 //!   service, as a kernel listener serves them), and the connections.
+//! - [`pool`]: socket buffer memory shared by all endpoints of a
+//!   service, with a reserve for each.
 //! - `session`: one TCP connection driving one sans-IO
 //!   [`Connection`](dpu_nvmeof::Connection) the way the kernel transport
 //!   drives it: bytes from the socket's receive buffer in, block requests
@@ -24,7 +26,8 @@
 //!   its budget.
 //!
 //! Invariants: every buffer is bounded (socket buffers by
-//! [`EndpointConfig::buffer_budget`] and the connection caps, a
+//! [`EndpointConfig::buffer_budget`], the connection caps and, across
+//! endpoints, a [`BufferPool`]; a
 //! connection's partial PDU by the largest PDU, frames waiting to go out
 //! by [`device::PENDING_FRAMES`]); no input frame, however malformed,
 //! panics; a closed or reset connection frees its socket and its NVMe-oF
@@ -36,10 +39,12 @@
 pub mod config;
 pub mod device;
 pub mod endpoint;
+pub mod pool;
 mod session;
 
 pub use config::{ConfigError, EndpointConfig};
 pub use endpoint::{Endpoint, EndpointError, EndpointStats};
+pub use pool::BufferPool;
 
 #[cfg(test)]
 extern crate self as dpu_endpoint;

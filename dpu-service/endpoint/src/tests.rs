@@ -531,3 +531,53 @@ fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
     assert!(p.ep.stats().handshakes_reset >= before + 4);
     assert!(p.socket(admin.handle).is_active());
 }
+
+#[test]
+fn endpoints_sharing_a_pool_keep_their_reserves() {
+    use crate::endpoint::RESERVED_CONNECTIONS;
+    use crate::{BufferPool, Endpoint};
+    let cfg = EndpointConfig {
+        rx_buffer: 16 << 10,
+        tx_buffer: 16 << 10,
+        backlog: 1,
+        ..config(1500)
+    };
+    let per = cfg.per_connection();
+    let reserve = (1 + RESERVED_CONNECTIONS) * per;
+    // Two endpoints' reserves and two sockets more to share.
+    let pool = BufferPool::new(2 * reserve + 2 * per);
+    let pooled = |p: &mut Pair| {
+        let mut ep = Endpoint::with_pool(cfg.clone(), p.now, &pool).unwrap();
+        ep.listen(PORT, target(MIB)).unwrap();
+        p.ep = ep;
+    };
+    let mut a = Pair::new(cfg.clone(), target(MIB));
+    pooled(&mut a);
+    let mut b = Pair::new(cfg.clone(), target(MIB));
+    pooled(&mut b);
+    b.step();
+    // a takes its reserve and all the shared part: five sockets, each
+    // a connection in the end (the last listening one takes a SYN and no
+    // other can be armed).
+    let held: Vec<NvmeHost> = (0..5)
+        .map(|i| NvmeHost::open(&mut a, 40000 + i).unwrap())
+        .collect();
+    assert!(NvmeHost::open(&mut a, 40010).is_err());
+    assert!(a.ep.stats().refused_no_room >= 1);
+    assert_eq!(pool.shared_used(), 2 * per);
+    // b still has its own: three connections.
+    for i in 0..3 {
+        NvmeHost::open(&mut b, 40000 + i).unwrap();
+    }
+    assert!(NvmeHost::open(&mut b, 40005).is_err());
+    // a's hosts go: what they held comes back, and b may take it.
+    for h in &held {
+        a.socket(h.handle).abort();
+    }
+    assert!(a.run(1000, |p| p.ep.open_connections() == 0));
+    a.step();
+    assert!(pool.shared_used() < 2 * per);
+    NvmeHost::open(&mut b, 40006).unwrap();
+    drop((a, b));
+    assert_eq!((pool.reserved(), pool.shared_used()), (0, 0));
+}

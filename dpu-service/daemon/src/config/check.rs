@@ -286,6 +286,13 @@ impl Config {
                 bail!("storage.write_buffer_budget {b:?}: at least 1 MiB");
             }
         }
+        if let Some(b) = &self.storage.endpoint_buffer_memory {
+            let n =
+                parse_size(b).with_context(|| format!("storage.endpoint_buffer_memory {b:?}"))?;
+            if n < 1 << 20 {
+                bail!("storage.endpoint_buffer_memory {b:?}: at least 1 MiB");
+            }
+        }
         if self.storage.max_connections_per_host == Some(0) {
             bail!("storage.max_connections_per_host: 0 is out of range (at least 1)");
         }
@@ -1068,6 +1075,16 @@ mod tests {
         );
         assert_eq!(l.write_buffer_budget, 64 << 20);
         assert_eq!(
+            load("[storage]\nendpoint_buffer_memory = \"2GiB\"\n")
+                .unwrap()
+                .endpoint_buffer_memory(),
+            2 << 30
+        );
+        assert_eq!(
+            load("").unwrap().endpoint_buffer_memory(),
+            crate::endpoints::DEFAULT_BUFFER_MEMORY
+        );
+        assert_eq!(
             load("[storage]\nmax_connections_per_host = 7\n")
                 .unwrap()
                 .target_limits()
@@ -1119,6 +1136,10 @@ mod tests {
             (
                 "[storage]\nwrite_buffer_budget = \"4KiB\"\n".to_string(),
                 "storage.write_buffer_budget \"4KiB\": at least 1 MiB",
+            ),
+            (
+                "[storage]\nendpoint_buffer_memory = \"64KiB\"\n".to_string(),
+                "storage.endpoint_buffer_memory \"64KiB\": at least 1 MiB",
             ),
             ("[storage]\nio_cpus = [-1]\n".to_string(), "io_cpus"),
             ("[storage]\nio_cpus = \"2-3\"\n".to_string(), "io_cpus"),

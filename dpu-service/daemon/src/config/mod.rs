@@ -165,6 +165,17 @@ impl Config {
         }
     }
 
+    /// Socket buffer memory all storage endpoints share beyond their
+    /// reserves (`storage.endpoint_buffer_memory`).
+    pub fn endpoint_buffer_memory(&self) -> usize {
+        self.storage
+            .endpoint_buffer_memory
+            .as_deref()
+            .and_then(|s| parse_size(s).ok())
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(crate::endpoints::DEFAULT_BUFFER_MEMORY)
+    }
+
     /// The declared ports as the control plane sees them.
     pub fn port_specs(&self) -> Vec<PortSpec> {
         self.ports

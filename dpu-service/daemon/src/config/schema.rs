@@ -336,6 +336,11 @@ pub struct StorageConfig {
     /// may have asked hosts for through R2T and not yet written; later
     /// writes wait for their R2T (default 256 MiB).
     pub write_buffer_budget: Option<String>,
+    /// Socket buffer memory, e.g. "512MiB", that all storage endpoints'
+    /// TCP connections together may hold beyond each endpoint's reserve
+    /// (its listening sockets and two connections); a SYN past it is
+    /// reset (default 512 MiB).
+    pub endpoint_buffer_memory: Option<String>,
     /// Directories whose files may back namespaces, e.g.
     /// `["/srv/volumes"]`: a file backend's path must lie beneath one, and
     /// is resolved there without following symbolic links. Absolute, and
