@@ -695,6 +695,13 @@ fn one_tenants_connections_do_not_starve_anothers_endpoint() -> Result<()> {
     assert_eq!(n, [4, 6, 4], "held, refused, still open");
     did_io("red while blue holds its endpoint's share", &during?)?;
     let (_, body) = svc.http_get("/metrics")?;
+    // Two reserves of two listening sockets and two connections, 768
+    // KiB each; nothing beyond them fits a 1 MiB pool.
+    assert_eq!(
+        metric(&body, "dpu_endpoint_buffer_reserved_bytes"),
+        2 * 4 * (768 << 10)
+    );
+    assert_eq!(metric(&body, "dpu_endpoint_buffer_shared_bytes"), 0);
     assert!(
         metric(
             &body,

@@ -609,7 +609,7 @@ type Family<C> = (
 /// [`pb::NvmfTargetCounters`] is exported by one more row (or, for a
 /// further reason to close or refuse connections, one more entry).
 /// The poll groups' gauge, one sample per group, is rendered apart.
-const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 10] = [
+const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 12] = [
     (
         "dpu_nvmf_connections_accepted_total",
         "counter",
@@ -621,6 +621,18 @@ const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 10] = [
         "gauge",
         "NVMe/TCP connections open now, handshaking or connected.",
         &[(None, |c| c.open_connections)],
+    ),
+    (
+        "dpu_endpoint_buffer_reserved_bytes",
+        "gauge",
+        "Socket buffer bytes the storage endpoints' reserves set aside.",
+        &[(None, |c| c.endpoint_buffer_reserved_bytes)],
+    ),
+    (
+        "dpu_endpoint_buffer_shared_bytes",
+        "gauge",
+        "Socket buffer bytes the storage endpoints hold beyond their reserves, out of storage.endpoint_buffer_memory.",
+        &[(None, |c| c.endpoint_buffer_shared_bytes)],
     ),
     (
         "dpu_nvmf_connections_refused_total",
@@ -770,6 +782,8 @@ mod tests {
             t.controllers_revoked += 11;
             t.idle_timeouts += 12;
             t.refused_max_connections_per_host += 13;
+            t.endpoint_buffer_reserved_bytes += 14;
+            t.endpoint_buffer_shared_bytes += 15;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
         }
@@ -867,6 +881,8 @@ mod tests {
                 controllers_revoked: 22,
                 idle_timeouts: 24,
                 refused_max_connections_per_host: 26,
+                endpoint_buffer_reserved_bytes: 28,
+                endpoint_buffer_shared_bytes: 30,
             })
         );
         let only_b = t.snapshot(&state, &ports, Some("b"));
@@ -911,6 +927,12 @@ dpu_nvmf_connections_accepted_total 20
 # HELP dpu_nvmf_open_connections NVMe/TCP connections open now, handshaking or connected.
 # TYPE dpu_nvmf_open_connections gauge
 dpu_nvmf_open_connections 3
+# HELP dpu_endpoint_buffer_reserved_bytes Socket buffer bytes the storage endpoints' reserves set aside.
+# TYPE dpu_endpoint_buffer_reserved_bytes gauge
+dpu_endpoint_buffer_reserved_bytes 14
+# HELP dpu_endpoint_buffer_shared_bytes Socket buffer bytes the storage endpoints hold beyond their reserves, out of storage.endpoint_buffer_memory.
+# TYPE dpu_endpoint_buffer_shared_bytes gauge
+dpu_endpoint_buffer_shared_bytes 15
 # HELP dpu_nvmf_connections_refused_total NVMe/TCP connections refused (at accept, or at Connect for the host limit), by the limit they met.
 # TYPE dpu_nvmf_connections_refused_total counter
 dpu_nvmf_connections_refused_total{reason=\"max_connections\"} 8

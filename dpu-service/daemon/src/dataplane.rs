@@ -175,7 +175,6 @@ impl Dataplane {
             max_connections_per_address: tcp.max_connections_per_address,
             write_timeout: tcp.write_timeout,
             idle: self.idle,
-            buffer_memory: crate::endpoints::DEFAULT_BUFFER_MEMORY,
         }
     }
 

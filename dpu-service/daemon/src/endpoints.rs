@@ -73,9 +73,6 @@ pub struct StackSettings {
     pub write_timeout: Duration,
     /// What the thread does when no frame moved.
     pub idle: Idle,
-    /// Socket buffer bytes all endpoints together may hold beyond their
-    /// reserves (`storage.endpoint_buffer_memory`).
-    pub buffer_memory: usize,
 }
 
 /// `storage.endpoint_buffer_memory` when the configuration leaves it out.
@@ -117,9 +114,9 @@ impl Endpoints {
             .name("storage-endpoints".into())
             .spawn(move || {
                 let mut l = Loop {
+                    pool: plan.pool(),
                     plan,
                     switch,
-                    pool: BufferPool::new(settings.buffer_memory),
                     settings,
                     stacks: BTreeMap::new(),
                     plan_generation: u64::MAX,
@@ -185,10 +182,13 @@ impl Loop {
             let now = Instant::now();
             let mut moved = 0;
             let mut next = now + max_nap;
+            let mut open = 0;
             for s in self.stacks.values_mut() {
                 moved += s.turn(now);
                 next = next.min(s.ep.poll_at(now));
+                open += s.ep.open_connections();
             }
+            self.plan.set_open_connections(open);
             if moved > 0 {
                 nap = Duration::from_micros(1);
                 continue;

@@ -269,10 +269,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             endpoints::Endpoints::start(
                 nvmf.endpoint_plan(),
                 dp.switch(),
-                endpoints::StackSettings {
-                    buffer_memory: config.endpoint_buffer_memory(),
-                    ..dp.endpoint_settings(&config.transport())
-                },
+                dp.endpoint_settings(&config.transport()),
             )
             .context("starting the storage endpoints' thread")?,
         ),

@@ -69,13 +69,44 @@ pub struct EndpointSpec {
 
 /// The storage endpoints the last applied state has, published for the
 /// thread that runs their stacks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EndpointPlan {
     specs: Mutex<Arc<Vec<EndpointSpec>>>,
     generation: AtomicU64,
+    /// The socket buffer memory all endpoints' stacks share.
+    pool: Arc<dpu_endpoint::BufferPool>,
+    /// Connections the endpoints' stacks hold, as their thread last
+    /// counted.
+    open: std::sync::atomic::AtomicUsize,
 }
 
 impl EndpointPlan {
+    /// No endpoints yet; their stacks will share `buffer_memory` bytes
+    /// beyond their reserves.
+    pub fn new(buffer_memory: usize) -> Self {
+        Self {
+            specs: Mutex::default(),
+            generation: AtomicU64::new(0),
+            pool: dpu_endpoint::BufferPool::new(buffer_memory),
+            open: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Records how many connections the endpoints hold now.
+    pub fn set_open_connections(&self, n: usize) {
+        self.open.store(n, Ordering::Relaxed);
+    }
+
+    /// Connections the endpoints hold, handshaking, connected or closing.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// The socket buffer memory the endpoints' stacks share.
+    pub fn pool(&self) -> Arc<dpu_endpoint::BufferPool> {
+        self.pool.clone()
+    }
+
     /// How many times the plan was replaced: a cheap test for a change.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
@@ -124,7 +155,7 @@ impl Storage {
             limits,
             backing,
             tenant_targets: Mutex::default(),
-            plan: Arc::default(),
+            plan: Arc::new(EndpointPlan::new(limits.endpoint_buffer_memory)),
         });
         s.apply(state);
         Ok(s)
@@ -383,6 +414,10 @@ impl CounterSource for StorageCounters {
         }
         let transport = &self.storage.transport;
         t.open_connections += transport.open_connections() as u64;
+        let plan = &self.storage.plan;
+        t.open_connections += plan.open_connections() as u64;
+        t.endpoint_buffer_reserved_bytes += plan.pool.reserved() as u64;
+        t.endpoint_buffer_shared_bytes += plan.pool.shared_used() as u64;
         let loads = transport.poll_group_loads();
         if t.poll_group_queues.len() < loads.len() {
             t.poll_group_queues.resize(loads.len(), 0);

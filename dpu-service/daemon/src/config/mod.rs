@@ -162,6 +162,7 @@ impl Config {
                 .as_deref()
                 .and_then(|s| parse_size(s).ok())
                 .unwrap_or(dpu_nvmeof::conn::DEFAULT_WRITE_BUFFER_BUDGET),
+            endpoint_buffer_memory: self.endpoint_buffer_memory(),
         }
     }
 
@@ -315,6 +316,9 @@ pub struct TargetLimits {
     /// Most queues of one host NQN
     /// ([`dpu_nvmeof::Target::set_max_connections_per_host`]).
     pub max_connections_per_host: usize,
+    /// Socket buffer bytes all storage endpoints share beyond their
+    /// reserves ([`dpu_endpoint::BufferPool`]).
+    pub endpoint_buffer_memory: usize,
 }
 
 /// Parses a size in the syntax `dpuctl` reads too

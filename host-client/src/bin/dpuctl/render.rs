@@ -505,6 +505,14 @@ fn nvmf_target(c: &pb::NvmfTargetCounters) -> String {
             "refused: max connections per host",
             c.refused_max_connections_per_host,
         ),
+        (
+            "endpoint buffers: reserved bytes",
+            c.endpoint_buffer_reserved_bytes,
+        ),
+        (
+            "endpoint buffers: shared bytes",
+            c.endpoint_buffer_shared_bytes,
+        ),
     ];
     for (what, n) in rows {
         t.row(vec![what.into(), n.to_string()]);
