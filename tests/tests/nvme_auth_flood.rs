@@ -9,7 +9,8 @@
 //! time; attempts beyond the per-address rate are refused before any DH
 //! work and counted as `rate_limited` on `/metrics`, the refusals are
 //! logged a bounded number of times, and afterwards the host with the
-//! right secret authenticates.
+//! right secret authenticates. A second flood, with no rate to speak of
+//! and room for one waiting DH job, is refused at once as `busy`.
 //!
 //! In a debug build one ffdhe8192 authentication costs the target about
 //! a second of CPU (two exponentiations), so if the DH work ran on the
@@ -272,6 +273,85 @@ fn an_authentication_flood_stalls_no_one_and_is_held_to_its_rate() -> Result<()>
     assert_eq!(auth_total(&svc, "flood", "succeeded")?, 3);
     assert_eq!(auth_total(&svc, "flood", "failed")?, at_success1);
     assert_eq!(auth_total(&svc, "flood", "rate_limited")?, at_challenge);
+    Ok(())
+}
+
+#[test]
+fn a_full_dh_queue_refuses_attempts_at_once_and_counts_them() -> Result<()> {
+    // No rate to speak of: only the DH queue (one job waiting) bounds the
+    // work.
+    let config = TEST_CONFIG.replace(
+        "ram_limit = \"256MiB\"",
+        "ram_limit = \"256MiB\"\nauth_threads = 1\nauth_queue = 1\n\
+         auth_attempts_per_sec = 1000\nauth_attempts_burst = 65536\n",
+    );
+    let svc = Service::start_config(&config, &[])?;
+    let port = free_port();
+    subsystem(&svc, "flood", NQN, HOST, port)?;
+    let secret_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(secret_file.path(), format!("{SECRET}\n"))?;
+    let secret_path = secret_file.path().display().to_string();
+    dpuctl(
+        &svc,
+        &[
+            "subsystem",
+            "set-auth",
+            "flood",
+            HOST,
+            "--dhchap-secret-file",
+            &secret_path,
+            "--dh-group",
+            "ffdhe8192",
+        ],
+    )?;
+    let out = Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
+        .args(["--hostnqn", HOST, "--dhchap-secret", WRONG_SECRET])
+        .args(["--dh-group", "ffdhe8192", "--auth-flood", "4"])
+        .args(["--conns", &FLOOD_CONNS.to_string()])
+        .args(["--flood-attempts", "3000"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "flood: {text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("auth-flood"))
+        .context("no summary")?;
+    eprintln!("{line}");
+    let at_challenge = field(line, "refused_at_challenge")?;
+    let at_success1 = field(line, "refused_at_success1")?;
+    ensure!(field(line, "errors")? == 0, "{line}");
+    ensure!(field(line, "authenticated")? == 0, "{line}");
+    ensure!(
+        field(line, "attempts")? == at_challenge + at_success1,
+        "{line}"
+    );
+    // Six at a time against one thread and one place in the queue: some
+    // are refused at once, as busy, and counted so (most at the Challenge;
+    // one whose Reply's job finds the queue full, at Success1).
+    let busy = auth_total(&svc, "flood", "busy")?;
+    let failed = auth_total(&svc, "flood", "failed")?;
+    let limited = auth_total(&svc, "flood", "rate_limited")?;
+    ensure!(busy > 0, "no attempt found the queue full: {line}");
+    ensure!(busy >= at_challenge - limited, "{busy} busy: {line}");
+    assert_eq!(busy + limited + failed, at_challenge + at_success1);
+    ensure!(failed <= at_success1, "{failed} failed: {line}");
+    let logged = svc
+        .log_text()
+        .matches("authentication refused: the DH pool's queue is full")
+        .count();
+    ensure!(
+        (1..=2).contains(&logged),
+        "{logged} busy log lines in a 4 s flood"
+    );
+    // Still serving: the right secret authenticates.
+    let out = Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
+        .args(["--hostnqn", HOST, "--dhchap-secret", SECRET])
+        .args(["--dh-group", "ffdhe8192"])
+        .args(["--job", "randread:4k:1", "--time", "0.3"])
+        .output()?;
+    max_latency_us("the right secret after the flood", &out)?;
     Ok(())
 }
 

@@ -31,8 +31,9 @@
 //! ```
 //!
 //! A refusal at the Challenge came before any DH work (the target's
-//! per-address rate, or its DH queue full); one at Success1 judged the
-//! secret. `--dh-group` (repeated, or comma-separated) limits the groups
+//! per-address rate, or its DH queue full); one at Success1 came after
+//! the target's key pair (the secret judged, or the shared secret's job
+//! refused by a full queue). `--dh-group` (repeated, or comma-separated) limits the groups
 //! any authentication offers.
 
 use std::io::{Read, Write};
@@ -104,7 +105,8 @@ struct Flood {
     authenticated: u64,
     /// An AUTH_Failure1 instead of the Challenge: refused before DH.
     at_challenge: u64,
-    /// An AUTH_Failure1 instead of Success1: the secret was judged.
+    /// An AUTH_Failure1 instead of Success1: the secret was judged (or
+    /// the shared secret's job refused).
     at_success1: u64,
     /// Anything else: a connection refused or closed, a timeout, a
     /// Connect that asked for no authentication.
