@@ -10,7 +10,9 @@
 //! work and counted as `rate_limited` on `/metrics`, the refusals are
 //! logged a bounded number of times, and afterwards the host with the
 //! right secret authenticates. A second flood, with no rate to speak of
-//! and room for one waiting DH job, is refused at once as `busy`.
+//! and room for one waiting DH job, is refused at once as `busy`; a third
+//! closes each connection right after asking for the Challenge, so DH
+//! jobs finish for connections already gone.
 //!
 //! In a debug build one ffdhe8192 authentication costs the target about
 //! a second of CPU (two exponentiations), so if the DH work ran on the
@@ -344,7 +346,45 @@ fn a_full_dh_queue_refuses_attempts_at_once_and_counts_them() -> Result<()> {
         (1..=2).contains(&logged),
         "{logged} busy log lines in a 4 s flood"
     );
-    // Still serving: the right secret authenticates.
+    // Peers that close right after asking for the Challenge: their DH
+    // jobs (those the queue took) finish for connections already gone.
+    // Each attempt is counted once, as busy or (abandoned) failed.
+    let out = Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
+        .args(["--hostnqn", HOST, "--dhchap-secret", WRONG_SECRET])
+        .args(["--dh-group", "ffdhe8192", "--auth-flood", "2"])
+        .args(["--conns", "4", "--flood-attempts", "400", "--flood-abandon"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "abandoning flood: {text}");
+    let line2 = text
+        .lines()
+        .find(|l| l.starts_with("auth-flood"))
+        .context("no summary")?;
+    eprintln!("{line2}");
+    let abandoned = field(line2, "abandoned")?;
+    ensure!(field(line2, "errors")? == 0, "{line2}");
+    ensure!(abandoned == field(line2, "attempts")?, "{line2}");
+    let want = at_challenge + at_success1 + abandoned;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let counted = loop {
+        let n = auth_total(&svc, "flood", "busy")?
+            + auth_total(&svc, "flood", "failed")?
+            + auth_total(&svc, "flood", "rate_limited")?;
+        if n >= want || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(counted, want, "every attempt counted once");
+    ensure!(
+        auth_total(&svc, "flood", "failed")? > failed,
+        "an abandoned attempt whose job ran is counted as failed"
+    );
+    // Still serving: once the job that was running when its connection
+    // went has finished (the ones still waiting are dropped unrun), the
+    // right secret authenticates.
+    std::thread::sleep(Duration::from_secs(3));
     let out = Command::new(binary("nvmf-perf")?)
         .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
         .args(["--hostnqn", HOST, "--dhchap-secret", SECRET])

@@ -13,11 +13,15 @@
 //!
 //! A job's result goes to the callback it was submitted with, on the
 //! pool's thread. The callback must be short (hand the result over and
-//! wake its owner): the pool does not look at what it does.
+//! wake its owner): the pool does not look at what it does. A job
+//! submitted for an owner ([`DhPool::submit_for`]) that is gone by the
+//! job's turn (the connection closed while it waited) is dropped without
+//! running: a peer that asks for a Challenge and hangs up costs no DH
+//! work unless its job had already started.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use zeroize::Zeroizing;
@@ -93,6 +97,8 @@ impl DhJob {
 struct Task {
     job: DhJob,
     done: Box<dyn FnOnce(DhResult) + Send>,
+    /// Run only while this upgrades, when set.
+    owner: Option<Weak<()>>,
 }
 
 /// Threads that run [`DhJob`]s, behind a bounded queue. Dropping the pool
@@ -191,12 +197,37 @@ impl DhPool {
         job: DhJob,
         done: impl FnOnce(DhResult) + Send + 'static,
     ) -> Result<(), DhJob> {
+        self.queue(job, done, None)
+    }
+
+    /// As [`submit`](Self::submit), for `owner`: if `owner` is gone
+    /// (no [`Arc`] left) when the job's turn comes, the job is dropped
+    /// unrun and `done` is never called.
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit).
+    pub fn submit_for(
+        &self,
+        owner: Weak<()>,
+        job: DhJob,
+        done: impl FnOnce(DhResult) + Send + 'static,
+    ) -> Result<(), DhJob> {
+        self.queue(job, done, Some(owner))
+    }
+
+    fn queue(
+        &self,
+        job: DhJob,
+        done: impl FnOnce(DhResult) + Send + 'static,
+        owner: Option<Weak<()>>,
+    ) -> Result<(), DhJob> {
         let Some(tx) = &self.tx else {
             return Err(job);
         };
         match tx.try_send(Task {
             job,
             done: Box::new(done),
+            owner,
         }) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(t) | TrySendError::Disconnected(t)) => Err(t.job),
@@ -223,9 +254,12 @@ fn worker(rx: &Mutex<Receiver<Task>>, stopping: &AtomicBool) {
             Ok(rx) => rx.recv(),
             Err(_) => return,
         };
-        let Ok(Task { job, done }) = task else {
+        let Ok(Task { job, done, owner }) = task else {
             return;
         };
+        if owner.is_some_and(|o| o.strong_count() == 0) {
+            continue;
+        }
         if stopping.load(Ordering::Acquire) {
             drop(job);
             done(Err(DhError::Busy));
@@ -361,6 +395,48 @@ mod tests {
         .unwrap();
         assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
         drop(pool);
+    }
+
+    #[test]
+    fn a_job_whose_owner_left_before_its_turn_never_runs() {
+        let pool = DhPool::new(1, 2).unwrap();
+        let (release_tx, release_rx) = channel::<()>();
+        let (started_tx, started_rx) = channel::<()>();
+        pool.submit(DhJob::Generate(DhGroup::Ffdhe2048), move |_| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+        })
+        .unwrap();
+        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Two jobs wait: one whose owner leaves, one whose owner stays.
+        let (gone, stays) = (Arc::new(()), Arc::new(()));
+        let (gone_tx, gone_rx) = channel();
+        pool.submit_for(
+            Arc::downgrade(&gone),
+            DhJob::Generate(DhGroup::Ffdhe2048),
+            move |r| {
+                let _ = gone_tx.send(r.is_ok());
+            },
+        )
+        .unwrap();
+        let (tx, rx) = channel();
+        pool.submit_for(
+            Arc::downgrade(&stays),
+            DhJob::Generate(DhGroup::Ffdhe2048),
+            move |r| {
+                let _ = tx.send(r.is_ok());
+            },
+        )
+        .unwrap();
+        drop(gone);
+        release_tx.send(()).unwrap();
+        assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
+        // The first waiting job was dropped with its callback, uncalled.
+        assert_eq!(
+            gone_rx.recv_timeout(Duration::from_secs(1)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+        );
+        drop(stays);
     }
 
     #[test]

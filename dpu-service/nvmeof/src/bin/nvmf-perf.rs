@@ -27,14 +27,17 @@
 //! ```text
 //! nvmf-perf --nqn NQN --hostnqn HOST --dhchap-secret WRONG --dh-group ffdhe8192 \
 //!     --auth-flood 5 --conns 8
-//! auth-flood attempts 812 authenticated 0 refused_at_challenge 805 refused_at_success1 7 errors 0 secs 5.01
+//! auth-flood attempts 812 authenticated 0 refused_at_challenge 805 refused_at_success1 7 abandoned 0 errors 0 secs 5.01
 //! ```
 //!
 //! A refusal at the Challenge came before any DH work (the target's
 //! per-address rate, or its DH queue full); one at Success1 came after
 //! the target's key pair (the secret judged, or the shared secret's job
-//! refused by a full queue). `--dh-group` (repeated, or comma-separated) limits the groups
-//! any authentication offers.
+//! refused by a full queue). `--dh-group` (repeated, or comma-separated)
+//! limits the groups any authentication offers. With `--flood-abandon`
+//! each attempt closes its connection right after asking for the
+//! Challenge, without waiting for it (counted as `abandoned`): the
+//! target's DH work for it finds no one to answer.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -108,6 +111,8 @@ struct Flood {
     /// An AUTH_Failure1 instead of Success1: the secret was judged (or
     /// the shared secret's job refused).
     at_success1: u64,
+    /// Closed after asking for the Challenge (`--flood-abandon`).
+    abandoned: u64,
     /// Anything else: a connection refused or closed, a timeout, a
     /// Connect that asked for no authentication.
     errors: u64,
@@ -117,7 +122,7 @@ struct Flood {
 const FLOOD_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One authentication attempt on a new connection.
-fn flood_attempt(addr: &str, nqn: &str, f: &mut Flood) {
+fn flood_attempt(addr: &str, nqn: &str, abandon: bool, f: &mut Flood) {
     f.attempts += 1;
     let mut attempt = || -> Result<(), Error> {
         let mut q = Queue::open(addr)?;
@@ -139,6 +144,13 @@ fn flood_attempt(addr: &str, nqn: &str, f: &mut Flood) {
         }
         let negotiate = dh.negotiate();
         q.call(&host::auth_send(0, negotiate.len() as u32), &negotiate)?;
+        if abandon {
+            let r = host::auth_receive(0, 4096);
+            pdu::encode_capsule_cmd(&mut q.out, q.limits.digests, &r, &[]);
+            q.flush()?;
+            f.abandoned += 1;
+            return Ok(());
+        }
         let (_, challenge) = q.call(&host::auth_receive(0, 4096), &[])?;
         let reply = match dh.reply(&challenge) {
             Ok(r) => r,
@@ -164,7 +176,14 @@ fn flood_attempt(addr: &str, nqn: &str, f: &mut Flood) {
 
 /// `--auth-flood`: `threads` threads of attempts for `time` or `max`
 /// attempts in all.
-fn flood(addr: &str, nqn: &str, threads: usize, time: Duration, max: u64) -> (Flood, f64) {
+fn flood(
+    addr: &str,
+    nqn: &str,
+    threads: usize,
+    time: Duration,
+    max: u64,
+    abandon: bool,
+) -> (Flood, f64) {
     let start = Instant::now();
     let left = std::sync::atomic::AtomicU64::new(max);
     let take = || {
@@ -181,7 +200,7 @@ fn flood(addr: &str, nqn: &str, threads: usize, time: Duration, max: u64) -> (Fl
                 s.spawn(|| {
                     let mut f = Flood::default();
                     while start.elapsed() < time && take() {
-                        flood_attempt(addr, nqn, &mut f);
+                        flood_attempt(addr, nqn, abandon, &mut f);
                     }
                     f
                 })
@@ -195,6 +214,7 @@ fn flood(addr: &str, nqn: &str, threads: usize, time: Duration, max: u64) -> (Fl
                 authenticated: a.authenticated + f.authenticated,
                 at_challenge: a.at_challenge + f.at_challenge,
                 at_success1: a.at_success1 + f.at_success1,
+                abandoned: a.abandoned + f.abandoned,
                 errors: a.errors + f.errors,
             })
     });
@@ -709,6 +729,7 @@ fn main() -> Result<(), Error> {
     let mut discovery = false;
     let mut auth_flood: Option<Duration> = None;
     let mut flood_attempts = u64::MAX;
+    let mut flood_abandon = false;
     let mut id = Identity {
         hostnqn: HOSTNQN.to_string(),
         secret: None,
@@ -751,10 +772,11 @@ fn main() -> Result<(), Error> {
                 auth_flood = Some(Duration::from_secs_f64(secs));
             }
             "--flood-attempts" => flood_attempts = val()?.parse()?,
+            "--flood-abandon" => flood_abandon = true,
             "--bench" => {}
             "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N]]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -764,10 +786,10 @@ fn main() -> Result<(), Error> {
         return Err("identity set twice".into());
     }
     if let Some(time) = auth_flood {
-        let (f, secs) = flood(&addr, &nqn, conns, time, flood_attempts);
+        let (f, secs) = flood(&addr, &nqn, conns, time, flood_attempts, flood_abandon);
         println!(
-            "auth-flood attempts {} authenticated {} refused_at_challenge {} refused_at_success1 {} errors {} secs {secs:.2}",
-            f.attempts, f.authenticated, f.at_challenge, f.at_success1, f.errors
+            "auth-flood attempts {} authenticated {} refused_at_challenge {} refused_at_success1 {} abandoned {} errors {} secs {secs:.2}",
+            f.attempts, f.authenticated, f.at_challenge, f.at_success1, f.abandoned, f.errors
         );
         return Ok(());
     }

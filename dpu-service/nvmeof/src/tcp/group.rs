@@ -27,8 +27,9 @@
 //! DH jobs go to the transport's [`DhPool`]; a job's result comes back
 //! through the group's inbox, tagged with the slot's token, and wakes the
 //! group, which hands it to the connection if the slot still holds it (a
-//! closed connection's result is dropped). A job the pool's full queue
-//! refuses completes at once as [`DhError::Busy`].
+//! closed connection's result is dropped, and its jobs still waiting are
+//! never run). A job the pool's full queue refuses completes at once as
+//! [`DhError::Busy`].
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -96,6 +97,9 @@ pub(super) struct Slot {
     _admission: Admission,
     /// The I/O group's count this connection is in, once placed on one.
     load: Option<LoadGuard>,
+    /// Held while the slot lives: DH jobs of a connection gone by their
+    /// turn are dropped unrun ([`DhPool::submit_for`]).
+    alive: Arc<()>,
 }
 
 impl Slot {
@@ -118,6 +122,7 @@ impl Slot {
             ready: false,
             _admission: admission,
             load: None,
+            alive: Arc::new(()),
         }
     }
 
@@ -478,7 +483,9 @@ impl Loop {
             if let Err(job) = self
                 .group
                 .dh
-                .submit(job, move |r| handle.dh_result(token, cid, r))
+                .submit_for(Arc::downgrade(&slot.alive), job, move |r| {
+                    handle.dh_result(token, cid, r)
+                })
             {
                 drop(job);
                 slot.conn.complete_dh(cid, Err(DhError::Busy), now);
