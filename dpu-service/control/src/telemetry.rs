@@ -91,6 +91,12 @@ pub struct SubsystemCounters {
     /// DH-HMAC-CHAP authentications that failed, and connects refused for
     /// want of a secret.
     pub auth_failed: u64,
+    /// DH-HMAC-CHAP attempts refused before any DH work: their source
+    /// address was over its rate.
+    pub auth_rate_limited: u64,
+    /// DH-HMAC-CHAP attempts refused because the DH threads' queue was
+    /// full.
+    pub auth_busy: u64,
 }
 
 /// Everything counted, keyed by resource ID.
@@ -440,10 +446,15 @@ impl Telemetry {
         m.family(
             "dpu_nvmf_auth_total",
             "counter",
-            "DH-HMAC-CHAP authentications of the subsystem's queues by result; failed includes connects refused for want of a secret.",
+            "DH-HMAC-CHAP authentications of the subsystem's queues by result; failed includes connects refused for want of a secret; rate_limited (the source address over storage.auth_attempts_per_sec) and busy (the DH threads' queue full) were refused before their secret was checked.",
         );
         for (id, c) in &ss_rows {
-            for (result, v) in [("succeeded", c.auth_succeeded), ("failed", c.auth_failed)] {
+            for (result, v) in [
+                ("succeeded", c.auth_succeeded),
+                ("failed", c.auth_failed),
+                ("rate_limited", c.auth_rate_limited),
+                ("busy", c.auth_busy),
+            ] {
                 m.sample(
                     "dpu_nvmf_auth_total",
                     &[("subsystem", id), ("result", result)],
@@ -579,6 +590,8 @@ fn snapshot_of(
                     errors: s.errors,
                     auth_succeeded: s.auth_succeeded,
                     auth_failed: s.auth_failed,
+                    auth_rate_limited: s.auth_rate_limited,
+                    auth_busy: s.auth_busy,
                 }
             })
             .collect(),

@@ -381,6 +381,8 @@ impl CounterSource for StorageCounters {
                 c.errors += h.errors.load(Ordering::Relaxed);
                 c.auth_succeeded += h.auth_succeeded.load(Ordering::Relaxed);
                 c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
+                c.auth_rate_limited += h.auth_rate_limited.load(Ordering::Relaxed);
+                c.auth_busy += h.auth_busy.load(Ordering::Relaxed);
             }
         }
         let t = &mut out.nvmf_target;
@@ -434,6 +436,7 @@ fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Targ
     target.set_timeouts(limits.timeouts);
     target.set_write_buffer_budget(limits.write_buffer_budget);
     target.set_max_connections_per_host(limits.max_connections_per_host);
+    target.set_auth_rate(limits.auth_rate);
     target
 }
 

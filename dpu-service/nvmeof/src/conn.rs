@@ -20,6 +20,15 @@
 //! [`Target::set_write_buffer_budget`] for all): a command that does not fit
 //! waits, holding no buffer, and its data buffer is taken only when its
 //! first H2CData arrives.
+//!
+//! The Diffie-Hellman work of DH-HMAC-CHAP runs here unless the transport
+//! takes it ([`Connection::set_dh_offload`]): then the Authentication
+//! Receive that returns the Challenge, or the Send that carries the Reply,
+//! waits while its job is out ([`Connection::next_dh_job`]) and completes
+//! when the transport hands the result to [`Connection::complete_dh`], as
+//! block requests do through [`Connection::complete`]. Each AUTH_Negotiate
+//! first takes a token from the target's
+//! [`AuthLimiter`](crate::auth::limit::AuthLimiter) for the peer's address.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
@@ -30,8 +39,11 @@ use std::time::{Duration, Instant};
 
 use crate::admin::{self, AdminQueue};
 use crate::auth::controller::{
-    HostKeys, DEFAULT_TIMEOUT as AUTH_TIMEOUT, MAX_RECEIVE as MAX_AUTH_DATA,
+    HostKeys, ReceiveError, Refusal, Step, DEFAULT_TIMEOUT as AUTH_TIMEOUT,
+    MAX_RECEIVE as MAX_AUTH_DATA,
 };
+use crate::auth::limit::Admit;
+use crate::auth::pool::{DhJob, DhResult};
 use crate::auth::{AuthOutcome, Authenticator};
 use crate::backend::is_out_of_range;
 use crate::block::sized;
@@ -185,6 +197,9 @@ enum Pending {
     },
     /// A block request is out; `read` when data goes back to the host.
     Executing { sqe: Sqe, read: bool, bytes: u64 },
+    /// An Authentication Send (`receive` None) or Receive (of allocation
+    /// length `receive`) waits for its DH job.
+    Authenticating { sqe: Sqe, receive: Option<usize> },
 }
 
 /// One NVMe/TCP connection: one admin or I/O queue.
@@ -241,6 +256,11 @@ pub struct Connection {
     /// The queue's authentication, from Connect (when required) or the
     /// first Authentication Send.
     auth: Option<Authenticator>,
+    /// DH work goes to the transport instead of running here.
+    dh_offload: bool,
+    /// DH jobs for the transport, with the command each completes (at
+    /// most one: a queue has one authentication command out at a time).
+    dh_jobs: VecDeque<(u16, DhJob)>,
 }
 
 impl Connection {
@@ -280,7 +300,59 @@ impl Connection {
             auth_required: false,
             auth_keys: None,
             auth: None,
+            dh_offload: false,
+            dh_jobs: VecDeque::new(),
         }
+    }
+
+    /// Whether the transport runs the DH work of authentication
+    /// ([`Connection::next_dh_job`]); off by default: it runs in the call
+    /// that needs it.
+    pub fn set_dh_offload(&mut self, on: bool) {
+        self.dh_offload = on;
+    }
+
+    /// The next DH job to run, with the command ID to hand its result
+    /// back with ([`Connection::complete_dh`]).
+    pub fn next_dh_job(&mut self) -> Option<(u16, DhJob)> {
+        self.dh_jobs.pop_front()
+    }
+
+    /// True while an authentication command waits for a DH job (taken or
+    /// not): a transport keeps the connection where the result will find
+    /// it.
+    pub fn awaits_dh(&self) -> bool {
+        self.pending
+            .values()
+            .any(|p| matches!(p, Pending::Authenticating { .. }))
+    }
+
+    /// Hands back the result of the DH job of command `cid`
+    /// ([`DhError::Busy`](crate::auth::dh::DhError::Busy) for one the
+    /// transport could not run): the command completes. A result for a
+    /// command no longer waiting (the connection closed, or the
+    /// authentication timed out) is dropped.
+    pub fn complete_dh(&mut self, cid: u16, result: DhResult, now: Instant) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        let Some(Pending::Authenticating { sqe, receive }) = self.pending.remove(&cid) else {
+            return;
+        };
+        let outcome = match self.auth.as_mut() {
+            Some(a) => {
+                a.dh_done(result, now);
+                match receive {
+                    Some(al) => self.auth_answer(&sqe, al, now),
+                    None => {
+                        self.auth_outcome();
+                        Outcome::ok(&sqe)
+                    }
+                }
+            }
+            None => Outcome::status(&sqe, Status::COMMAND_SEQUENCE),
+        };
+        self.conclude(sqe, outcome);
     }
 
     /// Consumes whole PDUs from the front of `input` and returns how many
@@ -667,6 +739,8 @@ impl Connection {
         self.close_reason = Some(why.to_string());
         self.host_slot = None;
         self.requests.clear();
+        // A DH job out finds no command waiting: its result is dropped.
+        self.dh_jobs.clear();
         self.budget.release_all(self.target.write_budget());
         // Write data still to come is never written: drop its buffers now.
         self.pending
@@ -1041,6 +1115,11 @@ impl Connection {
         } else {
             self.io(&sqe, ns, data)
         };
+        self.conclude(sqe, outcome);
+    }
+
+    /// Completes, parks or starts the block request of a command.
+    fn conclude(&mut self, sqe: Sqe, outcome: Outcome) {
         match outcome {
             Outcome::Done(cqe, d) => self.finish(&sqe, cqe, d),
             Outcome::DoneAndClose(cqe) => {
@@ -1112,7 +1191,9 @@ impl Connection {
         self.auth.as_mut()
     }
 
-    /// Authentication Send: hands the message to the authenticator.
+    /// Authentication Send: hands the message to the authenticator. An
+    /// AUTH_Negotiate from an address over its rate is refused before any
+    /// DH work; a Reply that needs the shared secret waits for its job.
     fn auth_send(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
         let tl = match Self::auth_fields(sqe) {
             Ok(n) => n,
@@ -1121,7 +1202,11 @@ impl Connection {
         if tl != data.len() {
             return Outcome::status(sqe, Status::INVALID_FIELD);
         }
-        if data.first() == Some(&0) && data.get(1) == Some(&0) && self.auth.is_some() {
+        if self.awaits_dh() {
+            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
+        }
+        let negotiate = data.first() == Some(&0) && data.get(1) == Some(&0);
+        if negotiate && self.auth.is_some() {
             // An AUTH_Negotiate (re-authentication): the host's keys as
             // they are now.
             if let Some(c) = &self.ctrl {
@@ -1132,13 +1217,58 @@ impl Connection {
                 }
             }
         }
-        let Some(a) = self.authenticator(now) else {
+        if self.authenticator(now).is_none() {
             // No secret for this host: nothing to authenticate with.
             return Outcome::status(sqe, Status::INVALID_FIELD);
+        }
+        let admit = if negotiate {
+            self.target.auth_limiter().admit(self.peer.ip(), now)
+        } else {
+            Admit::Allowed
         };
-        a.send(data, now);
-        self.auth_outcome();
-        Outcome::ok(sqe)
+        let Some(a) = self.auth.as_mut() else {
+            return Outcome::status(sqe, Status::INVALID_FIELD);
+        };
+        let job = match admit {
+            Admit::Allowed => a.send_deferred(data, now),
+            Admit::Refused { log } => {
+                a.refuse(data, Refusal::RateLimited, now);
+                if let Some(unlogged) = log {
+                    let rate = self.target.auth_limiter().rate();
+                    tracing::warn!(peer = %self.peer, unlogged, per_sec = rate.per_sec, burst = rate.burst, "authentication attempts over the per-address rate refused");
+                }
+                None
+            }
+        };
+        match job {
+            None => {
+                self.auth_outcome();
+                Outcome::ok(sqe)
+            }
+            Some(job) => self.dh_job(sqe, job, None, now),
+        }
+    }
+
+    /// Runs `job` here, or parks `sqe` until the transport brings its
+    /// result ([`Connection::complete_dh`]).
+    fn dh_job(&mut self, sqe: &Sqe, job: DhJob, receive: Option<usize>, now: Instant) -> Outcome {
+        if self.dh_offload {
+            self.pending
+                .insert(sqe.cid(), Pending::Authenticating { sqe: *sqe, receive });
+            self.dh_jobs.push_back((sqe.cid(), job));
+            return Outcome::Parked;
+        }
+        let Some(a) = self.auth.as_mut() else {
+            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
+        };
+        a.dh_done(job.run(), now);
+        match receive {
+            Some(al) => self.auth_answer(sqe, al, now),
+            None => {
+                self.auth_outcome();
+                Outcome::ok(sqe)
+            }
+        }
     }
 
     /// Authentication Receive: the authenticator's next message.
@@ -1150,14 +1280,37 @@ impl Connection {
         if al > sqe.sgl_len() as usize {
             return Outcome::status(sqe, Status::INVALID_FIELD);
         }
-        let Some(a) = self.authenticator(now) else {
+        if self.awaits_dh() {
+            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
+        }
+        if self.authenticator(now).is_none() {
             return Outcome::status(sqe, Status::INVALID_FIELD);
+        }
+        match self.auth.as_mut().map(|a| a.receive_deferred(al, now)) {
+            Some(Ok(Step::Compute(job))) => self.dh_job(sqe, job, Some(al), now),
+            Some(r) => self.receive_outcome(sqe, r.map(Some)),
+            None => Outcome::status(sqe, Status::INVALID_FIELD),
+        }
+    }
+
+    /// The answer of a Receive whose DH job is done.
+    fn auth_answer(&mut self, sqe: &Sqe, al: usize, now: Instant) -> Outcome {
+        let r = match self.auth.as_mut().map(|a| a.receive_deferred(al, now)) {
+            // The job's result was taken: nothing more to compute.
+            Some(Ok(Step::Compute(_))) => Err(ReceiveError::InProgress),
+            Some(r) => r,
+            None => return Outcome::status(sqe, Status::INVALID_FIELD),
         };
-        match a.receive(al, now) {
-            Ok(d) => {
+        self.receive_outcome(sqe, r.map(Some))
+    }
+
+    fn receive_outcome(&mut self, sqe: &Sqe, r: Result<Option<Step>, ReceiveError>) -> Outcome {
+        match r {
+            Ok(Some(Step::Data(d))) => {
                 self.auth_outcome();
                 Outcome::data(sqe, d)
             }
+            Ok(_) => Outcome::status(sqe, Status::INVALID_FIELD),
             Err(e) => {
                 tracing::debug!(peer = %self.peer, "authentication receive: {e}");
                 Outcome::status(sqe, Status::INVALID_FIELD)
@@ -1177,11 +1330,26 @@ impl Connection {
         match o {
             AuthOutcome::Succeeded => {
                 c.health.auth_succeeded.fetch_add(1, Ordering::Relaxed);
+                self.target.auth_limiter().refund(self.peer.ip());
                 tracing::info!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, "host authenticated");
             }
             AuthOutcome::Failed { explanation, why } => {
                 c.health.auth_failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, explanation, "authentication failed: {why}");
+            }
+            AuthOutcome::Refused {
+                refusal: Refusal::RateLimited,
+            } => {
+                // Logged where refused, at a bounded rate.
+                c.health.auth_rate_limited.fetch_add(1, Ordering::Relaxed);
+            }
+            AuthOutcome::Refused {
+                refusal: Refusal::Busy,
+            } => {
+                c.health.auth_busy.fetch_add(1, Ordering::Relaxed);
+                if let Some(unlogged) = self.target.auth_limiter().busy_log(Instant::now()) {
+                    tracing::warn!(host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, unlogged, "authentication refused: the DH pool's queue is full");
+                }
             }
         }
     }

@@ -148,6 +148,12 @@ pub struct Health {
     /// DH-HMAC-CHAP authentications that failed, and connects refused for
     /// lack of a secret where authentication is required.
     pub auth_failed: AtomicU64,
+    /// Authentication attempts refused before any DH work: their source
+    /// address was over its rate
+    /// ([`AuthLimiter`](crate::auth::limit::AuthLimiter)).
+    pub auth_rate_limited: AtomicU64,
+    /// Authentications refused because the DH pool's queue was full.
+    pub auth_busy: AtomicU64,
 }
 
 /// A controller.

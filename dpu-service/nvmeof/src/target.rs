@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
 
 use crate::auth::controller::HostKeys;
+use crate::auth::limit::{AuthLimiter, AuthRate};
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
 use crate::conn::budget::SharedBudget;
 use crate::conn::Timeouts;
@@ -443,6 +444,7 @@ struct Inner {
     timeouts: RwLock<Timeouts>,
     hosts: Mutex<HostConnections>,
     auth: RwLock<AuthConfig>,
+    auth_limiter: AuthLimiter,
 }
 
 /// In-band authentication settings, per subsystem and host.
@@ -584,6 +586,17 @@ impl Target {
             .cloned();
         let required = a.required.get(subnqn).copied().unwrap_or(keys.is_some());
         (required, keys)
+    }
+
+    /// Authentication attempts per source address.
+    pub fn auth_limiter(&self) -> &AuthLimiter {
+        &self.inner.auth_limiter
+    }
+
+    /// Limits authentication attempts per source address (default
+    /// [`AuthRate::default`]).
+    pub fn set_auth_rate(&self, rate: AuthRate) {
+        self.inner.auth_limiter.set_rate(rate);
     }
 
     /// Counters.

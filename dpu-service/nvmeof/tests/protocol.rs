@@ -1661,6 +1661,9 @@ mod auth {
     //! admin and I/O queues, refusals, counters.
 
     use super::*;
+    use dpu_nvmeof::auth::dh::DhError;
+    use dpu_nvmeof::auth::limit::AuthRate;
+    use dpu_nvmeof::auth::pool::DhPool;
     use dpu_nvmeof::auth::{DhGroup, HashId, HostKeys, Secret};
     use dpu_nvmeof::host::{DhchapHost, HostAuthError};
 
@@ -1981,5 +1984,182 @@ mod auth {
             Some("authentication not completed in time")
         );
         assert_eq!(health(&t), (0, 1));
+    }
+
+    /// Runs the connection's DH jobs on a real pool and hands each result
+    /// back; returns how many ran.
+    fn run_dh_jobs(h: &mut Host, pool: &DhPool) -> usize {
+        let mut n = 0;
+        while let Some((cid, job)) = h.conn.next_dh_job() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            pool.submit(job, move |r| {
+                let _ = tx.send(r);
+            })
+            .expect("room in the queue");
+            let r = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the job ran");
+            h.conn.complete_dh(cid, r, Instant::now());
+            h.inbox.extend(h.conn.take_output());
+            n += 1;
+        }
+        n
+    }
+
+    fn refused(t: &Target) -> (u64, u64) {
+        let h = t.health(NQN);
+        (
+            h.auth_rate_limited.load(Ordering::Relaxed),
+            h.auth_busy.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Waits for the completion (and data) of the command just sent,
+    /// after its DH job ran.
+    fn answer(h: &mut Host) -> Reply {
+        let mut reply = Reply::default();
+        while let Some(p) = h.next_pdu() {
+            match p {
+                Owned::Data { data, success, .. } => {
+                    reply.data.extend(data);
+                    if success {
+                        reply.cqe = Some(Cqe::new(0, Status::SUCCESS));
+                    }
+                }
+                Owned::Resp(c) => reply.cqe = Some(c),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        reply
+    }
+
+    #[test]
+    fn dh_work_left_to_the_transport_completes_its_command_later() {
+        let t = auth_target(false, &[HashId::Sha256], &[DhGroup::Ffdhe2048]);
+        let pool = DhPool::new(1, 4).unwrap();
+        let mut a = Host::new(&t, Digests::default());
+        a.conn.set_dh_offload(true);
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.auth_send(&dh.negotiate()).status, 0);
+        assert!(a.conn.next_dh_job().is_none(), "negotiation needs no DH");
+        // The Receive that returns the Challenge waits for the key pair.
+        let ch = a.auth_receive(4096);
+        assert!(ch.cqe.is_none(), "answered before its DH job ran");
+        assert!(a.conn.awaits_dh());
+        // A second authentication command meanwhile is out of sequence.
+        assert_eq!(
+            a.auth_receive(4096).cqe.map(|c| c.status),
+            Some(Status::COMMAND_SEQUENCE.to_field())
+        );
+        assert_eq!(run_dh_jobs(&mut a, &pool), 1);
+        assert!(!a.conn.awaits_dh());
+        let ch = answer(&mut a);
+        assert_eq!(ch.cqe.map(|c| c.status), Some(0));
+        // The Send carrying the Reply waits for the shared secret.
+        let reply = dh.reply(&ch.data).expect("a challenge");
+        let cid = a.cid();
+        let sqe = host::auth_send(cid, reply.len() as u32);
+        assert!(a.command(sqe, &reply, 0).cqe.is_none());
+        assert_eq!(run_dh_jobs(&mut a, &pool), 1);
+        let sent = answer(&mut a);
+        assert_eq!(sent.cqe.map(|c| (c.cid, c.status)), Some((cid, 0)));
+        let s1 = a.auth_receive(4096);
+        assert_eq!(dh.success1(&s1.data), Ok(None));
+        assert_eq!(a.prop_set_cc(host::CC_ENABLE).status, 0);
+        assert_eq!(health(&t), (1, 0));
+    }
+
+    #[test]
+    fn a_dh_job_the_pool_refuses_fails_the_authentication_cleanly() {
+        let t = auth_target(false, &[HashId::Sha256], &[DhGroup::Ffdhe2048]);
+        let mut a = Host::new(&t, Digests::default());
+        a.conn.set_dh_offload(true);
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.auth_send(&dh.negotiate()).status, 0);
+        assert!(a.auth_receive(4096).cqe.is_none());
+        let (cid, job) = a.conn.next_dh_job().expect("a key pair to make");
+        drop(job);
+        a.conn.complete_dh(cid, Err(DhError::Busy), Instant::now());
+        a.inbox.extend(a.conn.take_output());
+        // The Receive completes with an AUTH_Failure1.
+        let got = answer(&mut a);
+        assert_eq!(got.cqe.map(|c| c.status), Some(0));
+        assert!(matches!(
+            dh.reply(&got.data),
+            Err(HostAuthError::Refused { explanation: 1, .. })
+        ));
+        assert!(a.conn.is_closed());
+        assert_eq!((health(&t), refused(&t)), ((0, 0), (0, 1)));
+    }
+
+    #[test]
+    fn a_dh_result_for_a_closed_connection_is_dropped() {
+        let t = auth_target(false, &[HashId::Sha256], &[DhGroup::Ffdhe2048]);
+        let mut a = Host::new(&t, Digests::default());
+        a.conn.set_dh_offload(true);
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.auth_send(&dh.negotiate()).status, 0);
+        assert!(a.auth_receive(4096).cqe.is_none());
+        let (cid, job) = a.conn.next_dh_job().expect("a key pair to make");
+        a.conn.close("peer went away");
+        assert!(!a.conn.awaits_dh());
+        a.conn.complete_dh(cid, job.run(), Instant::now());
+        // A result for a command that never existed changes nothing either.
+        a.conn.complete_dh(999, Err(DhError::Busy), Instant::now());
+        assert!(a.conn.take_output().is_empty());
+        assert!(a.conn.is_closed());
+        assert_eq!(health(&t), (0, 1), "abandoned, counted once");
+    }
+
+    #[test]
+    fn attempts_over_the_rate_are_refused_before_any_dh_work() {
+        let t = auth_target(false, &[HashId::Sha256], &[DhGroup::Ffdhe2048]);
+        t.set_auth_rate(AuthRate {
+            per_sec: 0.001,
+            burst: 2,
+            sources: 16,
+        });
+        // Two wrong attempts from one address use its burst.
+        for _ in 0..2 {
+            let mut a = Host::new(&t, Digests::default());
+            assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+            let mut dh = DhchapHost::new(HOST, NQN, wrong(), None, 1);
+            assert!(a.authenticate(&mut dh).is_err());
+        }
+        assert_eq!((health(&t), refused(&t)), ((0, 2), (0, 0)));
+        // The third is refused with no DH job, even with the right secret.
+        let mut a = Host::new(&t, Digests::default());
+        a.conn.set_dh_offload(true);
+        assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+        let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, 1);
+        assert_eq!(a.auth_send(&dh.negotiate()).status, 0);
+        let got = a.auth_receive(4096);
+        assert!(a.conn.next_dh_job().is_none(), "no DH work for a refusal");
+        assert!(matches!(
+            dh.reply(&got.data),
+            Err(HostAuthError::Refused { explanation: 1, .. })
+        ));
+        assert!(a.conn.is_closed());
+        assert_eq!((health(&t), refused(&t)), ((0, 2), (1, 0)));
+    }
+
+    #[test]
+    fn successful_attempts_give_their_token_back() {
+        let t = auth_target(false, &[HashId::Sha256], &[DhGroup::Null]);
+        t.set_auth_rate(AuthRate {
+            per_sec: 0.001,
+            burst: 1,
+            sources: 16,
+        });
+        for i in 0..5 {
+            let mut a = Host::new(&t, Digests::default());
+            assert_eq!(a.connect(0, 0xffff, NQN, HOST, 0).status, 0);
+            let mut dh = DhchapHost::new(HOST, NQN, secret(SECRET), None, i);
+            assert_eq!(a.authenticate(&mut dh), Ok(()), "attempt {i}");
+        }
+        assert_eq!((health(&t), refused(&t)), ((5, 0), (0, 0)));
     }
 }

@@ -296,6 +296,27 @@ impl Config {
         if self.storage.max_connections_per_host == Some(0) {
             bail!("storage.max_connections_per_host: 0 is out of range (at least 1)");
         }
+        if let Some(r) = self
+            .storage
+            .auth_attempts_per_sec
+            .filter(|r| !(r.is_finite() && *r > 0.0 && *r <= 1000.0))
+        {
+            bail!("storage.auth_attempts_per_sec: {r} is out of range (above 0, at most 1000)");
+        }
+        if let Some(b) = self
+            .storage
+            .auth_attempts_burst
+            .filter(|b| !(1..=65_536).contains(b))
+        {
+            bail!("storage.auth_attempts_burst: {b} is out of range (1 to 65536)");
+        }
+        if let Some(n) = self
+            .storage
+            .auth_sources
+            .filter(|n| !(1..=1 << 20).contains(n))
+        {
+            bail!("storage.auth_sources: {n} is out of range (1 to 1048576)");
+        }
         for (key, v) in [
             (
                 "handshake_timeout_secs",
@@ -1074,6 +1095,27 @@ mod tests {
             (secs(3), secs(4), secs(600))
         );
         assert_eq!(l.write_buffer_budget, 64 << 20);
+        let c = load(
+            "[storage]\nauth_threads = 2\nauth_queue = 8\nauth_attempts_per_sec = 0.5\n\
+             auth_attempts_burst = 4\nauth_sources = 100\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.transport().auth_threads, c.transport().auth_queue),
+            (2, 8)
+        );
+        assert_eq!(
+            c.target_limits().auth_rate,
+            dpu_nvmeof::auth::limit::AuthRate {
+                per_sec: 0.5,
+                burst: 4,
+                sources: 100
+            }
+        );
+        assert_eq!(
+            load("").unwrap().target_limits().auth_rate,
+            dpu_nvmeof::auth::limit::AuthRate::default()
+        );
         assert_eq!(
             load("[storage]\nendpoint_buffer_memory = \"2GiB\"\n")
                 .unwrap()
@@ -1128,6 +1170,26 @@ mod tests {
             (
                 "[storage]\npoll_groups = 1000\n".to_string(),
                 "storage.poll_groups: 1000 is out of range (0 to 256)",
+            ),
+            (
+                "[storage]\nauth_threads = 0\n".to_string(),
+                "storage.auth_threads: 0 is out of range (1 to 64)",
+            ),
+            (
+                "[storage]\nauth_queue = 100000\n".to_string(),
+                "storage.auth_queue: 100000 is out of range (1 to 65536)",
+            ),
+            (
+                "[storage]\nauth_attempts_per_sec = 0.0\n".to_string(),
+                "storage.auth_attempts_per_sec: 0 is out of range (above 0, at most 1000)",
+            ),
+            (
+                "[storage]\nauth_attempts_burst = 0\n".to_string(),
+                "storage.auth_attempts_burst: 0 is out of range (1 to 65536)",
+            ),
+            (
+                "[storage]\nauth_sources = 0\n".to_string(),
+                "storage.auth_sources: 0 is out of range (1 to 1048576)",
             ),
             (
                 "[storage]\nidle_timeout_secs = 0\n".to_string(),

@@ -139,11 +139,15 @@ impl Config {
                 .storage
                 .write_timeout_secs
                 .map_or(d.write_timeout, Duration::from_secs),
+            auth_threads: self.storage.auth_threads.unwrap_or(d.auth_threads),
+            auth_queue: self.storage.auth_queue.unwrap_or(d.auth_queue),
         }
     }
 
-    /// The NVMe/TCP target's timers and write buffer budget
-    /// (`storage.*_timeout_secs`, `storage.write_buffer_budget`).
+    /// The NVMe/TCP target's timers, write buffer budget and
+    /// authentication rate (`storage.*_timeout_secs`,
+    /// `storage.write_buffer_budget`, `storage.auth_attempts_*`,
+    /// `storage.auth_sources`).
     pub fn target_limits(&self) -> TargetLimits {
         let d = Timeouts::default();
         let st = &self.storage;
@@ -163,6 +167,14 @@ impl Config {
                 .and_then(|s| parse_size(s).ok())
                 .unwrap_or(dpu_nvmeof::conn::DEFAULT_WRITE_BUFFER_BUDGET),
             endpoint_buffer_memory: self.endpoint_buffer_memory(),
+            auth_rate: {
+                let d = dpu_nvmeof::auth::limit::AuthRate::default();
+                dpu_nvmeof::auth::limit::AuthRate {
+                    per_sec: st.auth_attempts_per_sec.unwrap_or(d.per_sec),
+                    burst: st.auth_attempts_burst.unwrap_or(d.burst),
+                    sources: st.auth_sources.unwrap_or(d.sources),
+                }
+            },
         }
     }
 
@@ -307,7 +319,7 @@ impl Config {
 }
 
 /// The NVMe/TCP target's limits that are not the transport's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TargetLimits {
     /// Handshake, PDU and idle timeouts.
     pub timeouts: Timeouts,
@@ -319,6 +331,9 @@ pub struct TargetLimits {
     /// Socket buffer bytes all storage endpoints share beyond their
     /// reserves ([`dpu_endpoint::BufferPool`]).
     pub endpoint_buffer_memory: usize,
+    /// Authentication attempts per source address
+    /// ([`dpu_nvmeof::Target::set_auth_rate`]).
+    pub auth_rate: dpu_nvmeof::auth::limit::AuthRate,
 }
 
 /// Parses a size in the syntax `dpuctl` reads too

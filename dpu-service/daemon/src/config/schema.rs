@@ -332,6 +332,23 @@ pub struct StorageConfig {
     /// non-persistent discovery controller) may go without a command on
     /// any of its queues (default 120).
     pub idle_timeout_secs: Option<u64>,
+    /// Threads that run the Diffie-Hellman work of DH-HMAC-CHAP, off the
+    /// NVMe/TCP poll groups, 1..=64 (default 1).
+    pub auth_threads: Option<usize>,
+    /// DH jobs that may wait for those threads, 1..=65536 (default 32); an
+    /// authentication that finds the queue full is refused (counted as
+    /// `busy`).
+    pub auth_queue: Option<usize>,
+    /// Authentication attempts (AUTH_Negotiate) a second that one source
+    /// address (an IPv6 /64) regains, above 0 and at most 1000 (default
+    /// 2); attempts that succeed give theirs back.
+    pub auth_attempts_per_sec: Option<f64>,
+    /// Authentication attempts one source address may make at once,
+    /// 1..=65536 (default 16).
+    pub auth_attempts_burst: Option<u32>,
+    /// Source addresses whose attempts are tracked at once, 1..=1048576
+    /// (default 4096); a new one beyond it evicts the oldest.
+    pub auth_sources: Option<usize>,
     /// Write data, e.g. "256MiB", that all NVMe/TCP connections together
     /// may have asked hosts for through R2T and not yet written; later
     /// writes wait for their R2T (default 256 MiB).

@@ -9,6 +9,16 @@
 //! any failure --> Failure1 --Receive(AUTH_Failure1)--> Failed
 //! ```
 //!
+//! The Diffie-Hellman work (the controller's key pair for the Challenge,
+//! the shared secret of the Reply) can be left to the caller:
+//! [`Authenticator::receive_deferred`] and [`Authenticator::send_deferred`]
+//! hand out a [`DhJob`] instead of running it, and
+//! [`Authenticator::dh_done`] takes its result, after which the Receive is
+//! asked again (it now answers at once) or the Send is complete. A
+//! transport runs the jobs on a [`DhPool`](super::pool::DhPool), off the
+//! threads that serve I/O. [`Authenticator::receive`] and
+//! [`Authenticator::send`] run them on the calling thread.
+//!
 //! A new AUTH_Negotiate restarts a transaction that has not failed
 //! (re-authentication), at most [`MAX_ATTEMPTS`] times per queue; once one
 //! fails, the queue only gets its AUTH_Failure1. A step not taken within the
@@ -19,8 +29,9 @@ use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
 
-use super::dh::{DhGroup, KeyPair};
+use super::dh::{DhError, DhGroup, KeyPair};
 use super::msg::{self, explanation, Challenge, Message, Negotiate, Reply};
+use super::pool::{DhJob, DhOutput, DhResult};
 use super::{augmented_challenge, response, Digest, HashId, Role, Secret, Transaction};
 
 /// Most AUTH_Negotiate messages one queue may send: a host that keeps
@@ -83,6 +94,43 @@ pub enum Outcome {
         /// What went wrong.
         why: &'static str,
     },
+    /// The attempt was refused without judging the host's secret (an
+    /// AUTH_Failure1 went out all the same): counted apart from failures.
+    Refused {
+        /// Why.
+        refusal: Refusal,
+    },
+}
+
+/// Why an attempt was refused before its secret was checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its source made too many attempts
+    /// ([`AuthLimiter`](super::limit::AuthLimiter)).
+    RateLimited,
+    /// The DH pool's queue was full.
+    Busy,
+}
+
+impl Refusal {
+    /// In words, for logs.
+    pub fn why(self) -> &'static str {
+        match self {
+            Self::RateLimited => "too many authentication attempts from this address",
+            Self::Busy => "the DH pool is busy",
+        }
+    }
+}
+
+/// What an Authentication Receive gets from
+/// [`Authenticator::receive_deferred`].
+#[derive(Debug)]
+pub enum Step {
+    /// The data to return.
+    Data(Vec<u8>),
+    /// Run this job and hand its result to [`Authenticator::dh_done`],
+    /// then ask again.
+    Compute(DhJob),
 }
 
 /// Why an Authentication Receive cannot be answered: the command fails
@@ -100,6 +148,9 @@ pub enum ReceiveError {
     /// The OS random number generator failed.
     #[error("the OS random number generator failed")]
     Random,
+    /// A DH computation for the message is under way.
+    #[error("a DH computation is under way")]
+    InProgress,
 }
 
 enum State {
@@ -107,6 +158,15 @@ enum State {
     Negotiate,
     /// Negotiated; the challenge goes out with the next Receive.
     Challenge {
+        t_id: u16,
+        hash: HashId,
+        group: DhGroup,
+        /// The controller's key pair, once computed (never for the null
+        /// group).
+        key_pair: Option<KeyPair>,
+    },
+    /// Negotiated; the controller's key pair is being computed.
+    Generating {
         t_id: u16,
         hash: HashId,
         group: DhGroup,
@@ -118,6 +178,14 @@ enum State {
         key_pair: Option<KeyPair>,
         c1: Zeroizing<Vec<u8>>,
         s1: u32,
+    },
+    /// The Reply is in; the shared secret is being computed.
+    Verifying {
+        t_id: u16,
+        hash: HashId,
+        c1: Zeroizing<Vec<u8>>,
+        s1: u32,
+        reply: Reply,
     },
     /// Host proven; Success1 goes out with the next Receive.
     Success1 {
@@ -132,6 +200,7 @@ enum State {
         t_id: u16,
         explanation: u8,
         why: &'static str,
+        refusal: Option<Refusal>,
     },
     /// Finished, either way.
     Done,
@@ -253,11 +322,23 @@ impl Authenticator {
     }
 
     fn fail(&mut self, t_id: u16, explanation: u8, why: &'static str, now: Instant) {
+        self.fail_as(t_id, explanation, why, None, now);
+    }
+
+    fn fail_as(
+        &mut self,
+        t_id: u16,
+        explanation: u8,
+        why: &'static str,
+        refusal: Option<Refusal>,
+        now: Instant,
+    ) {
         self.authenticated = false;
         self.state = State::Failure1 {
             t_id,
             explanation,
             why,
+            refusal,
         };
         self.deadline = now.checked_add(self.timeout);
     }
@@ -265,7 +346,7 @@ impl Authenticator {
     fn finish(&mut self, outcome: Outcome) {
         self.state = State::Done;
         self.deadline = None;
-        if let Outcome::Failed { .. } = outcome {
+        if let Outcome::Failed { .. } | Outcome::Refused { .. } = outcome {
             self.authenticated = false;
             self.closed = true;
         } else {
@@ -274,23 +355,60 @@ impl Authenticator {
         self.outcome = Some(outcome);
     }
 
-    /// Handles the data of an Authentication Send.
+    /// Handles the data of an Authentication Send, running any DH work
+    /// on the calling thread.
     pub fn send(&mut self, data: &[u8], now: Instant) {
-        // A failed transaction is final: a new AUTH_Negotiate cannot
-        // replace the Failure1 owed (no guessing again on the same queue).
+        if let Some(job) = self.send_deferred(data, now) {
+            self.dh_done(job.run(), now);
+        }
+    }
+
+    /// Refuses the AUTH_Negotiate in `data` for `refusal`, before any DH
+    /// work: the next Receive gets an AUTH_Failure1, and the attempt
+    /// counts against the queue's [`MAX_ATTEMPTS`]. Data that is no
+    /// AUTH_Negotiate is handled as [`send`](Self::send) would.
+    pub fn refuse(&mut self, data: &[u8], refusal: Refusal, now: Instant) {
         if self.closed || matches!(self.state, State::Failure1 { .. }) {
             return;
+        }
+        let Ok(Message::Negotiate(n)) = msg::decode(data) else {
+            return self.send(data, now);
+        };
+        self.attempts += 1;
+        self.fail_as(
+            n.t_id,
+            explanation::FAILED,
+            refusal.why(),
+            Some(refusal),
+            now,
+        );
+    }
+
+    /// Handles the data of an Authentication Send; returns the DH job the
+    /// transaction now waits for (the Reply's shared secret), whose result
+    /// goes to [`dh_done`](Self::dh_done).
+    pub fn send_deferred(&mut self, data: &[u8], now: Instant) -> Option<DhJob> {
+        // A failed transaction is final: a new AUTH_Negotiate cannot
+        // replace the Failure1 owed (no guessing again on the same queue).
+        if self.closed
+            || matches!(
+                self.state,
+                State::Failure1 { .. } | State::Generating { .. } | State::Verifying { .. }
+            )
+        {
+            return None;
         }
         let m = match msg::decode(data) {
             Ok(m) => m,
             Err(_) => {
                 let t_id = self.t_id();
-                return self.fail(
+                self.fail(
                     t_id,
                     explanation::INCORRECT_PAYLOAD,
                     "malformed authentication message",
                     now,
                 );
+                return None;
             }
         };
         self.deadline = now.checked_add(self.timeout);
@@ -298,16 +416,19 @@ impl Authenticator {
             (Message::Negotiate(n), _) => {
                 self.attempts += 1;
                 if self.attempts > MAX_ATTEMPTS {
-                    return self.fail(
+                    self.fail(
                         n.t_id,
                         explanation::FAILED,
                         "too many authentication attempts",
                         now,
                     );
+                    return None;
                 }
                 self.negotiate(&n, now);
             }
-            (Message::Reply(r), &State::Reply { t_id, .. }) if r.t_id == t_id => self.reply(r, now),
+            (Message::Reply(r), &State::Reply { t_id, .. }) if r.t_id == t_id => {
+                return self.reply(r, now)
+            }
             (Message::Success2 { t_id: got }, &State::Success2 { t_id }) if got == t_id => {
                 self.finish(Outcome::Succeeded)
             }
@@ -341,12 +462,71 @@ impl Authenticator {
                 )
             }
         }
+        None
+    }
+
+    /// Takes the result of the DH job [`send_deferred`](Self::send_deferred)
+    /// or [`receive_deferred`](Self::receive_deferred) handed out. A job
+    /// that was never run ([`DhError::Busy`]) fails the transaction as
+    /// refused; a result the transaction no longer waits for (it timed
+    /// out meanwhile) is dropped.
+    pub fn dh_done(&mut self, result: DhResult, now: Instant) {
+        match std::mem::replace(&mut self.state, State::Negotiate) {
+            State::Generating { t_id, hash, group } => match result {
+                Ok(DhOutput::KeyPair(kp)) if kp.group() == group => {
+                    self.state = State::Challenge {
+                        t_id,
+                        hash,
+                        group,
+                        key_pair: Some(kp),
+                    };
+                }
+                Err(DhError::Busy) => self.fail_as(
+                    t_id,
+                    explanation::FAILED,
+                    Refusal::Busy.why(),
+                    Some(Refusal::Busy),
+                    now,
+                ),
+                _ => self.fail(
+                    t_id,
+                    explanation::FAILED,
+                    "the controller's DH key pair could not be made",
+                    now,
+                ),
+            },
+            State::Verifying {
+                t_id,
+                hash,
+                c1,
+                s1,
+                reply,
+            } => match result {
+                Ok(DhOutput::Shared(k)) => self.verify(t_id, hash, &c1, s1, &reply, Some(&k), now),
+                Err(DhError::Busy) => self.fail_as(
+                    t_id,
+                    explanation::FAILED,
+                    Refusal::Busy.why(),
+                    Some(Refusal::Busy),
+                    now,
+                ),
+                _ => self.fail(
+                    t_id,
+                    explanation::DHGROUP_UNUSABLE,
+                    "unusable DH value",
+                    now,
+                ),
+            },
+            other => self.state = other,
+        }
     }
 
     /// The current transaction identifier (0 before negotiation).
     fn t_id(&self) -> u16 {
         match &self.state {
             State::Challenge { t_id, .. }
+            | State::Generating { t_id, .. }
+            | State::Verifying { t_id, .. }
             | State::Reply { t_id, .. }
             | State::Success1 { t_id, .. }
             | State::Success2 { t_id }
@@ -410,11 +590,14 @@ impl Authenticator {
             t_id: n.t_id,
             hash,
             group,
+            key_pair: None,
         };
         self.current = Some(keys);
     }
 
-    fn reply(&mut self, r: Reply, now: Instant) {
+    /// The host's Reply: checked at once without DH, else after the job
+    /// returned computes the shared secret.
+    fn reply(&mut self, r: Reply, now: Instant) -> Option<DhJob> {
         let State::Reply {
             t_id,
             hash,
@@ -423,39 +606,69 @@ impl Authenticator {
             s1,
         } = std::mem::replace(&mut self.state, State::Negotiate)
         else {
-            return;
+            return None;
         };
         if r.response.len() != hash.digest_len() {
-            return self.fail(
+            self.fail(
                 t_id,
                 explanation::INCORRECT_PAYLOAD,
                 "response of the wrong length",
                 now,
             );
+            return None;
         }
-        let session_key = match &key_pair {
-            None if r.dh_value.is_empty() => None,
+        match key_pair {
+            None if r.dh_value.is_empty() => {
+                self.verify(t_id, hash, &c1, s1, &r, None, now);
+                None
+            }
             None => {
-                return self.fail(
+                self.fail(
                     t_id,
                     explanation::INCORRECT_PAYLOAD,
                     "DH value without a DH group",
                     now,
-                )
+                );
+                None
             }
-            Some(kp) => match kp.shared_secret(&r.dh_value) {
-                Ok(k) => Some(k),
-                Err(_) => {
-                    return self.fail(
-                        t_id,
-                        explanation::DHGROUP_UNUSABLE,
-                        "unusable DH value",
-                        now,
-                    )
-                }
-            },
-        };
-        let challenge = |c: &[u8]| match &session_key {
+            // A value of the wrong size costs no job.
+            Some(kp) if r.dh_value.len() != kp.group().value_len() => {
+                self.fail(
+                    t_id,
+                    explanation::DHGROUP_UNUSABLE,
+                    "unusable DH value",
+                    now,
+                );
+                None
+            }
+            Some(key_pair) => {
+                let peer = r.dh_value.clone();
+                self.state = State::Verifying {
+                    t_id,
+                    hash,
+                    c1,
+                    s1,
+                    reply: r,
+                };
+                Some(DhJob::Shared { key_pair, peer })
+            }
+        }
+    }
+
+    /// Checks the host's response with the session key (if DH is in use)
+    /// and prepares the controller's.
+    #[allow(clippy::too_many_arguments)]
+    fn verify(
+        &mut self,
+        t_id: u16,
+        hash: HashId,
+        c1: &[u8],
+        s1: u32,
+        r: &Reply,
+        session_key: Option<&[u8]>,
+        now: Instant,
+    ) {
+        let challenge = |c: &[u8]| match session_key {
             Some(k) => augmented_challenge(hash, k, c).as_bytes().to_vec(),
             None => c.to_vec(),
         };
@@ -467,7 +680,7 @@ impl Authenticator {
             hash,
             Role::Host,
             host_key.as_bytes(),
-            &challenge(&c1),
+            &challenge(c1),
             &Transaction {
                 seqnum: s1,
                 t_id,
@@ -516,25 +729,61 @@ impl Authenticator {
     }
 
     /// Answers an Authentication Receive of allocation length `al`: the
-    /// message, zero-padded to `al` (at most [`MAX_RECEIVE`]).
+    /// message, zero-padded to `al` (at most [`MAX_RECEIVE`]). DH work
+    /// runs on the calling thread.
     pub fn receive(&mut self, al: usize, now: Instant) -> Result<Vec<u8>, ReceiveError> {
+        loop {
+            match self.receive_deferred(al, now)? {
+                Step::Data(d) => return Ok(d),
+                // The result moves the transaction out of Generating,
+                // so the next turn answers.
+                Step::Compute(job) => self.dh_done(job.run(), now),
+            }
+        }
+    }
+
+    /// Answers an Authentication Receive of allocation length `al`, as
+    /// [`receive`](Self::receive), or hands out the DH job the answer
+    /// needs first: ask again once [`dh_done`](Self::dh_done) took its
+    /// result.
+    pub fn receive_deferred(&mut self, al: usize, now: Instant) -> Result<Step, ReceiveError> {
         let al = al.min(MAX_RECEIVE);
-        let m = match &self.state {
-            State::Challenge { t_id, hash, group } => {
+        if matches!(
+            self.state,
+            State::Generating { .. } | State::Verifying { .. }
+        ) {
+            return Err(ReceiveError::InProgress);
+        }
+        let m = match &mut self.state {
+            State::Challenge {
+                t_id,
+                hash,
+                group,
+                key_pair,
+            } => {
                 let (t_id, hash, group) = (*t_id, *hash, *group);
                 let need = msg::HEADER_LEN + hash.digest_len() + group.value_len();
                 if al < need {
                     return Err(ReceiveError::TooSmall { al, need });
                 }
+                if group != DhGroup::Null && key_pair.is_none() {
+                    self.state = State::Generating { t_id, hash, group };
+                    return Ok(Step::Compute(DhJob::Generate(group)));
+                }
+                let key_pair = key_pair.take();
                 let mut c1 = Zeroizing::new(vec![0u8; hash.digest_len()]);
                 let mut s1 = [0u8; 4];
-                super::random(&mut c1).map_err(|_| ReceiveError::Random)?;
-                super::random(&mut s1).map_err(|_| ReceiveError::Random)?;
+                if super::random(&mut c1).is_err() || super::random(&mut s1).is_err() {
+                    // Keep the key pair for the Receive asked again.
+                    self.state = State::Challenge {
+                        t_id,
+                        hash,
+                        group,
+                        key_pair,
+                    };
+                    return Err(ReceiveError::Random);
+                }
                 let s1 = u32::from_le_bytes(s1).max(1);
-                let key_pair = match group {
-                    DhGroup::Null => None,
-                    g => Some(g.generate().map_err(|_| ReceiveError::Random)?),
-                };
                 let m = Message::Challenge(Challenge {
                     t_id,
                     hash: hash.id(),
@@ -585,24 +834,29 @@ impl Authenticator {
                     });
                 }
                 let closed = self.closed;
-                let (t_id, expl, why) = match other {
+                let (t_id, expl, why, refusal) = match other {
                     State::Failure1 {
                         t_id,
                         explanation,
                         why,
-                    } => (*t_id, *explanation, *why),
+                        refusal,
+                    } => (*t_id, *explanation, *why, *refusal),
                     _ => (
                         self.t_id(),
                         explanation::INCORRECT_MESSAGE,
                         "authentication receive out of sequence",
+                        None,
                     ),
                 };
                 // A queue that failed already answers without counting
                 // a second failure.
                 if !closed {
-                    self.finish(Outcome::Failed {
-                        explanation: expl,
-                        why,
+                    self.finish(match refusal {
+                        Some(refusal) => Outcome::Refused { refusal },
+                        None => Outcome::Failed {
+                            explanation: expl,
+                            why,
+                        },
                     });
                 }
                 Message::Failure {
@@ -618,6 +872,6 @@ impl Authenticator {
             self.deadline = now.checked_add(self.timeout);
         }
         out.resize(out.len().max(al), 0);
-        Ok(out)
+        Ok(Step::Data(out))
     }
 }

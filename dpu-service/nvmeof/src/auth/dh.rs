@@ -50,6 +50,10 @@ pub enum DhError {
     /// The OS random number generator failed.
     #[error("the OS random number generator failed")]
     Random,
+    /// The computation was never run: the DH pool's queue was full
+    /// ([`super::pool::DhPool::submit`]).
+    #[error("the DH pool is busy")]
+    Busy,
 }
 
 impl DhGroup {

@@ -8,6 +8,9 @@
 //!   Reply, Success1, Success2, Failure1, Failure2), parsed from untrusted
 //!   bytes without panics and without allocating past the message.
 //! - [`controller`]: one queue's authentication transaction, controller side.
+//! - [`pool`]: the DH computations as jobs, and threads of their own that
+//!   run them off the poll groups.
+//! - [`limit`]: authentication attempts per source address.
 //!
 //! The host's computations live in [`crate::host::DhchapHost`], so tests run
 //! whole exchanges.
@@ -32,7 +35,9 @@
 
 pub mod controller;
 pub mod dh;
+pub mod limit;
 pub mod msg;
+pub mod pool;
 pub mod secret;
 
 use hmac::{Hmac, Mac};

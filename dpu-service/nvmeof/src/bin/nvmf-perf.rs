@@ -16,6 +16,28 @@
 //!
 //! `--discover` runs no job: it asks the discovery controller at `--addr`
 //! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
+//!
+//! `--auth-flood SECS` runs no job either: it plays a peer that knows an
+//! allowed host NQN and tries to authenticate over and over, from
+//! `--conns` threads at once, each attempt on a new connection (Connect of
+//! an admin queue, AUTH_Negotiate, the Challenge, a Reply made with
+//! `--dhchap-secret`, Success1), for SECS seconds or `--flood-attempts`
+//! attempts, whichever ends first, then prints what became of them:
+//!
+//! ```text
+//! nvmf-perf --nqn NQN --hostnqn HOST --dhchap-secret WRONG --dh-group ffdhe8192 \
+//!     --auth-flood 5 --conns 8
+//! auth-flood attempts 812 authenticated 0 refused_at_challenge 805 refused_at_success1 7 abandoned 0 errors 0 secs 5.01
+//! ```
+//!
+//! A refusal at the Challenge came before any DH work (the target's
+//! per-address rate, or its DH queue full); one at Success1 came after
+//! the target's key pair (the secret judged, or the shared secret's job
+//! refused by a full queue). `--dh-group` (repeated, or comma-separated)
+//! limits the groups any authentication offers. With `--flood-abandon`
+//! each attempt closes its connection right after asking for the
+//! Challenge, without waiting for it (counted as `abandoned`): the
+//! target's DH work for it finds no one to answer.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -23,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::OnceLock;
 
-use dpu_nvmeof::auth::Secret;
+use dpu_nvmeof::auth::{DhGroup, Secret};
 use dpu_nvmeof::host::{self, DhchapHost, HostAuthError};
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
@@ -38,6 +60,8 @@ struct Identity {
     hostnqn: String,
     secret: Option<Secret>,
     ctrl_secret: Option<Secret>,
+    /// DH groups offered (`--dh-group`); empty: all.
+    dh_groups: Vec<DhGroup>,
 }
 
 static IDENTITY: OnceLock<Identity> = OnceLock::new();
@@ -55,6 +79,9 @@ fn authenticate(q: &mut Queue, qid: u16, nqn: &str) -> Result<(), Error> {
         .clone()
         .ok_or("the controller requires authentication: give --dhchap-secret")?;
     let mut dh = DhchapHost::new(hostnqn(), nqn, secret, id.ctrl_secret.clone(), qid);
+    if !id.dh_groups.is_empty() {
+        dh.dh_groups.clone_from(&id.dh_groups);
+    }
     let send = |q: &mut Queue, m: &[u8]| q.call(&host::auth_send(0, m.len() as u32), m).map(|_| ());
     let receive = |q: &mut Queue| q.call(&host::auth_receive(0, 4096), &[]).map(|(_, d)| d);
     send(q, &dh.negotiate())?;
@@ -72,6 +99,126 @@ fn authenticate(q: &mut Queue, qid: u16, nqn: &str) -> Result<(), Error> {
             Err(format!("queue {qid}: {e}").into())
         }
     }
+}
+
+/// What became of the attempts of an `--auth-flood`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Flood {
+    attempts: u64,
+    authenticated: u64,
+    /// An AUTH_Failure1 instead of the Challenge: refused before DH.
+    at_challenge: u64,
+    /// An AUTH_Failure1 instead of Success1: the secret was judged (or
+    /// the shared secret's job refused).
+    at_success1: u64,
+    /// Closed after asking for the Challenge (`--flood-abandon`).
+    abandoned: u64,
+    /// Anything else: a connection refused or closed, a timeout, a
+    /// Connect that asked for no authentication.
+    errors: u64,
+}
+
+/// How long one flood attempt may wait for the target at any step.
+const FLOOD_STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One authentication attempt on a new connection.
+fn flood_attempt(addr: &str, nqn: &str, abandon: bool, f: &mut Flood) {
+    f.attempts += 1;
+    let mut attempt = || -> Result<(), Error> {
+        let mut q = Queue::open(addr)?;
+        q.sock.set_read_timeout(Some(FLOOD_STEP_TIMEOUT))?;
+        let s = host::connect(0, 0, 32, 30_000);
+        let d = host::connect_data(*b"nvmf-perf-hostid", 0xffff, nqn, hostnqn());
+        let (c, _) = q.call(&s, &d)?;
+        if c.dw0 & 1 << 17 == 0 {
+            return Err("the Connect asked for no authentication".into());
+        }
+        let id = IDENTITY.get().ok_or("no identity")?;
+        let secret = id
+            .secret
+            .clone()
+            .ok_or("--auth-flood needs --dhchap-secret")?;
+        let mut dh = DhchapHost::new(hostnqn(), nqn, secret, None, 1);
+        if !id.dh_groups.is_empty() {
+            dh.dh_groups.clone_from(&id.dh_groups);
+        }
+        let negotiate = dh.negotiate();
+        q.call(&host::auth_send(0, negotiate.len() as u32), &negotiate)?;
+        if abandon {
+            let r = host::auth_receive(0, 4096);
+            pdu::encode_capsule_cmd(&mut q.out, q.limits.digests, &r, &[]);
+            q.flush()?;
+            f.abandoned += 1;
+            return Ok(());
+        }
+        let (_, challenge) = q.call(&host::auth_receive(0, 4096), &[])?;
+        let reply = match dh.reply(&challenge) {
+            Ok(r) => r,
+            Err(HostAuthError::Refused { .. }) => {
+                f.at_challenge += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        q.call(&host::auth_send(0, reply.len() as u32), &reply)?;
+        let (_, s1) = q.call(&host::auth_receive(0, 4096), &[])?;
+        match dh.success1(&s1) {
+            Ok(_) => f.authenticated += 1,
+            Err(HostAuthError::Refused { .. }) => f.at_success1 += 1,
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    };
+    if attempt().is_err() {
+        f.errors += 1;
+    }
+}
+
+/// `--auth-flood`: `threads` threads of attempts for `time` or `max`
+/// attempts in all.
+fn flood(
+    addr: &str,
+    nqn: &str,
+    threads: usize,
+    time: Duration,
+    max: u64,
+    abandon: bool,
+) -> (Flood, f64) {
+    let start = Instant::now();
+    let left = std::sync::atomic::AtomicU64::new(max);
+    let take = || {
+        left.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |n| n.checked_sub(1),
+        )
+        .is_ok()
+    };
+    let total = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut f = Flood::default();
+                    while start.elapsed() < time && take() {
+                        flood_attempt(addr, nqn, abandon, &mut f);
+                    }
+                    f
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .filter_map(|w| w.join().ok())
+            .fold(Flood::default(), |a, f| Flood {
+                attempts: a.attempts + f.attempts,
+                authenticated: a.authenticated + f.authenticated,
+                at_challenge: a.at_challenge + f.at_challenge,
+                at_success1: a.at_success1 + f.at_success1,
+                abandoned: a.abandoned + f.abandoned,
+                errors: a.errors + f.errors,
+            })
+    });
+    (total, start.elapsed().as_secs_f64())
 }
 
 /// One measurement: pattern, block size, queue depth.
@@ -580,10 +727,14 @@ fn main() -> Result<(), Error> {
     let mut time = Duration::from_secs(5);
     let mut conns = 1usize;
     let mut discovery = false;
+    let mut auth_flood: Option<Duration> = None;
+    let mut flood_attempts = u64::MAX;
+    let mut flood_abandon = false;
     let mut id = Identity {
         hostnqn: HOSTNQN.to_string(),
         secret: None,
         ctrl_secret: None,
+        dh_groups: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -602,10 +753,30 @@ fn main() -> Result<(), Error> {
             "--hostnqn" => id.hostnqn = val()?,
             "--dhchap-secret" => id.secret = Some(val()?.parse()?),
             "--dhchap-ctrl-secret" => id.ctrl_secret = Some(val()?.parse()?),
+            "--dh-group" => {
+                for name in val()?.split(',') {
+                    let g = DhGroup::ALL
+                        .into_iter()
+                        .find(|g| g.name() == name)
+                        .ok_or_else(|| {
+                            format!("--dh-group {name:?}: null or ffdhe2048..ffdhe8192")
+                        })?;
+                    id.dh_groups.push(g);
+                }
+            }
+            "--auth-flood" => {
+                let secs: f64 = val()?.parse()?;
+                if !(secs > 0.0 && secs <= 3600.0) {
+                    return Err("--auth-flood takes seconds, above 0 and at most 3600".into());
+                }
+                auth_flood = Some(Duration::from_secs_f64(secs));
+            }
+            "--flood-attempts" => flood_attempts = val()?.parse()?,
+            "--flood-abandon" => flood_abandon = true,
             "--bench" => {}
             "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--discover]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -613,6 +784,14 @@ fn main() -> Result<(), Error> {
     }
     if IDENTITY.set(id).is_err() {
         return Err("identity set twice".into());
+    }
+    if let Some(time) = auth_flood {
+        let (f, secs) = flood(&addr, &nqn, conns, time, flood_attempts, flood_abandon);
+        println!(
+            "auth-flood attempts {} authenticated {} refused_at_challenge {} refused_at_success1 {} abandoned {} errors {} secs {secs:.2}",
+            f.attempts, f.authenticated, f.at_challenge, f.at_success1, f.abandoned, f.errors
+        );
+        return Ok(());
     }
     if discovery {
         for (traddr, trsvcid, subnqn) in discover(&mut Queue::open(&addr)?)? {

@@ -31,6 +31,16 @@ pub struct TcpConfig {
     /// connection is closed ([`WRITE_TIMEOUT`](super::WRITE_TIMEOUT) by
     /// default).
     pub write_timeout: std::time::Duration,
+    /// Threads that run the Diffie-Hellman work of DH-HMAC-CHAP, off the
+    /// poll groups (1 to [`MAX_THREADS`](crate::auth::pool::MAX_THREADS),
+    /// default [`DEFAULT_THREADS`](crate::auth::pool::DEFAULT_THREADS)).
+    /// They run where the listeners and the admin group do.
+    pub auth_threads: usize,
+    /// DH jobs that may wait for those threads (1 to
+    /// [`MAX_QUEUE`](crate::auth::pool::MAX_QUEUE), default
+    /// [`DEFAULT_QUEUE`](crate::auth::pool::DEFAULT_QUEUE)); an
+    /// authentication that finds the queue full is refused.
+    pub auth_queue: usize,
 }
 
 /// Default of [`TcpConfig::max_connections`]: dozens of hosts with a
@@ -53,6 +63,8 @@ impl Default for TcpConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             write_timeout: super::WRITE_TIMEOUT,
+            auth_threads: crate::auth::pool::DEFAULT_THREADS,
+            auth_queue: crate::auth::pool::DEFAULT_QUEUE,
         }
     }
 }
@@ -137,6 +149,12 @@ impl TcpConfig {
         }
         if self.poll_groups > MAX_POLL_GROUPS {
             return out("poll_groups", self.poll_groups, "0 to 256");
+        }
+        if self.auth_threads == 0 || self.auth_threads > crate::auth::pool::MAX_THREADS {
+            return out("auth_threads", self.auth_threads, "1 to 64");
+        }
+        if self.auth_queue == 0 || self.auth_queue > crate::auth::pool::MAX_QUEUE {
+            return out("auth_queue", self.auth_queue, "1 to 65536");
         }
         Ok(())
     }

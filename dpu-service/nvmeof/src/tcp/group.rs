@@ -20,7 +20,16 @@
 //!
 //! The admin group also takes every new connection: once a connection's
 //! Fabrics Connect names an I/O queue it leaves for the least-loaded I/O
-//! group, with whatever it has buffered.
+//! group, with whatever it has buffered (not while a DH job of its
+//! authentication is out: the result comes back to the group that sent
+//! it).
+//!
+//! DH jobs go to the transport's [`DhPool`]; a job's result comes back
+//! through the group's inbox, tagged with the slot's token, and wakes the
+//! group, which hands it to the connection if the slot still holds it (a
+//! closed connection's result is dropped, and its jobs still waiting are
+//! never run). A job the pool's full queue refuses completes at once as
+//! [`DhError::Busy`].
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -32,6 +41,8 @@ use std::time::{Duration, Instant};
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
+use crate::auth::dh::DhError;
+use crate::auth::pool::{DhPool, DhResult};
 use crate::conn::{Connection, IN_CAPSULE_DATA, MAX_H2C_DATA};
 use crate::target::Target;
 
@@ -86,6 +97,9 @@ pub(super) struct Slot {
     _admission: Admission,
     /// The I/O group's count this connection is in, once placed on one.
     load: Option<LoadGuard>,
+    /// Held while the slot lives: DH jobs of a connection gone by their
+    /// turn are dropped unrun ([`DhPool::submit_for`]).
+    alive: Arc<()>,
 }
 
 impl Slot {
@@ -108,6 +122,7 @@ impl Slot {
             ready: false,
             _admission: admission,
             load: None,
+            alive: Arc::new(()),
         }
     }
 
@@ -234,6 +249,8 @@ impl Drop for LoadGuard {
 #[derive(Debug)]
 pub(super) struct GroupHandle {
     inbox: Mutex<Vec<Slot>>,
+    /// Results of DH jobs: (slot token, command ID, result).
+    dh_done: Mutex<Vec<(u64, u16, DhResult)>>,
     wake: OwnedFd,
     /// I/O queues placed on this group.
     pub(super) load: Arc<AtomicUsize>,
@@ -245,6 +262,7 @@ impl GroupHandle {
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         Ok(Arc::new(Self {
             inbox: Mutex::new(Vec::new()),
+            dh_done: Mutex::new(Vec::new()),
             wake,
             load: Arc::new(AtomicUsize::new(0)),
         }))
@@ -253,6 +271,15 @@ impl GroupHandle {
     /// Hands a connection to the group.
     pub(super) fn hand(&self, slot: Slot) {
         self.inbox.lock().expect("inbox lock").push(slot);
+        self.wake();
+    }
+
+    /// Hands the result of a DH job to the group.
+    fn dh_result(&self, token: u64, cid: u16, result: DhResult) {
+        self.dh_done
+            .lock()
+            .expect("DH results lock")
+            .push((token, cid, result));
         self.wake();
     }
 
@@ -275,6 +302,8 @@ pub(super) struct Group {
     pub(super) stop: Arc<AtomicBool>,
     /// The target, for counters.
     pub(super) target: Target,
+    /// Where DH jobs run.
+    pub(super) dh: Arc<DhPool>,
     /// How long a socket may take nothing before its connection closes.
     pub(super) write_timeout: Duration,
 }
@@ -366,6 +395,7 @@ impl Loop {
                 let token = ev.data.u64();
                 if token == WAKE {
                     self.take_inbox(now);
+                    self.take_dh_results(now);
                 } else {
                     self.service(token, ev.flags, now);
                 }
@@ -419,6 +449,54 @@ impl Loop {
         }
     }
 
+    /// Hands DH results to their connections; a slot closed (or reused)
+    /// since drops its result.
+    fn take_dh_results(&mut self, now: Instant) {
+        let done = std::mem::take(&mut *self.group.handle.dh_done.lock().expect("DH results lock"));
+        for (token, cid, result) in done {
+            let idx = (token & u64::from(u32::MAX)) as usize;
+            let generation = (token >> 32) as u32;
+            let Some(slot) = self
+                .entries
+                .get_mut(idx)
+                .filter(|e| e.generation == generation)
+                .and_then(|e| e.slot.as_mut())
+            else {
+                continue;
+            };
+            slot.conn.complete_dh(cid, result, now);
+            self.service(token, epoll::EventFlags::empty(), now);
+        }
+    }
+
+    /// Hands the slot's DH jobs to the pool; a job the full queue refuses
+    /// completes as busy at once.
+    fn submit_dh(&mut self, idx: usize, now: Instant) {
+        let e = &mut self.entries[idx];
+        let token = (u64::from(e.generation) << 32) | idx as u64;
+        let Some(slot) = e.slot.as_mut() else {
+            return;
+        };
+        let mut refused = false;
+        while let Some((cid, job)) = slot.conn.next_dh_job() {
+            let handle = self.group.handle.clone();
+            if let Err(job) = self
+                .group
+                .dh
+                .submit_for(Arc::downgrade(&slot.alive), job, move |r| {
+                    handle.dh_result(token, cid, r)
+                })
+            {
+                drop(job);
+                slot.conn.complete_dh(cid, Err(DhError::Busy), now);
+                refused = true;
+            }
+        }
+        if refused {
+            slot.pump(now);
+        }
+    }
+
     /// Handles an event of the slot `token` names.
     fn service(&mut self, token: u64, flags: epoll::EventFlags, now: Instant) {
         let idx = (token & u64::from(u32::MAX)) as usize;
@@ -452,6 +530,7 @@ impl Loop {
             && slot.load.is_none()
             && slot.conn.queue_id().is_some_and(|q| q > 0)
             && !slot.conn.is_closed()
+            && !slot.conn.awaits_dh()
         {
             return self.move_to_io_group(idx);
         }
@@ -462,6 +541,7 @@ impl Loop {
     /// After a slot's work: closes it once its connection is over, else
     /// registers its socket for what it now waits for.
     fn settle(&mut self, idx: usize) {
+        self.submit_dh(idx, Instant::now());
         let e = &mut self.entries[idx];
         let token = (u64::from(e.generation) << 32) | idx as u64;
         let Some(slot) = e.slot.as_mut() else {

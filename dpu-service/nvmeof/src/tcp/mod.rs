@@ -20,6 +20,12 @@
 //! [`TcpConfig::avoid_cpus`]. The threads are named `nvmf-admin`,
 //! `nvmf-pg0`, `nvmf-pg1`, ... and `nvmf-listen-PORT`, as `top -H` and
 //! `/proc/PID/task/*/comm` show them.
+//!
+//! The Diffie-Hellman work of DH-HMAC-CHAP never runs on a poll group: the
+//! groups hand it to a [`DhPool`] of [`TcpConfig::auth_threads`] threads
+//! (`nvmf-dh-0`, ..., placed as the admin group) behind a queue of
+//! [`TcpConfig::auth_queue`] jobs, and go on serving their other
+//! connections; the authentication command completes when its job has.
 
 mod admit;
 mod config;
@@ -33,6 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::pool::DhPool;
 use crate::conn::Connection;
 use crate::target::Target;
 
@@ -70,6 +77,9 @@ pub struct TcpTransport {
     io: Vec<Arc<GroupHandle>>,
     /// Every poll group's thread, until joined.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The DH threads, shared by every group; stopped once the groups
+    /// are.
+    dh: Mutex<Option<Arc<DhPool>>>,
 }
 
 impl TcpTransport {
@@ -86,9 +96,10 @@ impl TcpTransport {
     /// As [`TcpConfig::validate`].
     ///
     /// # Panics
-    /// When the system cannot start a poll group's thread or eventfd.
+    /// When the system cannot start a poll group's or DH thread, or a
+    /// poll group's eventfd.
     pub fn with_config(target: Target, config: &TcpConfig) -> Result<Self, TcpConfigError> {
-        let placement = config.placement()?;
+        let placement = Arc::new(config.placement()?);
         let placing = !config.io_cpus.is_empty() || !config.avoid_cpus.is_empty();
         if placing && placement.others.is_empty() {
             // Said once, here, not by every `validate`.
@@ -98,7 +109,23 @@ impl TcpTransport {
                 "no CPU is left for the NVMe/TCP listeners and admin queues; they run anywhere"
             );
         }
-        let placement = Arc::new(placement);
+        let p = placement.clone();
+        let dh = DhPool::with_placement(config.auth_threads, config.auth_queue, move || {
+            p.keep_to_others("DH thread")
+        })
+        .map_err(|e| match e {
+            crate::auth::pool::PoolError::Spawn(e) => {
+                panic!("cannot start the DH threads: {e}")
+            }
+            crate::auth::pool::PoolError::OutOfRange { field, value, .. } => {
+                TcpConfigError::OutOfRange {
+                    field,
+                    value,
+                    range: "1 or more",
+                }
+            }
+        })?;
+        let dh = Arc::new(dh);
         let stop = Arc::new(AtomicBool::new(false));
         let groups = placement.io_groups();
         let mut threads = Vec::new();
@@ -110,6 +137,7 @@ impl TcpTransport {
                     Vec::new(),
                     &stop,
                     &target,
+                    &dh,
                     config.write_timeout,
                     move || p.place_io_group(i),
                 );
@@ -123,6 +151,7 @@ impl TcpTransport {
             io.clone(),
             &stop,
             &target,
+            &dh,
             config.write_timeout,
             move || p.keep_to_others("admin group"),
         );
@@ -133,6 +162,8 @@ impl TcpTransport {
             other_cpus = %cpu_list(&placement.others),
             max_connections = config.max_connections,
             max_connections_per_address = config.max_connections_per_address,
+            auth_threads = config.auth_threads,
+            auth_queue = config.auth_queue,
             "NVMe/TCP transport started"
         );
         Ok(Self {
@@ -148,6 +179,7 @@ impl TcpTransport {
             admin,
             io,
             threads: Mutex::new(threads),
+            dh: Mutex::new(Some(dh)),
         })
     }
 
@@ -271,6 +303,9 @@ impl TcpTransport {
         for t in threads {
             let _ = t.join();
         }
+        // The groups held the other references: the last one joins the
+        // DH threads, whose results find no group.
+        drop(self.dh.lock().expect("DH pool lock").take());
     }
 }
 
@@ -286,6 +321,7 @@ fn start_group(
     io_groups: Vec<Arc<GroupHandle>>,
     stop: &Arc<AtomicBool>,
     target: &Target,
+    dh: &Arc<DhPool>,
     write_timeout: Duration,
     place: impl FnOnce() + Send + 'static,
 ) -> (Arc<GroupHandle>, JoinHandle<()>) {
@@ -295,6 +331,7 @@ fn start_group(
         io_groups,
         stop: stop.clone(),
         target: target.clone(),
+        dh: dh.clone(),
         write_timeout,
     };
     let thread = std::thread::Builder::new()
@@ -352,7 +389,8 @@ fn accept(stream: TcpStream, target: &Target, admissions: &Arc<Admissions>, admi
     }
     let _ = stream.set_nodelay(true);
     tracing::debug!(%peer, %local, "NVMe/TCP connection");
-    let conn = Connection::new(target.clone(), local, peer);
+    let mut conn = Connection::new(target.clone(), local, peer);
+    conn.set_dh_offload(true);
     admin.hand(Slot::new(stream, conn, peer, admission));
 }
 
