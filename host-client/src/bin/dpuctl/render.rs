@@ -446,6 +446,8 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
         "ERRORS",
         "AUTH OK",
         "AUTH FAILED",
+        "AUTH RATE-LIMITED",
+        "AUTH BUSY",
     ]);
     for x in &s.subsystems {
         ss.row(vec![
@@ -458,6 +460,8 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
             x.errors.to_string(),
             x.auth_succeeded.to_string(),
             x.auth_failed.to_string(),
+            x.auth_rate_limited.to_string(),
+            x.auth_busy.to_string(),
         ]);
     }
     out.push('\n');
