@@ -11,7 +11,7 @@
 
 use std::process::{Command, Output};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
 use dpu_e2e::{binary, Service};
 
@@ -710,5 +710,146 @@ fn one_tenants_connections_do_not_starve_anothers_endpoint() -> Result<()> {
     );
     // Blue's connections gone, its share is its own again.
     did_io("blue after its connections closed", &blue.io(BLUE_NQN)?)?;
+    Ok(())
+}
+
+/// A host that knows an allowed host NQN but not its secret starts
+/// ffdhe8192 authentications over and over at its tenant's endpoint. The
+/// Diffie-Hellman work runs on the endpoints' DH thread, not on the
+/// thread that runs every tenant's endpoint stack, so another tenant's
+/// storage I/O through its own endpoint keeps its latency bounded
+/// meanwhile (in a debug build one ffdhe8192 authentication is about a
+/// second of CPU: done inline, each would hold every endpoint for that
+/// long). Afterwards the right secret authenticates through the endpoint.
+#[test]
+fn an_authentication_flood_at_one_endpoint_stalls_no_other() -> Result<()> {
+    const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-ep-auth-host";
+    const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+    const WRONG: &str =
+        "DHHC-1:00:BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUF5lUjlA==:";
+    let blue = Host::new("ab", HOST)?;
+    let red = Host::new("ar", HOST)?;
+    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nauth_threads = 1\nauth_queue = 4\nauth_attempts_per_sec = 100\nauth_attempts_burst = 100\n".to_string();
+    for (id, h) in [("pf0vf0", &blue), ("pf0vf1", &red)] {
+        config += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+            h.port_if
+        );
+    }
+    let svc = Service::start_config(&config, &[])?;
+    for (tenant, port, sub, nqn) in [
+        ("blue", "pf0vf0", "blue-a", BLUE_NQN),
+        ("red", "pf0vf1", "red-a", RED_NQN),
+    ] {
+        svc.dpuctl_json(&[
+            "tenant",
+            "create",
+            tenant,
+            "--default-policy",
+            "allow",
+            "--port",
+            port,
+        ])?;
+        svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
+        svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
+        svc.dpuctl_json(&[
+            "listener",
+            "create",
+            sub,
+            "--id",
+            "ep",
+            "--tenant",
+            tenant,
+            "--address",
+            EP,
+            "--port",
+            "4420",
+        ])?;
+    }
+    svc.dpuctl_json(&["subsystem", "update", "blue-a", "--host", HOSTNQN])?;
+    svc.dpuctl_json(&["subsystem", "update", "blue-a", "--allow-any-host", "false"])?;
+    let out = svc.dpuctl(&[
+        "subsystem",
+        "set-auth",
+        "blue-a",
+        HOSTNQN,
+        "--dhchap-secret",
+        SECRET,
+        "--dh-group",
+        "ffdhe8192",
+    ])?;
+    ensure!(out.status.success(), "set-auth: {}", text(&out));
+    eventually("blue's host to ping its endpoint", || blue.ns.ping(EP))?;
+    eventually("red's host to ping its endpoint", || red.ns.ping(EP))?;
+
+    let perf = binary("nvmf-perf")?;
+    let flood = Command::new("ip")
+        .args(["netns", "exec", &blue.ns.name, "timeout", "60"])
+        .arg(&perf)
+        .args(["--addr", &format!("{EP}:4420"), "--nqn", BLUE_NQN])
+        .args(["--hostnqn", HOSTNQN, "--dhchap-secret", WRONG])
+        .args(["--dh-group", "ffdhe8192", "--auth-flood", "6"])
+        .args(["--conns", "4", "--flood-attempts", "2000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let started = std::time::Instant::now();
+    let mut worst = 0f64;
+    let mut runs = 0;
+    while started.elapsed() < std::time::Duration::from_secs(5) {
+        let out = red.perf(&[
+            "--addr",
+            &format!("{EP}:4420"),
+            "--nqn",
+            RED_NQN,
+            "--time",
+            "0.5",
+            "--job",
+            "randread:4k:1",
+        ])?;
+        ensure!(out.status.success(), "red's I/O: {}", text(&out));
+        let t = String::from_utf8_lossy(&out.stdout);
+        let max_us = t
+            .lines()
+            .find(|l| l.starts_with("randread"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|w| w.parse::<f64>().ok())
+            .with_context(|| format!("no I/O line in {t}"))?;
+        worst = worst.max(max_us);
+        runs += 1;
+    }
+    let flood = flood.wait_with_output()?;
+    let summary = String::from_utf8_lossy(&flood.stdout);
+    ensure!(flood.status.success(), "flood: {}", text(&flood));
+    println!("{summary}red: {runs} runs during the flood, slowest I/O {worst} us");
+    ensure!(runs >= 3, "red ran {runs} times in 5 s");
+    ensure!(
+        worst < 500_000.0,
+        "red's slowest I/O took {worst} us during blue's authentication flood"
+    );
+    let (_, body) = svc.http_get("/metrics")?;
+    let dh_work = metric(
+        &body,
+        "dpu_nvmf_auth_total{subsystem=\"blue-a\",result=\"failed\"}",
+    );
+    ensure!(dh_work >= 2, "the flood got DH work {dh_work} times");
+    // The right secret authenticates through the endpoint.
+    let out = blue.perf(&[
+        "--addr",
+        &format!("{EP}:4420"),
+        "--nqn",
+        BLUE_NQN,
+        "--hostnqn",
+        HOSTNQN,
+        "--dhchap-secret",
+        SECRET,
+        "--dh-group",
+        "ffdhe8192",
+        "--time",
+        "0.3",
+        "--job",
+        "randread:4k:1",
+    ])?;
+    ensure!(out.status.success(), "blue with its secret: {}", text(&out));
     Ok(())
 }

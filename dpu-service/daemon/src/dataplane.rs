@@ -175,6 +175,8 @@ impl Dataplane {
             max_connections_per_address: tcp.max_connections_per_address,
             write_timeout: tcp.write_timeout,
             idle: self.idle,
+            auth_threads: tcp.auth_threads,
+            auth_queue: tcp.auth_queue,
         }
     }
 

@@ -35,6 +35,7 @@ use dpu_dataplane::endpoint::EndpointQueues;
 use dpu_dataplane::switch::SwitchHandle;
 use dpu_dataplane::worker::Idle;
 use dpu_endpoint::{BufferPool, Endpoint, EndpointConfig};
+use dpu_nvmeof::auth::pool::DhPool;
 
 use crate::storage::{EndpointPlan, EndpointSpec};
 
@@ -73,6 +74,13 @@ pub struct StackSettings {
     pub write_timeout: Duration,
     /// What the thread does when no frame moved.
     pub idle: Idle,
+    /// Threads that run the endpoints' DH-HMAC-CHAP Diffie-Hellman work
+    /// (`storage.auth_threads`), and the jobs that may wait for them
+    /// (`storage.auth_queue`): a pool of their own beside the kernel
+    /// transport's.
+    pub auth_threads: usize,
+    /// See `auth_threads`.
+    pub auth_queue: usize,
 }
 
 /// `storage.endpoint_buffer_memory` when the configuration leaves it out.
@@ -108,6 +116,10 @@ impl Endpoints {
         switch: SwitchHandle,
         settings: StackSettings,
     ) -> std::io::Result<Endpoints> {
+        let dh = Arc::new(
+            DhPool::new(settings.auth_threads, settings.auth_queue)
+                .map_err(std::io::Error::other)?,
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
@@ -115,6 +127,7 @@ impl Endpoints {
             .spawn(move || {
                 let mut l = Loop {
                     pool: plan.pool(),
+                    dh,
                     plan,
                     switch,
                     settings,
@@ -161,6 +174,8 @@ struct Loop {
     settings: StackSettings,
     /// The socket buffer memory every endpoint's stack takes from.
     pool: Arc<BufferPool>,
+    /// Where every endpoint's DH work runs.
+    dh: Arc<DhPool>,
     stacks: BTreeMap<(String, Ipv4Addr), Stack>,
     plan_generation: u64,
     switch_generation: u64,
@@ -268,7 +283,8 @@ impl Loop {
             }
             if !self.stacks.contains_key(&key) {
                 match Endpoint::with_pool(self.settings.config(spec), now, &self.pool) {
-                    Ok(ep) => {
+                    Ok(mut ep) => {
+                        ep.set_dh_pool(self.dh.clone());
                         tracing::info!(tenant = %spec.tenant, address = %spec.address, mtu = ep.config().mtu, "storage endpoint serving");
                         self.stacks.insert(
                             key.clone(),

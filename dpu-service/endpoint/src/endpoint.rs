@@ -23,6 +23,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use dpu_nvmeof::auth::dh::DhError;
+use dpu_nvmeof::auth::pool::{DhPool, DhResult};
 use dpu_nvmeof::{Connection, Target};
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, CongestionControl, State};
@@ -53,6 +55,10 @@ pub const SYN_TIMEOUT: Duration = Duration::from_secs(3);
 /// sockets, whatever other endpoints hold of a shared [`BufferPool`]: its
 /// reserve there is `(backlog + RESERVED_CONNECTIONS)` sockets' buffers.
 pub const RESERVED_CONNECTIONS: usize = 2;
+
+/// How often an endpoint with Diffie-Hellman work out on its pool asks
+/// to be polled, to pick up the results.
+pub const DH_POLL: Duration = Duration::from_millis(1);
 
 /// How long a closed connection's socket may take to finish its FIN
 /// exchange before it is reset and freed.
@@ -138,6 +144,18 @@ pub struct Endpoint {
     stats: EndpointStats,
     /// Its share of the service's socket buffer memory, if it has one.
     share: Option<Share>,
+    /// Where DH-HMAC-CHAP's Diffie-Hellman work runs, if not inline.
+    dh: Option<DhLink>,
+    /// The next session's number.
+    next_session: u64,
+}
+
+/// A [`DhPool`] and the way its results come back: (session, command ID,
+/// result), taken at the next poll.
+struct DhLink {
+    pool: std::sync::Arc<DhPool>,
+    tx: std::sync::mpsc::Sender<(u64, u16, DhResult)>,
+    rx: std::sync::mpsc::Receiver<(u64, u16, DhResult)>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -192,7 +210,23 @@ impl Endpoint {
             received: false,
             stats: EndpointStats::default(),
             share: None,
+            dh: None,
+            next_session: 0,
         })
+    }
+
+    /// Runs the Diffie-Hellman work of its connections' authentications
+    /// on `pool` instead of the calling thread: a host that starts
+    /// authentications over and over (ffdhe8192 costs tens of
+    /// milliseconds each) then holds up no other connection, endpoint or
+    /// tenant served by that thread. A job the pool's full queue refuses
+    /// fails its authentication at once, counted `busy`.
+    pub fn set_dh_pool(&mut self, pool: std::sync::Arc<DhPool>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.dh = Some(DhLink { pool, tx, rx });
+        for s in &mut self.sessions {
+            s.conn.set_dh_offload(true);
+        }
     }
 
     /// [`Endpoint::new`], its sockets' buffers also taken from `pool`,
@@ -347,7 +381,9 @@ impl Endpoint {
             self.last_tick = now;
             self.tick(now);
         }
+        self.collect_dh(now);
         self.serve(now);
+        self.hand_out_dh(now);
         self.egress(now, emit);
         self.reap(now);
         self.arm();
@@ -382,6 +418,10 @@ impl Endpoint {
         };
         if let Some(c) = self.closing.iter().map(|c| c.until).min() {
             at = at.min(c);
+        }
+        if self.sessions.iter().any(|s| s.conn.awaits_dh()) {
+            // A DH result may come back at any moment.
+            at = at.min(now + DH_POLL);
         }
         let t = self.smol(now);
         if let Some(s) = self.iface.poll_at(t, &self.sockets) {
@@ -451,9 +491,17 @@ impl Endpoint {
                 }
                 let local = SocketAddr::new(IpAddr::V4(addr), p.port);
                 tracing::debug!(%peer, %local, "NVMe/TCP connection to a storage endpoint");
-                let conn = Connection::new(p.target.clone(), local, peer);
-                self.sessions
-                    .push(Session::new(h, peer, conn, p.target.clone(), now));
+                let mut conn = Connection::new(p.target.clone(), local, peer);
+                conn.set_dh_offload(self.dh.is_some());
+                self.next_session += 1;
+                self.sessions.push(Session::new(
+                    h,
+                    peer,
+                    conn,
+                    p.target.clone(),
+                    now,
+                    self.next_session,
+                ));
             }
         }
         self.bound_handshakes();
@@ -574,6 +622,44 @@ impl Endpoint {
                     let s = self.sessions.swap_remove(i);
                     tracing::debug!(peer = %s.peer, "NVMe/TCP connection reset by the host");
                     self.sockets.remove(s.handle);
+                }
+            }
+        }
+    }
+
+    /// Gives the DH results that came back to their connections.
+    fn collect_dh(&mut self, now: Instant) {
+        let Some(dh) = &self.dh else {
+            return;
+        };
+        while let Ok((id, cid, result)) = dh.rx.try_recv() {
+            if let Some(s) = self.sessions.iter_mut().find(|s| s.id == id) {
+                s.conn.complete_dh(cid, result, now);
+            }
+        }
+    }
+
+    /// Hands the connections' DH jobs to the pool. A job its full queue
+    /// refuses completes as busy at once, and the next poll is asked for
+    /// at once to send the answer.
+    fn hand_out_dh(&mut self, now: Instant) {
+        let Some(dh) = &self.dh else {
+            return;
+        };
+        for s in &mut self.sessions {
+            while let Some((cid, job)) = s.conn.next_dh_job() {
+                let (tx, id) = (dh.tx.clone(), s.id);
+                let done = move |r| {
+                    // The endpoint may be gone: nothing to tell then.
+                    let _ = tx.send((id, cid, r));
+                };
+                if dh
+                    .pool
+                    .submit_for(std::sync::Arc::downgrade(&s.alive), job, done)
+                    .is_err()
+                {
+                    s.conn.complete_dh(cid, Err(DhError::Busy), now);
+                    self.received = true;
                 }
             }
         }

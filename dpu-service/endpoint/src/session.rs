@@ -58,17 +58,24 @@ pub(crate) struct Session {
     pub(crate) stalled_since: Option<Instant>,
     /// When its SYN arrived.
     pub(crate) opened: Instant,
+    /// Its number among the endpoint's sessions, never reused: DH results
+    /// find their session by it.
+    pub(crate) id: u64,
+    /// Alive as long as the session: a DH job whose session is gone by its
+    /// turn is dropped unrun.
+    pub(crate) alive: std::sync::Arc<()>,
 }
 
 impl Session {
-    /// A session on `handle` from `peer`, serving `conn`, its SYN taken
-    /// at `now`.
+    /// Session `id` on `handle` from `peer`, serving `conn`, its SYN
+    /// taken at `now`.
     pub(crate) fn new(
         handle: SocketHandle,
         peer: SocketAddr,
         conn: Connection,
         target: Target,
         now: Instant,
+        id: u64,
     ) -> Self {
         Self {
             handle,
@@ -78,6 +85,8 @@ impl Session {
             rx: Vec::new(),
             stalled_since: None,
             opened: now,
+            id,
+            alive: std::sync::Arc::new(()),
         }
     }
 
