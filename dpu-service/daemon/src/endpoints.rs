@@ -160,6 +160,12 @@ struct Stack {
     target: dpu_nvmeof::Target,
     queues: Option<Arc<EndpointQueues>>,
     lanes: Lanes,
+    /// The last turn did not poll the stack: the workers had not taken
+    /// enough of its frames yet. Its own next poll time (now, as long as
+    /// data waits in a socket) is then no reason to spin: the workers
+    /// need the core to drain the lane, and the thread naps as after an
+    /// empty turn.
+    held: bool,
 }
 
 struct Loop {
@@ -189,7 +195,9 @@ impl Loop {
             let mut next = now + max_nap;
             for s in self.stacks.values_mut() {
                 moved += s.turn(now);
-                next = next.min(s.ep.poll_at(now));
+                if !s.held {
+                    next = next.min(s.ep.poll_at(now));
+                }
             }
             if moved > 0 {
                 nap = Duration::from_micros(1);
@@ -281,6 +289,7 @@ impl Loop {
                                 target: spec.target.clone(),
                                 queues: None,
                                 lanes: Lanes::default(),
+                                held: false,
                             },
                         );
                     }
@@ -332,9 +341,11 @@ impl Stack {
                 room < POLL_FRAMES || depth.saturating_sub(room) > DRAINED
             }) {
                 // The workers have not taken the last poll's frames yet.
+                self.held = true;
                 return moved;
             }
         }
+        self.held = false;
         self.ep.poll(now, &mut |frame: &[u8]| {
             // Without queues (the switch has not taken the endpoint yet)
             // the frame is lost; TCP sends it again.
