@@ -57,6 +57,17 @@ const PREFIX_LEN: u8 = 1;
 const POLL_FRAMES: usize =
     dpu_endpoint::endpoint::EGRESS_BURST as usize + dpu_endpoint::device::PENDING_FRAMES + 64;
 
+/// Frames a lane may still hold from the last poll when the stack is
+/// polled for output again: two of the worker's bursts, so the worker
+/// never runs dry while the stack catches up. Polling whenever the lane
+/// merely had room let 700 and more frames queue ahead of the worker,
+/// milliseconds of data at a slow port: its ACKs came back later than
+/// smoltcp's 10 ms shortest retransmission timeout, which (smoltcp 0.12
+/// does not restart the timer on an ACK of part of the data in flight)
+/// then sent the whole flight again. Data waiting in the socket's buffer
+/// instead is neither timed nor resent.
+const DRAINED: usize = 2 * dpu_dataplane::worker::BURST;
+
 /// Most connections' worker lanes remembered per endpoint; beyond it the
 /// memory is cleared (replies then take lane 0 until the next frame in).
 const LANES_MAX: usize = 4096;
@@ -166,6 +177,12 @@ struct Stack {
     target: dpu_nvmeof::Target,
     queues: Option<Arc<EndpointQueues>>,
     lanes: Lanes,
+    /// The last turn did not poll the stack: the workers had not taken
+    /// enough of its frames yet. Its own next poll time (now, as long as
+    /// data waits in a socket) is then no reason to spin: the workers
+    /// need the core to drain the lane, and the thread naps as after an
+    /// empty turn.
+    held: bool,
 }
 
 struct Loop {
@@ -200,7 +217,9 @@ impl Loop {
             let mut open = 0;
             for s in self.stacks.values_mut() {
                 moved += s.turn(now);
-                next = next.min(s.ep.poll_at(now));
+                if !s.held {
+                    next = next.min(s.ep.poll_at(now));
+                }
                 open += s.ep.open_connections();
             }
             self.plan.set_open_connections(open);
@@ -295,6 +314,7 @@ impl Loop {
                                 target: spec.target.clone(),
                                 queues: None,
                                 lanes: Lanes::default(),
+                                held: false,
                             },
                         );
                     }
@@ -340,11 +360,17 @@ impl Stack {
         }
         let (queues, lanes) = (&self.queues, &self.lanes);
         if let Some(q) = queues {
-            if (0..q.workers()).any(|lane| q.send_room(lane) < POLL_FRAMES) {
+            let depth = q.depth();
+            if (0..q.workers()).any(|lane| {
+                let room = q.send_room(lane);
+                room < POLL_FRAMES || depth.saturating_sub(room) > DRAINED
+            }) {
                 // The workers have not taken the last poll's frames yet.
+                self.held = true;
                 return moved;
             }
         }
+        self.held = false;
         self.ep.poll(now, &mut |frame: &[u8]| {
             // Without queues (the switch has not taken the endpoint yet)
             // the frame is lost; TCP sends it again.

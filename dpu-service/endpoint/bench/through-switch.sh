@@ -131,15 +131,28 @@ for w in ep k; do perf "$w" --job write:128k:16 --time 2 >/dev/null; done
 
 echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | kernel sockets IOPS | kernel sockets MB/s | kernel sockets p50 us |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
+tcp_per_io=()
 for j in "${jobs[@]}"; do
   row="| $j"
   for w in ep k; do
+    [ "$w" = ep ] && NSTAT_HISTORY=$work/nstat ip netns exec "$ns" nstat -n
     line=$(perf "$w" --job "$j" --time "$secs" | awk '!/^#/ && !/^job/' | tail -1)
     # job name is three words (pattern, size, QD), then IOPS, MB/s, p50.
     row+=$(awk '{printf " | %s | %s | %s", $4, $5, $6}' <<<"$line")
+    if [ "$w" = ep ]; then
+      # The host's TCP counters over the job, per I/O (IOPS x seconds).
+      ios=$(awk -v s="$secs" '{printf "%.0f", $4 * s}' <<<"$line")
+      tcp_per_io+=("$j: $(NSTAT_HISTORY=$work/nstat ip netns exec "$ns" nstat -z 2>/dev/null | awk -v n="$ios" '
+        /^TcpInSegs /{i=$2} /^TcpOutSegs /{o=$2} /^TcpRetransSegs /{r=$2}
+        /^TcpExtDelayedACKs /{d=$2} /^TcpExtTCPOFOQueue /{q=$2} /^TcpExtTCPDSACKOldSent /{x=$2}
+        END {if (n < 1) n = 1; printf "host segments in %.2f, out %.2f, retransmitted %.3f, delayed ACKs %.2f per I/O; segments in out of order %d, already received (the endpoint resent them) %d", i/n, o/n, r/n, d/n, q, x}')")
+    fi
   done
   echo "$row |"
 done
+echo
+echo "The host's TCP through the endpoint (nstat in its namespace):"
+printf '  %s\n' "${tcp_per_io[@]}"
 # Red's TCP rate, alone and beside blue's storage load.
 sink='import socket,sys
 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("",5001)); s.listen(1)

@@ -5,7 +5,7 @@
 //! Nothing but the endpoint's public API is used, so a benchmark includes
 //! this file as it is.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,10 @@ use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant as SmolInstant;
-use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
+use smoltcp::wire::{
+    EthernetAddress, EthernetFrame, EthernetProtocol, HardwareAddress, IpAddress, IpCidr,
+    IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber,
+};
 
 /// The endpoint's MAC.
 pub const EP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xee, 0x01];
@@ -187,6 +190,91 @@ impl Chaos {
     }
 }
 
+/// TCP-level events counted on one direction of the wire: what a
+/// structural problem (a segment per ACK, a retransmission storm, a
+/// window that stalls the sender) shows as, whatever the machine's noise.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// Frames.
+    pub frames: u64,
+    /// TCP segments.
+    pub segments: u64,
+    /// Segments carrying payload.
+    pub data: u64,
+    /// Segments with neither payload nor SYN, FIN or RST: pure ACKs and
+    /// window updates.
+    pub ack_only: u64,
+    /// Data segments that start below the highest sequence number already
+    /// sent on their connection: retransmissions.
+    pub retransmits: u64,
+    /// TCP payload bytes (retransmissions included).
+    pub payload: u64,
+    /// Per connection (local port, remote port): the highest sequence
+    /// number sent.
+    high: HashMap<(u16, u16), TcpSeqNumber>,
+}
+
+impl Tally {
+    /// Counts `frame`.
+    pub fn count(&mut self, frame: &[u8]) {
+        self.frames += 1;
+        let Ok(eth) = EthernetFrame::new_checked(frame) else {
+            return;
+        };
+        if eth.ethertype() != EthernetProtocol::Ipv4 {
+            return;
+        }
+        let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+            return;
+        };
+        if ip.next_header() != IpProtocol::Tcp {
+            return;
+        }
+        let Ok(tcp) = TcpPacket::new_checked(ip.payload()) else {
+            return;
+        };
+        self.segments += 1;
+        let len = tcp.payload().len();
+        if len == 0 {
+            if !(tcp.syn() || tcp.fin() || tcp.rst()) {
+                self.ack_only += 1;
+            }
+            return;
+        }
+        self.data += 1;
+        self.payload += len as u64;
+        let key = (tcp.src_port(), tcp.dst_port());
+        let start = tcp.seq_number();
+        let end = start + len;
+        match self.high.get_mut(&key) {
+            Some(h) => {
+                if start < *h {
+                    self.retransmits += 1;
+                }
+                if end > *h {
+                    *h = end;
+                }
+            }
+            None => {
+                self.high.insert(key, end);
+            }
+        }
+    }
+
+    /// The counts since `before` (the same direction, earlier).
+    pub fn since(&self, before: &Tally) -> Tally {
+        Tally {
+            frames: self.frames - before.frames,
+            segments: self.segments - before.segments,
+            data: self.data - before.data,
+            ack_only: self.ack_only - before.ack_only,
+            retransmits: self.retransmits - before.retransmits,
+            payload: self.payload - before.payload,
+            high: HashMap::new(),
+        }
+    }
+}
+
 /// The endpoint, the host's stack and the wire between them.
 pub struct Pair {
     /// The endpoint under test.
@@ -211,6 +299,18 @@ pub struct Pair {
     /// Time spent in the endpoint's `receive` and `poll` (the host's
     /// stack and the wire left out).
     pub ep_busy: Duration,
+    /// Frames from the host to the endpoint, as they left the host.
+    pub tally_to_ep: Tally,
+    /// Frames from the endpoint to the host, as they left the endpoint.
+    pub tally_to_host: Tally,
+    /// Calls of `Endpoint::poll`.
+    pub ep_polls: u64,
+    /// Rounds in which no frame moved and the clock went to the next
+    /// timer (of the host or the endpoint): waits a real peer would
+    /// spend idle.
+    pub timer_waits: u64,
+    /// Simulated time spent in those waits beyond a round's 10 µs.
+    pub timer_wait_time: Duration,
     wire: VecDeque<Vec<u8>>,
     out: Vec<Vec<u8>>,
 }
@@ -245,6 +345,11 @@ impl Pair {
             frames_from_ep: 0,
             longest_from_ep: 0,
             ep_busy: Duration::ZERO,
+            tally_to_ep: Tally::default(),
+            tally_to_host: Tally::default(),
+            ep_polls: 0,
+            timer_waits: 0,
+            timer_wait_time: Duration::ZERO,
             wire: VecDeque::new(),
             out: Vec::new(),
         }
@@ -262,6 +367,7 @@ impl Pair {
         self.host.poll(t, &mut self.dev, &mut self.sockets);
         let mut moved = !self.dev.tx.is_empty();
         for f in std::mem::take(&mut self.dev.tx) {
+            self.tally_to_ep.count(&f);
             self.to_ep.pass(f, &mut self.wire);
         }
         if !moved {
@@ -274,8 +380,10 @@ impl Pair {
         let out = &mut self.out;
         self.ep.poll(self.now, &mut |f: &[u8]| out.push(f.to_vec()));
         self.ep_busy += t0.elapsed();
+        self.ep_polls += 1;
         moved |= !self.out.is_empty();
         for f in std::mem::take(&mut self.out) {
+            self.tally_to_host.count(&f);
             self.frames_from_ep += 1;
             self.longest_from_ep = self.longest_from_ep.max(f.len());
             self.to_host.pass(f, &mut self.dev.rx);
@@ -294,8 +402,14 @@ impl Pair {
                     .map(|a| self.epoch + Duration::from_micros(a.total_micros().max(0) as u64));
                 let ep_at = self.ep.poll_at(self.now);
                 let at = host_at.map_or(ep_at, |h| h.min(ep_at));
-                at.saturating_duration_since(self.now)
-                    .clamp(Duration::from_micros(10), Duration::from_millis(50))
+                let step = at
+                    .saturating_duration_since(self.now)
+                    .clamp(Duration::from_micros(10), Duration::from_millis(50));
+                if step > Duration::from_micros(10) {
+                    self.timer_waits += 1;
+                    self.timer_wait_time += step - Duration::from_micros(10);
+                }
+                step
             };
             self.now += step;
         }

@@ -109,6 +109,44 @@ fn nvme_over_tcp_end_to_end() {
     assert!(p.longest_from_ep > 1400, "full-sized segments");
 }
 
+/// What one read of `blocks` at `slba` costs on the wire.
+fn tally_read(p: &mut Pair, io: &mut NvmeHost, slba: u64, blocks: u32) -> (Tally, Tally) {
+    let (in0, out0) = (p.tally_to_ep.clone(), p.tally_to_host.clone());
+    let r = io.read(p, slba, blocks);
+    assert_eq!(r.cqe.unwrap().status, 0);
+    assert_eq!(r.data.len(), blocks as usize * 512);
+    (p.tally_to_ep.since(&in0), p.tally_to_host.since(&out0))
+}
+
+#[test]
+fn a_read_costs_the_segments_the_kernel_would_send() {
+    let mut p = Pair::new(config(1500), target(4 * MIB));
+    let (_a, cntlid) = NvmeHost::admin(&mut p, 40000);
+    let mut io = NvmeHost::io(&mut p, 40001, cntlid);
+    // 4 KiB at MTU 1500: one command segment in; out, a 4,120-byte
+    // C2HData PDU and the 24-byte response in three segments, nothing
+    // resent and no ACK of its own from the endpoint (the data carries
+    // it).
+    let (to_ep, to_host) = tally_read(&mut p, &mut io, 8, 8);
+    assert_eq!(to_ep.data, 1, "{to_ep:?}");
+    assert_eq!(to_host.data, 3, "{to_host:?}");
+    assert_eq!(to_host.payload, 24 + 4096 + 24);
+    assert_eq!(to_host.ack_only, 0, "{to_host:?}");
+    assert_eq!(to_ep.retransmits + to_host.retransmits, 0);
+    // 128 KiB: ceil(131,120 / 1,460) = 90 segments out.
+    let (_, to_host) = tally_read(&mut p, &mut io, 1024, 256);
+    assert_eq!(to_host.data, 90, "{to_host:?}");
+    assert_eq!(to_host.retransmits, 0, "{to_host:?}");
+
+    // A lossy wire: the tally counts the segments sent again.
+    p.to_host = Chaos::new(50, 0, 5);
+    for i in 0..8 {
+        tally_read(&mut p, &mut io, 1024 + i * 256, 256);
+    }
+    assert!(p.to_host.dropped > 0);
+    assert!(p.tally_to_host.retransmits > 0, "{:?}", p.tally_to_host);
+}
+
 #[test]
 fn discovery_through_the_endpoint_names_its_address() {
     let mut p = Pair::new(config(1500), target(MIB));
