@@ -154,17 +154,64 @@ fn drops(svc: &Service, reason: &str) -> Result<u64> {
     ))
 }
 
-#[test]
-fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Result<()> {
-    let blue = Host::new("b", HOST)?;
-    let red = Host::new("r", HOST)?;
-    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n".to_string();
-    for (id, h) in [("pf0vf0", &blue), ("pf0vf1", &red)] {
-        config += &format!(
+/// The service's configuration: `workers` workers that back off when
+/// idle, `storage` (lines of its `[storage]` table, if any), and each
+/// host's outer veth end as the VF port named beside it.
+fn config(workers: u32, storage: &str, ports: &[(&str, &Host)]) -> String {
+    let mut c = format!("[dataplane]\nworkers = {workers}\nidle = \"backoff\"\nmbufs = 4096\n");
+    if !storage.is_empty() {
+        c += &format!("\n[storage]\n{storage}");
+    }
+    for (id, h) in ports {
+        c += &format!(
             "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
             h.port_if
         );
     }
+    c
+}
+
+/// A default-allow tenant on `port`, with subsystem `sub` (`nqn`, any
+/// host, a 16 MiB RAM namespace) listening at its endpoint `EP:4420`.
+fn tenant_with_endpoint(
+    svc: &Service,
+    tenant: &str,
+    port: &str,
+    sub: &str,
+    nqn: &str,
+) -> Result<()> {
+    svc.dpuctl_json(&[
+        "tenant",
+        "create",
+        tenant,
+        "--default-policy",
+        "allow",
+        "--port",
+        port,
+    ])?;
+    svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
+    svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        sub,
+        "--id",
+        "ep",
+        "--tenant",
+        tenant,
+        "--address",
+        EP,
+        "--port",
+        "4420",
+    ])?;
+    Ok(())
+}
+
+#[test]
+fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Result<()> {
+    let blue = Host::new("b", HOST)?;
+    let red = Host::new("r", HOST)?;
+    let config = config(1, "", &[("pf0vf0", &blue), ("pf0vf1", &red)]);
     let mut svc = Service::start_config(&config, &[])?;
     for (tenant, port) in [("blue", "pf0vf0"), ("red", "pf0vf1")] {
         svc.dpuctl_json(&[
@@ -317,10 +364,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
 #[test]
 fn replies_meet_their_connection_on_its_worker() -> Result<()> {
     let blue = Host::new("w", HOST)?;
-    let config = format!(
-        "[dataplane]\nworkers = 2\nidle = \"backoff\"\nmbufs = 4096\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
-        blue.port_if
-    );
+    let config = config(2, "", &[("pf0vf0", &blue)]);
     let svc = Service::start_config(&config, &[])?;
     svc.dpuctl_json(&[
         "tenant",
@@ -470,42 +514,13 @@ print(len(held), refused, alive)
 #[test]
 fn an_endpoint_weathers_a_syn_flood_and_hundreds_of_connections() -> Result<()> {
     let blue = Host::new("f", HOST)?;
-    let config = format!(
-        "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nmax_connections_per_address = 100\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
-        blue.port_if
+    let config = config(
+        1,
+        "max_connections_per_address = 100\n",
+        &[("pf0vf0", &blue)],
     );
     let svc = Service::start_config(&config, &[])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "blue",
-        "--default-policy",
-        "allow",
-        "--port",
-        "pf0vf0",
-    ])?;
-    svc.dpuctl_json(&[
-        "subsystem",
-        "create",
-        "vol",
-        "--nqn",
-        BLUE_NQN,
-        "--allow-any-host",
-    ])?;
-    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "16M"])?;
-    svc.dpuctl_json(&[
-        "listener",
-        "create",
-        "vol",
-        "--id",
-        "ep",
-        "--tenant",
-        "blue",
-        "--address",
-        EP,
-        "--port",
-        "4420",
-    ])?;
+    tenant_with_endpoint(&svc, "blue", "pf0vf0", "vol", BLUE_NQN)?;
     eventually("the host to ping its endpoint", || blue.ns.ping(EP))?;
     let closed = |svc: &Service| -> Result<u64> {
         let (_, body) = svc.http_get("/metrics")?;
@@ -631,43 +646,14 @@ fn flooded(flood: std::process::Child) -> Result<u64> {
 fn one_tenants_connections_do_not_starve_anothers_endpoint() -> Result<()> {
     let blue = Host::new("pb", HOST)?;
     let red = Host::new("pr", HOST)?;
-    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nendpoint_buffer_memory = \"1MiB\"\n".to_string();
-    for (id, h) in [("pf0vf0", &blue), ("pf0vf1", &red)] {
-        config += &format!(
-            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
-            h.port_if
-        );
-    }
+    let config = config(
+        1,
+        "endpoint_buffer_memory = \"1MiB\"\n",
+        &[("pf0vf0", &blue), ("pf0vf1", &red)],
+    );
     let svc = Service::start_config(&config, &[])?;
-    for (tenant, port, sub, nqn) in [
-        ("blue", "pf0vf0", "blue-a", BLUE_NQN),
-        ("red", "pf0vf1", "red-a", RED_NQN),
-    ] {
-        svc.dpuctl_json(&[
-            "tenant",
-            "create",
-            tenant,
-            "--default-policy",
-            "allow",
-            "--port",
-            port,
-        ])?;
-        svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
-        svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
-        svc.dpuctl_json(&[
-            "listener",
-            "create",
-            sub,
-            "--id",
-            "ep",
-            "--tenant",
-            tenant,
-            "--address",
-            EP,
-            "--port",
-            "4420",
-        ])?;
-    }
+    tenant_with_endpoint(&svc, "blue", "pf0vf0", "blue-a", BLUE_NQN)?;
+    tenant_with_endpoint(&svc, "red", "pf0vf1", "red-a", RED_NQN)?;
     eventually("blue's host to ping its endpoint", || blue.ns.ping(EP))?;
     eventually("red's host to ping its endpoint", || red.ns.ping(EP))?;
 
@@ -729,43 +715,10 @@ fn an_authentication_flood_at_one_endpoint_stalls_no_other() -> Result<()> {
         "DHHC-1:00:BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUF5lUjlA==:";
     let blue = Host::new("ab", HOST)?;
     let red = Host::new("ar", HOST)?;
-    let mut config = "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[storage]\nauth_threads = 1\nauth_queue = 4\nauth_attempts_per_sec = 100\nauth_attempts_burst = 100\n".to_string();
-    for (id, h) in [("pf0vf0", &blue), ("pf0vf1", &red)] {
-        config += &format!(
-            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
-            h.port_if
-        );
-    }
+    let config = config(1, "auth_threads = 1\nauth_queue = 4\nauth_attempts_per_sec = 100\nauth_attempts_burst = 100\n", &[("pf0vf0", &blue), ("pf0vf1", &red)]);
     let svc = Service::start_config(&config, &[])?;
-    for (tenant, port, sub, nqn) in [
-        ("blue", "pf0vf0", "blue-a", BLUE_NQN),
-        ("red", "pf0vf1", "red-a", RED_NQN),
-    ] {
-        svc.dpuctl_json(&[
-            "tenant",
-            "create",
-            tenant,
-            "--default-policy",
-            "allow",
-            "--port",
-            port,
-        ])?;
-        svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
-        svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
-        svc.dpuctl_json(&[
-            "listener",
-            "create",
-            sub,
-            "--id",
-            "ep",
-            "--tenant",
-            tenant,
-            "--address",
-            EP,
-            "--port",
-            "4420",
-        ])?;
-    }
+    tenant_with_endpoint(&svc, "blue", "pf0vf0", "blue-a", BLUE_NQN)?;
+    tenant_with_endpoint(&svc, "red", "pf0vf1", "red-a", RED_NQN)?;
     svc.dpuctl_json(&["subsystem", "update", "blue-a", "--host", HOSTNQN])?;
     svc.dpuctl_json(&["subsystem", "update", "blue-a", "--allow-any-host", "false"])?;
     let out = svc.dpuctl(&[
