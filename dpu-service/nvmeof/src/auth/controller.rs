@@ -325,6 +325,12 @@ impl Authenticator {
         self.fail_as(t_id, explanation, why, None, now);
     }
 
+    /// Fails transaction `t_id` for `refusal`, before or instead of its
+    /// DH work: "authentication failed" to the host, the refusal counted.
+    fn fail_refused(&mut self, t_id: u16, refusal: Refusal, now: Instant) {
+        self.fail_as(t_id, explanation::FAILED, refusal.why(), Some(refusal), now);
+    }
+
     fn fail_as(
         &mut self,
         t_id: u16,
@@ -375,13 +381,7 @@ impl Authenticator {
             return self.send(data, now);
         };
         self.attempts += 1;
-        self.fail_as(
-            n.t_id,
-            explanation::FAILED,
-            refusal.why(),
-            Some(refusal),
-            now,
-        );
+        self.fail_refused(n.t_id, refusal, now);
     }
 
     /// Handles the data of an Authentication Send; returns the DH job the
@@ -481,13 +481,7 @@ impl Authenticator {
                         key_pair: Some(kp),
                     };
                 }
-                Err(DhError::Busy) => self.fail_as(
-                    t_id,
-                    explanation::FAILED,
-                    Refusal::Busy.why(),
-                    Some(Refusal::Busy),
-                    now,
-                ),
+                Err(DhError::Busy) => self.fail_refused(t_id, Refusal::Busy, now),
                 _ => self.fail(
                     t_id,
                     explanation::FAILED,
@@ -503,13 +497,7 @@ impl Authenticator {
                 reply,
             } => match result {
                 Ok(DhOutput::Shared(k)) => self.verify(t_id, hash, &c1, s1, &reply, Some(&k), now),
-                Err(DhError::Busy) => self.fail_as(
-                    t_id,
-                    explanation::FAILED,
-                    Refusal::Busy.why(),
-                    Some(Refusal::Busy),
-                    now,
-                ),
+                Err(DhError::Busy) => self.fail_refused(t_id, Refusal::Busy, now),
                 _ => self.fail(
                     t_id,
                     explanation::DHGROUP_UNUSABLE,
