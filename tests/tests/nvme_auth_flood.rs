@@ -123,6 +123,28 @@ fn field(line: &str, name: &str) -> Result<u64> {
     anyhow::bail!("no {name} in {line}")
 }
 
+/// Gives `HOST` of subsystem `flood` its secret (from a file, as an
+/// operator would) and allows it ffdhe8192 alone.
+fn ffdhe8192_only(svc: &Service) -> Result<()> {
+    let secret_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(secret_file.path(), format!("{SECRET}\n"))?;
+    let secret_path = secret_file.path().display().to_string();
+    dpuctl(
+        svc,
+        &[
+            "subsystem",
+            "set-auth",
+            "flood",
+            HOST,
+            "--dhchap-secret-file",
+            &secret_path,
+            "--dh-group",
+            "ffdhe8192",
+        ],
+    )?;
+    Ok(())
+}
+
 #[test]
 fn an_authentication_flood_stalls_no_one_and_is_held_to_its_rate() -> Result<()> {
     let config = TEST_CONFIG.replace(
@@ -136,22 +158,7 @@ fn an_authentication_flood_stalls_no_one_and_is_held_to_its_rate() -> Result<()>
     let (port, plain_port) = (free_port(), free_port());
     subsystem(&svc, "flood", NQN, HOST, port)?;
     subsystem(&svc, "plain", PLAIN_NQN, OTHER, plain_port)?;
-    let secret_file = tempfile::NamedTempFile::new()?;
-    std::fs::write(secret_file.path(), format!("{SECRET}\n"))?;
-    let secret_path = secret_file.path().display().to_string();
-    dpuctl(
-        &svc,
-        &[
-            "subsystem",
-            "set-auth",
-            "flood",
-            HOST,
-            "--dhchap-secret-file",
-            &secret_path,
-            "--dh-group",
-            "ffdhe8192",
-        ],
-    )?;
+    ffdhe8192_only(&svc)?;
     let perf = binary("nvmf-perf")?;
     let legit = || -> Result<(Duration, f64)> {
         let t = Instant::now();
@@ -290,22 +297,7 @@ fn a_full_dh_queue_refuses_attempts_at_once_and_counts_them() -> Result<()> {
     let svc = Service::start_config(&config, &[])?;
     let port = free_port();
     subsystem(&svc, "flood", NQN, HOST, port)?;
-    let secret_file = tempfile::NamedTempFile::new()?;
-    std::fs::write(secret_file.path(), format!("{SECRET}\n"))?;
-    let secret_path = secret_file.path().display().to_string();
-    dpuctl(
-        &svc,
-        &[
-            "subsystem",
-            "set-auth",
-            "flood",
-            HOST,
-            "--dhchap-secret-file",
-            &secret_path,
-            "--dh-group",
-            "ffdhe8192",
-        ],
-    )?;
+    ffdhe8192_only(&svc)?;
     let out = Command::new(binary("nvmf-perf")?)
         .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
         .args(["--hostnqn", HOST, "--dhchap-secret", WRONG_SECRET])

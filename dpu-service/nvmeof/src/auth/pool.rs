@@ -275,6 +275,20 @@ mod tests {
     use std::sync::mpsc::channel;
     use std::time::Duration;
 
+    /// Holds the pool's one thread in a job's callback until the
+    /// returned sender sends (or is dropped).
+    fn hold_the_thread(pool: &DhPool) -> std::sync::mpsc::Sender<()> {
+        let (release_tx, release_rx) = channel::<()>();
+        let (started_tx, started_rx) = channel::<()>();
+        pool.submit(DhJob::Generate(DhGroup::Ffdhe2048), move |_| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+        })
+        .unwrap();
+        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        release_tx
+    }
+
     #[test]
     fn results_reach_the_callback_of_their_job() {
         let pool = DhPool::new(2, 8).unwrap();
@@ -345,14 +359,7 @@ mod tests {
     fn a_full_queue_hands_the_job_back_without_blocking() {
         let pool = DhPool::new(1, 1).unwrap();
         // Hold the only thread in a callback until released.
-        let (release_tx, release_rx) = channel::<()>();
-        let (started_tx, started_rx) = channel::<()>();
-        pool.submit(DhJob::Generate(DhGroup::Ffdhe2048), move |_| {
-            let _ = started_tx.send(());
-            let _ = release_rx.recv_timeout(Duration::from_secs(30));
-        })
-        .unwrap();
-        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let release_tx = hold_the_thread(&pool);
         // One job waits in the queue; the next finds it full.
         let (tx, rx) = channel();
         let t = tx.clone();
@@ -400,14 +407,7 @@ mod tests {
     #[test]
     fn a_job_whose_owner_left_before_its_turn_never_runs() {
         let pool = DhPool::new(1, 2).unwrap();
-        let (release_tx, release_rx) = channel::<()>();
-        let (started_tx, started_rx) = channel::<()>();
-        pool.submit(DhJob::Generate(DhGroup::Ffdhe2048), move |_| {
-            let _ = started_tx.send(());
-            let _ = release_rx.recv_timeout(Duration::from_secs(30));
-        })
-        .unwrap();
-        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let release_tx = hold_the_thread(&pool);
         // Two jobs wait: one whose owner leaves, one whose owner stays.
         let (gone, stays) = (Arc::new(()), Arc::new(()));
         let (gone_tx, gone_rx) = channel();
