@@ -258,6 +258,19 @@ impl Service {
             .context("running dpuctl")
     }
 
+    /// Runs `dpuctl`, requires success and answers its standard output.
+    pub fn dpuctl_ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.dpuctl(args)?;
+        if !out.status.success() {
+            bail!(
+                "dpuctl {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Runs `dpuctl --output json`, requires success and parses the output.
     pub fn dpuctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
         let mut all = vec!["--output", "json"];

@@ -103,17 +103,6 @@ fn auth_total(svc: &Service, result: &str) -> Result<u64> {
         .with_context(|| format!("no {series} in /metrics"))
 }
 
-/// `dpuctl` must succeed; answers its stdout.
-fn dpuctl(svc: &Service, args: &[&str]) -> Result<String> {
-    let out = svc.dpuctl(args)?;
-    ensure!(
-        out.status.success(),
-        "dpuctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 #[test]
 fn dhchap_through_the_daemon() -> Result<()> {
     let mut svc = Service::start()?;
@@ -126,23 +115,20 @@ fn dhchap_through_the_daemon() -> Result<()> {
     };
     let (secret_file, ctrl_file) = (file("host.key", SECRET)?, file("ctrl.key", CTRL_SECRET)?);
 
-    dpuctl(&svc, &["subsystem", "create", "auth", "--nqn", NQN])?;
-    dpuctl(&svc, &["subsystem", "add-host", "auth", HOST])?;
-    dpuctl(&svc, &["subsystem", "add-host", "auth", HOST2])?;
-    dpuctl(&svc, &["namespace", "create", "auth", "--ram", "16M"])?;
+    svc.dpuctl_ok(&["subsystem", "create", "auth", "--nqn", NQN])?;
+    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST])?;
+    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST2])?;
+    svc.dpuctl_ok(&["namespace", "create", "auth", "--ram", "16M"])?;
     let p = port.to_string();
-    dpuctl(
-        &svc,
-        &[
-            "listener",
-            "create",
-            "auth",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &p,
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        "auth",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        &p,
+    ])?;
     // Before any secret, the host connects without authenticating.
     did_io("no secret set", &perf(port, HOST, None, None)?)?;
 
@@ -163,17 +149,14 @@ fn dhchap_through_the_daemon() -> Result<()> {
     );
 
     // One way, the secret from a file.
-    let shown = dpuctl(
-        &svc,
-        &[
-            "subsystem",
-            "set-auth",
-            "auth",
-            HOST,
-            "--dhchap-secret-file",
-            &secret_file,
-        ],
-    )?;
+    let shown = svc.dpuctl_ok(&[
+        "subsystem",
+        "set-auth",
+        "auth",
+        HOST,
+        "--dhchap-secret-file",
+        &secret_file,
+    ])?;
     assert!(shown.contains(&format!("{HOST}=secret:00")), "{shown}");
     holds_no_key("set-auth output", &shown);
     did_io("one way", &perf(port, HOST, Some(SECRET), None)?)?;
@@ -187,23 +170,20 @@ fn dhchap_through_the_daemon() -> Result<()> {
     // Both ways, with a SHA-256-transformed host secret, SHA-256 and
     // ffdhe2048 only; the change takes effect at the next connect.
     let sha_file = file("sha.key", SECRET_SHA256)?;
-    dpuctl(
-        &svc,
-        &[
-            "subsystem",
-            "set-auth",
-            "auth",
-            HOST,
-            "--dhchap-secret-file",
-            &sha_file,
-            "--dhchap-ctrl-secret-file",
-            &ctrl_file,
-            "--hash",
-            "sha256",
-            "--dh-group",
-            "ffdhe2048",
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "set-auth",
+        "auth",
+        HOST,
+        "--dhchap-secret-file",
+        &sha_file,
+        "--dhchap-ctrl-secret-file",
+        &ctrl_file,
+        "--hash",
+        "sha256",
+        "--dh-group",
+        "ffdhe2048",
+    ])?;
     refused("the old secret", &perf(port, HOST, Some(SECRET), None)?);
     did_io(
         "both ways",
@@ -222,7 +202,7 @@ fn dhchap_through_the_daemon() -> Result<()> {
     // Required for every host: the second one, without a secret, is
     // refused at Connect and counted.
     did_io("not required yet", &perf(port, HOST2, None, None)?)?;
-    dpuctl(&svc, &["subsystem", "update", "auth", "--auth", "required"])?;
+    svc.dpuctl_ok(&["subsystem", "update", "auth", "--auth", "required"])?;
     let before = auth_total(&svc, "failed")?;
     refused("missing secret", &perf(port, HOST2, None, None)?);
     assert!(
@@ -240,9 +220,9 @@ fn dhchap_through_the_daemon() -> Result<()> {
     assert_eq!(a["ctrlSecretSet"], true, "{got}");
     assert_eq!(a["ctrlSecretHash"], 2, "{got}");
     assert_eq!(got["authRequirement"], "AUTH_REQUIREMENT_REQUIRED", "{got}");
-    let listed = dpuctl(&svc, &["--output", "json", "subsystem", "list"])?;
+    let listed = svc.dpuctl_ok(&["--output", "json", "subsystem", "list"])?;
     holds_no_key("ListSubsystems", &listed);
-    let counters = dpuctl(&svc, &["--output", "json", "counters"])?;
+    let counters = svc.dpuctl_ok(&["--output", "json", "counters"])?;
     holds_no_key("GetCounters", &counters);
     assert!(counters.contains("authSucceeded"), "{counters}");
 
@@ -275,11 +255,8 @@ fn dhchap_through_the_daemon() -> Result<()> {
     );
 
     // Cleared, and no longer required: the host connects without.
-    dpuctl(&svc, &["subsystem", "clear-auth", "auth", HOST])?;
-    dpuctl(
-        &svc,
-        &["subsystem", "update", "auth", "--auth", "hosts-with-secret"],
-    )?;
+    svc.dpuctl_ok(&["subsystem", "clear-auth", "auth", HOST])?;
+    svc.dpuctl_ok(&["subsystem", "update", "auth", "--auth", "hosts-with-secret"])?;
     did_io("cleared", &perf(port, HOST, None, None)?)?;
 
     holds_no_key("the service's log", &svc.log_text());
@@ -337,71 +314,59 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
         Ok(path.display().to_string())
     };
     let (sf, cf) = (write("h.key", SECRET_SHA256)?, write("c.key", CTRL_SECRET)?);
-    dpuctl(&svc, &["subsystem", "create", "auth", "--nqn", KNQN])?;
-    dpuctl(&svc, &["subsystem", "add-host", "auth", HOST])?;
-    dpuctl(&svc, &["namespace", "create", "auth", "--ram", "16M"])?;
-    dpuctl(
-        &svc,
-        &[
+    svc.dpuctl_ok(&["subsystem", "create", "auth", "--nqn", KNQN])?;
+    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST])?;
+    svc.dpuctl_ok(&["namespace", "create", "auth", "--ram", "16M"])?;
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        "auth",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        &p,
+    ])?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "set-auth",
+        "auth",
+        HOST,
+        "--dhchap-secret-file",
+        &sf,
+        "--dhchap-ctrl-secret-file",
+        &cf,
+        "--hash",
+        "sha256",
+        "--dh-group",
+        "ffdhe2048",
+    ])?;
+    for (id, nqn, hash, group) in SHA512 {
+        svc.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
+        svc.dpuctl_ok(&["subsystem", "add-host", id, HOST])?;
+        svc.dpuctl_ok(&["namespace", "create", id, "--ram", "8M"])?;
+        svc.dpuctl_ok(&[
             "listener",
             "create",
-            "auth",
+            id,
             "--address",
             "127.0.0.1",
             "--port",
             &p,
-        ],
-    )?;
-    dpuctl(
-        &svc,
-        &[
+        ])?;
+        svc.dpuctl_ok(&[
             "subsystem",
             "set-auth",
-            "auth",
+            id,
             HOST,
             "--dhchap-secret-file",
             &sf,
             "--dhchap-ctrl-secret-file",
             &cf,
             "--hash",
-            "sha256",
+            hash,
             "--dh-group",
-            "ffdhe2048",
-        ],
-    )?;
-    for (id, nqn, hash, group) in SHA512 {
-        dpuctl(&svc, &["subsystem", "create", id, "--nqn", nqn])?;
-        dpuctl(&svc, &["subsystem", "add-host", id, HOST])?;
-        dpuctl(&svc, &["namespace", "create", id, "--ram", "8M"])?;
-        dpuctl(
-            &svc,
-            &[
-                "listener",
-                "create",
-                id,
-                "--address",
-                "127.0.0.1",
-                "--port",
-                &p,
-            ],
-        )?;
-        dpuctl(
-            &svc,
-            &[
-                "subsystem",
-                "set-auth",
-                id,
-                HOST,
-                "--dhchap-secret-file",
-                &sf,
-                "--dhchap-ctrl-secret-file",
-                &cf,
-                "--hash",
-                hash,
-                "--dh-group",
-                group,
-            ],
-        )?;
+            group,
+        ])?;
     }
     let connect_to = |nqn: &str, extra: &str| {
         format!("nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {nqn} --hostnqn {HOST} -i 1 {extra}")

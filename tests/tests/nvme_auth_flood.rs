@@ -48,35 +48,22 @@ const FLOOD_CONNS: u64 = 6;
 const RUN_BOUND: Duration = Duration::from_millis(2500);
 const IO_BOUND_US: f64 = 500_000.0;
 
-fn dpuctl(svc: &Service, args: &[&str]) -> Result<String> {
-    let out = svc.dpuctl(args)?;
-    ensure!(
-        out.status.success(),
-        "dpuctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// A subsystem `id` with a 16 MiB RAM namespace, `host` allowed, on
 /// 127.0.0.1:`port`.
 fn subsystem(svc: &Service, id: &str, nqn: &str, host: &str, port: u16) -> Result<()> {
-    dpuctl(svc, &["subsystem", "create", id, "--nqn", nqn])?;
-    dpuctl(svc, &["subsystem", "add-host", id, host])?;
-    dpuctl(svc, &["namespace", "create", id, "--ram", "16M"])?;
+    svc.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
+    svc.dpuctl_ok(&["subsystem", "add-host", id, host])?;
+    svc.dpuctl_ok(&["namespace", "create", id, "--ram", "16M"])?;
     let p = port.to_string();
-    dpuctl(
-        svc,
-        &[
-            "listener",
-            "create",
-            id,
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &p,
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        id,
+        "--address",
+        "127.0.0.1",
+        "--port",
+        &p,
+    ])?;
     Ok(())
 }
 
@@ -129,19 +116,16 @@ fn ffdhe8192_only(svc: &Service) -> Result<()> {
     let secret_file = tempfile::NamedTempFile::new()?;
     std::fs::write(secret_file.path(), format!("{SECRET}\n"))?;
     let secret_path = secret_file.path().display().to_string();
-    dpuctl(
-        svc,
-        &[
-            "subsystem",
-            "set-auth",
-            "flood",
-            HOST,
-            "--dhchap-secret-file",
-            &secret_path,
-            "--dh-group",
-            "ffdhe8192",
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "set-auth",
+        "flood",
+        HOST,
+        "--dhchap-secret-file",
+        &secret_path,
+        "--dh-group",
+        "ffdhe8192",
+    ])?;
     Ok(())
 }
 
