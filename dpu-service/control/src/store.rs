@@ -437,6 +437,8 @@ impl StateHandle {
 
     /// Applies `change` to a copy of the state, persists the result and
     /// publishes it. If `change` fails, or persisting fails, nothing changes.
+    /// The copy shares all of the state until `change` changes a part of
+    /// it ([`crate::model::Map`]), so it costs what the change costs.
     ///
     /// # Errors
     /// The error of `change`, or [`ControlError::Storage`] if the new state

@@ -26,9 +26,17 @@ pub use storage::{
     SecretText, Subsystem, Transport,
 };
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
+
+/// The ordered map of the state's tenants and subsystems, and of its
+/// index: persistent, so that copying a state (as the store does for
+/// every change, to leave the published one untouched until the change
+/// is durable) shares every node the change does not touch, and costs
+/// nothing until the copy is changed, and then a path of the tree.
+pub type Map<K, V> = imbl::OrdMap<K, V>;
+
+/// The ordered set counterpart of [`Map`].
+pub type Set<T> = imbl::OrdSet<T>;
 
 /// Wall-clock time as seconds and nanoseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
@@ -63,9 +71,9 @@ impl Timestamp {
 #[serde(from = "Stored")]
 pub struct State {
     /// Tenants by ID.
-    pub tenants: BTreeMap<String, Tenant>,
+    pub tenants: Map<String, Tenant>,
     /// Subsystems by ID.
-    pub subsystems: BTreeMap<String, Subsystem>,
+    pub subsystems: Map<String, Subsystem>,
     /// Counter for service-assigned IDs; never reused.
     pub id_seq: u64,
     /// Derived from the above; never stored.
@@ -86,8 +94,8 @@ impl Eq for State {}
 /// A [`State`] as stored, before its index is built.
 #[derive(Deserialize)]
 struct Stored {
-    tenants: BTreeMap<String, Tenant>,
-    subsystems: BTreeMap<String, Subsystem>,
+    tenants: Map<String, Tenant>,
+    subsystems: Map<String, Subsystem>,
     id_seq: u64,
 }
 

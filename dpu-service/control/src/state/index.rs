@@ -14,9 +14,7 @@
 //! with one built from scratch; the tests run it after random sequences
 //! of changes.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use crate::model::{Attachment, Backend, Namespace, State, Subsystem, Tenant};
+use crate::model::{Attachment, Backend, Map, Namespace, Set, State, Subsystem, Tenant};
 
 /// Who claims what on one port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,29 +24,30 @@ struct PortClaims {
     whole: Option<String>,
     /// Attachments on the port by tenant, which a new whole-port
     /// attachment overlaps.
-    holders: BTreeMap<String, usize>,
+    holders: Map<String, usize>,
     /// VLAN attachments: VLAN ID to tenant.
-    vlans: BTreeMap<u16, String>,
+    vlans: Map<u16, String>,
     /// VXLAN attachments: VNI to tenant.
-    vnis: BTreeMap<u32, String>,
+    vnis: Map<u32, String>,
 }
 
 /// Derived facts about a [`State`] that its checks look up; see the
-/// module documentation.
+/// module documentation. Its maps are persistent ([`Map`]), as the
+/// state's are, so a copy of the state copies none of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
-    ports: BTreeMap<String, PortClaims>,
+    ports: Map<String, PortClaims>,
     attachments: usize,
     rules: usize,
-    nqns: BTreeMap<String, String>,
+    nqns: Map<String, String>,
     namespaces: usize,
     hosts: usize,
     listeners: usize,
     ram_bytes: u64,
-    uuids: BTreeMap<[u8; 16], usize>,
-    nguids: BTreeMap<[u8; 16], usize>,
+    uuids: Map<[u8; 16], usize>,
+    nguids: Map<[u8; 16], usize>,
     /// Backing path, subsystem ID, NSID.
-    paths: BTreeSet<(String, String, u32)>,
+    paths: Set<(String, String, u32)>,
 }
 
 fn backing_path(b: &Backend) -> Option<&str> {
@@ -65,11 +64,11 @@ fn ram_of(b: &Backend) -> u64 {
     }
 }
 
-fn bump<K: Ord>(m: &mut BTreeMap<K, usize>, k: K) {
+fn bump<K: Ord + Clone>(m: &mut Map<K, usize>, k: K) {
     *m.entry(k).or_insert(0) += 1;
 }
 
-fn drop_one<K: Ord>(m: &mut BTreeMap<K, usize>, k: &K) {
+fn drop_one<K: Ord + Clone>(m: &mut Map<K, usize>, k: &K) {
     if let Some(n) = m.get_mut(k) {
         *n = n.saturating_sub(1);
         if *n == 0 {

@@ -9,14 +9,15 @@
 //! and a whole subsystem (namespaces, listeners and hosts, bounded by their
 //! limits) are recorded whole when they change.
 //!
-//! Finding the ops costs a walk over the tenant and subsystem maps (rule
-//! sets that the change did not touch share their allocation with the
-//! state before and compare by pointer) and, for a rule set that changed,
+//! Finding the ops costs a walk down the paths of the tenant and subsystem
+//! maps that the change copied (the rest the two states share, and the
+//! walk skips it; rule sets that the change did not touch share their
+//! allocation and compare by pointer) and, for a rule set that changed,
 //! one comparison per rule, in memory; only the ops reach the disk.
 
-use std::cmp::Ordering;
-use std::collections::btree_map;
 use std::sync::Arc;
+
+use imbl::ordmap::{DiffItem, Entry};
 
 use serde::{Deserialize, Serialize};
 
@@ -84,65 +85,38 @@ pub(crate) enum Op {
 }
 
 /// The ops that turn `before` into `after`; empty when they are equal.
+///
+/// The maps' diffs skip the subtrees the two states share, so this costs
+/// what the change touched (a path of each tree), not a walk over every
+/// tenant and subsystem.
 pub(crate) fn diff(before: &State, after: &State) -> Vec<Op> {
     let mut ops = Vec::new();
-    merge(&before.tenants, &after.tenants, |id, was, now| {
-        match (was, now) {
-            (None, Some(t)) => ops.push(Op::PutTenant { tenant: t.clone() }),
-            (Some(_), None) => ops.push(Op::DeleteTenant { id: id.clone() }),
-            (Some(was), Some(now)) => tenant_ops(was, now, &mut ops),
-            (None, None) => {}
+    for d in before.tenants.diff(&after.tenants) {
+        match d {
+            DiffItem::Add(_, t) => ops.push(Op::PutTenant { tenant: t.clone() }),
+            DiffItem::Remove(id, _) => ops.push(Op::DeleteTenant { id: id.clone() }),
+            DiffItem::Update {
+                old: (_, was),
+                new: (_, now),
+            } => tenant_ops(was, now, &mut ops),
         }
-    });
-    merge(
-        &before.subsystems,
-        &after.subsystems,
-        |id, was, now| match (was, now) {
-            (_, Some(s)) if was != Some(s) => ops.push(Op::PutSubsystem {
-                subsystem: s.clone(),
-            }),
-            (Some(_), None) => ops.push(Op::DeleteSubsystem { id: id.clone() }),
-            _ => {}
-        },
-    );
+    }
+    for d in before.subsystems.diff(&after.subsystems) {
+        match d {
+            DiffItem::Add(_, s) | DiffItem::Update { new: (_, s), .. } => {
+                ops.push(Op::PutSubsystem {
+                    subsystem: s.clone(),
+                })
+            }
+            DiffItem::Remove(id, _) => ops.push(Op::DeleteSubsystem { id: id.clone() }),
+        }
+    }
     if before.id_seq != after.id_seq {
         ops.push(Op::IdSeq {
             value: after.id_seq,
         });
     }
     ops
-}
-
-/// Calls `f` for each key of `a` or `b`, in order, with its values in both.
-fn merge<V>(
-    a: &std::collections::BTreeMap<String, V>,
-    b: &std::collections::BTreeMap<String, V>,
-    mut f: impl FnMut(&String, Option<&V>, Option<&V>),
-) {
-    let (mut ia, mut ib) = (a.iter().peekable(), b.iter().peekable());
-    loop {
-        let order = match (ia.peek(), ib.peek()) {
-            (None, None) => return,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((ka, _)), Some((kb, _))) => ka.cmp(kb),
-        };
-        match order {
-            Ordering::Less => {
-                let (k, v) = ia.next().expect("peeked");
-                f(k, Some(v), None);
-            }
-            Ordering::Greater => {
-                let (k, v) = ib.next().expect("peeked");
-                f(k, None, Some(v));
-            }
-            Ordering::Equal => {
-                let (k, va) = ia.next().expect("peeked");
-                let (_, vb) = ib.next().expect("peeked");
-                f(k, Some(va), Some(vb));
-            }
-        }
-    }
 }
 
 fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
@@ -204,10 +178,8 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
     for op in ops {
         match op {
             Op::PutTenant { tenant } => match state.tenants.entry(tenant.id.clone()) {
-                btree_map::Entry::Occupied(_) => {
-                    return Err(format!("tenant {} created twice", tenant.id))
-                }
-                btree_map::Entry::Vacant(v) => {
+                Entry::Occupied(_) => return Err(format!("tenant {} created twice", tenant.id)),
+                Entry::Vacant(v) => {
                     v.insert(tenant);
                 }
             },
