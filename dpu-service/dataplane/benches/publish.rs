@@ -16,10 +16,20 @@
 //! ```
 //! Prints the medians, 99th percentiles and maxima in microseconds, and
 //! how many changes fell back to a build of the tenant.
+//!
+//! With `--tenants N` it measures instead what the number of tenants
+//! costs a change: beside 10 and beside `N` tenants (each one VLAN
+//! attachment on one port and one rule; `N` at most 4,000), one more
+//! such tenant published and then deleted again, `--changes` times.
+//!
+//! ```text
+//! taskset -c 1 target/release/deps/publish-<hash> --tenants 4000
+//! ```
 
 use std::time::Instant;
 
-use dpu_dataplane::switch::{SwitchConfig, SwitchHandle, TenantConfig};
+use dpu_dataplane::classify::{AclRule, Family};
+use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
 
 #[path = "common/rules.rs"]
 mod rules;
@@ -72,8 +82,71 @@ fn stats(name: &str, mut us: Vec<f64>, rebuilt: usize) {
     );
 }
 
+/// `n` tenants, each attached to VLAN `i + 1` of port 0 with one rule.
+fn many(n: usize) -> SwitchConfig {
+    let tenant = |i: usize| {
+        let mut m = AclRule::any(0, 0, Family::V4);
+        m.dst_port = (80, 80);
+        m.proto = (6, 6);
+        TenantConfig {
+            name: format!("t{i}"),
+            attachments: vec![Attach::port(0, i as u16 + 1)],
+            rules: vec![SwitchRule {
+                id: "web".into(),
+                matches: m,
+                allow: true,
+                stateful: false,
+                rate_limit: None,
+            }],
+            ..TenantConfig::default()
+        }
+    };
+    SwitchConfig {
+        ports: 1,
+        tenants: (0..n).map(tenant).collect(),
+        ..SwitchConfig::default()
+    }
+}
+
+/// One tenant added and deleted, `changes` times, beside 10 and beside
+/// `n` others; prints each and the ratio of their medians.
+fn tenant_changes(n: usize, changes: usize) {
+    assert!((10..=4000).contains(&n), "--tenants takes 10 to 4000");
+    let mut medians = Vec::new();
+    for size in [10, n] {
+        let mut cfg = many(size + 1);
+        let extra = cfg.tenants.pop().expect("one more");
+        let h = SwitchHandle::new(&cfg).expect("configuration");
+        let (mut add, mut del) = (Vec::new(), Vec::new());
+        for _ in 0..changes {
+            cfg.tenants.push(extra.clone());
+            let start = Instant::now();
+            h.publish(&cfg).expect("publish");
+            add.push(start.elapsed().as_secs_f64() * 1e6);
+            cfg.tenants.pop();
+            let start = Instant::now();
+            h.publish(&cfg).expect("publish");
+            del.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        medians.push((median(&add), median(&del)));
+        stats(&format!("{size} tenants, one added"), add, 0);
+        stats(&format!("{size} tenants, one deleted"), del, 0);
+    }
+    println!(
+        "{n} against 10 tenants: added {:.1}x, deleted {:.1}x",
+        medians[1].0 / medians[0].0,
+        medians[1].1 / medians[0].1
+    );
+}
+
 fn main() {
     let mut path = None;
+    let mut tenants = None;
     let mut one = false;
     let mut changes = 500usize;
     let mut args = std::env::args().skip(1);
@@ -81,6 +154,7 @@ fn main() {
         match a.as_str() {
             "--rules" => path = args.next(),
             "--one-tenant" => one = true,
+            "--tenants" => tenants = args.next().and_then(|v| v.parse().ok()),
             "--changes" => {
                 changes = args
                     .next()
@@ -90,6 +164,9 @@ fn main() {
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
+    }
+    if let Some(n) = tenants {
+        return tenant_changes(n, changes);
     }
     let path = path.unwrap_or_else(|| "/tmp/vswitch-bench/data/acl1_10k/rules.json".into());
     assert!(
