@@ -153,6 +153,7 @@ impl Dataplane {
             switch: self.switch.clone(),
             ids: self.ids.clone(),
             base: self.base.clone(),
+            rules: Default::default(),
         }
     }
 
@@ -296,6 +297,8 @@ pub struct Feed {
     switch: SwitchHandle,
     ids: Arc<Vec<String>>,
     base: SwitchConfig,
+    /// The switch rules of the last state published.
+    rules: std::sync::Mutex<RuleCache>,
 }
 
 /// How long the feed waits on a blocking thread for the workers to take a
@@ -311,7 +314,12 @@ impl Feed {
     /// The switch's refusal; it keeps the previous configuration.
     pub fn apply(&self, state: &State) -> Result<u64, ConfigError> {
         let start = std::time::Instant::now();
-        let cfg = switch_config(&self.base, &self.ids, state);
+        let cfg = {
+            let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+            let cfg = switch_config_with(&self.base, &self.ids, state, &mut rules);
+            rules.keep_only(state);
+            cfg
+        };
         let t = std::time::Instant::now();
         match self.switch.publish(&cfg) {
             Ok(p) => {
@@ -416,10 +424,51 @@ fn fmt_mac(m: [u8; 6]) -> String {
         .join(":")
 }
 
+/// Each tenant's rules as the switch takes them, kept from one publish to
+/// the next. A tenant whose rule list is the same allocation as at the
+/// last publish (the state shares it until the rules change) gets the
+/// same converted list, which the switch in turn recognizes as the list
+/// its compiled rules came from: a publish costs nothing per rule of a
+/// tenant whose rules did not change. Both lists are held here, so an
+/// allocation is never freed and reused for other rules while it serves
+/// as an identity.
+#[derive(Debug, Default)]
+pub struct RuleCache(std::collections::HashMap<String, (Arc<Vec<Rule>>, Arc<Vec<SwitchRule>>)>);
+
+impl RuleCache {
+    /// The switch rules of tenant `id`, whose rule list is `rules`.
+    fn rules(&mut self, id: &str, rules: &Arc<Vec<Rule>>) -> Arc<Vec<SwitchRule>> {
+        if let Some((from, to)) = self.0.get(id) {
+            if Arc::ptr_eq(from, rules) {
+                return to.clone();
+            }
+        }
+        let to = Arc::new(rules.iter().map(switch_rule).collect::<Vec<_>>());
+        self.0.insert(id.to_string(), (rules.clone(), to.clone()));
+        to
+    }
+
+    /// Forgets the tenants `state` does not hold.
+    fn keep_only(&mut self, state: &State) {
+        self.0.retain(|id, _| state.tenants.contains_key(id));
+    }
+}
+
 /// The switch configuration for `state` on the ports `ids`. Attachments
 /// on ports without a data-plane driver are left out (the state keeps
 /// them; they apply once the port is configured).
 pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> SwitchConfig {
+    switch_config_with(base, ids, state, &mut RuleCache::default())
+}
+
+/// [`switch_config`] taking the tenants' rules from `rules` where their
+/// lists did not change since it converted them.
+fn switch_config_with(
+    base: &SwitchConfig,
+    ids: &[String],
+    state: &State,
+    rules: &mut RuleCache,
+) -> SwitchConfig {
     let index: BTreeMap<&str, usize> = ids
         .iter()
         .enumerate()
@@ -439,7 +488,7 @@ pub fn switch_config(base: &SwitchConfig, ids: &[String], state: &State) -> Swit
             let mut out = TenantConfig {
                 name: t.id.clone(),
                 default_allow: t.default_policy == Action::Allow,
-                rules: t.rules.rules.iter().map(switch_rule).collect(),
+                rules: rules.rules(&t.id, &t.rules.rules),
                 endpoints: endpoints.remove(t.id.as_str()).unwrap_or_default(),
                 ..TenantConfig::default()
             };
@@ -721,6 +770,7 @@ mod tests {
             switch: switch.clone(),
             ids,
             base,
+            rules: Default::default(),
         };
         let (task, applied) = feed.follow(&state, first.generation);
         let registry = config
@@ -855,6 +905,79 @@ mod tests {
             ((128, 128), (0, u16::MAX))
         );
         assert_eq!(switch_rule(&rule(2)).matches.family, Family::Any);
+    }
+
+    /// A tenant whose rule list the state still shares is not converted
+    /// again, and the switch keeps its compiled rules as they were; one
+    /// whose rules changed gets a new list, and the switch patches it.
+    #[test]
+    fn unchanged_rule_lists_are_converted_once() {
+        let mut state = State::default();
+        for (i, id) in ["blue", "red"].into_iter().enumerate() {
+            state.tenants.insert(
+                id.into(),
+                Tenant {
+                    id: id.into(),
+                    display_name: String::new(),
+                    attachments: vec![Attachment::port_vlan("p0", 100 + i as u16)],
+                    default_policy: Action::Deny,
+                    create_time: Timestamp::now(),
+                    rules: RuleSet {
+                        version: 1,
+                        rules: Arc::new(vec![rule(3), rule(9)]),
+                    },
+                },
+            );
+        }
+        let ids = vec!["p0".to_string()];
+        let base = SwitchConfig {
+            ports: 1,
+            ..SwitchConfig::default()
+        };
+        let mut cache = RuleCache::default();
+        let first = switch_config_with(&base, &ids, &state, &mut cache);
+        let h = SwitchHandle::new(&first).unwrap();
+
+        let mut next = state.clone();
+        let red = next.tenants.get_mut("red").unwrap();
+        red.rules = RuleSet {
+            version: 2,
+            rules: Arc::new(vec![rule(3), rule(5), rule(9)]),
+        };
+        let second = switch_config_with(&base, &ids, &next, &mut cache);
+        assert!(Arc::ptr_eq(
+            &first.tenants[0].rules,
+            &second.tenants[0].rules
+        ));
+        assert!(!Arc::ptr_eq(
+            &first.tenants[1].rules,
+            &second.tenants[1].rules
+        ));
+        assert_eq!(
+            second.tenants[1]
+                .rules
+                .iter()
+                .map(|r| r.matches.order)
+                .collect::<Vec<_>>(),
+            [3, 5, 9]
+        );
+        let p = h.publish(&second).unwrap();
+        assert_eq!((p.unchanged, p.patched, p.built), (1, 1, 0));
+
+        // The same content in a new list is compared, and found unchanged.
+        let mut again = next.clone();
+        again.tenants.get_mut("blue").unwrap().rules.rules = Arc::new(vec![rule(3), rule(9)]);
+        let third = switch_config_with(&base, &ids, &again, &mut cache);
+        assert!(!Arc::ptr_eq(
+            &second.tenants[0].rules,
+            &third.tenants[0].rules
+        ));
+        let p = h.publish(&third).unwrap();
+        assert_eq!((p.unchanged, p.patched, p.built), (2, 0, 0));
+
+        again.tenants.remove("blue");
+        cache.keep_only(&again);
+        assert_eq!(cache.0.len(), 1);
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn one_tenant(mut cfg: SwitchConfig) -> SwitchConfig {
     let mut lists: Vec<_> = cfg
         .tenants
         .iter_mut()
-        .map(|t| std::mem::take(&mut t.rules).into_iter())
+        .map(|t| std::mem::take(std::sync::Arc::make_mut(&mut t.rules)).into_iter())
         .collect();
     // Round-robin back into file order.
     'outer: loop {
@@ -58,10 +58,13 @@ fn one_tenant(mut cfg: SwitchConfig) -> SwitchConfig {
         all.extend(l);
     }
     let mut t = TenantConfig {
-        rules: all,
+        rules: all.into(),
         ..cfg.tenants[0].clone()
     };
-    for (i, r) in t.rules.iter_mut().enumerate() {
+    for (i, r) in std::sync::Arc::make_mut(&mut t.rules)
+        .iter_mut()
+        .enumerate()
+    {
         r.id = format!("r{i}");
         r.matches.order = i as u32;
     }
@@ -97,7 +100,8 @@ fn many(n: usize) -> SwitchConfig {
                 allow: true,
                 stateful: false,
                 rate_limit: None,
-            }],
+            }]
+            .into(),
             ..TenantConfig::default()
         }
     };
@@ -178,7 +182,7 @@ fn main() {
         cfg = one_tenant(cfg);
     }
     for t in &mut cfg.tenants {
-        for r in &mut t.rules {
+        for r in std::sync::Arc::make_mut(&mut t.rules).iter_mut() {
             r.matches.order *= SPREAD;
         }
     }
@@ -190,7 +194,7 @@ fn main() {
     let mut full = Vec::new();
     for round in 0..5 {
         for t in &mut cfg.tenants {
-            for r in &mut t.rules {
+            for r in std::sync::Arc::make_mut(&mut t.rules).iter_mut() {
                 r.id = format!("{}.{round}", r.id.split('.').next().unwrap_or(""));
             }
         }
@@ -212,7 +216,7 @@ fn main() {
     let (mut ins_built, mut del_built) = (0, 0);
     for i in 0..changes {
         let ti = rnd(cfg.tenants.len());
-        let rules = &mut cfg.tenants[ti].rules;
+        let rules = std::sync::Arc::make_mut(&mut cfg.tenants[ti].rules);
         let at = rnd(rules.len());
         let insert = i % 2 == 0;
         if insert {

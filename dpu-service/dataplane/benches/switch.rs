@@ -134,7 +134,7 @@ fn main() {
             name: "bench".into(),
             attachments: vec![Attach::port(0, 0), Attach::port(1, 0)],
             default_allow: rules == 0,
-            rules: list,
+            rules: list.into(),
             ..TenantConfig::default()
         }],
         conntrack_max,

@@ -72,7 +72,8 @@ pub fn switch_config(path: &str, flow_cache: usize) -> SwitchConfig {
                         rate_limit: None,
                     }
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             ..TenantConfig::default()
         })
         .collect();

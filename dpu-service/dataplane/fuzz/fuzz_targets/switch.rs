@@ -108,7 +108,7 @@ fn tenant(
             .map(|&(port, vlan)| Attach::port(port, vlan))
             .collect(),
         default_allow,
-        rules,
+        rules: rules.into(),
         ..TenantConfig::default()
     }
 }

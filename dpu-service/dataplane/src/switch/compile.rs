@@ -81,6 +81,10 @@ pub(super) struct CompiledTenant {
     pub(super) vtep_prefixes: Vec<Vec<(u32, u32)>>,
     pub(super) default_allow: bool,
     pub(super) classifier: Classifier,
+    /// The rule list this was compiled from, held so that its allocation
+    /// identifies it: a later configuration holding the same one has the
+    /// same rules.
+    pub(super) source: Arc<Vec<SwitchRule>>,
     /// The tenant's storage endpoints: (MAC, index of its attachment).
     /// Empty for most tenants, so their frames pay one length test.
     pub(super) endpoints: Box<[([u8; 6], u32)]>,
@@ -498,9 +502,18 @@ impl Compiled {
                     vl[usize::from(a.vlan)] = (ti as u32, ai as u32);
                 }
             }
-            let patched = prev_tenants
-                .get(t.name.as_str())
-                .and_then(|p| patch_rules(p, &t.rules));
+            let patched = prev_tenants.get(t.name.as_str()).and_then(|p| {
+                if Arc::ptr_eq(&p.source, &t.rules) {
+                    // The very list: nothing to compare.
+                    let same = Rules {
+                        slots: p.slots.clone(),
+                        order: p.order.clone(),
+                        classifier: p.classifier.clone(),
+                    };
+                    return Some((same, false));
+                }
+                patch_rules(p, &t.rules)
+            });
             let Rules {
                 slots,
                 order,
@@ -588,6 +601,7 @@ impl Compiled {
                     .collect(),
                 default_allow: t.default_allow,
                 classifier,
+                source: t.rules.clone(),
                 endpoints: t
                     .endpoints
                     .iter()
@@ -703,7 +717,7 @@ mod tests {
         for i in 0..400 {
             let mut r = rule(&mut rnd);
             r.matches.order = i * 16;
-            t.rules.push(r);
+            std::sync::Arc::make_mut(&mut t.rules).push(r);
         }
         let mut cfg = SwitchConfig {
             ports: 3,
@@ -713,7 +727,7 @@ mod tests {
         let h = SwitchHandle::new(&cfg).unwrap();
         let mut patched = 0;
         for step in 0..300 {
-            let rules = &mut cfg.tenants[0].rules;
+            let rules = std::sync::Arc::make_mut(&mut cfg.tenants[0].rules);
             let at = rnd(rules.len() as u64) as usize;
             match step % 4 {
                 0 => {
@@ -763,7 +777,7 @@ mod tests {
         }
         assert!(patched > 200, "only {patched} of 300 changes were patched");
         // Replacing every rule is no patch: a full build.
-        for r in &mut cfg.tenants[0].rules {
+        for r in std::sync::Arc::make_mut(&mut cfg.tenants[0].rules).iter_mut() {
             r.id.push('x');
         }
         assert_eq!(h.publish(&cfg).unwrap().built, 1);
@@ -775,7 +789,7 @@ mod tests {
         let mut r = cfg.tenants[0].rules[0].clone();
         r.id = "dup".into();
         r.matches.order = dup;
-        cfg.tenants[0].rules.push(r);
+        std::sync::Arc::make_mut(&mut cfg.tenants[0].rules).push(r);
         assert_eq!(
             h.publish(&cfg),
             Err(ConfigError::DuplicateOrder {
@@ -869,7 +883,7 @@ mod tests {
             stateful: false,
             rate_limit: None,
         };
-        t.rules = vec![r.clone(), r];
+        t.rules = vec![r.clone(), r].into();
         assert!(matches!(
             err(cfg(vec![t])),
             ConfigError::DuplicateOrder { .. }

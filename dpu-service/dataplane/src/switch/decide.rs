@@ -912,7 +912,7 @@ mod tests {
                     let mut dns = AclRule::any(1, 0, Family::V4);
                     dns.proto = (proto::UDP, proto::UDP);
                     dns.dst_port = (53, 53);
-                    t.rules.push(SwitchRule {
+                    std::sync::Arc::make_mut(&mut t.rules).push(SwitchRule {
                         id: "dns".into(),
                         matches: dns,
                         allow: true,

@@ -42,7 +42,7 @@ fn tcp_rule(id: &str, order: u32, dport: u16, src: u32, bits: u8, allow: bool) -
 
 fn config(blue_rules: Vec<SwitchRule>, blue_allows: bool) -> SwitchConfig {
     let mut blue = tenant("blue", &[(0, 10), (1, 0)], blue_allows);
-    blue.rules = blue_rules;
+    blue.rules = blue_rules.into();
     blue.endpoints = vec![endpoint(BLUE_EP)];
     let mut red = tenant("red", &[(2, 10)], true);
     red.endpoints = vec![endpoint(RED_EP)];

@@ -177,7 +177,7 @@ mod tests {
         let h = SwitchHandle::new(&config(&t)).unwrap();
         let mut p = h.pipeline();
         for round in 0..40 {
-            t.rules = cacheable_rules(&mut rng);
+            t.rules = cacheable_rules(&mut rng).into();
 
             h.publish(&config(&t)).unwrap();
             p.turn();
@@ -220,7 +220,7 @@ mod tests {
         use crate::io::memory::MemPacket;
         let mut rng = crate::classify::tests::Rng(0x7e57);
         let mut t = tenant("t", &[(0, 0), (1, 0)], false);
-        t.rules = cacheable_rules(&mut rng);
+        t.rules = cacheable_rules(&mut rng).into();
         let h = SwitchHandle::new(&SwitchConfig {
             ports: 2,
             tenants: vec![t.clone()],
@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn rules_first_match_then_default() {
         let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
-        t.rules = dns_and_deny_7();
+        t.rules = dns_and_deny_7().into();
         let (_h, mut p) = switch(2, vec![t]);
         let to_1 = Verdict::Forward(Egress {
             vlan: VlanOp::Keep,
@@ -483,7 +483,7 @@ mod tests {
         /// tenant "b" on ports 2 and 3 with the same addresses, no rules.
         fn setup() -> (SwitchHandle, SwitchPipeline, TenantConfig) {
             let mut a = tenant("a", &[(0, 0), (1, 0)], false);
-            a.rules = rules();
+            a.rules = rules().into();
             let b = tenant("b", &[(2, 0), (3, 0)], false);
             let (h, p) = switch(4, vec![a.clone(), b]);
             (h, p, a)
@@ -569,7 +569,7 @@ mod tests {
             let mut ssh = AclRule::any(1, 0, Family::V4);
             ssh.proto = (proto::TCP, proto::TCP);
             ssh.dst_port = (22, 22);
-            a2.rules.push(SwitchRule {
+            std::sync::Arc::make_mut(&mut a2.rules).push(SwitchRule {
                 id: "no-ssh".into(),
                 matches: ssh,
                 allow: false,
@@ -584,7 +584,7 @@ mod tests {
 
             // "web" goes: its connection goes with it, mid-stream, both
             // ways; DNS stays.
-            a2.rules.retain(|r| r.id != "web");
+            std::sync::Arc::make_mut(&mut a2.rules).retain(|r| r.id != "web");
             h.publish(&config(vec![a2, b])).unwrap();
             p.turn();
             assert_eq!(
@@ -602,10 +602,10 @@ mod tests {
         #[test]
         fn a_full_tenant_table_refuses_only_that_tenant() {
             let mut a = tenant("a", &[(0, 0), (1, 0)], false);
-            a.rules = rules();
+            a.rules = rules().into();
             // The same rules, for a tenant on ports 2 and 3.
             let mut b = tenant("b", &[(2, 0), (3, 0)], false);
-            b.rules = rules();
+            b.rules = rules().into();
             let h = SwitchHandle::new(&SwitchConfig {
                 conntrack_per_tenant: 3,
                 conntrack_max: 100,
@@ -636,7 +636,7 @@ mod tests {
             assert_eq!(p.conns.len(), 10);
             // Same tenant, no stateful rule left: the sweep frees them.
             let mut a2 = a.clone();
-            for r in &mut a2.rules {
+            for r in std::sync::Arc::make_mut(&mut a2.rules).iter_mut() {
                 r.stateful = false;
             }
             h.publish(&config(vec![a2])).unwrap();

@@ -81,7 +81,7 @@ fn client_rules() -> Vec<SwitchRule> {
 /// "b" (ports 2, 3), the same addresses, default deny, no rules.
 fn setup(config: SwitchConfig) -> (SwitchHandle, SwitchPipeline) {
     let mut a = tenant("a", &[(0, 0), (1, 0)], false);
-    a.rules = client_rules();
+    a.rules = client_rules().into();
     let b = tenant("b", &[(2, 0), (3, 0)], false);
     let h = SwitchHandle::new(&SwitchConfig {
         ports: 4,
@@ -164,7 +164,8 @@ fn fragmented_icmp_is_not_an_echo_reply() {
         allow: true,
         stateful: false,
         rate_limit: None,
-    }];
+    }]
+    .into();
     let (_h, mut p) = switch(2, vec![a]);
     // Parts of an ICMP error or of anything else, without a first.
     let later = frag(2, proto::ICMP, &[0; 16], 9, 2, false);
@@ -189,7 +190,8 @@ fn a_port_deny_is_not_bypassed_by_fragments() {
         allow: false,
         stateful: false,
         rate_limit: None,
-    }];
+    }]
+    .into();
     let (h, mut p) = switch(2, vec![a]);
     let [first, rest @ ..] = udp_datagram(1, 5000, 9999, 1);
     assert_eq!(passes(&mut p, 0, first), Err(DropReason::AclDeny));
@@ -218,7 +220,8 @@ fn tiny_and_overlapping_fragments_are_dropped() {
         allow: false,
         stateful: false,
         rate_limit: None,
-    }];
+    }]
+    .into();
     let (_h, mut p) = switch(2, vec![a]);
     let invalid = Err(DropReason::FragmentInvalid);
     // The ports in one fragment, the flags in the next.
@@ -258,7 +261,8 @@ fn ipv6_fragments_follow_their_first() {
         allow: false,
         stateful: false,
         rate_limit: None,
-    }];
+    }]
+    .into();
     let (_h, mut p) = switch(2, vec![a]);
     let v6 = |dport: u16, id: u32, offset: u16, more: bool| {
         let mut f = eth(mac(2), mac(1), None, ETH_IPV6);
@@ -292,9 +296,9 @@ fn ipv6_fragments_follow_their_first() {
 #[test]
 fn the_fragment_table_is_bounded_shared_and_aged() {
     let mut a = tenant("a", &[(0, 0), (1, 0)], false);
-    a.rules = client_rules();
+    a.rules = client_rules().into();
     let mut b = tenant("b", &[(2, 0), (3, 0)], false);
-    b.rules = client_rules();
+    b.rules = client_rules().into();
     let h = SwitchHandle::new(&SwitchConfig {
         ports: 4,
         tenants: vec![a, b],
@@ -349,7 +353,7 @@ fn a_connection_flood_never_takes_another_tenants_reserve() {
     let tenants: Vec<TenantConfig> = (0..3)
         .map(|i| {
             let mut t = tenant(&format!("t{i}"), &[(2 * i, 0), (2 * i + 1, 0)], false);
-            t.rules = client_rules();
+            t.rules = client_rules().into();
             t
         })
         .collect();

@@ -165,7 +165,7 @@ mod tests {
         let mut broken = udp(1, mac(2), None, 53);
         broken[14] = 0x43; // IHL 3: shorter than an IPv4 header
         let mut ruled = tenant("ruled", &[(2, 0), (3, 0)], true);
-        ruled.rules = dns_and_deny_7();
+        ruled.rules = dns_and_deny_7().into();
         // One attachment guarded by source MAC only, the other open.
         let mut by_mac = tenant("by_mac", &[(4, 0), (9, 0)], true);
         by_mac.guards = vec![Guard {

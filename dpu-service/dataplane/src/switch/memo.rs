@@ -181,8 +181,8 @@ mod tests {
         for stateful in [false, true] {
             let ruled = |stateful| {
                 let mut s = tenant("s", &[(0, 30), (3, 0)], false);
-                s.rules = dns_and_deny_7();
-                s.rules[0].stateful = stateful;
+                s.rules = dns_and_deny_7().into();
+                std::sync::Arc::make_mut(&mut s.rules)[0].stateful = stateful;
                 s
             };
             let plain = || tenant("t", &[(0, 10), (1, 0), (2, 0)], true);
@@ -266,8 +266,8 @@ mod tests {
             );
             // A rule for the tenant: the same header is filtered at once.
             let mut t = plain();
-            t.rules = dns_and_deny_7();
-            t.rules[0].allow = false;
+            t.rules = dns_and_deny_7().into();
+            std::sync::Arc::make_mut(&mut t.rules)[0].allow = false;
             h.publish(&SwitchConfig {
                 ports: 4,
                 tenants: vec![t, ruled(stateful)],

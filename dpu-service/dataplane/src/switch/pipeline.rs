@@ -453,7 +453,7 @@ mod tests {
                     ("dns", dns, true, rng.below(2) == 0),
                     ("echo", echo, true, true),
                 ] {
-                    t.rules.push(SwitchRule {
+                    std::sync::Arc::make_mut(&mut t.rules).push(SwitchRule {
                         id: id.into(),
                         matches: m,
                         allow,
@@ -466,7 +466,7 @@ mod tests {
                     for i in 0..FLOW_CACHE_MIN_RULES as u32 {
                         let mut m = AclRule::any(100 + i, 0, Family::V4);
                         m.src = AclRule::prefix_range(u128::from(0xc0a8_0000 | i), 32, 32);
-                        t.rules.push(SwitchRule {
+                        std::sync::Arc::make_mut(&mut t.rules).push(SwitchRule {
                             id: format!("f{i}"),
                             matches: m,
                             allow: false,
@@ -476,11 +476,13 @@ mod tests {
                     }
                 }
                 if plain && ti == 0 {
-                    t.rules.clear();
+                    std::sync::Arc::make_mut(&mut t.rules).clear();
                     t.default_allow = true;
                 }
                 if stateless {
-                    t.rules.iter_mut().for_each(|r| r.stateful = false);
+                    std::sync::Arc::make_mut(&mut t.rules)
+                        .iter_mut()
+                        .for_each(|r| r.stateful = false);
                 }
                 tenants.push(t);
             }

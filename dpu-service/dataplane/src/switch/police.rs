@@ -109,7 +109,8 @@ mod tests {
                     burst: 2_000,
                 },
             ),
-        ];
+        ]
+        .into();
         let (h, mut p) = switch(2, vec![t]);
         let limited_drop = Verdict::Drop(DropReason::RateLimited);
         let burst = |p: &mut SwitchPipeline, dport: u16, n: usize| {

@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn tenant_and_rule_counters_follow_their_ids() {
         let mut t = tenant("t1", &[(0, 0), (1, 0)], false);
-        t.rules = dns_and_deny_7();
+        t.rules = dns_and_deny_7().into();
         let (h, mut p) = switch(2, vec![t.clone()]);
         p.turn();
         let a = udp(1, mac(2), None, 53);
@@ -175,8 +175,8 @@ mod tests {
         // from its count, "deny7" is gone once no worker holds the old
         // snapshot.
         let mut t2 = t.clone();
-        t2.rules.remove(1);
-        t2.rules.insert(
+        std::sync::Arc::make_mut(&mut t2.rules).remove(1);
+        std::sync::Arc::make_mut(&mut t2.rules).insert(
             0,
             SwitchRule {
                 id: "x".into(),

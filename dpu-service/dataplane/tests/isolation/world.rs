@@ -386,7 +386,7 @@ impl World {
                 guards.push(g);
             }
             tc.guards = guards;
-            tc.rules = random_rules(d);
+            tc.rules = random_rules(d).into();
             cfg_tenants.push(tc);
         }
         let mut vteps = vec![None; ports];
