@@ -433,7 +433,10 @@ fn fmt_mac(m: [u8; 6]) -> String {
 /// allocation is never freed and reused for other rules while it serves
 /// as an identity.
 #[derive(Debug, Default)]
-pub struct RuleCache(std::collections::HashMap<String, (Arc<Vec<Rule>>, Arc<Vec<SwitchRule>>)>);
+pub struct RuleCache(std::collections::HashMap<String, Converted>);
+
+/// A tenant's rule list and its switch rules.
+type Converted = (Arc<Vec<Rule>>, Arc<Vec<SwitchRule>>);
 
 impl RuleCache {
     /// The switch rules of tenant `id`, whose rule list is `rules`.

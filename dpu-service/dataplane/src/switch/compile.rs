@@ -65,9 +65,9 @@ pub(super) struct CompiledTenant {
     pub(super) cached: bool,
     /// What each rule does, by rule tag: [`ALLOWS`], [`OPENS`] and
     /// [`LIMITED`] bits (a byte a rule, so a big tenant's stay in cache).
-    pub(super) actions: Vec<u8>,
+    pub(super) actions: Arc<[u8]>,
     /// Rate limit (this worker's share) by rule tag.
-    pub(super) limits: Vec<Option<Bucket>>,
+    pub(super) limits: Arc<[Option<Bucket>]>,
     /// The rules by tag (`matches.tag` is the slot's index); `None`: a
     /// slot whose rule was removed by an incremental change.
     pub(super) slots: Arc<Vec<Option<Slot>>>,
@@ -502,7 +502,14 @@ impl Compiled {
                     vl[usize::from(a.vlan)] = (ti as u32, ai as u32);
                 }
             }
-            let patched = prev_tenants.get(t.name.as_str()).and_then(|p| {
+            let prev_tenant = prev_tenants.get(t.name.as_str());
+            // The very list the previous configuration's tenant was
+            // compiled from (and for as many workers): everything derived
+            // from its rules alone is kept as it is.
+            let same_list = prev_tenant.filter(|p| {
+                Arc::ptr_eq(&p.source, &t.rules) && prev.is_some_and(|c| c.shards.len() == workers)
+            });
+            let patched = prev_tenant.and_then(|p| {
                 if Arc::ptr_eq(&p.source, &t.rules) {
                     // The very list: nothing to compare.
                     let same = Rules {
@@ -542,18 +549,33 @@ impl Compiled {
             };
             let next = ids.len() as u32;
             let uid = *ids.entry(t.name.clone()).or_insert(next);
-            let actions: Vec<u8> = slots
-                .iter()
-                .map(|r| match r {
-                    Some(r) if r.allow => {
-                        ALLOWS
-                            | if r.stateful { OPENS } else { 0 }
-                            | if r.rate_limit.is_some() { LIMITED } else { 0 }
-                    }
-                    _ => 0,
-                })
-                .collect();
-            let tracks = actions.iter().any(|a| a & OPENS != 0);
+            let (actions, limits, tracks) = match same_list {
+                Some(p) => (p.actions.clone(), p.limits.clone(), p.tracks),
+                None => {
+                    let actions: Arc<[u8]> = slots
+                        .iter()
+                        .map(|r| match r {
+                            Some(r) if r.allow => {
+                                ALLOWS
+                                    | if r.stateful { OPENS } else { 0 }
+                                    | if r.rate_limit.is_some() { LIMITED } else { 0 }
+                            }
+                            _ => 0,
+                        })
+                        .collect();
+                    let limits = slots
+                        .iter()
+                        .map(|r| {
+                            r.as_ref()
+                                .filter(|r| r.allow)
+                                .and_then(|r| r.rate_limit)
+                                .map(|l| Bucket::share(&l, workers))
+                        })
+                        .collect();
+                    let tracks = actions.iter().any(|a| a & OPENS != 0);
+                    (actions, limits, tracks)
+                }
+            };
             if c.tracking.len() <= uid as usize {
                 c.tracking.resize(uid as usize + 1, false);
             }
@@ -568,15 +590,7 @@ impl Compiled {
                     .flatten()
                     .all(|g| g.v4.is_empty() && g.v6.is_empty());
             c.tenants.push(CompiledTenant {
-                limits: slots
-                    .iter()
-                    .map(|r| {
-                        r.as_ref()
-                            .filter(|r| r.allow)
-                            .and_then(|r| r.rate_limit)
-                            .map(|l| Bucket::share(&l, workers))
-                    })
-                    .collect(),
+                limits,
                 name: t.name.clone(),
                 guards,
                 opaque_ip,

@@ -95,12 +95,10 @@ impl Compiled {
                 }
             }
             out.add_tenant(&t.name, sum);
-            for (ri, id) in t
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| Some((i, &r.as_ref()?.id)))
-            {
+            // The counters first: a retired snapshot's rules that counted
+            // nothing (most, in a large rule set) are skipped without
+            // reading their slots.
+            for ri in 0..t.slots.len() {
                 let mut r = RuleTraffic::default();
                 for sh in self.shards.iter() {
                     let c = &sh.rules[ti][ri];
@@ -108,8 +106,11 @@ impl Compiled {
                     r.bytes += c.bytes.load(Ordering::Relaxed);
                     r.last_hit = r.last_hit.max(c.last_hit.load(Ordering::Relaxed));
                 }
-                if current || r != RuleTraffic::default() {
-                    out.add_rule(&t.name, id, r);
+                if !current && r == RuleTraffic::default() {
+                    continue;
+                }
+                if let Some(slot) = &t.slots[ri] {
+                    out.add_rule(&t.name, &slot.id, r);
                 }
             }
         }
