@@ -271,6 +271,35 @@ impl Service {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Creates subsystem `id` (`nqn`) allowing `hosts`, with a RAM
+    /// namespace of `ram` (a `dpuctl` size such as `16M`), listening on
+    /// the kernel's 127.0.0.1:`port`.
+    pub fn local_subsystem(
+        &self,
+        id: &str,
+        nqn: &str,
+        hosts: &[&str],
+        ram: &str,
+        port: u16,
+    ) -> Result<()> {
+        self.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
+        for h in hosts {
+            self.dpuctl_ok(&["subsystem", "add-host", id, h])?;
+        }
+        self.dpuctl_ok(&["namespace", "create", id, "--ram", ram])?;
+        let p = port.to_string();
+        self.dpuctl_ok(&[
+            "listener",
+            "create",
+            id,
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &p,
+        ])?;
+        Ok(())
+    }
+
     /// Runs `dpuctl --output json`, requires success and parses the output.
     pub fn dpuctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
         let mut all = vec!["--output", "json"];

@@ -180,6 +180,12 @@ fn tenant_with_endpoint(
     sub: &str,
     nqn: &str,
 ) -> Result<()> {
+    allow_tenant(svc, tenant, port)?;
+    endpoint_subsystem(svc, tenant, sub, nqn)
+}
+
+/// A default-allow tenant attached to the whole of `port`.
+fn allow_tenant(svc: &Service, tenant: &str, port: &str) -> Result<()> {
     svc.dpuctl_json(&[
         "tenant",
         "create",
@@ -189,6 +195,12 @@ fn tenant_with_endpoint(
         "--port",
         port,
     ])?;
+    Ok(())
+}
+
+/// Subsystem `sub` (`nqn`, any host, a 16 MiB RAM namespace) listening
+/// at `tenant`'s endpoint `EP:4420`.
+fn endpoint_subsystem(svc: &Service, tenant: &str, sub: &str, nqn: &str) -> Result<()> {
     svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
     svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
     svc.dpuctl_json(&[
@@ -214,15 +226,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     let config = config(1, "", &[("pf0vf0", &blue), ("pf0vf1", &red)]);
     let mut svc = Service::start_config(&config, &[])?;
     for (tenant, port) in [("blue", "pf0vf0"), ("red", "pf0vf1")] {
-        svc.dpuctl_json(&[
-            "tenant",
-            "create",
-            tenant,
-            "--default-policy",
-            "allow",
-            "--port",
-            port,
-        ])?;
+        allow_tenant(&svc, tenant, port)?;
     }
     // Blue has two subsystems on its endpoint, red one on its own, at
     // the same address.
@@ -231,21 +235,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
         ("blue-b", &format!("{BLUE_NQN}-b"), "blue"),
         ("red-a", RED_NQN, "red"),
     ] {
-        svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
-        svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
-        svc.dpuctl_json(&[
-            "listener",
-            "create",
-            sub,
-            "--id",
-            "ep",
-            "--tenant",
-            tenant,
-            "--address",
-            EP,
-            "--port",
-            "4420",
-        ])?;
+        endpoint_subsystem(&svc, tenant, sub, nqn)?;
     }
 
     // The endpoint answers ARP and ping in its tenant.

@@ -115,20 +115,7 @@ fn dhchap_through_the_daemon() -> Result<()> {
     };
     let (secret_file, ctrl_file) = (file("host.key", SECRET)?, file("ctrl.key", CTRL_SECRET)?);
 
-    svc.dpuctl_ok(&["subsystem", "create", "auth", "--nqn", NQN])?;
-    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST])?;
-    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST2])?;
-    svc.dpuctl_ok(&["namespace", "create", "auth", "--ram", "16M"])?;
-    let p = port.to_string();
-    svc.dpuctl_ok(&[
-        "listener",
-        "create",
-        "auth",
-        "--address",
-        "127.0.0.1",
-        "--port",
-        &p,
-    ])?;
+    svc.local_subsystem("auth", NQN, &[HOST, HOST2], "16M", port)?;
     // Before any secret, the host connects without authenticating.
     did_io("no secret set", &perf(port, HOST, None, None)?)?;
 
@@ -306,7 +293,6 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
     ];
     let svc = Service::start()?;
     let port = free_port();
-    let p = port.to_string();
     let dir = tempfile::tempdir()?;
     let write = |name: &str, text: &str| -> Result<String> {
         let path = dir.path().join(name);
@@ -314,18 +300,7 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
         Ok(path.display().to_string())
     };
     let (sf, cf) = (write("h.key", SECRET_SHA256)?, write("c.key", CTRL_SECRET)?);
-    svc.dpuctl_ok(&["subsystem", "create", "auth", "--nqn", KNQN])?;
-    svc.dpuctl_ok(&["subsystem", "add-host", "auth", HOST])?;
-    svc.dpuctl_ok(&["namespace", "create", "auth", "--ram", "16M"])?;
-    svc.dpuctl_ok(&[
-        "listener",
-        "create",
-        "auth",
-        "--address",
-        "127.0.0.1",
-        "--port",
-        &p,
-    ])?;
+    svc.local_subsystem("auth", KNQN, &[HOST], "16M", port)?;
     svc.dpuctl_ok(&[
         "subsystem",
         "set-auth",
@@ -341,18 +316,7 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
         "ffdhe2048",
     ])?;
     for (id, nqn, hash, group) in SHA512 {
-        svc.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
-        svc.dpuctl_ok(&["subsystem", "add-host", id, HOST])?;
-        svc.dpuctl_ok(&["namespace", "create", id, "--ram", "8M"])?;
-        svc.dpuctl_ok(&[
-            "listener",
-            "create",
-            id,
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &p,
-        ])?;
+        svc.local_subsystem(id, nqn, &[HOST], "8M", port)?;
         svc.dpuctl_ok(&[
             "subsystem",
             "set-auth",

@@ -48,25 +48,6 @@ const FLOOD_CONNS: u64 = 6;
 const RUN_BOUND: Duration = Duration::from_millis(2500);
 const IO_BOUND_US: f64 = 500_000.0;
 
-/// A subsystem `id` with a 16 MiB RAM namespace, `host` allowed, on
-/// 127.0.0.1:`port`.
-fn subsystem(svc: &Service, id: &str, nqn: &str, host: &str, port: u16) -> Result<()> {
-    svc.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
-    svc.dpuctl_ok(&["subsystem", "add-host", id, host])?;
-    svc.dpuctl_ok(&["namespace", "create", id, "--ram", "16M"])?;
-    let p = port.to_string();
-    svc.dpuctl_ok(&[
-        "listener",
-        "create",
-        id,
-        "--address",
-        "127.0.0.1",
-        "--port",
-        &p,
-    ])?;
-    Ok(())
-}
-
 /// `dpu_nvmf_auth_total` of subsystem `id` for `result`.
 fn auth_total(svc: &Service, id: &str, result: &str) -> Result<u64> {
     let (_, body) = svc.http_get("/metrics")?;
@@ -140,8 +121,8 @@ fn an_authentication_flood_stalls_no_one_and_is_held_to_its_rate() -> Result<()>
     );
     let svc = Service::start_config(&config, &[])?;
     let (port, plain_port) = (free_port(), free_port());
-    subsystem(&svc, "flood", NQN, HOST, port)?;
-    subsystem(&svc, "plain", PLAIN_NQN, OTHER, plain_port)?;
+    svc.local_subsystem("flood", NQN, &[HOST], "16M", port)?;
+    svc.local_subsystem("plain", PLAIN_NQN, &[OTHER], "16M", plain_port)?;
     ffdhe8192_only(&svc)?;
     let perf = binary("nvmf-perf")?;
     let legit = || -> Result<(Duration, f64)> {
@@ -280,7 +261,7 @@ fn a_full_dh_queue_refuses_attempts_at_once_and_counts_them() -> Result<()> {
     );
     let svc = Service::start_config(&config, &[])?;
     let port = free_port();
-    subsystem(&svc, "flood", NQN, HOST, port)?;
+    svc.local_subsystem("flood", NQN, &[HOST], "16M", port)?;
     ffdhe8192_only(&svc)?;
     let out = Command::new(binary("nvmf-perf")?)
         .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
