@@ -504,23 +504,19 @@ impl Compiled {
             }
             let prev_tenant = prev_tenants.get(t.name.as_str());
             // The very list the previous configuration's tenant was
-            // compiled from (and for as many workers): everything derived
-            // from its rules alone is kept as it is.
-            let same_list = prev_tenant.filter(|p| {
-                Arc::ptr_eq(&p.source, &t.rules) && prev.is_some_and(|c| c.shards.len() == workers)
-            });
-            let patched = prev_tenant.and_then(|p| {
-                if Arc::ptr_eq(&p.source, &t.rules) {
-                    // The very list: nothing to compare.
-                    let same = Rules {
+            // compiled from: its compiled rules are kept without a compare.
+            let same_list = prev_tenant.filter(|p| Arc::ptr_eq(&p.source, &t.rules));
+            let patched = match same_list {
+                Some(p) => Some((
+                    Rules {
                         slots: p.slots.clone(),
                         order: p.order.clone(),
                         classifier: p.classifier.clone(),
-                    };
-                    return Some((same, false));
-                }
-                patch_rules(p, &t.rules)
-            });
+                    },
+                    false,
+                )),
+                None => prev_tenant.and_then(|p| patch_rules(p, &t.rules)),
+            };
             let Rules {
                 slots,
                 order,
@@ -549,7 +545,10 @@ impl Compiled {
             };
             let next = ids.len() as u32;
             let uid = *ids.entry(t.name.clone()).or_insert(next);
-            let (actions, limits, tracks) = match same_list {
+            // What derives from the rules alone is kept too, where the
+            // workers (who share the rate limits) are as many.
+            let kept = same_list.filter(|_| prev.is_some_and(|c| c.shards.len() == workers));
+            let (actions, limits, tracks) = match kept {
                 Some(p) => (p.actions.clone(), p.limits.clone(), p.tracks),
                 None => {
                     let actions: Arc<[u8]> = slots
