@@ -37,9 +37,9 @@
 //! IPv4 rule sets whose tables fit a memory budget are also compiled to
 //! Recursive Flow Classification tables (`rfc`): a fixed sequence
 //! of table reads, no compare, no walk. IPv4 lookups read those first;
-//! the trees answer when a set has no tables (rules that are neither
-//! prefixes nor fit the budget), and for the keys whose answer was
-//! removed since the build ([`Classifier::with_changes`]).
+//! the trees answer when a set has no tables (rules whose tables would
+//! not fit the budget), and for the keys whose answer was removed since
+//! the build ([`Classifier::with_changes`]).
 //!
 //! A lookup walks the trees in order of their first rule and stops as soon
 //! as no later tree can hold an earlier match. IPv4 and IPv6 have separate

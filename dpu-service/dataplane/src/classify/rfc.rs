@@ -2,24 +2,31 @@
 //! a lookup of a fixed, short sequence of table reads with no compare and
 //! no branch on the key, for rule sets whose tables fit a memory budget.
 //!
-//! The 104 bits of a key are cut into seven chunks: the high and low 16
-//! bits of each address, each port, and the protocol. Phase 0 maps each
-//! chunk's value to its equivalence class: values matched by exactly the
-//! same rules share a class. Phase 1 maps pairs of classes (both halves
-//! of an address; protocol, source port and destination port together)
-//! to the class of the rules matching both; phase 2 joins two of the
-//! three fields so found, and phase 3 the third, into the first matching
-//! rule. Every table is indexed by the classes before it, so a lookup is
-//! twenty loads, at most six of them in a chain, whatever the number of
-//! rules; batches run phase by phase, so the loads of different keys
-//! overlap.
+//! Each address goes through a trie of four one-byte levels to its
+//! equivalence class: addresses matched by exactly the same rules share
+//! a class. The protocol and each port map to theirs through one table
+//! each (phase 0). Phase 1 joins protocol, source port and destination
+//! port into one class; phase 2 joins two of the three fields so found
+//! (source, destination, ports), and phase 3 the third, into the first
+//! matching rule. Every table is indexed by the classes before it, so a
+//! lookup is a fixed number of loads, at most six in a chain, whatever
+//! the number of rules; batches run step by step, so the loads of
+//! different keys overlap.
+//!
+//! The tries store each distinct node once, and a node whose addresses
+//! all have one class as one entry, so scattered host addresses cost a
+//! few nodes each; the classic cut of an address into two 16-bit chunks
+//! joined by a cross product costs the product of both halves' class
+//! counts instead (5,000 hosts spread over the space: 25 million entries
+//! against 5,000 classes), and takes only prefixes.
 //!
 //! The price is memory: the tables of later phases are cross products of
 //! class counts, which grow with how the rules overlap. [`Rfc::build`]
 //! computes each class count before it allocates the table it sizes, and
 //! gives up (the classifier then walks its trees) once the tables would
-//! pass a budget. Which two fields phase 2 joins first is chosen for the
-//! smallest tables.
+//! pass a budget, as soon as a join finds more classes than the next
+//! table could afford. Which two fields phase 2 joins first is chosen
+//! for the smallest tables.
 
 use hashbrown::HashMap;
 
@@ -63,10 +70,15 @@ pub(crate) static EMPTY: Rfc = {
         table: Vec::new(),
         width: 0,
     };
+    const NO_TRIE: Trie = Trie {
+        inner: [Vec::new(), Vec::new(), Vec::new()],
+        leaves: Vec::new(),
+        root: 0,
+    };
     Rfc {
-        chunks: [NO_CHUNK; 7],
-        src: NO_JOIN,
-        dst: NO_JOIN,
+        chunks: [NO_CHUNK; 3],
+        src: NO_TRIE,
+        dst: NO_TRIE,
         proto_sport: NO_JOIN,
         ports: NO_JOIN,
         order: [0, 1, 2],
@@ -118,14 +130,14 @@ impl Join {
 /// The tables of one IPv4 rule set; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct Rfc {
-    /// Source high, source low, destination high, destination low,
-    /// protocol, source port, destination port.
-    chunks: [Chunk; 7],
-    /// Phase 1: source address, destination address, ports and protocol
-    /// (joined in two steps: protocol with source port, then with
+    /// Protocol, source port, destination port.
+    chunks: [Chunk; 3],
+    /// Phases 0 and 1 of the addresses: each address's class.
+    src: Trie,
+    dst: Trie,
+    /// Phase 1 of the rest: protocol, source port and destination port
+    /// joined in two steps (protocol with source port, then with
     /// destination port).
-    src: Join,
-    dst: Join,
     proto_sport: Join,
     ports: Join,
     /// Which of the three fields (0 source, 1 destination, 2 ports)
@@ -245,14 +257,205 @@ impl hashbrown::Equivalent<(u16, Class)> for Split<'_> {
     }
 }
 
+/// Levels of an address [`Trie`], one byte of the address each.
+const LEVELS: usize = 4;
+/// An entry of a [`Trie`]'s inner level whose child is one entry for
+/// every byte value (a uniform node) rather than 256.
+const UNIFORM: u32 = 1 << 31;
+
+/// The class of each IPv4 address, as a trie of four levels of one byte
+/// each, nodes of equal content stored once, and a node whose addresses
+/// are all of one class stored as one entry (its children are found
+/// with the byte masked to 0, so a lookup is four loads and no branch).
+#[derive(Debug)]
+struct Trie {
+    /// Levels 0 to 2: per entry, where the child node starts in the next
+    /// level, with [`UNIFORM`] set if that node is one entry.
+    inner: [Vec<u32>; LEVELS - 1],
+    /// Level 3: the class of each address.
+    leaves: Vec<u16>,
+    /// The entry of the level-0 node.
+    root: u32,
+}
+
+impl Trie {
+    /// Where in the level below `e` the entry for the byte `b` is.
+    #[inline(always)]
+    fn at(e: u32, b: u32) -> usize {
+        // All ones, or zero for a uniform node.
+        let mask = (e >> 31).wrapping_sub(1) & 0xff;
+        ((e & !UNIFORM) + (b & mask)) as usize
+    }
+
+    #[inline(always)]
+    fn class(&self, a: u32) -> usize {
+        let e = self.inner[0][Trie::at(self.root, a >> 24)];
+        let e = self.inner[1][Trie::at(e, (a >> 16) & 0xff)];
+        let e = self.inner[2][Trie::at(e, (a >> 8) & 0xff)];
+        usize::from(self.leaves[Trie::at(e, a & 0xff)])
+    }
+
+    /// The classes of the inclusive address ranges `ranges` (one per rule,
+    /// by position) and the trie giving each address its class, or `None`
+    /// past `u16` classes or past `budget` entries (taken from it).
+    fn build(ranges: &[(u32, u32)], budget: &mut usize) -> Option<(Trie, Vec<Class>)> {
+        // Every address where some rule's range starts or stops.
+        let mut starts: Vec<(u64, u32)> = Vec::with_capacity(2 * ranges.len());
+        for (r, &(lo, hi)) in ranges.iter().enumerate() {
+            starts.push((u64::from(lo), r as u32));
+            if hi < u32::MAX {
+                starts.push((u64::from(hi) + 1, r as u32));
+            }
+        }
+        starts.sort_unstable();
+        let mut active = vec![0u64; ranges.len().div_ceil(64)];
+        let mut interner = Interner::new();
+        let mut segments: Vec<(u64, u16)> = Vec::with_capacity(starts.len() + 1);
+        let mut events = starts.iter().peekable();
+        let mut class = Vec::new();
+        let mut at = 0u64;
+        loop {
+            while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == at) {
+                let w = &mut active[r as usize / 64];
+                if u64::from(ranges[r as usize].0) == at {
+                    *w |= 1 << (r % 64);
+                } else {
+                    *w &= !(1 << (r % 64));
+                }
+            }
+            class.clear();
+            for (w, &bits) in active.iter().enumerate() {
+                let mut b = bits;
+                while b != 0 {
+                    class.push(w as u32 * 64 + b.trailing_zeros());
+                    b &= b - 1;
+                }
+            }
+            let id = interner.intern(&class)?;
+            if segments.last().is_none_or(|&(_, c)| c != id) {
+                segments.push((at, id));
+            }
+            match events.peek() {
+                Some(&&(v, _)) => at = v,
+                None => break,
+            }
+        }
+        let mut b = TrieBuilder {
+            trie: Trie {
+                inner: [Vec::new(), Vec::new(), Vec::new()],
+                leaves: Vec::new(),
+                root: 0,
+            },
+            nodes: Default::default(),
+            uniform: Default::default(),
+            budget: *budget,
+        };
+        let root = b.node(0, 0, &segments)?;
+        *budget = b.budget;
+        b.trie.root = root;
+        Some((b.trie, interner.classes))
+    }
+
+    /// Table entries.
+    fn len(&self) -> usize {
+        self.inner.iter().map(Vec::len).sum::<usize>() + self.leaves.len()
+    }
+}
+
+/// Builds a [`Trie`] from its addresses' classes, each node of the same
+/// content once.
+struct TrieBuilder {
+    trie: Trie,
+    /// Per level, where each node content already stored starts.
+    nodes: [HashMap<Vec<u32>, u32>; LEVELS],
+    /// Per level, the uniform node of each class.
+    uniform: [HashMap<u16, u32>; LEVELS],
+    budget: usize,
+}
+
+impl TrieBuilder {
+    /// Stores `entries` (a node of `level`, leaves' entries are classes)
+    /// once; its entry in the level above.
+    fn store(&mut self, level: usize, entries: Vec<u32>) -> Option<u32> {
+        let flag = if entries.len() == 1 { UNIFORM } else { 0 };
+        if let Some(&at) = self.nodes[level].get(&entries) {
+            return Some(at | flag);
+        }
+        self.budget = self.budget.checked_sub(entries.len())?;
+        let at = if level == LEVELS - 1 {
+            let at = self.trie.leaves.len();
+            self.trie.leaves.extend(entries.iter().map(|&c| c as u16));
+            at
+        } else {
+            let at = self.trie.inner[level].len();
+            self.trie.inner[level].extend_from_slice(&entries);
+            at
+        };
+        let at = u32::try_from(at).ok().filter(|&a| a < UNIFORM)?;
+        self.nodes[level].insert(entries, at);
+        Some(at | flag)
+    }
+
+    /// The entry of a node of `level` whose addresses are all `class`.
+    fn uniform(&mut self, level: usize, class: u16) -> Option<u32> {
+        if let Some(&e) = self.uniform[level].get(&class) {
+            return Some(e);
+        }
+        let entry = if level == LEVELS - 1 {
+            u32::from(class)
+        } else {
+            self.uniform(level + 1, class)?
+        };
+        let e = self.store(level, vec![entry])?;
+        self.uniform[level].insert(class, e);
+        Some(e)
+    }
+
+    /// The entry of the node of `level` over the addresses from `lo`, of
+    /// which `segments` (each a first address and its class, the first
+    /// starting at or before `lo`) are the ones it overlaps.
+    fn node(&mut self, level: usize, lo: u64, segments: &[(u64, u16)]) -> Option<u32> {
+        if let [(_, class)] = segments {
+            return self.uniform(level, *class);
+        }
+        let span = 1u64 << (8 * (LEVELS - 1 - level));
+        let mut entries = Vec::with_capacity(256);
+        let mut i = 0;
+        for k in 0..256u64 {
+            let (from, to) = (lo + k * span, lo + (k + 1) * span - 1);
+            while i + 1 < segments.len() && segments[i + 1].0 <= from {
+                i += 1;
+            }
+            let mut j = i;
+            while j + 1 < segments.len() && segments[j + 1].0 <= to {
+                j += 1;
+            }
+            entries.push(if level == LEVELS - 1 {
+                u32::from(segments[i].1)
+            } else {
+                self.node(level + 1, from, &segments[i..=j])?
+            });
+        }
+        self.store(level, entries)
+    }
+}
+
 /// The cross product of two class lists: the class of `a[i] ∩ b[j]` at
 /// `i * b.len() + j`. Work is in proportion to the table and to the
 /// intersections' sizes (each rule of `a[i]` visits the classes of `b`
 /// holding it), not to the pairs times the classes' sizes. Rules in
 /// every class of `b` (a field's wildcards) visit none: they are in
 /// every cell of `a[i]`'s row, and a class is found by that common part
-/// and the rest.
-fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(Join, Vec<Class>)> {
+/// and the rest. `None` past `most` classes (the join is given up as
+/// soon as it finds one more), so a join whose classes would make the
+/// next table too large costs only the work up to that point.
+fn join(
+    a: &[Class],
+    b: &[Class],
+    rules: usize,
+    budget: &mut usize,
+    most: usize,
+) -> Option<(Join, Vec<Class>)> {
     let size = a.len().checked_mul(b.len())?;
     *budget = budget.checked_sub(size)?;
     let of = holders(b, rules);
@@ -264,6 +467,9 @@ fn join(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<(J
     let mut intern = |common: u16, part: &[u32], rest: &[u32]| -> Option<u16> {
         if let Some(&id) = ids.get(&Split(common, rest)) {
             return Some(id);
+        }
+        if classes.len() >= most {
+            return None;
         }
         let id = u16::try_from(classes.len()).ok()?;
         let mut class: Class = part.iter().chain(rest).copied().collect();
@@ -341,26 +547,9 @@ fn firsts(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<
     })
 }
 
-/// The high and low 16-bit halves of an IPv4 address range, as ranges
-/// whose product is the range; `None` if it is no such product (a range
-/// that is not a prefix, crossing a 65,536-address boundary unaligned).
-fn halves((lo, hi): (u128, u128)) -> Option<((u32, u32), (u32, u32))> {
-    let (lo, hi) = (u32::try_from(lo).ok()?, u32::try_from(hi).ok()?);
-    let (lh, hh) = (lo >> 16, hi >> 16);
-    let (ll, hl) = (lo & 0xffff, hi & 0xffff);
-    if lh == hh {
-        Some(((lh, hh), (ll, hl)))
-    } else if ll == 0 && hl == 0xffff {
-        Some(((lh, hh), (0, 0xffff)))
-    } else {
-        None
-    }
-}
-
 impl Rfc {
     /// The tables for `rules` (IPv4, in order: a lookup answers with a
-    /// position in this slice), or `None` if a rule's address range is
-    /// not a prefix-like product of halves, there are 65,535 rules or
+    /// position in this slice), or `None` if there are 65,535 rules or
     /// more, or the tables would pass the memory budget.
     pub(crate) fn build(rules: &[AclRule]) -> Option<Rfc> {
         let budget = BUDGET_BASE + BUDGET_PER_RULE * rules.len();
@@ -390,15 +579,12 @@ impl Rfc {
             return None;
         }
         let n = rules.len();
-        let mut src = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let mut dst = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let v4 = |(lo, hi): (u128, u128)| Some((u32::try_from(lo).ok()?, u32::try_from(hi).ok()?));
+        let mut src = Vec::with_capacity(n);
+        let mut dst = Vec::with_capacity(n);
         for r in rules {
-            let (h, l) = halves(r.src)?;
-            src.0.push(h);
-            src.1.push(l);
-            let (h, l) = halves(r.dst)?;
-            dst.0.push(h);
-            dst.1.push(l);
+            src.push(v4(r.src)?);
+            dst.push(v4(r.dst)?);
         }
         let proto: Vec<(u32, u32)> = rules
             .iter()
@@ -412,17 +598,13 @@ impl Rfc {
             .iter()
             .map(|r| (u32::from(r.dst_port.0), u32::from(r.dst_port.1)))
             .collect();
-        let (c0, k0) = chunk(&src.0, 16)?;
-        let (c1, k1) = chunk(&src.1, 16)?;
-        let (c2, k2) = chunk(&dst.0, 16)?;
-        let (c3, k3) = chunk(&dst.1, 16)?;
+        let (src, ks) = Trie::build(&src, &mut budget)?;
+        let (dst, kd) = Trie::build(&dst, &mut budget)?;
         let (c4, k4) = chunk(&proto, 8)?;
         let (c5, k5) = chunk(&sport, 16)?;
         let (c6, k6) = chunk(&dport, 16)?;
-        let (src, ks) = join(&k0, &k1, n, &mut budget)?;
-        let (dst, kd) = join(&k2, &k3, n, &mut budget)?;
-        let (proto_sport, kps) = join(&k4, &k5, n, &mut budget)?;
-        let (ports, kp) = join(&kps, &k6, n, &mut budget)?;
+        let (proto_sport, kps) = join(&k4, &k5, n, &mut budget, usize::MAX)?;
+        let (ports, kp) = join(&kps, &k6, n, &mut budget, usize::MAX)?;
         let fields = [&ks, &kd, &kp];
         // Phase 2 joins the pair whose tables, with phase 3's, come out
         // smallest; the pair's class count is known only once it is
@@ -435,7 +617,13 @@ impl Rfc {
             // A join whose own table is past the best total so far is
             // given up as soon as its size is known.
             let mut left = best.as_ref().map_or(budget, |b| b.0.min(budget));
-            let Some((pair, kab)) = join(a, b, n, &mut left) else {
+            // Phase 3's table is the pair's classes times the third
+            // field's: what is left after the pair's own bounds them.
+            let most = left
+                .saturating_sub(a.len().saturating_mul(b.len()))
+                .checked_div(c.len())
+                .unwrap_or(0);
+            let Some((pair, kab)) = join(a, b, n, &mut left, most) else {
                 continue;
             };
             let total = pair.table.len() + kab.len() * c.len();
@@ -447,7 +635,7 @@ impl Rfc {
         let mut left = budget - pair.table.len();
         let first = firsts(&kab, fields[usize::from(order[2])], n, &mut left)?;
         Some(Rfc {
-            chunks: [c0, c1, c2, c3, c4, c5, c6],
+            chunks: [c4, c5, c6],
             src,
             dst,
             proto_sport,
@@ -463,9 +651,9 @@ impl Rfc {
     /// protocol), `u32::MAX` if none does.
     #[inline(always)]
     pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u32 {
-        let [sh, sl, dh, dl, pr, sp, dp] = &self.chunks;
-        let s = self.src.get(sh.class(dims[0] >> 16), sl.class(dims[0]));
-        let d = self.dst.get(dh.class(dims[1] >> 16), dl.class(dims[1]));
+        let [pr, sp, dp] = &self.chunks;
+        let s = self.src.class(dims[0]);
+        let d = self.dst.class(dims[1]);
         let ps = self.proto_sport.get(pr.class(dims[4]), sp.class(dims[2]));
         let p = self.ports.get(ps, dp.class(dims[3]));
         let f = [s, d, p];
@@ -487,10 +675,10 @@ impl Rfc {
 
     /// [`Rfc::lookup`] for up to [`BATCH`] keys, key `i` (of `n`) with
     /// the fields `dims(i)` (the first five of [`Rfc::lookup`]'s) in the
-    /// tables `rfc(i)`, into `out`
-    /// (`u32::MAX` for no match), phase by phase: each phase's loads for
-    /// all the keys go out before any of them is needed, so their cache
-    /// misses overlap where one key's chain of four would wait on each.
+    /// tables `rfc(i)`, into `out` (`u32::MAX` for no match), phase by
+    /// phase: each phase's loads for all the keys go out before any of
+    /// them is needed, so their cache misses overlap where one key's
+    /// chain of loads would wait on each.
     #[inline(always)]
     pub(crate) fn lookup_lanes<'r, const D: usize>(
         n: usize,
@@ -499,20 +687,34 @@ impl Rfc {
         out: &mut [u32],
     ) {
         let n = n.min(out.len()).min(BATCH);
+        // The address tries level by level, the ports beside them.
         let mut f = [[0usize; 3]; BATCH];
-        for (i, f) in f[..n].iter_mut().enumerate() {
+        let mut e = [[0u32; 2]; BATCH];
+        for (i, (f, e)) in f[..n].iter_mut().zip(&mut e).enumerate() {
             let t = rfc(i);
-            let [sh, sl, dh, dl, pr, sp, _] = &t.chunks;
+            let [pr, sp, _] = &t.chunks;
             let d = dims(i);
-            *f = [
-                t.src.get(sh.class(d[0] >> 16), sl.class(d[0])),
-                t.dst.get(dh.class(d[1] >> 16), dl.class(d[1])),
-                t.proto_sport.get(pr.class(d[4]), sp.class(d[2])),
+            *e = [
+                t.src.inner[0][Trie::at(t.src.root, d[0] >> 24)],
+                t.dst.inner[0][Trie::at(t.dst.root, d[1] >> 24)],
             ];
+            f[2] = t.proto_sport.get(pr.class(d[4]), sp.class(d[2]));
         }
-        for (i, f) in f[..n].iter_mut().enumerate() {
-            let t = rfc(i);
-            f[2] = t.ports.get(f[2], t.chunks[6].class(dims(i)[3]));
+        for level in 1..LEVELS - 1 {
+            let shift = 8 * (LEVELS - 1 - level) as u32;
+            for (i, e) in e[..n].iter_mut().enumerate() {
+                let (t, d) = (rfc(i), dims(i));
+                *e = [
+                    t.src.inner[level][Trie::at(e[0], (d[0] >> shift) & 0xff)],
+                    t.dst.inner[level][Trie::at(e[1], (d[1] >> shift) & 0xff)],
+                ];
+            }
+        }
+        for (i, (f, e)) in f[..n].iter_mut().zip(&e).enumerate() {
+            let (t, d) = (rfc(i), dims(i));
+            f[0] = usize::from(t.src.leaves[Trie::at(e[0], d[0] & 0xff)]);
+            f[1] = usize::from(t.dst.leaves[Trie::at(e[1], d[1] & 0xff)]);
+            f[2] = t.ports.get(f[2], t.chunks[2].class(d[3]));
         }
         let mut at = [0usize; BATCH];
         for (i, (at, f)) in at.iter_mut().zip(&f[..n]).enumerate() {
@@ -526,19 +728,19 @@ impl Rfc {
         }
     }
 
+    /// Table entries beyond phase 0, as budgets count them.
+    fn entries(&self) -> usize {
+        let joins = [&self.proto_sport, &self.ports, &self.pair, &self.first];
+        joins.iter().map(|j| j.table.len()).sum::<usize>() + self.src.len() + self.dst.len()
+    }
+
     /// Bytes of table memory.
     pub(crate) fn memory(&self) -> usize {
-        let joins = [
-            &self.src,
-            &self.dst,
-            &self.proto_sport,
-            &self.ports,
-            &self.pair,
-            &self.first,
-        ];
         std::mem::size_of::<Rfc>()
-            + 2 * (self.chunks.iter().map(|c| c.blocks.len()).sum::<usize>()
-                + joins.iter().map(|j| j.table.len()).sum::<usize>())
+            + 2 * (self.chunks.iter().map(|c| c.blocks.len()).sum::<usize>() + self.entries())
+            + 2 * (self.src.inner.iter().chain(&self.dst.inner))
+                .map(Vec::len)
+                .sum::<usize>()
     }
 }
 
@@ -564,8 +766,14 @@ mod tests {
 
     fn rule(rng: &mut Rng, pos: u32, bases: &[u32]) -> AclRule {
         let prefix = |rng: &mut Rng| {
-            let len = [0, 8, 12, 16, 20, 24, 28, 32][rng.below(8) as usize];
             let a = bases[rng.below(bases.len() as u64) as usize] ^ (rng.next() as u32 & 0xff);
+            if rng.below(4) == 0 {
+                // Any range, across blocks of 256 and 65,536 addresses.
+                let span = 1 << (8 * rng.below(4));
+                let end = a.saturating_add(rng.below(span) as u32);
+                return (u128::from(a), u128::from(end));
+            }
+            let len = [0, 8, 12, 16, 20, 24, 28, 32][rng.below(8) as usize];
             AclRule::prefix_range(u128::from(a), len, 32)
         };
         let ports = |rng: &mut Rng| match rng.below(3) {
@@ -615,7 +823,7 @@ mod tests {
             let bases: Vec<u32> = (0..4).map(|_| rng.next() as u32).collect();
             let n = 1 + rng.below(if case % 4 == 0 { 400 } else { 40 }) as u32;
             let rules: Vec<AclRule> = (0..n).map(|i| rule(&mut rng, i, &bases)).collect();
-            let rfc = Rfc::build_within(&rules, 1 << 26).expect("prefix rules build");
+            let rfc = Rfc::build_within(&rules, 1 << 26).expect("rules build");
             for _ in 0..2000 {
                 // Keys near the rules' addresses and ports, so they match.
                 let b = |rng: &mut Rng| {
@@ -677,17 +885,37 @@ mod tests {
         assert_eq!(rfc.lookup(&k(u32::MAX - 1, 5, u16::MAX, 1, 255)), 1);
         assert_eq!(rfc.lookup(&k(7, 0xffff, 3, 0, 6)), 2);
         assert_eq!(rfc.lookup(&k(7, 0x1_0000, 3, 0, 6)), 3);
+        // Address ranges that are no prefix, across 256- and
+        // 65,536-address blocks, unaligned.
+        let odd = [
+            AclRule {
+                src: (0x1_80ff, 0x2_7f00),
+                ..any
+            },
+            AclRule {
+                dst: (0xff, 0x100),
+                ..any
+            },
+        ];
+        let rfc = Rfc::build(&odd).expect("builds");
+        for (a, want) in [
+            (0x1_80fe, u32::MAX),
+            (0x1_80ff, 0),
+            (0x1_ffff, 0),
+            (0x2_0000, 0),
+            (0x2_7f00, 0),
+            (0x2_7f01, u32::MAX),
+        ] {
+            assert_eq!(rfc.lookup(&k(a, 0, 1, 1, 6)), want, "source {a:#x}");
+        }
+        for (a, want) in [(0xfe, u32::MAX), (0xff, 1), (0x100, 1), (0x101, u32::MAX)] {
+            assert_eq!(rfc.lookup(&k(0, a, 1, 1, 6)), want, "destination {a:#x}");
+        }
     }
 
     #[test]
     fn declines_what_it_cannot_cut_or_afford() {
         let any = AclRule::any(0, 0, Family::V4);
-        // A range across 65,536-address blocks, not aligned to them.
-        let odd = AclRule {
-            src: (0x1_8000, 0x2_7fff),
-            ..any
-        };
-        assert!(Rfc::build(&[odd]).is_none());
         assert!(Rfc::build(&[]).is_none());
         // Rules that each split every field differently: their classes
         // multiply past the budget.
