@@ -11,7 +11,9 @@
 //! same rules and trace side by side. Every lookup, single and batched,
 //! is first checked against a plain first-match scan of the rules.
 //! `--trees` builds the classifiers without their RFC tables
-//! (`Classifier::build_trees`), for the trees alone.
+//! (`Classifier::build_trees`), for the trees alone. IPv6 rules and
+//! traces (`dpdk-test-acl --ipv6`'s format, as `bench/ipv6-sets.py`
+//! writes them from a set's IPv4 files into `<set>_v6`) are read too.
 //!
 //! ```text
 //! cargo bench -p dpu-dataplane --bench classify --no-run
@@ -28,10 +30,26 @@ use dpu_dataplane::wire::FlowKey;
 #[path = "common/rules.rs"]
 mod rules;
 
-fn ip(s: &str) -> (u128, u8) {
+/// An IPv4 or IPv6 prefix: its address, length and address width.
+fn ip(s: &str) -> (u128, u8, u32) {
     let (a, len) = s.split_once('/').expect("prefix");
-    let a: std::net::Ipv4Addr = a.parse().expect("address");
-    (u128::from(u32::from(a)), len.parse().expect("length"))
+    let len = len.parse().expect("length");
+    match a.parse::<std::net::IpAddr>().expect("address") {
+        std::net::IpAddr::V4(a) => (u128::from(u32::from(a)), len, 32),
+        std::net::IpAddr::V6(a) => (u128::from(a), len, 128),
+    }
+}
+
+/// A trace's address: an IPv4 address as a number, or IPv6 text
+/// (`dpdk-test-acl --ipv6`); true for IPv6.
+fn key_address(s: &str) -> (u128, bool) {
+    match s.parse::<u32>() {
+        Ok(a) => (u128::from(a), false),
+        Err(_) => (
+            u128::from(s.parse::<std::net::Ipv6Addr>().expect("trace address")),
+            true,
+        ),
+    }
 }
 
 fn range(s: &str) -> (u16, u16) {
@@ -42,7 +60,8 @@ fn range(s: &str) -> (u16, u16) {
     )
 }
 
-/// `@src/len <tab> dst/len <tab> lo : hi <tab> lo : hi <tab> proto/mask`.
+/// `@src/len <tab> dst/len <tab> lo : hi <tab> lo : hi <tab> proto/mask`,
+/// IPv4 or IPv6 (`dpdk-test-acl --ipv6`; see `bench/ipv6-sets.py`).
 fn load_rules(path: &str) -> Vec<AclRule> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{path}: {e} (run ../shared/bench/gen_data.py)"));
@@ -51,8 +70,8 @@ fn load_rules(path: &str) -> Vec<AclRule> {
         .enumerate()
         .map(|(i, l)| {
             let f: Vec<&str> = l[1..].split('\t').collect();
-            let (s, sl) = ip(f[0]);
-            let (d, dl) = ip(f[1]);
+            let (s, sl, width) = ip(f[0]);
+            let (d, dl, _) = ip(f[1]);
             let (p, m) = f[4].split_once('/').expect("proto");
             let p = u8::from_str_radix(p.trim_start_matches("0x"), 16).expect("proto");
             let m = u8::from_str_radix(m.trim_start_matches("0x"), 16).expect("mask");
@@ -60,9 +79,9 @@ fn load_rules(path: &str) -> Vec<AclRule> {
                 // Even orders leave room to insert between two rules.
                 order: 2 * i as u32,
                 tag: i as u32,
-                family: Family::V4,
-                src: AclRule::prefix_range(s, sl, 32),
-                dst: AclRule::prefix_range(d, dl, 32),
+                family: if width == 32 { Family::V4 } else { Family::V6 },
+                src: AclRule::prefix_range(s, sl, width),
+                dst: AclRule::prefix_range(d, dl, width),
                 src_port: range(f[2]),
                 dst_port: range(f[3]),
                 proto: if m == 0 { (0, 255) } else { (p, p) },
@@ -75,17 +94,17 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     text.lines()
         .map(|l| {
-            let f: Vec<u64> = l
-                .split_whitespace()
-                .map(|x| x.parse().expect("trace field"))
-                .collect();
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (src, v6) = key_address(f[0]);
+            let (dst, _) = key_address(f[1]);
+            let n = |s: &str| s.parse::<u32>().expect("trace field");
             FlowKey {
-                src: u128::from(f[0]),
-                dst: u128::from(f[1]),
-                src_port: f[2] as u16,
-                dst_port: f[3] as u16,
-                proto: f[4] as u8,
-                v6: false,
+                src,
+                dst,
+                src_port: n(f[2]) as u16,
+                dst_port: n(f[3]) as u16,
+                proto: n(f[4]) as u8,
+                v6,
             }
         })
         .collect()
