@@ -178,34 +178,36 @@ impl Interner {
     }
 }
 
-/// The phase-0 classes of a chunk `bits` wide whose rules match the
-/// inclusive value ranges `ranges` (one per rule, by position).
-fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
-    let end = 1u32 << bits;
+/// A run of values of one class: its first value and the class.
+type Segment = (u64, u16);
+
+/// The classes of the values `0..end` where rules match the inclusive
+/// value ranges `ranges` (one per rule, by position): values matched by
+/// the same rules share a class. Returns the classes and, in order, each
+/// value where the class changes with the class from there on (the
+/// first at 0); `None` past `u16` classes.
+fn segments(ranges: &[(u32, u32)], end: u64) -> Option<(Vec<Segment>, Vec<Class>)> {
     // Every value where some rule's range starts or stops.
-    let mut starts: Vec<(u32, u32)> = Vec::with_capacity(2 * ranges.len() + 1);
+    let mut starts: Vec<(u64, u32)> = Vec::with_capacity(2 * ranges.len());
     for (r, &(lo, hi)) in ranges.iter().enumerate() {
-        starts.push((lo, r as u32));
-        if hi + 1 < end {
-            starts.push((hi + 1, r as u32));
+        starts.push((u64::from(lo), r as u32));
+        if u64::from(hi) + 1 < end {
+            starts.push((u64::from(hi) + 1, r as u32));
         }
     }
     starts.sort_unstable();
-    let mut points: Vec<u32> = starts.iter().map(|&(v, _)| v).collect();
-    points.push(0);
-    points.sort_unstable();
-    points.dedup();
     let mut active = vec![0u64; ranges.len().div_ceil(64)];
     let mut interner = Interner::new();
-    let mut table = vec![0u16; end as usize];
+    let mut segments: Vec<Segment> = Vec::with_capacity(starts.len() + 1);
     let mut events = starts.iter().peekable();
     let mut class = Vec::new();
-    for (i, &p) in points.iter().enumerate() {
-        while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == p) {
+    let mut at = 0u64;
+    loop {
+        while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == at) {
             // A rule's range starts at its low end and stops one past
             // its high end, which is never its low end.
             let w = &mut active[r as usize / 64];
-            if ranges[r as usize].0 == p {
+            if u64::from(ranges[r as usize].0) == at {
                 *w |= 1 << (r % 64);
             } else {
                 *w &= !(1 << (r % 64));
@@ -220,8 +222,26 @@ fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
             }
         }
         let id = interner.intern(&class)?;
-        let next = points.get(i + 1).copied().unwrap_or(end);
-        table[p as usize..next as usize].fill(id);
+        if segments.last().is_none_or(|&(_, c)| c != id) {
+            segments.push((at, id));
+        }
+        match events.peek() {
+            Some(&&(v, _)) => at = v,
+            None => break,
+        }
+    }
+    Some((segments, interner.classes))
+}
+
+/// The phase-0 classes of a chunk `bits` wide whose rules match the
+/// inclusive value ranges `ranges` (one per rule, by position).
+fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
+    let end = 1u64 << bits;
+    let (segments, classes) = segments(ranges, end)?;
+    let mut table = vec![0u16; end as usize];
+    for (i, &(at, id)) in segments.iter().enumerate() {
+        let next = segments.get(i + 1).map_or(end, |s| s.0);
+        table[at as usize..next as usize].fill(id);
     }
     let mut top = [0u32; BLOCKS];
     let mut blocks = Vec::new();
@@ -233,7 +253,7 @@ fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
         });
     }
     // An 8-bit chunk has one block, which its other places never reach.
-    Some((Chunk { top, blocks }, interner.classes))
+    Some((Chunk { top, blocks }, classes))
 }
 
 /// Per rule position, the classes (numbers) of `classes` holding it.
@@ -299,47 +319,7 @@ impl Trie {
     /// by position) and the trie giving each address its class, or `None`
     /// past `u16` classes or past `budget` entries (taken from it).
     fn build(ranges: &[(u32, u32)], budget: &mut usize) -> Option<(Trie, Vec<Class>)> {
-        // Every address where some rule's range starts or stops.
-        let mut starts: Vec<(u64, u32)> = Vec::with_capacity(2 * ranges.len());
-        for (r, &(lo, hi)) in ranges.iter().enumerate() {
-            starts.push((u64::from(lo), r as u32));
-            if hi < u32::MAX {
-                starts.push((u64::from(hi) + 1, r as u32));
-            }
-        }
-        starts.sort_unstable();
-        let mut active = vec![0u64; ranges.len().div_ceil(64)];
-        let mut interner = Interner::new();
-        let mut segments: Vec<(u64, u16)> = Vec::with_capacity(starts.len() + 1);
-        let mut events = starts.iter().peekable();
-        let mut class = Vec::new();
-        let mut at = 0u64;
-        loop {
-            while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == at) {
-                let w = &mut active[r as usize / 64];
-                if u64::from(ranges[r as usize].0) == at {
-                    *w |= 1 << (r % 64);
-                } else {
-                    *w &= !(1 << (r % 64));
-                }
-            }
-            class.clear();
-            for (w, &bits) in active.iter().enumerate() {
-                let mut b = bits;
-                while b != 0 {
-                    class.push(w as u32 * 64 + b.trailing_zeros());
-                    b &= b - 1;
-                }
-            }
-            let id = interner.intern(&class)?;
-            if segments.last().is_none_or(|&(_, c)| c != id) {
-                segments.push((at, id));
-            }
-            match events.peek() {
-                Some(&&(v, _)) => at = v,
-                None => break,
-            }
-        }
+        let (segments, classes) = segments(ranges, 1 << 32)?;
         let mut b = TrieBuilder {
             trie: Trie {
                 inner: [Vec::new(), Vec::new(), Vec::new()],
@@ -353,7 +333,7 @@ impl Trie {
         let root = b.node(0, 0, &segments)?;
         *budget = b.budget;
         b.trie.root = root;
-        Some((b.trie, interner.classes))
+        Some((b.trie, classes))
     }
 
     /// Table entries.
@@ -414,7 +394,7 @@ impl TrieBuilder {
     /// The entry of the node of `level` over the addresses from `lo`, of
     /// which `segments` (each a first address and its class, the first
     /// starting at or before `lo`) are the ones it overlaps.
-    fn node(&mut self, level: usize, lo: u64, segments: &[(u64, u16)]) -> Option<u32> {
+    fn node(&mut self, level: usize, lo: u64, segments: &[Segment]) -> Option<u32> {
         if let [(_, class)] = segments {
             return self.uniform(level, *class);
         }
