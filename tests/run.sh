@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tests/deps.sh
-# The end-to-end tests start the binaries, so build them first.
+# The end-to-end tests start the binaries, so build them first; and
+# nvmf-perf with its memif feature (its own TCP/IP stack on a DPDK memif
+# port) as nvmf-perf-memif, for the storage endpoint on the DPDK data plane.
+cargo build --locked -p dpu-nvmeof --features memif --bin nvmf-perf
+cp "${CARGO_TARGET_DIR:-target}/debug/nvmf-perf" "${CARGO_TARGET_DIR:-target}/debug/nvmf-perf-memif"
 cargo build --workspace --bins --locked
 cargo test --workspace --locked "$@"

@@ -14,6 +14,13 @@
 //! nvmf-perf --addr 10.1.0.250:4420 --discover  # the discovery log
 //! ```
 //!
+//! `--memif SOCKET` (built with the feature `memif`) connects through a
+//! TCP/IP stack of nvmf-perf's own (smoltcp) on a DPDK `net_memif` client
+//! port of the server at SOCKET, as the host `--ip` (10.79.0.5/24) with
+//! MAC `--mac`: a target behind a DPDK port, such as the service's storage
+//! endpoint in a tenant's network, measured with no kernel network stack
+//! on either side. One thread drives that stack; `--auth-flood` is refused.
+//!
 //! `--discover` runs no job: it asks the discovery controller at `--addr`
 //! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
 //!
@@ -42,6 +49,9 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+#[cfg(feature = "memif")]
+mod memif;
 
 use std::sync::OnceLock;
 
@@ -284,9 +294,39 @@ impl std::fmt::Display for Job {
     }
 }
 
+/// A byte stream to a target: a kernel TCP socket, or (with `--memif`) a
+/// TCP connection of nvmf-perf's own stack over a DPDK port.
+trait Wire: Read + Write {
+    /// Reads and writes answer `WouldBlock` instead of waiting.
+    fn set_nonblocking(&mut self, on: bool) -> std::io::Result<()>;
+    /// A blocking read waits at most this long.
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl Wire for TcpStream {
+    fn set_nonblocking(&mut self, on: bool) -> std::io::Result<()> {
+        TcpStream::set_nonblocking(self, on)
+    }
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+}
+
+/// Opens a byte stream to `addr`: through the DPDK port's stack when
+/// `--memif` set one up, else a kernel TCP socket.
+fn dial(addr: &str) -> Result<Box<dyn Wire>, Error> {
+    #[cfg(feature = "memif")]
+    if let Some(w) = memif::dial(addr)? {
+        return Ok(Box::new(w));
+    }
+    let sock = TcpStream::connect(addr)?;
+    sock.set_nodelay(true)?;
+    Ok(Box::new(sock))
+}
+
 /// A queue: one TCP connection speaking NVMe/TCP as a host.
 struct Queue {
-    sock: TcpStream,
+    sock: Box<dyn Wire>,
     limits: Limits,
     inbox: Vec<u8>,
     /// Unread bytes are `inbox[start..filled]`.
@@ -301,8 +341,7 @@ struct Queue {
 
 impl Queue {
     fn open(addr: &str) -> Result<Queue, Error> {
-        let sock = TcpStream::connect(addr)?;
-        sock.set_nodelay(true)?;
+        let sock = dial(addr)?;
         let mut q = Queue {
             sock,
             limits: Limits {
@@ -612,7 +651,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
     }
     let ns = ns.ok_or("no connections")?;
     if streams.len() > 1 {
-        for st in &streams {
+        for st in &mut streams {
             st.q.sock.set_nonblocking(true)?;
         }
     }
@@ -730,6 +769,8 @@ fn main() -> Result<(), Error> {
     let mut auth_flood: Option<Duration> = None;
     let mut flood_attempts = u64::MAX;
     let mut flood_abandon = false;
+    let mut memif: Option<String> = None;
+    let (mut host_ip, mut host_mac) = (None, None);
     let mut id = Identity {
         hostnqn: HOSTNQN.to_string(),
         secret: None,
@@ -773,10 +814,13 @@ fn main() -> Result<(), Error> {
             }
             "--flood-attempts" => flood_attempts = val()?.parse()?,
             "--flood-abandon" => flood_abandon = true,
+            "--memif" => memif = Some(val()?),
+            "--ip" => host_ip = Some(val()?),
+            "--mac" => host_mac = Some(val()?),
             "--bench" => {}
             "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]] [--memif SOCKET [--ip A.B.C.D/LEN] [--mac MAC]]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -784,6 +828,28 @@ fn main() -> Result<(), Error> {
     }
     if IDENTITY.set(id).is_err() {
         return Err("identity set twice".into());
+    }
+    match memif {
+        #[cfg(feature = "memif")]
+        Some(socket) => {
+            if auth_flood.is_some() {
+                return Err("--auth-flood runs threads; --memif has one stack for one thread".into());
+            }
+            let mut s = memif::Settings::new(socket);
+            if let Some(ip) = host_ip {
+                s.set_ip(&ip)?;
+            }
+            if let Some(mac) = host_mac {
+                s.set_mac(&mac)?;
+            }
+            memif::start(&s)?;
+        }
+        #[cfg(not(feature = "memif"))]
+        Some(_) => return Err("--memif: this nvmf-perf was built without the memif feature (cargo build -p dpu-nvmeof --features memif)".into()),
+        None if host_ip.is_some() || host_mac.is_some() => {
+            return Err("--ip and --mac are the host's on the --memif port".into())
+        }
+        None => {}
     }
     if let Some(time) = auth_flood {
         let (f, secs) = flood(&addr, &nqn, conns, time, flood_attempts, flood_abandon);

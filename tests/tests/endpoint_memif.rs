@@ -1,0 +1,170 @@
+//! A storage endpoint on the DPDK data plane, through the real binary:
+//! the service's switch port is a DPDK `net_memif` server, and the host is
+//! `nvmf-perf` built with its `memif` feature (`nvmf-perf-memif`, which
+//! `tests/run.sh` builds): a memif client with a TCP/IP stack of its own,
+//! a station of the tenant. Discovery lists the tenant's subsystem, I/O
+//! runs, a second host process on the same port (a new memif connection)
+//! is served too, the tenant's counters count the frames, and a deny rule
+//! of the tenant on TCP 4420 refuses the connection.
+
+use std::process::Output;
+
+use anyhow::{ensure, Result};
+use dpu_e2e::net::metric;
+use dpu_e2e::{binary, Service};
+
+const NQN: &str = "nqn.2024-01.io.dpu-service.test:memif";
+
+/// The service with one DPDK memif server port at `socket`.
+fn config(socket: &str) -> String {
+    format!(
+        r#"
+[log]
+level = "info"
+
+[dataplane]
+workers = 1
+idle = "backoff"
+lcores = "0"
+no_huge = true
+memory_mb = 256
+mbufs = 4095
+file_prefix = "e2e-memif-{}"
+
+[[ports]]
+id = "pf0vf0"
+role = "vf"
+driver = "dpdk"
+device = "net_memif0,role=server,socket={socket}"
+"#,
+        std::process::id()
+    )
+}
+
+/// `nvmf-perf-memif --memif SOCKET args..`, bounded in time.
+fn perf(socket: &str, args: &[&str]) -> Result<Output> {
+    let bin = binary("nvmf-perf-memif")?;
+    Ok(std::process::Command::new("timeout")
+        .arg("30")
+        .arg(bin)
+        .args(["--memif", socket, "--ip", "10.79.0.5/24"])
+        .args(args)
+        .output()?)
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Writes then reads 4 KiB blocks at the endpoint; both jobs did I/O.
+fn io(socket: &str) -> Result<()> {
+    let out = perf(
+        socket,
+        &[
+            "--addr",
+            "10.79.0.250:4420",
+            "--nqn",
+            NQN,
+            "--time",
+            "0.5",
+            "--job",
+            "randwrite:4k:8",
+            "--job",
+            "randread:4k:8",
+        ],
+    )?;
+    ensure!(out.status.success(), "nvmf-perf failed: {}", text(&out));
+    let iops: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("job"))
+        .filter_map(|l| l.split_whitespace().nth(3).and_then(|w| w.parse().ok()))
+        .collect();
+    ensure!(
+        iops.len() == 2 && iops.iter().all(|&v| v > 0.0),
+        "no I/O: {}",
+        text(&out)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("memif.sock").display().to_string();
+    let svc = Service::start_config(&config(&socket), &[])?;
+    svc.dpuctl_ok(&[
+        "tenant",
+        "create",
+        "blue",
+        "--default-policy",
+        "allow",
+        "--port",
+        "pf0vf0",
+    ])?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "create",
+        "ep",
+        "--nqn",
+        NQN,
+        "--allow-any-host",
+    ])?;
+    svc.dpuctl_ok(&["namespace", "create", "ep", "--ram", "64M"])?;
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        "ep",
+        "--id",
+        "ep",
+        "--tenant",
+        "blue",
+        "--address",
+        "10.79.0.250",
+        "--port",
+        "4420",
+    ])?;
+
+    let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
+    ensure!(
+        out.status.success() && text(&out).contains(&format!("10.79.0.250 4420 {NQN}")),
+        "discovery through the memif port: {}",
+        text(&out)
+    );
+    io(&socket)?;
+    // Another host process: a new memif connection, new TCP connections.
+    io(&socket)?;
+    let (_, body) = svc.http_get("/metrics")?;
+    let rx = metric(&body, "dpu_tenant_rx_packets_total{tenant=\"blue\"}");
+    ensure!(rx > 100, "blue's frames were not counted: {rx}\n{body}");
+
+    // The tenant's rules apply to its endpoint: TCP 4420 denied, no
+    // connection; allowed again, served again.
+    svc.dpuctl_ok(&[
+        "rule",
+        "add",
+        "blue",
+        "--id",
+        "no-storage",
+        "--priority",
+        "5",
+        "--action",
+        "deny",
+        "--proto",
+        "tcp",
+        "--dport",
+        "4420",
+    ])?;
+    let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
+    ensure!(
+        !out.status.success() && text(&out).contains("timed out"),
+        "a denied connection was made: {}",
+        text(&out)
+    );
+    svc.dpuctl_ok(&["rule", "delete", "blue", "no-storage"])?;
+    io(&socket)?;
+    Ok(())
+}
