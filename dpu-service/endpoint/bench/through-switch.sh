@@ -4,7 +4,7 @@
 # sitting (as root):
 #
 #   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
-#       [--time 3] [--idle backoff|busy] [--job PATTERN:BS:QD]...
+#       [--time 3] [--idle backoff|busy] [--mtu 1500] [--job PATTERN:BS:QD]...
 #
 # One service (kernel driver, one worker, idle backoff or busy) with one switch
 # port: a veth pair whose other end is in a network namespace, the host
@@ -22,12 +22,13 @@
 # QD 16 from its endpoint; prints both rates.
 set -euo pipefail
 
-bin=target/release secs=3 idle=backoff jobs=()
+bin=target/release secs=3 idle=backoff mtu=1500 jobs=()
 while (($#)); do
   case "$1" in
     --bin) shift; bin=$1 ;;
     --time) shift; secs=$1 ;;
     --idle) shift; idle=$1 ;;
+    --mtu) shift; mtu=$1 ;;
     --job) shift; jobs+=("$1") ;;
     *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -64,6 +65,10 @@ host() {
   sysctl -qw "net.ipv6.conf.$n.disable_ipv6=1"
   ethtool -K "$n" tx off tso off gso off gro off >/dev/null
   ip netns exec "$n" ethtool -K "$p" tx off tso off gso off gro off >/dev/null
+  # Both ends at --mtu: the worker's buffers and the endpoint's IP MTU
+  # follow the port's.
+  ip link set "$n" mtu "$mtu"
+  ip -n "$n" link set "$p" mtu "$mtu"
   ip -n "$n" addr add "$2" dev "$p"
   ip -n "$n" link set "$p" up
   ip link set "$n" up
