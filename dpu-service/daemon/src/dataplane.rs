@@ -69,6 +69,7 @@ fn open_dpdk(
             id: p.id.clone(),
             devargs: p.device.clone(),
             name: p.dpdk_name.clone(),
+            mtu: p.mtu,
         })
         .collect();
     let eal_cfg = DpdkDriver::eal_config(&base, &ports);

@@ -213,10 +213,17 @@ impl Port {
             })?;
         }
         if let Some(mtu) = cfg.mtu {
-            // SAFETY: id is a configured, not yet started port.
-            check(name, "set_mtu", unsafe {
-                sys::rte_eth_dev_set_mtu(id, mtu)
-            })?;
+            let mut current = 0u16;
+            // SAFETY: id is a configured port; current is a valid out pointer.
+            let known = unsafe { sys::rte_eth_dev_get_mtu(id, &mut current) } == 0;
+            // Drivers without an MTU of their own to set (memif, ring)
+            // refuse even their current one: only a change is asked for.
+            if !known || current != mtu {
+                // SAFETY: id is a configured, not yet started port.
+                check(name, "set_mtu", unsafe {
+                    sys::rte_eth_dev_set_mtu(id, mtu)
+                })?;
+            }
         }
         let inner = Arc::new(PortInner {
             id,

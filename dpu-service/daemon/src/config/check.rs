@@ -17,6 +17,12 @@ use dpu_control::{validate, ControlError};
 
 use super::{parse_size, seed, seed_tenants, Config};
 
+/// Smallest IP MTU a port may be given (IPv4's minimum).
+const MIN_MTU: u16 = 68;
+/// Largest IP MTU a port may be given: jumbo frames of 9000 with room,
+/// within what BlueField's ports take.
+const MAX_MTU: u16 = 9600;
+
 impl Config {
     /// Checks the configuration as a whole.
     ///
@@ -93,6 +99,21 @@ impl Config {
                 {
                     bail!(
                         "ports[{i}] ({}): vtep_address {a} is also ports[{k}]'s",
+                        p.id
+                    );
+                }
+            }
+            if let Some(mtu) = p.mtu {
+                if p.driver != "dpdk" {
+                    bail!(
+                        "ports[{i}] ({}): mtu is set on DPDK ports; a kernel port follows its \
+                         interface's MTU (ip link set dev IF mtu {mtu}), a port without a driver has none",
+                        p.id
+                    );
+                }
+                if !(MIN_MTU..=MAX_MTU).contains(&mtu) {
+                    bail!(
+                        "ports[{i}] ({}): mtu {mtu} is outside {MIN_MTU}..={MAX_MTU}",
                         p.id
                     );
                 }
@@ -693,6 +714,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("own dpdk_name"), "{err}");
+    }
+
+    #[test]
+    fn a_port_mtu_is_for_dpdk_ports_and_in_range() {
+        let check = |driver: &str, device: &str, mtu: u32| {
+            let text = format!(
+                "[[ports]]\nid = \"p0\"\ndriver = \"{driver}\"\ndevice = \"{device}\"\nmtu = {mtu}\n"
+            );
+            match toml::from_str::<Config>(&text) {
+                Ok(c) => c.validate().map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        if cfg!(feature = "dpdk") {
+            check("dpdk", "net_null0", 9000).unwrap();
+            check("dpdk", "net_null0", 68).unwrap();
+            for bad in [67, 9601] {
+                let err = check("dpdk", "net_null0", bad).unwrap_err();
+                assert!(err.contains("outside 68..=9600"), "{err}");
+            }
+        }
+        let err = check("kernel", "veth0", 9000).unwrap_err();
+        assert!(err.contains("ip link set dev IF mtu 9000"), "{err}");
+        let err = check("none", "", 9000).unwrap_err();
+        assert!(err.contains("mtu is set on DPDK ports"), "{err}");
+        // Not a u16: refused when the file is read.
+        assert!(check("dpdk", "net_null0", 70000).is_err());
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl Config {
                 p.driver = default_driver();
                 p.device.clear();
                 p.dpdk_name = None;
+                p.mtu = None;
                 // No data plane, no tunnel endpoint.
                 p.vtep_address = None;
             }

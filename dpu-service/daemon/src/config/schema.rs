@@ -626,6 +626,12 @@ pub struct PortConfig {
     /// address as the VTEP's.
     #[serde(default)]
     pub vtep_address: Option<std::net::Ipv4Addr>,
+    /// IP MTU to set on a DPDK port (68 to 9600; jumbo frames with 9000):
+    /// the data plane's packet buffers are sized for the largest port's
+    /// frames. Unset, the port keeps the MTU its driver gives it. A kernel
+    /// port follows its interface's MTU (`ip link set dev IF mtu N`).
+    #[serde(default)]
+    pub mtu: Option<u16>,
 }
 
 pub(crate) fn default_driver() -> String {

@@ -67,6 +67,35 @@ pub struct DpdkPort {
     /// DPDK's name of the port, if it is not the devargs' first field
     /// (e.g. an mlx5 representor).
     pub name: Option<String>,
+    /// IP MTU to set on the port; `None` keeps the driver's.
+    pub mtu: Option<u16>,
+}
+
+/// Room for headers around a port's IP MTU in a packet buffer: Ethernet
+/// header, two VLAN tags, frame check sequence.
+const L2_ROOM: usize = 14 + 2 * 4 + 4;
+
+/// Headroom DPDK keeps at the front of every packet buffer
+/// (`RTE_PKTMBUF_HEADROOM`).
+const HEADROOM: usize = 128;
+
+/// A packet buffer's data room (headroom included) for `ports`: a whole
+/// standard frame, or the largest frame a port's MTU allows, in one
+/// buffer (the data plane does not chain buffers), in whole KiB. `None` when that is
+/// beyond what a buffer can hold.
+pub fn data_room(ports: &[DpdkPort]) -> Option<u16> {
+    let frame = ports
+        .iter()
+        .filter_map(|p| p.mtu)
+        .map(|m| usize::from(m) + L2_ROOM)
+        .max()
+        .unwrap_or(0)
+        .max(2048)
+        // Whole KiB: drivers that receive into a ring of their own
+        // frames (net_af_packet's `framesz`) want a buffer as large as
+        // one, which is set in such steps.
+        .next_multiple_of(1024);
+    u16::try_from(HEADROOM + frame).ok()
 }
 
 impl DpdkPort {
@@ -141,18 +170,24 @@ impl DpdkDriver {
         mbufs: u32,
     ) -> Result<Self, DpdkOpenError> {
         let eal = dpdk::Eal::init(eal_cfg).map_err(DpdkOpenError::Eal)?;
+        let room = data_room(ports).ok_or_else(|| {
+            DpdkOpenError::Pool(dpdk::DpdkError::InvalidArgument(
+                "a port's MTU needs packet buffers over 64 KiB".into(),
+            ))
+        })?;
         let pool = Arc::new(
-            dpdk::Mempool::new(&eal, "dp-rx", mbufs, 256, 2176).map_err(DpdkOpenError::Pool)?,
+            dpdk::Mempool::new(&eal, "dp-rx", mbufs, 256, room).map_err(DpdkOpenError::Pool)?,
         );
-        let port_cfg = dpdk::PortConfig {
-            rx_queues: queues,
-            tx_queues: queues,
-            promiscuous: true,
-            ..Default::default()
-        };
         let mut opened = Vec::with_capacity(ports.len());
         for p in ports {
             let name = p.dpdk_name();
+            let port_cfg = dpdk::PortConfig {
+                rx_queues: queues,
+                tx_queues: queues,
+                promiscuous: true,
+                mtu: p.mtu,
+                ..Default::default()
+            };
             let port = dpdk::Port::open(&eal, name, &port_cfg, pool.clone()).map_err(|source| {
                 DpdkOpenError::Port {
                     id: p.id.clone(),
@@ -261,10 +296,34 @@ mod tests {
 
     fn port(id: &str, devargs: &str, name: Option<&str>) -> DpdkPort {
         DpdkPort {
+            mtu: None,
             id: id.into(),
             devargs: devargs.into(),
             name: name.map(Into::into),
         }
+    }
+
+    #[test]
+    fn buffers_hold_the_largest_ports_frame_in_one_piece() {
+        let with = |mtus: &[Option<u16>]| {
+            let ports: Vec<DpdkPort> = mtus
+                .iter()
+                .map(|&m| DpdkPort {
+                    mtu: m,
+                    ..port("p", "net_null0", None)
+                })
+                .collect();
+            data_room(&ports)
+        };
+        // A standard frame's 2 KiB and the headroom, at the least.
+        assert_eq!(with(&[]), Some(2176));
+        assert_eq!(with(&[None, Some(1500)]), Some(2176));
+        // A jumbo MTU: its frame with two VLAN tags and the FCS, in
+        // whole KiB.
+        assert_eq!(with(&[Some(1500), Some(9000), None]), Some(128 + 9216));
+        assert_eq!(with(&[Some(9600)]), Some(128 + 10240));
+        // Beyond one buffer's 64 KiB.
+        assert_eq!(with(&[Some(65500)]), None);
     }
 
     #[test]
