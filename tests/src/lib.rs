@@ -40,6 +40,15 @@ pub fn binary(name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// A process's stdout then stderr, as text: what a failed check shows.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

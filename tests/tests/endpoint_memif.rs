@@ -12,7 +12,7 @@ use std::process::Output;
 
 use anyhow::{ensure, Result};
 use dpu_e2e::net::metric;
-use dpu_e2e::{binary, Service};
+use dpu_e2e::{binary, output_text as text, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:memif";
 
@@ -58,14 +58,6 @@ fn perf(socket: &str, args: &[&str]) -> Result<Output> {
         .args(["--memif", socket, "--ip", "10.79.0.5/24"])
         .args(args)
         .output()?)
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Writes then reads 4 KiB blocks at the endpoint; both jobs did I/O.

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 
 use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
-use dpu_e2e::{binary, Service};
+use dpu_e2e::{binary, output_text as text, Service};
 
 const BLUE_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-blue";
 const RED_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-red";
@@ -114,14 +114,6 @@ impl Drop for Host {
             .args(["link", "del", &self.port_if])
             .output();
     }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// The I/O ran: exit 0 and a positive IOPS figure on both jobs' lines.

@@ -30,6 +30,7 @@
 # generator's CPU (the target's receive path runs there), so it flatters
 # the kernel sockets.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 
 bin=target/release secs=3 rounds=3 idle=backoff jobs=() profile=""
 while (($#)); do
@@ -63,7 +64,8 @@ cleanup() {
 trap cleanup EXIT
 
 id=$$
-grpc=$((20000 + id % 20000)) metrics=$((grpc + 1)) kport=$((grpc + 2))
+# shellcheck source=dpu-service/endpoint/bench/common.sh
+. "$here/common.sh"
 cat >"$work/config.toml" <<EOF
 [log]
 level = "warn"
@@ -85,19 +87,9 @@ role = "vf"
 driver = "dpdk"
 device = "net_memif0,role=server,socket=$work/memif.sock"
 EOF
-taskset -c 0 "$bin/dpu-service" --config "$work/config.toml" --grpc-listen "127.0.0.1:$grpc" \
-  --metrics-listen "127.0.0.1:$metrics" --state-dir "$work/state" 2>"$work/service.log" &
-pid=$!
-for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && break; sleep 0.1; done
-export DPU_ENDPOINT="http://127.0.0.1:$grpc"
-ctl() { "$bin/dpuctl" "$@" >/dev/null; }
+start_service taskset -c 0
 ctl tenant create blue --default-policy allow --port pf0vf0
-for s in ep k; do
-  ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
-  ctl namespace create "$s" --ram 256M
-done
-ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420
-ctl listener create k --id k --address 127.0.0.1 --port "$kport"
+storage_setup
 
 gen() { # where: ep or k; then nvmf-perf arguments
   local where=$1; shift

@@ -21,6 +21,7 @@
 # seconds) alone, and again while blue's host reads 128 KiB blocks at
 # QD 16 from its endpoint; prints both rates.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 
 bin=target/release secs=3 idle=backoff mtu=1500 jobs=()
 while (($#)); do
@@ -77,7 +78,8 @@ host "epb$id" 10.79.0.5/24
 host "epr1$id" 10.80.0.1/24
 host "epr2$id" 10.80.0.2/24
 
-grpc=$((20000 + id % 20000)) metrics=$((grpc + 1)) kport=$((grpc + 2))
+# shellcheck source=dpu-service/endpoint/bench/common.sh
+. "$here/common.sh"
 cat >"$work/config.toml" <<EOF
 [log]
 level = "warn"
@@ -108,20 +110,10 @@ role = "vf"
 driver = "kernel"
 device = "epr2$id"
 EOF
-"$bin/dpu-service" --config "$work/config.toml" --grpc-listen "127.0.0.1:$grpc" \
-  --metrics-listen "127.0.0.1:$metrics" --state-dir "$work/state" 2>"$work/service.log" &
-pid=$!
-for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$grpc") 2>/dev/null && break; sleep 0.1; done
-export DPU_ENDPOINT="http://127.0.0.1:$grpc"
-ctl() { "$bin/dpuctl" "$@" >/dev/null; }
+start_service
 ctl tenant create blue --default-policy allow --port pf0vf0
 ctl tenant create red --default-policy allow --port pf0vf1 --port pf0vf2
-for s in ep k; do
-  ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
-  ctl namespace create "$s" --ram 256M
-done
-ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420
-ctl listener create k --id k --address 127.0.0.1 --port "$kport"
+storage_setup
 
 perf() { # where: ep or k; then nvmf-perf arguments
   local where=$1; shift
