@@ -5,9 +5,10 @@
 //! service's memif server port; this process is a host of the tenant
 //! with the address `--ip` (default 10.79.0.5/24) and MAC `--mac`.
 //!
-//! One thread drives the stack: every read or write of a connection
-//! first polls it (the port's receive burst, smoltcp's timers and
-//! sockets, the transmit burst), so a blocking read busy-polls the port.
+//! One thread drives the stack: a read that finds nothing buffered polls
+//! it (the port's receive burst, smoltcp's timers and sockets, the
+//! transmit burst), so a blocking read busy-polls the port, and what
+//! writes queued leaves at that poll.
 
 use std::cell::RefCell;
 use std::io;
@@ -365,11 +366,13 @@ pub struct Conn {
 }
 
 impl io::Read for Conn {
+    /// Takes what the socket holds; polls the stack only when it holds
+    /// nothing (once for a non-blocking read).
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let started = Instant::now();
+        let mut polled = false;
         loop {
             let mut st = self.stack.borrow_mut();
-            st.poll();
             let s = st.sockets.get_mut::<tcp::Socket>(self.handle);
             if s.can_recv() {
                 return s
@@ -379,35 +382,40 @@ impl io::Read for Conn {
             if !s.may_recv() {
                 return Ok(0);
             }
-            if self.nonblocking {
+            if polled && self.nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             if self.read_timeout.is_some_and(|t| started.elapsed() > t) {
                 return Err(io::ErrorKind::TimedOut.into());
             }
+            st.poll();
+            polled = true;
         }
     }
 }
 
 impl io::Write for Conn {
+    /// Queues what the socket's buffer takes; the next poll (the next
+    /// read of any connection, or `flush`) sends it. Polls the stack only
+    /// when the buffer is full (once for a non-blocking write).
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut polled = false;
         loop {
             let mut st = self.stack.borrow_mut();
-            st.poll();
             let s = st.sockets.get_mut::<tcp::Socket>(self.handle);
             if s.can_send() {
-                let n = s
+                return s
                     .send_slice(buf)
-                    .map_err(|e| io::Error::other(format!("{e:?}")))?;
-                st.poll();
-                return Ok(n);
+                    .map_err(|e| io::Error::other(format!("{e:?}")));
             }
             if !s.may_send() {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
-            if self.nonblocking {
+            if polled && self.nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
+            st.poll();
+            polled = true;
         }
     }
 
