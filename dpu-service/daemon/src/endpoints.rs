@@ -346,12 +346,17 @@ impl Stack {
     fn turn(&mut self, now: Instant) -> usize {
         let mut moved = 0;
         if let Some(q) = &self.queues {
+            // With one worker every reply goes back through it: nothing to
+            // learn (two map inserts a frame).
+            let learn = q.workers() > 1;
             for lane in 0..q.workers() {
                 for _ in 0..RECEIVE_BATCH {
                     let Some(frame) = q.receive(lane) else {
                         break;
                     };
-                    self.lanes.learn(&frame, lane);
+                    if learn {
+                        self.lanes.learn(&frame, lane);
+                    }
                     self.ep.receive(&frame, now);
                     q.recycle(lane, frame);
                     moved += 1;
