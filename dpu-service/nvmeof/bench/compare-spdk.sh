@@ -10,6 +10,7 @@
 #
 # Usage: dpu-service/nvmeof/bench/compare-spdk.sh --spdk DIR [--rounds N]
 #            [--time SECONDS] [--job PATTERN:BS:QD[xCONNS]]... [--spdk-perf]
+#            [--perf NVMF_PERF]
 #   DIR: an SPDK tree built with its TCP transport (build/bin/nvmf_tgt and
 #   scripts/rpc.py). Run as root (hugepages for SPDK, CPU pinning).
 #   A job such as randread:4k:1x64 runs 64 I/O queues of QD 1 from one
@@ -17,6 +18,8 @@
 #   --spdk-perf: each job also runs with SPDK's spdk_nvme_perf as the
 #   generator (one controller, -P CONNS queue pairs, up to 64), rows
 #   marked "(spdk_nvme_perf)".
+#   --perf: the nvmf-perf binary to drive the jobs with (default: the one
+#   this tree builds), e.g. an older build to compare generators.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
@@ -25,6 +28,7 @@ rounds=3
 secs=3
 jobs=()
 spdk_perf=0
+perf=""
 while (($#)); do
   case "$1" in
     --spdk) shift; spdk=$(realpath "$1") ;;
@@ -32,6 +36,7 @@ while (($#)); do
     --time) shift; secs=$1 ;;
     --job) shift; jobs+=("$1") ;;
     --spdk-perf) spdk_perf=1 ;;
+    --perf) shift; perf=$(realpath "$1") ;;
     *) echo "compare-spdk: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -43,7 +48,7 @@ done
 cargo build --release --locked -q -p dpu-nvmeof --example nvmf-target --bin nvmf-perf
 cargo build --release --locked -q -p dpu-service
 tdir=${CARGO_TARGET_DIR:-target}
-perf="$tdir/release/nvmf-perf"
+perf=${perf:-"$tdir/release/nvmf-perf"}
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -73,7 +78,6 @@ start_spdk() {
   pids+=("$pid")
   local rpc=(python3 "$spdk/scripts/rpc.py" -s "$work/spdk.sock" -t 30)
   for _ in $(seq 1 100); do [ -S "$work/spdk.sock" ] && break; sleep 0.1; done
-  # Queues deep enough for QD 128 (SPDK defaults to 128 entries, QD 127).
   # Queues deep enough for QD 128 (SPDK defaults to 128 entries, QD 127),
   # and as many queue pairs per controller as ours grants.
   "${rpc[@]}" nvmf_create_transport -t TCP -q 256 -m 65 >/dev/null

@@ -435,6 +435,10 @@ impl Wire for Conn {
         self.read_timeout = t;
         Ok(())
     }
+
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl Drop for Conn {
