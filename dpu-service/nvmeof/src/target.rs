@@ -1015,6 +1015,28 @@ impl Target {
     }
 }
 
+/// A subsystem for unit tests: any host, one RAM namespace of `size`
+/// bytes in 512-byte blocks, served on `listeners`.
+#[cfg(test)]
+pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) -> SubsystemConfig {
+    SubsystemConfig {
+        nqn: nqn.into(),
+        serial: "SN1".into(),
+        model: "test".into(),
+        allow_any_host: true,
+        allowed_hosts: BTreeSet::new(),
+        max_namespaces: 8,
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            block_size: 512,
+            uuid: [1; 16],
+            nguid: [2; 16],
+            backend: BackendSpec::Ram { size },
+        }],
+        listeners,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

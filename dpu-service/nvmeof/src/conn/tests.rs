@@ -3,7 +3,7 @@
 //! host-side codec drives connections byte for byte; the budgets are read
 //! from the connection and the target, never inferred from timing.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -12,7 +12,7 @@ use super::{Connection, Pending, MAX_TRANSFER, R2T_BUDGET};
 use crate::host;
 use crate::pdu::{self, ControllerPdu, Digests, Limits};
 use crate::spec::{admin, nvm, Sqe, Status, DISCOVERY_NQN};
-use crate::target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+use crate::target::{ram_subsystem, Target, TargetConfig};
 
 const NQN: &str = "nqn.2024-01.io.example:budget";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-budget";
@@ -26,22 +26,7 @@ const DG: Digests = Digests {
 fn target() -> Target {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: "SN1".into(),
-            model: "test".into(),
-            allow_any_host: true,
-            allowed_hosts: BTreeSet::new(),
-            max_namespaces: 8,
-            namespaces: vec![NamespaceConfig {
-                nsid: 1,
-                block_size: 512,
-                uuid: [1; 16],
-                nguid: [2; 16],
-                backend: BackendSpec::Ram { size: 16 << 20 },
-            }],
-            listeners: vec![listen()],
-        }],
+        subsystems: vec![ram_subsystem(NQN, 16 << 20, vec![listen()])],
         discovery: None,
     });
     assert!(errors.is_empty(), "{errors:?}");

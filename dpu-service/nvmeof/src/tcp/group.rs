@@ -12,7 +12,9 @@
 //! bytes arrived: level-triggered, a socket served early in a long turn
 //! and readable again by its end would stay at the head of epoll's ready
 //! list, ahead of sockets that had waited the whole turn, and with many
-//! queues of depth 1 those waits are the latency's tail. Output is sent as the socket accepts it and
+//! queues of depth 1 those waits are the latency's tail.
+//!
+//! Output is sent as the socket accepts it and
 //! otherwise stays queued in the connection, which stops running block
 //! requests past [`OUTPUT_BUDGET`](crate::conn::OUTPUT_BUDGET); while it is over that budget the socket
 //! is not read either, so a host that does not read cannot make the target
@@ -691,7 +693,8 @@ mod tests {
 
     use crate::pdu::{self, ControllerPdu, Digests, Limits};
     use crate::spec::{nvm, sgl};
-    use crate::{host, BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+    use crate::target::ram_subsystem;
+    use crate::{host, Target, TargetConfig};
     use crate::{TcpConfig, TcpTransport};
 
     const NQN: &str = "nqn.2024-01.io.example:group";
@@ -759,22 +762,7 @@ mod tests {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let target = Target::new();
         let mut cfg = TargetConfig {
-            subsystems: vec![SubsystemConfig {
-                nqn: NQN.into(),
-                serial: "SN1".into(),
-                model: "test".into(),
-                allow_any_host: true,
-                allowed_hosts: BTreeSet::new(),
-                max_namespaces: 1,
-                namespaces: vec![NamespaceConfig {
-                    nsid: 1,
-                    block_size: 512,
-                    uuid: [1; 16],
-                    nguid: [2; 16],
-                    backend: BackendSpec::Ram { size: 1 << 20 },
-                }],
-                listeners: vec![any],
-            }],
+            subsystems: vec![ram_subsystem(NQN, 1 << 20, vec![any])],
             discovery: None,
         };
         let transport = TcpTransport::with_config(target.clone(), &TcpConfig::default()).unwrap();
