@@ -19,9 +19,10 @@
 //!   as `UnknownVtep`, drops as `NoTenant` a VXLAN frame of nobody's VNI
 //!   or anything else addressed to it, and as `UnknownVtep` a VXLAN
 //!   frame from a source its attachment does not name;
-//! - a frame that does not parse is `Malformed`, one nobody owns is
-//!   `NoTenant`, but for the IP layer of a tenant switched at L2 (no
-//!   rules, allow by default, no address guard), which is not parsed;
+//! - a frame that does not parse is `Malformed` (`FragmentInvalid` where
+//!   it is a fragment that could hide its transport header), one nobody
+//!   owns is `NoTenant`, but for the IP layer of a tenant switched at L2
+//!   (no rules, allow by default, no address guard), which is not parsed;
 //! - a guarded attachment drops exactly the frames its guard refuses, as
 //!   `Spoofed`, or as `Encapsulated` where it has a guard and
 //!   the network layer is behind a second tag, QinQ, MPLS or PPPoE;
@@ -54,13 +55,13 @@ use std::collections::BTreeMap;
 
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::memory::MemPacket;
-use dpu_dataplane::wire::{
-    self, is_multicast, proto, vtep_frame, VtepFrame, ETH_ARP, ETH_IPV4, ETH_IPV6, L3,
-    VXLAN_UDP_PORT,
-};
 use dpu_dataplane::switch::{
     Attach, Guard, SwitchConfig, SwitchHandle, SwitchPipeline, SwitchRule, TenantConfig, Vtep,
     FLOW_CACHE_MIN_RULES,
+};
+use dpu_dataplane::wire::{
+    self, is_multicast, proto, vtep_frame, ParseError, VtepFrame, ETH_ARP, ETH_IPV4, ETH_IPV6, L3,
+    VXLAN_UDP_PORT,
 };
 use dpu_dataplane::worker::{DropReason, Egress, Pipeline, Verdict, VlanOp};
 
@@ -615,8 +616,12 @@ fn check(
         true => l2,
         false => match wire::parse(&frame[decap..]) {
             Ok(h) => h,
-            Err(_) => {
-                assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
+            Err(e) => {
+                let reason = match e {
+                    ParseError::Fragment(_) => DropReason::FragmentInvalid,
+                    _ => DropReason::Malformed,
+                };
+                assert_eq!(verdict, Verdict::Drop(reason), "{e:?}");
                 return;
             }
         },

@@ -155,7 +155,20 @@ def switch_seeds():
             built(3, fields(1, 2, 1, 0)), turn,
         ]
     )
-    return {"learn": learn, "changes": changes, "raw": raws, "vxlan": vxlan, "l2": l2, "memo": memo}
+    # Fragments that could hide a TCP header from the filter: a first
+    # fragment with 8 bytes of it, and a later one overlapping it.
+    tiny = eth(B, A, None, 0x0800) + ipv4([10, 0, 0, 1], [10, 0, 0, 2], 6, tcp(40000, 80, 0x02)[:8], frag=0x2000)
+    overlap = eth(B, A, None, 0x0800) + ipv4([10, 0, 0, 1], [10, 0, 0, 2], 6, b"\0" * 16, frag=0x0001)
+    fragments = raw(0, tiny) + raw(1, overlap) + raw(3, tiny) + turn + bytes([0xC5]) + raw(0, tiny) + turn
+    return {
+        "learn": learn,
+        "changes": changes,
+        "raw": raws,
+        "vxlan": vxlan,
+        "l2": l2,
+        "memo": memo,
+        "fragments": fragments,
+    }
 
 
 def rules_seeds():
