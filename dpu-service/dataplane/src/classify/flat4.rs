@@ -212,6 +212,10 @@ pub(super) struct Flat4 {
 /// Most keys [`Classifier::lookup_multi`](super::Classifier::lookup_multi) walks side by side.
 pub const MULTI: usize = 32;
 
+/// Most trees a single key walks side by side (a set with more walks
+/// them one after another).
+pub(super) const LOCKSTEP: usize = 8;
+
 /// Keys [`Classifier::lookup_batch`](super::Classifier::lookup_batch) walks side by side (a power of two).
 pub const BATCH: usize = 16;
 
@@ -388,18 +392,30 @@ impl Flat4 {
     /// [`Flat4::lookup`] by the trees.
     #[inline]
     fn lookup_trees(&self, k: &Key4, dead: Option<&[u64]>) -> Option<usize> {
-        if let [a, b] = self.trees[..] {
-            // Two trees (the usual case): both walks side by side, since a
-            // single key's walk waits on one load per level; the second
-            // tree's leaf is read only if it can hold an earlier rule.
-            let (mut ea, mut eb) = (a.0, b.0);
-            for _ in 0..a.1.max(b.1) {
-                ea = step(&self.nodes, &k.dims, ea);
-                eb = step(&self.nodes, &k.dims, eb);
+        if self.trees.len() <= LOCKSTEP {
+            let trees = &self.trees[..];
+            // Every walk side by side, since a single key's walk waits on
+            // one load per level; then the leaves in the trees' order (of
+            // their first rules), each read only if it can hold an earlier
+            // rule than those found.
+            let mut es = [0 as Entry; LOCKSTEP];
+            let mut depth = 0;
+            for (e, t) in es.iter_mut().zip(trees) {
+                *e = t.0;
+                depth = depth.max(t.1);
             }
-            let mut best = self.leaf_match(ea, k, dead);
-            if b.2 < best {
-                best = best.min(self.leaf_match(eb, k, dead));
+            let es = &mut es[..trees.len()];
+            for _ in 0..depth {
+                for e in es.iter_mut() {
+                    *e = step(&self.nodes, &k.dims, *e);
+                }
+            }
+            let mut best = u32::MAX;
+            for (&e, t) in es.iter().zip(trees) {
+                if t.2 >= best {
+                    break;
+                }
+                best = best.min(self.leaf_match(e, k, dead));
             }
             return (best != u32::MAX).then_some(best as usize);
         }

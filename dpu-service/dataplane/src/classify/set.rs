@@ -13,9 +13,25 @@ use super::rule::{AclRule, Family, DIMS};
 use super::tree::{Builder, Region, Tree, LEAF_RULES};
 use crate::wire::FlowKey;
 
-/// Trees per address family (rule groups by shape): each costs every
-/// lookup that reaches it a walk.
-const MAX_TREES: usize = 2;
+/// Trees per address family, IPv4 then IPv6 (rule groups by shape): each
+/// costs every lookup that reaches it a walk, and each shape group left
+/// without a tree of its own joins a mixed tree, where its wide fields
+/// are copied into many narrow slices (long leaves). IPv4 keys walk all
+/// their trees side by side (`flat4`, one key or a burst), so more trees
+/// cost little; IPv6 keys walk them one after another. Measured on the
+/// ClassBench acl2, fw2, fw3 and ipc1 sets at 10K rules, interleaved
+/// with two IPv4 trees: up to eight took bursts of 32 1.3-2.8× faster on
+/// acl2, fw2 and fw3 (ipc1 level), single keys 1.4-4.8× (with the
+/// side-by-side walk), a set over 4 tenants 1.0-2.4× (ipc1 0.6-0.9×),
+/// memory to 0.4-0.7×; for IPv6 they lost on fw3 and ipc1 (0.6-0.8×), so
+/// IPv6 keeps two.
+const MAX_TREES: [usize; 2] = [8, 2];
+/// A shape group gets a tree of its own (within [`MAX_TREES`]) if it
+/// holds at least this fraction (1/n) of the family's rules, IPv4 then
+/// IPv6.
+const GROUP_SHARE: [usize; 2] = [64, 32];
+const _: () = assert!(MAX_TREES[0] <= super::flat4::LOCKSTEP);
+
 /// Added rules kept in the overlay tree before a full rebuild is needed.
 pub const OVERLAY_MAX: usize = 256;
 
@@ -78,7 +94,8 @@ impl Set {
         for (i, r) in rules[..live].iter().enumerate() {
             groups[large_mask(r, addr_bits)].push(i as u32);
         }
-        let min_group = (live / 32).max(4 * LEAF_RULES);
+        let family = usize::from(addr_bits != 32);
+        let min_group = (live / GROUP_SHARE[family]).max(4 * LEAF_RULES);
         let mut by_size: Vec<usize> = (0..groups.len())
             .filter(|&m| !groups[m].is_empty())
             .collect();
@@ -87,7 +104,7 @@ impl Set {
             .iter()
             .copied()
             .filter(|&m| groups[m].len() >= min_group)
-            .take(MAX_TREES - 1)
+            .take(MAX_TREES[family] - 1)
             .collect();
         let mut rest = Vec::new();
         for &m in &by_size {
