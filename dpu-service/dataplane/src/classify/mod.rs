@@ -32,14 +32,16 @@
 //! tree has the same length and branches on nothing the key decides.
 //! [`Classifier::lookup_batch`] walks up to [`BATCH`] keys side by side,
 //! as rte_acl does with its multi-flow loops, so their cache misses
-//! overlap. IPv6 keys walk the trees as built, with 128-bit bounds.
+//! overlap. IPv6 keys walk the trees as built, with 128-bit bounds,
+//! when their set has no RFC tables.
 //!
-//! IPv4 rule sets whose tables fit a memory budget are also compiled to
-//! Recursive Flow Classification tables (`rfc`): a fixed sequence
-//! of table reads, no compare, no walk. IPv4 lookups read those first;
-//! the trees answer when a set has no tables (rules whose tables would
-//! not fit the budget), and for the keys whose answer was removed since
-//! the build ([`Classifier::with_changes`]).
+//! Rule sets whose tables fit a memory budget are also compiled to
+//! Recursive Flow Classification tables (`rfc`), per family: a fixed
+//! sequence of table reads, no compare, no walk (IPv6 addresses walk
+//! only the bytes where the rules' addresses differ). Lookups read
+//! those first; the trees answer when a set has no tables (rules whose
+//! tables would not fit the budget), and for the keys whose answer was
+//! removed since the build ([`Classifier::with_changes`]).
 //!
 //! A lookup walks the trees in order of their first rule and stops as soon
 //! as no later tree can hold an earlier match. IPv4 and IPv6 have separate

@@ -1,16 +1,17 @@
-//! Recursive Flow Classification (Gupta and McKeown, 1999) for IPv4 keys:
-//! a lookup of a fixed, short sequence of table reads with no compare and
-//! no branch on the key, for rule sets whose tables fit a memory budget.
+//! Recursive Flow Classification (Gupta and McKeown, 1999) for IPv4 and
+//! IPv6 keys: a lookup of a fixed, short sequence of table reads with no
+//! compare and no branch on the key, for rule sets whose tables fit a
+//! memory budget.
 //!
-//! Each address goes through a trie of four one-byte levels to its
-//! equivalence class: addresses matched by exactly the same rules share
-//! a class. The protocol and each port map to theirs through one table
+//! Each address goes through a trie of one-byte levels (four for IPv4,
+//! sixteen for IPv6) to its equivalence class: addresses matched by
+//! exactly the same rules share a class. The protocol and each port map to theirs through one table
 //! each (phase 0). Phase 1 joins protocol, source port and destination
 //! port into one class; phase 2 joins two of the three fields so found
 //! (source, destination, ports), and phase 3 the third, into the first
 //! matching rule. Every table is indexed by the classes before it, so a
-//! lookup is a fixed number of loads, at most six in a chain, whatever
-//! the number of rules; batches run step by step, so the loads of
+//! lookup is a fixed number of loads, at most six in a chain for IPv4
+//! (eighteen for IPv6), whatever the number of rules; batches run step by step, so the loads of
 //! different keys overlap.
 //!
 //! The tries store each distinct node once, and a node whose addresses
@@ -31,6 +32,7 @@
 use hashbrown::HashMap;
 
 use super::rule::{AclRule, Family};
+use crate::wire::FlowKey;
 
 /// Most keys [`Rfc::lookup_many`] takes at once.
 pub(crate) const BATCH: usize = 32;
@@ -71,9 +73,13 @@ pub(crate) static EMPTY: Rfc = {
         width: 0,
     };
     const NO_TRIE: Trie = Trie {
-        inner: [Vec::new(), Vec::new(), Vec::new()],
+        inner: Vec::new(),
         leaves: Vec::new(),
         root: 0,
+        skip: 0,
+        levels: 4,
+        block: 0,
+        outside: [0; 2],
     };
     Rfc {
         chunks: [NO_CHUNK; 3],
@@ -127,7 +133,8 @@ impl Join {
     }
 }
 
-/// The tables of one IPv4 rule set; see the module documentation.
+/// The tables of one rule set of one address family; see the module
+/// documentation.
 #[derive(Debug)]
 pub(crate) struct Rfc {
     /// Protocol, source port, destination port.
@@ -179,20 +186,20 @@ impl Interner {
 }
 
 /// A run of values of one class: its first value and the class.
-type Segment = (u64, u16);
+type Segment = (u128, u16);
 
-/// The classes of the values `0..end` where rules match the inclusive
+/// The classes of the values `0..=top` where rules match the inclusive
 /// value ranges `ranges` (one per rule, by position): values matched by
 /// the same rules share a class. Returns the classes and, in order, each
 /// value where the class changes with the class from there on (the
 /// first at 0); `None` past `u16` classes.
-fn segments(ranges: &[(u32, u32)], end: u64) -> Option<(Vec<Segment>, Vec<Class>)> {
+fn segments(ranges: &[(u128, u128)], top: u128) -> Option<(Vec<Segment>, Vec<Class>)> {
     // Every value where some rule's range starts or stops.
-    let mut starts: Vec<(u64, u32)> = Vec::with_capacity(2 * ranges.len());
+    let mut starts: Vec<(u128, u32)> = Vec::with_capacity(2 * ranges.len());
     for (r, &(lo, hi)) in ranges.iter().enumerate() {
-        starts.push((u64::from(lo), r as u32));
-        if u64::from(hi) + 1 < end {
-            starts.push((u64::from(hi) + 1, r as u32));
+        starts.push((lo, r as u32));
+        if hi < top {
+            starts.push((hi + 1, r as u32));
         }
     }
     starts.sort_unstable();
@@ -201,13 +208,13 @@ fn segments(ranges: &[(u32, u32)], end: u64) -> Option<(Vec<Segment>, Vec<Class>
     let mut segments: Vec<Segment> = Vec::with_capacity(starts.len() + 1);
     let mut events = starts.iter().peekable();
     let mut class = Vec::new();
-    let mut at = 0u64;
+    let mut at = 0u128;
     loop {
         while let Some(&(_, r)) = events.next_if(|&&(v, _)| v == at) {
             // A rule's range starts at its low end and stops one past
             // its high end, which is never its low end.
             let w = &mut active[r as usize / 64];
-            if u64::from(ranges[r as usize].0) == at {
+            if ranges[r as usize].0 == at {
                 *w |= 1 << (r % 64);
             } else {
                 *w &= !(1 << (r % 64));
@@ -235,13 +242,13 @@ fn segments(ranges: &[(u32, u32)], end: u64) -> Option<(Vec<Segment>, Vec<Class>
 
 /// The phase-0 classes of a chunk `bits` wide whose rules match the
 /// inclusive value ranges `ranges` (one per rule, by position).
-fn chunk(ranges: &[(u32, u32)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
-    let end = 1u64 << bits;
-    let (segments, classes) = segments(ranges, end)?;
-    let mut table = vec![0u16; end as usize];
+fn chunk(ranges: &[(u128, u128)], bits: u32) -> Option<(Chunk, Vec<Class>)> {
+    let end = 1usize << bits;
+    let (segments, classes) = segments(ranges, end as u128 - 1)?;
+    let mut table = vec![0u16; end];
     for (i, &(at, id)) in segments.iter().enumerate() {
-        let next = segments.get(i + 1).map_or(end, |s| s.0);
-        table[at as usize..next as usize].fill(id);
+        let next = segments.get(i + 1).map_or(end, |s| s.0 as usize);
+        table[at as usize..next].fill(id);
     }
     let mut top = [0u32; BLOCKS];
     let mut blocks = Vec::new();
@@ -277,25 +284,159 @@ impl hashbrown::Equivalent<(u16, Class)> for Split<'_> {
     }
 }
 
-/// Levels of an address [`Trie`], one byte of the address each.
-const LEVELS: usize = 4;
+/// An address as a [`Trie`] reads it: one byte a level, from the top
+/// of the bytes the trie walks.
+pub(crate) trait Address: Copy {
+    /// Bytes of the address.
+    const BYTES: usize;
+    /// Levels a walk takes in `t`: IPv4 always all four, IPv6 the bytes
+    /// between those its rules all share and those none of them tests.
+    fn levels(t: &Trie) -> usize;
+    /// The address shifted past the bytes `t` skips.
+    fn bits(self, t: &Trie) -> u128;
+    /// The byte of `level` of the shifted address `bits`.
+    fn byte(bits: u128, level: usize) -> u32;
+    /// The class of the address, given the class `c` its walk found:
+    /// `c`, unless the address lies outside the block the trie covers.
+    fn class(self, t: &Trie, c: u16) -> u16;
+}
+
+impl Address for u32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    fn levels(_: &Trie) -> usize {
+        4
+    }
+    #[inline(always)]
+    fn bits(self, _: &Trie) -> u128 {
+        u128::from(self)
+    }
+    #[inline(always)]
+    fn byte(bits: u128, level: usize) -> u32 {
+        (bits as u32 >> (8 * (3 - level))) & 0xff
+    }
+    #[inline(always)]
+    fn class(self, _: &Trie, c: u16) -> u16 {
+        c
+    }
+}
+
+impl Address for u128 {
+    const BYTES: usize = 16;
+    #[inline(always)]
+    fn levels(t: &Trie) -> usize {
+        usize::from(t.levels)
+    }
+    #[inline(always)]
+    fn bits(self, t: &Trie) -> u128 {
+        self << (8 * u32::from(t.skip))
+    }
+    #[inline(always)]
+    fn byte(bits: u128, level: usize) -> u32 {
+        (bits >> (120 - 8 * level)) as u32 & 0xff
+    }
+    #[inline(always)]
+    fn class(self, t: &Trie, c: u16) -> u16 {
+        let skipped = !(u128::MAX >> (8 * u32::from(t.skip)));
+        if self & skipped == t.block {
+            c
+        } else if self < t.block {
+            t.outside[0]
+        } else {
+            t.outside[1]
+        }
+    }
+}
+
 /// An entry of a [`Trie`]'s inner level whose child is one entry for
 /// every byte value (a uniform node) rather than 256.
 const UNIFORM: u32 = 1 << 31;
 
-/// The class of each IPv4 address, as a trie of four levels of one byte
-/// each, nodes of equal content stored once, and a node whose addresses
-/// are all of one class stored as one entry (its children are found
-/// with the byte masked to 0, so a lookup is four loads and no branch).
+/// The class of each address of a family, as a trie of one level per
+/// byte, nodes of equal content stored once, and a node whose addresses
+/// are all of one class stored as one entry (its children are found with
+/// the byte masked to 0, so a lookup is a load a level and no branch).
+///
+/// An IPv4 trie walks all four bytes. An IPv6 trie walks only the bytes
+/// where its rules' addresses differ: it skips the top bytes that every
+/// address where a class starts or ends shares (a tenant's /48, say),
+/// and stops above the bottom bytes that none of them sets (the
+/// interface identifier of rules of /64 and shorter). An address outside
+/// the skipped prefix is of the class below or above it, so an IPv6 set
+/// within one /32 walks four levels, as IPv4 does.
 #[derive(Debug)]
-struct Trie {
-    /// Levels 0 to 2: per entry, where the child node starts in the next
-    /// level, with [`UNIFORM`] set if that node is one entry.
-    inner: [Vec<u32>; LEVELS - 1],
-    /// Level 3: the class of each address.
+pub(crate) struct Trie {
+    /// Every level but the last, one after another: per entry, where the
+    /// child node starts (here, or in `leaves` below the last of these
+    /// levels), with [`UNIFORM`] set if that node is one entry.
+    inner: Vec<u32>,
+    /// The last level: the class of each address.
     leaves: Vec<u16>,
     /// The entry of the level-0 node.
     root: u32,
+    /// Top bytes skipped, and levels walked.
+    skip: u8,
+    levels: u8,
+    /// The skipped bytes of the addresses the trie covers (the rest 0).
+    block: u128,
+    /// The classes of the addresses below and above that block.
+    outside: [u16; 2],
+}
+
+/// Which bytes of a family's addresses a [`Trie`] walks.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    /// Bytes of an address.
+    bytes: usize,
+    /// Top bytes skipped, and bytes walked.
+    skip: usize,
+    levels: usize,
+    /// The first address of the block walked.
+    block: u128,
+}
+
+impl Span {
+    /// All bytes of an address of `bytes` bytes.
+    fn whole(bytes: usize) -> Span {
+        Span {
+            bytes,
+            skip: 0,
+            levels: bytes,
+            block: 0,
+        }
+    }
+
+    /// The bytes where the addresses `starts` (first addresses of
+    /// classes, the first one 0) differ: the smallest aligned block
+    /// holding each start and the address before it, and, below it, no
+    /// byte that some start sets.
+    fn narrow(bytes: usize, starts: impl Iterator<Item = u128>) -> Span {
+        let (mut lo, mut hi, mut zeros) = (u128::MAX, 0, 128);
+        for x in starts.filter(|&x| x > 0) {
+            lo = lo.min(x - 1);
+            hi = hi.max(x);
+            zeros = zeros.min(x.trailing_zeros());
+        }
+        if lo > hi {
+            return Span::whole(bytes);
+        }
+        let skip = ((lo ^ hi).leading_zeros() / 8) as usize;
+        // An address and the one before it differ in the lowest byte the
+        // address sets, so at least one byte is walked.
+        let levels = bytes - skip - (zeros / 8) as usize;
+        let top = u128::MAX >> (8 * skip);
+        Span {
+            bytes,
+            skip,
+            levels,
+            block: lo & !top,
+        }
+    }
+
+    /// Bits of the addresses one entry of `level` covers.
+    fn unit_bits(&self, level: usize) -> u32 {
+        8 * (self.bytes - self.skip - 1 - level) as u32
+    }
 }
 
 impl Trie {
@@ -308,37 +449,43 @@ impl Trie {
     }
 
     #[inline(always)]
-    fn class(&self, a: u32) -> usize {
-        let e = self.inner[0][Trie::at(self.root, a >> 24)];
-        let e = self.inner[1][Trie::at(e, (a >> 16) & 0xff)];
-        let e = self.inner[2][Trie::at(e, (a >> 8) & 0xff)];
-        usize::from(self.leaves[Trie::at(e, a & 0xff)])
+    fn class<A: Address>(&self, a: A) -> usize {
+        let (bits, levels) = (a.bits(self), A::levels(self));
+        let mut e = self.root;
+        for level in 0..levels - 1 {
+            e = self.inner[Trie::at(e, A::byte(bits, level))];
+        }
+        let c = self.leaves[Trie::at(e, A::byte(bits, levels - 1))];
+        usize::from(a.class(self, c))
     }
 
-    /// The classes of the inclusive address ranges `ranges` (one per rule,
-    /// by position) and the trie giving each address its class, or `None`
-    /// past `u16` classes or past `budget` entries (taken from it).
-    fn build(ranges: &[(u32, u32)], budget: &mut usize) -> Option<(Trie, Vec<Class>)> {
-        let (segments, classes) = segments(ranges, 1 << 32)?;
+    /// The trie over the bytes `span` says giving each address its class,
+    /// from the addresses where classes start (`segments`), or `None`
+    /// past `budget` entries (taken from it).
+    fn build(segments: &[Segment], span: Span, budget: &mut usize) -> Option<Trie> {
         let mut b = TrieBuilder {
             trie: Trie {
-                inner: [Vec::new(), Vec::new(), Vec::new()],
+                inner: Vec::new(),
                 leaves: Vec::new(),
                 root: 0,
+                skip: span.skip as u8,
+                levels: span.levels as u8,
+                block: span.block,
+                outside: [segments[0].1, segments[segments.len() - 1].1],
             },
-            nodes: Default::default(),
-            uniform: Default::default(),
+            span,
+            nodes: vec![HashMap::new(); span.levels],
+            uniform: vec![HashMap::new(); span.levels],
             budget: *budget,
         };
-        let root = b.node(0, 0, &segments)?;
+        b.trie.root = b.node(0, span.block, segments)?;
         *budget = b.budget;
-        b.trie.root = root;
-        Some((b.trie, classes))
+        Some(b.trie)
     }
 
     /// Table entries.
     fn len(&self) -> usize {
-        self.inner.iter().map(Vec::len).sum::<usize>() + self.leaves.len()
+        self.inner.len() + self.leaves.len()
     }
 }
 
@@ -346,10 +493,11 @@ impl Trie {
 /// content once.
 struct TrieBuilder {
     trie: Trie,
+    span: Span,
     /// Per level, where each node content already stored starts.
-    nodes: [HashMap<Vec<u32>, u32>; LEVELS],
+    nodes: Vec<HashMap<Vec<u32>, u32>>,
     /// Per level, the uniform node of each class.
-    uniform: [HashMap<u16, u32>; LEVELS],
+    uniform: Vec<HashMap<u16, u32>>,
     budget: usize,
 }
 
@@ -362,13 +510,13 @@ impl TrieBuilder {
             return Some(at | flag);
         }
         self.budget = self.budget.checked_sub(entries.len())?;
-        let at = if level == LEVELS - 1 {
+        let at = if level == self.span.levels - 1 {
             let at = self.trie.leaves.len();
             self.trie.leaves.extend(entries.iter().map(|&c| c as u16));
             at
         } else {
-            let at = self.trie.inner[level].len();
-            self.trie.inner[level].extend_from_slice(&entries);
+            let at = self.trie.inner.len();
+            self.trie.inner.extend_from_slice(&entries);
             at
         };
         let at = u32::try_from(at).ok().filter(|&a| a < UNIFORM)?;
@@ -381,7 +529,7 @@ impl TrieBuilder {
         if let Some(&e) = self.uniform[level].get(&class) {
             return Some(e);
         }
-        let entry = if level == LEVELS - 1 {
+        let entry = if level == self.span.levels - 1 {
             u32::from(class)
         } else {
             self.uniform(level + 1, class)?
@@ -394,15 +542,17 @@ impl TrieBuilder {
     /// The entry of the node of `level` over the addresses from `lo`, of
     /// which `segments` (each a first address and its class, the first
     /// starting at or before `lo`) are the ones it overlaps.
-    fn node(&mut self, level: usize, lo: u64, segments: &[Segment]) -> Option<u32> {
+    fn node(&mut self, level: usize, lo: u128, segments: &[Segment]) -> Option<u32> {
         if let [(_, class)] = segments {
             return self.uniform(level, *class);
         }
-        let span = 1u64 << (8 * (LEVELS - 1 - level));
+        let last = level == self.span.levels - 1;
+        let unit = self.span.unit_bits(level);
         let mut entries = Vec::with_capacity(256);
         let mut i = 0;
-        for k in 0..256u64 {
-            let (from, to) = (lo + k * span, lo + (k + 1) * span - 1);
+        for k in 0..256u128 {
+            let from = lo + (k << unit);
+            let to = from + ((1u128 << unit) - 1);
             while i + 1 < segments.len() && segments[i + 1].0 <= from {
                 i += 1;
             }
@@ -410,7 +560,8 @@ impl TrieBuilder {
             while j + 1 < segments.len() && segments[j + 1].0 <= to {
                 j += 1;
             }
-            entries.push(if level == LEVELS - 1 {
+            entries.push(if last {
+                // Classes start only at multiples of the last level's unit.
                 u32::from(segments[i].1)
             } else {
                 self.node(level + 1, from, &segments[i..=j])?
@@ -528,19 +679,25 @@ fn firsts(a: &[Class], b: &[Class], rules: usize, budget: &mut usize) -> Option<
 }
 
 impl Rfc {
-    /// The tables for `rules` (IPv4, in order: a lookup answers with a
-    /// position in this slice), or `None` if there are 65,535 rules or
-    /// more, or the tables would pass the memory budget.
-    pub(crate) fn build(rules: &[AclRule]) -> Option<Rfc> {
+    /// The tables for `rules` (all of `family`, V4 or V6, in order: a
+    /// lookup answers with a position in this slice), or `None` if there
+    /// are 65,535 rules or more, or the tables would pass the memory
+    /// budget.
+    pub(crate) fn build(rules: &[AclRule], family: Family) -> Option<Rfc> {
         let budget = BUDGET_BASE + BUDGET_PER_RULE * rules.len();
-        Rfc::build_within(rules, budget.min(BUDGET_MAX))
+        Rfc::build_within(rules, family, budget.min(BUDGET_MAX))
     }
 
     /// [`Rfc::build`] with a budget of `budget` table entries beyond
     /// phase 0.
-    fn build_within(rules: &[AclRule], mut budget: usize) -> Option<Rfc> {
+    fn build_within(rules: &[AclRule], family: Family, mut budget: usize) -> Option<Rfc> {
+        let bytes = match family {
+            Family::V4 => <u32 as Address>::BYTES,
+            Family::V6 => <u128 as Address>::BYTES,
+            Family::Any => return None,
+        };
         // Nothing behind a rule that matches every key is ever found.
-        let whole = AclRule::any(0, 0, Family::V4);
+        let whole = AclRule::any(0, 0, family);
         let covers = |r: &AclRule| {
             (r.src, r.dst, r.src_port, r.dst_port, r.proto)
                 == (
@@ -559,27 +716,33 @@ impl Rfc {
             return None;
         }
         let n = rules.len();
-        let v4 = |(lo, hi): (u128, u128)| Some((u32::try_from(lo).ok()?, u32::try_from(hi).ok()?));
-        let mut src = Vec::with_capacity(n);
-        let mut dst = Vec::with_capacity(n);
-        for r in rules {
-            src.push(v4(r.src)?);
-            dst.push(v4(r.dst)?);
+        // The family's rules lie within its addresses (see `Trees::build`).
+        if rules
+            .iter()
+            .any(|r| r.src.1 > whole.src.1 || r.dst.1 > whole.dst.1)
+        {
+            return None;
         }
-        let proto: Vec<(u32, u32)> = rules
-            .iter()
-            .map(|r| (u32::from(r.proto.0), u32::from(r.proto.1)))
-            .collect();
-        let sport: Vec<(u32, u32)> = rules
-            .iter()
-            .map(|r| (u32::from(r.src_port.0), u32::from(r.src_port.1)))
-            .collect();
-        let dport: Vec<(u32, u32)> = rules
-            .iter()
-            .map(|r| (u32::from(r.dst_port.0), u32::from(r.dst_port.1)))
-            .collect();
-        let (src, ks) = Trie::build(&src, &mut budget)?;
-        let (dst, kd) = Trie::build(&dst, &mut budget)?;
+        let field = |f: fn(&AclRule) -> (u128, u128)| -> Vec<(u128, u128)> {
+            rules.iter().map(f).collect()
+        };
+        let src = field(|r| r.src);
+        let dst = field(|r| r.dst);
+        let proto = field(|r| (u128::from(r.proto.0), u128::from(r.proto.1)));
+        let sport = field(|r| (u128::from(r.src_port.0), u128::from(r.src_port.1)));
+        let dport = field(|r| (u128::from(r.dst_port.0), u128::from(r.dst_port.1)));
+        let top = u128::MAX >> (128 - 8 * bytes);
+        let (src, ks) = segments(&src, top)?;
+        let (dst, kd) = segments(&dst, top)?;
+        // Both tries walk the same bytes, so lookups walk them side by
+        // side; IPv4's walk all four.
+        let span = if family == Family::V4 {
+            Span::whole(bytes)
+        } else {
+            Span::narrow(bytes, src.iter().chain(&dst).map(|s| s.0))
+        };
+        let src = Trie::build(&src, span, &mut budget)?;
+        let dst = Trie::build(&dst, span, &mut budget)?;
         let (c4, k4) = chunk(&proto, 8)?;
         let (c5, k5) = chunk(&sport, 16)?;
         let (c6, k6) = chunk(&dport, 16)?;
@@ -626,23 +789,37 @@ impl Rfc {
         })
     }
 
-    /// The position of the first rule matching the key whose fields are
-    /// `dims` (source, destination, source port, destination port,
-    /// protocol), `u32::MAX` if none does.
+    /// The rule position phases 2 and 3 give for the address classes `s`
+    /// and `d` and the key's source port, destination port and protocol.
     #[inline(always)]
-    pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u32 {
+    fn finish(&self, s: usize, d: usize, [sport, dport, proto]: [u32; 3]) -> u32 {
         let [pr, sp, dp] = &self.chunks;
-        let s = self.src.class(dims[0]);
-        let d = self.dst.class(dims[1]);
-        let ps = self.proto_sport.get(pr.class(dims[4]), sp.class(dims[2]));
-        let p = self.ports.get(ps, dp.class(dims[3]));
+        let ps = self.proto_sport.get(pr.class(proto), sp.class(sport));
+        let p = self.ports.get(ps, dp.class(dport));
         let f = [s, d, p];
         let [a, b, c] = self.order.map(|i| f[usize::from(i) % 3]);
         position(self.first.table[self.pair.get(a, b) * self.first.width + c])
     }
 
-    /// [`Rfc::lookup`] for up to [`BATCH`] keys (`dims` gives each key's
-    /// fields) into `out`.
+    /// The position of the first rule matching the IPv4 key whose fields
+    /// are `dims` (source, destination, source port, destination port,
+    /// protocol), `u32::MAX` if none does.
+    #[inline(always)]
+    pub(crate) fn lookup(&self, dims: &[u32; 8]) -> u32 {
+        let (s, d) = (self.src.class(dims[0]), self.dst.class(dims[1]));
+        self.finish(s, d, [dims[2], dims[3], dims[4]])
+    }
+
+    /// [`Rfc::lookup`] for an IPv6 key, in tables built for IPv6.
+    #[inline]
+    pub(crate) fn lookup6(&self, key: &FlowKey) -> u32 {
+        let (s, d) = (self.src.class(key.src), self.dst.class(key.dst));
+        let rest = [key.src_port, key.dst_port, key.proto.into()].map(u32::from);
+        self.finish(s, d, rest)
+    }
+
+    /// [`Rfc::lookup`] for up to [`BATCH`] IPv4 keys (`dims` gives each
+    /// key's fields) into `out`.
     #[inline]
     pub(crate) fn lookup_many<K>(
         &self,
@@ -650,51 +827,64 @@ impl Rfc {
         dims: impl Fn(&K) -> [u32; 8],
         out: &mut [u32],
     ) {
-        Rfc::lookup_lanes(keys.len(), |_| self, |i| dims(&keys[i]), out);
+        let split = |i: usize| {
+            let d = dims(&keys[i]);
+            ([d[0], d[1]], [d[2], d[3], d[4]])
+        };
+        Rfc::lookup_lanes(keys.len(), |_| self, split, out);
     }
 
-    /// [`Rfc::lookup`] for up to [`BATCH`] keys, key `i` (of `n`) with
-    /// the fields `dims(i)` (the first five of [`Rfc::lookup`]'s) in the
-    /// tables `rfc(i)`, into `out` (`u32::MAX` for no match), phase by
-    /// phase: each phase's loads for all the keys go out before any of
-    /// them is needed, so their cache misses overlap where one key's
-    /// chain of loads would wait on each.
+    /// The first matching rule for up to [`BATCH`] keys of one family,
+    /// key `i` (of `n`) with the addresses and the rest of its fields
+    /// `key(i)` (`([source, destination], [source port, destination
+    /// port, protocol])`) in the tables `rfc(i)` (built for that family;
+    /// for IPv6 one set's, whose tries walk the same levels), into `out`
+    /// (`u32::MAX` for no match), phase by phase: each phase's loads for
+    /// all the keys go out before any of them is needed, so their cache
+    /// misses overlap where one key's chain of loads would wait on each.
     #[inline(always)]
-    pub(crate) fn lookup_lanes<'r, const D: usize>(
+    pub(crate) fn lookup_lanes<'r, A: Address>(
         n: usize,
         rfc: impl Fn(usize) -> &'r Rfc,
-        dims: impl Fn(usize) -> [u32; D],
+        key: impl Fn(usize) -> ([A; 2], [u32; 3]),
         out: &mut [u32],
     ) {
         let n = n.min(out.len()).min(BATCH);
+        if n == 0 {
+            return;
+        }
+        let levels = A::levels(&rfc(0).src);
         // The address tries level by level, the ports beside them.
         let mut f = [[0usize; 3]; BATCH];
         let mut e = [[0u32; 2]; BATCH];
-        for (i, (f, e)) in f[..n].iter_mut().zip(&mut e).enumerate() {
+        let mut bits = [[0u128; 2]; BATCH];
+        for (i, ((f, e), b)) in f[..n].iter_mut().zip(&mut e).zip(&mut bits).enumerate() {
             let t = rfc(i);
             let [pr, sp, _] = &t.chunks;
-            let d = dims(i);
+            let ([s, d], [sport, _, proto]) = key(i);
+            *b = [s.bits(&t.src), d.bits(&t.dst)];
             *e = [
-                t.src.inner[0][Trie::at(t.src.root, d[0] >> 24)],
-                t.dst.inner[0][Trie::at(t.dst.root, d[1] >> 24)],
+                t.src.inner[Trie::at(t.src.root, A::byte(b[0], 0))],
+                t.dst.inner[Trie::at(t.dst.root, A::byte(b[1], 0))],
             ];
-            f[2] = t.proto_sport.get(pr.class(d[4]), sp.class(d[2]));
+            f[2] = t.proto_sport.get(pr.class(proto), sp.class(sport));
         }
-        for level in 1..LEVELS - 1 {
-            let shift = 8 * (LEVELS - 1 - level) as u32;
-            for (i, e) in e[..n].iter_mut().enumerate() {
-                let (t, d) = (rfc(i), dims(i));
+        for level in 1..levels - 1 {
+            for (i, (e, b)) in e[..n].iter_mut().zip(&bits).enumerate() {
+                let t = rfc(i);
                 *e = [
-                    t.src.inner[level][Trie::at(e[0], (d[0] >> shift) & 0xff)],
-                    t.dst.inner[level][Trie::at(e[1], (d[1] >> shift) & 0xff)],
+                    t.src.inner[Trie::at(e[0], A::byte(b[0], level))],
+                    t.dst.inner[Trie::at(e[1], A::byte(b[1], level))],
                 ];
             }
         }
-        for (i, (f, e)) in f[..n].iter_mut().zip(&e).enumerate() {
-            let (t, d) = (rfc(i), dims(i));
-            f[0] = usize::from(t.src.leaves[Trie::at(e[0], d[0] & 0xff)]);
-            f[1] = usize::from(t.dst.leaves[Trie::at(e[1], d[1] & 0xff)]);
-            f[2] = t.ports.get(f[2], t.chunks[2].class(d[3]));
+        for (i, ((f, e), b)) in f[..n].iter_mut().zip(&e).zip(&bits).enumerate() {
+            let (t, ([s, d], [_, dport, _])) = (rfc(i), key(i));
+            let cs = t.src.leaves[Trie::at(e[0], A::byte(b[0], levels - 1))];
+            let cd = t.dst.leaves[Trie::at(e[1], A::byte(b[1], levels - 1))];
+            f[0] = usize::from(s.class(&t.src, cs));
+            f[1] = usize::from(d.class(&t.dst, cd));
+            f[2] = t.ports.get(f[2], t.chunks[2].class(dport));
         }
         let mut at = [0usize; BATCH];
         for (i, (at, f)) in at.iter_mut().zip(&f[..n]).enumerate() {
@@ -718,16 +908,13 @@ impl Rfc {
     pub(crate) fn memory(&self) -> usize {
         std::mem::size_of::<Rfc>()
             + 2 * (self.chunks.iter().map(|c| c.blocks.len()).sum::<usize>() + self.entries())
-            + 2 * (self.src.inner.iter().chain(&self.dst.inner))
-                .map(Vec::len)
-                .sum::<usize>()
+            + 2 * (self.src.inner.len() + self.dst.inner.len())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::FlowKey;
 
     /// A small xorshift generator: reproducible cases without a crate.
     struct Rng(u64);
@@ -803,7 +990,7 @@ mod tests {
             let bases: Vec<u32> = (0..4).map(|_| rng.next() as u32).collect();
             let n = 1 + rng.below(if case % 4 == 0 { 400 } else { 40 }) as u32;
             let rules: Vec<AclRule> = (0..n).map(|i| rule(&mut rng, i, &bases)).collect();
-            let rfc = Rfc::build_within(&rules, 1 << 26).expect("rules build");
+            let rfc = Rfc::build_within(&rules, Family::V4, 1 << 26).expect("rules build");
             for _ in 0..2000 {
                 // Keys near the rules' addresses and ports, so they match.
                 let b = |rng: &mut Rng| {
@@ -828,6 +1015,116 @@ mod tests {
         }
     }
 
+    /// IPv6 tables, sixteen trie levels: prefixes of every length up to
+    /// /128 and ranges that are no prefix, around a few bases, checked
+    /// against a scan on keys near them and at the top of the space.
+    #[test]
+    fn ipv6_agrees_with_a_scan_of_the_rules() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let wide = |rng: &mut Rng| u128::from(rng.next()) << 64 | u128::from(rng.next());
+        let mut skipped = 0;
+        for case in 0..24 {
+            // Half the sets lie within one /48, whose bytes the tries skip.
+            let within = case % 2 == 1;
+            let top = wide(&mut rng) & !(u128::MAX >> 48);
+            let mut bases: Vec<u128> = (0..4)
+                .map(|_| match within {
+                    true => top | wide(&mut rng) >> 48,
+                    false => wide(&mut rng),
+                })
+                .collect();
+            if !within {
+                bases.push(u128::MAX);
+            }
+            let near = |rng: &mut Rng, bases: &[u128]| {
+                let b = bases[rng.below(bases.len() as u64) as usize];
+                // Differ from a base only below some byte, so keys and
+                // rules share the trie's upper levels.
+                let low = 8 * rng.below(if within { 11 } else { 17 }) as u32;
+                let mask = if low == 128 {
+                    u128::MAX
+                } else {
+                    (1u128 << low) - 1
+                };
+                b ^ (wide(rng) & mask)
+            };
+            let n = 1 + rng.below(if case % 4 == 0 { 300 } else { 40 }) as u32;
+            let rules: Vec<AclRule> = (0..n)
+                .map(|i| {
+                    let addr = |rng: &mut Rng| {
+                        let a = near(rng, &bases);
+                        // Everything below or above an address: the
+                        // addresses outside a skipped prefix differ.
+                        match rng.below(16) {
+                            0 => return (0, a),
+                            1 => return (a, u128::MAX),
+                            _ => {}
+                        }
+                        if rng.below(4) == 0 {
+                            let shift = 8 * rng.below(16) + 80 * u64::from(within);
+                            let b = a.saturating_add(wide(rng) >> shift.min(127));
+                            return (a, b);
+                        }
+                        let len = match within {
+                            true => [0, 48 + rng.below(81) as u8][rng.below(2) as usize],
+                            false => rng.below(129) as u8,
+                        };
+                        AclRule::prefix_range(a, len, 128)
+                    };
+                    AclRule {
+                        src: addr(&mut rng),
+                        dst: addr(&mut rng),
+                        dst_port: match rng.below(2) {
+                            0 => (0, u16::MAX),
+                            _ => (80, 80),
+                        },
+                        ..AclRule::any(i, i, Family::V6)
+                    }
+                })
+                .collect();
+            let rfc = Rfc::build_within(&rules, Family::V6, 1 << 26).expect("rules build");
+            skipped += usize::from(rfc.src.skip > 0);
+            // Keys near the rules, and some anywhere (outside a skipped
+            // prefix, below and above it).
+            let anywhere = |rng: &mut Rng| match rng.below(8) {
+                0 => wide(rng),
+                _ => near(rng, &bases),
+            };
+            for _ in 0..2000 {
+                let k = FlowKey {
+                    src: anywhere(&mut rng),
+                    dst: anywhere(&mut rng),
+                    src_port: rng.below(100) as u16,
+                    dst_port: [80, 81][rng.below(2) as usize],
+                    proto: 6,
+                    v6: true,
+                };
+                let want = rules.iter().position(|r| r.matches(&k));
+                let got = rfc.lookup6(&k);
+                assert_eq!(
+                    (got != u32::MAX).then_some(got as usize),
+                    want,
+                    "case {case}, key {k:?}"
+                );
+                let mut out = [0u32; 1];
+                let key = |_| {
+                    (
+                        [k.src, k.dst],
+                        [u32::from(k.src_port), k.dst_port.into(), 6],
+                    )
+                };
+                Rfc::lookup_lanes(1, |_| &rfc, key, &mut out);
+                assert_eq!(out[0], got);
+            }
+        }
+        assert!(skipped >= 6, "{skipped} sets skipped top bytes");
+        // An IPv4 set is refused tables of the other family's width.
+        let v4 = AclRule::any(0, 0, Family::V4);
+        assert!(Rfc::build(&[v4], Family::V6).is_some());
+        let v6 = AclRule::any(0, 0, Family::V6);
+        assert!(Rfc::build(&[v6], Family::V4).is_none());
+    }
+
     #[test]
     fn edges_of_every_field() {
         // Ranges that start at 0 and end at the top of each field, and a
@@ -850,7 +1147,7 @@ mod tests {
             },
             any,
         ];
-        let rfc = Rfc::build(&rules).expect("builds");
+        let rfc = Rfc::build(&rules, Family::V4).expect("builds");
         let k = |src: u32, dst: u32, sp: u16, dp: u16, proto: u8| {
             dims(&FlowKey {
                 src: u128::from(src),
@@ -877,7 +1174,7 @@ mod tests {
                 ..any
             },
         ];
-        let rfc = Rfc::build(&odd).expect("builds");
+        let rfc = Rfc::build(&odd, Family::V4).expect("builds");
         for (a, want) in [
             (0x1_80fe, u32::MAX),
             (0x1_80ff, 0),
@@ -896,7 +1193,7 @@ mod tests {
     #[test]
     fn declines_what_it_cannot_cut_or_afford() {
         let any = AclRule::any(0, 0, Family::V4);
-        assert!(Rfc::build(&[]).is_none());
+        assert!(Rfc::build(&[], Family::V4).is_none());
         // Rules that each split every field differently: their classes
         // multiply past the budget.
         let spread: Vec<AclRule> = (0..4000u32)
@@ -917,6 +1214,6 @@ mod tests {
         };
         let mut rules = spread;
         rules.push(wide);
-        assert!(Rfc::build(&rules).is_none());
+        assert!(Rfc::build(&rules, Family::V4).is_none());
     }
 }

@@ -63,8 +63,13 @@ struct Set {
     /// Sorted by their first rule, so a lookup can stop early. Empty
     /// for IPv4, whose trees are in `flat`.
     trees: Vec<Tree>,
-    /// IPv4: the trees in their compact lookup form.
+    /// IPv4: the trees in their compact lookup form (and the RFC tables
+    /// read in front of them, when the set has some).
     flat: Flat4,
+    /// IPv6: the rules as RFC tables, when they fit their budget; read
+    /// before the trees, which answer when a set has none and for keys
+    /// whose rule was removed since the build.
+    rfc: Option<Box<Rfc>>,
     /// Per tree: nodes, leaf entries and (IPv4) depth, for
     /// [`Classifier::shape`].
     shapes: Vec<(usize, usize, u32)>,
@@ -154,13 +159,28 @@ impl Set {
             pruners,
             trees,
             flat,
+            rfc: None,
             shapes,
         }
     }
 
-    /// Position of the first rule (in order) matching `key` and not in `dead`.
+    /// Position of the first rule (in order) matching the IPv6 `key` and
+    /// not in `dead`: from the RFC tables if the set has some and their
+    /// rule was not removed, else from the trees.
     #[inline]
     fn lookup(&self, key: &FlowKey, dead: Option<&[u64]>) -> Option<usize> {
+        if let Some(rfc) = &self.rfc {
+            let p = rfc.lookup6(key);
+            if dead.is_none_or(|d| !is_set(d, p)) {
+                return (p != u32::MAX).then_some(p as usize);
+            }
+        }
+        self.lookup_trees(key, dead)
+    }
+
+    /// [`Set::lookup`] by the trees.
+    #[inline]
+    fn lookup_trees(&self, key: &FlowKey, dead: Option<&[u64]>) -> Option<usize> {
         let mut best = usize::MAX;
         for t in &self.trees {
             if t.min_pos as usize >= best {
@@ -181,6 +201,7 @@ impl Set {
         self.rules.len() * std::mem::size_of::<AclRule>()
             + self.trees.iter().map(Tree::memory).sum::<usize>()
             + self.flat.memory()
+            + self.rfc.as_ref().map_or(0, |r| r.memory())
     }
 }
 
@@ -278,13 +299,14 @@ impl Classifier {
         Classifier::build_with(rules, false)
     }
 
-    /// [`Classifier::build`], with RFC tables for IPv4 if `rfc` and they
-    /// fit.
+    /// [`Classifier::build`], with RFC tables per family if `rfc` and
+    /// they fit.
     fn build_with(rules: &[AclRule], rfc: bool) -> Classifier {
         let mut main = Trees::build(rules);
         // Overlays, rebuilt on every change, keep to their trees.
         if rfc {
-            main.v4.flat.rfc = Rfc::build(&main.v4.rules).map(Box::new);
+            main.v4.flat.rfc = Rfc::build(&main.v4.rules, Family::V4).map(Box::new);
+            main.v6.rfc = Rfc::build(&main.v6.rules, Family::V6).map(Box::new);
         }
         Classifier {
             dead_v4: Arc::new(vec![0; main.v4.rules.len().div_ceil(64)]),
@@ -332,10 +354,11 @@ impl Classifier {
 
     /// The tag of the first rule matching each key of `keys`, into the
     /// same place of `out`: the same answers as [`Classifier::lookup`] on
-    /// each key, but faster per key, because the tree walks of up to
-    /// [`BATCH`] IPv4 keys run interleaved and their cache misses overlap,
-    /// and the answers come from a compact table of tags rather than from
-    /// the rules (IPv6 keys are looked up one by one).
+    /// each key, but faster per key, because the table reads or tree
+    /// walks of up to [`BATCH`] keys run interleaved and their cache
+    /// misses overlap, and the answers come from a compact table of tags
+    /// rather than from the rules (IPv6 keys of a set without RFC tables
+    /// walk its trees one by one).
     ///
     /// # Panics
     /// If `out` is shorter than `keys`.
@@ -348,14 +371,20 @@ impl Classifier {
             let mut k4 = [Key4::NONE; BATCH];
             let mut slot = [0u8; BATCH];
             let mut n = 0;
-            for (i, (key, o)) in keys.iter().zip(out.iter_mut()).enumerate() {
+            let mut six = [0u8; BATCH];
+            let mut n6 = 0;
+            for (i, key) in keys.iter().enumerate() {
                 if key.v6 {
-                    *o = self.lookup(key).map(|r| r.tag);
+                    six[n6] = i as u8;
+                    n6 += 1;
                 } else {
                     k4[n] = Key4::new(key);
                     slot[n] = i as u8;
                     n += 1;
                 }
+            }
+            if n6 > 0 {
+                self.lookup_batch6(keys, &six[..n6], out);
             }
             let main = &self.main.v4;
             let dead = (self.removed > 0).then_some(self.dead_v4.as_slice());
@@ -379,6 +408,41 @@ impl Classifier {
                     }
                 }
             }
+        }
+    }
+
+    /// [`Classifier::lookup_batch`] for the IPv6 keys `keys[i]`, `i` in
+    /// `which`, into `out[i]`: side by side through the RFC tables when
+    /// the set has some and no rule was added since the build, else one
+    /// by one.
+    fn lookup_batch6(&self, keys: &[FlowKey], which: &[u8], out: &mut [Option<u32>]) {
+        let main = &self.main.v6;
+        let Some(rfc) = main
+            .rfc
+            .as_deref()
+            .filter(|_| self.overlay_rules.is_empty())
+        else {
+            for &i in which {
+                let i = usize::from(i);
+                out[i] = self.lookup(&keys[i]).map(|r| r.tag);
+            }
+            return;
+        };
+        let key = |j: usize| {
+            let k = &keys[usize::from(which[j])];
+            let rest = [k.src_port, k.dst_port, k.proto.into()].map(u32::from);
+            ([k.src, k.dst], rest)
+        };
+        let mut found = [u32::MAX; BATCH];
+        Rfc::lookup_lanes(which.len(), |_| rfc, key, &mut found);
+        for (&i, &p) in which.iter().zip(&found) {
+            let i = usize::from(i);
+            // A rule removed since the build: the trees answer.
+            out[i] = if self.removed > 0 && is_set(&self.dead_v6, p) {
+                self.lookup(&keys[i]).map(|r| r.tag)
+            } else {
+                main.ids.get(p as usize).map(|&(_, tag)| tag)
+            };
         }
     }
 
@@ -431,7 +495,10 @@ impl Classifier {
             }
             let read = &read[..m];
             let mut found = [u32::MAX; MULTI];
-            let dims = |j: usize| Key4::fields(&keys[usize::from(read[j])]);
+            let dims = |j: usize| {
+                let d = Key4::fields(&keys[usize::from(read[j])]);
+                ([d[0], d[1]], [d[2], d[3], d[4]])
+            };
             // A burst of one tenant's keys (one VF's, say) reads one set of
             // tables, whose addresses and sizes then stay in registers.
             let one = tables[..m].iter().all(|&t| std::ptr::eq(t, tables[0]));
@@ -556,7 +623,8 @@ impl Classifier {
                 .iter()
                 .map(|(n, l, d)| format!("{n}n/{l}l/{d}d"))
                 .collect();
-            let rfc = s.flat.rfc.as_ref().map_or(String::new(), |r| {
+            let rfc = s.flat.rfc.as_ref().or(s.rfc.as_ref());
+            let rfc = rfc.map_or(String::new(), |r| {
                 format!(", RFC tables {:.2} MB", r.memory() as f64 / 1e6)
             });
             format!(
