@@ -863,13 +863,10 @@ impl Rfc {
             let [pr, sp, _] = &t.chunks;
             let ([s, d], [sport, _, proto]) = key(i);
             *b = [s.bits(&t.src), d.bits(&t.dst)];
-            *e = [
-                t.src.inner[Trie::at(t.src.root, A::byte(b[0], 0))],
-                t.dst.inner[Trie::at(t.dst.root, A::byte(b[1], 0))],
-            ];
+            *e = [t.src.root, t.dst.root];
             f[2] = t.proto_sport.get(pr.class(proto), sp.class(sport));
         }
-        for level in 1..levels - 1 {
+        for level in 0..levels - 1 {
             for (i, (e, b)) in e[..n].iter_mut().zip(&bits).enumerate() {
                 let t = rfc(i);
                 *e = [
@@ -1123,6 +1120,45 @@ mod tests {
         assert!(Rfc::build(&[v4], Family::V6).is_some());
         let v6 = AclRule::any(0, 0, Family::V6);
         assert!(Rfc::build(&[v6], Family::V4).is_none());
+    }
+
+    /// An IPv6 set whose classes start in one byte only (a single /32,
+    /// say) has tries of one level: the root points at the leaves. Keys
+    /// at and past both ends of the prefix, and at the ends of the space.
+    #[test]
+    fn ipv6_tries_of_one_level() {
+        let net = 0x2001_0db8u128 << 96;
+        for len in [8, 16, 32, 120, 128] {
+            let (lo, hi) = AclRule::prefix_range(net, len, 128);
+            let rule = AclRule {
+                dst: (lo, hi),
+                ..AclRule::any(0, 0, Family::V6)
+            };
+            let rfc = Rfc::build(&[rule], Family::V6).expect("builds");
+            // A host or a /120 is found on bytes the block's start and
+            // the address before it do not share: many levels.
+            assert_eq!(rfc.dst.levels == 1, len <= 32, "/{len}");
+            for (dst, want) in [
+                (lo, 0),
+                (hi, 0),
+                (lo - 1, u32::MAX),
+                (hi + 1, u32::MAX),
+                (0, u32::MAX),
+                (u128::MAX, u32::MAX),
+            ] {
+                let k = FlowKey {
+                    src: 7,
+                    dst,
+                    v6: true,
+                    ..FlowKey::default()
+                };
+                assert_eq!(rfc.lookup6(&k), want, "/{len}, {dst:#x}");
+                let mut out = [0u32; 3];
+                let key = |_| ([k.src, k.dst], [0, 0, 0]);
+                Rfc::lookup_lanes(3, |_| &rfc, key, &mut out);
+                assert_eq!(out, [want; 3], "/{len}, {dst:#x}");
+            }
+        }
     }
 
     #[test]
