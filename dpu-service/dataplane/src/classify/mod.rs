@@ -2,11 +2,12 @@
 //! with decision trees instead of a scan.
 //!
 //! Rules are grouped by shape first (EffiCuts-style): per dimension a rule
-//! is "large" if it covers a big share of the field; the rules of the
-//! largest shape group get one tree and all others a second, so a lookup
-//! walks at most two trees per address family. Within a group, wide rules
-//! rarely have to be copied into many narrow slices, which is what makes
-//! a single cut tree blow up.
+//! is "large" if it covers a big share of the field (for addresses, of
+//! the part below the prefix all the set's addresses share); each large
+//! shape group gets a tree of its own, up to eight per address family,
+//! and the rest share one. A key walks its trees side by side. Within a
+//! group, wide rules rarely have to be copied into many narrow slices,
+//! which is what makes a single cut tree blow up.
 //!
 //! Each tree cuts the 5-dimensional key space (source address, destination
 //! address, source port, destination port, protocol) into aligned
@@ -32,8 +33,8 @@
 //! tree has the same length and branches on nothing the key decides.
 //! [`Classifier::lookup_batch`] walks up to [`BATCH`] keys side by side,
 //! as rte_acl does with its multi-flow loops, so their cache misses
-//! overlap. IPv6 keys walk the trees as built, with 128-bit bounds,
-//! when their set has no RFC tables.
+//! overlap. IPv6 keys walk the trees as built, side by side, with
+//! 128-bit bounds, when their set has no RFC tables.
 //!
 //! Rule sets whose tables fit a memory budget are also compiled to
 //! Recursive Flow Classification tables (`rfc`), per family: a fixed

@@ -7,47 +7,68 @@
 
 use std::sync::Arc;
 
-use super::flat4::{is_set, Flat4, Key4, BATCH, MULTI};
+use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI};
 use super::rfc::{self, Rfc};
 use super::rule::{AclRule, Family, DIMS};
-use super::tree::{Builder, Region, Tree, LEAF_RULES};
+use super::tree::{Builder, Region, Tree, LEAF, LEAF_RULES};
 use crate::wire::FlowKey;
 
-/// Trees per address family, IPv4 then IPv6 (rule groups by shape): each
-/// costs every lookup that reaches it a walk, and each shape group left
-/// without a tree of its own joins a mixed tree, where its wide fields
-/// are copied into many narrow slices (long leaves). IPv4 keys walk all
-/// their trees side by side (`flat4`, one key or a burst), so more trees
-/// cost little; IPv6 keys walk them one after another. Measured on the
+/// Trees per rule set (rule groups by shape): each costs every lookup
+/// that reaches it a walk, and each shape group left without a tree of
+/// its own joins a mixed tree, where its wide fields are copied into
+/// many narrow slices (long leaves). A key walks all its trees side by
+/// side (IPv4 in `flat4`, one key or a burst; IPv6 in
+/// [`Set::lookup_trees`]), so more trees cost little. Measured on the
 /// ClassBench acl2, fw2, fw3 and ipc1 sets at 10K rules, interleaved
-/// with two IPv4 trees: up to eight took bursts of 32 1.3-2.8× faster on
-/// acl2, fw2 and fw3 (ipc1 level), single keys 1.4-4.8× (with the
-/// side-by-side walk), a set over 4 tenants 1.0-2.4× (ipc1 0.6-0.9×),
-/// memory to 0.4-0.7×; for IPv6 they lost on fw3 and ipc1 (0.6-0.8×), so
-/// IPv6 keeps two.
-const MAX_TREES: [usize; 2] = [8, 2];
+/// with two trees: for IPv4 up to eight took bursts of 32 1.3-2.8×
+/// faster on acl2, fw2 and fw3 (ipc1 level), single keys 1.4-4.8×, a set
+/// over 4 tenants 1.0-2.4× (ipc1 0.6-0.9×), memory to 0.4-0.7×; for
+/// their IPv6 forms (with shapes judged within the addresses' common
+/// prefix, [`common_bits`]) bursts 1.6-3.4× on acl2, fw2 and fw3, ipc1
+/// 1.0-1.25×.
+const MAX_TREES: usize = 8;
 /// A shape group gets a tree of its own (within [`MAX_TREES`]) if it
-/// holds at least this fraction (1/n) of the family's rules, IPv4 then
-/// IPv6.
-const GROUP_SHARE: [usize; 2] = [64, 32];
-const _: () = assert!(MAX_TREES[0] <= super::flat4::LOCKSTEP);
+/// holds at least this fraction (1/n) of the family's rules.
+const GROUP_SHARE: usize = 64;
+const _: () = assert!(MAX_TREES <= LOCKSTEP);
 
 /// Added rules kept in the overlay tree before a full rebuild is needed.
 pub const OVERLAY_MAX: usize = 256;
 
 /// Which dimensions of a rule are "large" (cover a big share of the
 /// field): rules large in the same dimensions go to the same tree, so a
-/// tree rarely has to copy a wide rule into many narrow slices.
-fn large_mask(r: &AclRule, addr_bits: u32) -> usize {
-    let full = [addr_bits, addr_bits, 16, 16, 8];
+/// tree rarely has to copy a wide rule into many narrow slices. An
+/// address field's share is of the `addr_bits` below the `common` top
+/// bits that every rule's addresses share (see [`common_bits`]).
+fn large_mask(r: &AclRule, addr_bits: u32, common: u32) -> usize {
+    let field = addr_bits - common;
+    let full = [field, field, 16, 16, 8];
     (0..DIMS)
         .filter(|&d| {
             let (a, b) = r.range(d);
             // Addresses: a /8 or shorter prefix. Ports, protocol: half the field.
             let share = if d < 2 { 8 } else { 1 };
-            b - a >= (1u128 << (full[d] - share)) - 1
+            b - a >= (1u128 << full[d].saturating_sub(share)) - 1
         })
         .fold(0, |m, d| m | 1 << d)
+}
+
+/// The top bits of an `addr_bits`-bit address that every address range of
+/// `rules` other than the whole space lies within: IPv6 rule sets sit in
+/// a few /32s, or a tenant's /48, where a /40 or a /56 is wide; IPv4's
+/// mostly share none.
+fn common_bits(rules: &[AclRule], addr_bits: u32) -> u32 {
+    let whole = (0, u128::MAX >> (128 - addr_bits));
+    let mut ranges = rules
+        .iter()
+        .flat_map(|r| [r.src, r.dst])
+        .filter(|&r| r != whole);
+    let Some((first, _)) = ranges.next() else {
+        return 0;
+    };
+    let differ = ranges.fold(0, |d, (a, b)| d | (a ^ first) | (b ^ first));
+    // Leave a field at least a byte wide to cut.
+    (differ.leading_zeros() - (128 - addr_bits)).min(addr_bits - 8)
 }
 
 /// One address family's rules (sorted by order) and the trees over them.
@@ -96,11 +117,11 @@ impl Set {
         // kept group whose mask adds the fewest large dimensions to
         // theirs, or a last mixed tree.
         let mut groups: Vec<Vec<u32>> = vec![Vec::new(); 1 << DIMS];
+        let common = common_bits(&rules[..live], addr_bits);
         for (i, r) in rules[..live].iter().enumerate() {
-            groups[large_mask(r, addr_bits)].push(i as u32);
+            groups[large_mask(r, addr_bits, common)].push(i as u32);
         }
-        let family = usize::from(addr_bits != 32);
-        let min_group = (live / GROUP_SHARE[family]).max(4 * LEAF_RULES);
+        let min_group = (live / GROUP_SHARE).max(4 * LEAF_RULES);
         let mut by_size: Vec<usize> = (0..groups.len())
             .filter(|&m| !groups[m].is_empty())
             .collect();
@@ -109,7 +130,7 @@ impl Set {
             .iter()
             .copied()
             .filter(|&m| groups[m].len() >= min_group)
-            .take(MAX_TREES[family] - 1)
+            .take(MAX_TREES - 1)
             .collect();
         let mut rest = Vec::new();
         for &m in &by_size {
@@ -182,6 +203,36 @@ impl Set {
     #[inline]
     fn lookup_trees(&self, key: &FlowKey, dead: Option<&[u64]>) -> Option<usize> {
         let mut best = usize::MAX;
+        if (2..=LOCKSTEP).contains(&self.trees.len()) {
+            // Every walk side by side, as IPv4's (`flat4`): one key's walk
+            // waits on two loads a level, the trees' walks overlap them.
+            // Then the leaves in the trees' order, each read only if it
+            // can hold an earlier rule than those found.
+            let mut at = [LEAF; LOCKSTEP];
+            for (n, t) in at.iter_mut().zip(&self.trees) {
+                *n = t.nodes[0];
+            }
+            let at = &mut at[..self.trees.len()];
+            let mut walking = true;
+            while walking {
+                walking = false;
+                for (n, t) in at.iter_mut().zip(&self.trees) {
+                    if n.bits > 0 {
+                        *n = t.step(key, *n);
+                        walking = true;
+                    }
+                }
+            }
+            for (&n, t) in at.iter().zip(&self.trees) {
+                if t.min_pos as usize >= best {
+                    break;
+                }
+                if let Some(i) = t.leaf_match(&self.rules, n, key, dead, best) {
+                    best = i;
+                }
+            }
+            return (best != usize::MAX).then_some(best);
+        }
         for t in &self.trees {
             if t.min_pos as usize >= best {
                 break;

@@ -51,7 +51,7 @@ pub(super) struct Node {
     pub(super) len: u32,
 }
 
-const LEAF: Node = Node {
+pub(super) const LEAF: Node = Node {
     dim: 0,
     shift: 0,
     bits: 0,
@@ -102,6 +102,35 @@ pub(super) struct Tree {
 }
 
 impl Tree {
+    /// One step down from the cut `n` (not a leaf) for `key`.
+    #[inline(always)]
+    pub(super) fn step(&self, key: &FlowKey, n: Node) -> Node {
+        let v = key_value(key, usize::from(n.dim));
+        let c = ((v >> n.shift) as usize) & ((1usize << n.bits) - 1);
+        self.nodes[self.children[n.first as usize + c] as usize]
+    }
+
+    /// The first live rule position below `bound` in the leaf `n` that
+    /// matches `key`.
+    #[inline]
+    pub(super) fn leaf_match(
+        &self,
+        rules: &[AclRule],
+        n: Node,
+        key: &FlowKey,
+        dead: Option<&[u64]>,
+        bound: usize,
+    ) -> Option<usize> {
+        let ids = &self.leaf_rules[n.first as usize..(n.first + n.len) as usize];
+        ids.iter()
+            .map(|&i| i as usize)
+            .take_while(|&i| i < bound)
+            .find(|&i| {
+                let alive = dead.is_none_or(|d| d[i / 64] & (1 << (i % 64)) == 0);
+                alive && rules[i].dims_match(key)
+            })
+    }
+
     /// First live rule position below `bound` in the leaf `key` falls in.
     #[inline]
     pub(super) fn lookup(
@@ -113,18 +142,9 @@ impl Tree {
     ) -> Option<usize> {
         let mut n = self.nodes[0];
         while n.bits > 0 {
-            let v = key_value(key, usize::from(n.dim));
-            let c = ((v >> n.shift) as usize) & ((1usize << n.bits) - 1);
-            n = self.nodes[self.children[n.first as usize + c] as usize];
+            n = self.step(key, n);
         }
-        let ids = &self.leaf_rules[n.first as usize..(n.first + n.len) as usize];
-        ids.iter()
-            .map(|&i| i as usize)
-            .take_while(|&i| i < bound)
-            .find(|&i| {
-                let alive = dead.is_none_or(|d| d[i / 64] & (1 << (i % 64)) == 0);
-                alive && rules[i].dims_match(key)
-            })
+        self.leaf_match(rules, n, key, dead, bound)
     }
 
     pub(super) fn memory(&self) -> usize {

@@ -45,9 +45,11 @@ const FORMS: [bool; 2] = [false, true];
 
 #[test]
 fn agrees_with_the_reference_on_random_rules_and_keys() {
-    // The most IPv4 trees one set got: single keys walk them side by side.
+    // The most trees one set got, per family: single keys walk them side
+    // by side.
     let mut most_trees = 0;
     let mut v6_tables = 0;
+    let mut most_v6_trees = 0;
     for (seed, rfc) in (1..=20u64).flat_map(|s| FORMS.map(|f| (s, f))) {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let n = [0usize, 1, 5, 50, 500, 3000][seed as usize % 6];
@@ -71,8 +73,10 @@ fn agrees_with_the_reference_on_random_rules_and_keys() {
             );
         }
         most_trees = most_trees.max(c.main.v4.flat.trees.len());
+        most_v6_trees = most_v6_trees.max(c.main.v6.trees.len());
     }
     assert!(most_trees > 2, "{most_trees} trees at most");
+    assert!(most_v6_trees > 2, "{most_v6_trees} IPv6 trees at most");
     assert!(v6_tables >= 10, "{v6_tables} sets with IPv6 tables");
 }
 
