@@ -24,8 +24,8 @@ use crate::wire::FlowKey;
 /// faster on acl2, fw2 and fw3 (ipc1 level), single keys 1.4-4.8×, a set
 /// over 4 tenants 1.0-2.4× (ipc1 0.6-0.9×), memory to 0.4-0.7×; for
 /// their IPv6 forms (with shapes judged within the addresses' common
-/// prefix, [`common_bits`]) bursts 1.6-3.4× on acl2, fw2 and fw3, ipc1
-/// 1.0-1.25×.
+/// prefix, [`common_bits`]) bursts 1.3-4.0× on acl2, fw2 and fw3, ipc1
+/// 1.0-1.3×, memory 0.7-0.9×.
 const MAX_TREES: usize = 8;
 /// A shape group gets a tree of its own (within [`MAX_TREES`]) if it
 /// holds at least this fraction (1/n) of the family's rules.
