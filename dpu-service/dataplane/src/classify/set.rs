@@ -63,10 +63,10 @@ fn common_bits(rules: &[AclRule], addr_bits: u32) -> u32 {
         .iter()
         .flat_map(|r| [r.src, r.dst])
         .filter(|&r| r != whole);
-    let Some((first, _)) = ranges.next() else {
+    let Some((first, last)) = ranges.next() else {
         return 0;
     };
-    let differ = ranges.fold(0, |d, (a, b)| d | (a ^ first) | (b ^ first));
+    let differ = ranges.fold(first ^ last, |d, (a, b)| d | (a ^ first) | (b ^ first));
     // Leave a field at least a byte wide to cut.
     (differ.leading_zeros() - (128 - addr_bits)).min(addr_bits - 8)
 }

@@ -321,3 +321,45 @@ fn skipped_prefix_bits_lose_no_match() {
         .collect();
     check_batches(&c, &rules, &keys, "clustered");
 }
+
+/// Address shapes are judged below the prefix a set's addresses share:
+/// the mapped ClassBench sets' 2001:db8::/32, nothing for addresses
+/// spread over the space, and never the whole field.
+#[test]
+fn shared_address_prefix() {
+    let v6 = |src: (u128, u8), dst: (u128, u8)| AclRule {
+        src: AclRule::prefix_range(src.0, src.1, 128),
+        dst: AclRule::prefix_range(dst.0, dst.1, 128),
+        ..AclRule::any(0, 0, Family::V6)
+    };
+    let net = 0x2001_0db8u128 << 96;
+    let rules = [
+        v6((net | 0x80 << 88, 40), (net | 7 << 64, 64)),
+        v6((net, 0), (net | 0xff << 72, 56)),
+    ];
+    assert_eq!(common_bits(&rules, 128), 32);
+    // One prefix (the other address a wildcard): the prefix, up to a
+    // byte above the bottom.
+    let one = [v6((net | 0x80 << 88, 40), (0, 0))];
+    assert_eq!(common_bits(&one, 128), 40);
+    let host = [v6((net | 1, 128), (net | 1, 128))];
+    assert_eq!(common_bits(&host, 128), 120);
+    // A wildcard's addresses are no range: rules of only wildcards share
+    // nothing.
+    assert_eq!(common_bits(&[AclRule::any(0, 0, Family::V6)], 128), 0);
+    let v4 = |a: u32, b: u32| AclRule {
+        src: AclRule::prefix_range(u128::from(a), 8, 32),
+        dst: AclRule::prefix_range(u128::from(b), 24, 32),
+        ..AclRule::any(0, 0, Family::V4)
+    };
+    assert_eq!(common_bits(&[v4(0x0a00_0000, 0xc0a8_0100)], 32), 0);
+    assert_eq!(common_bits(&[v4(0x0a00_0000, 0x0a01_0200)], 32), 8);
+    // Within 10/8, a /16 is wide (the field left is 24 bits); within
+    // the whole space it is not.
+    let sixteen = AclRule {
+        dst: AclRule::prefix_range(0x0a01_0000, 16, 32),
+        ..v4(0x0a00_0000, 0)
+    };
+    assert_eq!(large_mask(&sixteen, 32, 8) & 0b11, 0b11);
+    assert_eq!(large_mask(&sixteen, 32, 0) & 0b11, 0b01);
+}
