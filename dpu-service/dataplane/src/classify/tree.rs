@@ -243,6 +243,16 @@ impl<'a> Builder<'a> {
     /// Cuts `dim` into as many slices as the space budget allows; `None`
     /// if the budget allows no cut or the cut separates nothing (more than
     /// one slice keeps every rule).
+    ///
+    /// The budget is first judged on every rule's slices, as if none were
+    /// pruned: cheap, and what the ClassBench sets' shapes were measured
+    /// with. Rules that each span most of the node (nested or staggered
+    /// ranges) would then make it a leaf of all of them, scanned by every
+    /// key that reaches it, though most slices keep a rule or two once
+    /// the first rule covering a slice hides the rest there. Such a node
+    /// is cut by the slices' rules after pruning ([`Builder::pruned`]),
+    /// with room for one more entry per rule: nested ranges all reach
+    /// both outer slices, so the first cut of them doubles every rule.
     fn cut(
         &mut self,
         region: &Region,
@@ -265,6 +275,22 @@ impl<'a> Builder<'a> {
         while k < max_k && entries(k + 1) <= budget {
             k += 1;
         }
+        if k < max_k {
+            let room = if k == 0 { budget + ids.len() } else { budget };
+            let wider = (k + 1..=max_k).rev().find_map(|k| {
+                let (lists, pruners) = self.pruned(region, cover, ids, dim, k, room)?;
+                // Progress: some slice lost rules. Slices that keep them
+                // all are smaller boxes, which the next cut zooms into.
+                let whole = lists.iter().filter(|l| l.len() == ids.len()).count();
+                (whole < lists.len()).then_some((k, lists, pruners))
+            });
+            if let Some((k, lists, pruners)) = wider {
+                for i in pruners {
+                    self.pruners[i as usize / 64] |= 1 << (i % 64);
+                }
+                return Some((k, lists));
+            }
+        }
         if k == 0 {
             return None;
         }
@@ -286,6 +312,119 @@ impl<'a> Builder<'a> {
         let whole = lists.iter().filter(|l| l.len() == ids.len()).count();
         let zoom = ids.len() > ZOOM_RULES;
         (whole == 0 || (zoom && whole == 1)).then_some((k, lists))
+    }
+
+    /// The rules of each of the `2^k` slices of `dim`, pruned as they are
+    /// dealt (a slice takes no rule after the first that covers it), and
+    /// the rules that hid later ones so; `None` once they pass `budget`
+    /// entries with the slices. Work is in proportion to the entries and
+    /// the rules: a slice is skipped once covered.
+    ///
+    /// Where `region` is zoomed (see [`Builder::zoom`]), keys from
+    /// outside its block reach the slices too, and only the rules that
+    /// reach outside the block can match them: a rule covering a slice's
+    /// part of the block hides the later rules within the block, and
+    /// those reaching outside it only if it covers all of the slice's
+    /// keys.
+    fn pruned(
+        &self,
+        region: &Region,
+        cover: &Region,
+        ids: &[u32],
+        dim: usize,
+        k: u32,
+        budget: usize,
+    ) -> Option<(Vec<Vec<u32>>, Vec<u32>)> {
+        let slices = 1usize << k;
+        let mut left = budget.checked_sub(slices)?;
+        let shift = region.bits[dim] - k;
+        let spans: Vec<(usize, usize)> = ids
+            .iter()
+            .map(|&i| Self::span(region, &self.rules[i as usize], dim, k))
+            .collect();
+        // The first slice at or after each slice not yet dealt with (the
+        // last is a sentinel).
+        fn next(skip: &mut [usize], mut c: usize) -> usize {
+            while skip[c] != c {
+                skip[c] = skip[skip[c]];
+                c = skip[c];
+            }
+            c
+        }
+        // Keys from outside the region's block in a zoomed dimension
+        // reach the node too; a rule within the block in every such
+        // dimension matches none of them.
+        let zoomed: Vec<usize> = (0..DIMS)
+            .filter(|&d| region.bits[d] != cover.bits[d])
+            .collect();
+        let inside = |r: &AclRule| {
+            zoomed.iter().all(|&d| {
+                let (lo, hi) = r.range(d);
+                region.lo[d] <= lo && hi <= region.hi(d)
+            })
+        };
+        // A slice's keys within the block, and all the keys that reach it.
+        let inner = |c: usize| {
+            let mut inner = *region;
+            inner.lo[dim] = region.lo[dim] + ((c as u128) << shift);
+            inner.bits[dim] = shift;
+            inner
+        };
+        let outer = |c: usize| Self::child_cover(region, cover, dim, shift, c);
+        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); slices];
+        // Per slice, the place in `ids` of the first rule covering it.
+        let mut closer = vec![usize::MAX; slices];
+        // Slices open to rules within the block (a skip list), and
+        // whether a slice is covered for every key that reaches it.
+        let mut open: Vec<usize> = (0..=slices).collect();
+        let mut shut = vec![false; slices];
+        for (at, (&i, &(a, b))) in ids.iter().zip(&spans).enumerate() {
+            let rule = &self.rules[i as usize];
+            if !inside(rule) {
+                for c in a..=b {
+                    if shut[c] {
+                        continue;
+                    }
+                    left = left.checked_sub(1)?;
+                    lists[c].push(i);
+                    shut[c] = outer(c).covered_by(rule);
+                    if open[c] == c && inner(c).covered_by(rule) {
+                        open[c] = c + 1;
+                        closer[c] = at;
+                    }
+                }
+                continue;
+            }
+            let mut c = next(&mut open, a);
+            while c <= b {
+                left = left.checked_sub(1)?;
+                lists[c].push(i);
+                if inner(c).covered_by(rule) {
+                    open[c] = c + 1;
+                    closer[c] = at;
+                }
+                c = next(&mut open, c + 1);
+            }
+        }
+        // A cover hid a rule where a later rule reaches its slice: the
+        // last rule reaching each slice, found from the back.
+        let mut last = vec![0usize; slices];
+        let mut unseen: Vec<usize> = (0..=slices).collect();
+        for (at, &(a, b)) in spans.iter().enumerate().rev() {
+            let mut c = next(&mut unseen, a);
+            while c <= b {
+                last[c] = at;
+                unseen[c] = c + 1;
+                c = next(&mut unseen, c + 1);
+            }
+        }
+        let mut pruners: Vec<u32> = (0..slices)
+            .filter(|&c| closer[c] < last[c])
+            .map(|c| ids[closer[c]])
+            .collect();
+        pruners.sort_unstable();
+        pruners.dedup();
+        Some((lists, pruners))
     }
 
     /// The keys that reach slice `c` of a cut: the slice, in a dimension
@@ -387,6 +526,105 @@ impl<'a> Builder<'a> {
                 shared.insert(list.clone(), node);
             }
             self.grow(node as usize, child, child_cover, list, depth + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::rule::Family;
+
+    fn longest_leaf(t: &Tree) -> u32 {
+        let leaves = t.nodes.iter().filter(|n| n.bits == 0);
+        leaves.map(|n| n.len).max().unwrap_or(0)
+    }
+
+    /// Rules whose ranges each span most of the node, so that a cut
+    /// copies nearly every rule into nearly every slice, unless pruned:
+    /// nested (each range inside the next, the narrowest first, so no
+    /// rule hides all behind it) and staggered ranges, over the whole
+    /// address space, and inside one /8 (a zoomed node), in addresses
+    /// and in ports. Every key's first rule is found, and every leaf is
+    /// short: without the pruned cut each of these trees was a leaf of
+    /// all 3,000 rules, which every key scanned. (Rules nested in two
+    /// dimensions at once still make such a leaf: no rule covers a
+    /// slice in both.)
+    #[test]
+    fn nested_and_staggered_ranges_are_cut_into_short_leaves() {
+        let n = 3000u32;
+        let top = u128::from(u32::MAX);
+        let net = 10u128 << 24;
+        for shape in 0..4 {
+            let rules: Vec<AclRule> = (0..n)
+                .map(|i| {
+                    let mut r = AclRule::any(i, i, Family::V4);
+                    let (i, k) = (u128::from(i), u128::from(n - 1 - i));
+                    let width = 7 * u128::from(n) / 2;
+                    match shape {
+                        0 => r.src = (7 * k, top - 7 * k),
+                        1 => r.dst = (7 * i, 7 * i + width),
+                        2 => r.src = (net + 7 * i, net + 7 * i + width),
+                        _ => {
+                            r.src = (net, net + (1 << 24) - 1);
+                            r.proto = (6, 6);
+                            r.dst_port = (k as u16 + 1, 65534 - k as u16);
+                        }
+                    }
+                    r
+                })
+                .collect();
+            let mut pruners = vec![0u64; (n as usize).div_ceil(64)];
+            let tree = Builder::build(&rules, (0..n).collect(), 32, &mut pruners);
+            assert!(
+                longest_leaf(&tree) <= 64,
+                "shape {shape}: a leaf of {} rules",
+                longest_leaf(&tree)
+            );
+            assert!(tree.leaf_rules.len() <= 64 * n as usize, "shape {shape}");
+            // Keys at and beside every range's ends, in every dimension,
+            // and the same moved out of the /8 (keys that reach a zoomed
+            // node from outside its block).
+            let mut checked = 0;
+            for r in &rules {
+                for d in 0..DIMS {
+                    let (lo, hi) = r.range(d);
+                    let values = [
+                        lo.wrapping_sub(1),
+                        lo,
+                        lo + 1,
+                        hi.wrapping_sub(1),
+                        hi,
+                        hi + 1,
+                    ];
+                    for v in values {
+                        for moved in [0u128, 1 << 25] {
+                            let mut k = FlowKey {
+                                src: net + 3,
+                                dst: net + 5 * u128::from(n) + 9,
+                                src_port: 20_001,
+                                dst_port: 80,
+                                proto: 6,
+                                v6: false,
+                            };
+                            let top = [top, top, 0xffff, 0xffff, 0xff][d];
+                            let v = v.min(top);
+                            match d {
+                                0 => k.src = (v + moved) & top,
+                                1 => k.dst = (v + moved) & top,
+                                2 => k.src_port = v as u16,
+                                3 => k.dst_port = v as u16,
+                                _ => k.proto = v as u8,
+                            }
+                            let want = rules.iter().position(|r| r.matches(&k));
+                            let got = tree.lookup(&rules, &k, None, usize::MAX);
+                            assert_eq!(got, want, "shape {shape}, key {k:?}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+            assert!(checked > 100_000);
         }
     }
 }
