@@ -15,6 +15,11 @@
 //! traces (`dpdk-test-acl --ipv6`'s format, as `bench/ipv6-sets.py`
 //! writes them from a set's IPv4 files into `<set>_v6`) are read too.
 //!
+//! A set named `SHAPE:N` is made here instead, `N` rules of a shape a
+//! hostile or careless API client may write, with keys at and beside
+//! every rule's range ends (see [`synthetic`]). Each set also reports
+//! how much a build raised the process's peak memory.
+//!
 //! ```text
 //! cargo bench -p dpu-dataplane --bench classify --no-run
 //! flock /tmp/bench.lock taskset -c 1 chrt -f 10 target/release/deps/classify-* \
@@ -108,6 +113,89 @@ fn load_trace(path: &str) -> Vec<FlowKey> {
             }
         })
         .collect()
+}
+
+/// The rules of the shape `shape` (`n` of them) and keys aimed at their
+/// ends: rules that each span most of the space, which make classes and
+/// tree nodes of thousands of rules each unless the builds prune them.
+///
+/// - `nested`: source ranges, each inside the next, the narrowest first
+///   (so no rule hides the rules behind it everywhere).
+/// - `staggered`: source ranges of equal width, each starting a little
+///   after the one before.
+/// - `nested-ports`: TCP destination-port ranges nested as above, within
+///   one source /8 (a tenant's API allows port ranges, not address
+///   ranges, so this is the nesting a client can write).
+/// - `nested-2d`: destination ranges nested within a /8 and staggered
+///   source-port ranges: no rule covers a cut of either dimension.
+fn synthetic(shape: &str, n: u32) -> (Vec<AclRule>, Vec<FlowKey>) {
+    let top = u128::from(u32::MAX);
+    let net = 10u128 << 24;
+    let rules: Vec<AclRule> = (0..n)
+        .map(|i| {
+            let mut r = AclRule::any(2 * i, i, Family::V4);
+            let (i, k) = (u128::from(i), u128::from(n - 1 - i));
+            let width = 7 * u128::from(n) / 2;
+            match shape {
+                "nested" => r.src = (7 * k, top - 7 * k),
+                "staggered" => r.src = (7 * i, 7 * i + width),
+                "nested-ports" => {
+                    let k = (k % 32_767) as u16;
+                    r.src = (net, net + (1 << 24) - 1);
+                    r.proto = (6, 6);
+                    r.dst_port = (k + 1, 65_534 - k);
+                }
+                "nested-2d" => {
+                    r.dst = (net + 5 * k, net + (1 << 24) - 1 - 5 * k);
+                    r.src_port = (i as u16, (i as u16).saturating_add(20_000));
+                }
+                other => panic!("unknown shape {other}"),
+            }
+            r
+        })
+        .collect();
+    // Per key, one rule's end in each of its ranged fields, or beside it.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let keys = (0..16_384)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let r = &rules[(x % u64::from(n)) as usize];
+            let end = |(lo, hi): (u128, u128), field_top: u128| {
+                let v = if x & 1 << 40 == 0 { lo } else { hi };
+                (v + ((x >> 41) % 3) as u128)
+                    .saturating_sub(1)
+                    .min(field_top)
+            };
+            FlowKey {
+                src: end(r.src, top),
+                dst: end(r.dst, top),
+                src_port: end((r.src_port.0.into(), r.src_port.1.into()), 0xffff) as u16,
+                dst_port: end((r.dst_port.0.into(), r.dst_port.1.into()), 0xffff) as u16,
+                proto: if x & 1 << 50 == 0 { 6 } else { 17 },
+                v6: false,
+            }
+        })
+        .collect();
+    (rules, keys)
+}
+
+/// Resets the process's peak resident memory to its current size
+/// (`/proc/self/clear_refs`), and returns that size in bytes.
+fn reset_peak() -> f64 {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    status_kib("VmRSS:") * 1024.0
+}
+
+/// A field of `/proc/self/status` in KiB (0 if absent).
+fn status_kib(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Keys per `lookup_batch` call in the burst measurement by default (a
@@ -208,8 +296,16 @@ fn main() {
         }
     }
     for set in sets.split(',') {
-        let rules = load_rules(&format!("{data}/{set}/testacl.rules"));
-        let trace = load_trace(&format!("{data}/{set}/testacl.trace"));
+        let (rules, trace) = match set.split_once(':') {
+            Some((shape, n)) => synthetic(shape, n.parse().expect("rules of a made set")),
+            None => (
+                load_rules(&format!("{data}/{set}/testacl.rules")),
+                load_trace(&format!("{data}/{set}/testacl.trace")),
+            ),
+        };
+        let before = reset_peak();
+        drop(black_box(build(&rules)));
+        let peak = status_kib("VmHWM:") * 1024.0 - before;
         let builds: Vec<f64> = (0..runs)
             .map(|_| {
                 let t = Instant::now();
@@ -241,13 +337,21 @@ fn main() {
             }
         });
         // One rule in, one rule out, off a fresh build: what a single
-        // gRPC rule change costs the control plane.
+        // gRPC rule change costs the control plane. The rule taken out
+        // is the middle one, or the next that does not hide others (one
+        // that does needs a rebuild, as the switch then does).
         let mid = rules[rules.len() / 2];
         let inserted = AclRule {
             order: mid.order + 1,
             tag: u32::MAX,
             ..mid
         };
+        let half = rules.len() / 2;
+        let removed = (half..rules.len())
+            .chain(0..half)
+            .map(|i| rules[i].order)
+            .find(|&o| c.with_changes(&[o], &[]).is_ok())
+            .expect("a rule that can be removed without a rebuild");
         // Each sample averages many changes: one takes about a microsecond,
         // near the clock's resolution.
         const CHANGES: u32 = 2000;
@@ -256,16 +360,18 @@ fn main() {
                 let t = Instant::now();
                 for _ in 0..CHANGES {
                     black_box(c.with_changes(&[], &[inserted]).expect("insert"));
-                    black_box(c.with_changes(&[mid.order], &[]).expect("delete"));
+                    black_box(c.with_changes(&[removed], &[]).expect("delete"));
                 }
                 t.elapsed().as_secs_f64() / f64::from(2 * CHANGES)
             })
             .collect();
         println!(
-            "{set}: {} rules, build {:.1} ms, {:.2} MB, lookups {:.2} M/s (runs: {}), \
-             in bursts of {burst_len} {:.2} M/s (runs: {}), single-rule change {:.2} us",
+            "{set}: {} rules, build {:.1} ms (peak memory +{:.0} MB), {:.2} MB, \
+             lookups {:.2} M/s (runs: {}), in bursts of {burst_len} {:.2} M/s (runs: {}), \
+             single-rule change {:.2} us",
             rules.len(),
             median(builds) * 1e3,
+            peak / 1e6,
             c.memory_bytes() as f64 / 1e6,
             median(rates.clone()),
             list(&rates),
