@@ -325,26 +325,8 @@ fn tenants_reach_their_own_hosts_only_and_rules_apply_at_once() -> Result<()> {
     // No tenant yet: nothing crosses.
     assert!(!a1.ping("10.230.0.2"));
 
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "red",
-        "--default-policy",
-        "allow",
-        "--port",
-        "pf0vf0",
-        "--port",
-        "pf0vf1",
-    ])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "blue",
-        "--default-policy",
-        "allow",
-        "--port",
-        "pf0vf2",
-    ])?;
+    allow_tenant(&svc, "red", &["pf0vf0", "pf0vf1"])?;
+    allow_tenant(&svc, "blue", &["pf0vf2"])?;
     eventually("red hosts to reach each other", || a1.ping("10.230.0.2"))?;
     assert!(a2.ping("10.230.0.1"));
     // Same subnet, other tenant: unreachable both ways.
@@ -663,6 +645,16 @@ fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {
     Ok(())
 }
 
+/// Creates tenant `name`, default allow, attached to `ports` (dpuctl's
+/// `--port` values); returns what dpuctl printed.
+fn allow_tenant(svc: &Service, name: &str, ports: &[&str]) -> Result<serde_json::Value> {
+    let mut args = vec!["tenant", "create", name, "--default-policy", "allow"];
+    for p in ports {
+        args.extend(["--port", p]);
+    }
+    svc.dpuctl_json(&args)
+}
+
 /// The MAC address of the host's interface in its namespace.
 fn host_mac(h: &Host) -> Result<String> {
     let out = Command::new("ip")
@@ -692,17 +684,7 @@ fn anti_spoofing_drops_forged_sources() -> Result<()> {
     let svc = Service::start_config(&config("spoof", &[("pf0vf0", &vm), ("pf0vf1", &peer)]), &[])?;
     let mac = host_mac(&vm)?;
     let guarded = format!("pf0vf0,mac={mac},ip=10.232.0.1/32");
-    let t = svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "violet",
-        "--default-policy",
-        "allow",
-        "--port",
-        &guarded,
-        "--port",
-        "pf0vf1",
-    ])?;
+    let t = allow_tenant(&svc, "violet", &[&guarded, "pf0vf1"])?;
     let port = &t["attachments"][0]["port"];
     assert_eq!(port["allowedMacs"][0], mac.as_str(), "{t}");
     assert_eq!(port["allowedSourcePrefixes"][0], "10.232.0.1/32", "{t}");
@@ -913,17 +895,7 @@ fn fragments_pass_with_their_first_fragment_only() -> Result<()> {
         "8",
         "--stateful",
     ])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "amber",
-        "--default-policy",
-        "allow",
-        "--port",
-        "pf0vf2",
-        "--port",
-        "pf0vf3",
-    ])?;
+    allow_tenant(&svc, "amber", &["pf0vf2", "pf0vf3"])?;
     svc.dpuctl_json(&[
         "rule",
         "add",
@@ -1452,17 +1424,7 @@ fn stacked_tags_with_a_spoofed_source_are_dropped_on_a_guarded_attachment() -> R
     let svc = Service::start_config(&config, &[])?;
     let mac = host_mac(&vm)?;
     let guarded = format!("pf0vf0,mac={mac},ip=10.237.0.1/32");
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "violet",
-        "--default-policy",
-        "allow",
-        "--port",
-        &guarded,
-        "--port",
-        "pf0vf1",
-    ])?;
+    allow_tenant(&svc, "violet", &[&guarded, "pf0vf1"])?;
     eventually("the guarded host to reach its peer", || {
         vm.ping("10.237.0.2")
     })?;
@@ -1560,17 +1522,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     let a = Host::new("n", "10.238.0.1/24")?;
     let b = Host::new("o", "10.238.0.2/24")?;
     let svc = Service::start_config(&config("nest", &[("pf0vf0", &a), ("pf0vf1", &b)]), &[])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "teal",
-        "--default-policy",
-        "allow",
-        "--port",
-        "pf0vf0",
-        "--port",
-        "pf0vf1",
-    ])?;
+    allow_tenant(&svc, "teal", &["pf0vf0", "pf0vf1"])?;
     eventually("ping to cross", || a.ping("10.238.0.2"))?;
     let pid = svc.pid().ok_or_else(|| anyhow::anyhow!("no service pid"))?;
     let before = peak_rss_kib(pid)?;
