@@ -4,20 +4,21 @@
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchRule, TenantConfig};
 
-fn prefix(s: &str) -> (u128, u128) {
+/// An IPv4 or IPv6 prefix's address range, and whether it is IPv6.
+fn prefix(s: &str) -> ((u128, u128), bool) {
     let (addr, len) = s.split_once('/').expect("CIDR prefix");
-    let addr: std::net::Ipv4Addr = addr.parse().expect("IPv4 address");
-    AclRule::prefix_range(
-        u128::from(u32::from(addr)),
-        len.parse().expect("prefix length"),
-        32,
-    )
+    let len = len.parse().expect("prefix length");
+    match addr.parse().expect("IP address") {
+        std::net::IpAddr::V4(a) => (AclRule::prefix_range(u32::from(a).into(), len, 32), false),
+        std::net::IpAddr::V6(a) => (AclRule::prefix_range(a.into(), len, 128), true),
+    }
 }
 
 /// The switch configuration of a bench set's `rules.json` (format
 /// `vswitch-bench-rules/1`): one tenant per VLAN, attached to that VLAN on
 /// both ports, rules in list order; `flow_cache` entries of flow cache
-/// (0: none).
+/// (0: none). A rule with IPv6 prefixes (`bench/ipv6-sets.py` writes a
+/// set's IPv6 form, wildcards as `::/0`) is an IPv6 rule.
 pub fn switch_config(path: &str, flow_cache: usize) -> SwitchConfig {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let doc: serde_json::Value = serde_json::from_str(&text).expect("rules.json");
@@ -55,9 +56,12 @@ pub fn switch_config(path: &str, flow_cache: usize) -> SwitchConfig {
                 .iter()
                 .enumerate()
                 .map(|(i, r)| {
-                    let mut m = AclRule::any(i as u32, 0, Family::V4);
-                    m.src = prefix(r["src"].as_str().expect("src"));
-                    m.dst = prefix(r["dst"].as_str().expect("dst"));
+                    let (src, v6) = prefix(r["src"].as_str().expect("src"));
+                    let (dst, _) = prefix(r["dst"].as_str().expect("dst"));
+                    let family = if v6 { Family::V6 } else { Family::V4 };
+                    let mut m = AclRule::any(i as u32, 0, family);
+                    m.src = src;
+                    m.dst = dst;
                     m.src_port = range(&r["sport"]);
                     m.dst_port = range(&r["dport"]);
                     if let Some(p) = r["proto"].as_u64() {
