@@ -57,6 +57,19 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// Peak and current resident memory of process `pid`, KiB.
+pub fn rss_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("{name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmHWM:")?, field("VmRSS:")?))
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result};
 use dpu_client::{pb, tenant_name, ClientConfig, ClientError, DpuClient};
-use dpu_e2e::{Service, TEST_CONFIG};
+use dpu_e2e::{rss_kib, Service, TEST_CONFIG};
 use prost::bytes::{Buf, BufMut, Bytes};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Code;
@@ -79,19 +79,6 @@ fn empty_rules(bytes: usize) -> (Bytes, usize) {
         m.extend_from_slice(&[0x12, 0x00]);
     }
     (Bytes::from(m), n)
-}
-
-/// Peak and current resident memory of process `pid`, KiB.
-fn rss_kib(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> Result<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .with_context(|| format!("{name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmHWM:")?, field("VmRSS:")?))
 }
 
 async fn client(svc: &Service) -> Result<DpuClient> {

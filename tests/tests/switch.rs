@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
-use dpu_e2e::Service;
+use dpu_e2e::{rss_kib, Service};
 
 /// Held by each test while its service runs: DPDK 22.11's net_af_packet
 /// derives its PACKET_FANOUT group from the process ID and interface
@@ -1499,16 +1499,6 @@ for _ in range(5):
     time.sleep(0.5)
 "#;
 
-/// Peak resident memory of process `pid`, KiB.
-fn peak_rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/{pid}/status"))
-}
-
 /// A tenant's API client may write the rule set that is hardest to
 /// compile: 30,000 rules in nested destination-port ranges, the narrowest
 /// first, so that each port's rules differ from its neighbours' and
@@ -1525,7 +1515,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     allow_tenant(&svc, "teal", &["pf0vf0", "pf0vf1"])?;
     eventually("ping to cross", || a.ping("10.238.0.2"))?;
     let pid = svc.pid().ok_or_else(|| anyhow::anyhow!("no service pid"))?;
-    let before = peak_rss_kib(pid)?;
+    let (before, _) = rss_kib(pid)?;
 
     // Rule p covers ports n - p ..= 35,535 + p; even rules allow, odd
     // ones deny.
@@ -1552,7 +1542,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
         "--file",
         &file.display().to_string(),
     ])?;
-    let grown = peak_rss_kib(pid)?.saturating_sub(before) / 1024;
+    let grown = rss_kib(pid)?.0.saturating_sub(before) / 1024;
     eprintln!(
         "{n} nested rules applied in {:?}, peak RSS {grown} MiB more",
         started.elapsed()
