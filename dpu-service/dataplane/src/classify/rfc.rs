@@ -884,6 +884,14 @@ impl Rfc {
         self.finish(s, d, rest)
     }
 
+    /// Levels an address walks in these tables' tries (both walk the
+    /// same bytes): keys of tables with the same number may share one
+    /// [`Rfc::lookup_lanes`] call.
+    #[inline(always)]
+    pub(crate) fn levels(&self) -> u8 {
+        self.src.levels
+    }
+
     /// [`Rfc::lookup`] for up to [`BATCH`] IPv4 keys (`dims` gives each
     /// key's fields) into `out`.
     #[inline]
@@ -904,7 +912,8 @@ impl Rfc {
     /// key `i` (of `n`) with the addresses and the rest of its fields
     /// `key(i)` (`([source, destination], [source port, destination
     /// port, protocol])`) in the tables `rfc(i)` (built for that family;
-    /// for IPv6 one set's, whose tries walk the same levels), into `out`
+    /// for IPv6 tables whose tries walk the same number of levels,
+    /// [`Rfc::levels`]), into `out`
     /// (`u32::MAX` for no match), phase by phase: each phase's loads for
     /// all the keys go out before any of them is needed, so their cache
     /// misses overlap where one key's chain of loads would wait on each.

@@ -35,6 +35,13 @@ const _: () = assert!(MAX_TREES <= LOCKSTEP);
 /// Added rules kept in the overlay tree before a full rebuild is needed.
 pub const OVERLAY_MAX: usize = 256;
 
+/// An IPv6 key's fields as [`Rfc::lookup_lanes`] takes them.
+#[inline(always)]
+fn key6(k: &FlowKey) -> ([u128; 2], [u32; 3]) {
+    let rest = [k.src_port, k.dst_port, k.proto.into()].map(u32::from);
+    ([k.src, k.dst], rest)
+}
+
 /// Which dimensions of a rule are "large" (cover a big share of the
 /// field): rules large in the same dimensions go to the same tree, so a
 /// tree rarely has to copy a wide rule into many narrow slices. An
@@ -464,32 +471,42 @@ impl Classifier {
 
     /// [`Classifier::lookup_batch`] for the IPv6 keys `keys[i]`, `i` in
     /// `which`, into `out[i]`: side by side through the RFC tables when
-    /// the set has some and no rule was added since the build, else one
-    /// by one.
+    /// the set has some, else one by one through its trees (each key's
+    /// walks of all its trees side by side), as also when rules were
+    /// added since the build.
     fn lookup_batch6(&self, keys: &[FlowKey], which: &[u8], out: &mut [Option<u32>]) {
-        let main = &self.main.v6;
-        let Some(rfc) = main
-            .rfc
-            .as_deref()
-            .filter(|_| self.overlay_rules.is_empty())
-        else {
+        if !self.overlay_rules.is_empty() {
             for &i in which {
                 let i = usize::from(i);
                 out[i] = self.lookup(&keys[i]).map(|r| r.tag);
             }
             return;
-        };
-        let key = |j: usize| {
-            let k = &keys[usize::from(which[j])];
-            let rest = [k.src_port, k.dst_port, k.proto.into()].map(u32::from);
-            ([k.src, k.dst], rest)
-        };
-        let mut found = [u32::MAX; BATCH];
-        Rfc::lookup_lanes(which.len(), |_| rfc, key, &mut found);
+        }
+        let main = &self.main.v6;
+        let dead = (self.removed > 0).then_some(self.dead_v6.as_slice());
+        let mut found = [u32::MAX; MULTI];
+        match main.rfc.as_deref() {
+            Some(rfc) => {
+                Rfc::lookup_lanes(
+                    which.len(),
+                    |_| rfc,
+                    |j| key6(&keys[usize::from(which[j])]),
+                    &mut found,
+                );
+            }
+            // Walked side by side, IPv6 keys' trees measured slower than
+            // one key at a time, whose walks of all its trees overlap.
+            None => {
+                for (f, &i) in found.iter_mut().zip(which) {
+                    let p = main.lookup_trees(&keys[usize::from(i)], dead);
+                    *f = p.map_or(u32::MAX, |p| p as u32);
+                }
+            }
+        }
         for (&i, &p) in which.iter().zip(&found) {
             let i = usize::from(i);
             // A rule removed since the build: the trees answer.
-            out[i] = if self.removed > 0 && is_set(&self.dead_v6, p) {
+            out[i] = if dead.is_some_and(|d| is_set(d, p)) {
                 self.lookup(&keys[i]).map(|r| r.tag)
             } else {
                 main.ids.get(p as usize).map(|&(_, tag)| tag)
@@ -499,11 +516,13 @@ impl Classifier {
 
     /// The tag of the first rule matching each key, like
     /// [`Classifier::lookup_batch`], for keys of different classifiers:
-    /// `out[i]` answers `keys[i]` in `classifiers[i]`. The IPv4 keys of up
-    /// to [`MULTI`] lookups walk their trees side by side whatever
+    /// `out[i]` answers `keys[i]` in `classifiers[i]`. The keys of up to
+    /// [`MULTI`] lookups read their RFC tables side by side whatever
     /// classifier they belong to (a burst spread over tenants has few keys
-    /// per tenant); IPv6 keys, and keys of a classifier with rules added
-    /// since its build, go through [`Classifier::lookup`].
+    /// per tenant), each family apart, and so do IPv4 keys' tree walks;
+    /// IPv6 keys without tables walk their trees one key at a time, and
+    /// keys of a classifier with rules added since its build go through
+    /// [`Classifier::lookup`].
     ///
     /// # Panics
     /// If `classifiers` or `out` is shorter than `keys`.
@@ -527,22 +546,35 @@ impl Classifier {
             let mut tables: [&Rfc; MULTI] = [&rfc::EMPTY; MULTI];
             let mut read = [0u8; MULTI];
             let mut m = 0;
+            // IPv6 keys: those with tables, those that walk trees.
+            let mut tables6: [&Rfc; MULTI] = [&rfc::EMPTY; MULTI];
+            let mut read6 = [0u8; MULTI];
+            let mut m6 = 0;
+            let mut walk6 = [0u8; MULTI];
+            let mut n6 = 0;
             for (i, ((c, key), o)) in cs.iter().zip(keys).zip(out.iter_mut()).enumerate() {
-                if key.v6 || !c.overlay_rules.is_empty() {
+                if !c.overlay_rules.is_empty() {
                     *o = c.lookup(key).map(|r| r.tag);
-                    continue;
-                }
-                if let Some(t) = &c.main.v4.flat.rfc {
+                } else if key.v6 {
+                    if let Some(t) = &c.main.v6.rfc {
+                        tables6[m6] = t;
+                        read6[m6] = i as u8;
+                        m6 += 1;
+                    } else {
+                        walk6[n6] = i as u8;
+                        n6 += 1;
+                    }
+                } else if let Some(t) = &c.main.v4.flat.rfc {
                     tables[m] = t;
                     read[m] = i as u8;
                     m += 1;
-                    continue;
+                } else {
+                    flats[n] = &c.main.v4.flat;
+                    deads[n] = (c.removed > 0).then_some(c.dead_v4.as_slice());
+                    k4[n] = Key4::new(key);
+                    slot[n] = i as u8;
+                    n += 1;
                 }
-                flats[n] = &c.main.v4.flat;
-                deads[n] = (c.removed > 0).then_some(c.dead_v4.as_slice());
-                k4[n] = Key4::new(key);
-                slot[n] = i as u8;
-                n += 1;
             }
             let read = &read[..m];
             let mut found = [u32::MAX; MULTI];
@@ -573,6 +605,55 @@ impl Classifier {
                 let i = usize::from(i);
                 out[i] = cs[i].main.v4.ids.get(p as usize).map(|&(_, tag)| tag);
             }
+            Classifier::lookup_multi6(cs, keys, &tables6[..m6], &read6[..m6], &walk6[..n6], out);
+        }
+    }
+
+    /// [`Classifier::lookup_multi`]'s IPv6 keys: `keys[read[j]]` in the
+    /// RFC tables `tables[j]` of its classifier, `keys[walk[j]]` in its
+    /// classifier's trees (no rule added since either build).
+    fn lookup_multi6(
+        cs: &[&Classifier],
+        keys: &[FlowKey],
+        tables: &[&Rfc],
+        read: &[u8],
+        walk: &[u8],
+        out: &mut [Option<u32>],
+    ) {
+        let answer = |i: usize, p: u32| {
+            let c = cs[i];
+            // A rule removed since the build: the trees answer.
+            if c.removed > 0 && is_set(&c.dead_v6, p) {
+                c.lookup(&keys[i]).map(|r| r.tag)
+            } else {
+                c.main.v6.ids.get(p as usize).map(|&(_, tag)| tag)
+            }
+        };
+        // Tables whose tries walk as many levels read side by side: sort
+        // the lanes by their levels and take each run in one call.
+        let mut by_levels = [0u8; MULTI];
+        for (j, o) in by_levels[..read.len()].iter_mut().enumerate() {
+            *o = j as u8;
+        }
+        let by_levels = &mut by_levels[..read.len()];
+        by_levels.sort_unstable_by_key(|&j| tables[usize::from(j)].levels());
+        let mut found = [u32::MAX; MULTI];
+        for run in by_levels
+            .chunk_by(|&a, &b| tables[usize::from(a)].levels() == tables[usize::from(b)].levels())
+        {
+            let lane = |j: usize| usize::from(run[j]);
+            let key = |j: usize| key6(&keys[usize::from(read[lane(j)])]);
+            Rfc::lookup_lanes(run.len(), |j| tables[lane(j)], key, &mut found);
+            for (&j, &p) in run.iter().zip(&found) {
+                let i = usize::from(read[usize::from(j)]);
+                out[i] = answer(i, p);
+            }
+        }
+        for &i in walk {
+            let (i, c) = (usize::from(i), cs[usize::from(i)]);
+            let dead = (c.removed > 0).then_some(c.dead_v6.as_slice());
+            let p = c.main.v6.lookup_trees(&keys[i], dead);
+            out[i] = p.and_then(|p| c.main.v6.ids.get(p)).map(|&(_, tag)| tag);
         }
     }
 
