@@ -738,6 +738,21 @@ fn firsts(
     })
 }
 
+/// An IPv4 key's fields, the first five of `d` in the order
+/// [`Rfc::lookup`] takes them, as [`Rfc::lookup_lanes`] takes them: the
+/// addresses, then the rest.
+#[inline(always)]
+pub(crate) fn lanes4<const N: usize>(d: [u32; N]) -> ([u32; 2], [u32; 3]) {
+    ([d[0], d[1]], [d[2], d[3], d[4]])
+}
+
+/// An IPv6 key's fields as [`Rfc::lookup_lanes`] takes them.
+#[inline(always)]
+pub(crate) fn lanes6(k: &FlowKey) -> ([u128; 2], [u32; 3]) {
+    let rest = [k.src_port, k.dst_port, k.proto.into()].map(u32::from);
+    ([k.src, k.dst], rest)
+}
+
 impl Rfc {
     /// The tables for `rules` (all of `family`, V4 or V6, in order: a
     /// lookup answers with a position in this slice), or `None` if there
@@ -879,8 +894,8 @@ impl Rfc {
     /// [`Rfc::lookup`] for an IPv6 key, in tables built for IPv6.
     #[inline]
     pub(crate) fn lookup6(&self, key: &FlowKey) -> u32 {
-        let (s, d) = (self.src.class(key.src), self.dst.class(key.dst));
-        let rest = [key.src_port, key.dst_port, key.proto.into()].map(u32::from);
+        let ([src, dst], rest) = lanes6(key);
+        let (s, d) = (self.src.class(src), self.dst.class(dst));
         self.finish(s, d, rest)
     }
 
@@ -901,11 +916,7 @@ impl Rfc {
         dims: impl Fn(&K) -> [u32; 8],
         out: &mut [u32],
     ) {
-        let split = |i: usize| {
-            let d = dims(&keys[i]);
-            ([d[0], d[1]], [d[2], d[3], d[4]])
-        };
-        Rfc::lookup_lanes(keys.len(), |_| self, split, out);
+        Rfc::lookup_lanes(keys.len(), |_| self, |i| lanes4(dims(&keys[i])), out);
     }
 
     /// The first matching rule for up to [`BATCH`] keys of one family,

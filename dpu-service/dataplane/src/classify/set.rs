@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI};
-use super::rfc::{self, Rfc};
+use super::rfc::{self, lanes4, lanes6, Rfc};
 use super::rule::{AclRule, Family, DIMS};
 use super::tree::{Builder, Region, Tree, LEAF, LEAF_RULES};
 use crate::wire::FlowKey;
@@ -34,13 +34,6 @@ const _: () = assert!(MAX_TREES <= LOCKSTEP);
 
 /// Added rules kept in the overlay tree before a full rebuild is needed.
 pub const OVERLAY_MAX: usize = 256;
-
-/// An IPv6 key's fields as [`Rfc::lookup_lanes`] takes them.
-#[inline(always)]
-fn key6(k: &FlowKey) -> ([u128; 2], [u32; 3]) {
-    let rest = [k.src_port, k.dst_port, k.proto.into()].map(u32::from);
-    ([k.src, k.dst], rest)
-}
 
 /// Which dimensions of a rule are "large" (cover a big share of the
 /// field): rules large in the same dimensions go to the same tree, so a
@@ -490,7 +483,7 @@ impl Classifier {
                 Rfc::lookup_lanes(
                     which.len(),
                     |_| rfc,
-                    |j| key6(&keys[usize::from(which[j])]),
+                    |j| lanes6(&keys[usize::from(which[j])]),
                     &mut found,
                 );
             }
@@ -578,10 +571,7 @@ impl Classifier {
             }
             let read = &read[..m];
             let mut found = [u32::MAX; MULTI];
-            let dims = |j: usize| {
-                let d = Key4::fields(&keys[usize::from(read[j])]);
-                ([d[0], d[1]], [d[2], d[3], d[4]])
-            };
+            let dims = |j: usize| lanes4(Key4::fields(&keys[usize::from(read[j])]));
             // A burst of one tenant's keys (one VF's, say) reads one set of
             // tables, whose addresses and sizes then stay in registers.
             let one = tables[..m].iter().all(|&t| std::ptr::eq(t, tables[0]));
@@ -642,7 +632,7 @@ impl Classifier {
             .chunk_by(|&a, &b| tables[usize::from(a)].levels() == tables[usize::from(b)].levels())
         {
             let lane = |j: usize| usize::from(run[j]);
-            let key = |j: usize| key6(&keys[usize::from(read[lane(j)])]);
+            let key = |j: usize| lanes6(&keys[usize::from(read[lane(j)])]);
             Rfc::lookup_lanes(run.len(), |j| tables[lane(j)], key, &mut found);
             for (&j, &p) in run.iter().zip(&found) {
                 let i = usize::from(read[usize::from(j)]);
