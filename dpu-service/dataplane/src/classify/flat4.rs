@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use dpu_os::hint::prefetch;
 
+use super::leafidx::{indexed_budget, LeafIndex, INDEX_MIN};
 use super::rfc::Rfc;
 use super::rule::{AclRule, DIMS};
 use super::tree::{Node, Tree};
@@ -145,6 +146,8 @@ const LEAF_FLAG: Entry = 1 << 40;
 const LONG_FLAG: Entry = 1 << 41;
 /// Long leaves of this many rules or more are scanned with early exits.
 const LONG_MAX: usize = 63;
+/// Every IPv4 field's largest value.
+const WHOLE: [u128; DIMS] = [u32::MAX as u128, u32::MAX as u128, 65_535, 65_535, 255];
 
 const fn cut_entry(first: u32, dim: u8, shift: u8, bits: u8) -> Entry {
     first as u64 | (shift as u64 & 31) << 32 | (dim as u64 & 7) << 37 | ((1u64 << bits) - 1) << 48
@@ -203,6 +206,10 @@ pub(super) struct Flat4 {
     /// The records of long leaves from their third on, each run closed by
     /// a sentinel.
     runs: Vec<Rec>,
+    /// Per leaf slot, its index in `indexes` if it has one (`u32::MAX`
+    /// if not): leaves of [`INDEX_MIN`] rules or more.
+    index_at: Vec<u32>,
+    indexes: Vec<LeafIndex>,
     /// The same rules as tables of Recursive Flow Classification, when
     /// they fit its budget: lookups read those instead of walking the
     /// trees, unless the rule they find was removed since.
@@ -228,6 +235,8 @@ impl Flat4 {
         pairs: Vec::new(),
         run_at: Vec::new(),
         runs: Vec::new(),
+        index_at: Vec::new(),
+        indexes: Vec::new(),
         rfc: None,
     };
 
@@ -246,6 +255,7 @@ impl Flat4 {
         f.nodes.resize(1 + cuts, 0);
         let mut next_cut = 1usize;
         let mut leaves: HashMap<&[u32], Entry> = HashMap::new();
+        let mut indexed = indexed_budget(rules.len());
         for t in trees {
             // Children come after their parent (shared ones too), so one
             // backward pass gives each node its height.
@@ -286,6 +296,19 @@ impl Flat4 {
                     } else {
                         f.run_at.push(0);
                     }
+                    let index = (ids.len() >= INDEX_MIN && ids.len() <= indexed)
+                        .then(|| LeafIndex::build(rules, ids, WHOLE))
+                        .flatten();
+                    if index.is_some() {
+                        indexed -= ids.len();
+                    }
+                    f.index_at.push(match index {
+                        Some(x) => {
+                            f.indexes.push(x);
+                            f.indexes.len() as u32 - 1
+                        }
+                        None => u32::MAX,
+                    });
                     e
                 });
             }
@@ -298,6 +321,9 @@ impl Flat4 {
                 }
             }
             f.trees.push((entry[0], height[0], t.min_pos));
+        }
+        if f.indexes.is_empty() {
+            f.index_at = Vec::new();
         }
         f
     }
@@ -342,6 +368,14 @@ impl Flat4 {
     /// when the pair's answer was removed.
     #[cold]
     fn leaf_match_slow(&self, leaf: usize, long: bool, k: &Key4, dead: Option<&[u64]>) -> u32 {
+        let index = self
+            .index_at
+            .get(leaf)
+            .and_then(|&i| self.indexes.get(i as usize));
+        if let Some(x) = index.filter(|_| long) {
+            let values = std::array::from_fn(|d| u128::from(k.dims[d]));
+            return x.first(&values, u32::MAX, |p| dead.is_none_or(|d| !is_set(d, p)));
+        }
         let alive = |r: &Rec| r.matches(k) && dead.is_none_or(|d| !is_set(d, r.pos()));
         let pair = &self.pairs[leaf].0;
         if let Some(r) = pair.iter().find(|r| alive(r)) {
@@ -565,12 +599,20 @@ impl Flat4 {
         }
     }
 
+    /// Leaves with an index.
+    #[cfg(test)]
+    pub(super) fn indexed(&self) -> usize {
+        self.indexes.len()
+    }
+
     pub(super) fn memory(&self) -> usize {
         self.trees.len() * 16
             + self.nodes.len() * std::mem::size_of::<Entry>()
             + self.pairs.len() * std::mem::size_of::<Pair>()
             + self.run_at.len() * 4
             + self.runs.len() * std::mem::size_of::<Rec>()
+            + self.index_at.len() * 4
+            + self.indexes.iter().map(LeafIndex::memory).sum::<usize>()
             + self.rfc.as_ref().map_or(0, |r| r.memory())
     }
 }

@@ -56,7 +56,9 @@
 //! ([`ChangeError::needs_rebuild`]).
 //!
 //! The code is in files by concern, each using only those listed before
-//! it: `rule` (the rules, their fields, the reference match), `tree`
+//! it: `rule` (the rules, their fields, the reference match), `leafidx`
+//! (indexes of leaves of a thousand rules or more, which nested or
+//! staggered ranges leave, so lookups there search rather than scan), `tree`
 //! (building the decision trees, and the walk IPv6 keys take), `rfc`
 //! (Recursive Flow Classification tables), `flat4` (the trees' compact
 //! IPv4 form and its walks, with the tables in front), `set` (the
@@ -65,6 +67,7 @@
 //! holds test support that other modules' tests share.
 
 mod flat4;
+mod leafidx;
 mod rfc;
 mod rule;
 mod set;

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI};
+use super::leafidx::indexed_budget;
 use super::rfc::{self, lanes4, lanes6, Rfc};
 use super::rule::{AclRule, Family, DIMS};
 use super::tree::{Builder, Region, Tree, LEAF, LEAF_RULES};
@@ -166,6 +167,13 @@ impl Set {
             .iter()
             .map(|t| (t.nodes.len(), t.leaf_rules.len(), 0))
             .collect();
+        if addr_bits == 128 {
+            let whole = [u128::MAX, u128::MAX, 65_535, 65_535, 255];
+            let mut indexed = indexed_budget(rules.len());
+            for t in &mut trees {
+                t.index_leaves(&rules, whole, &mut indexed);
+            }
+        }
         let mut flat = Flat4::default();
         if addr_bits == 32 {
             flat = Flat4::new(&rules, &trees);

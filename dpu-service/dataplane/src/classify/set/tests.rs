@@ -363,3 +363,70 @@ fn shared_address_prefix() {
     assert_eq!(large_mask(&sixteen, 32, 8) & 0b11, 0b11);
     assert_eq!(large_mask(&sixteen, 32, 0) & 0b11, 0b01);
 }
+
+/// Port ranges nested in one field and staggered in the other (what an
+/// API client may write) leave trees with leaves of thousands of rules,
+/// which get indexes: every lookup form answers as the reference does,
+/// in both families, after a build and after rules are removed.
+#[test]
+fn indexed_long_leaves_agree_with_the_reference() {
+    let n = 2_400u32;
+    let rules: Vec<AclRule> = (0..2 * n)
+        .map(|j| {
+            let (i, family) = if j < n {
+                (j, Family::V4)
+            } else {
+                (j - n, Family::V6)
+            };
+            let mut r = AclRule::any(j, j, family);
+            let k = (n - 1 - i) as u16;
+            r.proto = (17, 17);
+            r.src_port = (k + 1, 65_534 - k);
+            r.dst_port = (i as u16 * 7, i as u16 * 7 + 9_000);
+            r
+        })
+        .collect();
+    let mut rng = Rng(0x1eaf);
+    let keys: Vec<FlowKey> = (0..6_000)
+        .map(|_| {
+            let v6 = rng.below(2) == 0;
+            let end =
+                |rng: &mut Rng, hi: u64| (rng.below(hi) as u16).saturating_add(rng.below(3) as u16);
+            FlowKey {
+                src: u128::from(rng.below(1 << 32)) | if v6 { 0x2001_0db8 << 96 } else { 0 },
+                dst: u128::from(rng.below(1 << 32)),
+                src_port: end(&mut rng, u64::from(n) + 2),
+                dst_port: end(&mut rng, u64::from(n) * 7 + 9_002),
+                proto: if rng.below(8) == 0 { 6 } else { 17 },
+                v6,
+            }
+        })
+        .collect();
+    for c in [Classifier::build(&rules), Classifier::build_trees(&rules)] {
+        let indexed =
+            c.main.v4.flat.indexed() + c.main.v6.trees.iter().map(Tree::indexed).sum::<usize>();
+        assert!(
+            c.main.v4.flat.indexed() > 0 && indexed > c.main.v4.flat.indexed(),
+            "{}",
+            c.shape()
+        );
+        check_batches(&c, &rules, &keys, "indexed leaves");
+        let remove: Vec<u32> = (0..2 * n)
+            .filter(|o| o % 5 == 2)
+            .take(OVERLAY_MAX)
+            .collect();
+        let kept: Vec<AclRule> = rules
+            .iter()
+            .filter(|r| !remove.contains(&r.order))
+            .copied()
+            .collect();
+        let changed = c.with_changes(&remove, &[]).expect("removals");
+        check_batches(&changed, &kept, &keys, "indexed leaves, rules removed");
+        let cs = vec![&changed; keys.len()];
+        let mut out = vec![None; keys.len()];
+        Classifier::lookup_multi(&cs, &keys, &mut out);
+        for (k, &got) in keys.iter().zip(&out) {
+            assert_eq!(got, reference(&kept, k).map(|r| r.tag), "multi, key {k:?}");
+        }
+    }
+}
