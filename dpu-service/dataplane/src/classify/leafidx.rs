@@ -230,6 +230,7 @@ fn remove(live: &mut BTreeMap<u32, u32>, j: u32) {
 mod tests {
     use super::*;
     use crate::classify::rule::Family;
+    use crate::classify::tests::Rng;
 
     fn values(r: &[u128]) -> [u128; DIMS] {
         std::array::from_fn(|d| r[d])
@@ -247,13 +248,8 @@ mod tests {
             65_535,
             255,
         ];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut rnd = move |n: u64| rng.below(n);
         for shape in 0..3 {
             let n = 500u32;
             let rules: Vec<AclRule> = (0..n)
