@@ -506,12 +506,19 @@ impl Classifier {
         }
         for (&i, &p) in which.iter().zip(&found) {
             let i = usize::from(i);
-            // A rule removed since the build: the trees answer.
-            out[i] = if dead.is_some_and(|d| is_set(d, p)) {
-                self.lookup(&keys[i]).map(|r| r.tag)
-            } else {
-                main.ids.get(p as usize).map(|&(_, tag)| tag)
-            };
+            out[i] = self.tag6(&keys[i], p);
+        }
+    }
+
+    /// The tag of the IPv6 rule at position `p` of the main set (none for
+    /// `u32::MAX`), found for `key`; if that rule was removed since the
+    /// build, the trees answer.
+    #[inline]
+    fn tag6(&self, key: &FlowKey, p: u32) -> Option<u32> {
+        if self.removed > 0 && is_set(&self.dead_v6, p) {
+            self.lookup(key).map(|r| r.tag)
+        } else {
+            self.main.v6.ids.get(p as usize).map(|&(_, tag)| tag)
         }
     }
 
@@ -618,15 +625,6 @@ impl Classifier {
         walk: &[u8],
         out: &mut [Option<u32>],
     ) {
-        let answer = |i: usize, p: u32| {
-            let c = cs[i];
-            // A rule removed since the build: the trees answer.
-            if c.removed > 0 && is_set(&c.dead_v6, p) {
-                c.lookup(&keys[i]).map(|r| r.tag)
-            } else {
-                c.main.v6.ids.get(p as usize).map(|&(_, tag)| tag)
-            }
-        };
         // Tables whose tries walk as many levels read side by side: sort
         // the lanes by their levels and take each run in one call.
         let mut by_levels = [0u8; MULTI];
@@ -644,14 +642,14 @@ impl Classifier {
             Rfc::lookup_lanes(run.len(), |j| tables[lane(j)], key, &mut found);
             for (&j, &p) in run.iter().zip(&found) {
                 let i = usize::from(read[usize::from(j)]);
-                out[i] = answer(i, p);
+                out[i] = cs[i].tag6(&keys[i], p);
             }
         }
         for &i in walk {
             let (i, c) = (usize::from(i), cs[usize::from(i)]);
             let dead = (c.removed > 0).then_some(c.dead_v6.as_slice());
             let p = c.main.v6.lookup_trees(&keys[i], dead);
-            out[i] = p.and_then(|p| c.main.v6.ids.get(p)).map(|&(_, tag)| tag);
+            out[i] = c.tag6(&keys[i], p.map_or(u32::MAX, |p| p as u32));
         }
     }
 
