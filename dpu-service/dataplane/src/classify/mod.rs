@@ -33,8 +33,10 @@
 //! tree has the same length and branches on nothing the key decides.
 //! [`Classifier::lookup_batch`] walks up to [`BATCH`] keys side by side,
 //! as rte_acl does with its multi-flow loops, so their cache misses
-//! overlap. IPv6 keys walk the trees as built, side by side, with
-//! 128-bit bounds, when their set has no RFC tables.
+//! overlap. IPv6 keys, when their set has no RFC tables, walk the same
+//! kind of flat nodes (`Flat6`) over their fields as 32-bit words, each
+//! key's trees side by side, and test the leaves' rules with 128-bit
+//! bounds.
 //!
 //! Rule sets whose tables fit a memory budget are also compiled to
 //! Recursive Flow Classification tables (`rfc`), per family: a fixed
@@ -59,14 +61,15 @@
 //! it: `rule` (the rules, their fields, the reference match), `leafidx`
 //! (indexes of leaves of a thousand rules or more, which nested or
 //! staggered ranges leave, so lookups there search rather than scan), `tree`
-//! (building the decision trees, and the walk IPv6 keys take), `rfc`
-//! (Recursive Flow Classification tables), `flat4` (the trees' compact
-//! IPv4 form and its walks, with the tables in front), `set` (the
+//! (building the decision trees), `rfc` (Recursive Flow Classification
+//! tables), `flat4` (the trees' compact IPv4 form and its walks, with
+//! the tables in front), `flat6` (their IPv6 form), `set` (the
 //! [`Classifier`]: per family a rule set with its trees and tables,
 //! changes, and single, batched and multi-classifier lookups). `tests`
 //! holds test support that other modules' tests share.
 
 mod flat4;
+mod flat6;
 mod leafidx;
 mod rfc;
 mod rule;

@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI};
+use super::flat6::{Flat6, WHOLE as WHOLE6};
 use super::leafidx::indexed_budget;
 use super::rfc::{self, lanes4, lanes6, Rfc};
 use super::rule::{AclRule, Family, DIMS};
-use super::tree::{Builder, Region, Tree, LEAF, LEAF_RULES};
+use super::tree::{Builder, Region, Tree, LEAF_RULES};
 use crate::wire::FlowKey;
 
 /// Trees per rule set (rule groups by shape): each costs every lookup
@@ -82,12 +83,11 @@ struct Set {
     /// Bit per position: the rule hides later rules somewhere, so
     /// removing it incrementally would expose nothing behind it.
     pruners: Vec<u64>,
-    /// Sorted by their first rule, so a lookup can stop early. Empty
-    /// for IPv4, whose trees are in `flat`.
-    trees: Vec<Tree>,
     /// IPv4: the trees in their compact lookup form (and the RFC tables
     /// read in front of them, when the set has some).
     flat: Flat4,
+    /// IPv6: the trees in their compact lookup form.
+    flat6: Flat6,
     /// IPv6: the rules as RFC tables, when they fit their budget; read
     /// before the trees, which answer when a set has none and for keys
     /// whose rule was removed since the build.
@@ -167,18 +167,20 @@ impl Set {
             .iter()
             .map(|t| (t.nodes.len(), t.leaf_rules.len(), 0))
             .collect();
-        if addr_bits == 128 {
-            let whole = [u128::MAX, u128::MAX, 65_535, 65_535, 255];
-            let mut indexed = indexed_budget(rules.len());
-            for t in &mut trees {
-                t.index_leaves(&rules, whole, &mut indexed);
-            }
-        }
         let mut flat = Flat4::default();
+        let mut flat6 = Flat6::default();
         if addr_bits == 32 {
             flat = Flat4::new(&rules, &trees);
-            trees.clear();
             for (s, t) in shapes.iter_mut().zip(&flat.trees) {
+                s.2 = t.1;
+            }
+        } else {
+            let mut indexed = indexed_budget(rules.len());
+            for t in &mut trees {
+                t.index_leaves(&rules, WHOLE6, &mut indexed);
+            }
+            flat6 = Flat6::new(&mut trees);
+            for (s, t) in shapes.iter_mut().zip(&flat6.trees) {
                 s.2 = t.1;
             }
         }
@@ -186,8 +188,8 @@ impl Set {
             ids: rules.iter().map(|r| (r.order, r.tag)).collect(),
             rules,
             pruners,
-            trees,
             flat,
+            flat6,
             rfc: None,
             shapes,
         }
@@ -210,46 +212,7 @@ impl Set {
     /// [`Set::lookup`] by the trees.
     #[inline]
     fn lookup_trees(&self, key: &FlowKey, dead: Option<&[u64]>) -> Option<usize> {
-        let mut best = usize::MAX;
-        if (2..=LOCKSTEP).contains(&self.trees.len()) {
-            // Every walk side by side, as IPv4's (`flat4`): one key's walk
-            // waits on two loads a level, the trees' walks overlap them.
-            // Then the leaves in the trees' order, each read only if it
-            // can hold an earlier rule than those found.
-            let mut at = [LEAF; LOCKSTEP];
-            for (n, t) in at.iter_mut().zip(&self.trees) {
-                *n = t.nodes[0];
-            }
-            let at = &mut at[..self.trees.len()];
-            let mut walking = true;
-            while walking {
-                walking = false;
-                for (n, t) in at.iter_mut().zip(&self.trees) {
-                    if n.bits > 0 {
-                        *n = t.step(key, *n);
-                        walking = true;
-                    }
-                }
-            }
-            for (&n, t) in at.iter().zip(&self.trees) {
-                if t.min_pos as usize >= best {
-                    break;
-                }
-                if let Some(i) = t.leaf_match(&self.rules, n, key, dead, best) {
-                    best = i;
-                }
-            }
-            return (best != usize::MAX).then_some(best);
-        }
-        for t in &self.trees {
-            if t.min_pos as usize >= best {
-                break;
-            }
-            if let Some(i) = t.lookup(&self.rules, key, dead, best) {
-                best = i;
-            }
-        }
-        (best != usize::MAX).then_some(best)
+        self.flat6.lookup(&self.rules, key, dead)
     }
 
     fn position(&self, order: u32) -> Option<usize> {
@@ -258,7 +221,7 @@ impl Set {
 
     fn memory(&self) -> usize {
         self.rules.len() * std::mem::size_of::<AclRule>()
-            + self.trees.iter().map(Tree::memory).sum::<usize>()
+            + self.flat6.memory()
             + self.flat.memory()
             + self.rfc.as_ref().map_or(0, |r| r.memory())
     }

@@ -1,12 +1,16 @@
 //! The decision trees: a [`Tree`] over one group of a family's rules,
 //! cut HiCuts-style into aligned boxes ([`Region`]) by the [`Builder`]
-//! within node, space and depth budgets, and the walk IPv6 keys take
-//! through it (IPv4 keys walk the trees' compact form, `flat4`).
+//! within node, space and depth budgets. Lookups walk the trees'
+//! compact forms (`flat4`, `flat6`); the walk here checks the trees
+//! themselves in tests.
 
 use std::collections::HashMap;
 
 use super::leafidx::{LeafIndex, INDEX_MIN};
-use super::rule::{key_value, AclRule, DIMS};
+#[cfg(test)]
+use super::rule::key_value;
+use super::rule::{AclRule, DIMS};
+#[cfg(test)]
 use crate::wire::FlowKey;
 
 /// Rules a leaf holds before the builder tries to cut it: two fit the
@@ -106,7 +110,14 @@ pub(super) struct Tree {
 }
 
 impl Tree {
+    /// The index of the leaf whose rules start at `first` in
+    /// `leaf_rules`, if it has one; the tree keeps none after.
+    pub(super) fn take_index(&mut self, first: u32) -> Option<LeafIndex> {
+        self.indexes.remove(&first)
+    }
+
     /// One step down from the cut `n` (not a leaf) for `key`.
+    #[cfg(test)]
     #[inline(always)]
     pub(super) fn step(&self, key: &FlowKey, n: Node) -> Node {
         let v = key_value(key, usize::from(n.dim));
@@ -144,6 +155,7 @@ impl Tree {
 
     /// The first live rule position below `bound` in the leaf `n` that
     /// matches `key`.
+    #[cfg(test)]
     #[inline]
     pub(super) fn leaf_match(
         &self,
@@ -176,6 +188,7 @@ impl Tree {
     }
 
     /// First live rule position below `bound` in the leaf `key` falls in.
+    #[cfg(test)]
     #[inline]
     pub(super) fn lookup(
         &self,
@@ -189,18 +202,6 @@ impl Tree {
             n = self.step(key, n);
         }
         self.leaf_match(rules, n, key, dead, bound)
-    }
-
-    /// Leaves with an index.
-    #[cfg(test)]
-    pub(super) fn indexed(&self) -> usize {
-        self.indexes.len()
-    }
-
-    pub(super) fn memory(&self) -> usize {
-        self.nodes.len() * std::mem::size_of::<Node>()
-            + (self.children.len() + self.leaf_rules.len()) * 4
-            + self.indexes.values().map(LeafIndex::memory).sum::<usize>()
     }
 }
 

@@ -73,7 +73,7 @@ fn agrees_with_the_reference_on_random_rules_and_keys() {
             );
         }
         most_trees = most_trees.max(c.main.v4.flat.trees.len());
-        most_v6_trees = most_v6_trees.max(c.main.v6.trees.len());
+        most_v6_trees = most_v6_trees.max(c.main.v6.flat6.trees.len());
     }
     assert!(most_trees > 2, "{most_trees} trees at most");
     assert!(most_v6_trees > 2, "{most_v6_trees} IPv6 trees at most");
@@ -403,8 +403,7 @@ fn indexed_long_leaves_agree_with_the_reference() {
         })
         .collect();
     for c in [Classifier::build(&rules), Classifier::build_trees(&rules)] {
-        let indexed =
-            c.main.v4.flat.indexed() + c.main.v6.trees.iter().map(Tree::indexed).sum::<usize>();
+        let indexed = c.main.v4.flat.indexed() + c.main.v6.flat6.indexed();
         assert!(
             c.main.v4.flat.indexed() > 0 && indexed > c.main.v4.flat.indexed(),
             "{}",
