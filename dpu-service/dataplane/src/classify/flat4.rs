@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use dpu_os::hint::prefetch;
 
-use super::leafidx::{indexed_budget, LeafIndex, INDEX_MIN};
+use super::leafidx::{LeafIndex, INDEX_MIN};
 use super::rfc::Rfc;
 use super::rule::{AclRule, DIMS};
 use super::tree::{Node, Tree};
@@ -147,7 +147,7 @@ const LONG_FLAG: Entry = 1 << 41;
 /// Long leaves of this many rules or more are scanned with early exits.
 const LONG_MAX: usize = 63;
 /// Every IPv4 field's largest value.
-const WHOLE: [u128; DIMS] = [u32::MAX as u128, u32::MAX as u128, 65_535, 65_535, 255];
+pub(super) const WHOLE: [u128; DIMS] = [u32::MAX as u128, u32::MAX as u128, 65_535, 65_535, 255];
 
 const fn cut_entry(first: u32, dim: u8, shift: u8, bits: u8) -> Entry {
     first as u64 | (shift as u64 & 31) << 32 | (dim as u64 & 7) << 37 | ((1u64 << bits) - 1) << 48
@@ -240,7 +240,9 @@ impl Flat4 {
         rfc: None,
     };
 
-    pub(super) fn new(rules: &[AclRule], trees: &[Tree]) -> Flat4 {
+    /// The trees' lookup form; takes the trees' leaf indexes
+    /// ([`Tree::index_leaves`]).
+    pub(super) fn new(rules: &[AclRule], trees: &mut [Tree]) -> Flat4 {
         fn kids<'t>(t: &'t Tree, n: &Node) -> &'t [u32] {
             &t.children[n.first as usize..n.first as usize + (1 << n.bits)]
         }
@@ -254,9 +256,11 @@ impl Flat4 {
         f.leaf0 = 1 + cuts as u32;
         f.nodes.resize(1 + cuts, 0);
         let mut next_cut = 1usize;
+        let mut taken: Vec<HashMap<u32, LeafIndex>> =
+            trees.iter_mut().map(Tree::take_indexes).collect();
+        let trees: &[Tree] = trees;
         let mut leaves: HashMap<&[u32], Entry> = HashMap::new();
-        let mut indexed = indexed_budget(rules.len());
-        for t in trees {
+        for (t, taken) in trees.iter().zip(&mut taken) {
             // Children come after their parent (shared ones too), so one
             // backward pass gives each node its height.
             let mut height = vec![0u32; t.nodes.len()];
@@ -296,12 +300,11 @@ impl Flat4 {
                     } else {
                         f.run_at.push(0);
                     }
-                    let index = (ids.len() >= INDEX_MIN && ids.len() <= indexed)
-                        .then(|| LeafIndex::build(rules, ids, WHOLE))
-                        .flatten();
-                    if index.is_some() {
-                        indexed -= ids.len();
-                    }
+                    let index = if ids.len() >= INDEX_MIN {
+                        taken.remove(&n.first)
+                    } else {
+                        None
+                    };
                     f.index_at.push(match index {
                         Some(x) => {
                             f.indexes.push(x);

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI};
+use super::flat4::{is_set, Flat4, Key4, BATCH, LOCKSTEP, MULTI, WHOLE as WHOLE4};
 use super::flat6::{Flat6, WHOLE as WHOLE6};
 use super::leafidx::indexed_budget;
 use super::rfc::{self, lanes4, lanes6, Rfc};
@@ -167,22 +167,22 @@ impl Set {
             .iter()
             .map(|t| (t.nodes.len(), t.leaf_rules.len(), 0))
             .collect();
+        let whole = if addr_bits == 32 { WHOLE4 } else { WHOLE6 };
+        let mut indexed = indexed_budget(rules.len());
+        for t in &mut trees {
+            t.index_leaves(&rules, whole, &mut indexed);
+        }
         let mut flat = Flat4::default();
         let mut flat6 = Flat6::default();
-        if addr_bits == 32 {
-            flat = Flat4::new(&rules, &trees);
-            for (s, t) in shapes.iter_mut().zip(&flat.trees) {
-                s.2 = t.1;
-            }
+        let depths: Vec<u32> = if addr_bits == 32 {
+            flat = Flat4::new(&rules, &mut trees);
+            flat.trees.iter().map(|t| t.1).collect()
         } else {
-            let mut indexed = indexed_budget(rules.len());
-            for t in &mut trees {
-                t.index_leaves(&rules, WHOLE6, &mut indexed);
-            }
             flat6 = Flat6::new(&mut trees);
-            for (s, t) in shapes.iter_mut().zip(&flat6.trees) {
-                s.2 = t.1;
-            }
+            flat6.trees.iter().map(|t| t.1).collect()
+        };
+        for (s, d) in shapes.iter_mut().zip(depths) {
+            s.2 = d;
         }
         Set {
             ids: rules.iter().map(|r| (r.order, r.tag)).collect(),

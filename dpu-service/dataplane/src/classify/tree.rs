@@ -116,6 +116,12 @@ impl Tree {
         self.indexes.remove(&first)
     }
 
+    /// Every leaf index, by the leaf's first entry in `leaf_rules`; the
+    /// tree keeps none after.
+    pub(super) fn take_indexes(&mut self) -> HashMap<u32, LeafIndex> {
+        std::mem::take(&mut self.indexes)
+    }
+
     /// One step down from the cut `n` (not a leaf) for `key`.
     #[cfg(test)]
     #[inline(always)]
