@@ -1583,5 +1583,113 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     let want: Vec<u32> = ports.iter().copied().filter(|&x| allowed(x)).collect();
     assert!(want.len() > 4 && want.len() < ports.len() - 4, "{want:?}");
     assert_eq!(got, want, "ports that received a datagram");
+
+    // Then as many rules nested in one field and staggered in another:
+    // rule p covers source ports n - p ..= 35,535 + p and destination
+    // ports p + 1 ..= p + 20,000. No rule covers a slice of either
+    // field, so the trees keep leaves of thousands of rules, which the
+    // classifier indexes instead of scanning on the worker.
+    let wide: u32 = 20_000;
+    let rules: Vec<serde_json::Value> = (0..n)
+        .map(|p| {
+            serde_json::json!({
+                "priority": p,
+                "srcPrefix": "10.238.0.0/24",
+                "ipProtocol": 17,
+                "srcPorts": {"first": n - p, "last": 35_535 + p},
+                "dstPorts": {"first": p + 1, "last": p + wide},
+                "action": if p.is_multiple_of(2) { "RULE_ACTION_ALLOW" } else { "RULE_ACTION_DENY" },
+            })
+        })
+        .collect();
+    std::fs::write(&file, serde_json::to_vec(&rules)?)?;
+    let started = std::time::Instant::now();
+    svc.dpuctl_json(&[
+        "rule",
+        "replace",
+        "teal",
+        "--file",
+        &file.display().to_string(),
+    ])?;
+    let grown = rss_kib(pid)?.0.saturating_sub(before) / 1024;
+    eprintln!(
+        "{n} nested and staggered rules applied in {:?}, peak RSS {grown} MiB more",
+        started.elapsed()
+    );
+    assert!(grown < 512, "peak RSS grew by {grown} MiB");
+    // The first rule covering (s, d): the least p that both bounds allow.
+    let allowed = |s: u32, d: u32| {
+        let p = (n.saturating_sub(s))
+            .max(s.saturating_sub(35_535))
+            .max(d.saturating_sub(wide));
+        p >= n || p >= d || p.is_multiple_of(2)
+    };
+    let pairs: Vec<(u32, u32)> = vec![
+        (29_000, 2_000),
+        (29_001, 2_001),
+        (12_345, 21_000),
+        (12_346, 21_001),
+        (35_535, 40),
+        (40_000, 4_500),
+        (40_001, 4_501),
+        (50_000, 30_000),
+        (50_001, 30_001),
+        (65_000, 45_000),
+        (1_000, 5_000),
+        (64_000, 49_000),
+        (30_000, 1),
+        (30_001, 20_001),
+    ];
+    let list = pairs
+        .iter()
+        .map(|(s, d)| format!("{s}:{d}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dsts = pairs
+        .iter()
+        .map(|(_, d)| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &["10.238.0.2", &dsts])?;
+    let mut out = std::io::BufReader::new(listen.stdout.take().expect("piped stdout"));
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    assert_eq!(line.trim(), "ready");
+    let sent = a.python(UDP_SEND_FROM, &["10.238.0.2", &list]);
+    assert!(sent.status.success(), "{sent:?}");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    let _ = listen.wait();
+    let got: Vec<u32> = line
+        .trim()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse())
+        .collect::<Result<_, _>>()?;
+    let mut want: Vec<u32> = pairs
+        .iter()
+        .filter(|&&(s, d)| allowed(s, d))
+        .map(|&(_, d)| d)
+        .collect();
+    want.sort_unstable();
+    assert!(want.len() > 3 && want.len() < pairs.len() - 3, "{want:?}");
+    assert_eq!(got, want, "destination ports that received a datagram");
     Ok(())
 }
+
+/// Sends a datagram from each source port to each destination port of
+/// PAIRS (`src:dst,...`) at ADDR, five rounds half a second apart.
+const UDP_SEND_FROM: &str = r#"
+import socket, sys, time
+socks = []
+for pair in sys.argv[2].split(","):
+    src, dst = (int(x) for x in pair.split(":"))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", src))
+    socks.append((s, dst))
+for _ in range(5):
+    for s, dst in socks:
+        s.sendto(b"n", (sys.argv[1], dst))
+    time.sleep(0.5)
+"#;
