@@ -1532,22 +1532,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
         })
         .collect();
     let dir = tempfile::tempdir()?;
-    let file = dir.path().join("rules.json");
-    std::fs::write(&file, serde_json::to_vec(&rules)?)?;
-    let started = std::time::Instant::now();
-    svc.dpuctl_json(&[
-        "rule",
-        "replace",
-        "teal",
-        "--file",
-        &file.display().to_string(),
-    ])?;
-    let grown = rss_kib(pid)?.0.saturating_sub(before) / 1024;
-    eprintln!(
-        "{n} nested rules applied in {:?}, peak RSS {grown} MiB more",
-        started.elapsed()
-    );
-    assert!(grown < 512, "peak RSS grew by {grown} MiB");
+    replace_rules(&svc, dir.path(), &rules, "nested", pid, before)?;
 
     // The first rule covering port x is the least p with n - p <= x and
     // x <= 35,535 + p; past the last rule, the default allows.
@@ -1564,22 +1549,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &["10.238.0.2", &list])?;
-    let mut out = std::io::BufReader::new(listen.stdout.take().expect("piped stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line)?;
-    assert_eq!(line.trim(), "ready");
-    let sent = a.python(UDP_SEND_MANY, &["10.238.0.2", &list]);
-    assert!(sent.status.success(), "{sent:?}");
-    line.clear();
-    std::io::BufRead::read_line(&mut out, &mut line)?;
-    let _ = listen.wait();
-    let got: Vec<u32> = line
-        .trim()
-        .split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse())
-        .collect::<Result<_, _>>()?;
+    let got = udp_deliveries(&a, &b, UDP_SEND_MANY, &list, &list)?;
     let want: Vec<u32> = ports.iter().copied().filter(|&x| allowed(x)).collect();
     assert!(want.len() > 4 && want.len() < ports.len() - 4, "{want:?}");
     assert_eq!(got, want, "ports that received a datagram");
@@ -1602,21 +1572,14 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
             })
         })
         .collect();
-    std::fs::write(&file, serde_json::to_vec(&rules)?)?;
-    let started = std::time::Instant::now();
-    svc.dpuctl_json(&[
-        "rule",
-        "replace",
-        "teal",
-        "--file",
-        &file.display().to_string(),
-    ])?;
-    let grown = rss_kib(pid)?.0.saturating_sub(before) / 1024;
-    eprintln!(
-        "{n} nested and staggered rules applied in {:?}, peak RSS {grown} MiB more",
-        started.elapsed()
-    );
-    assert!(grown < 512, "peak RSS grew by {grown} MiB");
+    replace_rules(
+        &svc,
+        dir.path(),
+        &rules,
+        "nested and staggered",
+        pid,
+        before,
+    )?;
     // The first rule covering (s, d): the least p that both bounds allow.
     let allowed = |s: u32, d: u32| {
         let p = (n.saturating_sub(s))
@@ -1650,22 +1613,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
         .map(|(_, d)| d.to_string())
         .collect::<Vec<_>>()
         .join(",");
-    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &["10.238.0.2", &dsts])?;
-    let mut out = std::io::BufReader::new(listen.stdout.take().expect("piped stdout"));
-    line.clear();
-    std::io::BufRead::read_line(&mut out, &mut line)?;
-    assert_eq!(line.trim(), "ready");
-    let sent = a.python(UDP_SEND_FROM, &["10.238.0.2", &list]);
-    assert!(sent.status.success(), "{sent:?}");
-    line.clear();
-    std::io::BufRead::read_line(&mut out, &mut line)?;
-    let _ = listen.wait();
-    let got: Vec<u32> = line
-        .trim()
-        .split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse())
-        .collect::<Result<_, _>>()?;
+    let got = udp_deliveries(&a, &b, UDP_SEND_FROM, &list, &dsts)?;
     let mut want: Vec<u32> = pairs
         .iter()
         .filter(|&&(s, d)| allowed(s, d))
@@ -1675,6 +1623,58 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     assert!(want.len() > 3 && want.len() < pairs.len() - 3, "{want:?}");
     assert_eq!(got, want, "destination ports that received a datagram");
     Ok(())
+}
+
+/// Replaces tenant `teal`'s rules with `rules` through `dpuctl`, and
+/// checks that the service's peak memory (`pid`, `before` KiB at the
+/// start) grew by less than 512 MiB.
+fn replace_rules(
+    svc: &Service,
+    dir: &std::path::Path,
+    rules: &[serde_json::Value],
+    what: &str,
+    pid: u32,
+    before: u64,
+) -> Result<()> {
+    let file = dir.join("rules.json");
+    std::fs::write(&file, serde_json::to_vec(rules)?)?;
+    let started = std::time::Instant::now();
+    svc.dpuctl_json(&[
+        "rule",
+        "replace",
+        "teal",
+        "--file",
+        &file.display().to_string(),
+    ])?;
+    let grown = rss_kib(pid)?.0.saturating_sub(before) / 1024;
+    eprintln!(
+        "{} {what} rules applied in {:?}, peak RSS {grown} MiB more",
+        rules.len(),
+        started.elapsed()
+    );
+    assert!(grown < 512, "peak RSS grew by {grown} MiB");
+    Ok(())
+}
+
+/// Runs `send` on `a` with `list` while `b` listens on the ports `dsts`
+/// at 10.238.0.2: the ports that received a datagram, ascending.
+fn udp_deliveries(a: &Host, b: &Host, send: &str, list: &str, dsts: &str) -> Result<Vec<u32>> {
+    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &["10.238.0.2", dsts])?;
+    let mut out = std::io::BufReader::new(listen.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    assert_eq!(line.trim(), "ready");
+    let sent = a.python(send, &["10.238.0.2", list]);
+    assert!(sent.status.success(), "{sent:?}");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line)?;
+    let _ = listen.wait();
+    Ok(line
+        .trim()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse())
+        .collect::<Result<_, _>>()?)
 }
 
 /// Sends a datagram from each source port to each destination port of

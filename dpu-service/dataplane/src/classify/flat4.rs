@@ -140,7 +140,7 @@ impl Rec {
 /// slots come after all cut blocks, one per distinct leaf, and the n-th
 /// one's first two records are the n-th [`Pair`]: no load between the
 /// walk and the records.
-type Entry = u64;
+pub(super) type Entry = u64;
 
 const LEAF_FLAG: Entry = 1 << 40;
 const LONG_FLAG: Entry = 1 << 41;
@@ -149,18 +149,31 @@ const LONG_MAX: usize = 63;
 /// Every IPv4 field's largest value.
 pub(super) const WHOLE: [u128; DIMS] = [u32::MAX as u128, u32::MAX as u128, 65_535, 65_535, 255];
 
-const fn cut_entry(first: u32, dim: u8, shift: u8, bits: u8) -> Entry {
-    first as u64 | (shift as u64 & 31) << 32 | (dim as u64 & 7) << 37 | ((1u64 << bits) - 1) << 48
+/// A cut's entry for a key of `N` words (a power of two): its first
+/// child's slot, the key word it reads, the shift and number of bits.
+/// (`Flat6`'s entries are these with 16 words.)
+pub(super) const fn cut_entry<const N: usize>(
+    first: u32,
+    word: u32,
+    shift: u32,
+    bits: u32,
+) -> Entry {
+    first as u64
+        | (shift as u64 & 31) << 32
+        | (word as u64 & (N as u64 - 1)) << 37
+        | ((1u64 << bits) - 1) << 48
 }
 
-/// One step down from `e` (a leaf stays where it is).
+/// One step down from `e` for a key of `N` 32-bit words (a power of two,
+/// so the entry's word number indexes it without a bounds check); a
+/// leaf stays where it is.
 #[inline(always)]
-fn step(nodes: &[Entry], k: &[u32; 8], e: Entry) -> Entry {
+pub(super) fn step<const N: usize>(nodes: &[Entry], k: &[u32; N], e: Entry) -> Entry {
     let shift = (e >> 32) as u32 & 31;
-    let dim = (e >> 37) as usize & 7;
+    let word = (e >> 37) as usize & (N - 1);
     let mask = (e >> 48) as u32;
-    // Shifts are below 32: a cut takes at least one bit of a field.
-    let slot = (k[dim] >> shift) & mask;
+    // Shifts are below 32: a cut takes at least one bit of a word.
+    let slot = (k[word] >> shift) & mask;
     nodes[(e as u32).wrapping_add(slot) as usize]
 }
 
@@ -276,7 +289,12 @@ impl Flat4 {
             let mut entry = vec![0 as Entry; t.nodes.len()];
             for (i, n) in t.nodes.iter().enumerate() {
                 if n.bits > 0 {
-                    entry[i] = cut_entry(next_cut as u32, n.dim, n.shift, n.bits);
+                    entry[i] = cut_entry::<8>(
+                        next_cut as u32,
+                        n.dim.into(),
+                        n.shift.into(),
+                        n.bits.into(),
+                    );
                     next_cut += 1 << n.bits;
                     continue;
                 }

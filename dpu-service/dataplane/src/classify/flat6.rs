@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use dpu_os::hint::prefetch;
 
-use super::flat4::{is_set, LOCKSTEP};
+use super::flat4::{cut_entry, is_set, step, LOCKSTEP};
 use super::leafidx::{LeafIndex, INDEX_MIN};
 use super::rule::{key_value, AclRule, DIMS};
 use super::tree::{Node, Tree};
@@ -56,20 +56,6 @@ type Entry = u64;
 const LEAF_FLAG: Entry = 1 << 41;
 /// Every IPv6 field's largest value.
 pub(super) const WHOLE: [u128; DIMS] = [u128::MAX, u128::MAX, 65_535, 65_535, 255];
-
-const fn cut_entry(first: u32, word: u32, shift: u32, bits: u32) -> Entry {
-    first as u64 | (shift as u64 & 31) << 32 | (word as u64 & 15) << 37 | ((1u64 << bits) - 1) << 48
-}
-
-/// One step down from `e` (a leaf stays where it is).
-#[inline(always)]
-fn step(nodes: &[Entry], k: &[u32; 16], e: Entry) -> Entry {
-    let shift = (e >> 32) as u32 & 31;
-    let word = (e >> 37) as usize & 15;
-    let mask = (e >> 48) as u32;
-    let slot = (k[word] >> shift) & mask;
-    nodes[(e as u32).wrapping_add(slot) as usize]
-}
 
 /// How a tree node's cut reads a [`Key6`]: (word, shift, bits) per
 /// level, the bits above a word boundary first; a cut within one word
@@ -154,7 +140,7 @@ impl Flat6 {
                 if n.bits > 0 {
                     let [top, low] = levels(&n);
                     if low.2 == 0 {
-                        entry[i] = cut_entry(next_cut as u32, top.0, top.1, top.2);
+                        entry[i] = cut_entry::<16>(next_cut as u32, top.0, top.1, top.2);
                         block[i] = next_cut;
                         next_cut += 1 << n.bits;
                     } else {
@@ -165,10 +151,14 @@ impl Flat6 {
                         let children = next_cut;
                         next_cut += 1 << n.bits;
                         for h in 0..1usize << top.2 {
-                            f.nodes[mid + h] =
-                                cut_entry((children + (h << low.2)) as u32, low.0, low.1, low.2);
+                            f.nodes[mid + h] = cut_entry::<16>(
+                                (children + (h << low.2)) as u32,
+                                low.0,
+                                low.1,
+                                low.2,
+                            );
                         }
-                        entry[i] = cut_entry(mid as u32, top.0, top.1, top.2);
+                        entry[i] = cut_entry::<16>(mid as u32, top.0, top.1, top.2);
                         block[i] = children;
                     }
                     continue;
