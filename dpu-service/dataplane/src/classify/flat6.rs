@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use dpu_os::hint::prefetch;
 
-use super::flat4::{cut_entry, is_set, step, LOCKSTEP};
+use super::flat4::{cut_entry, is_set, step, Entry, LOCKSTEP};
 use super::leafidx::{LeafIndex, INDEX_MIN};
 use super::rule::{key_value, AclRule, DIMS};
 use super::tree::{Node, Tree};
@@ -45,14 +45,13 @@ impl Key6 {
     }
 }
 
-/// A node as one `u64`: bits 0..32 the first child entry, 32..37 the
-/// shift within the word, 37..41 the key word ([`Key6`]), bit 41 set for
-/// a leaf, 48..64 the mask of the cut bits. A leaf has mask 0 and points
-/// at its own slot, so stepping from a leaf stays there and every walk of
-/// a tree takes the tree's depth in steps. Leaf slots come after all cut
-/// blocks, one per distinct leaf, in the order of [`Flat6::leaves`].
-type Entry = u64;
-
+/// A node's entry has `Flat4`'s layout with 16 key words: bits 0..32
+/// the first child entry, 32..37 the shift within the word, 37..41 the
+/// key word ([`Key6`]), 48..64 the mask of the cut bits, and this bit set
+/// for a leaf. A leaf has mask 0 and points at its own slot, so stepping
+/// from a leaf stays there and every walk of a tree takes the tree's
+/// depth in steps. Leaf slots come after all cut blocks, one per distinct
+/// leaf, in the order of [`Flat6::leaves`].
 const LEAF_FLAG: Entry = 1 << 41;
 /// Every IPv6 field's largest value.
 pub(super) const WHOLE: [u128; DIMS] = [u128::MAX, u128::MAX, 65_535, 65_535, 255];
@@ -96,8 +95,12 @@ pub(super) struct Flat6 {
 }
 
 impl Flat6 {
-    /// The trees' lookup form; takes the trees' leaf indexes.
+    /// The trees' lookup form; takes the trees' leaf indexes
+    /// ([`Tree::index_leaves`]).
     pub(super) fn new(trees: &mut [Tree]) -> Flat6 {
+        fn kids<'t>(t: &'t Tree, n: &Node) -> &'t [u32] {
+            &t.children[n.first as usize..n.first as usize + (1 << n.bits)]
+        }
         let mut f = Flat6::default();
         // Cut blocks first (slot 0 is spare), then one slot per leaf.
         let mut cuts = 0usize;
@@ -114,11 +117,11 @@ impl Flat6 {
         f.leaf0 = 1 + cuts as u32;
         f.nodes.resize(1 + cuts, 0);
         let mut next_cut = 1usize;
-        let mut leaves: HashMap<Vec<u32>, Entry> = HashMap::new();
-        for t in trees.iter_mut() {
-            let kids = |t: &Tree, n: &Node| -> Vec<u32> {
-                t.children[n.first as usize..n.first as usize + (1 << n.bits)].to_vec()
-            };
+        let mut taken: Vec<HashMap<u32, LeafIndex>> =
+            trees.iter_mut().map(Tree::take_indexes).collect();
+        let trees: &[Tree] = trees;
+        let mut leaves: HashMap<&[u32], Entry> = HashMap::new();
+        for (t, taken) in trees.iter().zip(&mut taken) {
             let mut height = vec![0u32; t.nodes.len()];
             for (i, n) in t.nodes.iter().enumerate().rev() {
                 if n.bits > 0 {
@@ -163,11 +166,6 @@ impl Flat6 {
                     }
                     continue;
                 }
-                let index = if n.len as usize >= INDEX_MIN {
-                    t.take_index(n.first)
-                } else {
-                    None
-                };
                 let ids = &t.leaf_rules[n.first as usize..(n.first + n.len) as usize];
                 if let Some(&e) = leaves.get(ids) {
                     entry[i] = e;
@@ -176,6 +174,11 @@ impl Flat6 {
                 let slot = f.nodes.len() as Entry;
                 let e = LEAF_FLAG | slot;
                 f.nodes.push(e);
+                let index = if ids.len() >= INDEX_MIN {
+                    taken.remove(&n.first)
+                } else {
+                    None
+                };
                 let index = index.map(|x| {
                     f.indexes.push(x);
                     f.indexes.len() as u32 - 1
@@ -186,12 +189,12 @@ impl Flat6 {
                     index.unwrap_or(u32::MAX),
                 ));
                 f.leaf_rules.extend_from_slice(ids);
-                leaves.insert(ids.to_vec(), e);
+                leaves.insert(ids, e);
                 entry[i] = e;
             }
             for (i, n) in t.nodes.iter().enumerate() {
                 if n.bits > 0 {
-                    for (s, c) in f.nodes[block[i]..].iter_mut().zip(kids(t, n)) {
+                    for (s, &c) in f.nodes[block[i]..].iter_mut().zip(kids(t, n)) {
                         *s = entry[c as usize];
                     }
                 }

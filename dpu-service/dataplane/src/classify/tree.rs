@@ -110,12 +110,6 @@ pub(super) struct Tree {
 }
 
 impl Tree {
-    /// The index of the leaf whose rules start at `first` in
-    /// `leaf_rules`, if it has one; the tree keeps none after.
-    pub(super) fn take_index(&mut self, first: u32) -> Option<LeafIndex> {
-        self.indexes.remove(&first)
-    }
-
     /// Every leaf index, by the leaf's first entry in `leaf_rules`; the
     /// tree keeps none after.
     pub(super) fn take_indexes(&mut self) -> HashMap<u32, LeafIndex> {
