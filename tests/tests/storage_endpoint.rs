@@ -133,8 +133,12 @@ fn endpoints_are_created_listed_kept_and_deleted() -> Result<()> {
         err.contains("listener.address") && err.contains("10.1.0.0/25"),
         "{err}"
     );
-    let (c, err) = bad("x", "blue", "fd00::1");
+    let (c, err) = bad("x", "blue", "fe80::1");
     assert_eq!(c, 5, "{err}");
+    assert!(
+        err.contains("listener.address") && err.contains("link-local"),
+        "{err}"
+    );
     let (c, err) = bad("x", "Bad_Tenant", "10.1.0.250");
     assert_eq!(c, 5, "{err}");
     assert!(err.contains("listener.tenant"), "{err}");

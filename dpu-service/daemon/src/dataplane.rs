@@ -482,7 +482,7 @@ fn switch_config_with(
     for e in state.endpoints() {
         endpoints.entry(e.tenant).or_default().push(Endpoint {
             mac: e.mac.0,
-            ip: u32::from(e.address),
+            ip: e.address,
         });
     }
     let tenants = state
@@ -1136,7 +1136,7 @@ mod tests {
         let c = switch_config(&base, &ids, &state);
         let ep = |mac: u8| Endpoint {
             mac: [2, 0xd5, 0, 0, 0, mac],
-            ip: 0x0a01_00fa,
+            ip: std::net::Ipv4Addr::new(10, 1, 0, 250).into(),
         };
         // One endpoint per (tenant, address), whatever its listeners.
         assert_eq!(c.tenants[0].endpoints, [ep(1)]);

@@ -25,7 +25,7 @@
 //! latency), and an idle service costs a few thousand wake-ups a second.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -43,11 +43,15 @@ use crate::storage::{EndpointPlan, EndpointSpec};
 /// many connections' segments per poll, and no lane starves the others.
 const RECEIVE_BATCH: usize = 64;
 
-/// Prefix length an endpoint's address is configured with. The state
-/// has no tenant network prefix and the endpoint has no router: every
-/// host in the half of the address space the endpoint's address is in
-/// is reached directly (the tenant's hosts share its network).
+/// Prefix length an IPv4 endpoint's address is configured with. The
+/// state has no tenant network prefix and the endpoint has no router:
+/// every host in the half of the address space the endpoint's address is
+/// in is reached directly (the tenant's hosts share its network).
 const PREFIX_LEN: u8 = 1;
+
+/// Prefix length an IPv6 endpoint's address is configured with: every
+/// host is on-link, resolved by neighbour discovery.
+const PREFIX_LEN_V6: u8 = 0;
 
 /// Frames one poll of a stack may send at most: its egress burst, the
 /// replies it queued while receiving, and a margin for the last pass
@@ -99,7 +103,14 @@ pub const DEFAULT_BUFFER_MEMORY: usize = 512 << 20;
 
 impl StackSettings {
     fn config(&self, spec: &EndpointSpec) -> EndpointConfig {
-        let mut c = EndpointConfig::new(spec.mac, spec.address, PREFIX_LEN);
+        let prefix = if spec.address.is_ipv4() {
+            PREFIX_LEN
+        } else {
+            PREFIX_LEN_V6
+        };
+        // An IPv6 endpoint behind ports of an MTU below 1280 is refused
+        // (logged, not started) rather than sent frames the ports drop.
+        let mut c = EndpointConfig::new(spec.mac, spec.address, prefix);
         c.mtu = self
             .mtu
             .clamp(dpu_endpoint::config::MIN_MTU, dpu_endpoint::config::MAX_MTU);
@@ -193,7 +204,7 @@ struct Loop {
     pool: Arc<BufferPool>,
     /// Where every endpoint's DH work runs.
     dh: Arc<DhPool>,
-    stacks: BTreeMap<(String, Ipv4Addr), Stack>,
+    stacks: BTreeMap<(String, IpAddr), Stack>,
     plan_generation: u64,
     switch_generation: u64,
 }
@@ -258,9 +269,7 @@ impl Loop {
                 let queues = links
                     .iter()
                     .find(|l| {
-                        &l.tenant == tenant
-                            && l.endpoint.ip == u32::from(*address)
-                            && l.endpoint.mac == s.mac
+                        &l.tenant == tenant && l.endpoint.ip == *address && l.endpoint.mac == s.mac
                     })
                     .map(|l| l.queues.clone());
                 if queues.as_ref().map(Arc::as_ptr) != s.queues.as_ref().map(Arc::as_ptr) {
@@ -275,7 +284,7 @@ impl Loop {
     /// down those it no longer has.
     fn reconcile(&mut self, specs: &[EndpointSpec]) {
         let now = Instant::now();
-        let wanted: std::collections::BTreeSet<(String, Ipv4Addr)> = specs
+        let wanted: std::collections::BTreeSet<(String, IpAddr)> = specs
             .iter()
             .map(|s| (s.tenant.clone(), s.address))
             .collect();
@@ -402,8 +411,9 @@ impl Stack {
 /// directions of a flow to one worker).
 #[derive(Default)]
 struct Lanes {
-    /// (peer IPv4 address, peer TCP port or 0) to lane.
-    by_peer: HashMap<(u32, u16), usize>,
+    /// (peer address, IPv4 ones mapped into IPv6; peer TCP port or 0) to
+    /// lane.
+    by_peer: HashMap<(u128, u16), usize>,
 }
 
 impl Lanes {
@@ -440,10 +450,17 @@ impl Lanes {
 }
 
 /// The peer of an untagged Ethernet frame to (`inbound`) or from the
-/// endpoint: its IPv4 address and, for TCP, its port (0 otherwise).
-fn peer(frame: &[u8], inbound: bool) -> Option<(u32, u16)> {
-    let be32 = |at: usize| -> Option<u32> {
-        Some(u32::from_be_bytes(frame.get(at..at + 4)?.try_into().ok()?))
+/// endpoint: its address (IPv4 mapped into IPv6) and, for TCP, its port
+/// (0 otherwise).
+fn peer(frame: &[u8], inbound: bool) -> Option<(u128, u16)> {
+    let be32 = |at: usize| -> Option<u128> {
+        let a = u32::from_be_bytes(frame.get(at..at + 4)?.try_into().ok()?);
+        Some(u128::from(std::net::Ipv4Addr::from(a).to_ipv6_mapped()))
+    };
+    let be128 = |at: usize| -> Option<u128> {
+        Some(u128::from_be_bytes(
+            frame.get(at..at + 16)?.try_into().ok()?,
+        ))
     };
     let be16 = |at: usize| -> Option<u16> {
         Some(u16::from_be_bytes(frame.get(at..at + 2)?.try_into().ok()?))
@@ -456,6 +473,17 @@ fn peer(frame: &[u8], inbound: bool) -> Option<(u32, u16)> {
             let ip = be32(if inbound { 26 } else { 30 })?;
             let port = if *frame.get(23)? == 6 {
                 be16(14 + ihl + if inbound { 0 } else { 2 })?
+            } else {
+                0
+            };
+            Some((ip, port))
+        }
+        // IPv6 (neighbour discovery among it): TCP only as the first
+        // next header, as the endpoint's stack sends it.
+        0x86dd => {
+            let ip = be128(if inbound { 22 } else { 38 })?;
+            let port = if *frame.get(20)? == 6 {
+                be16(54 + if inbound { 0 } else { 2 })?
             } else {
                 0
             };
@@ -501,6 +529,41 @@ mod tests {
         // ARP to a known host: its lane.
         arp[38..42].copy_from_slice(&host);
         assert_eq!(l.pick(&arp), 1);
+    }
+
+    /// An IPv6 frame with next header `next` (TCP ports when 6).
+    fn ipv6_frame(src: u128, dst: u128, next: u8, sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 74];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        f[14] = 0x60;
+        f[20] = next;
+        f[22..38].copy_from_slice(&src.to_be_bytes());
+        f[38..54].copy_from_slice(&dst.to_be_bytes());
+        f[54..56].copy_from_slice(&sport.to_be_bytes());
+        f[56..58].copy_from_slice(&dport.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn ipv6_replies_go_back_through_their_connections_lane() {
+        let host: u128 = 0xfd00_0001 << 96 | 5;
+        let ep: u128 = 0xfd00_0001 << 96 | 0x250;
+        let mut l = Lanes::default();
+        l.learn(&ipv6_frame(host, ep, 6, 40000, 4420), 2);
+        l.learn(&ipv6_frame(host, ep, 6, 40001, 4420), 1);
+        assert_eq!(l.pick(&ipv6_frame(ep, host, 6, 4420, 40000)), 2);
+        assert_eq!(l.pick(&ipv6_frame(ep, host, 6, 4420, 40001)), 1);
+        // Neighbour discovery (ICMPv6) to the host: its last lane; to
+        // another host, lane 0.
+        assert_eq!(l.pick(&ipv6_frame(ep, host, 58, 0, 0)), 1);
+        assert_eq!(l.pick(&ipv6_frame(ep, host + 1, 58, 0, 0)), 0);
+        // An IPv4 host whose address is the IPv6 one's low bits is
+        // another peer.
+        assert_eq!(
+            l.pick(&tcp_frame([0, 0, 0, 5], [10, 1, 0, 250], 4420, 40000)),
+            0
+        );
+        assert_eq!(l.pick(&ipv6_frame(ep, host, 6, 4420, 40000)[..55]), 0);
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! through an [`EndpointPlan`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,8 +56,8 @@ pub struct Storage {
 pub struct EndpointSpec {
     /// The tenant whose network it is in.
     pub tenant: String,
-    /// Its IPv4 address there.
-    pub address: Ipv4Addr,
+    /// Its IPv4 or IPv6 address there.
+    pub address: IpAddr,
     /// Its MAC.
     pub mac: [u8; 6],
     /// The TCP ports it listens on.
@@ -537,7 +537,7 @@ pub fn tenant_configs(state: &State) -> TenantConfigs {
         for l in s.listeners.values() {
             match l.endpoint() {
                 Some((t, address)) if t == tenant && l.transport == Transport::Tcp => {
-                    listeners.push(SocketAddr::new(address.into(), l.port));
+                    listeners.push(SocketAddr::new(address, l.port));
                 }
                 _ => out.problems.push(Problem {
                     resource: listener_name(&s.id, &l.id),
@@ -734,7 +734,11 @@ mod tests {
                 specs[0].address,
                 specs[0].ports.iter().copied().collect::<Vec<_>>()
             ),
-            ("blue", Ipv4Addr::new(10, 1, 0, 250), vec![4420, 4421])
+            (
+                "blue",
+                std::net::Ipv4Addr::new(10, 1, 0, 250).into(),
+                vec![4420, 4421]
+            )
         );
         assert!(specs[0].target.is_same(&targets[0].1));
         assert!(specs[1].target.is_same(&targets[1].1));

@@ -1,13 +1,16 @@
 //! What an [`Endpoint`](crate::Endpoint) is made with, and its checks.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 /// Ethernet header bytes in front of every IP packet.
 pub const ETHERNET_HEADER: usize = 14;
 
-/// Smallest IP MTU an endpoint takes (IPv4's minimum datagram).
+/// Smallest IP MTU an IPv4 endpoint takes (IPv4's minimum datagram).
 pub const MIN_MTU: usize = 576;
+
+/// Smallest IP MTU an IPv6 endpoint takes (IPv6's minimum link MTU).
+pub const MIN_MTU_V6: usize = 1280;
 
 /// Largest IP MTU an endpoint takes: jumbo frames of 9216 bytes.
 pub const MAX_MTU: usize = 9216;
@@ -24,13 +27,16 @@ pub const MAX_BUFFER: usize = 64 << 20;
 pub struct EndpointConfig {
     /// The endpoint's MAC: unicast, not all zeros.
     pub mac: [u8; 6],
-    /// The endpoint's IPv4 address in the tenant's network.
-    pub address: Ipv4Addr,
-    /// Prefix length of the tenant's network (1 to 32): the hosts the
-    /// endpoint reaches directly (it has no router).
+    /// The endpoint's IPv4 or IPv6 address in the tenant's network.
+    pub address: IpAddr,
+    /// Prefix length of the tenant's network (1 to 32 for IPv4, 0 to 128
+    /// for IPv6): the hosts the endpoint reaches directly (it has no
+    /// router). An IPv6 endpoint answers neighbour solicitations for its
+    /// address and resolves hosts with its own.
     pub prefix_len: u8,
     /// IP MTU of the switch port the endpoint sits behind
-    /// ([`MIN_MTU`] to [`MAX_MTU`]); frames are up to 14 bytes longer.
+    /// ([`MIN_MTU`] to [`MAX_MTU`], from [`MIN_MTU_V6`] for IPv6);
+    /// frames are up to 14 bytes longer.
     pub mtu: usize,
     /// TCP receive buffer of each connection. Above 64 KiB the window is
     /// scaled (RFC 7323); 256 KiB holds two 128 KiB H2CData PDUs.
@@ -71,10 +77,10 @@ impl EndpointConfig {
     /// elsewhere: MTU 1500, 256 KiB receive and 512 KiB send buffers,
     /// 256 MiB of them in all, the kernel transport's connection limits
     /// scaled to one endpoint (341 and 128) and write timeout.
-    pub fn new(mac: [u8; 6], address: Ipv4Addr, prefix_len: u8) -> Self {
+    pub fn new(mac: [u8; 6], address: impl Into<IpAddr>, prefix_len: u8) -> Self {
         Self {
             mac,
-            address,
+            address: address.into(),
             prefix_len,
             mtu: 1500,
             rx_buffer: 256 << 10,
@@ -104,11 +110,28 @@ impl EndpointConfig {
                 why: "must be a unicast address other than 00:00:00:00:00:00",
             });
         }
-        let a = self.address;
-        if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+        let (host, prefix, min_mtu, mtu_text) = match self.address {
+            IpAddr::V4(a) => (
+                !(a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback()),
+                (1, 32, "1 to 32"),
+                MIN_MTU,
+                "576 to 9216",
+            ),
+            IpAddr::V6(a) => (
+                !(a.is_unspecified()
+                    || a.is_multicast()
+                    || a.is_loopback()
+                    || a.is_unicast_link_local()
+                    || a.to_ipv4_mapped().is_some()),
+                (0, 128, "0 to 128"),
+                MIN_MTU_V6,
+                "1280 to 9216",
+            ),
+        };
+        if !host {
             return Err(ConfigError::Invalid {
                 field: "address",
-                why: "must be a unicast address (not 0.0.0.0, loopback, multicast or broadcast)",
+                why: "must be a unicast address (not unspecified, loopback, multicast, broadcast, IPv6 link-local or IPv4-mapped)",
             });
         }
         let range = |field, value: usize, lo: usize, hi: usize, text| {
@@ -122,8 +145,9 @@ impl EndpointConfig {
                 })
             }
         };
-        range("prefix_len", usize::from(self.prefix_len), 1, 32, "1 to 32")?;
-        range("mtu", self.mtu, MIN_MTU, MAX_MTU, "576 to 9216")?;
+        let (lo, hi, text) = prefix;
+        range("prefix_len", usize::from(self.prefix_len), lo, hi, text)?;
+        range("mtu", self.mtu, min_mtu, MAX_MTU, mtu_text)?;
         range(
             "rx_buffer",
             self.rx_buffer,
@@ -204,6 +228,8 @@ pub enum ConfigError {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     fn ok() -> EndpointConfig {
@@ -220,7 +246,7 @@ mod tests {
         };
         assert!(bad(|c| c.mac = [1, 0, 0, 0, 0, 1]).starts_with("mac:"));
         assert!(bad(|c| c.mac = [0; 6]).starts_with("mac:"));
-        assert!(bad(|c| c.address = Ipv4Addr::BROADCAST).starts_with("address:"));
+        assert!(bad(|c| c.address = Ipv4Addr::BROADCAST.into()).starts_with("address:"));
         assert_eq!(
             bad(|c| c.prefix_len = 33),
             "prefix_len: 33 is out of range (1 to 32)"
@@ -235,5 +261,45 @@ mod tests {
         assert!(bad(|c| c.max_handshakes = 0).starts_with("max_handshakes:"));
         assert!(bad(|c| c.backlog = 0).starts_with("backlog:"));
         assert!(bad(|c| c.write_timeout = Duration::ZERO).starts_with("write_timeout:"));
+    }
+
+    #[test]
+    fn ipv6_endpoints_need_a_routable_unicast_address_and_a_1280_mtu() {
+        let mut c = ok();
+        c.address = "fd00:1::250".parse().unwrap();
+        c.prefix_len = 0;
+        assert_eq!(c.validate(), Ok(()));
+        c.prefix_len = 64;
+        assert_eq!(c.validate(), Ok(()));
+        for a in ["::", "::1", "ff02::1", "fe80::1", "::ffff:10.1.0.250"] {
+            let mut b = c.clone();
+            b.address = a.parse().unwrap();
+            assert!(
+                b.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .starts_with("address:"),
+                "{a} accepted"
+            );
+        }
+        let mut b = c.clone();
+        b.prefix_len = 129;
+        assert_eq!(
+            b.validate().unwrap_err().to_string(),
+            "prefix_len: 129 is out of range (0 to 128)"
+        );
+        b = c.clone();
+        b.mtu = 1279;
+        assert_eq!(
+            b.validate().unwrap_err().to_string(),
+            "mtu: 1279 is out of range (1280 to 9216)"
+        );
+        // IPv4 keeps its own bounds.
+        let mut v4 = ok();
+        v4.prefix_len = 0;
+        assert!(v4.validate().is_err());
+        v4.prefix_len = 1;
+        v4.mtu = 576;
+        assert_eq!(v4.validate(), Ok(()));
     }
 }

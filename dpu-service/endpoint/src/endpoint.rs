@@ -192,7 +192,7 @@ impl Endpoint {
         iface.update_ip_addrs(|a| {
             // One address on a fresh interface always fits.
             let _ = a.push(IpCidr::new(
-                IpAddress::Ipv4(config.address),
+                IpAddress::from(config.address),
                 config.prefix_len,
             ));
         });
@@ -467,8 +467,7 @@ impl Endpoint {
                     self.sockets.remove(h);
                     continue;
                 };
-                let IpAddress::Ipv4(rip) = remote.addr;
-                let peer = SocketAddr::new(IpAddr::V4(rip), remote.port);
+                let peer = SocketAddr::new(IpAddr::from(remote.addr), remote.port);
                 self.stats.connections += 1;
                 let from = self
                     .sessions
@@ -489,7 +488,7 @@ impl Endpoint {
                     });
                     continue;
                 }
-                let local = SocketAddr::new(IpAddr::V4(addr), p.port);
+                let local = SocketAddr::new(addr, p.port);
                 tracing::debug!(%peer, %local, "NVMe/TCP connection to a storage endpoint");
                 let mut conn = Connection::new(p.target.clone(), local, peer);
                 conn.set_dh_offload(self.dh.is_some());
@@ -559,7 +558,7 @@ impl Endpoint {
         self.settle();
         let c = &self.config;
         let per = c.per_connection();
-        let ip = IpAddress::Ipv4(c.address);
+        let ip = IpAddress::from(c.address);
         for i in 0..self.ports.len() {
             while self.ports[i].listening.len() < c.backlog {
                 let sockets = self.sockets.iter().count();
@@ -721,19 +720,26 @@ impl Endpoint {
     }
 }
 
-/// The destination port of `frame` if it is an untagged IPv4 TCP SYN
-/// (without ACK) to `address`.
-fn syn_to(frame: &[u8], address: std::net::Ipv4Addr) -> Option<u16> {
-    const IPV4: [u8; 2] = [0x08, 0x00];
+/// The destination port of `frame` if it is an untagged TCP SYN (without
+/// ACK) to `address`: IPv4, or IPv6 with TCP as its first next header.
+fn syn_to(frame: &[u8], address: IpAddr) -> Option<u16> {
     const TCP: u8 = 6;
     let ip = frame.get(ETHERNET_HEADER..)?;
-    if frame.get(12..14)? != IPV4 || ip.first()? >> 4 != 4 || *ip.get(9)? != TCP {
-        return None;
-    }
-    if ip.get(16..20)? != address.octets() {
-        return None;
-    }
-    let tcp = ip.get(usize::from(ip[0] & 0x0f) * 4..)?;
+    let tcp = match (frame.get(12..14)?, address) {
+        ([0x08, 0x00], IpAddr::V4(a)) => {
+            if ip.first()? >> 4 != 4 || *ip.get(9)? != TCP || ip.get(16..20)? != a.octets() {
+                return None;
+            }
+            ip.get(usize::from(ip[0] & 0x0f) * 4..)?
+        }
+        ([0x86, 0xdd], IpAddr::V6(a)) => {
+            if ip.first()? >> 4 != 6 || *ip.get(6)? != TCP || ip.get(24..40)? != a.octets() {
+                return None;
+            }
+            ip.get(40..)?
+        }
+        _ => return None,
+    };
     let flags = *tcp.get(13)?;
     (flags & 0x12 == 0x02).then(|| u16::from_be_bytes([tcp[2], tcp[3]]))
 }

@@ -6,7 +6,7 @@
 //! this file as it is.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use dpu_endpoint::{Endpoint, EndpointConfig};
@@ -26,6 +26,10 @@ use smoltcp::wire::{
 pub const EP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xee, 0x01];
 /// The endpoint's address.
 pub const EP_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 250);
+/// The endpoint's address in the IPv6 tests.
+pub const EP_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 0x250);
+/// The host's address in the IPv6 tests.
+pub const HOST_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 5);
 /// The host's MAC.
 pub const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x05, 0x01];
 /// The host's address.
@@ -40,6 +44,11 @@ pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0000-ep-host";
 /// A target with one subsystem exported on the endpoint's port, one RAM
 /// namespace of `size` bytes in 512-byte blocks.
 pub fn target(size: u64) -> Target {
+    target_at(size, EP_IP.into())
+}
+
+/// [`target`] with its listener on `address`.
+pub fn target_at(size: u64, address: IpAddr) -> Target {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
         subsystems: vec![SubsystemConfig {
@@ -56,7 +65,7 @@ pub fn target(size: u64) -> Target {
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size },
             }],
-            listeners: vec![(EP_IP, PORT).into()],
+            listeners: vec![(address, PORT).into()],
         }],
         discovery: None,
     });
@@ -69,6 +78,15 @@ pub fn config(mtu: usize) -> EndpointConfig {
     EndpointConfig {
         mtu,
         ..EndpointConfig::new(EP_MAC, EP_IP, 24)
+    }
+}
+
+/// The IPv6 endpoint's configuration ([`EP_IP6`], every host on-link)
+/// with IP MTU `mtu`.
+pub fn config6(mtu: usize) -> EndpointConfig {
+    EndpointConfig {
+        mtu,
+        ..EndpointConfig::new(EP_MAC, EP_IP6, 0)
     }
 }
 
@@ -313,14 +331,21 @@ pub struct Pair {
     pub timer_wait_time: Duration,
     wire: VecDeque<Vec<u8>>,
     out: Vec<Vec<u8>>,
+    ep_ip: IpAddress,
 }
 
 impl Pair {
     /// An endpoint made with `config`, listening on [`PORT`] for `target`,
-    /// and a host on the same network and MTU.
+    /// and a host on the same network and MTU: [`HOST_IP`], or
+    /// [`HOST_IP6`] beside an IPv6 endpoint.
     pub fn new(config: EndpointConfig, target: Target) -> Self {
         let now = Instant::now();
         let mtu = config.mtu;
+        let ep_ip = IpAddress::from(config.address);
+        let host_ip = match config.address {
+            IpAddr::V4(_) => IpCidr::new(IpAddress::Ipv4(HOST_IP), 24),
+            IpAddr::V6(_) => IpCidr::new(IpAddress::Ipv6(HOST_IP6), 64),
+        };
         let mut ep = Endpoint::new(config, now).expect("a valid endpoint");
         ep.listen(PORT, target).expect("the port is free");
         let mut dev = QueueDevice {
@@ -331,7 +356,7 @@ impl Pair {
         c.random_seed = 7;
         let mut host = Interface::new(c, &mut dev, SmolInstant::ZERO);
         host.update_ip_addrs(|a| {
-            a.push(IpCidr::new(IpAddress::Ipv4(HOST_IP), 24)).unwrap();
+            a.push(host_ip).unwrap();
         });
         Self {
             ep,
@@ -352,6 +377,7 @@ impl Pair {
             timer_wait_time: Duration::ZERO,
             wire: VecDeque::new(),
             out: Vec::new(),
+            ep_ip,
         }
     }
 
@@ -437,12 +463,8 @@ impl Pair {
         );
         s.set_nagle_enabled(false);
         s.set_ack_delay(None);
-        s.connect(
-            self.host.context(),
-            (IpAddress::Ipv4(EP_IP), PORT),
-            local_port,
-        )
-        .expect("connect");
+        s.connect(self.host.context(), (self.ep_ip, PORT), local_port)
+            .expect("connect");
         self.sockets.add(s)
     }
 

@@ -73,7 +73,16 @@ fn arp_is_answered_for_the_endpoint_address_only() {
 
 /// Identify, a write and a read back, through the endpoint on `mtu`.
 fn end_to_end(mtu: usize, chaos: Option<(u64, u64)>) -> Pair {
-    let mut p = Pair::new(config(mtu), target(4 * MIB));
+    end_to_end_on(config(mtu), target(4 * MIB), chaos)
+}
+
+/// [`end_to_end`] through an endpoint made with `config` for `target`.
+fn end_to_end_on(
+    config: EndpointConfig,
+    target: dpu_nvmeof::Target,
+    chaos: Option<(u64, u64)>,
+) -> Pair {
+    let mut p = Pair::new(config, target);
     if let Some((drop, reorder)) = chaos {
         p.to_ep = Chaos::new(drop, reorder, 11);
         p.to_host = Chaos::new(drop, reorder, 29);
@@ -107,6 +116,105 @@ fn nvme_over_tcp_end_to_end() {
     let p = end_to_end(1500, None);
     assert!(p.longest_from_ep <= 1514, "{}", p.longest_from_ep);
     assert!(p.longest_from_ep > 1400, "full-sized segments");
+}
+
+#[test]
+fn nvme_over_tcp_over_ipv6_with_neighbour_discovery() {
+    // The host knows nothing of the endpoint's MAC: it solicits it, the
+    // endpoint answers for its address (and resolves the host the same
+    // way), then identify, writes and reads go over IPv6 segments.
+    let p = end_to_end_on(
+        config6(1500),
+        target_at(4 * MIB, EP_IP6.into()),
+        Some((5, 20)),
+    );
+    let s = p.ep.stats();
+    assert!(s.frames_in > 0 && s.frames_out > 0);
+    assert!(p.longest_from_ep <= 1514, "{}", p.longest_from_ep);
+    assert!(p.longest_from_ep > 1400, "full-sized segments");
+}
+
+#[test]
+fn neighbour_solicitations_are_answered_for_the_endpoint_address_only() {
+    use smoltcp::wire::{
+        EthernetAddress, Icmpv6Packet, Icmpv6Repr, IpProtocol, Ipv6Address, Ipv6Packet, Ipv6Repr,
+        NdiscRepr, RawHardwareAddress,
+    };
+    let mut p = Pair::new(config6(1500), target_at(MIB, EP_IP6.into()));
+    let solicit = |target: Ipv6Address| -> Vec<u8> {
+        let icmp = Icmpv6Repr::Ndisc(NdiscRepr::NeighborSolicit {
+            target_addr: target,
+            lladdr: Some(RawHardwareAddress::from_bytes(&HOST_MAC)),
+        });
+        let o = target.octets();
+        let dst = Ipv6Address::new(
+            0xff02,
+            0,
+            0,
+            0,
+            0,
+            1,
+            0xff00 | u16::from(o[13]),
+            u16::from_be_bytes([o[14], o[15]]),
+        );
+        let ip = Ipv6Repr {
+            src_addr: HOST_IP6,
+            dst_addr: dst,
+            next_header: IpProtocol::Icmpv6,
+            payload_len: icmp.buffer_len(),
+            hop_limit: 255,
+        };
+        let d = dst.octets();
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress(HOST_MAC),
+            dst_addr: EthernetAddress([0x33, 0x33, d[12], d[13], d[14], d[15]]),
+            ethertype: EthernetProtocol::Ipv6,
+        };
+        let mut f = vec![0u8; eth.buffer_len() + ip.buffer_len() + icmp.buffer_len()];
+        let mut e = EthernetFrame::new_unchecked(&mut f);
+        eth.emit(&mut e);
+        let mut i = Ipv6Packet::new_unchecked(e.payload_mut());
+        ip.emit(&mut i);
+        let mut c = Icmpv6Packet::new_unchecked(i.payload_mut());
+        icmp.emit(
+            &HOST_IP6,
+            &dst,
+            &mut c,
+            &smoltcp::phy::ChecksumCapabilities::default(),
+        );
+        f
+    };
+    p.ep.receive(&solicit(EP_IP6), p.now);
+    let replies = poll_frames(&mut p);
+    assert_eq!(replies.len(), 1, "one advertisement");
+    let e = EthernetFrame::new_checked(&replies[0][..]).unwrap();
+    assert_eq!(e.dst_addr(), EthernetAddress(HOST_MAC));
+    assert_eq!(e.src_addr(), EthernetAddress(EP_MAC));
+    let i = Ipv6Packet::new_checked(e.payload()).unwrap();
+    assert_eq!(i.src_addr(), EP_IP6, "sent from the endpoint's own address");
+    assert_eq!(i.dst_addr(), HOST_IP6);
+    let c = Icmpv6Packet::new_checked(i.payload()).unwrap();
+    let repr = Icmpv6Repr::parse(
+        &i.src_addr(),
+        &i.dst_addr(),
+        &c,
+        &smoltcp::phy::ChecksumCapabilities::default(),
+    )
+    .unwrap();
+    let Icmpv6Repr::Ndisc(NdiscRepr::NeighborAdvert {
+        target_addr,
+        lladdr: Some(ll),
+        ..
+    }) = repr
+    else {
+        panic!("not an advertisement: {repr:?}");
+    };
+    assert_eq!(target_addr, EP_IP6);
+    assert_eq!(ll.as_bytes(), &EP_MAC[..]);
+    for other in [HOST_IP6, Ipv6Address::new(0xfd00, 1, 0, 0, 0, 0, 0, 0x251)] {
+        p.ep.receive(&solicit(other), p.now);
+        assert!(poll_frames(&mut p).is_empty(), "solicitation for {other}");
+    }
 }
 
 /// What one read of `blocks` at `slba` costs on the wire.

@@ -2,7 +2,7 @@
 //! backends, and their listeners.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use dpu_nvmeof::auth::controller::HostKeys;
 use dpu_nvmeof::auth::{DhGroup, HashId, Secret, SecretError};
@@ -86,13 +86,10 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// The storage endpoint this listener is on, as (tenant, IPv4
-    /// address), or `None` for a kernel-socket listener.
-    pub fn endpoint(&self) -> Option<(&str, Ipv4Addr)> {
-        match (&self.tenant, self.address) {
-            (Some(t), IpAddr::V4(a)) => Some((t, a)),
-            _ => None,
-        }
+    /// The storage endpoint this listener is on, as (tenant, address), or
+    /// `None` for a kernel-socket listener.
+    pub fn endpoint(&self) -> Option<(&str, IpAddr)> {
+        Some((self.tenant.as_deref()?, self.address))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Storage endpoints: listeners bound to a tenant's network.
 //!
-//! A listener with a tenant is a station of that tenant: an IPv4 address
-//! with a MAC of its own, which the switch delivers frames to. Listeners of
+//! A listener with a tenant is a station of that tenant: an IPv4 or IPv6
+//! address with a MAC of its own, which the switch delivers frames to. Listeners of
 //! one tenant on one address (of any subsystem, on any port) are one
 //! endpoint and share its MAC; the MAC is assigned when the first of them
 //! is created and kept in each listener, so it survives restarts and
@@ -13,7 +13,7 @@
 //! tenants' attachments allow; a tenant with endpoints is not deleted
 //! ([`State::endpoint_of_tenant`] answers the first).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use crate::error::{ControlError, Result};
 use crate::model::{Attachment, Listener, MacAddr, State};
@@ -26,8 +26,8 @@ const ENDPOINT_OUI: [u8; 2] = [0x02, 0xd5];
 pub struct Endpoint<'a> {
     /// The tenant.
     pub tenant: &'a str,
-    /// The endpoint's IPv4 address in the tenant's network.
-    pub address: Ipv4Addr,
+    /// The endpoint's IPv4 or IPv6 address in the tenant's network.
+    pub address: IpAddr,
     /// The endpoint's MAC.
     pub mac: MacAddr,
 }
@@ -71,27 +71,19 @@ impl State {
     ///
     /// # Errors
     /// NOT_FOUND if the tenant does not exist; INVALID_ARGUMENT if the
-    /// address is not a unicast IPv4 address or lies in an anti-spoofing
-    /// prefix of one of the tenant's attachments.
+    /// address is not a host's (see [`not_an_endpoint_address`]) or lies
+    /// in an anti-spoofing prefix of one of the tenant's attachments.
     pub(super) fn place_endpoint(&mut self, l: &mut Listener) -> Result<()> {
         let Some(tenant) = l.tenant.clone() else {
             l.mac = None;
             return Ok(());
         };
         let t = self.tenant(&tenant)?;
-        let IpAddr::V4(a) = l.address else {
+        let a = l.address;
+        if let Some(why) = not_an_endpoint_address(a) {
             return Err(ControlError::invalid(
                 "listener.address",
-                format!(
-                    "{} is not an IPv4 address; a tenant's endpoint has one",
-                    l.address
-                ),
-            ));
-        };
-        if a.is_unspecified() || a.is_broadcast() || a.is_multicast() || a.is_loopback() {
-            return Err(ControlError::invalid(
-                "listener.address",
-                format!("{a} is not a unicast host address"),
+                format!("{a} is not an endpoint's address: {why}"),
             ));
         }
         for att in &t.attachments {
@@ -179,6 +171,26 @@ impl State {
                 return m;
             }
         }
+    }
+}
+
+/// Why `a` cannot be a storage endpoint's address, if it cannot: it must
+/// be unicast and routable in the tenant's network (not unspecified,
+/// loopback, multicast or broadcast; for IPv6 also not link-local, which
+/// the endpoint's stack does not use, nor IPv4-mapped).
+pub fn not_an_endpoint_address(a: IpAddr) -> Option<&'static str> {
+    match a {
+        IpAddr::V4(v) if v.is_unspecified() || v.is_loopback() => Some("unspecified or loopback"),
+        IpAddr::V4(v) if v.is_multicast() || v.is_broadcast() => Some("not unicast"),
+        IpAddr::V6(v) if v.is_unspecified() || v.is_loopback() => Some("unspecified or loopback"),
+        IpAddr::V6(v) if v.is_multicast() => Some("not unicast"),
+        IpAddr::V6(v) if v.is_unicast_link_local() => {
+            Some("link-local (an endpoint has a unique-local or global IPv6 address)")
+        }
+        IpAddr::V6(v) if v.to_ipv4_mapped().is_some() => {
+            Some("IPv4-mapped (give the IPv4 address itself)")
+        }
+        _ => None,
     }
 }
 
@@ -364,7 +376,11 @@ mod tests {
             "255.255.255.255",
             "224.0.0.1",
             "127.0.0.1",
-            "fd00::1",
+            "::",
+            "::1",
+            "ff02::1",
+            "fe80::1",
+            "::ffff:10.1.0.250",
         ] {
             let e = create(&mut s, "vol1", listener("a", Some("blue"), bad, 4420));
             assert!(
@@ -393,6 +409,18 @@ mod tests {
         assert_eq!(s.id_seq, seq_after, "a refused listener takes no MAC");
         // The same address and port as a kernel listener is another listener.
         create(&mut s, "vol1", listener("k", None, "10.1.0.250", 4420)).unwrap();
+        // An IPv6 address is another endpoint of the tenant, with a MAC of
+        // its own.
+        create(
+            &mut s,
+            "vol1",
+            listener("v6", Some("blue"), "fd00:1::250", 4420),
+        )
+        .unwrap();
+        let eps = s.endpoints();
+        assert_eq!(eps.len(), 2, "{eps:?}");
+        assert_ne!(eps[0].mac, eps[1].mac);
+        assert_eq!(eps[1].address, "fd00:1::250".parse::<IpAddr>().unwrap());
     }
 
     #[test]

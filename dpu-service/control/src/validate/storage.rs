@@ -338,8 +338,8 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
 }
 
 /// Converts a listener to create, deriving its ID when `listener_id` is
-/// empty. A listener naming a tenant needs an IPv4 address; its MAC is
-/// left for the state to assign.
+/// empty. A listener naming a tenant is a storage endpoint at its IPv4 or
+/// IPv6 address; the state checks that address and assigns its MAC.
 pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<Listener> {
     let f = |s: &str| format!("{field}.{s}");
     let transport = match pb::Transport::try_from(l.transport) {
@@ -378,12 +378,6 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         None
     } else {
         id(&f("tenant"), &l.tenant)?;
-        if !address.is_ipv4() {
-            return Err(ControlError::invalid(
-                f("address"),
-                format!("{address} is not an IPv4 address; a tenant's endpoint has one"),
-            ));
-        }
         Some(l.tenant.clone())
     };
     Ok(Listener {

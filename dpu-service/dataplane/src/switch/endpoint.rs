@@ -5,7 +5,7 @@
 //! Each endpoint becomes, at compile time, one more attachment of its
 //! tenant on a *virtual port* numbered after the driver's ports (endpoint
 //! `k` of the configuration, counting tenants in order, is port
-//! `ports + k`), guarded for exactly its MAC and IPv4 address. Everything
+//! `ports + k`), guarded for exactly its MAC and IP address. Everything
 //! the switch does for a station then holds for it with no code of its
 //! own on the packet path: the tenant's rules and connection tracking
 //! apply both ways, its counters count it, its broadcasts (ARP requests
@@ -25,19 +25,23 @@
 //! the endpoint's frames from, is the worker's business
 //! ([`crate::endpoint`]); the switch only names the port.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::compile::Compiled;
 use super::config::{Attach, ConfigError, Guard, SwitchConfig};
 use crate::endpoint::{EndpointQueues, EndpointTable};
 
-/// A storage endpoint of a tenant: its MAC and IPv4 address.
+/// A storage endpoint of a tenant: its MAC and IP address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// MAC address: unicast, not zero, unique among all endpoints.
     pub mac: [u8; 6],
-    /// IPv4 address, not 0.0.0.0, unique within the tenant.
-    pub ip: u32,
+    /// IPv4 or IPv6 address, unicast, unique within the tenant. The
+    /// endpoint's frames may have it alone as their source: an IPv4
+    /// endpoint's ARP and IPv4, an IPv6 endpoint's IPv6 (its neighbour
+    /// discovery included).
+    pub ip: IpAddr,
 }
 
 /// Where an endpoint was compiled: its tenant and virtual port.
@@ -123,8 +127,12 @@ pub(super) fn endpoint_ports(config: &SwitchConfig) -> Result<Vec<EndpointPort>,
             if e.mac[0] & 1 != 0 || e.mac == [0; 6] {
                 return Err(bad(format!("MAC {:02x?} is not a unicast address", e.mac)));
             }
-            if e.ip == 0 || e.ip == u32::MAX {
-                return Err(bad(format!("IPv4 address {:#x} is not a host's", e.ip)));
+            let host = match e.ip {
+                IpAddr::V4(a) => !(a.is_unspecified() || a.is_broadcast() || a.is_multicast()),
+                IpAddr::V6(a) => !(a.is_unspecified() || a.is_multicast()),
+            };
+            if !host {
+                return Err(bad(format!("address {} is not a host's", e.ip)));
             }
             if let Some(o) = out.iter().find(|o| o.endpoint.mac == e.mac) {
                 return Err(bad(format!(
@@ -133,7 +141,7 @@ pub(super) fn endpoint_ports(config: &SwitchConfig) -> Result<Vec<EndpointPort>,
                 )));
             }
             if out.iter().any(|o| o.tenant == ti && o.endpoint.ip == e.ip) {
-                return Err(bad(format!("two endpoints have address {:#x}", e.ip)));
+                return Err(bad(format!("two endpoints have address {}", e.ip)));
             }
             out.push(EndpointPort {
                 tenant: ti,
@@ -158,10 +166,14 @@ pub(super) fn with_endpoint_attachments(
         let t = &mut c.tenants[p.tenant];
         t.guards.resize(t.attachments.len(), Guard::default());
         t.attachments.push(Attach::port(p.port, 0));
+        let (v4, v6) = match p.endpoint.ip {
+            IpAddr::V4(a) => (vec![(u32::from(a), u32::from(a))], Vec::new()),
+            IpAddr::V6(a) => (Vec::new(), vec![(u128::from(a), u128::from(a))]),
+        };
         t.guards.push(Guard {
             macs: vec![p.endpoint.mac],
-            v4: vec![(p.endpoint.ip, p.endpoint.ip)],
-            v6: Vec::new(),
+            v4,
+            v6,
         });
     }
     c

@@ -4,8 +4,8 @@
 use super::testing::*;
 use super::{Endpoint, EndpointPort};
 use crate::conntrack::{ACK, SYN};
-use crate::wire::tests::build::{arp, eth, ipv4, tcp};
-use crate::wire::ETH_IPV4;
+use crate::wire::tests::build::{arp, eth, ipv4, ipv6, tcp};
+use crate::wire::{ETH_IPV4, ETH_IPV6};
 
 /// Blue's and red's endpoints: the same address, MACs of their own.
 const BLUE_EP: [u8; 6] = [0x02, 0xd5, 0, 0, 0, 1];
@@ -20,7 +20,7 @@ const RED_PORT: usize = 4;
 fn endpoint(mac: [u8; 6]) -> Endpoint {
     Endpoint {
         mac,
-        ip: u32::from_be_bytes(EP_IP),
+        ip: std::net::Ipv4Addr::from(EP_IP).into(),
     }
 }
 
@@ -282,7 +282,7 @@ fn bad_endpoints_are_refused() {
         ));
     }
     let mut c = config(Vec::new(), true);
-    c.tenants[0].endpoints[0].ip = 0;
+    c.tenants[0].endpoints[0].ip = std::net::Ipv4Addr::UNSPECIFIED.into();
     assert!(matches!(
         SwitchHandle::new(&c),
         Err(ConfigError::BadEndpoint { .. })
@@ -388,7 +388,7 @@ fn an_endpoint_keeps_its_queues_when_others_come_and_go() {
 
     // Red's endpoint at another address is another endpoint: new queues.
     let mut c3 = c2.clone();
-    c3.tenants[1].endpoints[0].ip += 1;
+    c3.tenants[1].endpoints[0].ip = std::net::Ipv4Addr::from(u32::from_be_bytes(EP_IP) + 1).into();
     h.publish(&c3).unwrap();
     assert!(!std::sync::Arc::ptr_eq(&h.endpoint_links()[0].queues, &red));
     // None left: no table at all.
@@ -396,4 +396,109 @@ fn an_endpoint_keeps_its_queues_when_others_come_and_go() {
     h.publish(&c3).unwrap();
     p.turn();
     assert!(p.endpoints().is_none() && h.endpoint_links().is_empty());
+}
+
+/// An IPv6 endpoint's address (blue's and red's alike) and a host's.
+const EP_IP6: u128 = 0xfd00_0001_0000_0000_0000_0000_0000_0250;
+const HOST_IP6: u128 = 0xfd00_0001_0000_0000_0000_0000_0000_0001;
+
+/// Blue's and red's endpoints at [`EP_IP6`].
+fn config6() -> SwitchConfig {
+    let mut c = config(Vec::new(), true);
+    for t in &mut c.tenants {
+        t.endpoints[0].ip = std::net::Ipv6Addr::from(EP_IP6).into();
+    }
+    c
+}
+
+/// A neighbour solicitation for `target` from `src` (MAC `src_mac`), to
+/// the target's solicited-node group.
+fn solicit(src_mac: [u8; 6], vlan: Option<u16>, src: u128, target: u128) -> Vec<u8> {
+    let group = 0xff02_0000_0000_0000_0000_0001_ff00_0000 | (target & 0xff_ffff);
+    let g = group.to_be_bytes();
+    let mut f = eth(
+        [0x33, 0x33, g[12], g[13], g[14], g[15]],
+        src_mac,
+        vlan,
+        ETH_IPV6,
+    );
+    let mut icmp = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    icmp.extend(target.to_be_bytes());
+    icmp.extend([1, 1]);
+    icmp.extend(src_mac);
+    f.extend(ipv6(src, group, 58, &icmp));
+    f
+}
+
+/// A TCP segment between the IPv6 endpoint `ep` (from `src`) and host 1.
+fn from_endpoint6(ep: [u8; 6], src: u128, flags: u8) -> Vec<u8> {
+    let mut f = eth(mac(1), ep, None, ETH_IPV6);
+    f.extend(ipv6(src, HOST_IP6, proto::TCP, &tcp(4420, 40000, flags)));
+    f
+}
+
+#[test]
+fn an_ipv6_endpoint_is_solicited_in_its_tenant_and_sends_as_itself_alone() {
+    let (h, mut p) = pipeline(&config6());
+    // A host's solicitation reaches blue's endpoint untagged, never red's.
+    let ns = solicit(mac(1), Some(10), HOST_IP6, EP_IP6);
+    let (v, flood) = run(&mut p, 0, ns.clone());
+    let to_ep: Vec<_> = flood.iter().filter(|e| e.port == BLUE_PORT).collect();
+    assert_eq!(v, Verdict::Flood);
+    assert_eq!(to_ep.len(), 1, "{flood:?}");
+    assert_eq!(to_ep[0].vlan, VlanOp::Strip);
+    assert!(!outputs(&v, &flood).contains(&RED_PORT));
+    // The same solicitation in red's network reaches red's endpoint alone.
+    let (v, flood) = run(&mut p, 2, ns);
+    assert_eq!(outputs(&v, &flood), [RED_PORT]);
+    // A segment to blue's endpoint goes to it alone, and red's copy of it
+    // never reaches blue's.
+    let to_ep6 = |vlan| {
+        let mut f = eth(BLUE_EP, mac(1), vlan, ETH_IPV6);
+        f.extend(ipv6(HOST_IP6, EP_IP6, proto::TCP, &tcp(40000, 4420, SYN)));
+        f
+    };
+    let (v, _) = run(&mut p, 0, to_ep6(Some(10)));
+    assert!(
+        matches!(v, Verdict::Forward(e) if e.port == BLUE_PORT),
+        "{v:?}"
+    );
+    let (v, flood) = run(&mut p, 2, to_ep6(Some(10)));
+    assert!(!outputs(&v, &flood).contains(&BLUE_PORT), "{v:?} {flood:?}");
+
+    // The endpoint answers from its own address; its advertisement and
+    // its own solicitations pass.
+    let (v, _) = run(
+        &mut p,
+        BLUE_PORT,
+        from_endpoint6(BLUE_EP, EP_IP6, SYN | ACK),
+    );
+    assert!(matches!(v, Verdict::Forward(e) if e.port == 0), "{v:?}");
+    let (v, flood) = run(
+        &mut p,
+        BLUE_PORT,
+        solicit(BLUE_EP, None, EP_IP6, HOST_IP6 + 1),
+    );
+    let mut out = outputs(&v, &flood);
+    out.sort_unstable();
+    assert_eq!(out, [0, 1]);
+    // Any other source, and IPv4 or ARP at all, is spoofing.
+    let before = h.traffic().tenants["blue"].dropped_packets;
+    let mut v4 = eth(mac(1), BLUE_EP, None, ETH_IPV4);
+    v4.extend(ipv4(
+        EP_IP,
+        [10, 0, 0, 1],
+        proto::TCP,
+        &tcp(4420, 40000, ACK),
+    ));
+    for f in [
+        from_endpoint6(BLUE_EP, EP_IP6 + 1, ACK),
+        solicit(BLUE_EP, None, HOST_IP6 + 7, HOST_IP6),
+        v4,
+        arp(BLUE_EP, BCAST, None, 1, EP_IP, [10, 0, 0, 1]),
+    ] {
+        let (v, _) = run(&mut p, BLUE_PORT, f);
+        assert_eq!(v, Verdict::Drop(DropReason::Spoofed));
+    }
+    assert_eq!(h.traffic().tenants["blue"].dropped_packets, before + 4);
 }
