@@ -7,7 +7,8 @@
 //! the switch counts the drops); removing the rule restores it. A host of
 //! another tenant with the same addresses reaches its own tenant's
 //! endpoint, never the first one's; after a restart the endpoint serves
-//! again with its MAC. Needs root; everything made is removed on exit.
+//! again with its MAC. IPv6 endpoints likewise, with neighbour discovery.
+//! Needs root; everything made is removed on exit.
 
 use std::process::{Command, Output};
 
@@ -40,15 +41,18 @@ impl Host {
         ])?;
         let mut h = Host { port_if, ns };
         // No IPv6 chatter (router and neighbour solicitations) to count
-        // among a default-deny tenant's drops.
-        for (ns, key) in [
-            (
+        // among a default-deny tenant's drops, unless the host is an
+        // IPv6 one; never from the service's end of the pair.
+        let v6 = addr.contains(':');
+        let mut keys = vec![(None, format!("net.ipv6.conf.{}.disable_ipv6=1", h.port_if))];
+        if !v6 {
+            keys.push((
                 Some(&h.ns),
                 "net.ipv6.conf.default.disable_ipv6=1".to_string(),
-            ),
-            (Some(&h.ns), "net.ipv6.conf.all.disable_ipv6=1".to_string()),
-            (None, format!("net.ipv6.conf.{}.disable_ipv6=1", h.port_if)),
-        ] {
+            ));
+            keys.push((Some(&h.ns), "net.ipv6.conf.all.disable_ipv6=1".to_string()));
+        }
+        for (ns, key) in keys {
             let out = match ns {
                 Some(ns) => ns.exec(&["sysctl", "-qw", &key])?,
                 None => Command::new("sysctl").args(["-qw", &key]).output()?,
@@ -58,7 +62,15 @@ impl Host {
             }
         }
         ip(&["link", "set", &h.port_if, "up"])?;
-        h.ns.take(&peer, &[addr])?;
+        if v6 {
+            // Usable at once: no duplicate address detection to wait for.
+            h.ns.take(&peer, &[])?;
+            let out =
+                h.ns.exec(&["ip", "addr", "add", addr, "dev", &peer, "nodad"])?;
+            ensure!(out.status.success(), "ip addr add {addr}: {}", text(&out));
+        } else {
+            h.ns.take(&peer, &[addr])?;
+        }
         // A packet socket sees frames as they are: both ends compute
         // checksums and segment themselves.
         let offloads = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"];
@@ -88,14 +100,24 @@ impl Host {
     /// The discovery log at the endpoint, one `TRADDR TRSVCID SUBNQN`
     /// line per entry.
     fn discover(&self) -> Result<Output> {
-        self.perf(&["--addr", &format!("{EP}:4420"), "--discover"])
+        self.discover_at(&format!("{EP}:4420"))
+    }
+
+    /// The discovery log at `addr`.
+    fn discover_at(&self, addr: &str) -> Result<Output> {
+        self.perf(&["--addr", addr, "--discover"])
     }
 
     /// Writes then reads 4 KiB blocks of `nqn` at the endpoint.
     fn io(&self, nqn: &str) -> Result<Output> {
+        self.io_at(&format!("{EP}:4420"), nqn)
+    }
+
+    /// Writes then reads 4 KiB blocks of `nqn` at `addr`.
+    fn io_at(&self, addr: &str, nqn: &str) -> Result<Output> {
         self.perf(&[
             "--addr",
-            &format!("{EP}:4420"),
+            addr,
             "--nqn",
             nqn,
             "--time",
@@ -193,6 +215,17 @@ fn allow_tenant(svc: &Service, tenant: &str, port: &str) -> Result<()> {
 /// Subsystem `sub` (`nqn`, any host, a 16 MiB RAM namespace) listening
 /// at `tenant`'s endpoint `EP:4420`.
 fn endpoint_subsystem(svc: &Service, tenant: &str, sub: &str, nqn: &str) -> Result<()> {
+    endpoint_subsystem_at(svc, tenant, sub, nqn, EP)
+}
+
+/// [`endpoint_subsystem`] at endpoint address `ep`.
+fn endpoint_subsystem_at(
+    svc: &Service,
+    tenant: &str,
+    sub: &str,
+    nqn: &str,
+    ep: &str,
+) -> Result<()> {
     svc.dpuctl_json(&["subsystem", "create", sub, "--nqn", nqn, "--allow-any-host"])?;
     svc.dpuctl_json(&["namespace", "create", sub, "--ram", "16M"])?;
     svc.dpuctl_json(&[
@@ -204,7 +237,7 @@ fn endpoint_subsystem(svc: &Service, tenant: &str, sub: &str, nqn: &str) -> Resu
         "--tenant",
         tenant,
         "--address",
-        EP,
+        ep,
         "--port",
         "4420",
     ])?;
@@ -335,6 +368,98 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     }
     eventually("blue's endpoint to go", || !blue.ns.ping(EP))?;
     did_io("red after blue's endpoint went", &red.io(RED_NQN)?)?;
+    Ok(())
+}
+
+/// An IPv6 endpoint, the same address in two tenants: neighbour
+/// discovery, ping, discovery and I/O over IPv6 from each tenant's host
+/// reach its own tenant's endpoint alone; a deny rule of the tenant on
+/// TCP 4420 from its host's IPv6 address refuses it, counted, until the
+/// rule goes.
+#[test]
+fn ipv6_hosts_reach_their_tenants_ipv6_endpoint_alone() -> Result<()> {
+    const EP6: &str = "fd00:77::250";
+    let at = format!("[{EP6}]:4420");
+    let blue = Host::new("6b", "fd00:77::5/64")?;
+    let red = Host::new("6r", "fd00:77::5/64")?;
+    let config = config(1, "", &[("pf0vf0", &blue), ("pf0vf1", &red)]);
+    let svc = Service::start_config(&config, &[])?;
+    for (tenant, port, sub, nqn) in [
+        ("blue", "pf0vf0", "blue-6", BLUE_NQN),
+        ("red", "pf0vf1", "red-6", RED_NQN),
+    ] {
+        allow_tenant(&svc, tenant, port)?;
+        endpoint_subsystem_at(&svc, tenant, sub, nqn, EP6)?;
+    }
+    let listed = svc.dpuctl_json(&["listener", "list", "blue-6"])?;
+    ensure!(
+        listed[0]["address"] == EP6 && listed[0]["mac"].as_str().is_some_and(|m| m.len() == 17),
+        "{listed}"
+    );
+
+    for (who, host, mine, theirs) in [
+        ("blue", &blue, BLUE_NQN, RED_NQN),
+        ("red", &red, RED_NQN, BLUE_NQN),
+    ] {
+        eventually(&format!("{who}'s host to ping its IPv6 endpoint"), || {
+            host.ns.ping(EP6)
+        })?;
+        let out = host.discover_at(&at)?;
+        ensure!(out.status.success(), "{who} discovery: {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("{EP6} 4420 {mine}"),
+            "{who}"
+        );
+        did_io(&format!("{who} over IPv6"), &host.io_at(&at, mine)?)?;
+        let out = host.io_at(&at, theirs)?;
+        assert!(
+            !out.status.success(),
+            "{who} reached the other tenant's subsystem: {}",
+            text(&out)
+        );
+    }
+
+    // Blue denies TCP 4420 from its host's IPv6 address: refused, counted.
+    let denied = drops(&svc, "acl_deny")?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--id",
+        "no-storage-6",
+        "--priority",
+        "5",
+        "--action",
+        "deny",
+        "--proto",
+        "tcp",
+        "--src",
+        "fd00:77::5/128",
+        "--dport",
+        "4420",
+    ])?;
+    let out = blue.perf(&[
+        "--addr",
+        &at,
+        "--nqn",
+        BLUE_NQN,
+        "--time",
+        "0.2",
+        "--job",
+        "randread:4k:1",
+    ]);
+    assert!(
+        out.map_or(true, |o| !o.status.success()),
+        "the deny rule let the host connect"
+    );
+    assert!(
+        drops(&svc, "acl_deny")? > denied,
+        "no acl_deny drop counted"
+    );
+    did_io("red while blue denies", &red.io_at(&at, RED_NQN)?)?;
+    svc.dpuctl_json(&["rule", "delete", "blue", "no-storage-6"])?;
+    did_io("blue after the rule went", &blue.io_at(&at, BLUE_NQN)?)?;
     Ok(())
 }
 
