@@ -4,8 +4,10 @@
 //! veth pair whose other end is a switch port of the service (kernel
 //! driver). From there the guest runs `nvme discover` and `nvme connect`
 //! at the endpoint's address, identifies the controller and namespace,
-//! writes and verifies data with fio, and disconnects. Needs root, the
-//! harness and its cached kernel; everything made is removed on exit.
+//! writes and verifies data with fio, and disconnects; then the same over
+//! IPv6 at the tenant's IPv6 endpoint, through the tenant's rules for
+//! neighbour discovery and storage. Needs root, the harness and its
+//! cached kernel; everything made is removed on exit.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,6 +18,9 @@ use dpu_e2e::{repo_root, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-kernel";
 const EP: &str = "10.78.0.250";
+/// A second subsystem, at the tenant's IPv6 endpoint.
+const NQN6: &str = "nqn.2024-01.io.dpu-service.test:ep-kernel-v6";
+const EP6: &str = "fd00:78::250";
 
 /// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
 /// beside the repository.
@@ -134,11 +139,68 @@ fn the_kernel_initiator_uses_its_tenants_storage_endpoint() -> Result<()> {
         "--port",
         "4420",
     ])?;
+    // IPv6: neighbour discovery (ICMPv6) and storage to the IPv6
+    // endpoint, both allowed by rules of the default-deny tenant.
+    for (id, prio, extra) in [
+        ("nd", "20", &["--proto", "icmpv6"][..]),
+        (
+            "storage-6",
+            "11",
+            &[
+                "--proto",
+                "tcp",
+                "--dst",
+                "fd00:78::250/128",
+                "--dport",
+                "4420",
+                "--stateful",
+            ],
+        ),
+    ] {
+        let mut args = vec![
+            "rule",
+            "add",
+            "blue",
+            "--id",
+            id,
+            "--priority",
+            prio,
+            "--action",
+            "allow",
+        ];
+        args.extend_from_slice(extra);
+        svc.dpuctl_json(&args)?;
+    }
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol6",
+        "--nqn",
+        NQN6,
+        "--allow-any-host",
+    ])?;
+    svc.dpuctl_json(&["namespace", "create", "vol6", "--ram", "16M"])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        "vol6",
+        "--id",
+        "ep6",
+        "--tenant",
+        "blue",
+        "--address",
+        EP6,
+        "--port",
+        "4420",
+    ])?;
     let script = format!(
         r#"
 nvme discover -t tcp -a {EP} -s 4420 | tee /tmp/log
 grep -q "subnqn: *{NQN}" /tmp/log
-test "$(grep -c '^subnqn' /tmp/log)" = 1
+# The tenant's two subsystems, each at its endpoint, in its family.
+test "$(grep -c '^subnqn' /tmp/log)" = 2
+grep -q "adrfam: *ipv6" /tmp/log
+grep -q "traddr: *{EP6}" /tmp/log
 nvme connect -t tcp -a {EP} -s 4420 -n {NQN}
 ns=$(nvme-wait-ns {NQN})
 nvme id-ctrl $ns | grep -E '^(mn|subnqn) '
@@ -148,6 +210,19 @@ fio --name=v --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k 
 fio --name=r --filename=$ns --direct=1 --ioengine=libaio --rw=read --bs=128k \
     --iodepth=8 --size=32M --eta=never
 nvme disconnect -n {NQN}
+# The harness leaves IPv6 off on the bridged NIC.
+echo 0 > /proc/sys/net/ipv6/conf/$BRIDGE_DEV/disable_ipv6
+echo 0 > /proc/sys/net/ipv6/conf/$BRIDGE_DEV/accept_dad
+ip addr add fd00:78::5/64 dev $BRIDGE_DEV
+nvme discover -t tcp -a {EP6} -s 4420 | tee /tmp/log6
+grep -q "subnqn: *{NQN6}" /tmp/log6
+grep -q "traddr: *{EP6}" /tmp/log6
+test "$(grep -c '^subnqn' /tmp/log6)" = 2
+nvme connect -t tcp -a {EP6} -s 4420 -n {NQN6}
+ns6=$(nvme-wait-ns {NQN6})
+fio --name=v6 --filename=$ns6 --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+    --iodepth=16 --size=8M --verify=crc32c --verify_fatal=1 --eta=never
+nvme disconnect -n {NQN6}
 "#
     );
     let out = Command::new(&run)
@@ -172,9 +247,10 @@ nvme disconnect -n {NQN}
         console.contains("err= 0"),
         "fio reported errors:\n{console}"
     );
-    assert!(
-        console.contains("disconnected 1 controller"),
-        "no disconnect:\n{console}"
+    assert_eq!(
+        console.matches("disconnected 1 controller").count(),
+        2,
+        "no disconnect over IPv4 and IPv6:\n{console}"
     );
     println!("{console}");
     Ok(())
