@@ -6,8 +6,9 @@
 //! connections or socket buffers than its limits. Run with
 //! `cargo fuzz run frames`.
 //!
-//! Input: a sequence of operations, one byte each followed by its
-//! argument bytes (see `run`).
+//! Input: one byte choosing the family (odd: an IPv6 endpoint and host,
+//! with neighbour discovery; even: IPv4), then a sequence of operations,
+//! one byte each followed by its argument bytes (see `run`).
 
 #![no_main]
 
@@ -18,11 +19,15 @@ use std::time::Duration;
 mod testing;
 
 use dpu_endpoint::EndpointConfig;
-use testing::{config, target, Chaos, Pair};
+use testing::{config, config6, target, target_at, Chaos, Pair, EP_IP6};
 
 const MAX_CONNECTIONS: usize = 4;
 
 fn run(data: &[u8]) {
+    let Some((&family, data)) = data.split_first() else {
+        return;
+    };
+    let v6 = family & 1 == 1;
     let cfg = EndpointConfig {
         rx_buffer: 32 << 10,
         tx_buffer: 32 << 10,
@@ -31,10 +36,15 @@ fn run(data: &[u8]) {
         max_connections_per_address: 3,
         backlog: 2,
         write_timeout: Duration::from_secs(1),
-        ..config(1500)
+        ..if v6 { config6(1500) } else { config(1500) }
     };
     let budget = cfg.buffer_budget;
-    let mut p = Pair::new(cfg, target(1 << 20));
+    let target = if v6 {
+        target_at(1 << 20, EP_IP6.into())
+    } else {
+        target(1 << 20)
+    };
+    let mut p = Pair::new(cfg, target);
     let mut hosts = Vec::new();
     let mut next_port = 40000u16;
     let mut it = data;

@@ -22,7 +22,7 @@ pub enum ListenerCmd {
         #[arg(long)]
         id: Option<String>,
         /// Tenant whose network the listener is a storage endpoint in
-        /// (`--address` is then an IPv4 address of that network); absent
+        /// (`--address` is then an IPv4 or IPv6 address of that network); absent
         /// for the service's own sockets.
         #[arg(long)]
         tenant: Option<String>,
