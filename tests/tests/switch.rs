@@ -8,7 +8,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
 use dpu_e2e::{rss_kib, Service};
 
@@ -1473,8 +1473,9 @@ fn stacked_tags_with_a_spoofed_source_are_dropped_on_a_guarded_attachment() -> R
 const UDP_RECV_MANY: &str = r#"
 import select, socket, sys, time
 socks = {}
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
 for p in sys.argv[2].split(","):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(family, socket.SOCK_DGRAM)
     s.bind((sys.argv[1], int(p)))
     socks[s] = int(p)
 print("ready", flush=True)
@@ -1505,7 +1506,8 @@ for _ in range(5):
 /// classes of ports hold thousands of rules each. Compiled without
 /// bounds, that took 81 s and 11 GB; the service takes it with its peak
 /// memory grown by less than 512 MiB, and filters by it: each datagram
-/// gets the verdict of the first rule covering its port.
+/// gets the verdict of the first rule covering its port. Then rules
+/// nested in one field and staggered in another, over IPv4 and IPv6.
 #[test]
 fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     let _serial = one_at_a_time();
@@ -1622,6 +1624,48 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     want.sort_unstable();
     assert!(want.len() > 3 && want.len() < pairs.len() - 3, "{want:?}");
     assert_eq!(got, want, "destination ports that received a datagram");
+
+    // The same shape over IPv6, each rule's source prefix one of 64
+    // lengths (/64 to /127, all holding host a's address), so IPv6 keys
+    // walk trees cut across the address's 32-bit words down to leaves of
+    // thousands of rules.
+    for (h, addr) in [(&a, "fd00:238::1/64"), (&b, "fd00:238::2/64")] {
+        let dev = h.ns.exec(&["ip", "-o", "link", "show", "type", "veth"])?;
+        let dev = String::from_utf8_lossy(&dev.stdout)
+            .split(':')
+            .nth(1)
+            .map(|d| d.trim().split('@').next().unwrap_or_default().to_string())
+            .context("the host's veth")?;
+        let out =
+            h.ns.exec(&["ip", "addr", "add", addr, "dev", &dev, "nodad"])?;
+        ensure!(out.status.success(), "ip addr add {addr}: {out:?}");
+    }
+    let rules: Vec<serde_json::Value> = (0..n)
+        .map(|p| {
+            serde_json::json!({
+                "priority": p,
+                "srcPrefix": format!("fd00:238::/{}", 64 + p % 64),
+                "ipProtocol": 17,
+                "srcPorts": {"first": n - p, "last": 35_535 + p},
+                "dstPorts": {"first": p + 1, "last": p + wide},
+                "action": if p.is_multiple_of(2) { "RULE_ACTION_ALLOW" } else { "RULE_ACTION_DENY" },
+            })
+        })
+        .collect();
+    replace_rules(
+        &svc,
+        dir.path(),
+        &rules,
+        "IPv6 nested and staggered",
+        pid,
+        before,
+    )?;
+    eventually("IPv6 ping to cross", || a.ping("fd00:238::2"))?;
+    let got = udp_deliveries_to(&a, &b, "fd00:238::2", UDP_SEND_FROM, &list, &dsts)?;
+    assert_eq!(
+        got, want,
+        "destination ports that received an IPv6 datagram"
+    );
     Ok(())
 }
 
@@ -1659,12 +1703,24 @@ fn replace_rules(
 /// Runs `send` on `a` with `list` while `b` listens on the ports `dsts`
 /// at 10.238.0.2: the ports that received a datagram, ascending.
 fn udp_deliveries(a: &Host, b: &Host, send: &str, list: &str, dsts: &str) -> Result<Vec<u32>> {
-    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &["10.238.0.2", dsts])?;
+    udp_deliveries_to(a, b, "10.238.0.2", send, list, dsts)
+}
+
+/// [`udp_deliveries`] to `b`'s address `to` (IPv4 or IPv6).
+fn udp_deliveries_to(
+    a: &Host,
+    b: &Host,
+    to: &str,
+    send: &str,
+    list: &str,
+    dsts: &str,
+) -> Result<Vec<u32>> {
+    let mut listen = b.spawn_python_out(UDP_RECV_MANY, &[to, dsts])?;
     let mut out = std::io::BufReader::new(listen.stdout.take().expect("piped stdout"));
     let mut line = String::new();
     std::io::BufRead::read_line(&mut out, &mut line)?;
     assert_eq!(line.trim(), "ready");
-    let sent = a.python(send, &["10.238.0.2", list]);
+    let sent = a.python(send, &[to, list]);
     assert!(sent.status.success(), "{sent:?}");
     line.clear();
     std::io::BufRead::read_line(&mut out, &mut line)?;
@@ -1682,9 +1738,10 @@ fn udp_deliveries(a: &Host, b: &Host, send: &str, list: &str, dsts: &str) -> Res
 const UDP_SEND_FROM: &str = r#"
 import socket, sys, time
 socks = []
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
 for pair in sys.argv[2].split(","):
     src, dst = (int(x) for x in pair.split(":"))
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(family, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("", src))
     socks.append((s, dst))
