@@ -470,8 +470,37 @@ fn ipv6_hosts_reach_their_tenants_ipv6_endpoint_alone() -> Result<()> {
 /// denied or invalid on the way back.
 #[test]
 fn replies_meet_their_connection_on_its_worker() -> Result<()> {
-    let blue = Host::new("w", HOST)?;
-    let config = config(2, "", &[("pf0vf0", &blue)]);
+    stateful_storage_over_two_workers("w", "")?;
+    Ok(())
+}
+
+/// The same with the endpoints' stacks run by the first worker
+/// (`storage.endpoint_placement = "worker"`): frames the second worker
+/// brings reach them through its lanes, replies go back through it, and
+/// the service has no endpoint thread.
+#[test]
+fn endpoints_placed_in_a_worker_serve_both_workers_connections() -> Result<()> {
+    let svc = stateful_storage_over_two_workers("wi", "endpoint_placement = \"worker\"\n")?;
+    let pid = svc.pid().context("no service pid")?;
+    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    ensure!(
+        names.iter().any(|n| n == "dp-worker-0")
+            && !names.iter().any(|n| n.starts_with("storage-endp")),
+        "threads: {names:?}"
+    );
+    Ok(())
+}
+
+/// A default-deny tenant allowing storage statefully, its endpoint served
+/// over two workers with `storage` lines of configuration: 8 connections
+/// do I/O, and no reply is denied or invalid on the way back. Returns the
+/// running service.
+fn stateful_storage_over_two_workers(tag: &str, storage: &str) -> Result<Service> {
+    let blue = Host::new(tag, HOST)?;
+    let config = config(2, storage, &[("pf0vf0", &blue)]);
     let svc = Service::start_config(&config, &[])?;
     svc.dpuctl_json(&[
         "tenant",
@@ -551,7 +580,7 @@ fn replies_meet_their_connection_on_its_worker() -> Result<()> {
         "replies denied on the way back"
     );
     assert_eq!(drops(&svc, "conntrack_invalid")?, invalid);
-    Ok(())
+    Ok(svc)
 }
 
 /// Forged SYNs at `EP:4420` from random addresses of the host's /24

@@ -20,15 +20,18 @@ use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters, PortStatus};
 use dpu_dataplane::classify::AclRule;
 use dpu_dataplane::io::kernel::KernelDriver;
-use dpu_dataplane::io::Driver;
+use dpu_dataplane::io::{Driver, Packet};
 use dpu_dataplane::switch::{
-    Attach, ConfigError, Endpoint, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchRule,
-    TenantConfig, Vtep,
+    Attach, ConfigError, Endpoint, Guard, RateLimit, SwitchConfig, SwitchHandle, SwitchPipeline,
+    SwitchRule, TenantConfig, Vtep,
 };
-use dpu_dataplane::worker::{self, CounterReader, Idle, WorkerConfig, Workers};
+use dpu_dataplane::worker::{
+    self, CounterReader, Egress, Idle, Pipeline, Verdict, WorkerConfig, Workers,
+};
 use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
+use crate::endpoints::{InlineEndpoints, InlineSlot};
 
 /// Ethernet header bytes in front of an endpoint's IP packets.
 const ETHERNET_HEADER: usize = 14;
@@ -44,6 +47,9 @@ pub struct Dataplane {
     base: SwitchConfig,
     /// What idle workers do.
     idle: Idle,
+    /// Where the first worker takes the storage endpoints' stacks from
+    /// when it runs them.
+    inline: Arc<InlineSlot>,
 }
 
 /// Starts EAL with the DPDK ports and opens them, in order.
@@ -108,12 +114,14 @@ impl Dataplane {
             flow_cache_entries: d.flow_cache_entries,
             ..SwitchConfig::default()
         };
+        let inline = Arc::new(InlineSlot::default());
         let start = Start {
             config,
             ports: &ports,
             ids: &ids,
             base,
             state,
+            inline: &inline,
         };
         let (workers, counters, switch, base) = match driver {
             #[cfg(feature = "dpdk")]
@@ -140,7 +148,14 @@ impl Dataplane {
             ids,
             base,
             idle: idle_mode(d.idle),
+            inline,
         })
+    }
+
+    /// Where the storage endpoints' stacks go to run in the first worker
+    /// (`storage.endpoint_placement = "worker"`).
+    pub fn inline_slot(&self) -> &Arc<InlineSlot> {
+        &self.inline
     }
 
     /// The driver the ports run on ("dpdk" or "kernel").
@@ -202,6 +217,8 @@ struct Start<'a> {
     /// The switch configuration but for tenants and VTEPs.
     base: SwitchConfig,
     state: &'a State,
+    /// Handed to the first worker's pipeline.
+    inline: &'a Arc<InlineSlot>,
 }
 
 impl Start<'_> {
@@ -218,6 +235,7 @@ impl Start<'_> {
             ids,
             mut base,
             state,
+            inline,
         } = self;
         base.vteps = vec![None; ids.len()];
         for (i, id) in ids.iter().enumerate() {
@@ -249,7 +267,7 @@ impl Start<'_> {
         }
         let first = switch_config(&base, ids, state);
         let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
-        let (workers, counters) = run(driver, config, ids, &switch)?;
+        let (workers, counters) = run(driver, config, ids, &switch, inline)?;
         Ok((workers, counters, switch, base))
     }
 }
@@ -271,6 +289,7 @@ fn run<D: Driver>(
     config: &Config,
     ids: &Arc<Vec<String>>,
     switch: &SwitchHandle,
+    inline: &Arc<InlineSlot>,
 ) -> Result<(Workers, Arc<dyn CounterSource>)> {
     let d = &config.dataplane;
     let idle = idle_mode(d.idle);
@@ -282,8 +301,12 @@ fn run<D: Driver>(
             idle,
         })
         .collect();
-    let workers = Workers::start(&driver, configs, |i| switch.pipeline_for(i))
-        .context("starting the workers")?;
+    let workers = Workers::start(&driver, configs, |i| WorkerPipeline {
+        switch: switch.pipeline_for(i),
+        slot: (i == 0).then(|| inline.clone()),
+        endpoints: None,
+    })
+    .context("starting the workers")?;
     let counters = Arc::new(PortSource {
         driver,
         ids: ids.clone(),
@@ -291,6 +314,49 @@ fn run<D: Driver>(
         switch: switch.clone(),
     });
     Ok((workers, counters))
+}
+
+/// A worker's pipeline: the switch, and in the first worker the storage
+/// endpoints' stacks once [`crate::endpoints::Endpoints::start`] has put
+/// them in its slot (`storage.endpoint_placement = "worker"`), run as its
+/// side work once a turn.
+struct WorkerPipeline {
+    switch: SwitchPipeline,
+    slot: Option<Arc<InlineSlot>>,
+    endpoints: Option<InlineEndpoints>,
+}
+
+impl Pipeline for WorkerPipeline {
+    fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
+        self.switch.process(in_port, packet, flood)
+    }
+
+    fn process_burst<P: Packet>(
+        &mut self,
+        in_port: usize,
+        burst: &mut Vec<P>,
+        flood: &mut Vec<Egress>,
+        sink: impl FnMut(P, &Verdict, &[Egress]),
+    ) {
+        self.switch.process_burst(in_port, burst, flood, sink);
+    }
+
+    fn turn(&mut self) {
+        self.switch.turn();
+        if self.endpoints.is_none() {
+            if let Some(e) = self.slot.as_deref().and_then(InlineSlot::take) {
+                self.endpoints = Some(e);
+            }
+        }
+    }
+
+    fn endpoints(&self) -> Option<&Arc<dpu_dataplane::endpoint::EndpointTable>> {
+        self.switch.endpoints()
+    }
+
+    fn side_work(&mut self) -> usize {
+        self.endpoints.as_mut().map_or(0, InlineEndpoints::turn)
+    }
 }
 
 /// Publishes control-plane states to the running switch.
@@ -766,6 +832,7 @@ mod tests {
                 ..SwitchConfig::default()
             },
             state: &first.state,
+            inline: &Arc::new(InlineSlot::default()),
         };
         let (mut workers, _counters, switch, base) = start.run(driver.clone()).unwrap();
         // A second worker, which turns only when the test says.

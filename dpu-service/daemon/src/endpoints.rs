@@ -129,7 +129,8 @@ pub struct Endpoints {
 
 impl Endpoints {
     /// Starts the thread serving the endpoints of `plan`, with their
-    /// frames in `switch`'s queues.
+    /// frames in `switch`'s queues; with `inline`, hands the stacks to
+    /// the worker that takes that slot instead, and starts no thread.
     ///
     /// # Errors
     /// If the OS refuses the thread.
@@ -137,26 +138,37 @@ impl Endpoints {
         plan: Arc<EndpointPlan>,
         switch: SwitchHandle,
         settings: StackSettings,
+        inline: Option<&Arc<InlineSlot>>,
     ) -> std::io::Result<Endpoints> {
         let dh = Arc::new(
             DhPool::new(settings.auth_threads, settings.auth_queue)
                 .map_err(std::io::Error::other)?,
         );
         let stop = Arc::new(AtomicBool::new(false));
+        let l = Loop {
+            pool: plan.pool(),
+            dh,
+            plan,
+            switch,
+            settings,
+            stacks: BTreeMap::new(),
+            plan_generation: u64::MAX,
+            switch_generation: u64::MAX,
+        };
+        if let Some(slot) = inline {
+            slot.put(InlineEndpoints {
+                l,
+                stop: stop.clone(),
+                done: false,
+            });
+            tracing::info!("storage endpoints run in the first data-plane worker");
+            return Ok(Endpoints { stop, thread: None });
+        }
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("storage-endpoints".into())
             .spawn(move || {
-                let mut l = Loop {
-                    pool: plan.pool(),
-                    dh,
-                    plan,
-                    switch,
-                    settings,
-                    stacks: BTreeMap::new(),
-                    plan_generation: u64::MAX,
-                    switch_generation: u64::MAX,
-                };
+                let mut l = l;
                 l.run(&s);
             })?;
         Ok(Endpoints {
@@ -165,7 +177,8 @@ impl Endpoints {
         })
     }
 
-    /// Ends every endpoint's connections and stops the thread.
+    /// Ends every endpoint's connections and stops the thread (or, run by
+    /// a worker, has the worker end them at its next turn).
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
@@ -177,6 +190,70 @@ impl Endpoints {
 impl Drop for Endpoints {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Where [`Endpoints::start`] leaves the stacks for a worker to run
+/// (`storage.endpoint_placement = "worker"`): the worker looks at the
+/// slot once a turn, at the cost of one atomic load, until it has taken
+/// them.
+#[derive(Default)]
+pub struct InlineSlot {
+    ready: AtomicBool,
+    stacks: std::sync::Mutex<Option<InlineEndpoints>>,
+}
+
+impl InlineSlot {
+    fn put(&self, e: InlineEndpoints) {
+        *self.stacks.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// The stacks, once, if they have been put here.
+    pub fn take(&self) -> Option<InlineEndpoints> {
+        if !self.ready.load(Ordering::Acquire) {
+            return None;
+        }
+        self.ready.store(false, Ordering::Relaxed);
+        self.stacks.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The storage endpoints' stacks as a worker runs them: one
+/// [`InlineEndpoints::turn`] per worker turn, the worker's idle
+/// behaviour instead of the thread's naps.
+pub struct InlineEndpoints {
+    l: Loop,
+    stop: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl InlineEndpoints {
+    /// Follows the plan and the switch, moves the frames the workers
+    /// delivered into the stacks and runs them, and queues their frames
+    /// for the workers. Returns how many frames moved, plus one if a
+    /// stack wants to run again at once (so the worker does not nap).
+    pub fn turn(&mut self) -> usize {
+        if self.done {
+            return 0;
+        }
+        if self.stop.load(Ordering::Relaxed) {
+            self.done = true;
+            self.l.shutdown();
+            return 0;
+        }
+        let now = Instant::now();
+        let (moved, next) = self.l.turn(now);
+        moved + usize::from(next <= now)
+    }
+}
+
+impl Drop for InlineEndpoints {
+    /// The worker stopping ends the connections.
+    fn drop(&mut self) {
+        if !self.done {
+            self.l.shutdown();
+        }
     }
 }
 
@@ -221,24 +298,15 @@ impl Loop {
         };
         let mut nap = Duration::from_micros(1);
         while !stop.load(Ordering::Relaxed) {
-            self.follow();
             let now = Instant::now();
-            let mut moved = 0;
-            let mut next = now + max_nap;
-            let mut open = 0;
-            for s in self.stacks.values_mut() {
-                moved += s.turn(now);
-                if !s.held {
-                    next = next.min(s.ep.poll_at(now));
-                }
-                open += s.ep.open_connections();
-            }
-            self.plan.set_open_connections(open);
+            let (moved, next) = self.turn(now);
             if moved > 0 {
                 nap = Duration::from_micros(1);
                 continue;
             }
-            let until = next.saturating_duration_since(Instant::now());
+            let until = next
+                .min(now + max_nap)
+                .saturating_duration_since(Instant::now());
             if busy || until.is_zero() {
                 std::hint::spin_loop();
                 continue;
@@ -246,6 +314,30 @@ impl Loop {
             std::thread::sleep(nap.min(until));
             nap = (nap * 2).min(max_nap);
         }
+        self.shutdown();
+    }
+
+    /// One turn: takes up changes, then moves every stack's frames and
+    /// runs it. Returns the frames moved and when a stack that is not
+    /// waiting for the workers next wants a poll (far ahead if none).
+    fn turn(&mut self, now: Instant) -> (usize, Instant) {
+        self.follow();
+        let mut moved = 0;
+        let mut next = now + Duration::from_secs(3600);
+        let mut open = 0;
+        for s in self.stacks.values_mut() {
+            moved += s.turn(now);
+            if !s.held {
+                next = next.min(s.ep.poll_at(now));
+            }
+            open += s.ep.open_connections();
+        }
+        self.plan.set_open_connections(open);
+        (moved, next)
+    }
+
+    /// Ends every endpoint's connections, sending what that takes.
+    fn shutdown(&mut self) {
         for s in self.stacks.values_mut() {
             s.ep.shutdown();
             s.turn(Instant::now());

@@ -270,6 +270,8 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 nvmf.endpoint_plan(),
                 dp.switch(),
                 dp.endpoint_settings(&config.transport()),
+                (config.storage.endpoint_placement == config::EndpointPlacement::Worker)
+                    .then(|| dp.inline_slot()),
             )
             .context("starting the storage endpoints' thread")?,
         ),

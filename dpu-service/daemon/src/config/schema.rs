@@ -150,6 +150,17 @@ pub enum IdleMode {
     Backoff,
 }
 
+/// Where the storage endpoints' stacks run (`storage.endpoint_placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointPlacement {
+    /// A thread of their own, `storage-endpoints`.
+    #[default]
+    Thread,
+    /// In the first worker, once a turn.
+    Worker,
+}
+
 /// `[grpc]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -358,6 +369,14 @@ pub struct StorageConfig {
     /// (its listening sockets and two connections); a SYN past it is
     /// reset (default 512 MiB).
     pub endpoint_buffer_memory: Option<String>,
+    /// Where the storage endpoints' TCP/IP stacks run: `"thread"` (the
+    /// default), a thread of their own, so a busy endpoint never holds up
+    /// forwarding; or `"worker"`, in the first data-plane worker between
+    /// its bursts, which saves a core and the hand-over between two
+    /// threads (for a DPU with few cores to spare, or RAM namespaces: a
+    /// file or device namespace's reads then hold up that worker's
+    /// forwarding for as long as the device takes).
+    pub endpoint_placement: EndpointPlacement,
     /// Directories whose files may back namespaces, e.g.
     /// `["/srv/volumes"]`: a file backend's path must lie beneath one, and
     /// is resolved there without following symbolic links. Absolute, and
