@@ -18,7 +18,13 @@
 //! configuration (where each endpoint's queues are). An endpoint keeps
 //! its stack, and its connections, for as long as the state has it.
 //!
-//! Idle, it follows the workers ([`Idle`]): with `BusyPoll` (a DPU's
+//! With `storage.endpoint_placement = "worker"` the same loop runs in
+//! the first worker instead ([`InlineEndpoints`], taken from an
+//! [`InlineSlot`]), once a turn between the worker's bursts: no thread,
+//! no hand-over between cores, at the price of the worker's forwarding
+//! waiting for the stacks' turn.
+//!
+//! Idle, the thread follows the workers ([`Idle`]): with `BusyPoll` (a DPU's
 //! dedicated cores) it keeps polling; with `Backoff` it sleeps after an
 //! empty turn, doubling from 1 µs up to the workers' longest sleep: a
 //! frame waits at most that long for the thread to wake (bounded

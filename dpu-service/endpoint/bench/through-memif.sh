@@ -5,7 +5,7 @@
 #
 #   dpu-service/endpoint/bench/through-memif.sh [--bin target/release] \
 #       [--time 3] [--rounds 3] [--idle backoff|busy] [--job PATTERN:BS:QD]...
-#       [--profile FILE]
+#       [--placement thread|worker] [--profile FILE]
 #
 # One service, confined to CPU 0 (taskset), DPDK without hugepages, one
 # worker: its one switch port is a net_memif server. Tenant "blue" (default
@@ -20,6 +20,9 @@
 # sockets it is the same binary on loopback TCP. Rounds alternate the two;
 # medians of the rounds.
 #
+# --placement sets storage.endpoint_placement: the endpoints' stacks in a
+# thread of their own (the default) or in the worker.
+#
 # --profile FILE records the service with `perf record -g` while the
 # endpoint serves each job of the first round (FILE.JOB), for where the
 # cycles go.
@@ -32,7 +35,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-bin=target/release secs=3 rounds=3 idle=backoff jobs=() profile=""
+bin=target/release secs=3 rounds=3 idle=backoff jobs=() profile="" placement=thread
 while (($#)); do
   case "$1" in
     --bin) shift; bin=$1 ;;
@@ -41,6 +44,7 @@ while (($#)); do
     --idle) shift; idle=$1 ;;
     --job) shift; jobs+=("$1") ;;
     --profile) shift; profile=$1 ;;
+    --placement) shift; placement=$1 ;;
     *) echo "through-memif: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -72,6 +76,7 @@ level = "warn"
 
 [storage]
 ram_limit = "1GiB"
+endpoint_placement = "$placement"
 
 [dataplane]
 workers = 1

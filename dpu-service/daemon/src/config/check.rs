@@ -1175,6 +1175,25 @@ mod tests {
             crate::endpoints::DEFAULT_BUFFER_MEMORY
         );
         assert_eq!(
+            load("").unwrap().storage.endpoint_placement,
+            EndpointPlacement::Thread
+        );
+        assert_eq!(
+            load("[storage]\nendpoint_placement = \"worker\"\n")
+                .unwrap()
+                .storage
+                .endpoint_placement,
+            EndpointPlacement::Worker
+        );
+        let e = format!(
+            "{:#}",
+            load("[storage]\nendpoint_placement = \"cores\"\n").unwrap_err()
+        );
+        assert!(
+            e.contains("endpoint_placement") && e.contains("`thread` or `worker`"),
+            "{e}"
+        );
+        assert_eq!(
             load("[storage]\nmax_connections_per_host = 7\n")
                 .unwrap()
                 .target_limits()
