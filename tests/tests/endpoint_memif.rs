@@ -10,7 +10,7 @@
 
 use std::process::Output;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use dpu_e2e::net::metric;
 use dpu_e2e::{binary, output_text as text, Service};
 
@@ -24,11 +24,20 @@ fn config(socket: &str) -> String {
 /// The service with one DPDK memif server port at `socket`, given `mtu`;
 /// `tag` keeps EAL files of services running side by side apart.
 fn config_mtu(tag: &str, socket: &str, mtu: Option<u16>) -> String {
+    config_with(tag, socket, mtu, "thread")
+}
+
+/// [`config_mtu`] with the storage endpoints' stacks placed by
+/// `placement` (`storage.endpoint_placement`).
+fn config_with(tag: &str, socket: &str, mtu: Option<u16>, placement: &str) -> String {
     let mtu = mtu.map_or(String::new(), |m| format!("mtu = {m}\n"));
     format!(
         r#"
 [log]
 level = "info"
+
+[storage]
+endpoint_placement = "{placement}"
 
 [dataplane]
 workers = 1
@@ -91,11 +100,9 @@ fn io(socket: &str) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("memif.sock").display().to_string();
-    let svc = Service::start_config(&config(&socket), &[])?;
+/// Tenant `blue` on the memif port, default allow, with subsystem `ep`
+/// (64 MiB of RAM) at its endpoint 10.79.0.250:4420.
+fn blue_with_endpoint(svc: &Service) -> Result<()> {
     svc.dpuctl_ok(&[
         "tenant",
         "create",
@@ -127,6 +134,15 @@ fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Res
         "--port",
         "4420",
     ])?;
+    Ok(())
+}
+
+#[test]
+fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("memif.sock").display().to_string();
+    let svc = Service::start_config(&config(&socket), &[])?;
+    blue_with_endpoint(&svc)?;
 
     let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
     ensure!(
@@ -166,6 +182,35 @@ fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Res
     );
     svc.dpuctl_ok(&["rule", "delete", "blue", "no-storage"])?;
     io(&socket)?;
+    Ok(())
+}
+
+/// The endpoint's stack run by the DPDK worker itself
+/// (`storage.endpoint_placement = "worker"`): discovery and I/O through
+/// the switch, twice, with no endpoint thread in the service.
+#[test]
+fn an_endpoint_placed_in_the_dpdk_worker_serves_its_tenant() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("memif.sock").display().to_string();
+    let svc = Service::start_config(&config_with("inline", &socket, None, "worker"), &[])?;
+    blue_with_endpoint(&svc)?;
+    let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
+    ensure!(
+        out.status.success() && text(&out).contains(&format!("10.79.0.250 4420 {NQN}")),
+        "discovery through the memif port: {}",
+        text(&out)
+    );
+    io(&socket)?;
+    io(&socket)?;
+    let pid = svc.pid().context("no service pid")?;
+    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    ensure!(
+        !names.iter().any(|n| n.starts_with("storage-endp")),
+        "an endpoint thread runs: {names:?}"
+    );
     Ok(())
 }
 
