@@ -277,6 +277,12 @@ struct Stack {
     /// need the core to drain the lane, and the thread naps as after an
     /// empty turn.
     held: bool,
+    /// When the stack wants its next poll, as it said after the last
+    /// one; `None`: at once (new, changed, or shutting down). A turn that
+    /// brings no frame polls it only from then on, so an idle stack
+    /// costs a turn (a worker's, with the stacks in the worker) a look
+    /// at its queues.
+    due: Option<Instant>,
 }
 
 struct Loop {
@@ -334,7 +340,7 @@ impl Loop {
         for s in self.stacks.values_mut() {
             moved += s.turn(now);
             if !s.held {
-                next = next.min(s.ep.poll_at(now));
+                next = next.min(s.due.unwrap_or(now));
             }
             open += s.ep.open_connections();
         }
@@ -346,6 +352,7 @@ impl Loop {
     fn shutdown(&mut self) {
         for s in self.stacks.values_mut() {
             s.ep.shutdown();
+            s.due = None;
             s.turn(Instant::now());
         }
     }
@@ -372,6 +379,7 @@ impl Loop {
                     .map(|l| l.queues.clone());
                 if queues.as_ref().map(Arc::as_ptr) != s.queues.as_ref().map(Arc::as_ptr) {
                     s.lanes.clear();
+                    s.due = None;
                 }
                 s.queues = queues;
             }
@@ -391,6 +399,7 @@ impl Loop {
             if !keep {
                 tracing::info!(%tenant, %address, "storage endpoint removed");
                 s.ep.shutdown();
+                s.due = None;
                 s.turn(now);
             }
             keep
@@ -404,6 +413,7 @@ impl Loop {
             if stale {
                 if let Some(mut s) = self.stacks.remove(&key) {
                     s.ep.shutdown();
+                    s.due = None;
                     s.turn(now);
                 }
             }
@@ -422,6 +432,7 @@ impl Loop {
                                 queues: None,
                                 lanes: Lanes::default(),
                                 held: false,
+                                due: None,
                             },
                         );
                     }
@@ -441,6 +452,9 @@ impl Loop {
                 if let Err(e) = s.ep.listen(p, spec.target.clone()) {
                     tracing::error!(tenant = %spec.tenant, address = %spec.address, port = p, error = %e, "storage endpoint cannot listen");
                 }
+            }
+            if s.ports != spec.ports {
+                s.due = None;
             }
             s.ports = spec.ports.clone();
         }
@@ -469,6 +483,11 @@ impl Stack {
                     moved += 1;
                 }
             }
+        }
+        if moved == 0 && self.due.is_some_and(|d| now < d) {
+            // Nothing came and nothing is due.
+            self.held = false;
+            return 0;
         }
         let (queues, lanes) = (&self.queues, &self.lanes);
         if let Some(q) = queues {
@@ -500,6 +519,7 @@ impl Stack {
             let _ = q.send(lane, b);
             moved += 1;
         });
+        self.due = Some(self.ep.poll_at(now));
         moved
     }
 }

@@ -5,6 +5,7 @@
 #
 #   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
 #       [--time 3] [--idle backoff|busy] [--mtu 1500] [--job PATTERN:BS:QD]...
+#       [--placement thread|worker]
 #
 # One service (kernel driver, one worker, idle backoff or busy) with one switch
 # port: a veth pair whose other end is in a network namespace, the host
@@ -20,16 +21,20 @@
 # same worker: one sends TCP to the other (a Python bulk sender, TIME
 # seconds) alone, and again while blue's host reads 128 KiB blocks at
 # QD 16 from its endpoint; prints both rates.
+#
+# --placement sets storage.endpoint_placement: the endpoints' stacks in a
+# thread of their own (the default) or in the worker.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-bin=target/release secs=3 idle=backoff mtu=1500 jobs=()
+bin=target/release secs=3 idle=backoff mtu=1500 jobs=() placement=thread
 while (($#)); do
   case "$1" in
     --bin) shift; bin=$1 ;;
     --time) shift; secs=$1 ;;
     --idle) shift; idle=$1 ;;
     --mtu) shift; mtu=$1 ;;
+    --placement) shift; placement=$1 ;;
     --job) shift; jobs+=("$1") ;;
     *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -86,6 +91,7 @@ level = "warn"
 
 [storage]
 ram_limit = "1GiB"
+endpoint_placement = "$placement"
 
 [dataplane]
 workers = 1
