@@ -277,12 +277,16 @@ struct Stack {
     /// need the core to drain the lane, and the thread naps as after an
     /// empty turn.
     held: bool,
-    /// When the stack wants its next poll, as it said after the last
-    /// one; `None`: at once (new, changed, or shutting down). A turn that
-    /// brings no frame polls it only from then on, so an idle stack
-    /// costs a turn (a worker's, with the stacks in the worker) a look
-    /// at its queues.
+    /// When the stack wants its next poll, as it said after its last
+    /// poll if that one sent nothing; `None`: at once (it sent frames, or
+    /// is new, changed or shutting down). A turn that brings no frame
+    /// polls a quiet stack only from then on, so an idle stack costs a
+    /// turn (a worker's, with the stacks in the worker) a look at its
+    /// queues, while a busy one is polled every turn as its output
+    /// drains.
     due: Option<Instant>,
+    /// When the stack wants its next poll, as it said after its last one.
+    next: Instant,
 }
 
 struct Loop {
@@ -340,7 +344,7 @@ impl Loop {
         for s in self.stacks.values_mut() {
             moved += s.turn(now);
             if !s.held {
-                next = next.min(s.due.unwrap_or(now));
+                next = next.min(s.next);
             }
             open += s.ep.open_connections();
         }
@@ -433,6 +437,7 @@ impl Loop {
                                 lanes: Lanes::default(),
                                 held: false,
                                 due: None,
+                                next: now,
                             },
                         );
                     }
@@ -502,6 +507,7 @@ impl Stack {
             }
         }
         self.held = false;
+        let mut sent = 0;
         self.ep.poll(now, &mut |frame: &[u8]| {
             // Without queues (the switch has not taken the endpoint yet)
             // the frame is lost; TCP sends it again.
@@ -517,9 +523,12 @@ impl Stack {
             b.extend_from_slice(frame);
             // A full queue loses the frame, as a full link would.
             let _ = q.send(lane, b);
-            moved += 1;
+            sent += 1;
         });
-        self.due = Some(self.ep.poll_at(now));
+        moved += sent;
+        let at = self.ep.poll_at(now);
+        self.due = (sent == 0).then_some(at);
+        self.next = at;
         moved
     }
 }
