@@ -225,6 +225,19 @@ impl Service {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The names of the service's threads (`/proc/PID/task/*/comm`, at
+    /// most 15 bytes each).
+    ///
+    /// # Errors
+    /// If the service has exited or `/proc` cannot be read.
+    pub fn thread_names(&self) -> Result<Vec<String>> {
+        let pid = self.pid().context("the service has exited")?;
+        Ok(std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect())
+    }
+
     /// Sends `signal` (e.g. "TERM", "KILL") and waits for the exit.
     pub fn signal(&mut self, signal: &str) -> Result<ExitStatus> {
         let mut child = self.child.take().context("service not running")?;

@@ -10,7 +10,7 @@
 
 use std::process::Output;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use dpu_e2e::net::metric;
 use dpu_e2e::{binary, output_text as text, Service};
 
@@ -100,6 +100,18 @@ fn io(socket: &str) -> Result<()> {
     Ok(())
 }
 
+/// Discovery through the memif port lists blue's subsystem at its
+/// endpoint.
+fn discovers_blue(socket: &str) -> Result<()> {
+    let out = perf(socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
+    ensure!(
+        out.status.success() && text(&out).contains(&format!("10.79.0.250 4420 {NQN}")),
+        "discovery through the memif port: {}",
+        text(&out)
+    );
+    Ok(())
+}
+
 /// Tenant `blue` on the memif port, default allow, with subsystem `ep`
 /// (64 MiB of RAM) at its endpoint 10.79.0.250:4420.
 fn blue_with_endpoint(svc: &Service) -> Result<()> {
@@ -144,12 +156,7 @@ fn a_host_on_a_memif_port_reads_and_writes_through_its_tenants_endpoint() -> Res
     let svc = Service::start_config(&config(&socket), &[])?;
     blue_with_endpoint(&svc)?;
 
-    let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
-    ensure!(
-        out.status.success() && text(&out).contains(&format!("10.79.0.250 4420 {NQN}")),
-        "discovery through the memif port: {}",
-        text(&out)
-    );
+    discovers_blue(&socket)?;
     io(&socket)?;
     // Another host process: a new memif connection, new TCP connections.
     io(&socket)?;
@@ -194,19 +201,10 @@ fn an_endpoint_placed_in_the_dpdk_worker_serves_its_tenant() -> Result<()> {
     let socket = dir.path().join("memif.sock").display().to_string();
     let svc = Service::start_config(&config_with("inline", &socket, None, "worker"), &[])?;
     blue_with_endpoint(&svc)?;
-    let out = perf(&socket, &["--addr", "10.79.0.250:4420", "--discover"])?;
-    ensure!(
-        out.status.success() && text(&out).contains(&format!("10.79.0.250 4420 {NQN}")),
-        "discovery through the memif port: {}",
-        text(&out)
-    );
+    discovers_blue(&socket)?;
     io(&socket)?;
     io(&socket)?;
-    let pid = svc.pid().context("no service pid")?;
-    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect();
+    let names = svc.thread_names()?;
     ensure!(
         !names.iter().any(|n| n.starts_with("storage-endp")),
         "an endpoint thread runs: {names:?}"

@@ -311,40 +311,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     );
 
     // Blue denies TCP 4420 from its host: refused, and counted.
-    let denied = drops(&svc, "acl_deny")?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        "blue",
-        "--id",
-        "no-storage",
-        "--priority",
-        "5",
-        "--action",
-        "deny",
-        "--proto",
-        "tcp",
-        "--src",
-        "10.77.0.5/32",
-        "--dport",
-        "4420",
-    ])?;
-    let out = blue.perf(&[
-        "--addr",
-        &format!("{EP}:4420"),
-        "--nqn",
-        BLUE_NQN,
-        "--time",
-        "0.2",
-        "--job",
-        "randread:4k:1",
-    ]);
-    let refused = out.map_or(true, |o| !o.status.success());
-    assert!(refused, "the deny rule let the host connect");
-    assert!(
-        drops(&svc, "acl_deny")? > denied,
-        "no acl_deny drop counted"
-    );
+    blue_denies_its_host(&svc, &blue, "10.77.0.5/32", &format!("{EP}:4420"))?;
     // Red's storage is not blue's rule's business.
     did_io("red while blue denies", &red.io(RED_NQN)?)?;
     // Allowed again, it works again.
@@ -368,6 +335,45 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     }
     eventually("blue's endpoint to go", || !blue.ns.ping(EP))?;
     did_io("red after blue's endpoint went", &red.io(RED_NQN)?)?;
+    Ok(())
+}
+
+/// Adds blue's rule `no-storage` denying TCP 4420 from `src`: `host`'s
+/// I/O at `at` is refused, and the switch counts `acl_deny` drops.
+fn blue_denies_its_host(svc: &Service, host: &Host, src: &str, at: &str) -> Result<()> {
+    let denied = drops(svc, "acl_deny")?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "blue",
+        "--id",
+        "no-storage",
+        "--priority",
+        "5",
+        "--action",
+        "deny",
+        "--proto",
+        "tcp",
+        "--src",
+        src,
+        "--dport",
+        "4420",
+    ])?;
+    let out = host.perf(&[
+        "--addr",
+        at,
+        "--nqn",
+        BLUE_NQN,
+        "--time",
+        "0.2",
+        "--job",
+        "randread:4k:1",
+    ]);
+    ensure!(
+        out.map_or(true, |o| !o.status.success()),
+        "the deny rule let the host connect"
+    );
+    ensure!(drops(svc, "acl_deny")? > denied, "no acl_deny drop counted");
     Ok(())
 }
 
@@ -421,44 +427,9 @@ fn ipv6_hosts_reach_their_tenants_ipv6_endpoint_alone() -> Result<()> {
     }
 
     // Blue denies TCP 4420 from its host's IPv6 address: refused, counted.
-    let denied = drops(&svc, "acl_deny")?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        "blue",
-        "--id",
-        "no-storage-6",
-        "--priority",
-        "5",
-        "--action",
-        "deny",
-        "--proto",
-        "tcp",
-        "--src",
-        "fd00:77::5/128",
-        "--dport",
-        "4420",
-    ])?;
-    let out = blue.perf(&[
-        "--addr",
-        &at,
-        "--nqn",
-        BLUE_NQN,
-        "--time",
-        "0.2",
-        "--job",
-        "randread:4k:1",
-    ]);
-    assert!(
-        out.map_or(true, |o| !o.status.success()),
-        "the deny rule let the host connect"
-    );
-    assert!(
-        drops(&svc, "acl_deny")? > denied,
-        "no acl_deny drop counted"
-    );
+    blue_denies_its_host(&svc, &blue, "fd00:77::5/128", &at)?;
     did_io("red while blue denies", &red.io_at(&at, RED_NQN)?)?;
-    svc.dpuctl_json(&["rule", "delete", "blue", "no-storage-6"])?;
+    svc.dpuctl_json(&["rule", "delete", "blue", "no-storage"])?;
     did_io("blue after the rule went", &blue.io_at(&at, BLUE_NQN)?)?;
     Ok(())
 }
@@ -481,11 +452,7 @@ fn replies_meet_their_connection_on_its_worker() -> Result<()> {
 #[test]
 fn endpoints_placed_in_a_worker_serve_both_workers_connections() -> Result<()> {
     let svc = stateful_storage_over_two_workers("wi", "endpoint_placement = \"worker\"\n")?;
-    let pid = svc.pid().context("no service pid")?;
-    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect();
+    let names = svc.thread_names()?;
     ensure!(
         names.iter().any(|n| n == "dp-worker-0")
             && !names.iter().any(|n| n.starts_with("storage-endp")),

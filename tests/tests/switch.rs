@@ -1562,18 +1562,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
     // field, so the trees keep leaves of thousands of rules, which the
     // classifier indexes instead of scanning on the worker.
     let wide: u32 = 20_000;
-    let rules: Vec<serde_json::Value> = (0..n)
-        .map(|p| {
-            serde_json::json!({
-                "priority": p,
-                "srcPrefix": "10.238.0.0/24",
-                "ipProtocol": 17,
-                "srcPorts": {"first": n - p, "last": 35_535 + p},
-                "dstPorts": {"first": p + 1, "last": p + wide},
-                "action": if p.is_multiple_of(2) { "RULE_ACTION_ALLOW" } else { "RULE_ACTION_DENY" },
-            })
-        })
-        .collect();
+    let rules = nested_and_staggered(n, wide, |_| "10.238.0.0/24".to_string());
     replace_rules(
         &svc,
         dir.path(),
@@ -1640,18 +1629,7 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
             h.ns.exec(&["ip", "addr", "add", addr, "dev", &dev, "nodad"])?;
         ensure!(out.status.success(), "ip addr add {addr}: {out:?}");
     }
-    let rules: Vec<serde_json::Value> = (0..n)
-        .map(|p| {
-            serde_json::json!({
-                "priority": p,
-                "srcPrefix": format!("fd00:238::/{}", 64 + p % 64),
-                "ipProtocol": 17,
-                "srcPorts": {"first": n - p, "last": 35_535 + p},
-                "dstPorts": {"first": p + 1, "last": p + wide},
-                "action": if p.is_multiple_of(2) { "RULE_ACTION_ALLOW" } else { "RULE_ACTION_DENY" },
-            })
-        })
-        .collect();
+    let rules = nested_and_staggered(n, wide, |p| format!("fd00:238::/{}", 64 + p % 64));
     replace_rules(
         &svc,
         dir.path(),
@@ -1667,6 +1645,24 @@ fn nested_port_ranges_compile_within_bounds_and_filter_right() -> Result<()> {
         "destination ports that received an IPv6 datagram"
     );
     Ok(())
+}
+
+/// `n` UDP rules, rule p from source prefix `src(p)`, covering source
+/// ports n - p ..= 35,535 + p and destination ports p + 1 ..= p + `wide`;
+/// even rules allow, odd ones deny.
+fn nested_and_staggered(n: u32, wide: u32, src: impl Fn(u32) -> String) -> Vec<serde_json::Value> {
+    (0..n)
+        .map(|p| {
+            serde_json::json!({
+                "priority": p,
+                "srcPrefix": src(p),
+                "ipProtocol": 17,
+                "srcPorts": {"first": n - p, "last": 35_535 + p},
+                "dstPorts": {"first": p + 1, "last": p + wide},
+                "action": if p.is_multiple_of(2) { "RULE_ACTION_ALLOW" } else { "RULE_ACTION_DENY" },
+            })
+        })
+        .collect()
 }
 
 /// Replaces tenant `teal`'s rules with `rules` through `dpuctl`, and
