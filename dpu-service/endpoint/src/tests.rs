@@ -579,10 +579,11 @@ fn an_endpoint_can_move_to_a_worker_thread() {
 
 /// A SYN to the endpoint's port from `src` (any address, as a forged one
 /// would be), port `sport`.
-fn forged_syn(src: std::net::Ipv4Addr, sport: u16) -> Vec<u8> {
+fn forged_syn(src: std::net::IpAddr, sport: u16) -> Vec<u8> {
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::{
-        IpAddress, IpProtocol, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+        IpAddress, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, TcpControl, TcpPacket,
+        TcpRepr, TcpSeqNumber,
     };
     let tcp = TcpRepr {
         src_port: sport,
@@ -598,48 +599,86 @@ fn forged_syn(src: std::net::Ipv4Addr, sport: u16) -> Vec<u8> {
         timestamp: None,
         payload: &[],
     };
-    let ip = Ipv4Repr {
-        src_addr: src,
-        dst_addr: EP_IP,
-        next_header: IpProtocol::Tcp,
-        payload_len: tcp.buffer_len(),
-        hop_limit: 64,
+    let (ethertype, ip_len, dst) = match src {
+        std::net::IpAddr::V4(_) => (EthernetProtocol::Ipv4, 20, IpAddress::Ipv4(EP_IP)),
+        std::net::IpAddr::V6(_) => (EthernetProtocol::Ipv6, 40, IpAddress::Ipv6(EP_IP6)),
     };
     let eth = EthernetRepr {
         src_addr: EthernetAddress(HOST_MAC),
         dst_addr: EthernetAddress(EP_MAC),
-        ethertype: EthernetProtocol::Ipv4,
+        ethertype,
     };
-    let mut b = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
+    let mut b = vec![0u8; eth.buffer_len() + ip_len + tcp.buffer_len()];
     let mut f = EthernetFrame::new_unchecked(&mut b);
     eth.emit(&mut f);
     let caps = ChecksumCapabilities::default();
-    let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
-    ip.emit(&mut p, &caps);
+    let src = IpAddress::from(src);
+    let payload = match (src, dst) {
+        (IpAddress::Ipv4(s), IpAddress::Ipv4(d)) => {
+            let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
+            let ip = Ipv4Repr {
+                src_addr: s,
+                dst_addr: d,
+                next_header: IpProtocol::Tcp,
+                payload_len: tcp.buffer_len(),
+                hop_limit: 64,
+            };
+            ip.emit(&mut p, &caps);
+            p.into_inner()
+        }
+        (IpAddress::Ipv6(s), IpAddress::Ipv6(d)) => {
+            let mut p = Ipv6Packet::new_unchecked(f.payload_mut());
+            let ip = Ipv6Repr {
+                src_addr: s,
+                dst_addr: d,
+                next_header: IpProtocol::Tcp,
+                payload_len: tcp.buffer_len(),
+                hop_limit: 64,
+            };
+            ip.emit(&mut p);
+            p.into_inner()
+        }
+        _ => unreachable!("one family"),
+    };
     tcp.emit(
-        &mut TcpPacket::new_unchecked(p.payload_mut()),
-        &IpAddress::Ipv4(src),
-        &IpAddress::Ipv4(EP_IP),
+        &mut TcpPacket::new_unchecked(&mut payload[ip_len..]),
+        &src,
+        &dst,
         &caps,
     );
     b
 }
 
-#[test]
-fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
+/// A forged source address, number `n`, in the endpoint's family.
+fn forged_source(v6: bool, n: u32) -> std::net::IpAddr {
+    if v6 {
+        std::net::Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, (n >> 16) as u16, n as u16).into()
+    } else {
+        std::net::Ipv4Addr::new(10, 1, (n >> 8) as u8 % 200 + 1, n as u8).into()
+    }
+}
+
+/// A flood of SYNs from forged addresses of the endpoint's family (`v6`)
+/// holds few sockets, and a real host still connects.
+fn syn_flood(v6: bool) {
     let cfg = EndpointConfig {
         max_handshakes: 8,
-        ..config(1500)
+        ..if v6 { config6(1500) } else { config(1500) }
     };
     let max = cfg.max_connections;
-    let mut p = Pair::new(cfg, target(MIB));
+    let target = if v6 {
+        target_at(MIB, EP_IP6.into())
+    } else {
+        target(MIB)
+    };
+    let mut p = Pair::new(cfg, target);
     // Ten times the connection cap of SYNs from forged addresses, a few
     // per poll, none ever completed.
     let mut n: u32 = 0;
     for _ in 0..(max * 10 / 4) {
         for _ in 0..4 {
             n += 1;
-            let src = std::net::Ipv4Addr::new(10, 1, (n >> 8) as u8 % 200 + 1, n as u8);
+            let src = forged_source(v6, n);
             p.ep.receive(&forged_syn(src, 1024 + (n % 60000) as u16), p.now);
         }
         let _ = poll_frames(&mut p);
@@ -657,7 +696,7 @@ fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
     assert!(st.handshakes_reset >= st.connections - 8, "{st:?}");
     // Between two forged SYNs a real host completes its handshake and
     // its NVMe/TCP work.
-    p.ep.receive(&forged_syn(std::net::Ipv4Addr::new(10, 1, 9, 9), 9), p.now);
+    p.ep.receive(&forged_syn(forged_source(v6, 1 << 20), 9), p.now);
     let (mut admin, _) = NvmeHost::admin(&mut p, 40000);
     let mut sqe = dpu_nvmeof::host::command(admin::IDENTIFY, admin.cid());
     sqe.0[40] = 1; // CNS 1: the controller
@@ -666,16 +705,23 @@ fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
     // Handshakes left pending go after the SYN timeout.
     for _ in 0..4 {
         n += 1;
-        p.ep.receive(
-            &forged_syn(std::net::Ipv4Addr::new(10, 1, 7, n as u8), 7),
-            p.now,
-        );
+        p.ep.receive(&forged_syn(forged_source(v6, n), 7), p.now);
     }
     let before = p.ep.stats().handshakes_reset;
     p.run(100_000, |p| p.ep.open_connections() == 1);
     assert_eq!(p.ep.open_connections(), 1, "only the real host's is left");
     assert!(p.ep.stats().handshakes_reset >= before + 4);
     assert!(p.socket(admin.handle).is_active());
+}
+
+#[test]
+fn a_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
+    syn_flood(false);
+}
+
+#[test]
+fn an_ipv6_syn_flood_holds_few_sockets_and_a_real_host_still_connects() {
+    syn_flood(true);
 }
 
 #[test]
