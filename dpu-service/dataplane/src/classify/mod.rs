@@ -7,7 +7,10 @@
 //! shape group gets a tree of its own, up to eight per address family,
 //! and the rest share one. A key walks its trees side by side. Within a
 //! group, wide rules rarely have to be copied into many narrow slices,
-//! which is what makes a single cut tree blow up.
+//! which is what makes a single cut tree blow up. Groups whose rules
+//! cut apart cleanly are then joined: two trees become one when the
+//! tree of both has no more leaf entries than the two apart and is no
+//! deeper, since every key walks every tree.
 //!
 //! Each tree cuts the 5-dimensional key space (source address, destination
 //! address, source port, destination port, protocol) into aligned

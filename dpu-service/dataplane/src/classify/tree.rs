@@ -110,6 +110,34 @@ pub(super) struct Tree {
 }
 
 impl Tree {
+    /// Cuts on the longest way from the root to a leaf.
+    pub(super) fn depth(&self) -> u32 {
+        let mut deepest = 0;
+        let mut stack = vec![(0u32, 0u32)];
+        while let Some((at, d)) = stack.pop() {
+            let n = self.nodes[at as usize];
+            if n.bits == 0 {
+                deepest = deepest.max(d);
+                continue;
+            }
+            let kids = &self.children[n.first as usize..n.first as usize + (1 << n.bits)];
+            // Slices that share a child list it once in a row.
+            let mut last = u32::MAX;
+            for &c in kids {
+                if c != last {
+                    stack.push((c, d + 1));
+                    last = c;
+                }
+            }
+        }
+        deepest
+    }
+
+    /// Leaves with an index.
+    pub(super) fn indexed(&self) -> usize {
+        self.indexes.len()
+    }
+
     /// Every leaf index, by the leaf's first entry in `leaf_rules`; the
     /// tree keeps none after.
     pub(super) fn take_indexes(&mut self) -> HashMap<u32, LeafIndex> {
@@ -215,6 +243,9 @@ pub(super) struct Builder<'a> {
     max_depth: usize,
     /// Positions of rules that hid later rules from some region.
     pruners: &'a mut Vec<u64>,
+    /// Leaf entries past which every node left is made a leaf: a tree
+    /// tried for a join gives up once it is past the trees apart.
+    leaf_cap: usize,
 }
 
 impl<'a> Builder<'a> {
@@ -223,6 +254,20 @@ impl<'a> Builder<'a> {
         ids: Vec<u32>,
         addr_bits: u32,
         pruners: &'a mut Vec<u64>,
+    ) -> Tree {
+        Builder::build_capped(rules, ids, addr_bits, pruners, usize::MAX, usize::MAX)
+    }
+
+    /// [`Builder::build`] no deeper than `depth` cuts, and giving up
+    /// cutting past `leaf_cap` leaf entries (the tree is then of no use
+    /// but to be measured).
+    pub(super) fn build_capped(
+        rules: &'a [AclRule],
+        ids: Vec<u32>,
+        addr_bits: u32,
+        pruners: &'a mut Vec<u64>,
+        leaf_cap: usize,
+        depth: usize,
     ) -> Tree {
         let mut b = Builder {
             rules,
@@ -234,7 +279,8 @@ impl<'a> Builder<'a> {
             },
             node_budget: NODES_PER_RULE * ids.len() + 256,
             space: SPACE_FACTOR[usize::from(ids.len() > SMALL_TREE)],
-            max_depth: MAX_DEPTH[usize::from(ids.len() > SMALL_TREE)],
+            max_depth: MAX_DEPTH[usize::from(ids.len() > SMALL_TREE)].min(depth),
+            leaf_cap,
         };
         let root = Region::whole(addr_bits);
         let ids = b.prune(&root, ids);
@@ -554,6 +600,7 @@ impl<'a> Builder<'a> {
         if ids.len() <= LEAF_RULES
             || depth >= self.max_depth
             || self.tree.nodes.len() >= self.node_budget
+            || self.tree.leaf_rules.len() > self.leaf_cap
         {
             return self.leaf(at, &ids);
         }

@@ -429,3 +429,55 @@ fn indexed_long_leaves_agree_with_the_reference() {
         }
     }
 }
+
+/// Trees of rules that cut apart cleanly join (one walk fewer a key);
+/// trees whose wide fields cross, which would copy each other's rules
+/// into every slice, stay apart. Lookups agree with a scan either way.
+#[test]
+fn trees_join_only_when_their_rules_do_not_cross() {
+    let host = |order: u32, src: Option<u32>, dst: Option<u32>, proto: u8| {
+        let mut r = AclRule::any(order, order, Family::V4).with_protocol(proto);
+        if let Some(s) = src {
+            r.src = (u128::from(s), u128::from(s));
+        }
+        if let Some(d) = dst {
+            r.dst = (u128::from(d), u128::from(d));
+        }
+        r
+    };
+    let (a, b) = (0x0a00_0000u32, 0x0b00_0000u32);
+    // Sources from two blocks, destinations any: one shape, no overlap.
+    let apart: Vec<AclRule> = (0..400)
+        .map(|i| host(i, Some(if i % 2 == 0 { a } else { b } + i * 97), None, 6))
+        .collect();
+    // Sources any, destinations given, against the first block's hosts.
+    let crossing: Vec<AclRule> = (0..400)
+        .map(|i| match i % 2 {
+            0 => host(i, Some(a + i * 97), None, 6),
+            _ => host(i, None, Some(b + i * 97), 6),
+        })
+        .collect();
+    for (rules, trees_after) in [(apart, 1), (crossing, 2)] {
+        let mut pruners = vec![0u64; rules.len().div_ceil(64)];
+        let lists: [Vec<u32>; 2] = [(0..400).step_by(2).collect(), (1..400).step_by(2).collect()];
+        let mut trees: Vec<Tree> = lists
+            .iter()
+            .map(|l| Builder::build(&rules, l.clone(), 32, &mut pruners))
+            .collect();
+        merge_trees(&rules, 32, &mut trees, &mut pruners);
+        assert_eq!(trees.len(), trees_after);
+        let c = Classifier::build_trees(&rules);
+        let mut rng = Rng(0x7e57_1e55);
+        for _ in 0..2000 {
+            let mut k = random_key(&mut rng, &rules);
+            k.v6 = false;
+            k.src &= u128::from(u32::MAX);
+            k.dst &= u128::from(u32::MAX);
+            assert_eq!(
+                c.lookup(&k).map(|r| r.order),
+                reference(&rules, &k).map(|r| r.order),
+                "{k:?}"
+            );
+        }
+    }
+}
