@@ -75,23 +75,32 @@ fn common_bits(rules: &[AclRule], addr_bits: u32) -> u32 {
     (differ.leading_zeros() - (128 - addr_bits)).min(addr_bits - 8)
 }
 
-/// Joins trees whose rules cost nothing to cut together: a key walks
+/// The trees of the groups `lists` (positions in `rules`, each sorted),
+/// with trees whose rules cost nothing to cut together joined: a key walks
 /// every tree of its set, so a tree fewer is a walk fewer. The smallest
 /// trees first, each tried with every other, smallest first, once: a
 /// pair is joined when the tree of both rules has no more leaf entries
 /// than the two apart (no rule is copied into more slices) and is no
 /// deeper than the deeper of them. Groups of one shape that do not
-/// overlap join (fw2_10k: two pairs of its eight trees, a fifth of its
-/// walks); groups whose wide fields cross do not.
-fn merge_trees(rules: &[AclRule], addr_bits: u32, trees: &mut Vec<Tree>, pruners: &mut Vec<u64>) {
-    let rules_of = |t: &Tree| -> Vec<u32> {
-        let mut ids: Vec<u32> = t.leaf_rules.clone();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    };
+/// overlap join (fw2_10k: from eight trees to five); groups whose wide
+/// fields cross do not.
+fn merge_trees(
+    rules: &[AclRule],
+    addr_bits: u32,
+    lists: Vec<Vec<u32>>,
+    pruners: &mut Vec<u64>,
+) -> Vec<Tree> {
+    // Per tree: its rules, the tree and its depth.
+    let mut trees: Vec<(Vec<u32>, Tree, u32)> = lists
+        .into_iter()
+        .map(|ids| {
+            let t = Builder::build(rules, ids.clone(), addr_bits, pruners);
+            let depth = t.depth();
+            (ids, t, depth)
+        })
+        .collect();
     let mut order: Vec<usize> = (0..trees.len()).collect();
-    order.sort_by_key(|&i| trees[i].leaf_rules.len());
+    order.sort_by_key(|&i| trees[i].1.leaf_rules.len());
     let mut gone = vec![false; trees.len()];
     let mut joined = vec![false; trees.len()];
     for (k, &a) in order.iter().enumerate() {
@@ -102,30 +111,38 @@ fn merge_trees(rules: &[AclRule], addr_bits: u32, trees: &mut Vec<Tree>, pruners
             if gone[b] || joined[b] {
                 continue;
             }
-            let (ta, tb) = (&trees[a], &trees[b]);
-            let mut ids = rules_of(ta);
-            ids.extend(rules_of(tb));
+            let ((ia, ta, da), (ib, tb, db)) = (&trees[a], &trees[b]);
+            let mut ids = ia.clone();
+            ids.extend_from_slice(ib);
             ids.sort_unstable();
-            ids.dedup();
             let apart = ta.leaf_rules.len() + tb.leaf_rules.len();
-            let depth = ta.depth().max(tb.depth());
-            let t = Builder::build_capped(rules, ids, addr_bits, pruners, apart, depth as usize);
+            let depth = *da.max(db);
+            let t = Builder::build_capped(
+                rules,
+                ids.clone(),
+                addr_bits,
+                pruners,
+                apart,
+                depth as usize,
+            );
             // A tree of one indexed leaf (what cuts that leave leaves of
             // thousands of rules become) searches where the two cut.
             let indexed = t.indexed() > ta.indexed() + tb.indexed();
-            if t.leaf_rules.len() <= apart && t.depth() <= depth && !indexed {
-                trees[b] = t;
+            let d = t.depth();
+            if t.leaf_rules.len() <= apart && d <= depth && !indexed {
+                trees[b] = (ids, t, d);
                 gone[a] = true;
                 joined[b] = true;
                 break;
             }
         }
     }
-    let mut i = 0;
-    trees.retain(|_| {
-        i += 1;
-        !gone[i - 1]
-    });
+    trees
+        .into_iter()
+        .zip(gone)
+        .filter(|(_, gone)| !gone)
+        .map(|((_, t, _), _)| t)
+        .collect()
 }
 
 /// One address family's rules (sorted by order) and the trees over them.
@@ -209,15 +226,11 @@ impl Set {
             .map(|m| std::mem::take(&mut groups[m]))
             .collect();
         lists.push(rest);
-        let mut trees: Vec<Tree> = lists
-            .into_iter()
-            .filter(|l| !l.is_empty())
-            .map(|mut l| {
-                l.sort_unstable();
-                Builder::build(&rules, l, addr_bits, &mut pruners)
-            })
-            .collect();
-        merge_trees(&rules, addr_bits, &mut trees, &mut pruners);
+        for l in &mut lists {
+            l.sort_unstable();
+        }
+        lists.retain(|l| !l.is_empty());
+        let mut trees = merge_trees(&rules, addr_bits, lists, &mut pruners);
         trees.sort_by_key(|t| t.min_pos);
         let mut shapes: Vec<(usize, usize, u32)> = trees
             .iter()

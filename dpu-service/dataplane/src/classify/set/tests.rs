@@ -460,11 +460,7 @@ fn trees_join_only_when_their_rules_do_not_cross() {
     for (rules, trees_after) in [(apart, 1), (crossing, 2)] {
         let mut pruners = vec![0u64; rules.len().div_ceil(64)];
         let lists: [Vec<u32>; 2] = [(0..400).step_by(2).collect(), (1..400).step_by(2).collect()];
-        let mut trees: Vec<Tree> = lists
-            .iter()
-            .map(|l| Builder::build(&rules, l.clone(), 32, &mut pruners))
-            .collect();
-        merge_trees(&rules, 32, &mut trees, &mut pruners);
+        let trees = merge_trees(&rules, 32, lists.to_vec(), &mut pruners);
         assert_eq!(trees.len(), trees_after);
         let c = Classifier::build_trees(&rules);
         let mut rng = Rng(0x7e57_1e55);
