@@ -227,8 +227,8 @@ pub struct SwitchConfig {
     /// Entries of each worker's flow cache (classifications of IPv4 keys
     /// of tenants with at least [`FLOW_CACHE_MIN_RULES`] rules), 32 bytes
     /// each; 0, the default here, turns it off. It pays while a worker's
-    /// flows fit in about half its entries (see the README's switch
-    /// benchmarks).
+    /// flows fit in about half its entries (see the switch benchmarks,
+    /// docs/benchmarks/switch-pipeline.md and switch-dpdk-vs-ovs.md).
     ///
     /// [`FLOW_CACHE_MIN_RULES`]: super::FLOW_CACHE_MIN_RULES
     pub flow_cache_entries: usize,

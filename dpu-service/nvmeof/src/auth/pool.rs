@@ -1,8 +1,8 @@
 //! The finite-field Diffie-Hellman work of DH-HMAC-CHAP, as jobs, and a
 //! small pool of threads of its own that runs them off the poll groups.
 //!
-//! One ffdhe8192 exponentiation takes tens of milliseconds (see the
-//! README's cost table, from `cargo bench -p dpu-nvmeof --bench auth`):
+//! One ffdhe8192 exponentiation takes tens of milliseconds (see the cost
+//! table in docs/benchmarks/nvme-auth.md, `cargo bench -p dpu-nvmeof --bench auth`):
 //! run on a poll group's thread it would stall every other connection the
 //! group serves, and anyone who knows an allowed host NQN can make the
 //! target do it. A [`DhPool`] runs the jobs on `threads` threads behind a
