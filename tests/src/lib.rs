@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod net;
+pub mod tools;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -18,28 +18,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use dpu_e2e::{free_port, repo_root, Service};
+use dpu_e2e::{free_port, Service};
 
 const NQN_OPEN: &str = "nqn.2024-01.io.dpu-service.test:open";
 const NQN_LOCKED: &str = "nqn.2024-01.io.dpu-service.test:locked";
 const NQN_DISK: &str = "nqn.2024-01.io.dpu-service.test:disk";
 const NQN_LIVE: &str = "nqn.2024-01.io.dpu-service.test:live";
-
-/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
-/// beside the repository.
-fn harness() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
-        return Ok(PathBuf::from(p));
-    }
-    let candidates = [
-        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
-        PathBuf::from("/work/shared/tools/kernel-nvme/run.sh"),
-    ];
-    candidates
-        .into_iter()
-        .find(|p| p.exists())
-        .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
-}
 
 /// A guest run in the background, its console going to a file.
 struct Guest {
@@ -52,7 +36,7 @@ impl Guest {
         let script_path = dir.join(format!("{name}.sh"));
         std::fs::write(&script_path, script)?;
         let log = dir.join(format!("{name}.log"));
-        let mut cmd = Command::new(harness()?);
+        let mut cmd = Command::new(dpu_e2e::tools::kernel_nvme_harness()?);
         for p in targets {
             cmd.arg("--target").arg(format!("127.0.0.1:{p}"));
         }

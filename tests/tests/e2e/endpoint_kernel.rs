@@ -9,33 +9,17 @@
 //! neighbour discovery and storage. Needs root, the harness and its
 //! cached kernel; everything made is removed on exit.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use dpu_e2e::net::ip;
-use dpu_e2e::{repo_root, Service};
+use dpu_e2e::Service;
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-kernel";
 const EP: &str = "10.78.0.250";
 /// A second subsystem, at the tenant's IPv6 endpoint.
 const NQN6: &str = "nqn.2024-01.io.dpu-service.test:ep-kernel-v6";
 const EP6: &str = "fd00:78::250";
-
-/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
-/// beside the repository.
-fn harness() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
-        return Ok(PathBuf::from(p));
-    }
-    [
-        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
-        PathBuf::from("/work/shared/tools/kernel-nvme/run.sh"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
-}
 
 /// A veth pair: `port` for the service, `bridged` for the guest's bridge.
 /// Removed on drop.
@@ -83,7 +67,7 @@ impl Drop for Wire {
 
 #[test]
 fn the_kernel_initiator_uses_its_tenants_storage_endpoint() -> Result<()> {
-    let run = harness()?;
+    let run = dpu_e2e::tools::kernel_nvme_harness()?;
     let wire = Wire::new()?;
     let config = format!(
         "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",

