@@ -196,15 +196,7 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
     )
 }
 
-/// The resource name of namespace `nsid` of subsystem `sid`.
-pub fn namespace_name(sid: &str, nsid: u32) -> String {
-    format!("subsystems/{sid}/namespaces/{nsid}")
-}
-
-/// The resource name of listener `lid` of subsystem `sid`.
-pub fn listener_name(sid: &str, lid: &str) -> String {
-    format!("subsystems/{sid}/listeners/{lid}")
-}
+pub use crate::model::{listener_name, namespace_name};
 
 /// A namespace of subsystem `sid` as a protobuf message.
 pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {

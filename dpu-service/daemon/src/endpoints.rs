@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use dpu_dataplane::endpoint::EndpointQueues;
 use dpu_dataplane::switch::SwitchHandle;
+use dpu_dataplane::wire::{self, L3};
 use dpu_dataplane::worker::Idle;
 use dpu_endpoint::{BufferPool, Endpoint, EndpointConfig};
 use dpu_nvmeof::auth::pool::DhPool;
@@ -103,9 +104,6 @@ pub struct StackSettings {
     /// See `auth_threads`.
     pub auth_queue: usize,
 }
-
-/// `storage.endpoint_buffer_memory` when the configuration leaves it out.
-pub const DEFAULT_BUFFER_MEMORY: usize = 512 << 20;
 
 impl StackSettings {
     fn config(&self, spec: &EndpointSpec) -> EndpointConfig {
@@ -577,46 +575,36 @@ impl Lanes {
 }
 
 /// The peer of an untagged Ethernet frame to (`inbound`) or from the
-/// endpoint: its address (IPv4 mapped into IPv6) and, for TCP, its port
-/// (0 otherwise).
+/// endpoint, read with the data plane's parser: its address (IPv4 mapped
+/// into IPv6) and, for TCP, its port (0 otherwise). `None` for a frame
+/// that is neither ARP nor IP, or does not parse.
 fn peer(frame: &[u8], inbound: bool) -> Option<(u128, u16)> {
-    let be32 = |at: usize| -> Option<u128> {
-        let a = u32::from_be_bytes(frame.get(at..at + 4)?.try_into().ok()?);
-        Some(u128::from(std::net::Ipv4Addr::from(a).to_ipv6_mapped()))
-    };
-    let be128 = |at: usize| -> Option<u128> {
-        Some(u128::from_be_bytes(
-            frame.get(at..at + 16)?.try_into().ok()?,
-        ))
-    };
-    let be16 = |at: usize| -> Option<u16> {
-        Some(u16::from_be_bytes(frame.get(at..at + 2)?.try_into().ok()?))
-    };
-    match be16(12)? {
+    let mapped = |a: u32| u128::from(std::net::Ipv4Addr::from(a).to_ipv6_mapped());
+    match wire::parse(frame).ok()?.l3 {
         // ARP: the sender of a frame in, the target of a frame out.
-        0x0806 => Some((be32(if inbound { 28 } else { 38 })?, 0)),
-        0x0800 => {
-            let ihl = usize::from(frame.get(14)? & 0x0f) * 4;
-            let ip = be32(if inbound { 26 } else { 30 })?;
-            let port = if *frame.get(23)? == 6 {
-                be16(14 + ihl + if inbound { 0 } else { 2 })?
+        L3::Arp {
+            sender_ip,
+            target_ip,
+            ..
+        } => Some((mapped(if inbound { sender_ip } else { target_ip }), 0)),
+        L3::Ip { key, .. } => {
+            let (ip, port) = if inbound {
+                (key.src, key.src_port)
             } else {
-                0
+                (key.dst, key.dst_port)
             };
-            Some((ip, port))
+            // IPv4 addresses sit in the key's low 32 bits.
+            let ip = if key.v6 { ip } else { mapped(ip as u32) };
+            Some((
+                ip,
+                if key.proto == wire::proto::TCP {
+                    port
+                } else {
+                    0
+                },
+            ))
         }
-        // IPv6 (neighbour discovery among it): TCP only as the first
-        // next header, as the endpoint's stack sends it.
-        0x86dd => {
-            let ip = be128(if inbound { 22 } else { 38 })?;
-            let port = if *frame.get(20)? == 6 {
-                be16(54 + if inbound { 0 } else { 2 })?
-            } else {
-                0
-            };
-            Some((ip, port))
-        }
-        _ => None,
+        L3::Other(_) => None,
     }
 }
 
@@ -628,7 +616,10 @@ mod tests {
         let mut f = vec![0u8; 54];
         f[12..14].copy_from_slice(&[0x08, 0x00]);
         f[14] = 0x45;
+        f[16..18].copy_from_slice(&40u16.to_be_bytes());
+        f[22] = 64;
         f[23] = 6;
+        f[46] = 0x50;
         f[26..30].copy_from_slice(&src);
         f[30..34].copy_from_slice(&dst);
         f[34..36].copy_from_slice(&sport.to_be_bytes());
@@ -650,6 +641,7 @@ mod tests {
         // ARP to an unknown host, garbage: lane 0.
         let mut arp = vec![0u8; 42];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
         arp[38..42].copy_from_slice(&[10, 1, 0, 9]);
         assert_eq!(l.pick(&arp), 0);
         assert_eq!(l.pick(&[1, 2, 3]), 0);
@@ -663,7 +655,10 @@ mod tests {
         let mut f = vec![0u8; 74];
         f[12..14].copy_from_slice(&[0x86, 0xdd]);
         f[14] = 0x60;
+        f[18..20].copy_from_slice(&20u16.to_be_bytes());
         f[20] = next;
+        f[21] = 64;
+        f[66] = 0x50;
         f[22..38].copy_from_slice(&src.to_be_bytes());
         f[38..54].copy_from_slice(&dst.to_be_bytes());
         f[54..56].copy_from_slice(&sport.to_be_bytes());

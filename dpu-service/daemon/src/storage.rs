@@ -440,15 +440,6 @@ fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Targ
     target
 }
 
-/// The tenant a subsystem is served in: the first (by name) of its
-/// listeners' tenants; `None` for one served on the kernel sockets.
-fn serving_tenant(s: &dpu_control::model::Subsystem) -> Option<&str> {
-    s.listeners
-        .values()
-        .filter_map(|l| l.tenant.as_deref())
-        .min()
-}
-
 /// The subsystem as the target serves it, exported on `listeners`.
 fn subsystem_config(
     s: &dpu_control::model::Subsystem,
@@ -496,7 +487,7 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
     let subsystems = state
         .subsystems
         .values()
-        .filter(|s| serving_tenant(s).is_none())
+        .filter(|s| s.serving_tenant().is_none())
         .map(|s| {
             let listeners = s
                 .listeners
@@ -530,7 +521,7 @@ pub struct TenantConfigs {
 pub fn tenant_configs(state: &State) -> TenantConfigs {
     let mut out = TenantConfigs::default();
     for s in state.subsystems.values() {
-        let Some(tenant) = serving_tenant(s) else {
+        let Some(tenant) = s.serving_tenant() else {
             continue;
         };
         let mut listeners = Vec::new();
@@ -572,7 +563,7 @@ fn endpoint_specs(state: &State, targets: &[(String, dpu_nvmeof::Target)]) -> Ve
         let ports = state
             .subsystems
             .values()
-            .filter(|s| serving_tenant(s) == Some(e.tenant))
+            .filter(|s| s.serving_tenant() == Some(e.tenant))
             .flat_map(|s| s.listeners.values())
             .filter(|l| l.endpoint() == Some((e.tenant, e.address)))
             .map(|l| l.port)

@@ -26,6 +26,11 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
+    /// The pool's size when its user names none: room for the most
+    /// connections of a few busy endpoints (`storage.endpoint_buffer_memory`
+    /// in the service's configuration).
+    pub const DEFAULT_SIZE: usize = 512 << 20;
+
     /// A pool of `size` bytes.
     pub fn new(size: usize) -> Arc<Self> {
         Arc::new(Self {

@@ -56,23 +56,14 @@ use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
 use crate::target::{is_namespace_removed, HostAdmission, Namespace, Target};
 
 pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
+pub use crate::budget::{DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
 pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
-pub use budget::DEFAULT_WRITE_BUFFER_BUDGET;
+pub use crate::timeouts::{Timeouts, ICREQ_TIMEOUT, IDLE_TIMEOUT, PDU_TIMEOUT};
 
-pub(crate) mod budget;
 #[cfg(test)]
 mod tests;
 
-use budget::ConnBudget;
-
-/// Most write data one connection asks for through R2T and has not yet
-/// written: 8 commands of the largest transfer ([`MAX_TRANSFER`]), 32 of
-/// 128 KiB. At 25 Gbit/s that is 1.3 ms of data, far more than an R2T's
-/// round trip, so one queue's writes still stream; yet a host that
-/// announces writes and sends no data holds at most this much per
-/// connection in reservations, and no memory (buffers are taken as data
-/// arrives).
-pub const R2T_BUDGET: u64 = 4 << 20;
+use crate::budget::ConnBudget;
 
 /// Most data buffers a connection keeps for reuse (reads, and writes that
 /// arrive through R2T): enough for a deep queue's steady state without
@@ -112,49 +103,6 @@ const OUT_CAPACITY: usize = 64 * 1024;
 /// ([`Connection::output_len`]).
 pub const OUTPUT_BUDGET: usize = 4 << 20;
 
-/// How long a connection may wait for the host's ICReq: a socket that
-/// never starts the handshake is closed after it (and counted in
-/// [`TargetStats::handshake_timeouts`](crate::target::TargetStats)),
-/// so an idle peer holds nothing for long. Initiators send the ICReq
-/// right after connecting.
-pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a PDU may take from its first byte to its last: a host that
-/// stops halfway through one is closed after it (and counted in
-/// [`TargetStats::pdu_timeouts`](crate::target::TargetStats)). The largest
-/// PDU a host may send (an H2CData of [`MAX_H2C_DATA`] bytes) takes
-/// 0.1 s at 10 Mbit/s.
-pub const PDU_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a controller whose host disabled Keep Alive (KATO 0, as
-/// non-persistent discovery controllers always do) may go without a
-/// command on any of its queues before it is ended, as Linux nvmet gives
-/// discovery controllers a 120 s keep-alive when the host asks for none.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The timers a connection enforces; a [`Target`]'s connections take
-/// [`Target::timeouts`] when they are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// ICReq after accept ([`ICREQ_TIMEOUT`] by default).
-    pub handshake: Duration,
-    /// A PDU from its first byte to its last ([`PDU_TIMEOUT`]).
-    pub pdu: Duration,
-    /// A controller with Keep Alive disabled without a command
-    /// ([`IDLE_TIMEOUT`]).
-    pub idle: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            handshake: ICREQ_TIMEOUT,
-            pdu: PDU_TIMEOUT,
-            idle: IDLE_TIMEOUT,
-        }
-    }
-}
-
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -170,7 +118,7 @@ enum Phase {
 #[derive(Debug)]
 enum Pending {
     /// Data to come through R2T, waiting for room in the budgets
-    /// ([`budget`]) before it is asked for.
+    /// ([`crate::budget`]) before it is asked for.
     Waiting {
         sqe: Sqe,
         /// As in [`Pending::Receiving`].

@@ -28,6 +28,7 @@ mod admin;
 pub mod auth;
 pub mod backend;
 mod block;
+mod budget;
 mod command;
 pub mod conn;
 pub mod controller;
@@ -37,6 +38,7 @@ pub mod pdu;
 pub mod spec;
 pub mod target;
 pub mod tcp;
+mod timeouts;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
 pub use target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};

@@ -23,9 +23,9 @@ use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
 use crate::auth::controller::HostKeys;
 use crate::auth::limit::{AuthLimiter, AuthRate};
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
-use crate::conn::budget::SharedBudget;
-use crate::conn::Timeouts;
+use crate::budget::SharedBudget;
 use crate::controller::{Controller, ControllerKind, Health};
+use crate::timeouts::Timeouts;
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq)]

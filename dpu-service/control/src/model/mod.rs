@@ -12,18 +12,20 @@
 //! `storage`; both are re-exported here, so every type is `model::...`.
 
 mod claims;
+mod index;
 mod network;
 mod storage;
 
 pub use claims::Claims;
+pub use index::Index;
 
 pub use network::{
     Action, Attachment, IpPrefix, MacAddr, PortRange, PortRole, PortSpec, PrefixError, RateLimit,
     Rule, RuleSet, SourceGuard, Tenant,
 };
 pub use storage::{
-    dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
-    SecretText, Subsystem, Transport,
+    dh_group_by_name, hash_by_name, listener_name, namespace_name, AuthRequirement, Backend,
+    HostAuth, Listener, Namespace, SecretText, Subsystem, Transport,
 };
 
 use serde::{Deserialize, Serialize};
@@ -63,7 +65,7 @@ impl Timestamp {
 /// Everything the service has accepted: the content of the state file.
 ///
 /// Besides what is stored, a state carries an index of it that its
-/// checks look up ([`crate::state::Index`]): the transitions of
+/// checks look up ([`Index`]): the transitions of
 /// [`crate::state`] keep it up to date, reading a state back builds it,
 /// and code that changes `tenants` or `subsystems` directly calls
 /// [`State::reindex`] afterwards. States compare by what is stored.
@@ -78,7 +80,7 @@ pub struct State {
     pub id_seq: u64,
     /// Derived from the above; never stored.
     #[serde(skip)]
-    pub(crate) index: crate::state::Index,
+    pub(crate) index: Index,
 }
 
 impl PartialEq for State {

@@ -246,8 +246,67 @@ pub struct Subsystem {
 }
 
 impl Subsystem {
+    /// The tenant whose network serves this subsystem, or `None` for one
+    /// served on the service's own sockets. A subsystem is served in one
+    /// place: every listener of it names the same tenant, or none does
+    /// (`State::create_listener` refuses the rest). Of a state file that
+    /// holds both, the first tenant by name serves it.
+    pub fn serving_tenant(&self) -> Option<&str> {
+        self.listeners
+            .values()
+            .filter_map(|l| l.tenant.as_deref())
+            .min()
+    }
+
+    /// Why a new listener in `tenant`'s network (`None`: on the service's
+    /// own `address`) cannot join this subsystem's listeners, or `None`
+    /// if it can: a subsystem is served in one place.
+    pub fn serving_conflict(&self, tenant: Option<&str>, address: IpAddr) -> Option<String> {
+        if self.listeners.is_empty() {
+            return None;
+        }
+        let serving = self.serving_tenant();
+        (serving != tenant).then(|| self.conflict(serving, tenant, address))
+    }
+
+    /// The first listener of this subsystem that is not where the
+    /// subsystem is served, and why: `None` when it is served in one
+    /// place, as the state allows.
+    pub fn misplaced_listener(&self) -> Option<(&Listener, String)> {
+        let serving = self.serving_tenant();
+        self.listeners
+            .values()
+            .find(|l| l.tenant.as_deref() != serving)
+            .map(|l| (l, self.conflict(serving, l.tenant.as_deref(), l.address)))
+    }
+
+    fn conflict(&self, serving: Option<&str>, tenant: Option<&str>, address: IpAddr) -> String {
+        let served = match serving {
+            Some(t) => format!("in tenant {t}'s network"),
+            None => "on the service's own addresses".to_string(),
+        };
+        let also = match tenant {
+            Some(t) => format!("in tenant {t}'s"),
+            None => format!("on the service's own address {address}"),
+        };
+        format!(
+            "subsystem {} is served {served}; it cannot also listen {also}",
+            self.id
+        )
+    }
+
     /// True if `host_nqn` may connect to this subsystem.
     pub fn allows_host(&self, host_nqn: &str) -> bool {
         self.allow_any_host || self.allowed_hosts.contains(host_nqn)
     }
+}
+
+/// The resource name of namespace `nsid` of subsystem `sid`.
+pub fn namespace_name(sid: &str, nsid: u32) -> String {
+    format!("subsystems/{sid}/namespaces/{nsid}")
+}
+
+/// The resource name of listener `lid` of subsystem `sid`.
+pub fn listener_name(sid: &str, lid: &str) -> String {
+    format!("subsystems/{sid}/listeners/{lid}")
 }

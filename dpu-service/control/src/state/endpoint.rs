@@ -60,7 +60,7 @@ impl State {
             s.listeners
                 .values()
                 .find(|l| l.tenant.as_deref() == Some(id))
-                .map(|l| crate::convert::listener_name(&s.id, &l.id))
+                .map(|l| crate::model::listener_name(&s.id, &l.id))
         })
     }
 
@@ -135,7 +135,7 @@ impl State {
                         return Err(ControlError::FailedPrecondition(format!(
                             "{att} would give {p} to hosts, but {} of {} is a storage endpoint of tenants/{owner}",
                             l.address,
-                            crate::convert::listener_name(&s.id, &l.id)
+                            crate::model::listener_name(&s.id, &l.id)
                         )));
                     }
                 }
@@ -325,9 +325,11 @@ mod tests {
             listener("d", Some("blue"), "10.1.0.251", 4420),
         )
         .unwrap();
+        s.create_subsystem(Limits::with_ram(0), subsystem("vol3"))
+            .unwrap();
         let e = create(
             &mut s,
-            "vol1",
+            "vol3",
             listener("e", Some("red"), "10.1.0.250", 4420),
         )
         .unwrap();
@@ -343,9 +345,79 @@ mod tests {
             }
         );
         // A kernel listener has neither tenant nor MAC.
-        let k = create(&mut s, "vol1", listener("k", None, "127.0.0.1", 4420)).unwrap();
+        s.create_subsystem(Limits::with_ram(0), subsystem("vol4"))
+            .unwrap();
+        let k = create(&mut s, "vol4", listener("k", None, "127.0.0.1", 4420)).unwrap();
         assert_eq!(k.mac, None);
         assert_eq!(s.endpoints().len(), 3);
+    }
+
+    #[test]
+    fn a_subsystem_is_served_in_one_place() {
+        let mut s = state();
+        create(
+            &mut s,
+            "vol1",
+            listener("a", Some("blue"), "10.1.0.250", 4420),
+        )
+        .unwrap();
+        create(&mut s, "vol2", listener("k", None, "127.0.0.1", 4420)).unwrap();
+        let before = s.clone();
+        let refused = |s: &mut State, sid: &str, l: Listener, want: &str| match create(s, sid, l) {
+            Err(ControlError::FailedPrecondition(m)) => assert!(m.contains(want), "{m}"),
+            other => panic!("{other:?}"),
+        };
+        // vol1 is served in blue's network: not also in red's, nor on the
+        // service's own sockets.
+        refused(
+            &mut s,
+            "vol1",
+            listener("x", Some("red"), "10.1.0.251", 4420),
+            "subsystems/vol1/listeners/x: subsystem vol1 is served in tenant blue's \
+             network; it cannot also listen in tenant red's",
+        );
+        refused(
+            &mut s,
+            "vol1",
+            listener("x", None, "127.0.0.1", 4421),
+            "cannot also listen on the service's own address 127.0.0.1",
+        );
+        // vol2 is served on the service's sockets: not also in a tenant.
+        refused(
+            &mut s,
+            "vol2",
+            listener("x", Some("blue"), "10.1.0.251", 4420),
+            "subsystem vol2 is served on the service's own addresses; it cannot also \
+             listen in tenant blue's",
+        );
+        // Nor a new subsystem whose listeners are in two places.
+        let mut sub = subsystem("vol9");
+        for l in [
+            listener("a", Some("blue"), "10.1.0.250", 4420),
+            listener("b", None, "127.0.0.1", 4422),
+        ] {
+            sub.listeners.insert(l.id.clone(), l);
+        }
+        match s.create_subsystem(Limits::with_ram(0), sub) {
+            Err(ControlError::FailedPrecondition(m)) => assert!(
+                m.contains(
+                    "subsystems/vol9/listeners/b: subsystem vol9 is served in tenant blue's"
+                ),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s, before, "nothing changed");
+        assert_eq!(s.subsystems["vol1"].serving_tenant(), Some("blue"));
+        assert_eq!(s.subsystems["vol2"].serving_tenant(), None);
+        // More listeners where each is served are fine.
+        create(
+            &mut s,
+            "vol1",
+            listener("b", Some("blue"), "10.1.0.251", 4420),
+        )
+        .unwrap();
+        create(&mut s, "vol2", listener("k2", None, "127.0.0.1", 4421)).unwrap();
     }
 
     #[test]
@@ -408,7 +480,7 @@ mod tests {
         );
         assert_eq!(s.id_seq, seq_after, "a refused listener takes no MAC");
         // The same address and port as a kernel listener is another listener.
-        create(&mut s, "vol1", listener("k", None, "10.1.0.250", 4420)).unwrap();
+        create(&mut s, "vol2", listener("k", None, "10.1.0.250", 4420)).unwrap();
         // An IPv6 address is another endpoint of the tenant, with a MAC of
         // its own.
         create(
@@ -495,7 +567,7 @@ mod tests {
             listener("a", Some("blue"), "10.1.0.250", 4420),
         )
         .unwrap();
-        create(&mut s, "vol1", listener("k", None, "127.0.0.1", 4420)).unwrap();
+        create(&mut s, "vol2", listener("k", None, "127.0.0.1", 4420)).unwrap();
         let text = serde_json::to_string(&s).unwrap();
         let back: State = serde_json::from_str(&text).unwrap();
         assert_eq!(back, s);

@@ -15,18 +15,17 @@
 //! hosts, namespaces, listeners) in `storage`.
 
 mod endpoint;
-mod index;
 mod network;
 mod storage;
 
+pub use crate::model::Index;
 pub use endpoint::Endpoint;
-pub use index::Index;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;
 
-use crate::convert::{listener_name, namespace_name};
 use crate::error::{ControlError, Result};
 use crate::model::State;
+use crate::model::{listener_name, namespace_name};
 use crate::validate::{MAX_ATTACHMENTS_PER_TENANT, MAX_RULES_PER_TENANT};
 
 /// Limits that depend on the machine and the configuration, not on the

@@ -53,7 +53,9 @@ impl State {
         })
     }
 
-    /// Creates a subsystem.
+    /// Creates a subsystem. Its listeners must all be where it is served
+    /// ([`Subsystem::misplaced_listener`](crate::model::Subsystem::misplaced_listener)):
+    /// FAILED_PRECONDITION otherwise.
     pub fn create_subsystem(&mut self, limits: Limits, s: Subsystem) -> Result<()> {
         if self.subsystems.contains_key(&s.id) {
             return Err(ControlError::AlreadyExists(format!(
@@ -80,6 +82,12 @@ impl State {
             return Err(ControlError::AlreadyExists(format!(
                 "NQN {} is already used by subsystems/{o}",
                 s.nqn
+            )));
+        }
+        if let Some((l, why)) = s.misplaced_listener() {
+            return Err(ControlError::FailedPrecondition(format!(
+                "subsystems/{}/listeners/{}: {why}",
+                s.id, l.id
             )));
         }
         self.insert_subsystem(s)
@@ -396,6 +404,9 @@ impl State {
     /// A listener that names a tenant is a storage endpoint of it
     /// ([`State::place_endpoint`]): the tenant must exist, the address
     /// be none of its hosts', and the listener gets its endpoint's MAC.
+    /// A subsystem is served in one place
+    /// ([`Subsystem::serving_conflict`](crate::model::Subsystem::serving_conflict)):
+    /// FAILED_PRECONDITION for a listener elsewhere.
     pub fn create_listener(
         &mut self,
         limits: Limits,
@@ -428,6 +439,12 @@ impl State {
             return Err(ControlError::AlreadyExists(format!(
                 "subsystems/{id}/listeners/{} already listens on {}:{}{within}",
                 o.id, l.address, l.port
+            )));
+        }
+        if let Some(why) = s.serving_conflict(l.tenant.as_deref(), l.address) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "subsystems/{id}/listeners/{}: {why}",
+                l.id
             )));
         }
         self.place_endpoint(&mut l)?;

@@ -1172,7 +1172,7 @@ mod tests {
         );
         assert_eq!(
             load("").unwrap().endpoint_buffer_memory(),
-            crate::endpoints::DEFAULT_BUFFER_MEMORY
+            dpu_endpoint::BufferPool::DEFAULT_SIZE
         );
         assert_eq!(
             load("").unwrap().storage.endpoint_placement,

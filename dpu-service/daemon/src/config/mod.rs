@@ -187,7 +187,7 @@ impl Config {
             .as_deref()
             .and_then(|s| parse_size(s).ok())
             .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(crate::endpoints::DEFAULT_BUFFER_MEMORY)
+            .unwrap_or(dpu_endpoint::BufferPool::DEFAULT_SIZE)
     }
 
     /// The declared ports as the control plane sees them.

@@ -13,7 +13,9 @@ use crate::shares::ShareLimits;
 
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
-use super::endpoint::{endpoint_ports, endpoint_queues, with_endpoint_attachments, EndpointPort};
+use super::endpoint::{
+    endpoint_ports, endpoint_queues, with_endpoint_attachments, EndpointPort, Previous,
+};
 use super::police::Bucket;
 use crate::endpoint::EndpointTable;
 use crate::mactable::MacLimits;
@@ -370,7 +372,12 @@ impl Compiled {
             .iter()
             .map(|p| config.tenants[p.tenant].name.clone())
             .collect();
-        let endpoint_queues = endpoint_queues(config, &endpoints, &endpoint_tenants, prev);
+        let previous = prev.map(|c| Previous {
+            ports: &c.endpoints,
+            tenants: &c.endpoint_tenants,
+            queues: c.endpoint_queues.as_deref(),
+        });
+        let endpoint_queues = endpoint_queues(config, &endpoints, &endpoint_tenants, previous);
         let expanded;
         let config = if endpoints.is_empty() {
             config

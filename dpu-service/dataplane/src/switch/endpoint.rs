@@ -28,7 +28,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::compile::Compiled;
 use super::config::{Attach, ConfigError, Guard, SwitchConfig};
 use crate::endpoint::{EndpointQueues, EndpointTable};
 
@@ -71,6 +70,17 @@ pub struct EndpointLink {
     pub queues: Arc<EndpointQueues>,
 }
 
+/// The endpoints of the configuration compiled before, whose queues the
+/// next one keeps where it can.
+pub(super) struct Previous<'a> {
+    /// Their virtual ports, in order.
+    pub(super) ports: &'a [EndpointPort],
+    /// Their tenants' names, in the same order.
+    pub(super) tenants: &'a [String],
+    /// Their queues, by virtual port.
+    pub(super) queues: Option<&'a EndpointTable>,
+}
+
 /// The queues of `ports` (whose tenants are named in `tenants`), by
 /// virtual port: an endpoint of `prev` (same tenant, MAC and address)
 /// keeps its queues if they are still of the right shape, others get new
@@ -79,7 +89,7 @@ pub(super) fn endpoint_queues(
     config: &SwitchConfig,
     ports: &[EndpointPort],
     tenants: &[String],
-    prev: Option<&Compiled>,
+    prev: Option<Previous<'_>>,
 ) -> Option<Arc<EndpointTable>> {
     let first = ports.first()?.port;
     let workers = config.workers.max(1);
@@ -87,25 +97,26 @@ pub(super) fn endpoint_queues(
         .iter()
         .zip(tenants)
         .map(|(p, tenant)| {
-            prev.and_then(|c| {
-                let i = c
-                    .endpoints
-                    .iter()
-                    .zip(&c.endpoint_tenants)
-                    .position(|(o, t)| o.endpoint == p.endpoint && t == tenant)?;
-                let q = c.endpoint_queues.as_ref()?.get_arc(i)?;
-                (q.workers() == workers
-                    && q.frame_max() == config.endpoint_frame_max
-                    && q.depth() == config.endpoint_queue_depth.max(1))
-                .then_some(q)
-            })
-            .unwrap_or_else(|| {
-                Arc::new(EndpointQueues::new(
-                    workers,
-                    config.endpoint_queue_depth,
-                    config.endpoint_frame_max,
-                ))
-            })
+            prev.as_ref()
+                .and_then(|c| {
+                    let i = c
+                        .ports
+                        .iter()
+                        .zip(c.tenants)
+                        .position(|(o, t)| o.endpoint == p.endpoint && t == tenant)?;
+                    let q = c.queues?.get_arc(i)?;
+                    (q.workers() == workers
+                        && q.frame_max() == config.endpoint_frame_max
+                        && q.depth() == config.endpoint_queue_depth.max(1))
+                    .then_some(q)
+                })
+                .unwrap_or_else(|| {
+                    Arc::new(EndpointQueues::new(
+                        workers,
+                        config.endpoint_queue_depth,
+                        config.endpoint_frame_max,
+                    ))
+                })
         })
         .collect();
     Some(Arc::new(EndpointTable::new(first, queues)))

@@ -29,7 +29,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::R2T_BUDGET;
+/// Most write data one connection asks for through R2T and has not yet
+/// written: 8 commands of the largest transfer
+/// ([`MAX_TRANSFER`](crate::conn::MAX_TRANSFER)), 32 of
+/// 128 KiB. At 25 Gbit/s that is 1.3 ms of data, far more than an R2T's
+/// round trip, so one queue's writes still stream; yet a host that
+/// announces writes and sends no data holds at most this much per
+/// connection in reservations, and no memory (buffers are taken as data
+/// arrives).
+pub const R2T_BUDGET: u64 = 4 << 20;
 
 /// Default of the target-wide budget: room for 64 connections each using
 /// its whole [`R2T_BUDGET`] at once.

@@ -4,7 +4,7 @@
 //! not a walk over every tenant and subsystem.
 //!
 //! It holds who claims which traffic on each port (for the attachment
-//! overlap check), running totals for the caps of [`super::Limits`] and
+//! overlap check), running totals for the caps of [`crate::state::Limits`] and
 //! the RAM limit, and the NQNs, UUIDs, NGUIDs and backing paths that
 //! must be unique across subsystems. It is derived data: never stored,
 //! rebuilt from the tenants and subsystems when a state is read back
@@ -14,7 +14,7 @@
 //! with one built from scratch; the tests run it after random sequences
 //! of changes.
 
-use crate::model::{Attachment, Backend, Map, Namespace, Set, State, Subsystem, Tenant};
+use super::{Attachment, Backend, Map, Namespace, Set, State, Subsystem, Tenant};
 
 /// Who claims what on one port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
