@@ -20,7 +20,7 @@ DPU_HOSTILE_PERF_SECS=$secs cargo test --locked -q -p dpu-e2e --test e2e nvme_ho
 echo
 echo "| attack | IOPS before | IOPS during | during/before |"
 echo "|---|---:|---:|---:|"
-sed -n 's/^hostile: //p' "$log" | while IFS=$'\t' read -r attack before during; do
+grep -o 'hostile: .*' "$log" | sed 's/^hostile: //' | while IFS=$'\t' read -r attack before during; do
   ratio=$(python3 -c "print(f'{$during / $before:.2f}' if $before else 'n/a')")
   echo "| $attack | $before | $during | $ratio |"
 done

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of the control-plane fuzz targets next to this
+file: fuzz/seeds/<target>/<name>. Run it again after changing an input
+format; the seeds are committed, so the fuzz runs (and their replay by
+`cargo test -p dpu-fuzz`) need no Python."""
+
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pb_varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def pb_field(num, wire, payload):
+    key = pb_varint(num << 3 | wire)
+    if wire == 0:
+        return key + pb_varint(payload)
+    return key + pb_varint(len(payload)) + payload
+
+
+def pb_str(num, s):
+    return pb_field(num, 2, s.encode() if isinstance(s, str) else s)
+
+
+def filter_rule(name="", priority=0, src="", dst="", src_ports=None, dst_ports=None, proto=None,
+                icmp_type=None, icmp_code=None, action=1, stateful=False, description=""):
+    m = b""
+    if name:
+        m += pb_str(1, name)
+    if priority:
+        m += pb_field(2, 0, priority)
+    if src:
+        m += pb_str(3, src)
+    if dst:
+        m += pb_str(4, dst)
+    for num, r in [(5, src_ports), (6, dst_ports)]:
+        if r is not None:
+            m += pb_field(num, 2, pb_field(1, 0, r[0]) + pb_field(2, 0, r[1]))
+    for num, v in [(7, proto), (8, icmp_type), (9, icmp_code)]:
+        if v is not None:
+            m += pb_field(num, 0, v)
+    if action:
+        m += pb_field(10, 0, action)
+    if stateful:
+        m += pb_field(11, 0, 1)
+    if description:
+        m += pb_str(12, description)
+    return m
+
+
+def replace_rules(parent, rules, expected=None):
+    m = pb_str(1, parent)
+    for r in rules:
+        m += pb_field(2, 2, r)
+    if expected is not None:
+        m += pb_field(3, 0, expected)
+    return m
+
+
+def rule_proto_seeds():
+    t = "tenants/fuzz"
+    return {
+        "web_dns_ping": replace_rules(
+            t,
+            [
+                filter_rule("tenants/fuzz/rules/web", 10, "10.0.0.0/8", "192.168.1.0/24", dst_ports=(80, 443), proto=6, stateful=True),
+                filter_rule("", 20, dst_ports=(53, 53), proto=17, description="dns"),
+                filter_rule("tenants/fuzz/rules/ping", 30, "2001:db8::/32", "", proto=58, icmp_type=128, icmp_code=0),
+                filter_rule("", 40, "10.0.0.7", action=2),
+            ],
+            expected=0,
+        ),
+        "empty": replace_rules(t, []),
+        "bad": replace_rules(
+            t,
+            [
+                filter_rule("tenants/other/rules/x", 1),
+                filter_rule("", 1, "10.0.0.1/24", "::/0", src_ports=(9, 1), proto=1, icmp_code=3, action=7),
+            ],
+            expected=5,
+        ),
+    }
+
+
+def main():
+    for target, seeds in [("rule_proto", rule_proto_seeds())]:
+        d = os.path.join(HERE, target)
+        os.makedirs(d, exist_ok=True)
+        for name, data in seeds.items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+
+
+if __name__ == "__main__":
+    main()
