@@ -3,9 +3,11 @@
 # without a container engine: the rustup target, Debian's cross gcc and
 # Debian's arm64 DPDK unpacked into a sysroot (cross/sysroot.sh).
 #
-# Usage: cross/build-aarch64.sh [--debug] [cargo build arguments...]
+# Usage: cross/build-aarch64.sh [--debug | --profile NAME] [cargo build arguments...]
 #   Default: a release build of every binary of the workspace, in
 #   ${CARGO_TARGET_DIR:-target}/aarch64-unknown-linux-gnu/release/.
+#   --profile NAME builds with that cargo profile instead (CI uses `ci`:
+#   optimised, without fat LTO), in .../aarch64-unknown-linux-gnu/NAME/.
 # Installs what it needs on Debian (gcc-aarch64-linux-gnu, qemu-user-static,
 # libclang-dev, the rustup target). With a container engine, `cross` does the
 # same in the image of cross/Containerfile (see cross/Cross.toml).
@@ -16,6 +18,9 @@ profile=(--release)
 if [ "${1:-}" = "--debug" ]; then
   profile=()
   shift
+elif [ "${1:-}" = "--profile" ]; then
+  profile=(--profile "$2")
+  shift 2
 fi
 
 sudo_cmd=()

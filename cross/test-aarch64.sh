@@ -4,27 +4,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The release build of the whole workspace (what ships), which also sets up
-# the toolchain and the arm64 DPDK sysroot.
-cross/build-aarch64.sh
+# The build profile: `ci` by default (optimised like a release, without
+# fat LTO; see Cargo.toml), `release` for what ships: AARCH64_PROFILE=release.
+profile=${AARCH64_PROFILE:-ci}
+# Every binary of the workspace, which also sets up the toolchain and the
+# arm64 DPDK sysroot; the tests below share its compiled dependencies.
+cross/build-aarch64.sh --profile "$profile"
 # shellcheck source=cross/env.sh
 source cross/env.sh "$(cross/sysroot.sh)"
 # qemu-user does not emulate setsockopt(SOL_PACKET, ...) (PACKET_VERSION,
 # PACKET_AUXDATA, PACKET_FANOUT), so the tests that open packet sockets
 # (the net_af_packet veth test, the kernel driver's socket and veth tests)
 # cannot run here; they run natively.
-cargo test --locked --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof -p dpu-endpoint \
+cargo test --locked --profile "$profile" --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof -p dpu-endpoint \
   -- --skip ping_crosses_the_worker_between_two_namespaces \
   --skip loopback_frames_cross_between_two_sockets --skip fanout_groups_get_kernel_chosen_ids \
   --skip ping_crosses_the_kernel_driver --skip two_queues_per_port_share_the_traffic
 
-# Smoke run of the shipped (release) aarch64 daemon under qemu-user: EAL up
+# Smoke run of the aarch64 daemon just built under qemu-user: EAL up
 # on --no-huge with net_pcap vdevs, gRPC health SERVING, a tenant created
 # over gRPC by the native dpuctl, a packet forwarded between its two ports,
 # and a clean exit on SIGTERM.
 cargo build --locked -p dpu-client --bins
 tdir=${CARGO_TARGET_DIR:-target}
-daemon="$tdir/aarch64-unknown-linux-gnu/release/dpu-service"
+daemon="$tdir/aarch64-unknown-linux-gnu/$profile/dpu-service"
 dpuctl="$tdir/debug/dpuctl"
 work=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

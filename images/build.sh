@@ -13,6 +13,11 @@
 #                            from a registry (buildah only; CI uses it)
 #   --check                  run the checks below on each image (buildah only)
 #   --skip-binaries          use the binaries already built
+#   --profile [ARCH=]NAME    cargo profile of the binaries, of every
+#                            architecture or of ARCH's (default release). CI
+#                            passes arm64=ci (what its aarch64 stage built and
+#                            tested: optimised, without fat LTO) and amd64=dev
+#                            (the debug binaries its tests ran)
 # Output: images tagged ghcr.io/dpu-service/dpu-service:VERSION-ARCH, a
 # manifest list ghcr.io/dpu-service/dpu-service:VERSION, and OCI archives
 # in ${CARGO_TARGET_DIR:-target}/images/. Push with e.g.
@@ -31,6 +36,8 @@ engine=""
 debootstrap_base=0
 check=0
 build_bins=1
+profile_amd64=release
+profile_arm64=release
 while (($#)); do
   case "$1" in
     --arch) shift; [ "$1" = all ] && arches=(amd64 arm64) || arches=("$1") ;;
@@ -38,7 +45,14 @@ while (($#)); do
     --base-from-debootstrap) debootstrap_base=1 ;;
     --check) check=1 ;;
     --skip-binaries) build_bins=0 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --profile) shift
+      case "$1" in
+        amd64=*) profile_amd64=${1#*=} ;;
+        arm64=*) profile_arm64=${1#*=} ;;
+        *=*) echo "images/build.sh: --profile ARCH=NAME takes amd64 or arm64" >&2; exit 2 ;;
+        *) profile_amd64=$1; profile_arm64=$1 ;;
+      esac ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "images/build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -102,16 +116,20 @@ fi
 
 # The binaries, built outside the image: natively, or with cross/ for arm64.
 triple_of() { [ "$1" = arm64 ] && echo aarch64-unknown-linux-gnu || echo x86_64-unknown-linux-gnu; }
+profile_of() { if [ "$1" = arm64 ]; then echo "$profile_arm64"; else echo "$profile_amd64"; fi; }
 bin_dir() {
-  if [ "$1" = "$host_arch" ]; then echo "$tdir/release"; else echo "$tdir/$(triple_of "$1")/release"; fi
+  local dir
+  dir=$(profile_of "$1")
+  [ "$dir" = dev ] && dir=debug
+  if [ "$1" = "$host_arch" ]; then echo "$tdir/$dir"; else echo "$tdir/$(triple_of "$1")/$dir"; fi
 }
 if [ "$build_bins" = 1 ]; then
   for a in "${arches[@]}"; do
     if [ "$a" = "$host_arch" ]; then
       tests/deps.sh
-      cargo build --release --locked -p dpu-service -p dpu-client --bins
+      cargo build --profile "$(profile_of "$a")" --locked -p dpu-service -p dpu-client --bins
     elif [ "$a" = arm64 ]; then
-      cross/build-aarch64.sh -p dpu-service -p dpu-client --bins
+      cross/build-aarch64.sh --profile "$(profile_of "$a")" -p dpu-service -p dpu-client --bins
     else
       echo "images/build.sh: cannot build amd64 binaries on $host_arch" >&2
       exit 1
