@@ -96,24 +96,7 @@ impl Dataplane {
             .context("no port has a data-plane driver")?;
         let ports: Vec<&PortConfig> = config.ports.iter().filter(|p| p.driver == driver).collect();
         let ids: Arc<Vec<String>> = Arc::new(ports.iter().map(|p| p.id.clone()).collect());
-        let base = SwitchConfig {
-            ports: ids.len(),
-            workers: usize::from(d.workers),
-            mac_table_size: d.mac_table_size,
-            mac_ageing: Duration::from_secs(d.mac_ageing_secs),
-            mac_per_tenant: d.mac_per_tenant,
-            mac_per_attachment: d.mac_per_attachment,
-            mac_reserved_per_tenant: d.mac_reserved_per_tenant,
-            conntrack_max: d.conntrack_max,
-            conntrack_per_tenant: d.conntrack_per_tenant,
-            conntrack_reserved_per_tenant: d.conntrack_reserved_per_tenant,
-            fragments_max: d.fragments_max,
-            fragments_per_tenant: d.fragments_per_tenant,
-            fragments_reserved_per_tenant: d.fragments_reserved_per_tenant,
-            fragment_timeout: Duration::from_secs(d.fragment_timeout_secs),
-            flow_cache_entries: d.flow_cache_entries,
-            ..SwitchConfig::default()
-        };
+        let base = config.switch_base(ids.len());
         let inline = Arc::new(InlineSlot::default());
         let start = Start {
             config,
@@ -477,6 +460,9 @@ fn at_fault(e: &ConfigError) -> Vec<String> {
         | ConfigError::BadEndpoint { tenant, .. } => (tenant, None),
         ConfigError::Overlap { tenant, other, .. }
         | ConfigError::VniOverlap { tenant, other, .. } => (tenant, Some(other)),
+        // The configuration's checks refuse sizes out of bounds before
+        // the switch starts: no tenant is at fault.
+        ConfigError::Size(_) => return Vec::new(),
     };
     std::iter::once(tenant)
         .chain(other)

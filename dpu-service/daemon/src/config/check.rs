@@ -14,14 +14,9 @@ use dpu_control::service::{Api, Control, ServiceFacts};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
 use dpu_control::{validate, ControlError};
+use dpu_dataplane::io::{MAX_MTU, MIN_MTU};
 
 use super::{parse_size, seed, seed_tenants, Config};
-
-/// Smallest IP MTU a port may be given (IPv4's minimum).
-const MIN_MTU: u16 = 68;
-/// Largest IP MTU a port may be given: jumbo frames of 9000 with room,
-/// within what BlueField's ports take.
-const MAX_MTU: u16 = 9600;
 
 impl Config {
     /// Checks the configuration as a whole.
@@ -202,8 +197,13 @@ impl Config {
             }
         }
         let d = &self.dataplane;
-        if d.workers == 0 || d.workers > 64 {
-            bail!("dataplane.workers must be in 1..=64, not {}", d.workers);
+        // The switch's own bounds, reported under their keys here.
+        if let Err(e) = self.switch_base(0).check_sizes() {
+            let key = match e.field {
+                "fragment_timeout" => "fragment_timeout_secs",
+                field => field,
+            };
+            bail!("dataplane.{key} {}", e.rule);
         }
         if !d.worker_cpus.is_empty() {
             if d.worker_cpus.len() != usize::from(d.workers) {
@@ -222,75 +222,6 @@ impl Config {
         }
         if d.mbufs < 1024 {
             bail!("dataplane.mbufs must be at least 1024, not {}", d.mbufs);
-        }
-        if d.conntrack_max == 0 || d.conntrack_max > 1 << 26 {
-            bail!(
-                "dataplane.conntrack_max must be in 1..={}, not {}",
-                1 << 26,
-                d.conntrack_max
-            );
-        }
-        if d.conntrack_per_tenant == 0 || d.conntrack_per_tenant > d.conntrack_max {
-            bail!(
-                "dataplane.conntrack_per_tenant must be in 1..=conntrack_max ({}), not {}",
-                d.conntrack_max,
-                d.conntrack_per_tenant
-            );
-        }
-        if d.fragments_max == 0 || d.fragments_max > 1 << 24 {
-            bail!(
-                "dataplane.fragments_max must be in 1..={}, not {}",
-                1 << 24,
-                d.fragments_max
-            );
-        }
-        if d.fragments_per_tenant == 0 || d.fragments_per_tenant > d.fragments_max {
-            bail!(
-                "dataplane.fragments_per_tenant must be in 1..=fragments_max ({}), not {}",
-                d.fragments_max,
-                d.fragments_per_tenant
-            );
-        }
-        if !(1..=120).contains(&d.fragment_timeout_secs) {
-            bail!(
-                "dataplane.fragment_timeout_secs must be in 1..=120, not {}",
-                d.fragment_timeout_secs
-            );
-        }
-        if d.flow_cache_entries > 1 << 24 {
-            bail!(
-                "dataplane.flow_cache_entries must be at most {}, not {}",
-                1 << 24,
-                d.flow_cache_entries
-            );
-        }
-        if d.mac_table_size == 0 || d.mac_table_size > 1 << 24 {
-            bail!(
-                "dataplane.mac_table_size must be in 1..={}, not {}",
-                1 << 24,
-                d.mac_table_size
-            );
-        }
-        if d.mac_per_tenant == 0 || d.mac_per_tenant > d.mac_table_size {
-            bail!(
-                "dataplane.mac_per_tenant must be in 1..=mac_table_size ({}), not {}",
-                d.mac_table_size,
-                d.mac_per_tenant
-            );
-        }
-        if d.mac_per_attachment == 0 || d.mac_per_attachment > d.mac_per_tenant {
-            bail!(
-                "dataplane.mac_per_attachment must be in 1..=mac_per_tenant ({}), not {}",
-                d.mac_per_tenant,
-                d.mac_per_attachment
-            );
-        }
-        if d.mac_reserved_per_tenant > d.mac_per_tenant {
-            bail!(
-                "dataplane.mac_reserved_per_tenant must be at most mac_per_tenant ({}), not {}",
-                d.mac_per_tenant,
-                d.mac_reserved_per_tenant
-            );
         }
         if d.file_prefix.is_empty() || d.file_prefix.contains('/') {
             bail!(

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpu_control::model::PortSpec;
+use dpu_dataplane::switch::SwitchConfig;
 use dpu_nvmeof::conn::Timeouts;
 use dpu_os::backing::{BackingPolicy, VOLUMES_DIR};
 
@@ -176,6 +177,31 @@ impl Config {
                     sources: st.auth_sources.unwrap_or(d.sources),
                 }
             },
+        }
+    }
+
+    /// The switch's configuration from `[dataplane]`, for `ports` ports
+    /// and no tenants yet: its table sizes, worker count and timers. Its
+    /// bounds are the switch's ([`SwitchConfig::check_sizes`]).
+    pub fn switch_base(&self, ports: usize) -> SwitchConfig {
+        let d = &self.dataplane;
+        SwitchConfig {
+            ports,
+            workers: usize::from(d.workers),
+            mac_table_size: d.mac_table_size,
+            mac_ageing: Duration::from_secs(d.mac_ageing_secs),
+            mac_per_tenant: d.mac_per_tenant,
+            mac_per_attachment: d.mac_per_attachment,
+            mac_reserved_per_tenant: d.mac_reserved_per_tenant,
+            conntrack_max: d.conntrack_max,
+            conntrack_per_tenant: d.conntrack_per_tenant,
+            conntrack_reserved_per_tenant: d.conntrack_reserved_per_tenant,
+            fragments_max: d.fragments_max,
+            fragments_per_tenant: d.fragments_per_tenant,
+            fragments_reserved_per_tenant: d.fragments_reserved_per_tenant,
+            fragment_timeout: Duration::from_secs(d.fragment_timeout_secs),
+            flow_cache_entries: d.flow_cache_entries,
+            ..SwitchConfig::default()
         }
     }
 

@@ -7,6 +7,12 @@
 pub mod kernel;
 pub mod memory;
 
+/// Smallest IP MTU a port may be given (IPv4's minimum).
+pub const MIN_MTU: u16 = 68;
+/// Largest IP MTU a port may be given: jumbo frames of 9000 with room,
+/// within what BlueField's ports take.
+pub const MAX_MTU: u16 = 9600;
+
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 

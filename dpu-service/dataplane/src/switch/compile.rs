@@ -364,6 +364,7 @@ impl Compiled {
         ids: &mut TenantIds,
         prev: Option<&Compiled>,
     ) -> Result<Compiled, ConfigError> {
+        config.check_sizes()?;
         let workers = config.workers.max(1);
         // Endpoints are attachments on virtual ports: a configuration
         // without any is compiled as it is.

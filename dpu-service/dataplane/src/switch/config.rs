@@ -351,6 +351,10 @@ pub enum ConfigError {
         /// The order.
         order: u32,
     },
+    /// A table size or the worker count out of its bounds
+    /// ([`SwitchConfig::check_sizes`]).
+    #[error("{0}")]
+    Size(#[from] super::SizeError),
     /// A storage endpoint with a MAC that is not unicast or is another
     /// endpoint's, an address that is no host's, or an address twice in
     /// one tenant.

@@ -69,6 +69,7 @@ mod inspect;
 mod memo;
 mod pipeline;
 mod police;
+mod sizes;
 mod state;
 #[cfg(test)]
 mod testing;
@@ -81,5 +82,9 @@ pub use config::{
 };
 pub use endpoint::{Endpoint, EndpointLink, EndpointPort};
 pub use handle::SwitchHandle;
+pub use sizes::{
+    SizeError, MAX_CONNTRACK, MAX_FLOW_CACHE, MAX_FRAGMENTS, MAX_FRAGMENT_TIMEOUT, MAX_MAC_TABLE,
+    MAX_WORKERS,
+};
 pub use state::SwitchPipeline;
 pub use traffic::{RuleTraffic, TenantTraffic, Traffic};
