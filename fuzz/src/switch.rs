@@ -269,8 +269,13 @@ fn config(variant: u8) -> SwitchConfig {
         ports: PORTS,
         vteps,
         tenants,
-        // Small tables: their limits are part of what is fuzzed.
+        // Small tables: their limits are part of what is fuzzed. The
+        // tenant's and an attachment's MAC limits and reserve at the
+        // table's size (the switch refuses them larger): the table binds.
         mac_table_size: 8,
+        mac_per_tenant: 8,
+        mac_per_attachment: 8,
+        mac_reserved_per_tenant: 8,
         conntrack_max: 16,
         conntrack_per_tenant: 6,
         flow_cache_entries: 4,

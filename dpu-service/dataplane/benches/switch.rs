@@ -138,6 +138,8 @@ fn main() {
             ..TenantConfig::default()
         }],
         conntrack_max,
+        // A tenant's share at most the whole (the switch refuses more).
+        conntrack_per_tenant: conntrack_max.min(SwitchConfig::default().conntrack_per_tenant),
         flow_cache_entries,
         // Every datagram of the traffic fits.
         fragments_per_tenant: SwitchConfig::default().fragments_max,
