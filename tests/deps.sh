@@ -35,6 +35,16 @@ if [ -x "${KERNEL_NVME_RUN:-../shared/tools/kernel-nvme/run.sh}" ] ||
   have socat || need_apt+=(socat)
 fi
 
+# SPDK's initiator for the interop tests (tests/run.sh builds it with the
+# shared tool in the background): its build dependencies, installed here
+# with the rest, so the background build never runs apt itself.
+if [ -x ../shared/tools/spdk/build.sh ] || [ -x /work/shared/tools/spdk/build.sh ]; then
+  for p in build-essential pkg-config libdpdk-dev dpdk libnuma-dev uuid-dev libssl-dev \
+    libaio-dev nasm autoconf automake libtool libncurses-dev libcunit1-dev libjson-c-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
+  done
+fi
+
 if ((${#need_apt[@]})); then
   echo "deps: installing ${need_apt[*]}" >&2
   sudo_cmd=()

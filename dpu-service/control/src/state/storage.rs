@@ -441,13 +441,20 @@ impl State {
                 o.id, l.address, l.port
             )));
         }
-        if let Some(why) = s.serving_conflict(l.tenant.as_deref(), l.address) {
+        // The listener itself first (its tenant exists, its address is
+        // no host's), then where it would be served.
+        let seq = self.id_seq;
+        self.place_endpoint(&mut l)?;
+        if let Some(why) = self
+            .subsystem(id)?
+            .serving_conflict(l.tenant.as_deref(), l.address)
+        {
+            self.id_seq = seq;
             return Err(ControlError::FailedPrecondition(format!(
                 "subsystems/{id}/listeners/{}: {why}",
                 l.id
             )));
         }
-        self.place_endpoint(&mut l)?;
         let s = self.subsystem_mut(id)?;
         let lid = l.id.clone();
         s.listeners.insert(lid.clone(), l);
