@@ -333,11 +333,11 @@ impl Pipeline for WorkerPipeline {
         }
     }
 
-    fn endpoints(&self) -> Option<&Arc<dpu_dataplane::endpoint::EndpointTable>> {
+    fn endpoints(&self) -> Option<&Arc<dpu_dataplane::endpoint_queues::EndpointTable>> {
         self.switch.endpoints()
     }
 
-    fn side_work(&mut self) -> usize {
+    fn between_bursts(&mut self) -> usize {
         self.endpoints.as_mut().map_or(0, InlineEndpoints::turn)
     }
 }

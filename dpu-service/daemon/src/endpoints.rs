@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dpu_dataplane::endpoint::EndpointQueues;
+use dpu_dataplane::endpoint_queues::EndpointQueues;
 use dpu_dataplane::switch::SwitchHandle;
 use dpu_dataplane::wire::{self, L3};
 use dpu_dataplane::worker::Idle;

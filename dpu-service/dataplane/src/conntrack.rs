@@ -23,8 +23,8 @@
 //! Time is the worker's coarse clock in seconds; expired entries go when a
 //! packet meets them or when [`ConnTable::sweep`] passes by.
 
-use crate::probe::{self, Probed};
-use crate::shares::{Full, ShareLimits, Shares};
+use crate::fair_share::{Full, ShareLimits, Shares};
+use crate::linear_probe::{self, Probed};
 use crate::wire::{is_echo, proto, FlowKey};
 
 /// TCP FIN flag.
@@ -379,7 +379,7 @@ impl ConnTable {
     pub fn prefetch(&self, key: &ConnKey) {
         let i = key.hash as usize & self.mask;
         if let Some(b) = self.buckets.get(i) {
-            dpu_os::hint::prefetch(b);
+            dpu_os::cache::prefetch(b);
         }
     }
 
@@ -536,7 +536,7 @@ impl ConnTable {
             return;
         }
         self.shares.give(self.buckets[slot as usize].key.tenant);
-        probe::remove(&mut self.buckets, self.mask, slot as usize);
+        linear_probe::remove(&mut self.buckets, self.mask, slot as usize);
     }
 
     /// Moves past up to `budget` buckets from where the last sweep stopped

@@ -22,7 +22,7 @@
 
 use std::hash::BuildHasher;
 
-use dpu_os::hint::prefetch;
+use dpu_os::cache::prefetch;
 
 use crate::wire::FlowKey;
 

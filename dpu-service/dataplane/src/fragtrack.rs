@@ -19,8 +19,8 @@
 //! one worker and is allocated in full when the worker starts; the packet
 //! path never allocates.
 
-use crate::probe::{self, Probed};
-use crate::shares::{Full, ShareLimits, Shares};
+use crate::fair_share::{Full, ShareLimits, Shares};
+use crate::linear_probe::{self, Probed};
 use crate::wire::{FlowKey, Fragment};
 
 /// The key of a fragmented datagram, hashed once.
@@ -222,7 +222,7 @@ impl FragTable {
             return;
         }
         self.shares.give(self.buckets[slot].id.tenant);
-        probe::remove(&mut self.buckets, self.mask, slot);
+        linear_probe::remove(&mut self.buckets, self.mask, slot);
     }
 
     /// Moves past up to `budget` buckets from where the last sweep

@@ -40,14 +40,14 @@
 
 pub mod classify;
 pub mod conntrack;
-pub mod endpoint;
+pub mod endpoint_queues;
+pub mod fair_share;
 pub mod flowcache;
 pub mod fragtrack;
 pub mod io;
 mod l2memo;
+mod linear_probe;
 mod mactable;
-mod probe;
-pub mod shares;
 pub mod switch;
 pub mod wire;
 pub mod worker;

@@ -5,7 +5,7 @@
 //! pipeline on each packet, queues forwarded packets per output port and
 //! transmits them; what a full TX queue refuses is dropped and counted.
 //! A packet forwarded to a storage endpoint's virtual port is copied into
-//! the endpoint's queue instead ([`crate::endpoint`]), and each turn the
+//! the endpoint's queue instead ([`crate::endpoint_queues`]), and each turn the
 //! worker also takes up to a burst of each endpoint's own frames and runs
 //! them through the pipeline as received on its virtual port.
 //! Buffers are reserved once before the loop: the packet path allocates
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::endpoint::EndpointTable;
+use crate::endpoint_queues::EndpointTable;
 use crate::io::{Driver, IoError, Packet, RxQueue, TxQueue};
 use crate::wire::{apply_tunnel, apply_vlan};
 
@@ -217,7 +217,7 @@ pub trait Pipeline: Send + 'static {
     /// endpoints sent: where a worker runs the endpoints' stacks itself
     /// when they share its core. Returns how much it did; 0 (the
     /// default: nothing) lets an idle worker nap.
-    fn side_work(&mut self) -> usize {
+    fn between_bursts(&mut self) -> usize {
         0
     }
 }
@@ -512,7 +512,7 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 bump(&c.rx_packets[*port], n as u64);
                 bump(&c.rx_bytes[*port], bytes);
             }
-            got += self.pipeline.side_work();
+            got += self.pipeline.between_bursts();
             if let Some(table) = endpoints.as_deref() {
                 got += self.endpoint_input(table, &mut burst, &mut flood, &mut outs);
             }
@@ -914,7 +914,7 @@ mod tests {
 
     #[test]
     fn frames_reach_an_endpoint_untagged_and_its_frames_enter_the_switch() {
-        use crate::endpoint::EndpointQueues;
+        use crate::endpoint_queues::EndpointQueues;
         let d = MemoryDriver::new(2);
         let q = Arc::new(EndpointQueues::new(1, 4, 64));
         let table = Arc::new(EndpointTable::new(2, vec![q.clone()]));
@@ -976,7 +976,7 @@ mod tests {
         fn endpoints(&self) -> Option<&Arc<EndpointTable>> {
             self.0.endpoints()
         }
-        fn side_work(&mut self) -> usize {
+        fn between_bursts(&mut self) -> usize {
             self.1.fetch_add(1, Ordering::Relaxed);
             let q = self.0 .0.get(2).expect("the endpoint");
             let mut n = 0;
@@ -993,7 +993,7 @@ mod tests {
 
     #[test]
     fn side_work_runs_between_the_ports_and_the_endpoints_frames() {
-        use crate::endpoint::EndpointQueues;
+        use crate::endpoint_queues::EndpointQueues;
         let d = MemoryDriver::new(2);
         let q = Arc::new(EndpointQueues::new(1, 8, 64));
         let table = Arc::new(EndpointTable::new(2, vec![q]));

@@ -7,7 +7,7 @@
 //!   threads.
 //! - [`hugemem`]: anonymous memory in transparent huge pages (RAM
 //!   namespaces).
-//! - [`hint`]: cache prefetch.
+//! - [`cache`]: hints to the CPU's caches (prefetch).
 //! - [`backing`]: where namespaces' backing files and block devices may
 //!   live, and opening them there without following links out.
 //! - [`limits`]: the open-file limit, raised for many connections.
@@ -18,7 +18,7 @@
 
 pub mod affinity;
 pub mod backing;
-pub mod hint;
+pub mod cache;
 pub mod hugemem;
 pub mod limits;
 pub mod packet;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use dpu_os::hint::prefetch;
+use dpu_os::cache::prefetch;
 
 use super::leafidx::{LeafIndex, INDEX_MIN};
 use super::rfc::Rfc;

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use dpu_os::hint::prefetch;
+use dpu_os::cache::prefetch;
 
 use super::flat4::{cut_entry, is_set, step, Entry, LOCKSTEP};
 use super::leafidx::{LeafIndex, INDEX_MIN};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::classify::{AclRule, Classifier};
 use crate::conntrack::ConnTable;
 use crate::conntrack::Timeouts;
+use crate::fair_share::ShareLimits;
 use crate::fragtrack::{FragLimits, FragTable};
-use crate::shares::ShareLimits;
 
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
@@ -17,7 +17,7 @@ use super::endpoint::{
     endpoint_ports, endpoint_queues, with_endpoint_attachments, EndpointPort, Previous,
 };
 use super::police::Bucket;
-use crate::endpoint::EndpointTable;
+use crate::endpoint_queues::EndpointTable;
 use crate::mactable::MacLimits;
 
 /// Inclusive ranges sorted and merged: disjoint, not adjacent, in order.

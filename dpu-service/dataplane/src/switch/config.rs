@@ -208,7 +208,7 @@ pub struct SwitchConfig {
     /// [`Shares`]): less if `conntrack_max` cannot keep that many for
     /// every such tenant, then an even split.
     ///
-    /// [`Shares`]: crate::shares::Shares
+    /// [`Shares`]: crate::fair_share::Shares
     pub conntrack_reserved_per_tenant: usize,
     /// Most fragmented datagrams tracked (whose first fragment passed),
     /// all tenants and workers together.
@@ -233,7 +233,7 @@ pub struct SwitchConfig {
     /// [`FLOW_CACHE_MIN_RULES`]: super::FLOW_CACHE_MIN_RULES
     pub flow_cache_entries: usize,
     /// Frames each way between one worker and one storage endpoint that
-    /// may wait for the other side ([`crate::endpoint::EndpointQueues`]);
+    /// may wait for the other side ([`crate::endpoint_queues::EndpointQueues`]);
     /// a frame for an endpoint beyond them is dropped as `EndpointFull`.
     pub endpoint_queue_depth: usize,
     /// The longest frame (untagged, without FCS) a storage endpoint

@@ -23,13 +23,13 @@
 //!
 //! Where a worker sends a frame for a virtual port, and where it takes
 //! the endpoint's frames from, is the worker's business
-//! ([`crate::endpoint`]); the switch only names the port.
+//! ([`crate::endpoint_queues`]); the switch only names the port.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::config::{Attach, ConfigError, Guard, SwitchConfig};
-use crate::endpoint::{EndpointQueues, EndpointTable};
+use crate::endpoint_queues::{EndpointQueues, EndpointTable};
 
 /// A storage endpoint of a tenant: its MAC and IP address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -46,7 +46,7 @@
 //! - `state`: [`SwitchPipeline`], one worker's state; `frame`: what a
 //!   frame carries from stage to stage;
 //! - `pipeline`: the worker's turn and the burst loop;
-//! - `inspect`, `memo`, `filter`, `decide`: the stages of a frame.
+//! - `inspect`, `recall`, `filter`, `decide`: the stages of a frame.
 //!
 //! [`Classifier`]: crate::classify::Classifier
 //! [`FlowCache`]: crate::flowcache::FlowCache
@@ -66,9 +66,9 @@ mod fragment_tests;
 mod frame;
 mod handle;
 mod inspect;
-mod memo;
 mod pipeline;
 mod police;
+mod recall;
 mod sizes;
 mod state;
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! [`SwitchPipeline`], one worker's switch: its state, its turn (picking
 //! up a new snapshot, clocks, ageing) and the burst loop that runs the
-//! stages of [`inspect`](super::inspect), [`memo`](super::memo),
+//! stages of [`inspect`](super::inspect), [`recall`](super::recall),
 //! [`filter`](super::filter) and [`decide`](super::decide) over a burst,
 //! classifying the keys of the frames that need rules together.
 
@@ -11,7 +11,7 @@ use crate::conntrack::ConnKey;
 use crate::io::Packet;
 use crate::wire::{FlowKey, L3};
 use crate::worker::{Egress, Pipeline, Verdict, BURST};
-use dpu_os::hint::prefetch;
+use dpu_os::cache::prefetch;
 
 use super::frame::{Inspected, Seen};
 use super::state::SwitchPipeline;
@@ -245,7 +245,7 @@ impl<P> Waiting<P> {
 }
 
 impl Pipeline for SwitchPipeline {
-    fn endpoints(&self) -> Option<&std::sync::Arc<crate::endpoint::EndpointTable>> {
+    fn endpoints(&self) -> Option<&std::sync::Arc<crate::endpoint_queues::EndpointTable>> {
         self.compiled.endpoint_queues.as_ref()
     }
 

@@ -1,6 +1,6 @@
 //! [`SwitchPipeline`], one worker's switch: the state the burst loop
 //! ([`pipeline`](super::pipeline)) and the stages of a frame
-//! ([`inspect`](super::inspect), [`memo`](super::memo),
+//! ([`inspect`](super::inspect), [`memo`](super::recall),
 //! [`filter`](super::filter), [`decide`](super::decide)) work on, each
 //! file adding its methods. Declared here, below all of them, so that the
 //! stages and the loop need not import one another.

@@ -5,7 +5,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use dpu_os::hint::prefetch;
+use dpu_os::cache::prefetch;
 use dpu_os::hugemem::{HugeMem, HUGE_PAGE};
 
 use super::{check, read, write, Backend, OutOfRange};
