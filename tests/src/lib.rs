@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod net;
+pub mod pki;
 pub mod tools;
 
 use std::io::{Read, Write};
@@ -332,6 +333,65 @@ impl Service {
             "127.0.0.1",
             "--port",
             &p,
+        ])?;
+        Ok(())
+    }
+
+    /// Tenant `tenant` on port `port`, denying by default but for
+    /// stateful TCP to its storage endpoint `endpoint` (IPv4) port 4420,
+    /// and subsystem `id` (`nqn`, any host, a RAM namespace of `ram`)
+    /// listening there: where the storage-endpoint tests start.
+    pub fn endpoint_behind_rules(
+        &self,
+        tenant: &str,
+        port: &str,
+        endpoint: &str,
+        id: &str,
+        nqn: &str,
+        ram: &str,
+    ) -> Result<()> {
+        self.dpuctl_json(&[
+            "tenant",
+            "create",
+            tenant,
+            "--default-policy",
+            "deny",
+            "--port",
+            port,
+        ])?;
+        let dst = format!("{endpoint}/32");
+        self.dpuctl_json(&[
+            "rule",
+            "add",
+            tenant,
+            "--id",
+            "storage",
+            "--priority",
+            "10",
+            "--action",
+            "allow",
+            "--proto",
+            "tcp",
+            "--dst",
+            &dst,
+            "--dport",
+            "4420",
+            "--stateful",
+        ])?;
+        self.dpuctl_json(&["subsystem", "create", id, "--nqn", nqn, "--allow-any-host"])?;
+        self.dpuctl_json(&["namespace", "create", id, "--ram", ram])?;
+        self.dpuctl_json(&[
+            "listener",
+            "create",
+            id,
+            "--id",
+            "ep",
+            "--tenant",
+            tenant,
+            "--address",
+            endpoint,
+            "--port",
+            "4420",
         ])?;
         Ok(())
     }

@@ -95,3 +95,22 @@ pub fn metric(body: &str, name_and_labels: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// Turns checksum and segmentation offloads off on both ends of a veth
+/// pair, `outer` here and `inner` in `ns`: a packet socket (the kernel
+/// driver, DPDK's `net_af_packet`) sees frames as they are, so both ends
+/// must compute checksums and segment themselves.
+pub fn offloads_off(ns: &Netns, inner: &str, outer: &str) -> Result<()> {
+    let offloads = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"];
+    let inside = ns.exec(&[&["ethtool", "-K", inner][..], &offloads].concat())?;
+    let outside = Command::new("ethtool")
+        .args(["-K", outer])
+        .args(offloads)
+        .output()?;
+    for out in [inside, outside] {
+        if !out.status.success() {
+            bail!("ethtool -K: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    Ok(())
+}

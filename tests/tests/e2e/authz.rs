@@ -8,95 +8,14 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use anyhow::{ensure, Context, Result};
+use dpu_e2e::pki::{issue, make_ca};
 use dpu_e2e::{binary, Service, TEST_CONFIG};
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .context("running openssl")?;
-    ensure!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-/// A key and certificate `name.key`/`name.crt` with subject `subject` and
-/// extensions `ext`, signed by `ca.crt`.
-fn issue(dir: &Path, name: &str, subject: &str, ext: &str) -> Result<()> {
-    std::fs::write(dir.join(format!("{name}.ext")), ext)?;
-    let (key, csr, crt, extfile) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-        format!("{name}.ext"),
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            subject,
-        ],
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &extfile,
-        ],
-    )
-}
 
 /// A CA; a server certificate for localhost; clients: `admin` (by common
 /// name), `reader` (by DNS name), `red` (by SPIFFE ID) and `stranger`
 /// (signed by the CA, but named in no `[[grpc.clients]]`).
 fn make_pki(dir: &Path) -> Result<()> {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=dpu-authz-ca",
-        ],
-    )?;
+    make_ca(dir, "dpu-authz-ca")?;
     issue(
         dir,
         "server",

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context, Result};
+use dpu_e2e::pki::{issue, make_ca};
 use dpu_e2e::{binary, free_port, Service, TEST_CONFIG};
 
 /// Writers create tenants as fast as they can; the service is killed with
@@ -254,89 +255,16 @@ fn kill_9_during_rule_changes_loses_none_and_corruption_stops_the_start() -> Res
     Ok(())
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .context("running openssl")?;
-    ensure!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// A CA, a server certificate for localhost/127.0.0.1 and a client certificate.
 fn make_pki(dir: &Path) -> Result<()> {
-    openssl(
+    make_ca(dir, "dpu-test-ca")?;
+    issue(
         dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=dpu-test-ca",
-        ],
+        "server",
+        "/CN=server",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
     )?;
-    for (name, ext) in [
-        (
-            "server",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        ),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        std::fs::write(dir.join(format!("{name}.ext")), ext)?;
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        )?;
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.crt"),
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-            ],
-        )?;
-    }
-    Ok(())
+    issue(dir, "client", "/CN=client", "extendedKeyUsage=clientAuth\n")
 }
 
 #[test]

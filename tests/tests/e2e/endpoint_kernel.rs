@@ -74,55 +74,7 @@ fn the_kernel_initiator_uses_its_tenants_storage_endpoint() -> Result<()> {
         wire.port
     );
     let svc = Service::start_config(&config, &[])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "blue",
-        "--default-policy",
-        "deny",
-        "--port",
-        "pf0vf0",
-    ])?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        "blue",
-        "--id",
-        "storage",
-        "--priority",
-        "10",
-        "--action",
-        "allow",
-        "--proto",
-        "tcp",
-        "--dst",
-        &format!("{EP}/32"),
-        "--dport",
-        "4420",
-        "--stateful",
-    ])?;
-    svc.dpuctl_json(&[
-        "subsystem",
-        "create",
-        "vol",
-        "--nqn",
-        NQN,
-        "--allow-any-host",
-    ])?;
-    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "64M"])?;
-    svc.dpuctl_json(&[
-        "listener",
-        "create",
-        "vol",
-        "--id",
-        "ep",
-        "--tenant",
-        "blue",
-        "--address",
-        EP,
-        "--port",
-        "4420",
-    ])?;
+    svc.endpoint_behind_rules("blue", "pf0vf0", EP, "vol", NQN, "64M")?;
     // IPv6: neighbour discovery (ICMPv6) and storage to the IPv6
     // endpoint, both allowed by rules of the default-deny tenant.
     for (id, prio, extra) in [

@@ -71,20 +71,9 @@ impl Host {
         } else {
             h.ns.take(&peer, &[addr])?;
         }
-        // A packet socket sees frames as they are: both ends compute
-        // checksums and segment themselves.
-        let offloads = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"];
-        let inner =
-            h.ns.exec(&[&["ethtool", "-K", &peer][..], &offloads].concat())?;
-        let outer = Command::new("ethtool")
-            .args(["-K", &h.port_if])
-            .args(offloads)
-            .output()?;
-        for out in [inner, outer] {
-            if !out.status.success() {
-                bail!("ethtool -K: {}", String::from_utf8_lossy(&out.stderr));
-            }
-        }
+        // The kernel would leave TCP checksums to the veth and hand out
+        // 64 KiB segments.
+        dpu_e2e::net::offloads_off(&h.ns, &peer, &h.port_if)?;
         Ok(h)
     }
 
@@ -469,55 +458,7 @@ fn stateful_storage_over_two_workers(tag: &str, storage: &str) -> Result<Service
     let blue = Host::new(tag, HOST)?;
     let config = config(2, storage, &[("pf0vf0", &blue)]);
     let svc = Service::start_config(&config, &[])?;
-    svc.dpuctl_json(&[
-        "tenant",
-        "create",
-        "blue",
-        "--default-policy",
-        "deny",
-        "--port",
-        "pf0vf0",
-    ])?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        "blue",
-        "--id",
-        "storage",
-        "--priority",
-        "10",
-        "--action",
-        "allow",
-        "--proto",
-        "tcp",
-        "--dst",
-        &format!("{EP}/32"),
-        "--dport",
-        "4420",
-        "--stateful",
-    ])?;
-    svc.dpuctl_json(&[
-        "subsystem",
-        "create",
-        "vol",
-        "--nqn",
-        BLUE_NQN,
-        "--allow-any-host",
-    ])?;
-    svc.dpuctl_json(&["namespace", "create", "vol", "--ram", "16M"])?;
-    svc.dpuctl_json(&[
-        "listener",
-        "create",
-        "vol",
-        "--id",
-        "ep",
-        "--tenant",
-        "blue",
-        "--address",
-        EP,
-        "--port",
-        "4420",
-    ])?;
+    svc.endpoint_behind_rules("blue", "pf0vf0", EP, "vol", BLUE_NQN, "16M")?;
     let (denied, invalid) = (drops(&svc, "acl_deny")?, drops(&svc, "conntrack_invalid")?);
     let run = || {
         blue.perf(&[

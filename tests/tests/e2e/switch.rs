@@ -43,20 +43,8 @@ impl Host {
         ip(&["link", "set", &h.port_if, "up"])?;
         h.ns.take(&peer, &[addr])?;
         // The kernel would leave TCP checksums to the veth and hand out
-        // 64 KiB segments; a packet socket sees frames as they are, so
-        // both ends compute checksums and segment themselves.
-        let offloads = ["tx", "off", "tso", "off", "gso", "off", "gro", "off"];
-        let inner =
-            h.ns.exec(&[&["ethtool", "-K", &peer][..], &offloads].concat())?;
-        let outer = Command::new("ethtool")
-            .args(["-K", &h.port_if])
-            .args(offloads)
-            .output()?;
-        for out in [inner, outer] {
-            if !out.status.success() {
-                bail!("ethtool -K: {}", String::from_utf8_lossy(&out.stderr));
-            }
-        }
+        // 64 KiB segments.
+        dpu_e2e::net::offloads_off(&h.ns, &peer, &h.port_if)?;
         Ok(h)
     }
 
