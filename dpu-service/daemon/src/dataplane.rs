@@ -31,7 +31,7 @@ use dpu_dataplane::worker::{
 use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
-use crate::endpoints::{InlineEndpoints, InlineSlot};
+use crate::endpoint_stacks::{InlineEndpoints, InlineSlot};
 
 /// Ethernet header bytes in front of an endpoint's IP packets.
 const ETHERNET_HEADER: usize = 14;
@@ -168,8 +168,8 @@ impl Dataplane {
     pub fn endpoint_settings(
         &self,
         tcp: &dpu_nvmeof::TcpConfig,
-    ) -> crate::endpoints::StackSettings {
-        crate::endpoints::StackSettings {
+    ) -> crate::endpoint_stacks::StackSettings {
+        crate::endpoint_stacks::StackSettings {
             mtu: self.base.endpoint_frame_max.saturating_sub(ETHERNET_HEADER),
             max_connections: tcp.max_connections,
             max_connections_per_address: tcp.max_connections_per_address,
@@ -300,7 +300,7 @@ fn run<D: Driver>(
 }
 
 /// A worker's pipeline: the switch, and in the first worker the storage
-/// endpoints' stacks once [`crate::endpoints::Endpoints::start`] has put
+/// endpoints' stacks once [`crate::endpoint_stacks::Endpoints::start`] has put
 /// them in its slot (`storage.endpoint_placement = "worker"`), run as its
 /// side work once a turn.
 struct WorkerPipeline {

@@ -19,7 +19,7 @@
 
 mod config;
 mod dataplane;
-mod endpoints;
+mod endpoint_stacks;
 mod metrics;
 mod runtime;
 mod storage;
@@ -266,7 +266,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     // Storage endpoints in tenants' networks need the switch.
     let storage_endpoints = match &dp {
         Some(dp) => Some(
-            endpoints::Endpoints::start(
+            endpoint_stacks::Endpoints::start(
                 nvmf.endpoint_plan(),
                 dp.switch(),
                 dp.endpoint_settings(&config.transport()),

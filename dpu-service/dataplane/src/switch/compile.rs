@@ -13,7 +13,7 @@ use crate::fragtrack::{FragLimits, FragTable};
 
 use super::config::{Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, Vtep};
 use super::counters::{RuleCells, Shard, TenantCells};
-use super::endpoint::{
+use super::endpoint_ports::{
     endpoint_ports, endpoint_queues, with_endpoint_attachments, EndpointPort, Previous,
 };
 use super::police::Bucket;

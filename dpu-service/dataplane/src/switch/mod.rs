@@ -39,7 +39,7 @@
 //! - `compile`: a configuration checked and compiled into a snapshot;
 //! - `epoch`: what the handle and its pipelines share (publication);
 //! - `handle`: [`SwitchHandle`];
-//! - `endpoint`: storage endpoints, compiled into attachments on
+//! - `endpoint_ports`: storage endpoints, compiled into attachments on
 //!   virtual ports;
 //! - `police`: rate limits;
 //! - `counters`: the per-worker counter cells; `traffic`: what they sum to;
@@ -56,9 +56,9 @@ mod compile;
 mod config;
 mod counters;
 mod decide;
-mod endpoint;
+mod endpoint_ports;
 #[cfg(test)]
-mod endpoint_tests;
+mod endpoint_ports_tests;
 mod epoch;
 mod filter;
 #[cfg(test)]
@@ -80,7 +80,7 @@ pub use compile::{Compiled, Published};
 pub use config::{
     Attach, ConfigError, Guard, RateLimit, SwitchConfig, SwitchRule, TenantConfig, Vtep,
 };
-pub use endpoint::{Endpoint, EndpointLink, EndpointPort};
+pub use endpoint_ports::{Endpoint, EndpointLink, EndpointPort};
 pub use handle::SwitchHandle;
 pub use sizes::{
     SizeError, MAX_CONNTRACK, MAX_FLOW_CACHE, MAX_FRAGMENTS, MAX_FRAGMENT_TIMEOUT, MAX_MAC_TABLE,
