@@ -6,22 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tests/deps.sh
-# SPDK's initiator, which the SPDK interop tests run against the service:
-# built by the shared tool from its tarballs once per machine (4-7 minutes
-# on 2 cores the first time), in the background at a lower priority while
-# the workspace builds; the tests wait for it under the same lock, and
-# fail if it cannot be built.
-spdk_build=""
-for t in ../shared/tools/spdk/build.sh /work/shared/tools/spdk/build.sh; do
-  [ -x "$t" ] && { spdk_build=$t; break; }
-done
-if [ -z "${SPDK_DIR:-}" ] && [ -n "$spdk_build" ]; then
-  mkdir -p "${CARGO_TARGET_DIR:-target}"
-  # --dir always: the tool stops at once without it unless --with-rbd.
-  flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" nice -n 10 "$spdk_build" \
-    --dir "${SPDK_CACHE:-$HOME/.cache/spdk-v23.05}" \
-    >"${CARGO_TARGET_DIR:-target}/spdk-build.log" 2>&1 &
-fi
+# SPDK's initiator, which the SPDK interop tests run against the service
+# (tests/spdk.sh): built once per machine, in the background at a lower
+# priority while the workspace builds; the tests wait for it under the
+# same lock, and fail if it cannot be built.
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+nice -n 10 tests/spdk.sh >"${CARGO_TARGET_DIR:-target}/spdk-build.log" 2>&1 &
 # The end-to-end tests start the binaries, so build them first; and
 # nvmf-perf with its memif feature (its own TCP/IP stack on a DPDK memif
 # port) as nvmf-perf-memif, for the storage endpoint on the DPDK data plane.

@@ -33,11 +33,11 @@ pub fn kernel_nvme_harness() -> Result<PathBuf> {
 }
 
 /// SPDK's tree with its initiator tools (`build/bin/spdk_nvme_perf`,
-/// `build/bin/spdk_nvme_identify`): `$SPDK_DIR` when set, else the tree
-/// the shared `tools/spdk/build.sh` builds (once per machine, 4-7 minutes
-/// on 2 cores) or has built. Built once per test process, under a lock
-/// file so that another process building it at the same time
-/// (`tests/run.sh` starts the build early) is waited for, not raced.
+/// `build/bin/spdk_nvme_identify`), as `tests/spdk.sh` gives it:
+/// `$SPDK_DIR` when set, else the tree the shared `tools/spdk/build.sh`
+/// builds (once per machine, 4-7 minutes on 2 cores) or has built, under
+/// a lock that `tests/run.sh`'s background build holds too. Asked once per
+/// test process.
 pub fn spdk_dir() -> Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| find_or_build_spdk().map_err(|e| format!("{e:#}")))
@@ -46,38 +46,20 @@ pub fn spdk_dir() -> Result<PathBuf> {
 }
 
 fn find_or_build_spdk() -> Result<PathBuf> {
-    let dir = match std::env::var_os("SPDK_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let build = shared_tool("SPDK_BUILD", "spdk/build.sh")?;
-            // `--dir` always: the tool stops at once without it unless
-            // it is given `--with-rbd`.
-            let cache = std::env::var_os("SPDK_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/spdk-v23.05"))
-                })
-                .context("neither SPDK_CACHE nor HOME is set")?;
-            let out = Command::new("flock")
-                .arg(spdk_lock())
-                .arg(&build)
-                .arg("--dir")
-                .arg(&cache)
-                .output()
-                .with_context(|| format!("running flock {}", build.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "{} failed ({}):\n{}",
-                    build.display(),
-                    out.status,
-                    output_text(&out)
-                );
-            }
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let last = stdout.lines().last().unwrap_or("").trim();
-            PathBuf::from(last)
-        }
-    };
+    let script = repo_root().join("tests/spdk.sh");
+    let out = Command::new(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}):\n{}",
+            script.display(),
+            out.status,
+            output_text(&out)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
     for tool in ["spdk_nvme_perf", "spdk_nvme_identify"] {
         let p = dir.join("build/bin").join(tool);
         if !p.exists() {
@@ -88,10 +70,4 @@ fn find_or_build_spdk() -> Result<PathBuf> {
         }
     }
     Ok(dir)
-}
-
-/// The lock file that serialises builds of SPDK on this machine (also
-/// taken by `tests/run.sh`).
-pub fn spdk_lock() -> PathBuf {
-    std::env::temp_dir().join("dpu-service-spdk-build.lock")
 }

@@ -525,21 +525,14 @@ pub fn tenant_configs(state: &State) -> TenantConfigs {
             continue;
         };
         let mut listeners = Vec::new();
+        // The state refuses listeners elsewhere; a state file from before
+        // it did may still hold some.
         for l in s.listeners.values() {
-            match l.endpoint() {
-                Some((t, address)) if t == tenant && l.transport == Transport::Tcp => {
-                    listeners.push(SocketAddr::new(address, l.port));
-                }
-                _ => out.problems.push(Problem {
+            match s.listener_conflict(l) {
+                None => listeners.push(SocketAddr::new(l.address, l.port)),
+                Some(reason) => out.problems.push(Problem {
                     resource: listener_name(&s.id, &l.id),
-                    reason: format!(
-                        "subsystem {} is served in tenant {tenant}'s network; it cannot also listen {}",
-                        s.id,
-                        match l.tenant.as_deref() {
-                            Some(other) => format!("in tenant {other}'s"),
-                            None => format!("on the service's own address {}", l.address),
-                        }
-                    ),
+                    reason,
                 }),
             }
         }

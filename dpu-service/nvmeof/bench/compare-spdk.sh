@@ -12,9 +12,9 @@
 #            [--time SECONDS] [--job PATTERN:BS:QD[xCONNS]]... [--spdk-perf]
 #            [--perf NVMF_PERF]
 #   DIR: an SPDK tree built with its TCP transport (build/bin/nvmf_tgt and
-#   scripts/rpc.py); by default $SPDK_DIR, else the tree the shared tool
-#   tools/spdk/build.sh builds (once per machine, 4-7 minutes on 2 cores)
-#   or has built. Run as root (hugepages for SPDK, CPU pinning).
+#   scripts/rpc.py); by default what tests/spdk.sh gives: $SPDK_DIR,
+#   else the tree the shared tool tools/spdk/build.sh builds (once per
+#   machine, 4-7 minutes on 2 cores) or has built. Run as root (hugepages for SPDK, CPU pinning).
 #   A job such as randread:4k:1x64 runs 64 I/O queues of QD 1 from one
 #   nvmf-perf process (--conns 64; a controller per 64 queues).
 #   --spdk-perf: each job also runs with SPDK's spdk_nvme_perf as the
@@ -43,16 +43,9 @@ while (($#)); do
   esac
   shift
 done
-if [ -z "$spdk" ] && [ -n "${SPDK_DIR:-}" ]; then spdk=$(realpath "$SPDK_DIR"); fi
 if [ -z "$spdk" ]; then
-  build=""
-  for t in ../shared/tools/spdk/build.sh /work/shared/tools/spdk/build.sh; do
-    [ -x "$t" ] && { build=$t; break; }
-  done
-  [ -n "$build" ] || { echo "compare-spdk: no --spdk DIR, no SPDK_DIR and no shared tools/spdk/build.sh to build SPDK with" >&2; exit 2; }
-  echo "compare-spdk: building (or reusing) SPDK with $build" >&2
-  spdk=$(flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" "$build" \
-    --dir "${SPDK_CACHE:-$HOME/.cache/spdk-v23.05}" | tail -n 1)
+  echo "compare-spdk: SPDK_DIR, or SPDK built (or reused) with the shared tool (tests/spdk.sh)" >&2
+  spdk=$(tests/spdk.sh | tail -n 1)
 fi
 [ -x "$spdk/build/bin/nvmf_tgt" ] || { echo "compare-spdk: $spdk must hold build/bin/nvmf_tgt" >&2; exit 2; }
 ((${#jobs[@]})) || jobs=(randread:4k:1 randread:4k:32 randread:4k:128 randwrite:4k:32 read:128k:16

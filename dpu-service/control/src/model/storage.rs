@@ -273,11 +273,17 @@ impl Subsystem {
     /// subsystem is served, and why: `None` when it is served in one
     /// place, as the state allows.
     pub fn misplaced_listener(&self) -> Option<(&Listener, String)> {
-        let serving = self.serving_tenant();
         self.listeners
             .values()
-            .find(|l| l.tenant.as_deref() != serving)
-            .map(|l| (l, self.conflict(serving, l.tenant.as_deref(), l.address)))
+            .find_map(|l| Some((l, self.listener_conflict(l)?)))
+    }
+
+    /// Why listener `l` of this subsystem is not where the subsystem is
+    /// served, or `None` if it is.
+    pub fn listener_conflict(&self, l: &Listener) -> Option<String> {
+        let serving = self.serving_tenant();
+        let tenant = l.tenant.as_deref();
+        (tenant != serving).then(|| self.conflict(serving, tenant, l.address))
     }
 
     fn conflict(&self, serving: Option<&str>, tenant: Option<&str>, address: IpAddr) -> String {
