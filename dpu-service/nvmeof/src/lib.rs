@@ -9,13 +9,20 @@
 //! - [`spec`]: submission/completion queue entries, opcodes, status codes.
 //! - [`identify`]: Identify data structures and log pages.
 //! - [`backend`]: block backends (RAM, file or block device, null).
-//! - [`target`]: subsystems, namespaces and controllers being served.
-//! - [`conn`]: one connection (queue): fabrics, admin and NVM commands.
+//! - [`target`]: what is served and to whom: its configuration, the
+//!   subsystems and namespaces, applying a new configuration, admission
+//!   (per-host limits, authentication settings), the live controllers
+//!   ([`target::controller`]) and the discovery log.
+//! - [`conn`]: one connection (queue): fabrics, admin and NVM commands,
+//!   write data asked for through R2T within its budgets, in-band
+//!   authentication and the PDUs it sends, a file each; its block requests
+//!   and timers.
+//! - [`tcp`]: the kernel TCP transport: listeners, connection limits and
+//!   poll groups; the only code that touches sockets.
 //! - [`host`]: host-side command capsules (Connect, enable) for initiators.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP): secrets, DH,
 //!   messages and the controller's state machine. Its crates are named in
 //!   its module doc.
-
 //!
 //! It knows nothing of gRPC or the control plane: the daemon configures a
 //! [`target::Target`] from control's state. Besides the platform crate
@@ -24,21 +31,15 @@
 
 #![forbid(unsafe_code)]
 
-mod admin;
 pub mod auth;
 pub mod backend;
-mod block;
-mod budget;
-mod command;
 pub mod conn;
-pub mod controller;
 pub mod host;
 pub mod identify;
 pub mod pdu;
 pub mod spec;
 pub mod target;
 pub mod tcp;
-mod timeouts;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
 pub use target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};

@@ -29,79 +29,56 @@
 //! block requests do through [`Connection::complete`]. Each AUTH_Negotiate
 //! first takes a token from the target's
 //! [`AuthLimiter`](crate::auth::limit::AuthLimiter) for the peer's address.
+//!
+//! The files, by concern:
+//! - this one: the connection's state, what a transport calls, and the
+//!   dispatch of PDUs and commands;
+//! - `fabrics`: Connect, Property Get and Set, Disconnect;
+//! - `admin`: the admin command set, which knows nothing of connections;
+//! - `io`: NVM commands, the block requests they become
+//!   ([`BlockRequest`], in `block`) and their completions;
+//! - `transfer`: write data asked for through R2T, within the memory
+//!   budgets of `budget`;
+//! - `auth`: DH-HMAC-CHAP on a queue;
+//! - `output`: what the connection sends, and the buffers it waits in;
+//! - `command`: what a command comes to, the limits advertised and the
+//!   command sets served; `timeouts`: the timers ([`Timeouts`]).
+
+mod admin;
+mod auth;
+mod block;
+pub(crate) mod budget;
+mod command;
+mod fabrics;
+mod io;
+mod output;
+pub(crate) mod timeouts;
+mod transfer;
+
+pub use block::{BlockCompletion, BlockOp, BlockRequest};
+pub use budget::{DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
+pub use command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
+pub use io::{FIRST_SEND, WORK_CHUNK};
+pub use output::{OUTPUT_BUDGET, SEND_FROM_BUFFER};
+pub use timeouts::{Timeouts, ICREQ_TIMEOUT, IDLE_TIMEOUT, PDU_TIMEOUT};
 
 use std::collections::{HashMap, VecDeque};
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::admin::{self, AdminQueue};
-use crate::auth::controller::{
-    HostKeys, ReceiveError, Refusal, Step, DEFAULT_TIMEOUT as AUTH_TIMEOUT,
-    MAX_RECEIVE as MAX_AUTH_DATA,
-};
-use crate::auth::limit::Admit;
-use crate::auth::pool::{DhJob, DhResult};
-use crate::auth::{AuthOutcome, Authenticator};
-use crate::backend::is_out_of_range;
-use crate::block::sized;
-use crate::command::{Outcome, IO_CMDS};
-use crate::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
-use crate::host::CONNECT_DATA_LEN;
-use crate::identify::ErrorEntry;
+use crate::auth::controller::HostKeys;
+use crate::auth::pool::DhJob;
+use crate::auth::Authenticator;
 use crate::pdu::{self, Digests, Fes, HostPdu, IcResp, Limits};
-use crate::spec::{self, fctype, nvm, sgl, Cqe, Sqe, Status, FABRICS};
-use crate::target::{is_namespace_removed, HostAdmission, Namespace, Target};
+use crate::spec::{sgl, Cqe, Sqe, Status, FABRICS};
+use crate::target::controller::Controller;
+use crate::target::{HostAdmission, Namespace, Target};
 
-pub use crate::block::{BlockCompletion, BlockOp, BlockRequest};
-pub use crate::budget::{DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
-pub use crate::command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
-pub use crate::timeouts::{Timeouts, ICREQ_TIMEOUT, IDLE_TIMEOUT, PDU_TIMEOUT};
-
-#[cfg(test)]
-mod tests;
-
-use crate::budget::ConnBudget;
-
-/// Most data buffers a connection keeps for reuse (reads, and writes that
-/// arrive through R2T): enough for a deep queue's steady state without
-/// holding more than a few MiB per connection.
-const SPARE_BUFFERS: usize = 16;
-
-/// Most buffers to encode PDUs into a connection keeps for reuse.
-const SPARE_OUT: usize = 4;
-
-/// Read data of at least this many bytes goes out from its own buffer, its
-/// C2HData header beside it in a vectored write, instead of being copied
-/// behind the header; below it, the copy costs less than another slice.
-pub const SEND_FROM_BUFFER: usize = 16 * 1024;
-
-/// Completions of a batch of block requests after which
-/// [`Connection::execute_requests`] first lets the transport send. On
-/// loopback with 4 KiB random reads at QD 32, 8 gave 1.5x the IOPS of one
-/// send per batch, more than 4 or 16 did, and cost nothing at QD 128 or
-/// with 128 KiB reads.
-pub const FIRST_SEND: usize = 8;
-
-/// Most bytes one step of a Write Zeroes or Dataset Management zeroes or
-/// deallocates ([`Connection::execute_requests`]): a few milliseconds of
-/// memset on a RAM namespace.
-pub const WORK_CHUNK: u64 = 4 << 20;
-
-/// Capacity the buffer PDUs are encoded into starts at once it holds
-/// output behind read data sent from its own buffer. (A new connection's
-/// starts empty: an idle connection holds no buffer.)
-const OUT_CAPACITY: usize = 64 * 1024;
-
-/// Output a connection may hold unsent before
-/// [`Connection::execute_requests`] leaves the next block requests waiting:
-/// a host that reads its socket slower than it submits reads (or not at
-/// all) makes the target hold at most this much of its data, plus one
-/// command's. A transport should stop reading such a host's commands too
-/// ([`Connection::output_len`]).
-pub const OUTPUT_BUDGET: usize = 4 << 20;
+use admin::AdminQueue;
+use budget::ConnBudget;
+use command::Outcome;
 
 /// What the connection waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +95,7 @@ enum Phase {
 #[derive(Debug)]
 enum Pending {
     /// Data to come through R2T, waiting for room in the budgets
-    /// ([`crate::budget`]) before it is asked for.
+    /// ([`budget`]) before it is asked for.
     Waiting {
         sqe: Sqe,
         /// As in [`Pending::Receiving`].
@@ -253,56 +230,6 @@ impl Connection {
         }
     }
 
-    /// Whether the transport runs the DH work of authentication
-    /// ([`Connection::next_dh_job`]); off by default: it runs in the call
-    /// that needs it.
-    pub fn set_dh_offload(&mut self, on: bool) {
-        self.dh_offload = on;
-    }
-
-    /// The next DH job to run, with the command ID to hand its result
-    /// back with ([`Connection::complete_dh`]).
-    pub fn next_dh_job(&mut self) -> Option<(u16, DhJob)> {
-        self.dh_jobs.pop_front()
-    }
-
-    /// True while an authentication command waits for a DH job (taken or
-    /// not): a transport keeps the connection where the result will find
-    /// it.
-    pub fn awaits_dh(&self) -> bool {
-        self.pending
-            .values()
-            .any(|p| matches!(p, Pending::Authenticating { .. }))
-    }
-
-    /// Hands back the result of the DH job of command `cid`
-    /// ([`DhError::Busy`](crate::auth::dh::DhError::Busy) for one the
-    /// transport could not run): the command completes. A result for a
-    /// command no longer waiting (the connection closed, or the
-    /// authentication timed out) is dropped.
-    pub fn complete_dh(&mut self, cid: u16, result: DhResult, now: Instant) {
-        if self.phase == Phase::Closed {
-            return;
-        }
-        let Some(Pending::Authenticating { sqe, receive }) = self.pending.remove(&cid) else {
-            return;
-        };
-        let outcome = match self.auth.as_mut() {
-            Some(a) => {
-                a.dh_done(result, now);
-                match receive {
-                    Some(al) => self.auth_answer(&sqe, al, now),
-                    None => {
-                        self.auth_outcome();
-                        Outcome::ok(&sqe)
-                    }
-                }
-            }
-            None => Outcome::status(&sqe, Status::COMMAND_SEQUENCE),
-        };
-        self.conclude(sqe, outcome);
-    }
-
     /// Consumes whole PDUs from the front of `input` and returns how many
     /// bytes it used; the rest must be offered again with more bytes.
     /// While the connection is [held back](Connection::held_back) it takes
@@ -348,163 +275,6 @@ impl Connection {
         used
     }
 
-    /// The next block request to run, if any.
-    pub fn next_request(&mut self) -> Option<BlockRequest> {
-        self.requests.pop_front()
-    }
-
-    /// Runs every waiting block request on the calling thread, calling
-    /// `send` once the first [`FIRST_SEND`] have completed, then after 16,
-    /// 32, ... in all: a transport sends the output there, so the host has
-    /// its first answers, and sends its next commands, while the rest of
-    /// a deep batch runs. While one request runs, the next read's data is
-    /// prefetched ([`crate::backend::Backend::prefetch`]). Returns how many
-    /// requests ran; what the last ones produced is left in the output.
-    ///
-    /// Once [`OUTPUT_BUDGET`] bytes of output wait unsent, the remaining
-    /// requests are left for a later call ([`Connection::has_requests`]).
-    /// So is the rest of a Write Zeroes or Dataset Management longer than
-    /// [`WORK_CHUNK`]: one chunk runs per call, behind the requests that
-    /// arrived after it, so a command over a whole namespace never holds
-    /// the transport (or the other connections it serves) for long.
-    pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
-        let (mut done, mut send_at) = (0, FIRST_SEND);
-        while !self.held_back() {
-            let Some(mut r) = self.next_request() else {
-                break;
-            };
-            if let Some(chunk) = r.take_chunk(WORK_CHUNK) {
-                let c = chunk.execute();
-                if c.result.is_err() {
-                    self.complete(c);
-                } else {
-                    self.requests.push_back(r);
-                }
-                done += 1;
-                break;
-            }
-            // The next read's data starts coming into the cache while this
-            // request runs (two ahead measured no better).
-            if let Some(BlockRequest {
-                namespace,
-                op: BlockOp::Read { offset, len, .. },
-                ..
-            }) = self.requests.front()
-            {
-                namespace.backend.prefetch(*offset, *len as u64);
-            }
-            self.complete(r.execute());
-            done += 1;
-            if done == send_at {
-                send_at *= 2;
-                send(self);
-            }
-        }
-        done
-    }
-
-    /// Bytes to send to the host (the output is left empty).
-    pub fn take_output(&mut self) -> Vec<u8> {
-        let mut v = Vec::new();
-        self.drain_output_into(&mut v);
-        v
-    }
-
-    /// Appends the bytes to send to `buf` (the output is left empty; this
-    /// side keeps its buffers).
-    pub fn drain_output_into(&mut self, buf: &mut Vec<u8>) {
-        let mut skip = std::mem::take(&mut self.sent);
-        while let Some((c, pdus)) = self.tx.pop_front() {
-            buf.extend_from_slice(&c[skip..]);
-            skip = 0;
-            self.release(c, pdus);
-        }
-        buf.extend_from_slice(&self.out[skip..]);
-        self.out.clear();
-    }
-
-    /// True when there are bytes to send.
-    pub fn has_output(&self) -> bool {
-        !self.tx.is_empty() || self.out.len() > self.sent
-    }
-
-    /// Bytes waiting to be sent.
-    pub fn output_len(&self) -> usize {
-        self.tx.iter().map(|(c, _)| c.len()).sum::<usize>() + self.out.len() - self.sent
-    }
-
-    /// True while the connection holds back: its output is over the
-    /// [`OUTPUT_BUDGET`]. It takes no more PDUs and runs no more block
-    /// requests until the output drains; a transport does not read the
-    /// socket then, and the [`PDU_TIMEOUT`] does not run.
-    pub fn held_back(&self) -> bool {
-        self.output_len() >= OUTPUT_BUDGET
-    }
-
-    /// True when block requests wait to run (left by
-    /// [`Connection::execute_requests`] over the [`OUTPUT_BUDGET`]).
-    pub fn has_requests(&self) -> bool {
-        !self.requests.is_empty()
-    }
-
-    /// Lends the bytes to send, in order, as up to `slices.len()` slices
-    /// for a vectored write, and answers how many it filled (0 when there
-    /// is nothing to send). Large read data is lent from its own buffer,
-    /// never copied. Report what the write took with
-    /// [`Connection::output_sent`].
-    pub fn output_slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
-        let chunks = self
-            .tx
-            .iter()
-            .map(|(c, _)| c)
-            .chain(std::iter::once(&self.out));
-        let mut n = 0;
-        for (i, c) in chunks.enumerate() {
-            if n == slices.len() {
-                break;
-            }
-            let c = if i == 0 { &c[self.sent..] } else { &c[..] };
-            if !c.is_empty() {
-                slices[n] = IoSlice::new(c);
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// Marks the first `n` bytes of the output as sent (at most what
-    /// [`Connection::output_slices`] lent); their buffers are reused.
-    pub fn output_sent(&mut self, n: usize) {
-        let mut n = n + std::mem::take(&mut self.sent);
-        while let Some((front, _)) = self.tx.front() {
-            if n < front.len() {
-                self.sent = n;
-                return;
-            }
-            n -= front.len();
-            if let Some((c, pdus)) = self.tx.pop_front() {
-                self.release(c, pdus);
-            }
-        }
-        if n < self.out.len() {
-            self.sent = n;
-        } else {
-            self.out.clear();
-        }
-    }
-
-    /// Queues `data` to be sent from its own buffer after the output so far.
-    fn send_buffer(&mut self, data: Vec<u8>) {
-        if !self.out.is_empty() {
-            let mut next = self.spare_out.pop().unwrap_or_default();
-            next.clear();
-            next.reserve(OUT_CAPACITY);
-            self.tx
-                .push_back((std::mem::replace(&mut self.out, next), true));
-        }
-        self.tx.push_back((data, false));
-    }
-
     /// True once the connection is over: send what output is left, then
     /// close the socket.
     pub fn is_closed(&self) -> bool {
@@ -524,13 +294,6 @@ impl Connection {
     /// The controller this connection belongs to, once connected.
     pub fn controller_id(&self) -> Option<u16> {
         self.ctrl.as_ref().map(|c| c.cntlid)
-    }
-
-    /// Bytes of write data this connection has asked for through R2T (or
-    /// is about to) and not yet written: at most [`R2T_BUDGET`], also
-    /// counted in [`Target::write_buffers_reserved`].
-    pub fn write_buffers_reserved(&self) -> u64 {
-        self.budget.reserved()
     }
 
     /// Timers and events: ends the connection when the host has not sent
@@ -618,63 +381,6 @@ impl Connection {
         }
     }
 
-    /// Hands back the result of a block request.
-    pub fn complete(&mut self, done: BlockCompletion) {
-        let Some(Pending::Executing { sqe, read, bytes }) = self.pending.remove(&done.cid) else {
-            tracing::error!(
-                cid = done.cid,
-                "completion of a command that is not executing"
-            );
-            return;
-        };
-        match done.result {
-            Ok(data) => {
-                if let Some(c) = &self.ctrl {
-                    let h = &c.health;
-                    if read {
-                        h.bytes_read.fetch_add(bytes, Ordering::Relaxed);
-                        h.reads.fetch_add(1, Ordering::Relaxed);
-                    } else if sqe.opcode() == nvm::WRITE {
-                        h.bytes_written.fetch_add(bytes, Ordering::Relaxed);
-                        h.writes.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                if read {
-                    self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), Some(data));
-                } else {
-                    self.recycle(data);
-                    self.finish(&sqe, Cqe::new(sqe.cid(), Status::SUCCESS), None);
-                }
-            }
-            Err(e) if is_namespace_removed(&e) => {
-                tracing::debug!(
-                    cid = sqe.cid(),
-                    nsid = sqe.nsid(),
-                    "namespace removed under a command"
-                );
-                self.finish(&sqe, Cqe::new(sqe.cid(), Status::INVALID_NS), None);
-            }
-            Err(e) if is_out_of_range(&e) => {
-                // The namespace shrank between the range check and the I/O:
-                // the same answer the check gives a command arriving now.
-                tracing::debug!(cid = sqe.cid(), nsid = sqe.nsid(), error = %e, "namespace shrank under a command");
-                self.finish(&sqe, Cqe::new(sqe.cid(), Status::LBA_OUT_OF_RANGE), None);
-            }
-            Err(e) => {
-                tracing::warn!(cid = sqe.cid(), opcode = sqe.opcode(), nsid = sqe.nsid(), error = %e, "block I/O failed");
-                if let Some(c) = &self.ctrl {
-                    c.health.media_errors.fetch_add(1, Ordering::Relaxed);
-                }
-                let st = if read {
-                    Status::UNRECOVERED_READ
-                } else {
-                    Status::WRITE_FAULT
-                };
-                self.finish(&sqe, Cqe::new(sqe.cid(), st), None);
-            }
-        }
-    }
-
     /// Ends the connection (for transports: the peer went away).
     pub fn close(&mut self, why: &str) {
         if self.phase == Phase::Closed {
@@ -704,7 +410,7 @@ impl Connection {
         }
     }
 
-    fn fatal(&mut self, fes: Fes, fei: u32, header: &[u8], why: &str) {
+    pub(super) fn fatal(&mut self, fes: Fes, fei: u32, header: &[u8], why: &str) {
         tracing::warn!(peer = %self.peer, fes = ?fes, fei, "protocol error: {why}; terminating the connection");
         self.target
             .stats()
@@ -859,199 +565,15 @@ impl Connection {
         }
     }
 
-    /// Whether to ask for the data of a command that carries
-    /// host-to-controller data through R2T: `Ok(true)` when the command
-    /// reads it and passes the checks it will pass once its data is in,
-    /// `Ok(false)` when it reads no data (its answer does not depend on
-    /// any), `Err` with the status it gets otherwise.
-    fn reads_data(&self, sqe: &Sqe, ns: Option<&Arc<Namespace>>) -> Result<bool, Status> {
-        if sqe.opcode() == FABRICS && sqe.fctype() == fctype::AUTH_SEND && self.ctrl.is_some() {
-            return if sqe.sgl_len() as usize > MAX_AUTH_DATA {
-                Err(Status::INVALID_FIELD)
-            } else {
-                Ok(true)
-            };
-        }
-        if sqe.opcode() == FABRICS {
-            // Only a Connect reads data, as the queue's first command, and
-            // answers a short one without reading it.
-            return Ok(sqe.fctype() == fctype::CONNECT
-                && self.ctrl.is_none()
-                && sqe.sgl_len() as usize >= CONNECT_DATA_LEN);
-        }
-        if self.ctrl.is_none() {
-            // Answered with Command Sequence Error.
-            return Ok(false);
-        }
-        if self.qid == 0 {
-            // Discovery controllers included.
-            return Ok(admin::reads_data(sqe.opcode()));
-        }
-        match sqe.opcode() {
-            nvm::WRITE => {
-                let ns = io_namespace(sqe, ns)?;
-                transfer_range(sqe, ns)?;
-                Ok(true)
-            }
-            nvm::DSM => {
-                io_namespace(sqe, ns)?;
-                if (sqe.sgl_len() as usize) < dsm_len(sqe) {
-                    return Err(Status::SGL_LENGTH_INVALID);
-                }
-                Ok(true)
-            }
-            // Every other NVM command served moves no data to the
-            // controller; `io` answers the rest with Invalid Opcode.
-            _ => Ok(false),
-        }
-    }
-
-    /// Asks for the data of a checked command now, or queues the command
-    /// until the budgets have room for it.
-    fn ask_for_data(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>) {
-        // Earlier commands first, if the target's budget has room again:
-        // this one waits only when it has to.
-        self.grant_waiting();
-        let cid = sqe.cid();
-        if self
-            .budget
-            .admit(self.target.write_budget(), cid, sqe.sgl_len())
-        {
-            self.start_receiving(sqe, ns);
-        } else {
-            self.target
-                .stats()
-                .write_buffer_waits
-                .fetch_add(1, Ordering::Relaxed);
-            self.pending.insert(cid, Pending::Waiting { sqe, ns });
-        }
-    }
-
-    /// Asks for the data of the waiting commands the budgets have room
-    /// for now, oldest first.
-    fn grant_waiting(&mut self) {
-        if self.phase == Phase::Closed {
-            return;
-        }
-        while let Some(cid) = self.budget.grant(self.target.write_budget()) {
-            match self.pending.remove(&cid) {
-                Some(Pending::Waiting { sqe, ns }) => self.start_receiving(sqe, ns),
-                other => {
-                    // Every queued command is waiting; should that ever
-                    // not hold, its reservation must not leak.
-                    tracing::error!(cid, "budget granted to a command that is not waiting");
-                    if let Some(p) = other {
-                        self.pending.insert(cid, p);
-                    }
-                    self.budget.release(self.target.write_budget(), cid);
-                }
-            }
-        }
-    }
-
-    /// Sends the first R2T of a command holding its reservation. Its
-    /// buffer is taken when data arrives.
-    fn start_receiving(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>) {
-        let (cid, len) = (sqe.cid(), sqe.sgl_len());
-        let first = len.min(MAX_H2C_DATA);
-        pdu::encode_r2t(&mut self.out, self.digests, cid, cid, 0, first);
-        self.pending.insert(
-            cid,
-            Pending::Receiving {
-                sqe,
-                ns,
-                buf: Vec::new(),
-                len,
-                got: 0,
-                r2t_end: first,
-                corrupt: false,
-            },
-        );
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn on_h2c_data(
-        &mut self,
-        cccid: u16,
-        ttag: u16,
-        datao: u32,
-        data: &[u8],
-        last: bool,
-        ok: bool,
-        hdr: &[u8],
-        now: Instant,
-    ) {
-        let Some(Pending::Receiving {
-            buf,
-            len,
-            got,
-            r2t_end,
-            corrupt,
-            ..
-        }) = self.pending.get_mut(&cccid)
-        else {
-            return self.fatal(
-                Fes::InvalidHeaderField,
-                8,
-                hdr,
-                "H2CData for a command that awaits no data",
-            );
-        };
-        if ttag != cccid {
-            return self.fatal(
-                Fes::InvalidHeaderField,
-                10,
-                hdr,
-                "H2CData with an unknown transfer tag",
-            );
-        }
-        let end = u64::from(datao) + data.len() as u64;
-        if datao != *got || end > u64::from(*r2t_end) {
-            return self.fatal(
-                Fes::DataOutOfRange,
-                12,
-                hdr,
-                "H2CData outside the requested range",
-            );
-        }
-        if last != (end == u64::from(*r2t_end)) {
-            return self.fatal(
-                Fes::InvalidHeaderField,
-                1,
-                hdr,
-                "H2CData LAST_PDU flag does not match the transfer",
-            );
-        }
-        if buf.is_empty() {
-            // The first data: only now does the command hold memory.
-            *buf = self.spare.pop().unwrap_or_default();
-            sized(buf, *len as usize);
-        }
-        buf[datao as usize..end as usize].copy_from_slice(data);
-        *got = end as u32;
-        let (got, total) = (*got, *len);
-        *corrupt |= !ok;
-        if got < *r2t_end {
-            return;
-        }
-        if got < total {
-            let next = (total - got).min(MAX_H2C_DATA);
-            *r2t_end = got + next;
-            pdu::encode_r2t(&mut self.out, self.digests, cccid, cccid, got, next);
-            return;
-        }
-        match self.pending.remove(&cccid) {
-            Some(Pending::Receiving {
-                sqe, corrupt: true, ..
-            }) => self.finish(&sqe, Cqe::new(cccid, Status::TRANSIENT_TRANSPORT), None),
-            Some(Pending::Receiving { sqe, ns, buf, .. }) => self.dispatch(sqe, ns, buf, now),
-            _ => {}
-        }
-    }
-
     /// Runs a command whose data (if any) is all here; an I/O command runs
     /// against `ns`, the namespace it was accepted against.
-    fn dispatch(&mut self, sqe: Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>, now: Instant) {
+    pub(super) fn dispatch(
+        &mut self,
+        sqe: Sqe,
+        ns: Option<Arc<Namespace>>,
+        data: Vec<u8>,
+        now: Instant,
+    ) {
         let outcome = if self.needs_auth(&sqe) {
             Outcome::status(&sqe, Status::AUTH_REQUIRED)
         } else if sqe.opcode() == FABRICS {
@@ -1067,7 +589,7 @@ impl Connection {
     }
 
     /// Completes, parks or starts the block request of a command.
-    fn conclude(&mut self, sqe: Sqe, outcome: Outcome) {
+    pub(super) fn conclude(&mut self, sqe: Sqe, outcome: Outcome) {
         match outcome {
             Outcome::Done(cqe, d) => self.finish(&sqe, cqe, d),
             Outcome::DoneAndClose(cqe) => {
@@ -1089,595 +611,15 @@ impl Connection {
         }
     }
 
-    /// Whether `sqe` must wait for authentication: the queue requires it,
-    /// has not completed it, and `sqe` is not an authentication command
-    /// or a Disconnect.
-    fn needs_auth(&self, sqe: &Sqe) -> bool {
-        if self.ctrl.is_none()
-            || !self.auth_required
-            || self
-                .auth
-                .as_ref()
-                .is_some_and(Authenticator::is_authenticated)
-        {
-            return false;
-        }
-        !(sqe.opcode() == FABRICS
-            && matches!(
-                sqe.fctype(),
-                fctype::AUTH_SEND | fctype::AUTH_RECEIVE | fctype::DISCONNECT
-            ))
-    }
-
-    /// Checks the protocol fields of an Authentication Send or Receive:
-    /// SECP E9h, SPSP0 and SPSP1 01h, a non-zero length (CDW11).
-    fn auth_fields(sqe: &Sqe) -> Result<usize, Status> {
-        let [_, spsp0, spsp1, secp] = sqe.cdw(10).to_le_bytes();
-        if secp != crate::auth::SECP || spsp0 != crate::auth::SPSP || spsp1 != crate::auth::SPSP {
-            return Err(Status::INVALID_FIELD);
-        }
-        match sqe.cdw(11) as usize {
-            0 => Err(Status::INVALID_FIELD),
-            n => Ok(n),
-        }
-    }
-
-    /// The queue's authenticator, made on first use when the host has
-    /// keys.
-    fn authenticator(&mut self, now: Instant) -> Option<&mut Authenticator> {
-        if self.auth.is_none() {
-            let keys = self.auth_keys.clone()?;
-            let c = self.ctrl.as_ref()?;
-            self.auth = Some(Authenticator::new(
-                keys,
-                &c.hostnqn,
-                &c.subnqn,
-                AUTH_TIMEOUT,
-                now,
-            ));
-        }
-        self.auth.as_mut()
-    }
-
-    /// Authentication Send: hands the message to the authenticator. An
-    /// AUTH_Negotiate from an address over its rate is refused before any
-    /// DH work; a Reply that needs the shared secret waits for its job.
-    fn auth_send(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
-        let tl = match Self::auth_fields(sqe) {
-            Ok(n) => n,
-            Err(st) => return Outcome::status(sqe, st),
-        };
-        if tl != data.len() {
-            return Outcome::status(sqe, Status::INVALID_FIELD);
-        }
-        if self.awaits_dh() {
-            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
-        }
-        let negotiate = data.first() == Some(&0) && data.get(1) == Some(&0);
-        if negotiate && self.auth.is_some() {
-            // An AUTH_Negotiate (re-authentication): the host's keys as
-            // they are now.
-            if let Some(c) = &self.ctrl {
-                let keys = self.target.auth_policy(&c.subnqn, &c.hostnqn).1;
-                self.auth_keys.clone_from(&keys);
-                if let Some(a) = self.auth.as_mut() {
-                    a.set_keys(keys);
-                }
-            }
-        }
-        if self.authenticator(now).is_none() {
-            // No secret for this host: nothing to authenticate with.
-            return Outcome::status(sqe, Status::INVALID_FIELD);
-        }
-        let admit = if negotiate {
-            self.target.auth_limiter().admit(self.peer.ip(), now)
-        } else {
-            Admit::Allowed
-        };
-        let Some(a) = self.auth.as_mut() else {
-            return Outcome::status(sqe, Status::INVALID_FIELD);
-        };
-        let job = match admit {
-            Admit::Allowed => a.send_deferred(data, now),
-            Admit::Refused { log } => {
-                a.refuse(data, Refusal::RateLimited, now);
-                if let Some(unlogged) = log {
-                    let rate = self.target.auth_limiter().rate();
-                    tracing::warn!(peer = %self.peer, unlogged, per_sec = rate.per_sec, burst = rate.burst, "authentication attempts over the per-address rate refused");
-                }
-                None
-            }
-        };
-        match job {
-            None => {
-                self.auth_outcome();
-                Outcome::ok(sqe)
-            }
-            Some(job) => self.dh_job(sqe, job, None, now),
-        }
-    }
-
-    /// Runs `job` here, or parks `sqe` until the transport brings its
-    /// result ([`Connection::complete_dh`]).
-    fn dh_job(&mut self, sqe: &Sqe, job: DhJob, receive: Option<usize>, now: Instant) -> Outcome {
-        if self.dh_offload {
-            self.pending
-                .insert(sqe.cid(), Pending::Authenticating { sqe: *sqe, receive });
-            self.dh_jobs.push_back((sqe.cid(), job));
-            return Outcome::Parked;
-        }
-        let Some(a) = self.auth.as_mut() else {
-            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
-        };
-        a.dh_done(job.run(), now);
-        match receive {
-            Some(al) => self.auth_answer(sqe, al, now),
-            None => {
-                self.auth_outcome();
-                Outcome::ok(sqe)
-            }
-        }
-    }
-
-    /// Authentication Receive: the authenticator's next message.
-    fn auth_receive(&mut self, sqe: &Sqe, now: Instant) -> Outcome {
-        let al = match Self::auth_fields(sqe) {
-            Ok(n) => n,
-            Err(st) => return Outcome::status(sqe, st),
-        };
-        if al > sqe.sgl_len() as usize {
-            return Outcome::status(sqe, Status::INVALID_FIELD);
-        }
-        if self.awaits_dh() {
-            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
-        }
-        if self.authenticator(now).is_none() {
-            return Outcome::status(sqe, Status::INVALID_FIELD);
-        }
-        match self.auth.as_mut().map(|a| a.receive_deferred(al, now)) {
-            Some(Ok(Step::Compute(job))) => self.dh_job(sqe, job, Some(al), now),
-            Some(r) => self.receive_outcome(sqe, r.map(Some)),
-            None => Outcome::status(sqe, Status::INVALID_FIELD),
-        }
-    }
-
-    /// The answer of a Receive whose DH job is done.
-    fn auth_answer(&mut self, sqe: &Sqe, al: usize, now: Instant) -> Outcome {
-        let r = match self.auth.as_mut().map(|a| a.receive_deferred(al, now)) {
-            // The job's result was taken: nothing more to compute.
-            Some(Ok(Step::Compute(_))) => Err(ReceiveError::InProgress),
-            Some(r) => r,
-            None => return Outcome::status(sqe, Status::INVALID_FIELD),
-        };
-        self.receive_outcome(sqe, r.map(Some))
-    }
-
-    fn receive_outcome(&mut self, sqe: &Sqe, r: Result<Option<Step>, ReceiveError>) -> Outcome {
-        match r {
-            Ok(Some(Step::Data(d))) => {
-                self.auth_outcome();
-                Outcome::data(sqe, d)
-            }
-            Ok(_) => Outcome::status(sqe, Status::INVALID_FIELD),
-            Err(e) => {
-                tracing::debug!(peer = %self.peer, "authentication receive: {e}");
-                Outcome::status(sqe, Status::INVALID_FIELD)
-            }
-        }
-    }
-
-    /// Counts and logs a transaction that just ended (never with key
-    /// material).
-    fn auth_outcome(&mut self) {
-        let Some(o) = self.auth.as_mut().and_then(Authenticator::take_outcome) else {
-            return;
-        };
-        let Some(c) = &self.ctrl else {
-            return;
-        };
-        match o {
-            AuthOutcome::Succeeded => {
-                c.health.auth_succeeded.fetch_add(1, Ordering::Relaxed);
-                self.target.auth_limiter().refund(self.peer.ip());
-                tracing::info!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, "host authenticated");
-            }
-            AuthOutcome::Failed { explanation, why } => {
-                c.health.auth_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cntlid = c.cntlid, qid = self.qid, host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, explanation, "authentication failed: {why}");
-            }
-            AuthOutcome::Refused {
-                refusal: Refusal::RateLimited,
-            } => {
-                // Logged where refused, at a bounded rate.
-                c.health.auth_rate_limited.fetch_add(1, Ordering::Relaxed);
-            }
-            AuthOutcome::Refused {
-                refusal: Refusal::Busy,
-            } => {
-                c.health.auth_busy.fetch_add(1, Ordering::Relaxed);
-                if let Some(unlogged) = self.target.auth_limiter().busy_log(Instant::now()) {
-                    tracing::warn!(host = %c.hostnqn, subnqn = %c.subnqn, peer = %self.peer, unlogged, "authentication refused: the DH pool's queue is full");
-                }
-            }
-        }
-    }
-
-    /// Completes a command: logs failures, sends data and the response.
-    fn finish(&mut self, sqe: &Sqe, cqe: Cqe, data: Option<Vec<u8>>) {
-        let st = cqe.status;
-        if st != 0 {
-            if let Some(c) = &self.ctrl {
-                c.health.errors.fetch_add(1, Ordering::Relaxed);
-                c.log_error(ErrorEntry {
-                    error_count: 0,
-                    sqid: self.qid,
-                    cid: sqe.cid(),
-                    status: st,
-                    param_location: 0xffff,
-                    lba: if self.qid != 0 { sqe.slba() } else { 0 },
-                    nsid: sqe.nsid(),
-                });
-            }
-        }
-        let data = data.map(|mut d| {
-            d.truncate(sqe.sgl_len() as usize);
-            d
-        });
-        self.respond(cqe, data);
-        if self.budget.release(self.target.write_budget(), sqe.cid()) {
-            self.grant_waiting();
-        }
-    }
-
-    /// Keeps a sent buffer: `pdus` when it held encoded PDUs, else data.
-    fn release(&mut self, buf: Vec<u8>, pdus: bool) {
-        if !pdus {
-            self.recycle(buf);
-        } else if self.spare_out.len() < SPARE_OUT {
-            self.spare_out.push(buf);
-        }
-    }
-
-    /// Keeps a data buffer for a later command.
-    fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS && buf.capacity() <= MAX_TRANSFER as usize {
-            self.spare.push(buf);
-        }
-    }
-
-    /// Sends `data` (if any) in a C2HData PDU, then the response unless
-    /// the data PDU carries SUCCESS. Large data is sent from its own buffer,
-    /// small data copied; either way the buffer is reused afterwards.
-    fn respond(&mut self, mut cqe: Cqe, data: Option<Vec<u8>>) {
-        if self.phase == Phase::Closed {
-            if let Some(d) = data {
-                self.recycle(d);
-            }
-            return;
-        }
-        let d = data.unwrap_or_default();
-        let skip_resp = !d.is_empty() && cqe.status == 0 && self.sqflow_disabled;
-        let (dg, cid) = (self.digests, cqe.cid);
-        if d.len() >= SEND_FROM_BUFFER {
-            // No longer than the command's SGL length, a u32.
-            let len = d.len() as u32;
-            pdu::encode_c2h_data_header(&mut self.out, dg, cid, 0, len, true, skip_resp);
-            let digest = dg.data.then(|| pdu::data_digest(&d));
-            self.send_buffer(d);
-            if let Some(digest) = digest {
-                self.out.extend_from_slice(&digest);
-            }
-        } else {
-            if !d.is_empty() {
-                pdu::encode_c2h_data(&mut self.out, dg, cid, 0, &d, true, skip_resp);
-            }
-            if d.capacity() != 0 {
-                self.recycle(d);
-            }
-        }
-        if skip_resp {
-            return;
-        }
-        cqe.sqhd = self.sqhd;
-        cqe.sqid = self.qid;
-        pdu::encode_capsule_resp(&mut self.out, self.digests, &cqe);
-    }
-
     /// What the admin command set sees of this queue, which must be a
     /// connected admin queue.
-    fn admin_queue(&mut self) -> AdminQueue<'_> {
+    pub(super) fn admin_queue(&mut self) -> AdminQueue<'_> {
         AdminQueue {
             ctrl: self.ctrl.as_deref().expect("connected admin queue"),
             target: &self.target,
             local: self.local,
             aers: &mut self.aers,
         }
-    }
-
-    /// The namespace `nsid` of this connection's subsystem.
-    pub(crate) fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        let ctrl = self.ctrl.as_ref()?;
-        self.target
-            .subsystem(&ctrl.subnqn)?
-            .namespaces
-            .get(&nsid)
-            .cloned()
-    }
-
-    /// The namespace an I/O command is accepted against, looked up once,
-    /// when its capsule arrives; `None` for other commands and for an NSID
-    /// not served then.
-    ///
-    /// A write whose data comes through R2T runs against this instance
-    /// once its data is in, not against whatever serves the NSID by then:
-    /// if the namespace was deleted meanwhile the write fails with Invalid
-    /// Namespace, even when a namespace was created again under the same
-    /// ID (which never sees the data); so does a write for an NSID that
-    /// was unknown when it arrived.
-    fn accepted_namespace(&self, sqe: &Sqe) -> Option<Arc<Namespace>> {
-        if sqe.opcode() == FABRICS || self.qid == 0 {
-            return None;
-        }
-        self.namespace(sqe.nsid())
-    }
-
-    fn io(&mut self, sqe: &Sqe, ns: Option<Arc<Namespace>>, data: Vec<u8>) -> Outcome {
-        let ns = match io_namespace(sqe, ns.as_ref()) {
-            Ok(ns) => ns.clone(),
-            Err(st) => return Outcome::status(sqe, st),
-        };
-        let range = |slba: u64, nlb: u64| lba_range(&ns, slba, nlb);
-        let req = |op| BlockRequest {
-            cid: sqe.cid(),
-            namespace: ns.clone(),
-            op,
-        };
-        match sqe.opcode() {
-            nvm::READ | nvm::WRITE => {
-                let (offset, len) = match transfer_range(sqe, &ns) {
-                    Ok(r) => r,
-                    Err(st) => return Outcome::status(sqe, st),
-                };
-                let op = if sqe.opcode() == nvm::READ {
-                    BlockOp::Read {
-                        offset,
-                        len: len as usize,
-                        buf: self.spare.pop().unwrap_or_default(),
-                    }
-                } else {
-                    BlockOp::Write {
-                        offset,
-                        data,
-                        fua: sqe.fua(),
-                    }
-                };
-                Outcome::Block(req(op), len)
-            }
-            nvm::FLUSH => Outcome::Block(req(BlockOp::Flush), 0),
-            nvm::WRITE_ZEROES => match range(sqe.slba(), u64::from(sqe.nlb())) {
-                Ok((offset, len)) => {
-                    let deallocate = sqe.cdw(12) & (1 << 25) != 0;
-                    Outcome::Block(
-                        req(BlockOp::WriteZeroes {
-                            offset,
-                            len,
-                            deallocate,
-                        }),
-                        0,
-                    )
-                }
-                Err(st) => Outcome::status(sqe, st),
-            },
-            nvm::DSM => {
-                if data.len() < dsm_len(sqe) {
-                    return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
-                }
-                let nr = dsm_len(sqe) / 16;
-                let mut ranges = Vec::with_capacity(nr);
-                for r in data.chunks_exact(16).take(nr) {
-                    let nlb = u32::from_le_bytes(r[4..8].try_into().expect("4 bytes"));
-                    let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
-                    match range(slba, u64::from(nlb)) {
-                        Ok(r) => ranges.push(r),
-                        Err(st) => return Outcome::status(sqe, st),
-                    }
-                }
-                if sqe.cdw(11) & (1 << 2) == 0 {
-                    // Only attribute hints: nothing to do.
-                    return Outcome::ok(sqe);
-                }
-                Outcome::Block(req(BlockOp::Deallocate { ranges }), 0)
-            }
-            _ => Outcome::status(sqe, Status::INVALID_OPCODE),
-        }
-    }
-
-    fn fabrics(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
-        match sqe.fctype() {
-            fctype::CONNECT => self.connect(sqe, data, now),
-            fctype::PROPERTY_GET | fctype::PROPERTY_SET if self.ctrl.is_none() || self.qid != 0 => {
-                Outcome::status(sqe, Status::COMMAND_SEQUENCE)
-            }
-            fctype::PROPERTY_GET => self.admin_queue().property_get(sqe),
-            fctype::PROPERTY_SET => self.admin_queue().property_set(sqe),
-            fctype::DISCONNECT if self.ctrl.is_some() => {
-                Outcome::DoneAndClose(Cqe::new(sqe.cid(), Status::SUCCESS))
-            }
-            fctype::DISCONNECT => Outcome::status(sqe, Status::COMMAND_SEQUENCE),
-            fctype::AUTH_SEND | fctype::AUTH_RECEIVE if self.ctrl.is_none() => {
-                Outcome::status(sqe, Status::COMMAND_SEQUENCE)
-            }
-            fctype::AUTH_SEND => self.auth_send(sqe, data, now),
-            fctype::AUTH_RECEIVE => self.auth_receive(sqe, now),
-            _ => Outcome::status(sqe, Status::INVALID_OPCODE),
-        }
-    }
-
-    fn connect(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> Outcome {
-        /// Connect: Invalid Parameters, naming the parameter (in the data or
-        /// in the command, at byte offset `at`).
-        fn invalid(sqe: &Sqe, in_data: bool, at: u16) -> Outcome {
-            let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_PARAMETERS);
-            c.dw0 = u32::from(in_data) | (u32::from(at) << 16);
-            Outcome::Done(c, None)
-        }
-        fn nqn(b: &[u8]) -> String {
-            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-            String::from_utf8_lossy(&b[..end]).into_owned()
-        }
-        if self.ctrl.is_some() {
-            return Outcome::status(sqe, Status::COMMAND_SEQUENCE);
-        }
-        if data.len() < CONNECT_DATA_LEN {
-            return Outcome::status(sqe, Status::SGL_LENGTH_INVALID);
-        }
-        let refused = |o: Outcome| {
-            self.target
-                .stats()
-                .connects_refused
-                .fetch_add(1, Ordering::Relaxed);
-            o
-        };
-        if sqe.cdw(10) & 0xffff != 0 {
-            return refused(Outcome::status(sqe, Status::CONNECT_INCOMPATIBLE_FORMAT));
-        }
-        let qid = (sqe.cdw(10) >> 16) as u16;
-        let sqsize = (sqe.cdw(11) & 0xffff) as u16;
-        let cattr = (sqe.cdw(11) >> 16) as u8;
-        let kato = Duration::from_millis(u64::from(sqe.cdw(12)));
-        let hostid: [u8; 16] = data[0..16].try_into().expect("16 bytes");
-        let cntlid = u16::from_le_bytes([data[16], data[17]]);
-        let subnqn = nqn(&data[256..512]);
-        let hostnqn = nqn(&data[512..768]);
-        if sqsize == 0 || sqsize >= MAX_QUEUE_SIZE {
-            return refused(invalid(sqe, false, 44));
-        }
-        let (auth_required, auth_keys) = if subnqn == spec::DISCOVERY_NQN {
-            (false, None)
-        } else {
-            self.target.auth_policy(&subnqn, &hostnqn)
-        };
-        if auth_required && auth_keys.is_none() {
-            tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "authentication required, but the host has no secret");
-            self.target
-                .health(&subnqn)
-                .auth_failed
-                .fetch_add(1, Ordering::Relaxed);
-            let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
-            c.dw0 = 1 | (512 << 16);
-            return refused(Outcome::Done(c, None));
-        }
-        let Some(host_slot) = self.target.admit_host(&hostnqn) else {
-            return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));
-        };
-        let ctrl = if qid == 0 {
-            let kind = if subnqn == spec::DISCOVERY_NQN {
-                ControllerKind::Discovery
-            } else {
-                match self.target.subsystem(&subnqn) {
-                    Some(s) if !s.exported_on(self.local) => {
-                        tracing::warn!(%subnqn, local = %self.local, "connect to a subsystem not exported on this listener");
-                        return refused(invalid(sqe, true, 256));
-                    }
-                    Some(s) if !s.allows_host(&hostnqn) => {
-                        tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "host not allowed");
-                        let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
-                        c.dw0 = 1 | (512 << 16);
-                        return refused(Outcome::Done(c, None));
-                    }
-                    Some(_) => ControllerKind::Io,
-                    None => {
-                        tracing::warn!(%subnqn, %hostnqn, "connect to an unknown subsystem");
-                        return refused(invalid(sqe, true, 256));
-                    }
-                }
-            };
-            if cntlid != 0xffff {
-                return refused(invalid(sqe, true, 16));
-            }
-            let health = self.target.health(&subnqn);
-            let made = self.target.add_controller(|id| {
-                Controller::new(
-                    id,
-                    kind,
-                    subnqn.clone(),
-                    hostnqn.clone(),
-                    hostid,
-                    self.local,
-                    kato,
-                    sqsize + 1,
-                    health,
-                    now,
-                )
-            });
-            let Some(c) = made else {
-                return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));
-            };
-            tracing::info!(cntlid = c.cntlid, %subnqn, %hostnqn, peer = %self.peer, kato_ms = kato.as_millis() as u64, "controller created");
-            c
-        } else {
-            let Some(c) = self.target.controller(cntlid) else {
-                return refused(invalid(sqe, true, 16));
-            };
-            if c.subnqn != subnqn {
-                return refused(invalid(sqe, true, 256));
-            }
-            if c.hostnqn != hostnqn {
-                return refused(invalid(sqe, true, 512));
-            }
-            if c.hostid != hostid {
-                tracing::warn!(cntlid, %hostnqn, peer = %self.peer, "I/O queue connect with another host ID than its controller's");
-                return refused(invalid(sqe, true, 0));
-            }
-            if c.listener != self.local {
-                tracing::warn!(cntlid, local = %self.local, listener = %c.listener, "I/O queue connect on another listener than its controller's");
-                return refused(invalid(sqe, true, 16));
-            }
-            // The allow list as it is now, not as it was when the admin
-            // queue connected.
-            if c.kind == ControllerKind::Io {
-                match self.target.subsystem(&subnqn) {
-                    Some(s) if s.allows_host(&hostnqn) && s.exported_on(self.local) => {}
-                    _ => {
-                        tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "I/O queue connect of a host no longer allowed");
-                        let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
-                        c.dw0 = 1 | (512 << 16);
-                        return refused(Outcome::Done(c, None));
-                    }
-                }
-            }
-            if c.kind == ControllerKind::Discovery || !c.ready() {
-                return refused(invalid(sqe, false, 42));
-            }
-            let ok = c.with(|s| {
-                if qid > s.io_queues || s.connected.contains(&qid) {
-                    false
-                } else {
-                    s.connected.push(qid);
-                    true
-                }
-            });
-            if !ok {
-                return refused(invalid(sqe, false, 42));
-            }
-            c
-        };
-        self.qid = qid;
-        self.sqsize = sqsize + 1;
-        self.sqflow_disabled = cattr & 0x04 != 0;
-        let id = ctrl.cntlid;
-        ctrl.health.connections.fetch_add(1, Ordering::Relaxed);
-        self.ctrl = Some(ctrl);
-        self.host_slot = Some(host_slot);
-        self.auth_required = auth_required;
-        self.auth_keys = auth_keys;
-        if auth_required {
-            // The step timer starts now: a host that never authenticates
-            // is cut off.
-            let _ = self.authenticator(now);
-        }
-        // AUTHREQ (bits 31:16): ATR, bit 1, asks the host to authenticate.
-        Outcome::dw0(sqe, u32::from(id) | u32::from(auth_required) << 17)
     }
 }
 
@@ -1689,47 +631,5 @@ impl Drop for Connection {
     }
 }
 
-/// The namespace an I/O command runs against: the checks every I/O command
-/// passes before it runs, and a write before its data is asked for.
-///
-/// A namespace that left service after the command was accepted answers
-/// as an unknown one does (its I/O would fail the same way in
-/// [`Namespace::run`]).
-fn io_namespace<'a>(
-    sqe: &Sqe,
-    ns: Option<&'a Arc<Namespace>>,
-) -> Result<&'a Arc<Namespace>, Status> {
-    if !IO_CMDS.contains(&sqe.opcode()) {
-        return Err(Status::INVALID_OPCODE);
-    }
-    ns.filter(|n| !n.is_removed()).ok_or(Status::INVALID_NS)
-}
-
-/// Byte offset and length of `nlb` blocks from `slba` in `ns`, if they lie
-/// within it.
-fn lba_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
-    let shift = ns.lba_shift;
-    match slba.checked_add(nlb) {
-        Some(end) if end <= ns.blocks() => Ok((slba << shift, nlb << shift)),
-        _ => Err(Status::LBA_OUT_OF_RANGE),
-    }
-}
-
-/// Byte offset and length of a Read's or Write's blocks: within the
-/// namespace, no longer than [`MAX_TRANSFER`], and as long as its data.
-fn transfer_range(sqe: &Sqe, ns: &Namespace) -> Result<(u64, u64), Status> {
-    let (offset, len) = lba_range(ns, sqe.slba(), u64::from(sqe.nlb()))?;
-    if len > u64::from(MAX_TRANSFER) {
-        return Err(Status::INVALID_FIELD);
-    }
-    if len != u64::from(sqe.sgl_len()) {
-        return Err(Status::SGL_LENGTH_INVALID);
-    }
-    Ok((offset, len))
-}
-
-/// Bytes of range descriptors a Dataset Management command's data holds
-/// (16 per range, NR + 1 ranges).
-fn dsm_len(sqe: &Sqe) -> usize {
-    ((sqe.cdw(10) & 0xff) as usize + 1) * 16
-}
+#[cfg(test)]
+mod tests;

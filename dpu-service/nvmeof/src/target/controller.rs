@@ -1,14 +1,17 @@
 //! A controller: what the admin queue and the I/O queues of one host
 //! association share. Created by an admin-queue Connect, ended when its admin
 //! queue goes away, its keep-alive timer expires, or its subsystem is removed.
+//! The target keeps the live ones by controller ID.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::identify::{self, ErrorEntry};
+
+use super::Target;
 
 /// What a controller serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,6 +317,85 @@ impl Controller {
     /// Restarts the keep-alive timer.
     pub fn keep_alive(&self, now: Instant) {
         self.with(|s| s.last_keep_alive = now);
+    }
+}
+
+/// The target's live controllers, by controller ID.
+#[derive(Debug, Default)]
+pub(super) struct Controllers {
+    pub(super) by_id: HashMap<u16, Arc<Controller>>,
+    next: u16,
+}
+
+/// Largest dynamic controller ID (0xFFF0.. are reserved).
+const MAX_CNTLID: u16 = 0xffef;
+
+impl Target {
+    /// Registers a new controller with a fresh dynamic controller ID.
+    pub(crate) fn add_controller(
+        &self,
+        make: impl FnOnce(u16) -> Controller,
+    ) -> Option<Arc<Controller>> {
+        let mut c = self.inner.controllers.lock().expect("controllers lock");
+        for _ in 0..MAX_CNTLID {
+            c.next = if c.next >= MAX_CNTLID { 1 } else { c.next + 1 };
+            let id = c.next;
+            if let std::collections::hash_map::Entry::Vacant(e) = c.by_id.entry(id) {
+                return Some(e.insert(Arc::new(make(id))).clone());
+            }
+        }
+        None
+    }
+
+    /// The live controller with `cntlid`.
+    pub(crate) fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        self.inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .get(&cntlid)
+            .cloned()
+    }
+
+    /// Forgets a controller (its admin queue went away).
+    pub(crate) fn remove_controller(&self, cntlid: u16) {
+        let c = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .remove(&cntlid);
+        if let Some(c) = c {
+            c.kill();
+        }
+    }
+
+    /// Number of live controllers.
+    pub fn controller_count(&self) -> usize {
+        self.inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .len()
+    }
+
+    /// Ends every controller (service shutdown): their connections close at
+    /// their next tick.
+    pub fn shutdown(&self) {
+        let all: Vec<_> = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .drain()
+            .collect();
+        for (_, c) in all {
+            c.kill();
+        }
     }
 }
 

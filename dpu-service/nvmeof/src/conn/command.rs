@@ -3,7 +3,7 @@
 //! round: the [`Outcome`] of a command, the limits this target advertises
 //! and the command sets it serves.
 
-use crate::block::BlockRequest;
+use super::block::BlockRequest;
 use crate::spec::{admin, nvm, Cqe, Sqe, Status};
 
 /// Largest data part of an H2CData PDU we accept (MAXH2CDATA).

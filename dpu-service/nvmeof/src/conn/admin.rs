@@ -9,15 +9,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::command::{Outcome, IN_CAPSULE_DATA, IO_CMDS, IO_CTRL_ADMIN, IO_WRITES, MDTS, VERSION};
-use crate::controller::{
+use crate::identify::{self, feature, ControllerInfo, NamespaceInfo};
+use crate::spec::{admin, prop, Sqe, Status, CQE_LEN, SQE_LEN};
+use crate::target::controller::{
     cc, csts, Controller, ControllerKind, AER_SLOTS, ERROR_LOG_SLOTS, MAX_IO_QUEUES, MAX_QUEUE_SIZE,
 };
-use crate::identify::{
-    self, feature, AddressFamily, ControllerInfo, DiscoveryEntry, DiscoverySubtype, NamespaceInfo,
-};
-use crate::spec::{admin, prop, Sqe, Status, CQE_LEN, SQE_LEN};
 use crate::target::Target;
+
+use super::command::{Outcome, IN_CAPSULE_DATA, IO_CMDS, IO_CTRL_ADMIN, IO_WRITES, MDTS, VERSION};
 
 /// PCI vendor ID reported (none: a software controller).
 const VENDOR_ID: u16 = 0;
@@ -258,7 +257,7 @@ impl AdminQueue<'_> {
                 if !retain {
                     ctrl.with(|s| s.disc_notice_masked = false);
                 }
-                self.discovery_log(&ctrl.hostnqn)
+                self.target.discovery_log(&ctrl.hostnqn, self.local)
             }
             identify::LID_ERROR => {
                 let entries: Vec<_> = ctrl.with(|s| s.errors.iter().cloned().collect());
@@ -312,47 +311,12 @@ impl AdminQueue<'_> {
         Outcome::data(sqe, out)
     }
 
-    /// The discovery log as `hostnqn` may see it: one entry per listener of
-    /// every subsystem that allows the host.
-    fn discovery_log(&self, hostnqn: &str) -> Vec<u8> {
-        let mut entries = Vec::new();
-        for sub in self.target.subsystems() {
-            if !sub.allows_host(hostnqn) {
-                continue;
-            }
-            for (i, l) in sub.listeners.iter().enumerate() {
-                let addr = if l.ip().is_unspecified() {
-                    SocketAddr::new(self.local.ip(), l.port())
-                } else {
-                    *l
-                };
-                entries.push(DiscoveryEntry {
-                    subtype: DiscoverySubtype::Nvme,
-                    port_id: i as u16 + 1,
-                    cntlid: 0xffff,
-                    asqsz: 32,
-                    family: if addr.is_ipv4() {
-                        AddressFamily::Ipv4
-                    } else {
-                        AddressFamily::Ipv6
-                    },
-                    traddr: addr.ip().to_string(),
-                    trsvcid: addr.port().to_string(),
-                    subnqn: sub.nqn.clone(),
-                    duplicate_returned_info: false,
-                    explicit_persistent_connection: false,
-                });
-            }
-        }
-        identify::discovery_log(self.target.discovery_genctr(), &entries)
-    }
-
     fn get_features(&mut self, sqe: &Sqe) -> Outcome {
         let ctrl = self.ctrl;
         let fid = (sqe.cdw(10) & 0xff) as u8;
         let sel = (sqe.cdw(10) >> 8) & 7;
         let current = sel == 0;
-        let defaults = crate::controller::Features::default();
+        let defaults = crate::target::controller::Features::default();
         let (cur, kato, queues) = ctrl.with(|s| (s.features.clone(), s.kato, s.io_queues));
         let f = if current { &cur } else { &defaults };
         if sel == 3 {
