@@ -20,6 +20,12 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).
 pkg-config --exists libdpdk 2>/dev/null || need_apt+=(libdpdk-dev)
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
+# Ceph's block device client (rbd-sys binds it; RBD namespaces), and a
+# real single-node cluster for their tests (shared/tools/ceph/ceph-up.sh):
+# monitor, OSD and the `rbd` tool.
+for p in librbd-dev librados-dev ceph-mon ceph-osd ceph-common; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
+done
 # The kernel NVMe/TCP initiator's guest (tests/tests/e2e/nvme_kernel.rs), where
 # its harness is present: installed here, once, because its tests start
 # guests in parallel and each would otherwise run apt-get, racing for

@@ -1,0 +1,2 @@
+#include <rados/librados.h>
+#include <rbd/librbd.h>

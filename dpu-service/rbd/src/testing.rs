@@ -1,0 +1,145 @@
+//! A real single-node Ceph cluster for tests and benchmarks: one monitor,
+//! one OSD, cephx and an `rbd` pool, as plain processes in a private
+//! directory, brought up by the `ceph-up.sh` tool (from `$CEPH_TOOLS`, or
+//! `tools/ceph/` of the `shared/` folder beside the repository) and
+//! stopped when the [`TestCluster`] drops. Nothing is skipped: a machine
+//! without the tool or Ceph's packages fails the test that asks for one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::ClusterConfig;
+
+/// A running cluster; dropped, it is stopped and its directory removed.
+#[derive(Debug)]
+pub struct TestCluster {
+    dir: PathBuf,
+    tools: PathBuf,
+    /// The monitor addresses (`mon_host`).
+    pub mon_host: String,
+    /// `client.admin`'s cephx key.
+    pub admin_key: String,
+}
+
+/// Where `ceph-up.sh` and `ceph-down.sh` are.
+pub fn tools() -> PathBuf {
+    if let Some(d) = std::env::var_os("CEPH_TOOLS") {
+        return d.into();
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for c in [
+        repo.join("../shared/tools/ceph"),
+        PathBuf::from("/work/shared/tools/ceph"),
+    ] {
+        if c.join("ceph-up.sh").is_file() {
+            return c;
+        }
+    }
+    panic!(
+        "no ceph-up.sh: set CEPH_TOOLS to the folder holding ceph-up.sh and ceph-down.sh \
+         (shared/tools/ceph beside the repository)"
+    );
+}
+
+impl TestCluster {
+    /// Brings a cluster up on free ports (memstore: its data lives in
+    /// the OSD's memory; `bluestore` keeps it across an OSD restart).
+    pub fn start(bluestore: bool) -> Self {
+        let tools = tools();
+        let dir = std::env::temp_dir().join(format!(
+            "dpu-ceph-{}-{:x}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let out = Command::new("bash")
+            .arg(tools.join("ceph-up.sh"))
+            .arg(&dir)
+            .env("CEPH_MON_PORT", "auto")
+            .env("CEPH_STORE", if bluestore { "bluestore" } else { "memstore" })
+            .env("CEPH_STORE_SIZE", (2u64 << 30).to_string())
+            .output()
+            .expect("run ceph-up.sh");
+        assert!(
+            out.status.success(),
+            "ceph-up.sh {} failed:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let conf = std::fs::read_to_string(dir.join("ceph.conf")).expect("ceph.conf");
+        let keyring = std::fs::read_to_string(dir.join("keyring")).expect("keyring");
+        let mon_host = value(&conf, "mon host").expect("mon host in ceph.conf");
+        let admin_key = value(&keyring, "key").expect("key in the keyring");
+        Self {
+            dir,
+            tools,
+            mon_host,
+            admin_key,
+        }
+    }
+
+    /// The cluster's directory (`ceph.conf`, `keyring`, logs, pid files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How to connect as `client.admin`, with the given operation timeout.
+    pub fn config(&self, op_timeout: Duration) -> ClusterConfig {
+        ClusterConfig {
+            mon_host: self.mon_host.clone(),
+            user: "admin".into(),
+            key: Some(self.admin_key.clone()),
+            op_timeout,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The OSD's process id.
+    pub fn osd_pid(&self) -> i32 {
+        let p = std::fs::read_to_string(self.dir.join("run/osd.0.pid")).expect("osd pid file");
+        p.trim().parse().expect("osd pid")
+    }
+
+    /// Runs Ceph's `rbd` tool against this cluster; its stdout.
+    pub fn rbd(&self, args: &[&str]) -> Vec<u8> {
+        let out = Command::new("rbd")
+            .args(args)
+            .env("CEPH_CONF", self.dir.join("ceph.conf"))
+            .output()
+            .expect("run rbd (Debian: ceph-common)");
+        assert!(
+            out.status.success(),
+            "rbd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(self.tools.join("ceph-down.sh"))
+            .arg(&self.dir)
+            .arg("--purge")
+            .status();
+    }
+}
+
+/// The value of `key = value` in an ini-style file.
+fn value(text: &str, key: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().to_string())
+    })
+}
+
+/// Distinguishes clusters of one process.
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos().into());
+    t ^ (NEXT.fetch_add(1, Ordering::Relaxed) << 32)
+}
