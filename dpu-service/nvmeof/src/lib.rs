@@ -42,5 +42,5 @@ pub mod target;
 pub mod tcp;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
-pub use target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+pub use target::{BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig};
 pub use tcp::{TcpConfig, TcpConfigError, TcpTransport};

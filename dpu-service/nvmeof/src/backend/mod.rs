@@ -10,6 +10,13 @@
 //! - [`FileBackend`]: a regular file or a block device, with `O_DIRECT` where
 //!   the filesystem allows it.
 //! - [`NullBackend`]: reads zeros and forgets writes, for benchmarks.
+//! - `RbdBackend` (feature `rbd`): an image of a Ceph cluster, through
+//!   librbd; [asynchronous](Backend::asynchronous).
+//!
+//! A backend in memory or on a local disk answers on the calling thread.
+//! One whose I/O waits on the network is asynchronous: a transport starts
+//! its operations with [`Backend::start`] and goes on serving while they
+//! run, the completion arriving later from another thread.
 
 use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
@@ -17,12 +24,57 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 mod file;
 mod null;
 mod ram;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 #[cfg(test)]
 mod suite;
 
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
+
+/// One operation of [`Backend::start`].
+#[derive(Debug)]
+pub enum Io {
+    /// Read `buf.len()` bytes at `offset` into `buf` (every byte of it).
+    Read {
+        /// Byte offset.
+        offset: u64,
+        /// Where the data goes; handed back filled.
+        buf: Vec<u8>,
+    },
+    /// Write `data` at `offset`, durable on completion with `fua`.
+    Write {
+        /// Byte offset.
+        offset: u64,
+        /// The data; handed back for reuse.
+        data: Vec<u8>,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Make every completed write durable.
+    Flush,
+    /// Zero `len` bytes at `offset`.
+    WriteZeroes {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Deallocate `len` bytes at `offset` (they then read as zeros).
+    Deallocate {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+/// Called once with the result of a [`Backend::start`]: the buffer (the
+/// data read, the data written, or empty), or the failure. It may run on
+/// any thread, also before `start` returns, and must only hand the result
+/// on.
+pub type IoDone = Box<dyn FnOnce(io::Result<Vec<u8>>) + Send>;
 
 /// A namespace's backing store.
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -61,6 +113,39 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// True when writes may sit in a volatile cache until [`Backend::flush`],
     /// i.e. the controller should report a volatile write cache.
     fn volatile_write_cache(&self) -> bool;
+    /// True when I/O waits on the network: a transport should then
+    /// [`Backend::start`] operations rather than call the blocking methods
+    /// from a thread that serves other connections.
+    fn asynchronous(&self) -> bool {
+        false
+    }
+    /// Asks to have `notify` called whenever the size changes by a hand
+    /// other than [`Backend::resize`] (another client of a shared store).
+    /// By default sizes only change through `resize`: nothing to call.
+    fn on_resize(&self, notify: Box<dyn Fn() + Send + Sync>) {
+        let _ = notify;
+    }
+    /// False while the store is out of reach (its last I/O found it so,
+    /// see [`is_unavailable`]); a local store always answers true.
+    fn reachable(&self) -> bool {
+        true
+    }
+    /// Starts `io`; `done` gets its result. By default runs it on the
+    /// calling thread through the blocking methods, before returning.
+    fn start(&self, io: Io, done: IoDone) {
+        done(run_blocking(self, io));
+    }
+}
+
+/// Runs `io` through `b`'s blocking methods.
+fn run_blocking<B: Backend + ?Sized>(b: &B, io: Io) -> io::Result<Vec<u8>> {
+    match io {
+        Io::Read { offset, mut buf } => b.read_at(offset, &mut buf).map(|()| buf),
+        Io::Write { offset, data, fua } => b.write_at(offset, &data, fua).map(|()| data),
+        Io::Flush => b.flush().map(|()| Vec::new()),
+        Io::WriteZeroes { offset, len } => b.write_zeroes(offset, len).map(|()| Vec::new()),
+        Io::Deallocate { offset, len } => b.deallocate(offset, len).map(|()| Vec::new()),
+    }
 }
 
 /// A range that does not lie within the backend, carried inside the
@@ -88,6 +173,23 @@ impl From<OutOfRange> for io::Error {
 /// True when `e` is a backend's [`OutOfRange`] answer.
 pub fn is_out_of_range(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<OutOfRange>())
+}
+
+/// True when `e` says the store is out of reach rather than broken: a
+/// store on the network that did not answer in time, or whose connection
+/// is gone. The I/O may succeed later; a host should retry it, or try
+/// another path.
+pub fn is_unavailable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut
+            | io::ErrorKind::NotConnected
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+    )
 }
 
 /// Checks that `offset..offset + n` lies within `len` bytes.

@@ -3,9 +3,35 @@
 //! ([`BlockCompletion`]).
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::backend::{Io, IoDone};
 use crate::target::Namespace;
+
+/// Where the completions of block requests started on an
+/// [asynchronous](crate::backend::Backend::asynchronous) backend go: the
+/// transport's way back to the connection, callable from any thread
+/// ([`crate::Connection::set_completer`]).
+#[derive(Clone)]
+pub struct Completer(Arc<dyn Fn(BlockCompletion) + Send + Sync>);
+
+impl Completer {
+    /// A completer that calls `f` with each completion.
+    pub fn new(f: impl Fn(BlockCompletion) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Hands `c` on.
+    pub fn complete(&self, c: BlockCompletion) {
+        (self.0)(c)
+    }
+}
+
+impl std::fmt::Debug for Completer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Completer")
+    }
+}
 
 /// A block operation a transport must run for a connection.
 #[derive(Debug)]
@@ -117,6 +143,56 @@ impl BlockRequest {
         })
     }
 
+    /// Starts the request on its namespace's backend; `completer` gets
+    /// the completion, from whichever thread finishes it (the calling one
+    /// too, before this returns, for a backend that is not asynchronous or
+    /// a namespace gone). A Dataset Management of several ranges starts
+    /// them all and completes once, when the last ends.
+    pub fn start(self, completer: &Completer) {
+        let cid = self.cid;
+        let ios: Vec<Io> = match self.op {
+            BlockOp::Read {
+                offset,
+                len,
+                mut buf,
+            } => {
+                sized(&mut buf, len);
+                vec![Io::Read { offset, buf }]
+            }
+            BlockOp::Write { offset, data, fua } => vec![Io::Write { offset, data, fua }],
+            BlockOp::Flush => vec![Io::Flush],
+            BlockOp::WriteZeroes {
+                offset,
+                len,
+                deallocate: true,
+            } => vec![Io::Deallocate { offset, len }],
+            BlockOp::WriteZeroes { offset, len, .. } => vec![Io::WriteZeroes { offset, len }],
+            BlockOp::Deallocate { ranges } => ranges
+                .into_iter()
+                .map(|(offset, len)| Io::Deallocate { offset, len })
+                .collect(),
+        };
+        let done = joined(cid, ios.len(), completer.clone());
+        let mut pending: Vec<(Io, IoDone)> = ios.into_iter().zip(done).collect();
+        let started = self.namespace.run(|b| {
+            for (io, done) in pending.drain(..) {
+                b.start(io, done);
+            }
+            Ok(())
+        });
+        if let Err(e) = started {
+            // The namespace left service: nothing started; one answer.
+            let kind = e.kind();
+            let text = e.to_string();
+            let mut first = Some(e);
+            for (_, done) in pending {
+                done(Err(first
+                    .take()
+                    .unwrap_or_else(|| io::Error::new(kind, text.clone()))));
+            }
+        }
+    }
+
     /// Runs the request on the calling thread.
     pub fn execute(self) -> BlockCompletion {
         let result = self.namespace.run(|b| match self.op {
@@ -150,6 +226,35 @@ impl BlockRequest {
             result,
         }
     }
+}
+
+/// `n` completion callbacks (at least one) that together complete
+/// command `cid` once, when the last has run: with the first failure, or
+/// with the buffer of the only operation.
+fn joined(cid: u16, n: usize, completer: Completer) -> Vec<IoDone> {
+    if n <= 1 {
+        return vec![Box::new(move |result| {
+            completer.complete(BlockCompletion { cid, result })
+        })];
+    }
+    let state = Arc::new(Mutex::new((n, None::<io::Error>)));
+    (0..n)
+        .map(|_| {
+            let (state, completer) = (state.clone(), completer.clone());
+            Box::new(move |r: io::Result<Vec<u8>>| {
+                let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+                s.0 -= 1;
+                if let Err(e) = r {
+                    s.1.get_or_insert(e);
+                }
+                if s.0 == 0 {
+                    let result = s.1.take().map_or(Ok(Vec::new()), Err);
+                    drop(s);
+                    completer.complete(BlockCompletion { cid, result });
+                }
+            }) as IoDone
+        })
+        .collect()
 }
 
 /// Makes `buf` exactly `len` bytes long, zeroing only bytes it never held.

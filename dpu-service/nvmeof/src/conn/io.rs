@@ -5,12 +5,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::backend::is_out_of_range;
+use crate::backend::{is_out_of_range, is_unavailable};
 use crate::spec::{nvm, Cqe, Sqe, Status, FABRICS};
 use crate::target::{is_namespace_removed, Namespace};
 
 use super::command::{Outcome, IO_CMDS};
-use super::{BlockCompletion, BlockOp, BlockRequest, Connection, Pending, MAX_TRANSFER};
+use super::{BlockCompletion, BlockOp, BlockRequest, Completer, Connection, Pending, MAX_TRANSFER};
 
 /// Completions of a batch of block requests after which
 /// [`Connection::execute_requests`] first lets the transport send. On
@@ -30,6 +30,16 @@ impl Connection {
         self.requests.pop_front()
     }
 
+    /// Lets [`Connection::execute_requests`] start the requests on
+    /// [asynchronous](crate::backend::Backend::asynchronous) backends
+    /// rather than wait for them: their completions go to `completer`,
+    /// from any thread, and the transport hands each back to
+    /// [`Connection::complete`]. A transport sets it where the connection
+    /// is served (its thread and token), before any I/O.
+    pub fn set_completer(&mut self, completer: Option<Completer>) {
+        self.completer = completer;
+    }
+
     /// Runs every waiting block request on the calling thread, calling
     /// `send` once the first [`FIRST_SEND`] have completed, then after 16,
     /// 32, ... in all: a transport sends the output there, so the host has
@@ -37,6 +47,10 @@ impl Connection {
     /// a deep batch runs. While one request runs, the next read's data is
     /// prefetched ([`crate::backend::Backend::prefetch`]). Returns how many
     /// requests ran; what the last ones produced is left in the output.
+    /// A request on an [asynchronous](crate::backend::Backend::asynchronous)
+    /// backend is only started, when the transport set a completer
+    /// ([`Connection::set_completer`]): it completes later, and does not
+    /// count here.
     ///
     /// Once [`OUTPUT_BUDGET`] bytes of output wait unsent, the remaining
     /// requests are left for a later call ([`Connection::has_requests`]).
@@ -52,6 +66,16 @@ impl Connection {
             let Some(mut r) = self.next_request() else {
                 break;
             };
+            if let Some(c) = self
+                .completer
+                .as_ref()
+                .filter(|_| r.namespace.backend.asynchronous())
+            {
+                // The backend works elsewhere (a whole-namespace zeroing
+                // too, in one piece): start it and go on.
+                r.start(c);
+                continue;
+            }
             if let Some(chunk) = r.take_chunk(WORK_CHUNK) {
                 let c = chunk.execute();
                 if c.result.is_err() {
@@ -131,6 +155,13 @@ impl Connection {
                 // the same answer the check gives a command arriving now.
                 tracing::debug!(cid = sqe.cid(), nsid = sqe.nsid(), error = %e, "namespace shrank under a command");
                 self.finish(&sqe, Cqe::new(sqe.cid(), Status::LBA_OUT_OF_RANGE), None);
+            }
+            Err(e) if is_unavailable(&e) => {
+                // The store is out of reach (a cluster or remote target
+                // that did not answer in time): a state the backend logs
+                // once, and one the host retries, or fails over from.
+                tracing::debug!(cid = sqe.cid(), nsid = sqe.nsid(), error = %e, "namespace not ready");
+                self.finish(&sqe, Cqe::new(sqe.cid(), Status::NS_NOT_READY), None);
             }
             Err(e) => {
                 tracing::warn!(cid = sqe.cid(), opcode = sqe.opcode(), nsid = sqe.nsid(), error = %e, "block I/O failed");

@@ -55,7 +55,7 @@ mod output;
 pub(crate) mod timeouts;
 mod transfer;
 
-pub use block::{BlockCompletion, BlockOp, BlockRequest};
+pub use block::{BlockCompletion, BlockOp, BlockRequest, Completer};
 pub use budget::{DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
 pub use command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
 pub use io::{FIRST_SEND, WORK_CHUNK};
@@ -145,6 +145,9 @@ pub struct Connection {
     /// Reservations of the commands whose data comes through R2T.
     budget: ConnBudget,
     requests: VecDeque<BlockRequest>,
+    /// Where requests on asynchronous backends complete; without one they
+    /// run on the calling thread like the rest.
+    completer: Option<Completer>,
     aers: Vec<u16>,
     /// Output being encoded, after everything in `tx`.
     out: Vec<u8>,
@@ -211,6 +214,7 @@ impl Connection {
             pending: HashMap::new(),
             budget: ConnBudget::default(),
             requests: VecDeque::new(),
+            completer: None,
             aers: Vec::new(),
             out: Vec::new(),
             tx: VecDeque::new(),

@@ -8,6 +8,7 @@ use std::sync::{Arc, PoisonError};
 
 use dpu_os::backing::{BackingPolicy, Identity};
 
+use super::config::Clusters;
 use super::controller::{Controller, ControllerKind};
 use super::{Namespace, NamespaceConfig, Subsystem, SubsystemConfig, Target, TargetConfig};
 
@@ -122,7 +123,7 @@ impl Target {
             let mut namespaces = BTreeMap::new();
             for nc in &sc.namespaces {
                 let prev = old.and_then(|o| o.namespaces.get(&nc.nsid));
-                match Self::namespace(&self.inner.backing, prev, nc) {
+                match Self::namespace(&self.inner.backing, &self.inner.clusters, prev, nc) {
                     Ok(b) => {
                         namespaces.insert(nc.nsid, b);
                     }
@@ -142,6 +143,23 @@ impl Target {
             built.push((sc, namespaces));
         }
         one_store_each(&current, &mut built, &mut errors);
+        for (_, nss) in &built {
+            for b in nss.values().filter(|b| b.opened) {
+                let target = Arc::downgrade(&self.inner);
+                let store = Arc::as_ptr(&b.ns.removed) as usize;
+                b.ns.backend.on_resize(Box::new(move || {
+                    if let Some(inner) = target.upgrade() {
+                        Target { inner }.store_resized(store);
+                    }
+                }));
+            }
+        }
+        let used: Vec<&str> = built
+            .iter()
+            .flat_map(|(_, nss)| nss.values())
+            .filter_map(|b| b.ns.spec.cluster().map(|c| c.name.as_str()))
+            .collect();
+        self.inner.clusters.retain(&used);
 
         let mut changed: Vec<(String, Vec<u32>)> = Vec::new();
         let mut gone: Vec<String> = Vec::new();
@@ -258,6 +276,46 @@ impl Target {
         errors
     }
 
+    /// Tells the controllers of every namespace served from the store
+    /// behind `store` (the address of its namespaces' shared `removed`
+    /// gate) that the namespace changed: another client resized it.
+    fn store_resized(&self, store: usize) {
+        let subs = self
+            .inner
+            .subsystems
+            .read()
+            .expect("subsystems lock")
+            .clone();
+        let changed: Vec<(String, u32)> = subs
+            .values()
+            .flat_map(|s| {
+                s.namespaces
+                    .values()
+                    .filter(|ns| Arc::as_ptr(&ns.removed) as usize == store)
+                    .map(|ns| (s.nqn.clone(), ns.nsid))
+            })
+            .collect();
+        let ctrls: Vec<Arc<Controller>> = self
+            .inner
+            .controllers
+            .lock()
+            .expect("controllers lock")
+            .by_id
+            .values()
+            .cloned()
+            .collect();
+        for c in ctrls {
+            let nsids: Vec<u32> = changed
+                .iter()
+                .filter(|(nqn, _)| *nqn == c.subnqn)
+                .map(|(_, n)| *n)
+                .collect();
+            if !nsids.is_empty() && c.kind == ControllerKind::Io {
+                c.namespaces_changed(&nsids);
+            }
+        }
+    }
+
     /// The namespace for `nc`, reusing `prev`'s backend when it is the same
     /// namespace (same UUID and NGUID) on the same store; the flag says
     /// whether hosts must be told (new or resized).
@@ -270,6 +328,7 @@ impl Target {
     /// commands accepted against it.
     fn namespace(
         backing: &BackingPolicy,
+        clusters: &Clusters,
         prev: Option<&Arc<Namespace>>,
         nc: &NamespaceConfig,
     ) -> io::Result<Built> {
@@ -294,7 +353,7 @@ impl Target {
                 (b, p.identity, p.removed.clone(), differs, false)
             }
             None => {
-                let (b, identity) = nc.backend.open(backing)?;
+                let (b, identity) = nc.backend.open(backing, clusters)?;
                 (b, identity, Arc::default(), true, true)
             }
         };

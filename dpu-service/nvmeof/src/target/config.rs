@@ -6,10 +6,57 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
 
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
+
+/// The target's connections to storage clusters (feature `rbd`).
+#[cfg(feature = "rbd")]
+pub(crate) use crate::backend::rbd::Clusters;
+
+/// Without the `rbd` feature there are no connections to clusters.
+#[cfg(not(feature = "rbd"))]
+#[derive(Debug, Default)]
+pub(crate) struct Clusters;
+
+#[cfg(not(feature = "rbd"))]
+impl Clusters {
+    pub(crate) fn retain(&self, _used: &[&str]) {}
+}
+
+/// A Ceph cluster as the target connects to it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RbdCluster {
+    /// The cluster's name in the service's configuration, for errors.
+    pub name: String,
+    /// Monitor addresses, as Ceph's `mon_host` takes them.
+    pub mon_host: String,
+    /// The cephx user, without `client.`.
+    pub user: String,
+    /// The user's cephx key (base64); `None` for a cluster without cephx.
+    pub key: Option<String>,
+    /// Bound on each I/O: one the cluster does not finish in time fails
+    /// (and the host sees Namespace Not Ready, which it retries).
+    pub op_timeout: Duration,
+    /// Bound on connecting and on each request to a monitor.
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for RbdCluster {
+    /// The key is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RbdCluster")
+            .field("name", &self.name)
+            .field("mon_host", &self.mon_host)
+            .field("user", &self.user)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +91,16 @@ pub enum BackendSpec {
         /// Size in bytes.
         size: u64,
     },
+    /// An RBD image of a Ceph cluster; its size is the image's, and
+    /// follows it when another client resizes it. Needs the `rbd` feature.
+    Rbd {
+        /// The cluster.
+        cluster: RbdCluster,
+        /// The pool.
+        pool: String,
+        /// The image.
+        image: String,
+    },
 }
 
 impl BackendSpec {
@@ -53,6 +110,18 @@ impl BackendSpec {
             (Self::Ram { .. }, Self::Ram { .. }) | (Self::Null { .. }, Self::Null { .. }) => true,
             (Self::File { path: a, .. }, Self::File { path: b, .. }) => a == b,
             (Self::BlockDevice { path: a }, Self::BlockDevice { path: b }) => a == b,
+            (
+                Self::Rbd {
+                    cluster: c1,
+                    pool: p1,
+                    image: i1,
+                },
+                Self::Rbd {
+                    cluster: c2,
+                    pool: p2,
+                    image: i2,
+                },
+            ) => c1.name == c2.name && p1 == p2 && i1 == i2,
             _ => false,
         }
     }
@@ -64,16 +133,25 @@ impl BackendSpec {
         match *self {
             Self::Ram { size } | Self::Null { size } => Some(size),
             Self::File { size, created, .. } if size != 0 && (created || size > cur) => Some(size),
-            Self::File { .. } | Self::BlockDevice { .. } => None,
+            Self::File { .. } | Self::BlockDevice { .. } | Self::Rbd { .. } => None,
         }
         .filter(|s| *s != cur)
     }
 
-    /// Opens the store, a file or device through `policy`; answers the
-    /// file or device opened, if any.
+    /// The cluster this store lives on, if any.
+    pub(super) fn cluster(&self) -> Option<&RbdCluster> {
+        match self {
+            Self::Rbd { cluster, .. } => Some(cluster),
+            _ => None,
+        }
+    }
+
+    /// Opens the store, a file or device through `policy`, an image
+    /// through `clusters`; answers the file or device opened, if any.
     pub(super) fn open(
         &self,
         policy: &BackingPolicy,
+        clusters: &Clusters,
     ) -> io::Result<(Arc<dyn Backend>, Option<Identity>)> {
         let file = |b: FileBackend| {
             let id = b.identity();
@@ -101,6 +179,27 @@ impl BackendSpec {
                 file(FileBackend::open_by(path, &open, None, false)?)
             }
             Self::Null { size } => (Arc::new(NullBackend::new(*size)), None),
+            #[cfg(feature = "rbd")]
+            Self::Rbd {
+                cluster,
+                pool,
+                image,
+            } => {
+                let conn = clusters.connect(cluster)?;
+                let b = crate::backend::rbd::RbdBackend::open(&conn, &cluster.name, pool, image)?;
+                (Arc::new(b), None)
+            }
+            #[cfg(not(feature = "rbd"))]
+            Self::Rbd { cluster, .. } => {
+                let _ = clusters;
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "cluster {}: this build has no RBD support (built without the `rbd` feature)",
+                        cluster.name
+                    ),
+                ));
+            }
         })
     }
 }

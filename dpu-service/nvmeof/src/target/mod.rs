@@ -32,7 +32,7 @@ mod subsystems;
 pub(crate) use admission::HostAdmission;
 pub use admission::DEFAULT_MAX_CONNECTIONS_PER_HOST;
 pub use apply::ApplyError;
-pub use config::{BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig};
+pub use config::{BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig};
 pub use subsystems::{is_namespace_removed, Namespace, NamespaceRemoved, Subsystem};
 
 use std::collections::HashMap;
@@ -107,6 +107,8 @@ struct Inner {
     applying: Mutex<()>,
     /// Where file and block-device backends may be opened.
     backing: BackingPolicy,
+    /// Connections to the storage clusters namespaces live on.
+    clusters: config::Clusters,
     controllers: Mutex<Controllers>,
     discovery_genctr: AtomicU64,
     stats: TargetStats,

@@ -43,7 +43,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::buffer::spare_capacity;
@@ -51,7 +51,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use crate::auth::dh::DhError;
 use crate::auth::pool::{DhPool, DhResult};
-use crate::conn::Connection;
+use crate::conn::{BlockCompletion, Completer, Connection};
 use crate::target::Target;
 
 use super::admit::Admission;
@@ -271,6 +271,9 @@ pub(super) struct GroupHandle {
     inbox: Mutex<Vec<Slot>>,
     /// Results of DH jobs: (slot token, command ID, result).
     dh_done: Mutex<Vec<(u64, u16, DhResult)>>,
+    /// Completions of block requests on asynchronous backends: (slot
+    /// token, completion).
+    io_done: Mutex<Vec<(u64, BlockCompletion)>>,
     wake: OwnedFd,
     /// I/O queues placed on this group.
     pub(super) load: Arc<AtomicUsize>,
@@ -283,6 +286,7 @@ impl GroupHandle {
         Ok(Arc::new(Self {
             inbox: Mutex::new(Vec::new()),
             dh_done: Mutex::new(Vec::new()),
+            io_done: Mutex::new(Vec::new()),
             wake,
             load: Arc::new(AtomicUsize::new(0)),
         }))
@@ -300,6 +304,15 @@ impl GroupHandle {
             .lock()
             .expect("DH results lock")
             .push((token, cid, result));
+        self.wake();
+    }
+
+    /// Hands the completion of a block request to the group.
+    fn io_result(&self, token: u64, c: BlockCompletion) {
+        self.io_done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((token, c));
         self.wake();
     }
 
@@ -416,6 +429,7 @@ impl Loop {
                 if token == WAKE {
                     self.take_inbox(now);
                     self.take_dh_results(now);
+                    self.take_io_results(now);
                 } else {
                     self.service(token, ev.flags, now);
                 }
@@ -466,6 +480,9 @@ impl Loop {
                 self.free.push(idx);
                 continue;
             }
+            let handle = self.group.handle.clone();
+            slot.conn
+                .set_completer(Some(Completer::new(move |c| handle.io_result(token, c))));
             e.slot = Some(slot);
             // Whatever arrived meanwhile, and output a moved connection
             // brought along.
@@ -489,6 +506,39 @@ impl Loop {
                 continue;
             };
             slot.conn.complete_dh(cid, result, now);
+            self.service(token, epoll::EventFlags::empty(), now);
+        }
+    }
+
+    /// Hands the completions of block requests on asynchronous backends
+    /// to their connections (those still here) and serves them.
+    fn take_io_results(&mut self, now: Instant) {
+        let done = std::mem::take(
+            &mut *self
+                .group
+                .handle
+                .io_done
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let mut served: Vec<u64> = Vec::new();
+        for (token, c) in done {
+            let idx = (token & u64::from(u32::MAX)) as usize;
+            let generation = (token >> 32) as u32;
+            let Some(slot) = self
+                .entries
+                .get_mut(idx)
+                .filter(|e| e.generation == generation)
+                .and_then(|e| e.slot.as_mut())
+            else {
+                continue;
+            };
+            slot.conn.complete(c);
+            served.push(token);
+        }
+        served.sort_unstable();
+        served.dedup();
+        for token in served {
             self.service(token, epoll::EventFlags::empty(), now);
         }
     }
