@@ -52,7 +52,7 @@ buildah run --isolation chroot \
   --workingdir /project \
   --env RUSTUP_HOME=/rust/rustup --env CARGO_HOME=/rust/cargo --env CARGO_TARGET_DIR=/target \
   --env PATH=/rust/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  "$c" -- /rust/cargo/bin/cargo test --locked --no-run --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk
+  "$c" -- /rust/cargo/bin/cargo test --locked --no-run --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p rbd-sys
 n=0
 for bin in "$tdir"/aarch64-unknown-linux-gnu/debug/deps/{dpdk_sys,dpdk,net_ring}-*; do
   [ -x "$bin" ] && [ -f "$bin" ] || continue
@@ -65,4 +65,11 @@ for bin in "$tdir"/aarch64-unknown-linux-gnu/debug/deps/net_ring-*; do
   [ -x "$bin" ] && [ -f "$bin" ] || continue
   readelf -d "$bin" | grep -q 'librte_eal' || { echo "cross image: $bin does not link DPDK's EAL" >&2; exit 1; }
 done
-echo "cross image: its environment is cross/env.sh's; it builds dpdk-sys and links $n aarch64 test executables of the DPDK crates against its arm64 DPDK"
+rbd=0
+for bin in "$tdir"/aarch64-unknown-linux-gnu/debug/deps/rbd_sys-*; do
+  [ -x "$bin" ] && [ -f "$bin" ] || continue
+  readelf -d "$bin" | grep -q 'librbd' || { echo "cross image: $bin does not link librbd" >&2; exit 1; }
+  rbd=$((rbd + 1))
+done
+[ "$rbd" -ge 1 ] || { echo "cross image: no aarch64 test executable of rbd-sys" >&2; exit 1; }
+echo "cross image: its environment is cross/env.sh's; it builds dpdk-sys and rbd-sys and links $n aarch64 test executables of the DPDK crates against its arm64 DPDK, $rbd of rbd-sys against its arm64 librbd"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds an arm64 sysroot holding Debian's DPDK development files, for
-# cross-compiling dpdk-sys without a container engine. Debian's arm64
+# Builds an arm64 sysroot holding Debian's DPDK and Ceph client (librbd,
+# librados) development files, for cross-compiling dpdk-sys and rbd-sys
+# without a container engine. Debian's arm64
 # libdpdk-dev cannot be co-installed with the amd64 one (rdma-core, ethtool
 # and libfdt-dev conflict across architectures), so the packages are
 # unpacked into a folder instead of installed.
@@ -9,8 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sysroot=$(realpath -m "${1:-target/aarch64-sysroot}")
+# What the sysroot holds; one made for another list is made again.
+want=(libdpdk-dev:arm64 librbd-dev:arm64 librados-dev:arm64)
 stamp="$sysroot/.complete"
-[ -f "$stamp" ] && { echo "$sysroot"; exit 0; }
+[ "$(cat "$stamp" 2>/dev/null)" = "${want[*]}" ] && { echo "$sysroot"; exit 0; }
 
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -28,15 +31,15 @@ cleanup() {
 trap cleanup EXIT
 "${sudo_cmd[@]}" apt-get update -qq
 
-# Every arm64 package a real install of libdpdk-dev:arm64 would bring in.
-mapfile -t pkgs < <(apt-get install -s -y libdpdk-dev:arm64 2>/dev/null \
+# Every arm64 package a real install of these would bring in.
+mapfile -t pkgs < <(apt-get install -s -y "${want[@]}" 2>/dev/null \
   | awk '/^Inst / && /arm64\]/ { print $2 }' | sed 's/:arm64$//' | sort -u)
-[ "${#pkgs[@]}" -gt 0 ] || { echo "sysroot: apt found no arm64 packages for libdpdk-dev" >&2; exit 1; }
+[ "${#pkgs[@]}" -gt 0 ] || { echo "sysroot: apt found no arm64 packages for ${want[*]}" >&2; exit 1; }
 
 debs=$(mktemp -d)
 (cd "$debs" && apt-get download -qq "${pkgs[@]/%/:arm64}")
 rm -rf "$sysroot" && mkdir -p "$sysroot"
 for d in "$debs"/*.deb; do dpkg -x "$d" "$sysroot"; done
 rm -rf "$debs"
-touch "$stamp"
+echo "${want[*]}" >"$stamp"
 echo "$sysroot"

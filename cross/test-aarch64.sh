@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Cross-compiles the DPDK crates for aarch64 and runs their tests under
-# qemu-user, against Debian's arm64 DPDK unpacked into a sysroot.
+# Cross-compiles the workspace for aarch64 and runs the tests of its
+# platform and protocol crates under qemu-user, against Debian's arm64
+# DPDK and librbd unpacked into a sysroot (the RBD tests' Ceph cluster
+# runs natively; the aarch64 librbd talks to it over loopback).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +18,7 @@ source cross/env.sh "$(cross/sysroot.sh)"
 # PACKET_AUXDATA, PACKET_FANOUT), so the tests that open packet sockets
 # (the net_af_packet veth test, the kernel driver's socket and veth tests)
 # cannot run here; they run natively.
-cargo test --locked --profile "$profile" --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof -p dpu-endpoint \
+cargo test --locked --profile "$profile" --target aarch64-unknown-linux-gnu -p dpdk-sys -p dpdk -p rbd-sys -p dpu-rbd -p dpu-os -p dpu-dataplane -p dpu-control -p dpu-nvmeof -p dpu-endpoint \
   -- --skip ping_crosses_the_worker_between_two_namespaces \
   --skip loopback_frames_cross_between_two_sockets --skip fanout_groups_get_kernel_chosen_ids \
   --skip ping_crosses_the_kernel_driver --skip two_queues_per_port_share_the_traffic
