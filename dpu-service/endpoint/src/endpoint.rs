@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use dpu_nvmeof::auth::dh::DhError;
 use dpu_nvmeof::auth::pool::{DhPool, DhResult};
-use dpu_nvmeof::{Connection, Target};
+use dpu_nvmeof::conn::Completer;
+use dpu_nvmeof::{BlockCompletion, Connection, Target};
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, CongestionControl, State};
 use smoltcp::time::Instant as SmolInstant;
@@ -146,6 +147,11 @@ pub struct Endpoint {
     share: Option<Share>,
     /// Where DH-HMAC-CHAP's Diffie-Hellman work runs, if not inline.
     dh: Option<DhLink>,
+    /// Completions of block requests on asynchronous backends (a
+    /// namespace on a storage cluster), by session number: they come
+    /// from the backend's threads.
+    io_tx: std::sync::mpsc::Sender<(u64, BlockCompletion)>,
+    io_rx: std::sync::mpsc::Receiver<(u64, BlockCompletion)>,
     /// The next session's number.
     next_session: u64,
 }
@@ -196,6 +202,7 @@ impl Endpoint {
                 config.prefix_len,
             ));
         });
+        let (io_tx, io_rx) = std::sync::mpsc::channel();
         Ok(Self {
             scratch: Vec::with_capacity(config.mtu + ETHERNET_HEADER),
             config,
@@ -211,6 +218,8 @@ impl Endpoint {
             stats: EndpointStats::default(),
             share: None,
             dh: None,
+            io_tx,
+            io_rx,
             next_session: 0,
         })
     }
@@ -382,6 +391,7 @@ impl Endpoint {
             self.tick(now);
         }
         self.collect_dh(now);
+        self.collect_io();
         self.serve(now);
         self.hand_out_dh(now);
         self.egress(now, emit);
@@ -419,8 +429,13 @@ impl Endpoint {
         if let Some(c) = self.closing.iter().map(|c| c.until).min() {
             at = at.min(c);
         }
-        if self.sessions.iter().any(|s| s.conn.awaits_dh()) {
-            // A DH result may come back at any moment.
+        if self
+            .sessions
+            .iter()
+            .any(|s| s.conn.awaits_dh() || s.conn.awaits_io())
+        {
+            // A DH result, or the completion of I/O on a storage cluster,
+            // may come back at any moment.
             at = at.min(now + DH_POLL);
         }
         let t = self.smol(now);
@@ -493,6 +508,11 @@ impl Endpoint {
                 let mut conn = Connection::new(p.target.clone(), local, peer);
                 conn.set_dh_offload(self.dh.is_some());
                 self.next_session += 1;
+                let (tx, id) = (self.io_tx.clone(), self.next_session);
+                conn.set_completer(Some(Completer::new(move |c| {
+                    // The endpoint may be gone: nothing to tell then.
+                    let _ = tx.send((id, c));
+                })));
                 self.sessions.push(Session::new(
                     h,
                     peer,
@@ -627,6 +647,16 @@ impl Endpoint {
     }
 
     /// Gives the DH results that came back to their connections.
+    /// Hands the completions of block requests on asynchronous backends
+    /// to their connections (those still open).
+    fn collect_io(&mut self) {
+        while let Ok((id, c)) = self.io_rx.try_recv() {
+            if let Some(s) = self.sessions.iter_mut().find(|s| s.id == id) {
+                s.conn.complete(c);
+            }
+        }
+    }
+
     fn collect_dh(&mut self, now: Instant) {
         let Some(dh) = &self.dh else {
             return;

@@ -106,6 +106,18 @@ impl Connection {
         done
     }
 
+    /// True when block requests started on an asynchronous backend have
+    /// not completed yet: their completions are to come through the
+    /// completer ([`Connection::set_completer`]).
+    pub fn awaits_io(&self) -> bool {
+        let executing = self
+            .pending
+            .values()
+            .filter(|p| matches!(p, Pending::Executing { .. }))
+            .count();
+        executing > self.requests.len()
+    }
+
     /// True when block requests wait to run (left by
     /// [`Connection::execute_requests`] over the [`OUTPUT_BUDGET`]).
     ///
