@@ -20,7 +20,7 @@ pub fn run(data: &[u8]) {
     let Some((seed, frames)) = data.split_first_chunk::<8>() else {
         return;
     };
-    let mut rng = Rng(u64::from_le_bytes(*seed));
+    let mut rng = Rng::new(u64::from_le_bytes(*seed));
     let mut world = World::random(&mut Draw::new(&mut rng));
     let handle = SwitchHandle::new(&world.cfg).expect("generated configurations compile");
     let mut p = handle.pipeline();

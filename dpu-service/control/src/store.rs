@@ -626,6 +626,8 @@ fn load(dir: &Path, mode: Persistence) -> std::result::Result<(Disk, State), Loa
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
+    use dpu_rand::Rng;
+
     use super::*;
     use crate::model::{Action, Rule, RuleSet, Subsystem, Tenant, Timestamp};
     use crate::state::Limits;
@@ -704,25 +706,11 @@ mod tests {
         v["seq"].as_u64().unwrap()
     }
 
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     /// One random change of any kind the journal records, made directly on
     /// the state (the store records whatever a change did).
     fn random_change(s: &mut State, rng: &mut Rng, n: u64) {
         let ids: Vec<String> = s.tenants.keys().cloned().collect();
-        let pick = |rng: &mut Rng| ids[rng.below(ids.len())].clone();
+        let pick = |rng: &mut Rng| rng.pick(&ids).clone();
         match rng.below(12) {
             _ if ids.is_empty() => {
                 s.tenants.insert(format!("t{n}"), tenant(&format!("t{n}")));
@@ -762,12 +750,12 @@ mod tests {
                 let id = format!("s{}", rng.below(4));
                 s.subsystems.remove(&id);
             }
-            7 => s.id_seq += 1 + rng.below(3) as u64,
+            7 => s.id_seq += 1 + rng.below(3),
             8 if !s.tenants.is_empty() => {
                 let t = s.tenants.get_mut(&pick(rng)).unwrap();
                 let mut rules = t.rules.rules.as_ref().clone();
                 if !rules.is_empty() {
-                    rules.remove(rng.below(rules.len()));
+                    rules.remove(rng.index(rules.len()));
                 }
                 t.rules = RuleSet {
                     version: t.rules.version + 1,
@@ -777,10 +765,10 @@ mod tests {
             _ => {
                 let t = s.tenants.get_mut(&pick(rng)).unwrap();
                 let mut rules = t.rules.rules.as_ref().clone();
-                let at = rng.below(rules.len() + 1);
+                let at = rng.index(rules.len() + 1);
                 rules.insert(at, rule(&format!("r{n}"), n as u32));
                 if rng.below(4) == 0 && rules.len() > 1 {
-                    let j = rng.below(rules.len());
+                    let j = rng.index(rules.len());
                     rules[j].description = format!("changed {n}");
                 }
                 t.rules = RuleSet {
@@ -813,11 +801,11 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().unwrap();
             let h = StateHandle::open_with(Some(dir.path()), mode).unwrap();
-            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut rng = Rng::new(seed);
             for n in 0..300 {
-                let r = rng.next();
+                let r = rng.next_u64();
                 h.mutate_blocking(move |s| {
-                    random_change(s, &mut Rng(r | 1), n);
+                    random_change(s, &mut Rng::new(r), n);
                     Ok(())
                 })
                 .unwrap();

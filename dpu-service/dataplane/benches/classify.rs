@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use dpu_dataplane::classify::{AclRule, Classifier, Family};
 use dpu_dataplane::wire::FlowKey;
+use dpu_rand::Rng;
 
 #[path = "common/rules.rs"]
 mod rules;
@@ -155,25 +156,21 @@ fn synthetic(shape: &str, n: u32) -> (Vec<AclRule>, Vec<FlowKey>) {
         })
         .collect();
     // Per key, one rule's end in each of its ranged fields, or beside it.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let keys = (0..16_384)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let r = &rules[(x % u64::from(n)) as usize];
+            let r = rng.pick(&rules);
+            let (high, offset) = (rng.bool(), u128::from(rng.below(3)));
             let end = |(lo, hi): (u128, u128), field_top: u128| {
-                let v = if x & 1 << 40 == 0 { lo } else { hi };
-                (v + ((x >> 41) % 3) as u128)
-                    .saturating_sub(1)
-                    .min(field_top)
+                let v = if high { hi } else { lo };
+                (v + offset).saturating_sub(1).min(field_top)
             };
             FlowKey {
                 src: end(r.src, top),
                 dst: end(r.dst, top),
                 src_port: end((r.src_port.0.into(), r.src_port.1.into()), 0xffff) as u16,
                 dst_port: end((r.dst_port.0.into(), r.dst_port.1.into()), 0xffff) as u16,
-                proto: if x & 1 << 50 == 0 { 6 } else { 17 },
+                proto: if rng.bool() { 6 } else { 17 },
                 v6: false,
             }
         })

@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_rand::Rng;
 
 #[path = "common/rules.rs"]
 mod rules;
@@ -205,19 +206,13 @@ fn main() {
     }
     stats("publish, every rule new", full, cfg.tenants.len() * 5);
 
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut rnd = |n: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n as u64) as usize
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let (mut ins, mut del) = (Vec::new(), Vec::new());
     let (mut ins_built, mut del_built) = (0, 0);
     for i in 0..changes {
-        let ti = rnd(cfg.tenants.len());
+        let ti = rng.index(cfg.tenants.len());
         let rules = std::sync::Arc::make_mut(&mut cfg.tenants[ti].rules);
-        let at = rnd(rules.len());
+        let at = rng.index(rules.len());
         let insert = i % 2 == 0;
         if insert {
             let mut r = rules[at].clone();

@@ -854,7 +854,7 @@ mod tests {
     /// chains, wrap-around) agree with a plain map.
     #[test]
     fn agrees_with_a_map_under_churn() {
-        let mut rng = crate::classify::tests::Rng(0xc0ffee);
+        let mut rng = dpu_rand::Rng::new(0xc0ffee);
         let mut t = ConnTable::new(64, 64, Timeouts::default());
         t.reserve_tenants(1);
         let mut model = std::collections::HashMap::new();

@@ -236,11 +236,11 @@ mod tests {
     /// reserve.
     #[test]
     fn random_takes_and_gives_keep_every_reserve() {
-        let mut rng = crate::classify::tests::Rng(0x5ba7e);
+        let mut rng = dpu_rand::Rng::new(0x5ba7e);
         for round in 0..50 {
             let tenants = 1 + rng.below(6) as usize;
             let max = 1 + rng.below(200) as usize;
-            let per_tenant = 1 + rng.below(max as u64) as usize;
+            let per_tenant = 1 + rng.index(max);
             let reserved = rng.below(60) as usize;
             let mut s = shares(max, per_tenant, reserved, tenants);
             let mut held = vec![0u32; tenants];

@@ -348,7 +348,7 @@ mod tests {
     /// small, busy table.
     #[test]
     fn agrees_with_a_model() {
-        let mut rng = crate::classify::tests::Rng(0xf4a6);
+        let mut rng = dpu_rand::Rng::new(0xf4a6);
         let mut t = FragTable::new(limits(40, 40, 0));
         t.set_tenants(1, 1);
         let mut model = std::collections::HashMap::new();

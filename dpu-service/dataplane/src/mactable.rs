@@ -425,13 +425,8 @@ mod tests {
     /// tenants, attachments and addresses: every answer is the table's.
     #[test]
     fn remembered_answers_are_the_tables() {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = dpu_rand::Rng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move |n: u64| rng.below(n);
         for round in 0..50 {
             let cap = 1 + next(12) as usize;
             let ageing = next(4);
@@ -505,13 +500,8 @@ mod tests {
     /// full the others have made the table.
     #[test]
     fn limits_and_reserves_hold_against_a_model() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = dpu_rand::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move |n: u64| rng.below(n);
         let (mut guaranteed, mut refused) = (0, 0);
         for round in 0..60 {
             let cap = 4 + next(40) as usize;

@@ -28,6 +28,7 @@ mod testing;
 
 use std::time::{Duration, Instant};
 
+use dpu_rand::Rng;
 use testing::{config, target, NvmeHost, Owned, Pair, Tally};
 
 /// Namespace size: 64 MiB of 4 KiB blocks read at random.
@@ -114,14 +115,11 @@ fn run(job: Job, secs: f64, mtu: usize) -> Outcome {
     let mut io = NvmeHost::io(&mut p, 40001, cntlid);
     let blocks = NS / job.size;
     let per_io = u32::try_from(job.size / 512).expect("blocks per read");
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut next = 0;
     let mut lba = || {
         let b = if job.random {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % blocks
+            rng.below(blocks)
         } else {
             next = (next + 1) % blocks;
             next

@@ -13,6 +13,7 @@ use dpu_endpoint::{Endpoint, EndpointConfig};
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{nvm, sgl, Cqe, Sqe, Status};
 use dpu_nvmeof::{host, BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+use dpu_rand::Rng;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::socket::tcp;
@@ -147,7 +148,7 @@ pub struct Chaos {
     pub drop_per_mille: u64,
     /// Frames held back behind the next one, per thousand.
     pub reorder_per_mille: u64,
-    state: u64,
+    rng: Rng,
     held: Option<Vec<u8>>,
     /// Frames dropped so far.
     pub dropped: u64,
@@ -166,30 +167,20 @@ impl Chaos {
         Self {
             drop_per_mille,
             reorder_per_mille,
-            state: seed.max(1),
+            rng: Rng::new(seed),
             held: None,
             dropped: 0,
             reordered: 0,
         }
     }
 
-    fn roll(&mut self) -> u64 {
-        // xorshift64
-        let mut x = self.state;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.state = x;
-        x % 1000
-    }
-
     /// Passes `frame` on to `out`, or not, or later.
     pub fn pass(&mut self, frame: Vec<u8>, out: &mut VecDeque<Vec<u8>>) {
-        if self.roll() < self.drop_per_mille {
+        if self.rng.chance(self.drop_per_mille, 1000) {
             self.dropped += 1;
             return;
         }
-        if self.held.is_none() && self.roll() < self.reorder_per_mille {
+        if self.held.is_none() && self.rng.chance(self.reorder_per_mille, 1000) {
             self.reordered += 1;
             self.held = Some(frame);
             return;

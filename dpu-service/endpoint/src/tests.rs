@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dpu_nvmeof::spec::admin;
+use dpu_rand::Rng;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
@@ -436,16 +437,10 @@ fn garbage_frames_are_ignored() {
     let mut ip = syn.clone();
     ip[33] ^= 0x01; // another address (checksums no longer match either)
     bad.push(ip);
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for len in [60usize, 64, 1514, 9000] {
-        let f: Vec<u8> = (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut f = vec![0; len];
+        rng.fill(&mut f);
         bad.push(f);
     }
     for f in &bad {

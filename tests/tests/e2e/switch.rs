@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
 use dpu_e2e::{rss_kib, Service};
+use dpu_rand::Rng;
 
 /// Held by each test while its service runs: DPDK 22.11's net_af_packet
 /// derives its PACKET_FANOUT group from the process ID and interface
@@ -1345,14 +1346,13 @@ fn a_mac_flood_leaves_another_tenants_unicast_unflooded() -> Result<()> {
     }
     eventually("red's hosts to reach each other", || r1.ping("10.236.0.2"))?;
     // The flood: 1,000 source MACs, broadcast, an experimental EtherType.
-    let mut seed = 0x9e37_79b9_u32;
-    let flood: Vec<Vec<u8>> = (0..1000)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            let b = seed.to_be_bytes();
-            let mut f = eth_header([0xff; 6], [2, 0x77, b[0], b[1], b[2], b[3]], &[], 0x88b5);
+    // Random bytes, then the frame's number: no two MACs are the same.
+    let mut rng = Rng::new(0x9e37_79b9);
+    let flood: Vec<Vec<u8>> = (0..1000u16)
+        .map(|i| {
+            let [a, b] = (rng.next_u32() as u16).to_be_bytes();
+            let [c, d] = i.to_be_bytes();
+            let mut f = eth_header([0xff; 6], [2, 0x77, a, b, c, d], &[], 0x88b5);
             f.extend_from_slice(&[0; 46]);
             f
         })

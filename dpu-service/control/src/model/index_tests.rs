@@ -8,32 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+use dpu_rand::Rng;
+
 use super::Index;
 use crate::model::{
     Action, Attachment, Backend, Claims, Listener, Namespace, PortRole, PortSpec, Rule, RuleSet,
     State, Subsystem, Tenant, Timestamp, Transport,
 };
 use crate::state::{Limits, Part, PortRegistry, SubsystemUpdate, TenantUpdate};
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a, T>(&mut self, of: &'a [T]) -> &'a T {
-        &of[self.below(of.len())]
-    }
-}
 
 const PORTS: [&str; 2] = ["p0", "p1"];
 const TENANTS: [&str; 5] = ["a", "b", "c", "d", "e"];
@@ -155,7 +137,7 @@ fn namespace(rng: &mut Rng) -> (Namespace, bool) {
             path: format!("/dev/b{}", rng.below(2)),
         },
         _ => Backend::Ram {
-            size_bytes: 512 * (1 + rng.below(8) as u64),
+            size_bytes: 512 * (1 + rng.below(8)),
         },
     };
     let given = rng.below(2) == 0;
@@ -258,7 +240,7 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
         }
         17 => {
             let nsid = 1 + rng.below(3) as u32;
-            let size = 512 * (1 + rng.below(8) as u64);
+            let size = 512 * (1 + rng.below(8));
             let part = Part::Namespace {
                 subsystem: sid.into(),
                 nsid,
@@ -306,7 +288,7 @@ fn random_changes_never_drift() {
     let p = ports();
     let (mut accepted, mut refused, mut reverted) = (0u32, 0u32, 0u32);
     for seed in 1..=64u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(seed);
         let mut s = State::default();
         for n in 0..300u32 {
             let before = s.clone();
@@ -354,7 +336,7 @@ fn random_changes_never_drift() {
 #[test]
 fn reindex_catches_up_with_direct_changes() {
     let p = ports();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut s = State::default();
     s.create_tenant(LIMITS, &p, tenant(&mut rng, "a")).unwrap();
     let mut t = tenant(&mut rng, "b");

@@ -684,15 +684,17 @@ pub(super) fn is_set(bits: &[u64], p: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use dpu_rand::Rng;
+
     use super::*;
     use crate::classify::rule::Family;
-    use crate::classify::tests::{random_key, random_rules, Rng};
+    use crate::classify::tests::{random_key, random_rules};
 
     /// A leaf record's packed test is the rule's range test, on the
     /// bounds and one past them in every field.
     #[test]
     fn leaf_records_test_every_bound_like_the_rule() {
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         let rules = random_rules(&mut rng, 300, 0);
         for (p, r) in rules.iter().enumerate() {
             let mut r = *r;

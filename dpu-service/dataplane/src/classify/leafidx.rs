@@ -228,9 +228,10 @@ fn remove(live: &mut BTreeMap<u32, u32>, j: u32) {
 
 #[cfg(test)]
 mod tests {
+    use dpu_rand::Rng;
+
     use super::*;
     use crate::classify::rule::Family;
-    use crate::classify::tests::Rng;
 
     fn values(r: &[u128]) -> [u128; DIMS] {
         std::array::from_fn(|d| r[d])
@@ -248,7 +249,7 @@ mod tests {
             65_535,
             255,
         ];
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
         let mut rnd = move |n: u64| rng.below(n);
         for shape in 0..3 {
             let n = 500u32;

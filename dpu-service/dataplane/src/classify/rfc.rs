@@ -997,33 +997,20 @@ impl Rfc {
 
 #[cfg(test)]
 mod tests {
+    use dpu_rand::Rng;
+
     use super::*;
-
-    /// A small xorshift generator: reproducible cases without a crate.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     fn rule(rng: &mut Rng, pos: u32, bases: &[u32]) -> AclRule {
         let prefix = |rng: &mut Rng| {
-            let a = bases[rng.below(bases.len() as u64) as usize] ^ (rng.next() as u32 & 0xff);
+            let a = *rng.pick(bases) ^ (rng.next_u32() & 0xff);
             if rng.below(4) == 0 {
                 // Any range, across blocks of 256 and 65,536 addresses.
                 let span = 1 << (8 * rng.below(4));
                 let end = a.saturating_add(rng.below(span) as u32);
                 return (u128::from(a), u128::from(end));
             }
-            let len = [0, 8, 12, 16, 20, 24, 28, 32][rng.below(8) as usize];
+            let len = *rng.pick(&[0, 8, 12, 16, 20, 24, 28, 32]);
             AclRule::prefix_range(u128::from(a), len, 32)
         };
         let ports = |rng: &mut Rng| match rng.below(3) {
@@ -1068,24 +1055,22 @@ mod tests {
 
     #[test]
     fn agrees_with_a_scan_of_the_rules() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
         for case in 0..40 {
-            let bases: Vec<u32> = (0..4).map(|_| rng.next() as u32).collect();
+            let bases: Vec<u32> = (0..4).map(|_| rng.next_u32()).collect();
             let n = 1 + rng.below(if case % 4 == 0 { 400 } else { 40 }) as u32;
             let rules: Vec<AclRule> = (0..n).map(|i| rule(&mut rng, i, &bases)).collect();
             let rfc =
                 Rfc::build_within(&rules, Family::V4, 1 << 26, usize::MAX).expect("rules build");
             for _ in 0..2000 {
                 // Keys near the rules' addresses and ports, so they match.
-                let b = |rng: &mut Rng| {
-                    bases[rng.below(bases.len() as u64) as usize] ^ (rng.next() as u32 & 0x1ff)
-                };
+                let b = |rng: &mut Rng| *rng.pick(&bases) ^ (rng.next_u32() & 0x1ff);
                 let k = FlowKey {
                     src: u128::from(b(&mut rng)),
                     dst: u128::from(b(&mut rng)),
                     src_port: rng.below(100) as u16,
                     dst_port: rng.below(100) as u16,
-                    proto: [6, 17, 1][rng.below(3) as usize],
+                    proto: *rng.pick(&[6, 17, 1]),
                     v6: false,
                 };
                 let want = rules.iter().position(|r| r.matches(&k));
@@ -1104,8 +1089,8 @@ mod tests {
     /// against a scan on keys near them and at the top of the space.
     #[test]
     fn ipv6_agrees_with_a_scan_of_the_rules() {
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-        let wide = |rng: &mut Rng| u128::from(rng.next()) << 64 | u128::from(rng.next());
+        let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+        let wide = |rng: &mut Rng| rng.next_u128();
         let mut skipped = 0;
         for case in 0..24 {
             // Half the sets lie within one /48, whose bytes the tries skip.
@@ -1121,7 +1106,7 @@ mod tests {
                 bases.push(u128::MAX);
             }
             let near = |rng: &mut Rng, bases: &[u128]| {
-                let b = bases[rng.below(bases.len() as u64) as usize];
+                let b = *rng.pick(bases);
                 // Differ from a base only below some byte, so keys and
                 // rules share the trie's upper levels.
                 let low = 8 * rng.below(if within { 11 } else { 17 }) as u32;
@@ -1180,7 +1165,7 @@ mod tests {
                     src: anywhere(&mut rng),
                     dst: anywhere(&mut rng),
                     src_port: rng.below(100) as u16,
-                    dst_port: [80, 81][rng.below(2) as usize],
+                    dst_port: *rng.pick(&[80, 81]),
                     proto: 6,
                     v6: true,
                 };

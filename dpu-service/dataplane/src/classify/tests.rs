@@ -1,30 +1,16 @@
-//! Test support for the classifier's tests, and for other modules'
-//! (`Rng`): a small deterministic generator, random rules shaped like
-//! ClassBench ACLs, and random keys aimed at them.
+//! Test support for the classifier's tests and other modules': random
+//! rules shaped like ClassBench ACLs, and random keys aimed at them, drawn
+//! from a seeded [`Rng`] so that failures reproduce.
+
+use dpu_rand::Rng;
 
 use super::rule::{AclRule, Family};
 use crate::wire::FlowKey;
 
-/// A small deterministic generator (xorshift), so failures reproduce.
-pub(crate) struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Rules shaped like ClassBench ACLs: a few address pools, prefixes of
 /// varied length, exact or ranged ports, TCP/UDP/any.
 pub(super) fn random_rules(rng: &mut Rng, n: usize, v6_share: u64) -> Vec<AclRule> {
-    let pools: Vec<u128> = (0..6).map(|_| u128::from(rng.next() as u32)).collect();
+    let pools: Vec<u128> = (0..6).map(|_| u128::from(rng.next_u32())).collect();
     (0..n)
         .map(|i| {
             let v6 = rng.below(100) < v6_share;
@@ -37,9 +23,9 @@ pub(super) fn random_rules(rng: &mut Rng, n: usize, v6_share: u64) -> Vec<AclRul
             if family != Family::Any {
                 let width = if family == Family::V6 { 128 } else { 32 };
                 let pick = |rng: &mut Rng| {
-                    let base = pools[rng.below(6) as usize];
+                    let base = *rng.pick(&pools);
                     let base = if width == 128 { base << 96 } else { base };
-                    let len = [0u8, 8, 16, 24, 28, 32][rng.below(6) as usize];
+                    let len = *rng.pick(&[0u8, 8, 16, 24, 28, 32]);
                     let len = if width == 128 { len * 4 } else { len };
                     AclRule::prefix_range(base, len, width)
                 };
@@ -49,7 +35,7 @@ pub(super) fn random_rules(rng: &mut Rng, n: usize, v6_share: u64) -> Vec<AclRul
             let ports = |rng: &mut Rng| match rng.below(4) {
                 0 => (0, u16::MAX),
                 1 => {
-                    let p = [22u16, 53, 80, 443, 8080][rng.below(5) as usize];
+                    let p = *rng.pick(&[22u16, 53, 80, 443, 8080]);
                     (p, p)
                 }
                 2 => (1024, u16::MAX),
@@ -74,23 +60,23 @@ pub(super) fn random_key(rng: &mut Rng, rules: &[AclRule]) -> FlowKey {
     // Half the keys aim inside a rule's box so matches are common.
     let v6 = rng.below(4) == 0;
     let mut k = FlowKey {
-        src: u128::from(rng.next() as u32),
-        dst: u128::from(rng.next() as u32),
-        src_port: rng.next() as u16,
-        dst_port: rng.next() as u16,
-        proto: [6u8, 17, 1, 47][rng.below(4) as usize],
+        src: u128::from(rng.next_u32()),
+        dst: u128::from(rng.next_u32()),
+        src_port: rng.next_u32() as u16,
+        dst_port: rng.next_u32() as u16,
+        proto: *rng.pick(&[6u8, 17, 1, 47]),
         v6,
     };
     if v6 {
-        k.src = (k.src << 96) | u128::from(rng.next());
-        k.dst = (k.dst << 96) | u128::from(rng.next());
+        k.src = (k.src << 96) | u128::from(rng.next_u64());
+        k.dst = (k.dst << 96) | u128::from(rng.next_u64());
     }
     if rng.below(2) == 0 && !rules.is_empty() {
-        let r = rules[rng.below(rules.len() as u64) as usize];
+        let r = *rng.pick(rules);
         if (r.family == Family::V6) == v6 || r.family == Family::Any {
             let pick = |rng: &mut Rng, (a, b): (u128, u128)| match (b - a).checked_add(1) {
-                Some(n) => a + (rng.next() as u128 % n),
-                None => (u128::from(rng.next()) << 64) | u128::from(rng.next()),
+                Some(n) => a + rng.next_u128() % n,
+                None => rng.next_u128(),
             };
             if r.family != Family::Any {
                 k.src = pick(rng, r.src);

@@ -697,13 +697,8 @@ mod tests {
     /// exactly as one compiled from scratch; big changes rebuild.
     #[test]
     fn small_rule_changes_patch_and_agree_with_a_full_build() {
-        let mut seed = 0x5eed_u64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = dpu_rand::Rng::new(0x5eed);
+        let mut rnd = move |n: u64| rng.below(n);
         let mut next_id = 0u32;
         let mut rule = |rnd: &mut dyn FnMut(u64) -> u64| {
             next_id += 1;
@@ -824,7 +819,7 @@ mod tests {
     /// from does, for addresses around every bound.
     #[test]
     fn merged_ranges_answer_as_the_list() {
-        let mut rnd = crate::classify::tests::Rng(0x7e9);
+        let mut rnd = dpu_rand::Rng::new(0x7e9);
         for _ in 0..300 {
             let n = rnd.below(12);
             let top = rnd.below(2) == 0;

@@ -570,7 +570,7 @@ mod tests {
             )
         );
         // flood sends from 1,000 random sources on port 0.
-        let mut rng = crate::classify::tests::Rng(0xf100d);
+        let mut rng = dpu_rand::Rng::new(0xf100d);
         let (mut passed, mut limited) = (0, 0);
         for _ in 0..1000 {
             let mut f = udp(7, BCAST, None, 53);
@@ -873,7 +873,7 @@ mod tests {
         // Outputs into a tunnel, and out of one, and VXLAN refused: all
         // must be exercised.
         let (mut encapsulated, mut decapsulated, mut refused) = (0, 0, 0);
-        let mut rng = crate::classify::tests::Rng(0x5eed);
+        let mut rng = dpu_rand::Rng::new(0x5eed);
         for round in 0..200 {
             let ports = 1 + rng.below(5) as usize;
             let mut used = std::collections::HashSet::new();
@@ -881,8 +881,8 @@ mod tests {
             for t in 0..1 + rng.below(4) {
                 let mut att = Vec::new();
                 for _ in 0..1 + rng.below(4) {
-                    let port = rng.below(ports as u64) as usize;
-                    let vlan = [0u16, 10, 20, 30][rng.below(4) as usize];
+                    let port = rng.index(ports);
+                    let vlan = *rng.pick(&[0u16, 10, 20, 30]);
                     let whole_taken = used.contains(&(port, 0));
                     let any_vlan = (1..4095).any(|v| used.contains(&(port, v)));
                     let ok =
@@ -896,7 +896,7 @@ mod tests {
                 // VXLAN networks on port 0's VTEP, flooding to some of
                 // two remote VTEPs.
                 t.remote_vteps = vec![Vec::new(); t.attachments.len()];
-                let vni = [100, 200, 300][rng.below(3) as usize];
+                let vni = *rng.pick(&[100, 200, 300]);
                 if rng.below(2) == 0 && used.insert((0, 5000 + vni as u16)) {
                     t.attachments.push(Attach {
                         port: 0,
@@ -964,8 +964,8 @@ mod tests {
                     })
             };
             for _ in 0..200 {
-                let port = rng.below(ports as u64) as usize;
-                let vlan = [None, Some(10), Some(20), Some(30), Some(40)][rng.below(5) as usize];
+                let port = rng.index(ports);
+                let vlan = *rng.pick(&[None, Some(10), Some(20), Some(30), Some(40)]);
                 let dst = if rng.below(3) == 0 {
                     BCAST
                 } else {
@@ -990,8 +990,8 @@ mod tests {
                 };
                 // Some frames come through port 0's VTEP, from a remote
                 // VTEP or a stranger, on a VNI that may be nobody's.
-                let vni = [0, 0, 100, 200, 300, 400][rng.below(6) as usize];
-                let src_ip = [REMOTES[0], REMOTES[1], STRANGER][rng.below(3) as usize];
+                let vni = *rng.pick(&[0, 0, 100, 200, 300, 400]);
+                let src_ip = *rng.pick(&[REMOTES[0], REMOTES[1], STRANGER]);
                 let (port, frame) = if vni == 0 {
                     (port, frame)
                 } else {

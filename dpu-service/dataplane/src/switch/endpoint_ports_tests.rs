@@ -296,7 +296,7 @@ fn bad_endpoints_are_refused() {
 #[test]
 fn random_traffic_never_reaches_another_tenants_endpoint() {
     use crate::wire::tests::build::udp4;
-    let mut rng = crate::classify::tests::Rng(0xe9d5);
+    let mut rng = dpu_rand::Rng::new(0xe9d5);
     let rules = vec![tcp_rule("storage", 20, 4420, 0, 0, true)];
     let (_h, mut p) = pipeline(&config(rules, rng.below(2) == 0));
     // Whose each port is.
@@ -309,21 +309,20 @@ fn random_traffic_never_reaches_another_tenants_endpoint() {
     let mut reached = [0usize; 2];
     for i in 0..20_000 {
         let port = rng.below(5) as usize;
-        let pick = |rng: &mut crate::classify::tests::Rng, n: usize| rng.below(n as u64) as usize;
         let src = match port {
             BLUE_PORT if rng.below(4) != 0 => BLUE_EP,
             RED_PORT if rng.below(4) != 0 => RED_EP,
-            _ => macs[pick(&mut rng, macs.len())],
+            _ => *rng.pick(&macs),
         };
-        let dst = macs[pick(&mut rng, macs.len())];
-        let vlan = [None, Some(10), Some(20)][pick(&mut rng, 3)];
-        let (sip, dip) = (ips[pick(&mut rng, 4)], ips[pick(&mut rng, 4)]);
+        let dst = *rng.pick(&macs);
+        let vlan = *rng.pick(&[None, Some(10), Some(20)]);
+        let (sip, dip) = (*rng.pick(&ips), *rng.pick(&ips));
         let f = match rng.below(4) {
             0 => arp(src, dst, vlan, 1 + rng.below(2) as u16, sip, dip),
             1 => udp4(src, dst, vlan, sip, dip, 5000, 4420),
             _ => {
                 let mut f = eth(dst, src, vlan, ETH_IPV4);
-                let flags = [SYN, SYN | ACK, ACK][pick(&mut rng, 3)];
+                let flags = *rng.pick(&[SYN, SYN | ACK, ACK]);
                 let (sp, dp) = if rng.below(2) == 0 {
                     (40000, 4420)
                 } else {

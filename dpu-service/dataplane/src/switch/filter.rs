@@ -140,7 +140,7 @@ mod tests {
 
     /// Enough random rules for the flow cache: UDP to one of ports
     /// 50-57, from one of 10.0.0.0-7 or anywhere, allow or deny.
-    fn cacheable_rules(rng: &mut crate::classify::tests::Rng) -> Vec<SwitchRule> {
+    fn cacheable_rules(rng: &mut dpu_rand::Rng) -> Vec<SwitchRule> {
         (0..FLOW_CACHE_MIN_RULES as u32 + 4)
             .map(|i| {
                 let mut m = AclRule::any(i, 0, Family::V4);
@@ -166,7 +166,7 @@ mod tests {
     /// rule changes, while the same 64 flows keep coming back.
     #[test]
     fn cached_verdicts_follow_every_rule_change() {
-        let mut rng = crate::classify::tests::Rng(0xcac4e);
+        let mut rng = dpu_rand::Rng::new(0xcac4e);
         let mut t = tenant("t", &[(0, 0), (1, 0)], false);
         let config = |t: &TenantConfig| SwitchConfig {
             ports: 2,
@@ -218,7 +218,7 @@ mod tests {
     fn a_thrashed_flow_cache_rests_without_changing_a_verdict() {
         use crate::flowcache::{REST, WINDOW};
         use crate::io::memory::MemPacket;
-        let mut rng = crate::classify::tests::Rng(0x7e57);
+        let mut rng = dpu_rand::Rng::new(0x7e57);
         let mut t = tenant("t", &[(0, 0), (1, 0)], false);
         t.rules = cacheable_rules(&mut rng).into();
         let h = SwitchHandle::new(&SwitchConfig {

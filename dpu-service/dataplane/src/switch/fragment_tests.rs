@@ -129,13 +129,11 @@ fn fragmented_replies_of_tracked_connections_pass_on_default_deny() {
 /// is held back), one after it passes, whatever their own order.
 #[test]
 fn later_fragments_pass_only_after_their_first_in_any_order() {
-    let mut rng = crate::classify::tests::Rng(0xf4a9);
+    let mut rng = dpu_rand::Rng::new(0xf4a9);
     let (_h, mut p) = setup(SwitchConfig::default());
     for id in 0..200u16 {
         let mut order = [0usize, 1, 2];
-        for i in (1..3).rev() {
-            order.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        rng.shuffle(&mut order);
         let frags = echo(1, true, id, 1000 + id);
         let mut first_seen = false;
         for &i in &order {

@@ -410,7 +410,7 @@ mod tests {
         const VTEP: u32 = 0xc000_0201;
         const REMOTE: u32 = 0xc000_0202;
         const STRANGER: u32 = 0xc000_0263;
-        let mut rng = crate::classify::tests::Rng(0xb0b5);
+        let mut rng = dpu_rand::Rng::new(0xb0b5);
         let mut seen = std::collections::HashMap::<String, usize>::new();
         let mut recalled = [0; 2];
         for round in 0..60 {
@@ -504,7 +504,7 @@ mod tests {
             one.turn();
             burst.turn();
             for turn in 0..40 {
-                let port = rng.below(ports as u64) as usize;
+                let port = rng.index(ports);
                 let n = 1 + rng.below(2 * BURST as u64 + 8) as usize;
                 let frames: Vec<Vec<u8>> = (0..n)
                     .map(|_| {
@@ -518,19 +518,18 @@ mod tests {
                         let ip = |h: u8| [10, 0, 0, h];
                         let dst = if rng.below(4) == 0 { BCAST } else { mac(z) };
                         let vlan = match port {
-                            0 => [None, Some(10), Some(20)][rng.below(3) as usize],
-                            3 => [Some(10), Some(10), Some(20)][rng.below(3) as usize],
+                            0 => *rng.pick(&[None, Some(10), Some(20)]),
+                            3 => *rng.pick(&[Some(10), Some(10), Some(20)]),
                             _ => None,
                         };
                         let (sp, dp) = if rng.below(2) == 0 {
-                            (40000, [80, 53, 7][rng.below(3) as usize])
+                            (40000, *rng.pick(&[80, 53, 7]))
                         } else {
-                            ([80, 53, 7][rng.below(3) as usize], 40000)
+                            (*rng.pick(&[80, 53, 7]), 40000)
                         };
                         let mut f = match rng.below(9) {
                             0..=3 => {
-                                let flags =
-                                    [SYN, SYN | ACK, ACK, RST, FIN | ACK][rng.below(5) as usize];
+                                let flags = *rng.pick(&[SYN, SYN | ACK, ACK, RST, FIN | ACK]);
                                 let mut f = eth(dst, mac(a), vlan, ETH_IPV4);
                                 f.extend(ipv4(ip(a), ip(z), proto::TCP, &tcp(sp, dp, flags)));
                                 f
@@ -543,14 +542,14 @@ mod tests {
                                 if rng.below(3) == 0 {
                                     let l3 = if vlan.is_some() { 18 } else { 14 };
                                     let id = rng.below(3) as u16;
-                                    let field: u16 = [0x2000, 1][rng.below(2) as usize];
+                                    let field: u16 = *rng.pick(&[0x2000, 1]);
                                     f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
                                     f[l3 + 6..l3 + 8].copy_from_slice(&field.to_be_bytes());
                                 }
                                 f
                             }
                             6 => {
-                                let ty = [8, 0][rng.below(2) as usize];
+                                let ty = *rng.pick(&[8, 0]);
                                 let mut f = eth(dst, mac(a), vlan, ETH_IPV4);
                                 f.extend(ipv4(
                                     ip(a),
@@ -582,7 +581,7 @@ mod tests {
                                 // Now and then from an unnamed VTEP.
                                 src_ip: if rng.below(4) == 0 { STRANGER } else { REMOTE },
                                 dst_ip: VTEP,
-                                vni: [100, 101, 102][rng.below(3) as usize],
+                                vni: *rng.pick(&[100, 101, 102]),
                                 resolve: false,
                             };
                             assert!(crate::wire::apply_tunnel(&mut p, &t));

@@ -32,7 +32,7 @@ fn no_frame_crosses_a_tenant_boundary() {
     let mut failures = Vec::new();
     let mut configs = 0;
     for s in seed..seed + worlds {
-        let mut rng = Rng(s.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let mut rng = Rng::new(s);
         let mut d = Draw::new(&mut rng);
         let mut w = World::random(&mut d);
         let handle = match SwitchHandle::new(&w.cfg) {

@@ -42,6 +42,7 @@ use dpu_dataplane::wire::{
     self, proto, vtep_frame, VtepFrame, ETH_ARP, ETH_IPV4, ETH_IPV6, VXLAN_UDP_PORT,
 };
 use dpu_dataplane::worker::{Egress, Pipeline, Verdict, VlanOp};
+pub use dpu_rand::Rng;
 
 /// The uplink with the VTEP.
 pub const VTEP_PORT: usize = 0;
@@ -67,16 +68,11 @@ pub trait Source {
     fn next(&mut self) -> Option<u64>;
 }
 
-/// SplitMix64: small, fast and good enough to pick test cases.
-pub struct Rng(pub u64);
-
+/// The property test's source: the workspace's seeded generator, which
+/// never runs dry.
 impl Source for Rng {
     fn next(&mut self) -> Option<u64> {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Some(z ^ (z >> 31))
+        Some(self.next_u64())
     }
 }
 

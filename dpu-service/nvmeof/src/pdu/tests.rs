@@ -2,6 +2,8 @@
 //! partial and mutated input), and the helpers the tests of [`super::decode`]
 //! and [`super::encode`] share.
 
+use dpu_rand::Rng;
+
 use super::*;
 
 /// Bitwise CRC32C (Castagnoli, reflected), independent of the crate.
@@ -367,22 +369,6 @@ fn streams_of_pdus_decode_one_by_one() {
     }
 }
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// Encodes a decoded host PDU again (the digest verdict reset to ok).
 fn reencode_host<'a>(p: HostPdu<'a>, d: Digests, b: &mut Vec<u8>) -> HostPdu<'a> {
     match p {
@@ -497,7 +483,7 @@ fn drain(buf: &[u8], l: &Limits) -> usize {
 
 #[test]
 fn random_and_mutated_input_never_panics() {
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     // Valid PDUs of every kind, each with the digests it was built for.
     let mut seeds: Vec<(Digests, Vec<u8>)> = Vec::new();
     for d in ALL {
@@ -508,22 +494,24 @@ fn random_and_mutated_input_never_panics() {
     let mut decoded = 0;
     for i in 0..20_000 {
         let mut l = Limits {
-            digests: ALL[rng.below(4)],
-            max_data: [0, 64, 4096][rng.below(3)],
+            digests: *rng.pick(&ALL),
+            max_data: *rng.pick(&[0, 64, 4096]),
         };
         let buf: Vec<u8> = match i % 4 {
             // Pure noise.
             0 => {
-                let len = rng.below(300);
-                (0..len).map(|_| rng.next() as u8).collect()
+                let mut b = vec![0; rng.below(300) as usize];
+                rng.fill(&mut b);
+                b
             }
             // Noise behind a plausible common header.
             1 => {
                 let len = 8 + rng.below(300);
-                let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let mut b = vec![0; len as usize];
+                rng.fill(&mut b);
                 b[0] = rng.below(11) as u8;
                 b[1] &= 0x0f;
-                b[2] = [24u8, 72, 128][rng.below(3)];
+                b[2] = *rng.pick(&[24u8, 72, 128]);
                 let plen = rng.below(len + 8) as u32;
                 set_plen(&mut b, plen);
                 b
@@ -531,7 +519,7 @@ fn random_and_mutated_input_never_panics() {
             // Valid PDUs (mostly decoded with their own digests) with a
             // few bytes changed, sometimes cut short, and streams of them.
             _ => {
-                let (d, first) = &seeds[rng.below(seeds.len())];
+                let (d, first) = rng.pick(&seeds);
                 if rng.below(4) != 0 {
                     l.digests = *d;
                     l.max_data = 4096;
@@ -544,19 +532,20 @@ fn random_and_mutated_input_never_panics() {
                             .filter(|(sd, _)| sd == d)
                             .map(|(_, s)| s)
                             .collect();
-                        b.extend_from_slice(same[rng.below(same.len())]);
+                        let next = *rng.pick(&same);
+                        b.extend_from_slice(next);
                     }
                 }
                 for _ in 0..rng.below(4) {
-                    let at = rng.below(b.len());
+                    let at = rng.index(b.len());
                     match rng.below(3) {
                         0 => b[at] ^= 1 << rng.below(8),
-                        1 => b[at] = rng.next() as u8,
-                        _ => b[at.min(7)] = rng.next() as u8,
+                        1 => b[at] = rng.next_u32() as u8,
+                        _ => b[at.min(7)] = rng.next_u32() as u8,
                     }
                 }
                 if rng.below(2) == 0 {
-                    let keep = b.len() - rng.below(b.len() / 4 + 1);
+                    let keep = b.len() - rng.index(b.len() / 4 + 1);
                     b.truncate(keep);
                 }
                 b

@@ -12,6 +12,7 @@ use dpu_nvmeof::pdu::{self, Digests};
 use dpu_nvmeof::spec::{self, admin, nvm, sgl, Cqe, Status};
 use dpu_nvmeof::{host, identify};
 use dpu_nvmeof::{BackendSpec, Connection, Target, TargetConfig};
+use dpu_rand::Rng;
 
 use harness::*;
 
@@ -400,13 +401,7 @@ fn a_deep_batch_is_sent_in_growing_parts() {
 /// target answers or terminates, never panics, and the target stays usable.
 #[test]
 fn hostile_byte_streams_never_panic() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let t = target(&[]);
     let (_a, cntlid) = Host::admin(&t, NQN, 0);
     for round in 0..3000 {
@@ -423,28 +418,26 @@ fn hostile_byte_streams_never_panic() {
             )
         };
         // A well-formed write or read, then mutated.
-        let mut sqe = q.sqe(if rnd() & 1 == 0 {
-            nvm::WRITE
-        } else {
-            nvm::READ
-        });
+        let mut sqe = q.sqe(if rng.bool() { nvm::WRITE } else { nvm::READ });
         sqe.0[4..8].copy_from_slice(&1u32.to_le_bytes());
-        sqe.0[48] = (rnd() % 16) as u8;
+        sqe.0[48] = rng.below(16) as u8;
         let mut b = Vec::new();
-        let data = vec![0x5a; (rnd() % 9000) as usize];
+        let data = vec![0x5a; rng.below(9000) as usize];
         pdu::encode_capsule_cmd(&mut b, q.digests, &sqe, &data);
-        for _ in 0..(rnd() % 6) {
-            let i = (rnd() as usize) % b.len();
-            b[i] = rnd() as u8;
+        for _ in 0..rng.below(6) {
+            let i = rng.index(b.len());
+            b[i] = rng.next_u32() as u8;
         }
-        if rnd() % 4 == 0 {
-            b.truncate((rnd() as usize) % b.len());
+        if rng.chance(1, 4) {
+            b.truncate(rng.index(b.len()));
         }
-        if rnd() % 4 == 0 {
-            b.extend((0..rnd() % 200).map(|_| rnd() as u8));
+        if rng.chance(1, 4) {
+            let mut junk = vec![0; rng.below(200) as usize];
+            rng.fill(&mut junk);
+            b.extend_from_slice(&junk);
         }
         let mut pending = Vec::new();
-        let step = 1 + (rnd() as usize) % 300;
+        let step = 1 + rng.below(300) as usize;
         for chunk in b.chunks(step) {
             if q.conn.is_closed() {
                 break;

@@ -3,8 +3,10 @@
 //! front of them) against a scan of the rules, after a build and after
 //! incremental changes.
 
+use dpu_rand::Rng;
+
 use super::*;
-use crate::classify::tests::{random_key, random_rules, Rng};
+use crate::classify::tests::{random_key, random_rules};
 
 fn reference<'a>(rules: &'a [AclRule], key: &FlowKey) -> Option<&'a AclRule> {
     rules
@@ -39,8 +41,7 @@ fn family_less_rules_ignore_their_address_fields() {
 }
 
 /// Both lookup forms of a family's rules: the trees alone, and RFC
-/// tables in front of them. Every random IPv4 set below fits the tables'
-/// budget, and most IPv6 sets do.
+/// tables in front of them (where a set's tables fit their budget).
 const FORMS: [bool; 2] = [false, true];
 
 #[test]
@@ -48,20 +49,19 @@ fn agrees_with_the_reference_on_random_rules_and_keys() {
     // The most trees one set got, per family: single keys walk them side
     // by side.
     let mut most_trees = 0;
-    let mut v6_tables = 0;
+    let (mut v4_tables, mut v6_tables) = (0, 0);
     let mut most_v6_trees = 0;
     for (seed, rfc) in (1..=20u64).flat_map(|s| FORMS.map(|f| (s, f))) {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(seed);
         let n = [0usize, 1, 5, 50, 500, 3000][seed as usize % 6];
         let rules = random_rules(&mut rng, n, 30);
         let c = Classifier::build_with(&rules, rfc);
-        assert_eq!(
-            c.main.v4.flat.rfc.is_some(),
-            rfc && !c.main.v4.rules.is_empty()
-        );
-        // IPv6 tables are tried as IPv4's; some random sets' port
-        // classes pass their smaller budget.
-        assert!(rfc || c.main.v6.rfc.is_none());
+        // Tables only where asked for. Most random sets fit their budget
+        // (about one in four of 3,000 rules does not: the trees answer
+        // alone); IPv6 tables, tried as IPv4's, fit less often (their
+        // port classes must pass a smaller budget).
+        assert!(rfc || (c.main.v4.flat.rfc.is_none() && c.main.v6.rfc.is_none()));
+        v4_tables += usize::from(c.main.v4.flat.rfc.is_some());
         v6_tables += usize::from(c.main.v6.rfc.is_some());
         assert_eq!(c.len(), n);
         for _ in 0..3000 {
@@ -77,6 +77,7 @@ fn agrees_with_the_reference_on_random_rules_and_keys() {
     }
     assert!(most_trees > 2, "{most_trees} trees at most");
     assert!(most_v6_trees > 2, "{most_v6_trees} IPv6 trees at most");
+    assert!(v4_tables >= 12, "{v4_tables} sets with IPv4 tables");
     assert!(v6_tables >= 10, "{v6_tables} sets with IPv6 tables");
 }
 
@@ -88,7 +89,7 @@ fn incremental_changes_agree_with_a_rebuild() {
 }
 
 fn incremental_changes_agree_with_a_rebuild_in(rfc: bool) {
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     let mut rules = random_rules(&mut rng, 2000, 20);
     let mut c = Classifier::build_with(&rules, rfc);
     let mut next_order = 1_000_000;
@@ -96,7 +97,7 @@ fn incremental_changes_agree_with_a_rebuild_in(rfc: bool) {
         // Remove one or two, add one or two (some at the front).
         let mut remove = Vec::new();
         for _ in 0..=rng.below(2) {
-            let i = rng.below(rules.len() as u64) as usize;
+            let i = rng.index(rules.len());
             remove.push(rules.swap_remove(i).order);
         }
         let k = 1 + rng.below(2) as usize;
@@ -132,7 +133,7 @@ fn incremental_changes_agree_with_a_rebuild_in(rfc: bool) {
 #[test]
 fn a_catch_all_rule_prunes_what_follows_it() {
     let mut rules = vec![AclRule::any(0, 0, Family::Any)];
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     rules.extend(random_rules(&mut rng, 5000, 0).into_iter().map(|mut r| {
         r.order += 10;
         r
@@ -172,7 +173,7 @@ fn check_batches(c: &Classifier, rules: &[AclRule], keys: &[FlowKey], what: &str
 #[test]
 fn batch_lookups_agree_with_single_lookups_across_families_and_changes() {
     for (seed, rfc) in (1..=8u64).flat_map(|s| FORMS.map(|f| (s, f))) {
-        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let mut rng = Rng::new(seed);
         let n = [0usize, 3, 40, 400, 2500][seed as usize % 5];
         let mut rules = random_rules(&mut rng, n, 30);
         let mut c = Classifier::build_with(&rules, rfc);
@@ -184,7 +185,7 @@ fn batch_lookups_agree_with_single_lookups_across_families_and_changes() {
         for step in 0..4 {
             let mut remove = Vec::new();
             for _ in 0..rules.len().min(3) {
-                let i = rng.below(rules.len() as u64) as usize;
+                let i = rng.index(rules.len());
                 remove.push(rules.swap_remove(i).order);
             }
             let mut add = random_rules(&mut rng, 3, 30);
@@ -218,7 +219,7 @@ fn batch_lookups_agree_with_single_lookups_across_families_and_changes() {
 /// get each classifier's own answer.
 #[test]
 fn multi_classifier_lookups_agree_with_each_classifier() {
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     // The trees alone and RFC tables side by side in one burst.
     let mut sets: Vec<(Classifier, Vec<AclRule>)> = [0usize, 5, 60, 700, 3000]
         .iter()
@@ -243,7 +244,7 @@ fn multi_classifier_lookups_agree_with_each_classifier() {
     let mut picks = Vec::new();
     let mut keys = Vec::new();
     for _ in 0..3000 {
-        let s = rng.below(sets.len() as u64) as usize;
+        let s = rng.index(sets.len());
         picks.push(s);
         keys.push(random_key(&mut rng, &sets[s].1));
     }
@@ -280,19 +281,19 @@ fn a_batch_needs_room_for_every_answer() {
 /// that covers the cluster's box never hides a later one from them.
 #[test]
 fn skipped_prefix_bits_lose_no_match() {
-    let mut rng = Rng(4242);
+    let mut rng = Rng::new(4242);
     let mut rules = Vec::new();
     let base = 0xb013_b400u128;
     for i in 0..400u32 {
         let mut r = AclRule::any(2 * i + 10, i, Family::V4);
-        let len = [32u8, 31, 30, 28, 24, 23][rng.below(6) as usize];
+        let len = *rng.pick(&[32u8, 31, 30, 28, 24, 23]);
         r.src = AclRule::prefix_range(base | u128::from(rng.below(0x400) as u32), len, 32);
         r.dst = AclRule::prefix_range(
-            u128::from(rng.next() as u32),
-            [32u8, 24, 16, 1][rng.below(4) as usize],
+            u128::from(rng.next_u32()),
+            *rng.pick(&[32u8, 24, 16, 1]),
             32,
         );
-        r.proto = [(6, 6), (17, 17), (0, 255)][rng.below(3) as usize];
+        r.proto = *rng.pick(&[(6, 6), (17, 17), (0, 255)]);
         if rng.below(8) == 0 {
             r.src = (0, u128::from(u32::MAX));
         }
@@ -314,7 +315,7 @@ fn skipped_prefix_bits_lose_no_match() {
             k.dst &= u128::from(u32::MAX);
             if rng.below(2) == 0 {
                 // Same low bits as the cluster, another prefix.
-                k.src = (k.src & 0x3ff) | (u128::from(rng.next() as u32) & !0x3ff);
+                k.src = (k.src & 0x3ff) | (u128::from(rng.next_u32()) & !0x3ff);
             }
             k
         })
@@ -386,7 +387,7 @@ fn indexed_long_leaves_agree_with_the_reference() {
             r
         })
         .collect();
-    let mut rng = Rng(0x1eaf);
+    let mut rng = Rng::new(0x1eaf);
     let keys: Vec<FlowKey> = (0..6_000)
         .map(|_| {
             let v6 = rng.below(2) == 0;
@@ -463,7 +464,7 @@ fn trees_join_only_when_their_rules_do_not_cross() {
         let trees = merge_trees(&rules, 32, lists.to_vec(), &mut pruners);
         assert_eq!(trees.len(), trees_after);
         let c = Classifier::build_trees(&rules);
-        let mut rng = Rng(0x7e57_1e55);
+        let mut rng = Rng::new(0x7e57_1e55);
         for _ in 0..2000 {
             let mut k = random_key(&mut rng, &rules);
             k.v6 = false;

@@ -67,6 +67,7 @@ use dpu_nvmeof::auth::{DhGroup, Secret};
 use dpu_nvmeof::host::{self, DhchapHost, HostAuthError};
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
+use dpu_rand::Rng;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -613,7 +614,9 @@ struct Result_ {
 struct Stream {
     q: Queue,
     sent_at: Vec<Instant>,
-    rng: u64,
+    /// Picks the random job's offsets: seeded with the stream's index,
+    /// so a run repeats the same offsets.
+    rng: Rng,
     seq: u64,
     outstanding: u16,
 }
@@ -657,7 +660,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
             streams.push(Stream {
                 q,
                 sent_at: vec![Instant::now(); usize::from(job.qd)],
-                rng: 0x2545_f491_4f6c_dd1du64 ^ (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                rng: Rng::new(i),
                 seq: i * 7919,
                 outstanding: job.qd,
             });
@@ -676,10 +679,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
     let mut ios = 0u64;
     let issue = |st: &mut Stream, cid: u16| {
         let slot = if job.random {
-            st.rng ^= st.rng << 13;
-            st.rng ^= st.rng >> 7;
-            st.rng ^= st.rng << 17;
-            st.rng % span
+            st.rng.below(span)
         } else {
             st.seq = (st.seq + 1) % span;
             st.seq
