@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod guest;
 pub mod net;
 pub mod pki;
 pub mod tools;

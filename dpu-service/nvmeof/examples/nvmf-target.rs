@@ -6,7 +6,13 @@
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
 //!     [--io-cpus 2,3] [--poll-groups N]
+//! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
+//!     --rbd POOL/IMAGE --mon-host MONS --ceph-user USER [--ceph-key-file F]
 //! ```
+//!
+//! `--rbd` serves an RBD image of a Ceph cluster (monitors `--mon-host`,
+//! as Ceph's `mon_host` takes them; the user's key alone in
+//! `--ceph-key-file`, or a cluster without cephx), the feature `rbd`.
 //!
 //! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
 //! to each CPU listed, everything else off them. `--poll-groups` is
@@ -14,9 +20,11 @@
 //! I/O CPUs are given (default: one per CPU the process may use).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use dpu_nvmeof::{
-    BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig, TcpConfig, TcpTransport,
+    BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig, TcpConfig,
+    TcpTransport,
 };
 
 /// Reports a bad argument or setup and exits.
@@ -55,6 +63,7 @@ fn main() {
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
     let mut tcp = TcpConfig::default();
+    let (mut rbd, mut mon_host, mut user, mut key) = (None, None, "admin".to_string(), None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args
@@ -66,6 +75,14 @@ fn main() {
             "--ram" => backend = BackendSpec::Ram { size: size(&v) },
             "--null" => backend = BackendSpec::Null { size: size(&v) },
             "--io-cpus" => tcp.io_cpus = cpus(&v),
+            "--rbd" => rbd = Some(v),
+            "--mon-host" => mon_host = Some(v),
+            "--ceph-user" => user = v,
+            "--ceph-key-file" => {
+                let k = std::fs::read_to_string(&v)
+                    .unwrap_or_else(|e| fail(&format!("--ceph-key-file {v}: {e}")));
+                key = Some(k.trim().to_string());
+            }
             "--poll-groups" => {
                 tcp.poll_groups = v
                     .parse()
@@ -73,6 +90,23 @@ fn main() {
             }
             _ => fail(&format!("unknown argument {a}")),
         }
+    }
+    if let Some(r) = rbd {
+        let (pool, image) = r
+            .split_once('/')
+            .unwrap_or_else(|| fail(&format!("--rbd takes POOL/IMAGE, not {r:?}")));
+        backend = BackendSpec::Rbd {
+            cluster: RbdCluster {
+                name: "bench".into(),
+                mon_host: mon_host.unwrap_or_else(|| fail("--rbd needs --mon-host")),
+                user,
+                key,
+                op_timeout: Duration::from_secs(30),
+                connect_timeout: Duration::from_secs(10),
+            },
+            pool: pool.into(),
+            image: image.into(),
+        };
     }
     let addr = listen
         .parse()

@@ -12,94 +12,16 @@
 //! and another one it holds open deleted over gRPC, then a shrink refuse
 //! writes past the new end.
 
-use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use dpu_e2e::guest::Guest;
 use dpu_e2e::{free_port, Service};
 
 const NQN_OPEN: &str = "nqn.2024-01.io.dpu-service.test:open";
 const NQN_LOCKED: &str = "nqn.2024-01.io.dpu-service.test:locked";
 const NQN_DISK: &str = "nqn.2024-01.io.dpu-service.test:disk";
 const NQN_LIVE: &str = "nqn.2024-01.io.dpu-service.test:live";
-
-/// A guest run in the background, its console going to a file.
-struct Guest {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Guest {
-    fn start(dir: &std::path::Path, name: &str, targets: &[u16], script: &str) -> Result<Guest> {
-        let script_path = dir.join(format!("{name}.sh"));
-        std::fs::write(&script_path, script)?;
-        let log = dir.join(format!("{name}.log"));
-        let mut cmd = Command::new(dpu_e2e::tools::kernel_nvme_harness()?);
-        for p in targets {
-            cmd.arg("--target").arg(format!("127.0.0.1:{p}"));
-        }
-        cmd.arg("--timeout")
-            .arg("900")
-            .arg("--script")
-            .arg(&script_path)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(Stdio::from(
-                std::fs::File::options().append(true).open(&log)?,
-            ));
-        let child = cmd.spawn().context("starting kernel-nvme")?;
-        Ok(Guest { child, log })
-    }
-
-    fn console(&self) -> String {
-        let mut s = String::new();
-        if let Ok(mut f) = std::fs::File::open(&self.log) {
-            let _ = f.read_to_string(&mut s);
-        }
-        s
-    }
-
-    /// Waits until the console shows `marker`, or the guest ends.
-    fn wait_for(&mut self, marker: &str, limit: Duration) -> Result<()> {
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if self.console().lines().any(|l| l.trim() == marker) {
-                return Ok(());
-            }
-            if let Some(st) = self.child.try_wait()? {
-                bail!("guest ended ({st}) before {marker}:\n{}", self.console());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        bail!("no {marker} within {limit:?}:\n{}", self.console())
-    }
-
-    /// Waits for the guest and fails unless its commands all succeeded.
-    fn finish(mut self, svc: &Service) -> Result<String> {
-        let st = self.child.wait()?;
-        let console = self.console();
-        if !st.success() {
-            bail!(
-                "guest failed ({st}):\n{console}\n--- service log ---\n{}",
-                svc.log_text()
-            );
-        }
-        // Shown with --nocapture (and by cargo when a later step fails).
-        println!("{console}");
-        Ok(console)
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 fn ok(svc: &Service, args: &[&str]) -> Result<()> {
     let out = svc.dpuctl(args)?;
