@@ -390,6 +390,16 @@ impl DpuClient {
         list_listeners(StorageServiceClient, ListListenersRequest) -> ListListenersResponse, READ;
         /// Deletes a listener.
         delete_listener(StorageServiceClient, DeleteListenerRequest) -> DeleteListenerResponse, WRITE;
+        /// Registers a storage cluster.
+        create_cluster(StorageServiceClient, CreateClusterRequest) -> Cluster, WRITE;
+        /// Returns one storage cluster.
+        get_cluster(StorageServiceClient, GetClusterRequest) -> Cluster, READ;
+        /// Lists one page of storage clusters.
+        list_clusters(StorageServiceClient, ListClustersRequest) -> ListClustersResponse, READ;
+        /// Updates the masked fields of a storage cluster (its key, to rotate it).
+        update_cluster(StorageServiceClient, UpdateClusterRequest) -> Cluster, WRITE;
+        /// Deletes a storage cluster.
+        delete_cluster(StorageServiceClient, DeleteClusterRequest) -> DeleteClusterResponse, WRITE;
         /// A snapshot of all counters.
         get_counters(TelemetryServiceClient, GetCountersRequest) -> CounterSnapshot, READ;
     }
@@ -476,6 +486,11 @@ pub fn port_name(id: &str) -> String {
 /// `"s1"` → `"subsystems/s1"`; a full name passes through.
 pub fn subsystem_name(id: &str) -> String {
     named("subsystems", id)
+}
+
+/// `"ceph1"` → `"clusters/ceph1"`; a full name passes through.
+pub fn cluster_name(id: &str) -> String {
+    named("clusters", id)
 }
 
 /// Rule `rule` of tenant `tenant`; a full rule name in `rule` passes through.

@@ -1,8 +1,9 @@
-//! The short text forms of a few `dpu.v1` messages and values (sizes),
-//! shared by `dpuctl`'s flags and the service's configuration file so both
-//! read the same syntax the same way. They only split text: the service
-//! checks values (VLAN ranges, MAC and prefix syntax, port IDs) as it
-//! checks any request.
+//! The short text forms of a few `dpu.v1` messages and values (sizes,
+//! RBD images, cephx keys in keyring files), shared by `dpuctl`'s flags
+//! and the service's configuration file so both read the same syntax the
+//! same way. They only split text: the service checks values (VLAN
+//! ranges, MAC and prefix syntax, port IDs, pool and image names, the
+//! key's encoding) as it checks any request.
 
 use crate::v1 as pb;
 
@@ -155,6 +156,107 @@ pub fn size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// `POOL/IMAGE`: an RBD image (`rbd/vol1`), as the pool and the image's
+/// name.
+///
+/// # Errors
+/// If it is not two non-empty parts around one '/'.
+pub fn rbd_image(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((pool, image)) if !pool.is_empty() && !image.is_empty() && !image.contains('/') => {
+            Ok((pool.to_string(), image.to_string()))
+        }
+        _ => Err(format!("{s:?} is not POOL/IMAGE")),
+    }
+}
+
+/// The cephx key of `client.{user}` in `text`, the content of a Ceph
+/// keyring file (`[client.dpu]` then `key = AQ...==`, as `ceph auth
+/// get client.dpu` prints it), or of a file holding only the key (as
+/// `ceph auth get-key client.dpu` prints it). Comments (`#`, `;`) and
+/// other sections and settings are skipped.
+///
+/// The key is not checked (the service checks its encoding), and no
+/// error quotes the text: it holds secrets.
+///
+/// # Errors
+/// A keyring without a `[client.{user}]` section (naming the sections it
+/// has) or whose section has no key, an empty file, or one that is
+/// neither a keyring nor a single key.
+pub fn cephx_key(text: &str, user: &str) -> Result<String, String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with(';'))
+        .collect();
+    fn section(l: &str) -> Option<&str> {
+        l.strip_prefix('[')
+            .and_then(|l| l.strip_suffix(']'))
+            .map(str::trim)
+    }
+    let setting = |l: &str| -> Option<(String, String)> {
+        let (k, v) = l.split_once('=')?;
+        Some((k.trim().to_string(), v.trim().to_string()))
+    };
+    if !lines.iter().any(|l| section(l).is_some()) {
+        return match lines.as_slice() {
+            [] => Err("empty: expected a keyring or a cephx key".into()),
+            [one] => {
+                let key = match setting(one) {
+                    Some((k, v)) if k == "key" => v,
+                    _ => one.to_string(),
+                };
+                if key.is_empty() || key.contains(char::is_whitespace) {
+                    Err("not a cephx key: expected the key alone (as `ceph auth get-key` prints it) or a keyring".into())
+                } else {
+                    Ok(key)
+                }
+            }
+            more => Err(format!(
+                "{} lines without a [client.USER] section: expected a keyring or the key alone",
+                more.len()
+            )),
+        };
+    }
+    let wanted = format!("client.{user}");
+    let mut sections = Vec::new();
+    let mut current: Option<&str> = None;
+    let mut found = false;
+    for l in &lines {
+        if let Some(name) = section(l) {
+            current = Some(name);
+            found |= name == wanted;
+            sections.push(name);
+            continue;
+        }
+        if current != Some(wanted.as_str()) {
+            continue;
+        }
+        match setting(l) {
+            Some((k, v)) if k == "key" && !v.is_empty() => return Ok(v),
+            Some((k, _)) if k == "key" => return Err(format!("[{wanted}] has an empty key")),
+            _ => {}
+        }
+    }
+    if found {
+        return Err(format!("[{wanted}] has no key"));
+    }
+    let has: Vec<String> = sections
+        .iter()
+        .take(8)
+        .map(|s| format!("[{}]", s.chars().take(64).collect::<String>()))
+        .collect();
+    Err(format!(
+        "no [{wanted}] section (the keyring has {}){}",
+        has.join(", "),
+        if sections.len() > has.len() {
+            ", ..."
+        } else {
+            ""
+        }
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +305,63 @@ mod tests {
         assert!(port_attachment("pf0vf0,ipv4=10.0.0.1/32")
             .unwrap_err()
             .contains("mac=MAC or ip=PREFIX"));
+    }
+
+    #[test]
+    fn rbd_images() {
+        assert_eq!(
+            rbd_image("rbd/vol1"),
+            Ok(("rbd".to_string(), "vol1".to_string()))
+        );
+        for bad in ["rbd", "/vol1", "rbd/", "rbd/a/b", ""] {
+            assert!(rbd_image(bad).unwrap_err().contains("POOL/IMAGE"), "{bad}");
+        }
+    }
+
+    const KEY: &str = "AQBd5mVm2Bj1LRAAeqNgcKmqeH3eIh4mJv6Ekw==";
+
+    #[test]
+    fn keyrings_give_their_users_key() {
+        let keyring = format!(
+            "# made by ceph auth get\n[client.admin]\n\tkey = AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==\n\
+             \tcaps mon = \"allow *\"\n\n[client.dpu]\n\tkey = {KEY}\n\tcaps osd = \"profile rbd\"\n"
+        );
+        assert_eq!(cephx_key(&keyring, "dpu").as_deref(), Ok(KEY));
+        assert_ne!(cephx_key(&keyring, "admin").as_deref(), Ok(KEY));
+        // No spaces around '=', a section name padded.
+        assert_eq!(
+            cephx_key(&format!("[ client.dpu ]\nkey={KEY}\n"), "dpu").as_deref(),
+            Ok(KEY)
+        );
+        // The file of `ceph auth get-key`, with or without its newline.
+        assert_eq!(cephx_key(KEY, "dpu").as_deref(), Ok(KEY));
+        assert_eq!(cephx_key(&format!("\n{KEY}\n"), "x").as_deref(), Ok(KEY));
+        assert_eq!(
+            cephx_key(&format!("key = {KEY}\n"), "x").as_deref(),
+            Ok(KEY)
+        );
+    }
+
+    #[test]
+    fn keyrings_without_the_users_key_are_refused_without_quoting_it() {
+        let admin = format!("[client.admin]\n\tkey = {KEY}\n");
+        let e = cephx_key(&admin, "dpu").unwrap_err();
+        assert!(
+            e.contains("no [client.dpu] section") && e.contains("[client.admin]"),
+            "{e}"
+        );
+        let e = cephx_key("[client.dpu]\n\tcaps mon = \"allow r\"\n", "dpu").unwrap_err();
+        assert_eq!(e, "[client.dpu] has no key");
+        let e = cephx_key("[client.dpu]\nkey =\n", "dpu").unwrap_err();
+        assert_eq!(e, "[client.dpu] has an empty key");
+        assert!(cephx_key("", "dpu").unwrap_err().starts_with("empty"));
+        assert!(cephx_key("# nothing\n\n", "dpu")
+            .unwrap_err()
+            .starts_with("empty"));
+        for bad in [format!("{KEY} {KEY}"), format!("{KEY}\n{KEY}\n")] {
+            let e = cephx_key(&bad, "dpu").unwrap_err();
+            assert!(!e.contains(&KEY[..20]), "{e}");
+        }
     }
 
     #[test]

@@ -4,8 +4,8 @@ use dpu_proto::pbjson_types::Timestamp as PbTimestamp;
 use dpu_proto::v1 as pb;
 
 use crate::model::{
-    Action, Attachment, AuthRequirement, Backend, HostAuth, Listener, Namespace, PortRole,
-    PortSpec, Rule, State, Subsystem, Tenant, Timestamp, Transport,
+    cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
+    Namespace, PortRole, PortSpec, Rule, State, Subsystem, Tenant, Timestamp, Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -198,7 +198,25 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
 
 pub use crate::model::{listener_name, namespace_name};
 
-/// A namespace of subsystem `sid` as a protobuf message.
+/// A storage cluster, with the number of namespaces on it, as a protobuf
+/// message: whether a key is set, never the key.
+pub fn cluster(c: &Cluster, namespaces: usize) -> pb::Cluster {
+    pb::Cluster {
+        name: cluster_name(&c.id),
+        mon_host: c.mon_host.clone(),
+        user: c.user.clone(),
+        key: String::new(),
+        key_set: c.key.is_some(),
+        op_timeout_secs: c.op_timeout_secs,
+        connect_timeout_secs: c.connect_timeout_secs,
+        create_time: Some(timestamp(c.create_time)),
+        namespace_count: u32::try_from(namespaces).unwrap_or(u32::MAX),
+    }
+}
+
+/// A namespace of subsystem `sid` as a protobuf message. A block device's
+/// or RBD image's size is 0 here: only what serves it knows it (the
+/// service asks, [`crate::service::ServedSizes`]).
 pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
     let (backend, size) = match &n.backend {
         Backend::Ram { size_bytes } => (
@@ -218,6 +236,18 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
         ),
         Backend::BlockDevice { path } => (
             pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: path.clone() }),
+            0,
+        ),
+        Backend::Rbd {
+            cluster,
+            pool,
+            image,
+        } => (
+            pb::namespace::Backend::Rbd(pb::RbdBackend {
+                cluster_id: cluster.clone(),
+                pool: pool.clone(),
+                image: image.clone(),
+            }),
             0,
         ),
     };

@@ -21,6 +21,7 @@ mod config;
 mod dataplane;
 mod endpoint_stacks;
 mod metrics;
+mod rbd;
 mod runtime;
 mod storage;
 
@@ -70,9 +71,10 @@ fn main() -> ExitCode {
             Ok(h) => {
                 let s = h.snapshot();
                 println!(
-                    "configuration OK; state: {} tenants, {} subsystems",
+                    "configuration OK; state: {} tenants, {} subsystems, {} storage clusters",
                     s.tenants.len(),
-                    s.subsystems.len()
+                    s.subsystems.len(),
+                    s.clusters.len()
                 );
                 ExitCode::SUCCESS
             }
@@ -300,13 +302,17 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 .map_or("none", dataplane::Dataplane::driver)
                 .to_string(),
             capabilities: ["tenants", "ports", "filter", "storage", "telemetry"]
+                .into_iter()
+                .chain(cfg!(feature = "rbd").then_some("rbd"))
                 .map(String::from)
-                .to_vec(),
+                .collect(),
             start_time: Timestamp::now(),
             hostname: hostname(),
         },
         storage_applied: Some(storage_applied),
         switch_applied,
+        store_probe: Some(rbd::probe()),
+        served_sizes: Some(nvmf.served_sizes()),
     });
     let api = Api::new(ctl.clone());
     // Tenants first: a declared listener may be an endpoint in one.

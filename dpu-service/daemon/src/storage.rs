@@ -26,11 +26,13 @@ use std::sync::{Arc, Mutex};
 use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
 use dpu_control::convert::{listener_name, namespace_name};
-use dpu_control::model::{Backend, State, Transport};
+use dpu_control::model::{Backend, Cluster, State, Transport};
+use dpu_control::service::ServedSizes;
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{
-    BackendSpec, NamespaceConfig, SubsystemConfig, TargetConfig, TcpConfig, TcpConfigError,
+    BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig, TcpConfig,
+    TcpConfigError,
 };
 use dpu_os::backing::BackingPolicy;
 
@@ -190,6 +192,10 @@ impl Storage {
         for p in &problems {
             tracing::error!(resource = %p.resource, reason = %p.reason, "listener not served");
         }
+        for p in unservable(state) {
+            tracing::error!(resource = %p.resource, reason = %p.reason, "namespace not served");
+            problems.push(p);
+        }
         // The kernel sockets' target first: a subsystem moving into a
         // tenant's network lets go of its backends before the tenant's
         // target opens them.
@@ -338,6 +344,13 @@ impl Storage {
         })
     }
 
+    /// The sizes the targets serve namespaces with: what Get and List
+    /// answer for a block device or an RBD image, which only the target
+    /// that opened it knows.
+    pub fn served_sizes(self: &Arc<Self>) -> Arc<dyn ServedSizes> {
+        Arc::new(ServedNamespaces(self.clone()))
+    }
+
     /// What the storage endpoints serve, for the thread running them.
     pub fn endpoint_plan(&self) -> Arc<EndpointPlan> {
         self.plan.clone()
@@ -357,6 +370,26 @@ impl Storage {
     /// Closes every connection and listener.
     pub fn shutdown(&self) {
         self.transport.shutdown();
+    }
+}
+
+/// [`Storage::served_sizes`].
+struct ServedNamespaces(Arc<Storage>);
+
+impl std::fmt::Debug for ServedNamespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServedNamespaces")
+    }
+}
+
+impl ServedSizes for ServedNamespaces {
+    fn namespace_size(&self, nqn: &str, nsid: u32) -> Option<u64> {
+        // A subsystem is served by one target: the kernel sockets' or
+        // its tenant's.
+        self.0.all_targets().iter().find_map(|t| {
+            let ns = t.subsystem(nqn)?.namespaces.get(&nsid)?.clone();
+            Some(ns.blocks() << ns.lba_shift)
+        })
     }
 }
 
@@ -440,8 +473,76 @@ fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Targ
     target
 }
 
-/// The subsystem as the target serves it, exported on `listeners`.
+/// How the target opens the store of backend `b` of a namespace in
+/// `state`, or why it cannot.
+fn backend_spec(state: &State, b: &Backend) -> Result<BackendSpec, String> {
+    Ok(match b {
+        Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
+        Backend::File {
+            path,
+            size_bytes,
+            created,
+        } => BackendSpec::File {
+            path: PathBuf::from(path),
+            size: *size_bytes,
+            created: *created,
+        },
+        Backend::BlockDevice { path } => BackendSpec::BlockDevice {
+            path: PathBuf::from(path),
+        },
+        Backend::Rbd {
+            cluster,
+            pool,
+            image,
+        } => {
+            // The state keeps a cluster while a namespace uses it; only a
+            // state file edited by hand lacks it.
+            let c = state
+                .clusters
+                .get(cluster)
+                .ok_or_else(|| format!("clusters/{cluster} is not in the state"))?;
+            BackendSpec::Rbd {
+                cluster: rbd_cluster(c),
+                pool: pool.clone(),
+                image: image.clone(),
+            }
+        }
+    })
+}
+
+/// Storage cluster `c` as the target connects to it.
+fn rbd_cluster(c: &Cluster) -> RbdCluster {
+    RbdCluster {
+        name: c.id.clone(),
+        mon_host: c.mon_host.clone(),
+        user: c.user.clone(),
+        key: c.key.as_ref().map(|k| k.expose().to_string()),
+        op_timeout: c.op_timeout(),
+        connect_timeout: c.connect_timeout(),
+    }
+}
+
+/// The namespaces of `state` the target cannot be told to serve (see
+/// [`backend_spec`]), each with why.
+fn unservable(state: &State) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for s in state.subsystems.values() {
+        for n in s.namespaces.values() {
+            if let Err(reason) = backend_spec(state, &n.backend) {
+                out.push(Problem {
+                    resource: namespace_name(&s.id, n.nsid),
+                    reason,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The subsystem as the target serves it, exported on `listeners`, with
+/// the namespaces of it the target can be told to serve.
 fn subsystem_config(
+    state: &State,
     s: &dpu_control::model::Subsystem,
     listeners: Vec<SocketAddr>,
 ) -> SubsystemConfig {
@@ -455,26 +556,14 @@ fn subsystem_config(
         namespaces: s
             .namespaces
             .values()
-            .map(|n| NamespaceConfig {
-                nsid: n.nsid,
-                block_size: n.block_size,
-                uuid: n.uuid,
-                nguid: n.nguid,
-                backend: match &n.backend {
-                    Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
-                    Backend::File {
-                        path,
-                        size_bytes,
-                        created,
-                    } => BackendSpec::File {
-                        path: PathBuf::from(path),
-                        size: *size_bytes,
-                        created: *created,
-                    },
-                    Backend::BlockDevice { path } => BackendSpec::BlockDevice {
-                        path: PathBuf::from(path),
-                    },
-                },
+            .filter_map(|n| {
+                Some(NamespaceConfig {
+                    nsid: n.nsid,
+                    block_size: n.block_size,
+                    uuid: n.uuid,
+                    nguid: n.nguid,
+                    backend: backend_spec(state, &n.backend).ok()?,
+                })
             })
             .collect(),
         listeners,
@@ -495,7 +584,7 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
                 .filter(|l| l.transport == Transport::Tcp)
                 .map(|l| SocketAddr::new(l.address, l.port))
                 .collect();
-            subsystem_config(s, listeners)
+            subsystem_config(state, s, listeners)
         })
         .collect();
     TargetConfig {
@@ -540,7 +629,7 @@ pub fn tenant_configs(state: &State) -> TenantConfigs {
             .entry(tenant.to_string())
             .or_default()
             .subsystems
-            .push(subsystem_config(s, listeners));
+            .push(subsystem_config(state, s, listeners));
     }
     out
 }
@@ -694,6 +783,85 @@ mod tests {
             .problems
             .iter()
             .all(|p| p.reason.contains("tenant blue's network")));
+    }
+
+    /// An RBD namespace reaches the target with its cluster's settings
+    /// (the key too: the target connects with it); one whose cluster the
+    /// state lacks (a state file edited by hand) is not served, and is
+    /// reported.
+    #[test]
+    fn rbd_namespaces_reach_the_target_with_their_cluster() {
+        use dpu_control::model::{Namespace, Timestamp};
+        const KEY: &str = "AQCAmWZmQOIBABAAEBESExQVFhcYGRobHB0eHw==";
+        let mut state = State::default();
+        let mut s = subsystem("vol", &[("k", None, 4420)]);
+        s.max_namespaces = 2;
+        for (nsid, cluster) in [(1, "ceph1"), (2, "gone")] {
+            s.namespaces.insert(
+                nsid,
+                Namespace {
+                    nsid,
+                    backend: Backend::Rbd {
+                        cluster: cluster.into(),
+                        pool: "rbd".into(),
+                        image: "vol1".into(),
+                    },
+                    block_size: 512,
+                    uuid: [nsid as u8; 16],
+                    nguid: [nsid as u8; 16],
+                },
+            );
+        }
+        state.subsystems.insert(s.id.clone(), s);
+        state.clusters.insert(
+            "ceph1".into(),
+            Cluster {
+                id: "ceph1".into(),
+                mon_host: "10.0.0.1:6789".into(),
+                user: "dpu".into(),
+                key: dpu_control::validate::cephx_key("key", KEY).unwrap(),
+                op_timeout_secs: 20,
+                connect_timeout_secs: 10,
+                create_time: Timestamp::now(),
+            },
+        );
+        let cfg = target_config(&state, None);
+        let namespaces = &cfg.subsystems[0].namespaces;
+        assert_eq!(
+            namespaces.len(),
+            1,
+            "the one whose cluster is gone is not served"
+        );
+        let BackendSpec::Rbd {
+            cluster,
+            pool,
+            image,
+        } = &namespaces[0].backend
+        else {
+            panic!("{:?}", namespaces[0].backend)
+        };
+        assert_eq!((pool.as_str(), image.as_str()), ("rbd", "vol1"));
+        assert_eq!(
+            (
+                cluster.name.as_str(),
+                cluster.mon_host.as_str(),
+                cluster.user.as_str()
+            ),
+            ("ceph1", "10.0.0.1:6789", "dpu")
+        );
+        assert_eq!(cluster.key.as_deref(), Some(KEY));
+        assert_eq!(
+            (cluster.op_timeout, cluster.connect_timeout),
+            (Duration::from_secs(20), Duration::from_secs(10))
+        );
+        assert!(!format!("{cfg:?}").contains(&KEY[..20]), "no key in Debug");
+        assert_eq!(
+            unservable(&state),
+            [Problem {
+                resource: "subsystems/vol/namespaces/2".into(),
+                reason: "clusters/gone is not in the state".into(),
+            }]
+        );
     }
 
     #[test]

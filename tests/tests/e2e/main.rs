@@ -22,6 +22,7 @@ mod nvme_hostile;
 mod nvme_kernel;
 mod spdk_interop;
 mod state_enospc;
+mod storage_clusters;
 mod storage_endpoint;
 mod storage_seed;
 mod switch;

@@ -5,8 +5,9 @@
 //!
 //! It holds who claims which traffic on each port (for the attachment
 //! overlap check), running totals for the caps of [`crate::state::Limits`] and
-//! the RAM limit, and the NQNs, UUIDs, NGUIDs and backing paths that
-//! must be unique across subsystems. It is derived data: never stored,
+//! the RAM limit, the NQNs, UUIDs, NGUIDs, backing paths and RBD images
+//! that must be unique across subsystems, and which namespaces use each
+//! storage cluster. It is derived data: never stored,
 //! rebuilt from the tenants and subsystems when a state is read back
 //! ([`State::reindex`]), and updated by the transitions in `network` and
 //! `storage`, each of which removes what it changes from the index and
@@ -48,12 +49,35 @@ pub struct Index {
     nguids: Map<[u8; 16], usize>,
     /// Backing path, subsystem ID, NSID.
     paths: Set<(String, String, u32)>,
+    /// RBD images backing namespaces: cluster, pool, image, subsystem
+    /// ID, NSID (ordered by cluster, so the users of a cluster are one
+    /// range).
+    images: Set<(String, String, String, String, u32)>,
+}
+
+/// The [`Index::images`] entry of namespace `nsid` of `sid`, if an RBD
+/// image backs it.
+fn image_of(sid: &str, ns: &Namespace) -> Option<(String, String, String, String, u32)> {
+    match &ns.backend {
+        Backend::Rbd {
+            cluster,
+            pool,
+            image,
+        } => Some((
+            cluster.clone(),
+            pool.clone(),
+            image.clone(),
+            sid.to_string(),
+            ns.nsid,
+        )),
+        _ => None,
+    }
 }
 
 fn backing_path(b: &Backend) -> Option<&str> {
     match b {
         Backend::File { path, .. } | Backend::BlockDevice { path } => Some(path),
-        Backend::Ram { .. } => None,
+        Backend::Ram { .. } | Backend::Rbd { .. } => None,
     }
 }
 
@@ -171,6 +195,53 @@ impl Index {
             .map(|(_, sid, nsid)| (sid.as_str(), *nsid))
     }
 
+    /// The subsystem and NSID of a namespace backed by `image` of
+    /// `pool` on `cluster`.
+    pub fn image_user(&self, cluster: &str, pool: &str, image: &str) -> Option<(&str, u32)> {
+        let from = (
+            cluster.to_string(),
+            pool.to_string(),
+            image.to_string(),
+            String::new(),
+            0,
+        );
+        self.images
+            .range(from..)
+            .next()
+            .filter(|(c, p, i, _, _)| c == cluster && p == pool && i == image)
+            .map(|(_, _, _, sid, nsid)| (sid.as_str(), *nsid))
+    }
+
+    /// The subsystem and NSID of a namespace backed by an image of
+    /// `cluster` (the one of the first pool and image by name).
+    pub fn cluster_user(&self, cluster: &str) -> Option<(&str, u32)> {
+        self.cluster_images(cluster)
+            .next()
+            .map(|(_, _, _, sid, nsid)| (sid.as_str(), *nsid))
+    }
+
+    /// How many namespaces images of `cluster` back.
+    pub fn cluster_users(&self, cluster: &str) -> usize {
+        self.cluster_images(cluster).count()
+    }
+
+    fn cluster_images(
+        &self,
+        cluster: &str,
+    ) -> impl Iterator<Item = &(String, String, String, String, u32)> {
+        let cluster = cluster.to_string();
+        let from = (
+            cluster.clone(),
+            String::new(),
+            String::new(),
+            String::new(),
+            0,
+        );
+        self.images
+            .range(from..)
+            .take_while(move |(c, ..)| *c == cluster)
+    }
+
     fn add_attachment(&mut self, tid: &str, a: &Attachment) {
         self.attachments += 1;
         let p = self.ports.entry(a.port().to_string()).or_default();
@@ -260,6 +331,9 @@ impl Index {
         if let Some(p) = backing_path(&ns.backend) {
             self.paths.insert((p.to_string(), sid.to_string(), ns.nsid));
         }
+        if let Some(i) = image_of(sid, ns) {
+            self.images.insert(i);
+        }
     }
 
     /// Removes a namespace of subsystem `sid`.
@@ -271,6 +345,9 @@ impl Index {
         if let Some(p) = backing_path(&ns.backend) {
             self.paths
                 .remove(&(p.to_string(), sid.to_string(), ns.nsid));
+        }
+        if let Some(i) = image_of(sid, ns) {
+            self.images.remove(&i);
         }
     }
 

@@ -9,14 +9,17 @@
 //! [`Timestamp`] and [`State`], which both sides use, live here; the
 //! network side (prefixes, attachments, tenants, rules, ports) is in
 //! `network`, the storage side (subsystems, namespaces, listeners) in
-//! `storage`; both are re-exported here, so every type is `model::...`.
+//! `storage`, the storage clusters RBD namespaces live on in `cluster`;
+//! all are re-exported here, so every type is `model::...`.
 
 mod claims;
+mod cluster;
 mod index;
 mod network;
 mod storage;
 
 pub use claims::Claims;
+pub use cluster::{cluster_name, CephKey, Cluster};
 pub use index::Index;
 
 pub use network::{
@@ -67,8 +70,8 @@ impl Timestamp {
 /// Besides what is stored, a state carries an index of it that its
 /// checks look up ([`Index`]): the transitions of
 /// [`crate::state`] keep it up to date, reading a state back builds it,
-/// and code that changes `tenants` or `subsystems` directly calls
-/// [`State::reindex`] afterwards. States compare by what is stored.
+/// and code that changes `tenants`, `subsystems` or `clusters` directly
+/// calls [`State::reindex`] afterwards. States compare by what is stored.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "Stored")]
 pub struct State {
@@ -76,6 +79,9 @@ pub struct State {
     pub tenants: Map<String, Tenant>,
     /// Subsystems by ID.
     pub subsystems: Map<String, Subsystem>,
+    /// Storage clusters by ID (absent from states written before them).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub clusters: Map<String, Cluster>,
     /// Counter for service-assigned IDs; never reused.
     pub id_seq: u64,
     /// Derived from the above; never stored.
@@ -87,6 +93,7 @@ impl PartialEq for State {
     fn eq(&self, other: &Self) -> bool {
         self.tenants == other.tenants
             && self.subsystems == other.subsystems
+            && self.clusters == other.clusters
             && self.id_seq == other.id_seq
     }
 }
@@ -98,6 +105,8 @@ impl Eq for State {}
 struct Stored {
     tenants: Map<String, Tenant>,
     subsystems: Map<String, Subsystem>,
+    #[serde(default)]
+    clusters: Map<String, Cluster>,
     id_seq: u64,
 }
 
@@ -106,6 +115,7 @@ impl From<Stored> for State {
         let mut state = State {
             tenants: s.tenants,
             subsystems: s.subsystems,
+            clusters: s.clusters,
             id_seq: s.id_seq,
             index: Default::default(),
         };

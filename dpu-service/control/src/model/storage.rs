@@ -38,6 +38,23 @@ pub enum Backend {
         /// Absolute path.
         path: String,
     },
+    /// An RBD image of a storage cluster, size taken from the image.
+    Rbd {
+        /// The cluster's ID, one of the state's clusters.
+        cluster: String,
+        /// The image's pool.
+        pool: String,
+        /// The image's name.
+        image: String,
+    },
+}
+
+impl Backend {
+    /// Whether the namespace's size is its store's own, known only to
+    /// what opens it (a block device, an RBD image), not the state.
+    pub fn sized_by_store(&self) -> bool {
+        matches!(self, Backend::BlockDevice { .. } | Backend::Rbd { .. })
+    }
 }
 
 /// A namespace of a subsystem.

@@ -11,7 +11,7 @@
 //!   `max_decoding_message_size`), and
 //! - [`Bounded`] wraps a service and, for the methods whose requests carry
 //!   lists (`ReplaceRules`, `CreateTenant`, `UpdateTenant`,
-//!   `CreateSubsystem`, `UpdateSubsystem`, `SetHostAuth`: rules,
+//!   `CreateSubsystem`, `UpdateSubsystem`, `UpdateCluster`, `SetHostAuth`: rules,
 //!   attachments and their guard, VTEP and underlay entries, allowed hosts,
 //!   update-mask paths, the DH-HMAC-CHAP lists and the output-only
 //!   `host_auth`), reads the request (within that size) and counts every
@@ -250,6 +250,12 @@ const COUNTED: &[Counted] = &[
         path: &[1, 12],
         field: "subsystem.host_auth",
         max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateCluster",
+        path: &[2, 1],
+        field: "update_mask.paths",
+        max: mask_paths,
     },
     Counted {
         method: "/dpu.v1.StorageService/SetHostAuth",

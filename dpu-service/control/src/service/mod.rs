@@ -7,6 +7,7 @@
 
 pub mod authz;
 mod bounds;
+mod cluster;
 mod filter;
 mod info;
 mod port;
@@ -17,6 +18,7 @@ mod tenant;
 pub use bounds::{
     count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
 };
+pub use cluster::{ServedSizes, StoreProbe};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -92,6 +94,13 @@ pub struct Control {
     /// change, and a change the switch refuses is undone. `None` without
     /// a data plane (then the call returns once the change is stored).
     pub switch_applied: Option<Applied>,
+    /// Connects to storage clusters, so that a cluster, a change to one
+    /// and an RBD namespace are stored only once they work. `None`:
+    /// nothing is probed (the configuration's check, tests).
+    pub store_probe: Option<Arc<dyn StoreProbe>>,
+    /// The sizes of block devices and RBD images, which only the target
+    /// knows. `None`: they are 0.
+    pub served_sizes: Option<Arc<dyn ServedSizes>>,
 }
 
 /// Implements every `dpu.v1` service over one [`Control`].
@@ -281,6 +290,8 @@ impl Api {
             facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
+            store_probe: None,
+            served_sizes: None,
         }))
     }
 }

@@ -69,7 +69,7 @@ impl Api {
     ///
     /// # Errors
     /// As [`Api::change_served`].
-    async fn change_storage<T, F>(&self, change: F) -> Result<T>
+    pub(super) async fn change_storage<T, F>(&self, change: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut State) -> Result<(T, Option<Part>)> + Send + 'static,
@@ -347,17 +347,31 @@ impl StorageService for Api {
             let n = required("namespace", req.namespace)?;
             let (ns, has_uuid, has_nguid) = validate::namespace("namespace", &n)?;
             let ns = self.check_backing(ns).await?;
+            let image_size = self.check_rbd(&ns).await?;
             let limits = self.ctl.limits;
-            let out = self
-                .change_storage(move |st| {
-                    let n = st.create_namespace(limits, &id, ns, has_uuid, has_nguid)?;
-                    let part = Part::Namespace {
-                        subsystem: id.clone(),
-                        nsid: n.nsid,
-                    };
-                    Ok((convert::namespace(&id, n), Some(part)))
+            let (out, nsid) = self
+                .change_storage({
+                    let id = id.clone();
+                    move |st| {
+                        let n = st.create_namespace(limits, &id, ns, has_uuid, has_nguid)?;
+                        let part = Part::Namespace {
+                            subsystem: id.clone(),
+                            nsid: n.nsid,
+                        };
+                        Ok(((convert::namespace(&id, n), n.nsid), Some(part)))
+                    }
                 })
                 .await?;
+            // Served now: a device's or image's size is the target's.
+            let state = self.ctl.state.snapshot();
+            let served = state.subsystems.get(&id).and_then(|sub| {
+                let ns = sub.namespaces.get(&nsid)?;
+                Some(self.namespace_out(sub, ns))
+            });
+            let mut out = served.unwrap_or(out);
+            if self.ctl.served_sizes.is_none() {
+                out.size_bytes = image_size.unwrap_or(out.size_bytes);
+            }
             Ok(out)
         })
         .await
@@ -370,10 +384,11 @@ impl StorageService for Api {
         self.read("/dpu.v1.StorageService/GetNamespace", async {
             let (sid, nsid) = validate::namespace_name("name", &req.get_ref().name)?;
             let state = self.ctl.state.snapshot();
-            let n = state.subsystem(sid)?.namespaces.get(&nsid).ok_or_else(|| {
+            let sub = state.subsystem(sid)?;
+            let n = sub.namespaces.get(&nsid).ok_or_else(|| {
                 ControlError::NotFound(format!("subsystems/{sid}/namespaces/{nsid}"))
             })?;
-            Ok(convert::namespace(sid, n))
+            Ok(self.namespace_out(sub, n))
         })
         .await
     }
@@ -386,14 +401,11 @@ impl StorageService for Api {
             let req = req.into_inner();
             let sid = validate::name("parent", &req.parent, "subsystems")?;
             let state = self.ctl.state.snapshot();
-            let items = state
-                .subsystem(sid)?
-                .namespaces
-                .values()
-                .map(|n| (num_key(n.nsid), n));
+            let sub = state.subsystem(sid)?;
+            let items = sub.namespaces.values().map(|n| (num_key(n.nsid), n));
             let (namespaces, next_page_token) =
                 paginate(items, req.page_size, &req.page_token, PAGES, |n| {
-                    convert::namespace(sid, n)
+                    self.namespace_out(sub, n)
                 })?;
             Ok(pb::ListNamespacesResponse {
                 namespaces,
@@ -501,6 +513,59 @@ impl StorageService for Api {
                 listeners,
                 next_page_token,
             })
+        })
+        .await
+    }
+
+    async fn create_cluster(
+        &self,
+        req: Request<pb::CreateClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        self.write(
+            "/dpu.v1.StorageService/CreateCluster",
+            self.cluster_create(req.into_inner()),
+        )
+        .await
+    }
+
+    async fn get_cluster(
+        &self,
+        req: Request<pb::GetClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        self.read("/dpu.v1.StorageService/GetCluster", async {
+            self.cluster_get(req.get_ref())
+        })
+        .await
+    }
+
+    async fn list_clusters(
+        &self,
+        req: Request<pb::ListClustersRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        self.read("/dpu.v1.StorageService/ListClusters", async {
+            self.cluster_list(req.get_ref())
+        })
+        .await
+    }
+
+    async fn update_cluster(
+        &self,
+        req: Request<pb::UpdateClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        self.write(
+            "/dpu.v1.StorageService/UpdateCluster",
+            self.cluster_update(req.into_inner()),
+        )
+        .await
+    }
+
+    async fn delete_cluster(
+        &self,
+        req: Request<pb::DeleteClusterRequest>,
+    ) -> Result<Response<pb::DeleteClusterResponse>, Status> {
+        self.write("/dpu.v1.StorageService/DeleteCluster", async {
+            self.cluster_delete(req.get_ref()).await?;
+            Ok(pb::DeleteClusterResponse {})
         })
         .await
     }

@@ -12,13 +12,16 @@
 //! [`Part`]s a call changes, service-assigned IDs and [`State::revert`],
 //! which hands each part to its side. The network side (tenants,
 //! attachments, rules) is in `network`, the storage side (subsystems,
-//! hosts, namespaces, listeners) in `storage`.
+//! hosts, namespaces, listeners) in `storage`, the storage clusters in
+//! `cluster`.
 
+mod cluster;
 mod endpoint;
 mod network;
 mod storage;
 
 pub use crate::model::Index;
+pub use cluster::ClusterUpdate;
 pub use endpoint::Endpoint;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;

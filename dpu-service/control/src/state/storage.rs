@@ -305,6 +305,9 @@ impl State {
                 )));
             }
         }
+        if let Backend::Rbd { .. } = &ns.backend {
+            self.check_image(&ns.backend)?;
+        }
         if !given_uuid {
             ns.uuid = random_uuid();
         }
@@ -358,11 +361,17 @@ impl State {
                     "a block-device namespace takes its size from the device".into(),
                 ))
             }
+            Backend::Rbd { .. } => {
+                return Err(ControlError::FailedPrecondition(
+                    "an RBD namespace takes its size from the image: resize the image (rbd resize)"
+                        .into(),
+                ))
+            }
         }
         let mut ns = ns.clone();
         match &mut ns.backend {
             Backend::Ram { size_bytes } | Backend::File { size_bytes, .. } => *size_bytes = size,
-            Backend::BlockDevice { .. } => {}
+            Backend::BlockDevice { .. } | Backend::Rbd { .. } => {}
         }
         self.put_namespace(id, ns)
     }

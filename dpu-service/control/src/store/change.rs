@@ -5,9 +5,9 @@
 //! them. The ops are as small as the change, not as the state: a tenant's
 //! rules are recorded as a splice (keep the first `keep_front` rules and
 //! the last `keep_back`, put `middle` between them), so adding or deleting
-//! one rule among 10,000 records one rule or none. A tenant's other fields
-//! and a whole subsystem (namespaces, listeners and hosts, bounded by their
-//! limits) are recorded whole when they change.
+//! one rule among 10,000 records one rule or none. A tenant's other fields,
+//! a whole subsystem (namespaces, listeners and hosts, bounded by their
+//! limits) and a storage cluster are recorded whole when they change.
 //!
 //! Finding the ops costs a walk down the paths of the tenant and subsystem
 //! maps that the change copied (the rest the two states share, and the
@@ -21,7 +21,9 @@ use imbl::ordmap::{DiffItem, Entry};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Action, Attachment, Rule, RuleSet, State, Subsystem, Tenant, Timestamp};
+use crate::model::{
+    Action, Attachment, Cluster, Rule, RuleSet, State, Subsystem, Tenant, Timestamp,
+};
 
 /// One step of a recorded change.
 ///
@@ -77,6 +79,17 @@ pub(crate) enum Op {
         /// The subsystem's ID.
         id: String,
     },
+    /// A storage cluster created or changed, whole (with its key: the
+    /// journal is mode 0600, as the snapshot).
+    PutCluster {
+        /// The cluster.
+        cluster: Cluster,
+    },
+    /// A storage cluster deleted.
+    DeleteCluster {
+        /// The cluster's ID.
+        id: String,
+    },
     /// The counter for service-assigned IDs.
     IdSeq {
         /// Its new value.
@@ -109,6 +122,14 @@ pub(crate) fn diff(before: &State, after: &State) -> Vec<Op> {
                 })
             }
             DiffItem::Remove(id, _) => ops.push(Op::DeleteSubsystem { id: id.clone() }),
+        }
+    }
+    for d in before.clusters.diff(&after.clusters) {
+        match d {
+            DiffItem::Add(_, c) | DiffItem::Update { new: (_, c), .. } => {
+                ops.push(Op::PutCluster { cluster: c.clone() })
+            }
+            DiffItem::Remove(id, _) => ops.push(Op::DeleteCluster { id: id.clone() }),
         }
     }
     if before.id_seq != after.id_seq {
@@ -234,6 +255,14 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
             Op::DeleteSubsystem { id } => {
                 if state.subsystems.remove(&id).is_none() {
                     return Err(format!("subsystems/{id} deleted but does not exist"));
+                }
+            }
+            Op::PutCluster { cluster } => {
+                state.clusters.insert(cluster.id.clone(), cluster);
+            }
+            Op::DeleteCluster { id } => {
+                if state.clusters.remove(&id).is_none() {
+                    return Err(format!("clusters/{id} deleted but does not exist"));
                 }
             }
             Op::IdSeq { value } => state.id_seq = value,

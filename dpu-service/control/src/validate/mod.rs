@@ -9,14 +9,22 @@
 //!
 //! What both halves share lives here: IDs, resource names and free text.
 //! The network side (tenants, attachments, filter rules) is in `network`,
-//! the storage side (subsystems, namespaces, listeners) in `storage`; both
-//! are re-exported here, so every check is `validate::...`.
+//! the storage side (subsystems, namespaces, listeners) in `storage`, the
+//! storage clusters (monitors, cephx users and keys, pool and image names)
+//! in `cluster`; all are re-exported here, so every check is
+//! `validate::...`.
 
 mod backing;
+mod cluster;
 mod network;
 mod storage;
 
 pub use backing::{backing, resize as backing_resize};
+pub use cluster::{
+    ceph_user, cephx_key, cluster, cluster_name, mon_host, rbd_name, timeout,
+    DEFAULT_CONNECT_TIMEOUT_SECS, DEFAULT_OP_TIMEOUT_SECS, MAX_CLUSTERS, MAX_MONITORS,
+    MAX_MON_HOST_LEN, MAX_RBD_NAME_LEN, MAX_TIMEOUT_SECS, MAX_USER_LEN,
+};
 
 pub use network::{
     attachment, attachments, default_policy, is_unicast_v4, replace_rules, rule, rule_name, vlan,

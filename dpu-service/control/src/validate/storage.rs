@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use dpu_proto::v1 as pb;
 
-use super::{child_name, id};
+use super::{child_name, id, rbd_name};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
@@ -301,10 +301,20 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
                 path: b.path.clone(),
             }
         }
+        Some(pb::namespace::Backend::Rbd(r)) => {
+            id(&f("rbd.cluster_id"), &r.cluster_id)?;
+            rbd_name(&f("rbd.pool"), "pool", &r.pool)?;
+            rbd_name(&f("rbd.image"), "image", &r.image)?;
+            Backend::Rbd {
+                cluster: r.cluster_id.clone(),
+                pool: r.pool.clone(),
+                image: r.image.clone(),
+            }
+        }
         None => {
             return Err(ControlError::invalid(
                 f("backend"),
-                "one of ram, file, block_device is required",
+                "one of ram, file, block_device, rbd is required",
             ))
         }
     };
@@ -451,6 +461,35 @@ mod tests {
             field_of(namespace("namespace", &n).unwrap_err()),
             "namespace.backend"
         );
+        let rbd = |cluster: &str, pool: &str, image: &str| {
+            Some(pb::namespace::Backend::Rbd(pb::RbdBackend {
+                cluster_id: cluster.into(),
+                pool: pool.into(),
+                image: image.into(),
+            }))
+        };
+        n.backend = rbd("ceph1", "rbd", "vol1");
+        assert_eq!(
+            namespace("namespace", &n).unwrap().0.backend,
+            Backend::Rbd {
+                cluster: "ceph1".into(),
+                pool: "rbd".into(),
+                image: "vol1".into()
+            }
+        );
+        for (backend, field) in [
+            (rbd("", "rbd", "vol1"), "namespace.rbd.cluster_id"),
+            (
+                rbd("clusters/ceph1", "rbd", "vol1"),
+                "namespace.rbd.cluster_id",
+            ),
+            (rbd("ceph1", "", "vol1"), "namespace.rbd.pool"),
+            (rbd("ceph1", "rbd", "vol@snap"), "namespace.rbd.image"),
+            (rbd("ceph1", "rbd/x", "vol1"), "namespace.rbd.pool"),
+        ] {
+            n.backend = backend;
+            assert_eq!(field_of(namespace("namespace", &n).unwrap_err()), field);
+        }
         n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
             size_bytes: 4096,
         }));

@@ -426,6 +426,10 @@ impl Config {
             facts: ServiceFacts::default(),
             storage_applied: None,
             switch_applied: None,
+            // Declared clusters are connected to when startup first
+            // creates them; a check connects to nothing.
+            store_probe: crate::rbd::offline_probe(),
+            served_sizes: None,
         };
         let api = Api::new(Arc::new(ctl));
         std::thread::scope(|scope| {

@@ -182,6 +182,8 @@ pub(crate) mod tests {
             facts: ServiceFacts::default(),
             storage_applied,
             switch_applied,
+            store_probe: None,
+            served_sizes: None,
         });
         Api::new(ctl)
     }

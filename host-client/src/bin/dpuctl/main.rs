@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod common;
 mod counters;
 mod info;
@@ -118,6 +119,10 @@ enum Command {
     /// Namespaces of a subsystem.
     #[command(subcommand)]
     Namespace(namespace::NamespaceCmd),
+    /// Storage clusters (Ceph) whose RBD images back namespaces; their
+    /// cephx keys come from keyring files (`--keyring-file`).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
     /// Listeners of a subsystem.
     #[command(subcommand)]
     Listener(listener::ListenerCmd),
@@ -273,6 +278,7 @@ async fn execute(c: &DpuClient, cmd: &Command) -> Result<Shown, Failure> {
         Command::Rule(r) => rule::execute(c, r).await?,
         Command::Subsystem(s) => subsystem::execute(c, s).await?,
         Command::Namespace(n) => namespace::execute(c, n).await?,
+        Command::Cluster(k) => cluster::execute(c, k).await?,
         Command::Listener(l) => listener::execute(c, l).await?,
     })
 }
@@ -288,6 +294,7 @@ fn unreachable_watch() -> Shown {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::ClusterCmd;
     use crate::common::Paging;
     use crate::namespace::NamespaceCmd;
     use crate::tenant::{attachments, TenantCmd};
@@ -327,6 +334,66 @@ mod tests {
             cli.command,
             Command::Namespace(NamespaceCmd::Create { ram: Some(n), .. }) if n == 64 << 20
         ));
+
+        let cli = parse(&[
+            "namespace",
+            "create",
+            "vol",
+            "--rbd",
+            "rbd/img1",
+            "--cluster",
+            "ceph1",
+        ])
+        .unwrap();
+        let Command::Namespace(NamespaceCmd::Create {
+            rbd: Some((pool, image)),
+            cluster: Some(cluster),
+            ..
+        }) = &cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (pool.as_str(), image.as_str(), cluster.as_str()),
+            ("rbd", "img1", "ceph1")
+        );
+
+        let cli = parse(&[
+            "cluster",
+            "create",
+            "ceph1",
+            "--mon",
+            "127.0.0.1:6789",
+            "--mon",
+            "[v2:10.0.0.2:3300,v1:10.0.0.2:6789]",
+            "--user",
+            "dpu",
+            "--keyring-file",
+            "/etc/ceph/ceph.client.dpu.keyring",
+            "--op-timeout",
+            "30",
+        ])
+        .unwrap();
+        let Command::Cluster(ClusterCmd::Create {
+            mons,
+            keyring_file: Some(_),
+            op_timeout: Some(30),
+            connect_timeout: None,
+            ..
+        }) = &cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(mons.len(), 2);
+        for args in [
+            &["cluster", "update", "ceph1", "--keyring-file", "k"][..],
+            &["cluster", "update", "ceph1", "--no-key"],
+            &["cluster", "get", "ceph1"],
+            &["cluster", "list"],
+            &["cluster", "delete", "clusters/ceph1"],
+        ] {
+            parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
     }
 
     #[test]
@@ -352,6 +419,34 @@ mod tests {
             &["tenant", "create", "t", "--vxlan", "p0"],
             &["tenant", "list", "--page-size=-1"],
             &["subsystem", "update", "s", "--auth", "sometimes"],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--rbd",
+                "img1",
+                "--cluster",
+                "c",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--rbd",
+                "rbd/a/b",
+                "--cluster",
+                "c",
+            ],
+            &[
+                "cluster",
+                "create",
+                "c",
+                "--mon",
+                "m",
+                "--user",
+                "u",
+                "--op-timeout=soon",
+            ],
         ] {
             assert!(value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
         }
@@ -363,6 +458,24 @@ mod tests {
             &["tenant", "update", "t"],
             &["subsystem", "update", "s"],
             &["--cert", "c.pem", "info"],
+            // An image needs its cluster, and one backend only.
+            &["namespace", "create", "vol", "--rbd", "rbd/img1"],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--rbd",
+                "rbd/i",
+                "--cluster",
+                "c",
+                "--ram",
+                "1M",
+            ],
+            // A cluster needs monitors and a user; an update something to change.
+            &["cluster", "create", "c", "--user", "u"],
+            &["cluster", "create", "c", "--mon", "m"],
+            &["cluster", "update", "c"],
+            &["cluster", "update", "c", "--no-key", "--keyring-file", "k"],
             // A secret is required, given once: inline or from a file.
             &[
                 "subsystem",

@@ -8,7 +8,8 @@ use crate::{render, Failure};
 
 #[derive(Debug, Subcommand)]
 pub enum NamespaceCmd {
-    /// Creates a namespace backed by RAM, a file or a block device.
+    /// Creates a namespace backed by RAM, a file, a block device or an RBD
+    /// image of a storage cluster (`dpuctl cluster create`).
     #[command(group(ArgGroup::new("backend").required(true)))]
     Create {
         /// Subsystem ID.
@@ -28,6 +29,19 @@ pub enum NamespaceCmd {
         /// Block-device-backed, at this path.
         #[arg(long, group = "backend", value_name = "PATH")]
         block_device: Option<String>,
+        /// Backed by this RBD image of the storage cluster --cluster names
+        /// (its size is the image's).
+        #[arg(
+            long,
+            group = "backend",
+            value_name = "POOL/IMAGE",
+            value_parser = dpu_proto::text::rbd_image,
+            requires = "cluster"
+        )]
+        rbd: Option<(String, String)>,
+        /// The storage cluster of an --rbd image.
+        #[arg(long, value_name = "CLUSTER", requires = "rbd")]
+        cluster: Option<String>,
         /// Logical block size, 512 or 4096.
         #[arg(long)]
         block_size: Option<u32>,
@@ -82,23 +96,42 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
             file,
             size,
             block_device,
+            rbd,
+            cluster,
             block_size,
             uuid,
         } => {
-            let backend = match (ram, file, block_device) {
-                (Some(size_bytes), _, _) => pb::namespace::Backend::Ram(pb::RamBackend {
+            if cluster.is_some() && rbd.is_none() {
+                return Err(Failure::Input(
+                    "--cluster names the storage cluster of an --rbd POOL/IMAGE".into(),
+                ));
+            }
+            let backend = match (ram, file, block_device, rbd) {
+                (Some(size_bytes), ..) => pb::namespace::Backend::Ram(pb::RamBackend {
                     size_bytes: *size_bytes,
                 }),
-                (_, Some(path), _) => pb::namespace::Backend::File(pb::FileBackend {
+                (_, Some(path), ..) => pb::namespace::Backend::File(pb::FileBackend {
                     path: path.clone(),
                     size_bytes: size.unwrap_or(0),
                 }),
-                (_, _, Some(path)) => pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend {
-                    path: path.clone(),
+                (_, _, Some(path), _) => {
+                    pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend {
+                        path: path.clone(),
+                    })
+                }
+                (.., Some((pool, image))) => pb::namespace::Backend::Rbd(pb::RbdBackend {
+                    cluster_id: cluster
+                        .as_deref()
+                        .map(|c| c.strip_prefix("clusters/").unwrap_or(c).to_string())
+                        .unwrap_or_default(),
+                    pool: pool.clone(),
+                    image: image.clone(),
                 }),
                 _ => {
                     return Err(Failure::Input(
-                        "give one of --ram SIZE, --file PATH, --block-device PATH".into(),
+                        "give one of --ram SIZE, --file PATH, --block-device PATH, \
+                         --rbd POOL/IMAGE --cluster CLUSTER"
+                            .into(),
                     ))
                 }
             };

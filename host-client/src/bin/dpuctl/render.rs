@@ -320,6 +320,9 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
             Some(pb::namespace::Backend::Ram(_)) => "ram".to_string(),
             Some(pb::namespace::Backend::File(f)) => format!("file:{}", f.path),
             Some(pb::namespace::Backend::BlockDevice(b)) => format!("bdev:{}", b.path),
+            Some(pb::namespace::Backend::Rbd(r)) => {
+                format!("rbd:{}:{}/{}", r.cluster_id, r.pool, r.image)
+            }
             None => "?".into(),
         };
         t.row(vec![
@@ -328,6 +331,33 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
             bytes(n.size_bytes),
             n.block_size.to_string(),
             n.uuid.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// Storage clusters, one row each: whether a key is set, never a key.
+pub fn clusters(list: &[pb::Cluster]) -> String {
+    let mut t = Table::new(&[
+        "CLUSTER",
+        "MONITORS",
+        "USER",
+        "KEY",
+        "OP TIMEOUT",
+        "CONNECT TIMEOUT",
+        "NAMESPACES",
+        "CREATED",
+    ]);
+    for c in list {
+        t.row(vec![
+            id(&c.name).into(),
+            c.mon_host.clone(),
+            c.user.clone(),
+            if c.key_set { "set" } else { "none" }.into(),
+            format!("{} s", c.op_timeout_secs),
+            format!("{} s", c.connect_timeout_secs),
+            c.namespace_count.to_string(),
+            time(c.create_time.as_ref()),
         ]);
     }
     t.render()
@@ -541,6 +571,45 @@ mod tests {
         assert_eq!(bytes(1536), "1536 B");
         assert_eq!(enum_name("RULE_ACTION_ALLOW", "RULE_ACTION_"), "allow");
         assert_eq!(id("tenants/a/rules/r"), "r");
+    }
+
+    /// A cluster's KEY column says whether one is set, and never prints
+    /// a key, even from a service that sent one; an RBD namespace shows
+    /// its cluster and image.
+    #[test]
+    fn clusters_show_no_key() {
+        let c = pb::Cluster {
+            name: "clusters/ceph1".into(),
+            mon_host: "10.0.0.1:6789".into(),
+            user: "dpu".into(),
+            key: "AQCAmWZmQOIBABAAEBESExQVFhcYGRobHB0eHw==".into(),
+            key_set: true,
+            op_timeout_secs: 20,
+            connect_timeout_secs: 10,
+            namespace_count: 2,
+            ..Default::default()
+        };
+        let out = clusters(&[c]);
+        assert!(!out.contains("AQCAmW"), "{out}");
+        let row = out.lines().nth(1).unwrap();
+        for cell in ["ceph1", "10.0.0.1:6789", "dpu", "set", "20 s", "10 s", "2"] {
+            assert!(row.contains(cell), "{cell}: {row}");
+        }
+        let n = pb::Namespace {
+            nsid: 1,
+            backend: Some(pb::namespace::Backend::Rbd(pb::RbdBackend {
+                cluster_id: "ceph1".into(),
+                pool: "rbd".into(),
+                image: "vol1".into(),
+            })),
+            size_bytes: 1 << 30,
+            ..Default::default()
+        };
+        let out = namespaces(&[n]);
+        assert!(
+            out.contains("rbd:ceph1:rbd/vol1") && out.contains("1 GiB"),
+            "{out}"
+        );
     }
 
     /// The AUTH column: the requirement, then each host with a secret by

@@ -95,6 +95,11 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/DeleteListener", Permission::Admin),
     ("/dpu.v1.StorageService/SetHostAuth", Permission::Admin),
     ("/dpu.v1.StorageService/ClearHostAuth", Permission::Admin),
+    ("/dpu.v1.StorageService/CreateCluster", Permission::Admin),
+    ("/dpu.v1.StorageService/GetCluster", Permission::Read),
+    ("/dpu.v1.StorageService/ListClusters", Permission::Read),
+    ("/dpu.v1.StorageService/UpdateCluster", Permission::Admin),
+    ("/dpu.v1.StorageService/DeleteCluster", Permission::Admin),
     ("/dpu.v1.TelemetryService/GetCounters", Permission::Read),
     ("/dpu.v1.TelemetryService/WatchCounters", Permission::Read),
 ];
