@@ -313,6 +313,15 @@ impl Config {
     /// declaration for the first one stored and skip it.
     fn validate_declared_ids(&self) -> Result<()> {
         let mut ids = BTreeSet::new();
+        for (i, c) in self.storage.clusters.iter().enumerate() {
+            if !ids.insert(c.id.as_str()) {
+                bail!(
+                    "storage.clusters[{i}].id: storage cluster {:?} is declared twice",
+                    c.id
+                );
+            }
+        }
+        let mut ids = BTreeSet::new();
         for (i, s) in self.storage.subsystems.iter().enumerate() {
             if !ids.insert(s.id.as_str()) {
                 bail!(
@@ -341,6 +350,19 @@ impl Config {
                 Some(v) if v.is_empty() => check(key, v).map_err(|e: ControlError| anyhow!("{e}")),
                 _ => Ok(()),
             };
+        for (i, c) in self.storage.clusters.iter().enumerate() {
+            for (key, v) in [
+                ("op_timeout_secs", c.op_timeout_secs),
+                ("connect_timeout_secs", c.connect_timeout_secs),
+            ] {
+                if v == Some(0) {
+                    bail!(
+                        "storage.clusters[{i}].{key}: 0 seconds is out of range (1 to {})",
+                        validate::MAX_TIMEOUT_SECS
+                    );
+                }
+            }
+        }
         for (i, s) in self.storage.subsystems.iter().enumerate() {
             let at = format!("storage.subsystems[{i}]");
             text(&format!("{at}.serial_number"), &s.serial_number, &|k, v| {
@@ -397,7 +419,8 @@ impl Config {
         Ok(())
     }
 
-    /// Checks the declared subsystems (with their namespaces and
+    /// Checks the declared storage clusters (their keyring files read,
+    /// not connected to), subsystems (with their namespaces and
     /// listeners) and tenants (with their rules) by creating them, as
     /// startup does ([`seed_tenants::seed_tenants`], then [`seed::seed_storage`]),
     /// through the API over a fresh in-memory state with the declared
@@ -410,7 +433,10 @@ impl Config {
     /// Runs on a thread of its own with its own runtime, so it can be
     /// called from inside a runtime too.
     fn dry_run(&self) -> Result<()> {
-        if self.storage.subsystems.is_empty() && self.tenants.is_empty() {
+        if self.storage.subsystems.is_empty()
+            && self.storage.clusters.is_empty()
+            && self.tenants.is_empty()
+        {
             return Ok(());
         }
         let ctl = Control {
@@ -864,6 +890,108 @@ mod tests {
         if let Err(e) = dpdk {
             assert!(e.contains("no DPDK support"), "{e}");
         }
+    }
+
+    /// Declared storage clusters and RBD namespaces go through the API's
+    /// checks; their keyring files are read, no cluster is connected to,
+    /// and no error quotes a key.
+    #[test]
+    fn storage_clusters_are_checked() {
+        const KEY: &str = "AQCAmWZmQOIBABAAEBESExQVFhcYGRobHB0eHw==";
+        let dir = tempfile::tempdir().unwrap();
+        let keyring = dir.path().join("ceph.client.dpu.keyring");
+        std::fs::write(&keyring, format!("[client.dpu]\n\tkey = {KEY}\n")).unwrap();
+        let cluster = |extra: &str| {
+            format!(
+                "[[storage.clusters]]\nid = \"ceph1\"\nmon_host = \"10.0.0.1:6789\"\nuser = \"dpu\"\n\
+                 keyring_file = \"{}\"\n{extra}\n",
+                keyring.display()
+            )
+        };
+        let ns = "[[storage.subsystems.namespaces]]";
+        let rbd = format!("{ns}\nrbd = \"rbd/vol1\"\ncluster = \"ceph1\"\n");
+        let config = |text: &str| -> Config {
+            toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+        };
+        let good = format!("{}{}", cluster(""), declared("", &rbd));
+        if cfg!(feature = "rbd") {
+            config(&good).validate().unwrap();
+        } else {
+            let e = format!("{:#}", config(&good).validate().unwrap_err());
+            assert!(
+                e.starts_with("storage.clusters[0] (\"ceph1\"): clusters/ceph1: this build has no RBD support"),
+                "{e}"
+            );
+        }
+        let missing = dir.path().join("missing.keyring");
+        for (text, want) in [
+            (
+                format!("{}{}", cluster(""), cluster("")),
+                "storage.clusters[1].id: storage cluster \"ceph1\" is declared twice".to_string(),
+            ),
+            (
+                cluster("op_timeout_secs = 0"),
+                "storage.clusters[0].op_timeout_secs: 0 seconds is out of range (1 to 300)".into(),
+            ),
+            (
+                cluster("connect_timeout_secs = 301"),
+                "storage.clusters[0] (\"ceph1\"): cluster.connect_timeout_secs: 301 seconds".into(),
+            ),
+            (
+                cluster("").replace("10.0.0.1:6789", ""),
+                "storage.clusters[0] (\"ceph1\"): cluster.mon_host: empty".into(),
+            ),
+            (
+                cluster("").replace("\"dpu\"", "\"rbd\""),
+                format!(
+                    "storage.clusters[0] (\"ceph1\"): keyring_file {}: no [client.rbd] section",
+                    keyring.display()
+                ),
+            ),
+            (
+                cluster("").replace(&keyring.display().to_string(), &missing.display().to_string()),
+                format!(
+                    "storage.clusters[0] (\"ceph1\"): keyring_file {}: No such file",
+                    missing.display()
+                ),
+            ),
+            (
+                declared("", &rbd),
+                "storage.subsystems[0].namespaces[0]: clusters/ceph1 not found".into(),
+            ),
+            (
+                format!("{}{}", cluster(""), declared("", &format!("{ns}\nrbd = \"vol1\"\ncluster = \"ceph1\"\n"))),
+                "storage.subsystems[0].namespaces[0]: rbd: \"vol1\" is not POOL/IMAGE".into(),
+            ),
+            (
+                declared("", &format!("{ns}\nrbd = \"rbd/vol1\"\n")),
+                "storage.subsystems[0].namespaces[0]: rbd needs cluster".into(),
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\ncluster = \"ceph1\"\n")),
+                "storage.subsystems[0].namespaces[0]: cluster goes with rbd".into(),
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nrbd = \"rbd/vol1\"\ncluster = \"ceph1\"\n")),
+                "storage.subsystems[0].namespaces[0]: give exactly one of ram, file, block_device, rbd".into(),
+            ),
+            (
+                format!("{}{}", cluster(""), declared("", &format!("{ns}\nrbd = \"rbd/a@b\"\ncluster = \"ceph1\"\n"))),
+                "storage.subsystems[0].namespaces[0]: namespace.rbd.image".into(),
+            ),
+        ] {
+            let e = format!("{:#}", config(&text).validate().unwrap_err());
+            assert!(!e.contains(&KEY[..20]), "a key in {e}");
+            // Past a valid cluster, a build without RBD refuses it first.
+            if !cfg!(feature = "rbd") && e.contains("no RBD support") {
+                continue;
+            }
+            assert!(e.starts_with(&want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+        // A key is never written in the configuration.
+        let inline = cluster(&format!("key = \"{KEY}\""));
+        let e = toml::from_str::<Config>(&inline).unwrap_err().to_string();
+        assert!(e.contains("unknown field `key`"), "{e}");
     }
 
     #[test]

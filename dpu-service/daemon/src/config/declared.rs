@@ -1,15 +1,60 @@
-//! The declarations of the configuration (`[[storage.subsystems]]`,
-//! `[[tenants]]` and their rules) as the API's messages, and the
-//! configuration key of a field the API names in an error.
+//! The declarations of the configuration (`[[storage.clusters]]`,
+//! `[[storage.subsystems]]`, `[[tenants]]` and their rules) as the API's
+//! messages, and the configuration key of a field the API names in an
+//! error.
 
 use anyhow::{bail, Context, Result};
 use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
 use super::{
-    parse_size, SeedAction, SeedListener, SeedNamespace, SeedRule, SeedSubsystem, SeedTenant,
-    SeedTransport, TextOrNumber,
+    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedRule, SeedSubsystem,
+    SeedTenant, SeedTransport, TextOrNumber,
 };
+
+/// Longest keyring file read: one holding many users' keys is a few KiB.
+const MAX_KEYRING_FILE: u64 = 64 << 10;
+
+impl SeedCluster {
+    /// The cluster as a `CreateCluster` request carries it, with the key
+    /// of `client.{user}` read from `keyring_file`.
+    ///
+    /// # Errors
+    /// If the keyring file cannot be read or holds no key for the user
+    /// (naming the file, never quoting it).
+    pub fn to_proto(&self) -> Result<pb::Cluster> {
+        let key = match &self.keyring_file {
+            Some(path) => {
+                let read = || -> std::io::Result<String> {
+                    use std::io::Read;
+                    let mut text = String::new();
+                    std::fs::File::open(path)?
+                        .take(MAX_KEYRING_FILE + 1)
+                        .read_to_string(&mut text)?;
+                    Ok(text)
+                };
+                let at = || format!("keyring_file {}", path.display());
+                let text = read().with_context(at)?;
+                if text.len() as u64 > MAX_KEYRING_FILE {
+                    bail!(
+                        "{}: longer than {MAX_KEYRING_FILE} bytes; not a keyring",
+                        at()
+                    );
+                }
+                text::cephx_key(&text, &self.user).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?
+            }
+            None => String::new(),
+        };
+        Ok(pb::Cluster {
+            mon_host: self.mon_host.clone(),
+            user: self.user.clone(),
+            key,
+            op_timeout_secs: self.op_timeout_secs.unwrap_or(0),
+            connect_timeout_secs: self.connect_timeout_secs.unwrap_or(0),
+            ..Default::default()
+        })
+    }
+}
 
 impl SeedSubsystem {
     /// The subsystem as a `CreateSubsystem` request carries it.
@@ -33,21 +78,37 @@ impl SeedNamespace {
     /// If not exactly one backend is given, or a size does not parse.
     pub fn to_proto(&self) -> Result<pb::Namespace> {
         let size = |key: &str, v: &str| parse_size(v).with_context(|| key.to_string());
-        let backend = match (&self.ram, &self.file, &self.block_device) {
-            (Some(r), None, None) => pb::namespace::Backend::Ram(pb::RamBackend {
+        if self.cluster.is_some() && self.rbd.is_none() {
+            bail!("cluster goes with rbd = \"POOL/IMAGE\"");
+        }
+        let backend = match (&self.ram, &self.file, &self.block_device, &self.rbd) {
+            (Some(r), None, None, None) => pb::namespace::Backend::Ram(pb::RamBackend {
                 size_bytes: size("ram", r)?,
             }),
-            (None, Some(f), None) => pb::namespace::Backend::File(pb::FileBackend {
+            (None, Some(f), None, None) => pb::namespace::Backend::File(pb::FileBackend {
                 path: f.clone(),
                 size_bytes: match &self.size {
                     Some(v) => size("size", v)?,
                     None => 0,
                 },
             }),
-            (None, None, Some(b)) => {
+            (None, None, Some(b), None) => {
                 pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: b.clone() })
             }
-            _ => bail!("give exactly one of ram, file, block_device"),
+            (None, None, None, Some(r)) => {
+                let (pool, image) = text::rbd_image(r)
+                    .map_err(|e| anyhow::anyhow!(e))
+                    .context("rbd")?;
+                let Some(cluster) = &self.cluster else {
+                    bail!("rbd needs cluster = \"ID\", a storage cluster's ID");
+                };
+                pb::namespace::Backend::Rbd(pb::RbdBackend {
+                    cluster_id: cluster.clone(),
+                    pool,
+                    image,
+                })
+            }
+            _ => bail!("give exactly one of ram, file, block_device, rbd"),
         };
         Ok(pb::Namespace {
             nsid: self.nsid.unwrap_or(0),

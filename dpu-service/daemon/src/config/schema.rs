@@ -389,11 +389,42 @@ pub struct StorageConfig {
     /// `["/dev/nvme*n1", "/dev/disk/by-id/nvme-*"]`. A device must also be
     /// a block device and not mounted. Default: none.
     pub block_devices: Vec<String>,
+    /// Storage clusters (Ceph) registered at startup when the state has
+    /// none with their ID (`[[storage.clusters]]`), before the subsystems,
+    /// whose RBD namespaces name them. Once registered they live in the
+    /// state: the stored one is kept at later starts.
+    pub clusters: Vec<SeedCluster>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made
     /// over gRPC survive restarts.
     pub subsystems: Vec<SeedSubsystem>,
+}
+
+/// `[[storage.clusters]]`: a storage cluster (Ceph) to register at
+/// startup. Its key is read from `keyring_file`, never written here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedCluster {
+    /// Cluster ID, as in the resource name "clusters/{id}".
+    pub id: String,
+    /// Monitor addresses as Ceph's `mon_host` takes them, e.g.
+    /// "10.0.0.1:6789,10.0.0.2:6789".
+    pub mon_host: String,
+    /// The cephx user, without "client." (e.g. "dpu").
+    pub user: String,
+    /// The user's keyring (`[client.USER]` with `key = ...`, as `ceph auth
+    /// get` writes it) or a file holding only the key (as `ceph auth
+    /// get-key` writes it); unset: a cluster without cephx.
+    #[serde(default)]
+    pub keyring_file: Option<PathBuf>,
+    /// Bound on each I/O to the cluster, seconds, 1..=300 (20 if unset).
+    #[serde(default)]
+    pub op_timeout_secs: Option<u32>,
+    /// Bound on connecting and on each request to a monitor, seconds,
+    /// 1..=300 (10 if unset).
+    #[serde(default)]
+    pub connect_timeout_secs: Option<u32>,
 }
 
 /// `[[storage.subsystems]]`: a subsystem to create at startup, with its
@@ -431,7 +462,8 @@ pub struct SeedSubsystem {
 }
 
 /// `[[storage.subsystems.namespaces]]`: a namespace of a declared
-/// subsystem, backed by exactly one of `ram`, `file`, `block_device`.
+/// subsystem, backed by exactly one of `ram`, `file`, `block_device`,
+/// `rbd`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedNamespace {
@@ -450,6 +482,13 @@ pub struct SeedNamespace {
     /// Block-device-backed, at this absolute path, e.g. "/dev/nvme0n1".
     #[serde(default)]
     pub block_device: Option<String>,
+    /// Backed by this RBD image, "POOL/IMAGE", of the storage cluster
+    /// `cluster` names (its size is the image's).
+    #[serde(default)]
+    pub rbd: Option<String>,
+    /// The storage cluster of an `rbd` image: a cluster's ID.
+    #[serde(default)]
+    pub cluster: Option<String>,
     /// Logical block size, 512 or 4096 (512 if unset).
     #[serde(default)]
     pub block_size: Option<u32>,

@@ -1,6 +1,8 @@
-//! Storage objects declared in the configuration (`[[storage.subsystems]]`),
-//! created at startup through the same `StorageService` calls a gRPC client
-//! makes, so every validation, ID assignment and persistence rule applies.
+//! Storage objects declared in the configuration (`[[storage.clusters]]`,
+//! `[[storage.subsystems]]`), created at startup through the same
+//! `StorageService` calls a gRPC client makes, so every validation, ID
+//! assignment and persistence rule applies (and a storage cluster is
+//! connected to before it is stored, as over gRPC).
 //!
 //! As over gRPC, a namespace or listener counts as created once the NVMe/TCP
 //! target serves it: one the target cannot serve (a file it cannot open, a
@@ -18,15 +20,39 @@ use tonic::{Code, Request};
 
 use crate::config::{SeedSubsystem, StorageConfig};
 
-/// Creates the declared subsystems the state does not have yet, each with
+/// Registers the declared storage clusters the state does not have yet,
+/// then creates the declared subsystems it does not have yet, each with
 /// its namespaces and listeners, in declaration order.
 ///
 /// # Errors
 /// The first refusal, naming the configuration entry and the API's message.
 /// A subsystem created before one of its namespaces or listeners was
 /// refused is deleted again, so a corrected configuration applies at the
-/// next start; subsystems completed before it are kept.
+/// next start; clusters and subsystems completed before it are kept.
 pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
+    for (i, c) in config.clusters.iter().enumerate() {
+        let at = format!("storage.clusters[{i}]");
+        let stored = api.get_cluster(Request::new(pb::GetClusterRequest {
+            name: format!("clusters/{}", c.id),
+        }));
+        if already_stored(&at, "storage cluster", &c.id, stored.await)? {
+            continue;
+        }
+        let cluster = c
+            .to_proto()
+            .map_err(|e| anyhow!("{at} ({:?}): {e:#}", c.id))?;
+        api.create_cluster(Request::new(pb::CreateClusterRequest {
+            cluster_id: c.id.clone(),
+            cluster: Some(cluster),
+        }))
+        .await
+        .map_err(|e| anyhow!("{at} ({:?}): {}", c.id, e.message()))?;
+        tracing::info!(
+            cluster = %c.id,
+            mon_host = %c.mon_host,
+            "storage cluster registered from the configuration"
+        );
+    }
     for (i, s) in config.subsystems.iter().enumerate() {
         let at = format!("storage.subsystems[{i}]");
         let name = format!("subsystems/{}", s.id);
@@ -454,6 +480,70 @@ transport = "tcp"
         assert!(e.contains("storage.subsystems[1].namespaces[0]: "), "{e}");
         let s = state.snapshot();
         assert_eq!(s.subsystems.keys().collect::<Vec<_>>(), ["dev"]);
+    }
+
+    /// Declared clusters are registered before the subsystems whose RBD
+    /// namespaces name them, with the key of the keyring file; seeding
+    /// again keeps the stored ones (a key rotated over gRPC stays).
+    #[tokio::test]
+    async fn clusters_come_before_the_namespaces_on_them() {
+        const KEY: &str = "AQCAmWZmQOIBABAAEBESExQVFhcYGRobHB0eHw==";
+        let dir = tempfile::tempdir().unwrap();
+        let keyring = dir.path().join("key");
+        // The file of `ceph auth get-key`: the key alone.
+        std::fs::write(&keyring, format!("{KEY}\n")).unwrap();
+        let text = with(&format!(
+            r#"
+[[storage.clusters]]
+id = "ceph1"
+mon_host = "[v2:10.0.0.1:3300,v1:10.0.0.1:6789]"
+user = "dpu"
+keyring_file = "{}"
+op_timeout_secs = 30
+
+[[storage.subsystems]]
+id = "dev"
+nqn = "nqn.2024-01.io.dpu-service:dev"
+[[storage.subsystems.namespaces]]
+rbd = "rbd/vol1"
+cluster = "ceph1"
+block_size = 4096
+"#,
+            keyring.display()
+        ));
+        let (api, state) = api();
+        // What the API takes without connecting (a build without RBD
+        // would refuse the cluster in the configuration's check).
+        let cfg = unchecked(&text);
+        seed_storage(&api, &cfg).await.unwrap();
+        let s = state.snapshot();
+        let c = &s.clusters["ceph1"];
+        assert_eq!(c.mon_host, "[v2:10.0.0.1:3300,v1:10.0.0.1:6789]");
+        assert_eq!(c.key.as_ref().unwrap().expose(), KEY);
+        assert_eq!((c.op_timeout_secs, c.connect_timeout_secs), (30, 10));
+        assert_eq!(
+            s.subsystems["dev"].namespaces[&1].backend,
+            Backend::Rbd {
+                cluster: "ceph1".into(),
+                pool: "rbd".into(),
+                image: "vol1".into()
+            }
+        );
+        // Changed over gRPC, then seeded again: the stored one stays.
+        api.update_cluster(Request::new(pb::UpdateClusterRequest {
+            cluster: Some(pb::Cluster {
+                name: "clusters/ceph1".into(),
+                ..Default::default()
+            }),
+            update_mask: Some(dpu_proto::pbjson_types::FieldMask {
+                paths: vec!["key".into()],
+            }),
+        }))
+        .await
+        .unwrap();
+        std::fs::remove_file(&keyring).unwrap();
+        seed_storage(&api, &cfg).await.unwrap();
+        assert!(state.snapshot().clusters["ceph1"].key.is_none());
     }
 
     #[tokio::test]
