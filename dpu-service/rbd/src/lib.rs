@@ -340,7 +340,10 @@ impl Op {
         let result = if rv < 0 {
             Err(Error::new(what, rv))
         } else if read && usize::try_from(rv).ok() != Some(buf.len()) {
-            Err(Error::new(format!("{what}: {rv} of {} bytes", buf.len()), 5))
+            Err(Error::new(
+                format!("{what}: {rv} of {} bytes", buf.len()),
+                5,
+            ))
         } else {
             Ok(buf)
         };
@@ -408,7 +411,10 @@ impl Image {
         // SAFETY: the image is open; the out pointer is valid.
         let rc = unsafe { sys::rbd_get_size(self.handle, &mut size) };
         if rc < 0 {
-            return Err(Error::new(format!("size of image {}", self.name), rc.into()));
+            return Err(Error::new(
+                format!("size of image {}", self.name),
+                rc.into(),
+            ));
         }
         Ok(size)
     }
@@ -561,7 +567,11 @@ const FADVISE_FUA: c_int = 0x80;
 
 impl Drop for Image {
     fn drop(&mut self) {
-        let watches = std::mem::take(self.watches.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let watches = std::mem::take(
+            self.watches
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
         for (handle, f) in watches {
             // SAFETY: registered by Image::watch; after unwatch returns
             // librbd no longer calls `f`, so it is freed once, here.
@@ -592,7 +602,9 @@ mod tests {
     fn errors_say_what_and_why() {
         let e = Error::new("open image rbd/vol1", -2);
         assert!(e.is_not_found());
-        assert!(e.to_string().starts_with("open image rbd/vol1: No such file"));
+        assert!(e
+            .to_string()
+            .starts_with("open image rbd/vol1: No such file"));
         let t = Error::new("rbd read", -110);
         assert!(t.is_timeout() && !t.is_not_found());
         let io: io::Error = t.into();

@@ -56,7 +56,10 @@ impl TestCluster {
             .arg(tools.join("ceph-up.sh"))
             .arg(&dir)
             .env("CEPH_MON_PORT", "auto")
-            .env("CEPH_STORE", if bluestore { "bluestore" } else { "memstore" })
+            .env(
+                "CEPH_STORE",
+                if bluestore { "bluestore" } else { "memstore" },
+            )
             .env("CEPH_STORE_SIZE", (2u64 << 30).to_string())
             .output()
             .expect("run ceph-up.sh");

@@ -27,7 +27,9 @@ fn done(tx: &mpsc::Sender<Completion>) -> dpu_rbd::Done {
 }
 
 fn pattern(i: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (i as u8) ^ (j as u8).wrapping_mul(31)).collect()
+    (0..len)
+        .map(|j| (i as u8) ^ (j as u8).wrapping_mul(31))
+        .collect()
 }
 
 /// Asserts two buffers are equal, printing where they differ (not them).
@@ -65,22 +67,38 @@ fn images_serve_asynchronous_io() {
         img.write(i * 8192, pattern(i, 4096), i % 7 == 0, done(&tx));
     }
     for i in 0..16u64 {
-        img.write(32 * MIB + i * 128 * 1024, pattern(1000 + i, 128 * 1024), false, done(&tx));
+        img.write(
+            32 * MIB + i * 128 * 1024,
+            pattern(1000 + i, 128 * 1024),
+            false,
+            done(&tx),
+        );
     }
     for _ in 0..272 {
         let buf = wait(&rx).expect("write");
-        assert!(buf.len() == 4096 || buf.len() == 128 * 1024, "buffer handed back");
+        assert!(
+            buf.len() == 4096 || buf.len() == 128 * 1024,
+            "buffer handed back"
+        );
     }
     img.flush(done(&tx));
     assert!(wait(&rx).expect("flush").is_empty());
     for i in (0..256u64).step_by(17) {
-        same(&read(&img, i * 8192, 4096), &pattern(i, 4096), "written 4 KiB");
+        same(
+            &read(&img, i * 8192, 4096),
+            &pattern(i, 4096),
+            "written 4 KiB",
+        );
         // Never written: zeros, every byte (the buffer held 0xee).
         same(&read(&img, i * 8192 + 4096, 4096), &[0; 4096], "unwritten");
     }
     for i in 0..16u64 {
         let off = 32 * MIB + i * 128 * 1024;
-        same(&read(&img, off, 128 * 1024), &pattern(1000 + i, 128 * 1024), "128 KiB");
+        same(
+            &read(&img, off, 128 * 1024),
+            &pattern(1000 + i, 128 * 1024),
+            "128 KiB",
+        );
     }
 
     // Discard and write zeroes read back as zeros; the neighbours stay.
@@ -89,8 +107,16 @@ fn images_serve_asynchronous_io() {
     img.write_zeroes(32 * MIB, 128 * 1024, done(&tx));
     wait(&rx).expect("write zeroes");
     same(&read(&img, 8192, 4096), &[0; 4096], "discarded 8 KiB");
-    same(&read(&img, 0, 4096), &pattern(0, 4096), "beside the discard");
-    same(&read(&img, 32 * MIB, 128 * 1024), &[0; 128 * 1024], "zeroed");
+    same(
+        &read(&img, 0, 4096),
+        &pattern(0, 4096),
+        "beside the discard",
+    );
+    same(
+        &read(&img, 32 * MIB, 128 * 1024),
+        &[0; 128 * 1024],
+        "zeroed",
+    );
     same(
         &read(&img, 32 * MIB + 128 * 1024, 128 * 1024),
         &pattern(1001, 128 * 1024),
@@ -209,5 +235,9 @@ fn a_stopped_osd_times_operations_out_and_they_resume() {
             Err(e) => panic!("did not resume: {e}"),
         }
     }
-    same(&read(&img, 0, 4096), &pattern(2, 4096), "after the OSD returned");
+    same(
+        &read(&img, 0, 4096),
+        &pattern(2, 4096),
+        "after the OSD returned",
+    );
 }
