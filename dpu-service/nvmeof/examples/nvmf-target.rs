@@ -59,6 +59,9 @@ fn size(s: &str) -> u64 {
 }
 
 fn main() {
+    // Before any thread starts: they all leave SIGTERM to `wait` below.
+    let term = dpu_os::signal::Termination::block()
+        .unwrap_or_else(|e| fail(&format!("cannot block SIGTERM: {e}")));
     let mut listen = "127.0.0.1:4420".to_string();
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
@@ -135,12 +138,21 @@ fn main() {
         fail(&e.to_string());
     }
     let transport =
-        TcpTransport::with_config(target, &tcp).unwrap_or_else(|e| fail(&e.to_string()));
+        TcpTransport::with_config(target.clone(), &tcp).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some((a, e)) = transport.set_listeners(&config.listen_addrs()).first() {
         fail(&format!("listen {a}: {e}"));
     }
     println!("serving {nqn} on {listen}");
-    loop {
-        std::thread::park();
+    let _ = term.wait();
+    // Stopped here, not killed: the backend closes (an RBD image releases
+    // its lock for the next client at once).
+    transport.shutdown();
+    target.apply(&TargetConfig {
+        subsystems: Vec::new(),
+        discovery: None,
+    });
+    drop((transport, target));
+    if !dpu_nvmeof::backend::wait_closed(Duration::from_secs(60)) {
+        fail("the backend did not close within 60 s");
     }
 }

@@ -11,6 +11,7 @@
 //! - [`backing`]: where namespaces' backing files and block devices may
 //!   live, and opening them there without following links out.
 //! - [`limits`]: the open-file limit, raised for many connections.
+//! - [`signal`]: waiting for SIGTERM or SIGINT without an async runtime.
 //!
 //! With `dpdk-sys` and `dpdk`, this is one of the three crates allowed to
 //! contain `unsafe` (the workspace forbids it everywhere else); every
@@ -22,6 +23,7 @@ pub mod cache;
 pub mod hugemem;
 pub mod limits;
 pub mod packet;
+pub mod signal;
 
 /// Small helpers shared by the system-call wrappers.
 mod sys {

@@ -33,6 +33,21 @@ pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
 
+/// Waits until every backend dropped so far has let go of its store
+/// (RBD images close on threads of their own), for at most `limit`;
+/// answers whether they all did. A program calls it last, after
+/// dropping its target, so that its images release their locks before
+/// the process ends.
+pub fn wait_closed(limit: std::time::Duration) -> bool {
+    #[cfg(feature = "rbd")]
+    return rbd::wait_closed(limit);
+    #[cfg(not(feature = "rbd"))]
+    {
+        let _ = limit;
+        true
+    }
+}
+
 /// One operation of [`Backend::start`].
 #[derive(Debug)]
 pub enum Io {

@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use dpu_rbd::{Cluster, ClusterConfig, Image};
 
@@ -213,6 +214,24 @@ fn follow(weak: Weak<Shared>) {
     let _ = tx.lock().unwrap_or_else(PoisonError::into_inner).send(weak);
 }
 
+/// Images being closed by their closer threads.
+static CLOSING: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits until every image dropped so far has closed, for at most
+/// `limit`; answers whether they all did. A program calls it last, after
+/// dropping its target, so that its images release their locks before
+/// the process ends.
+pub fn wait_closed(limit: Duration) -> bool {
+    let t = Instant::now();
+    while CLOSING.load(Ordering::Acquire) > 0 {
+        if t.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
 impl Drop for RbdBackend {
     fn drop(&mut self) {
         let Some(shared) = self.shared.take() else {
@@ -222,14 +241,18 @@ impl Drop for RbdBackend {
         // timeout): never on the thread that dropped the last handle,
         // which may serve other connections.
         let what = self.what.clone();
+        CLOSING.fetch_add(1, Ordering::AcqRel);
         let closer = std::thread::Builder::new()
             .name("rbd-close".into())
             .spawn(move || {
                 drop(shared);
                 tracing::debug!(image = %what, "RBD image closed");
+                CLOSING.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = closer {
-            tracing::warn!(image = %self.what, error = %e, "closing an RBD image inline");
+            // The closure (and the image in it) dropped with the error.
+            CLOSING.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(image = %self.what, error = %e, "closed an RBD image inline");
         }
     }
 }
@@ -331,9 +354,6 @@ impl Backend for RbdBackend {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::time::{Duration, Instant};
-
     use dpu_rbd::testing::TestCluster;
 
     use super::*;
