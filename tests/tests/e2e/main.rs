@@ -20,6 +20,7 @@ mod nvme_auth_flood;
 mod nvme_host;
 mod nvme_hostile;
 mod nvme_kernel;
+mod nvme_rbd;
 mod spdk_interop;
 mod state_enospc;
 mod storage_clusters;

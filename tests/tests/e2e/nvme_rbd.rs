@@ -1,0 +1,164 @@
+//! A namespace on a Ceph cluster through the real binary, judged by the
+//! real Linux initiator: a single-node cluster (`shared/tools/ceph`), the
+//! cluster and an RBD namespace made with dpuctl, fio with crc32c
+//! verification from the kernel-nvme guest, the namespace's bytes read
+//! back from the cluster with `rbd export` and compared with what the
+//! guest reads, and the OSD frozen mid-I/O: fio pauses, never sees an
+//! error past its retries, never hangs, and finishes with its data
+//! verified once the OSD answers again.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use dpu_e2e::guest::Guest;
+use dpu_e2e::{free_port, Service};
+use dpu_rbd::testing::TestCluster;
+
+const NQN: &str = "nqn.2024-01.io.dpu-service.test:rbd";
+
+fn ok(svc: &Service, args: &[&str]) -> Result<String> {
+    let out = svc.dpuctl(args)?;
+    if !out.status.success() {
+        bail!("dpuctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// MD5 of `data`, as `md5sum` prints it.
+fn md5(data: &[u8]) -> Result<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(data)?;
+    let out = child.wait_with_output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[test]
+fn kernel_initiator_on_an_rbd_namespace_through_an_osd_outage() -> Result<()> {
+    let cluster = TestCluster::start(false);
+    cluster.rbd(&["create", "rbd/vol", "--size", "32M"]);
+    let io_port = free_port();
+    let work = tempfile::tempdir()?;
+    let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
+
+    let keyring = cluster.dir().join("keyring").display().to_string();
+    ok(
+        &svc,
+        &[
+            "cluster",
+            "create",
+            "ceph1",
+            "--mon",
+            &cluster.mon_host,
+            "--user",
+            "admin",
+            "--keyring-file",
+            &keyring,
+            "--op-timeout",
+            "4",
+        ],
+    )?;
+    let shown = ok(&svc, &["cluster", "get", "ceph1"])?;
+    assert!(
+        !shown.contains(&cluster.admin_key),
+        "the key is never shown: {shown}"
+    );
+    ok(
+        &svc,
+        &["subsystem", "create", "rbd", "--nqn", NQN, "--allow-any-host"],
+    )?;
+    ok(
+        &svc,
+        &[
+            "namespace",
+            "create",
+            "rbd",
+            "--rbd",
+            "rbd/vol",
+            "--cluster",
+            "ceph1",
+        ],
+    )?;
+    let port = io_port.to_string();
+    ok(
+        &svc,
+        &[
+            "listener",
+            "create",
+            "rbd",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &port,
+        ],
+    )?;
+
+    let script = format!(
+        r#"
+nvme connect -t tcp -a $TARGET_ADDR -s {io_port} -n {NQN} -i 2
+ns=$(nvme-wait-ns {NQN})
+nvme id-ns $ns | tee /tmp/idns
+grep -q "nsze *: 0x10000" /tmp/idns
+fio --name=rbd --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+    --iodepth=16 --size=100% --verify=crc32c --verify_fatal=1 --eta=never
+echo "MD5 $(dd if=$ns bs=1M iflag=direct status=none | md5sum | cut -d' ' -f1)"
+echo OUTAGE-PLEASE
+fio --name=outage --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
+    --iodepth=8 --size=8M --verify=crc32c --verify_fatal=1 --eta=never \
+    --rate_iops=300 --output=/tmp/fio.out
+cat /tmp/fio.out
+grep -q "err= 0" /tmp/fio.out
+nvme disconnect -n {NQN}
+"#
+    );
+    let mut guest = Guest::start(work.path(), "rbd", &[io_port], &script)?;
+    guest.wait_for("OUTAGE-PLEASE", Duration::from_secs(600))?;
+
+    // What the guest read is what the cluster holds.
+    let exported = cluster.rbd(&["export", "rbd/vol", "-"]);
+    let theirs = md5(&exported)?;
+    let console = guest.console();
+    let ours = console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("MD5 "))
+        .context("the guest's checksum")?;
+    assert_eq!(ours.trim(), theirs, "the guest's bytes are the cluster's");
+
+    // Freeze the OSD for 6 s while fio writes: each command waits at most
+    // the 4 s operation timeout, answers Namespace Not Ready, and the
+    // initiator's retry goes through once the OSD answers again.
+    std::thread::sleep(Duration::from_secs(3));
+    let osd = cluster.osd_pid().to_string();
+    let signal = |sig: &str| -> Result<()> {
+        let st = std::process::Command::new("kill").args([sig, &osd]).status()?;
+        anyhow::ensure!(st.success(), "kill {sig} {osd}");
+        Ok(())
+    };
+    signal("-STOP")?;
+    let frozen = Instant::now();
+    std::thread::sleep(Duration::from_secs(6));
+    signal("-CONT")?;
+    let resumed = frozen.elapsed();
+    let console = guest.finish(&svc)?;
+    assert!(console.contains("err= 0"), "{console}");
+    assert!(resumed < Duration::from_secs(10));
+    let log = svc.log_text();
+    assert!(
+        log.contains("RBD image out of reach"),
+        "the outage is logged:\n{log}"
+    );
+    assert!(log.contains("RBD image reachable again"), "{log}");
+    assert_eq!(
+        log.matches("RBD image out of reach").count(),
+        1,
+        "logged once:\n{log}"
+    );
+    Ok(())
+}
