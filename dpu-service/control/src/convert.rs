@@ -216,7 +216,7 @@ pub fn cluster(c: &Cluster, namespaces: usize) -> pb::Cluster {
 
 /// A namespace of subsystem `sid` as a protobuf message. A block device's
 /// or RBD image's size is 0 here: only what serves it knows it (the
-/// service asks, [`crate::service::ServedSizes`]).
+/// service asks, [`crate::service::ServedNamespaces`]).
 pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
     let (backend, size) = match &n.backend {
         Backend::Ram { size_bytes } => (
@@ -259,6 +259,8 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
         uuid: uuid_text(&n.uuid),
         nguid: hex(&n.nguid),
         size_bytes: size,
+        // The target's to say (service::cluster's namespace_out).
+        state: pb::NamespaceState::Unspecified.into(),
     }
 }
 

@@ -97,6 +97,8 @@ pub struct SubsystemCounters {
     /// DH-HMAC-CHAP attempts refused because the DH threads' queue was
     /// full.
     pub auth_busy: u64,
+    /// Namespaces served whose store is out of reach now.
+    pub namespaces_unreachable: u64,
 }
 
 /// Everything counted, keyed by resource ID.
@@ -399,7 +401,7 @@ impl Telemetry {
             m.sample(name, &[], v);
         }
 
-        let ss_fields: [Field<pb::SubsystemCounters>; 6] = [
+        let ss_fields: [Field<pb::SubsystemCounters>; 7] = [
             (
                 "dpu_nvmf_connections",
                 "gauge",
@@ -435,6 +437,12 @@ impl Telemetry {
                 "counter",
                 "Commands completed with an error status.",
                 |c| c.errors,
+            ),
+            (
+                "dpu_nvmf_namespaces_unreachable",
+                "gauge",
+                "Namespaces of the subsystem whose store (a storage cluster) is out of reach.",
+                |c| c.namespaces_unreachable,
             ),
         ];
         let ss_rows: Vec<_> = snap
@@ -592,6 +600,7 @@ fn snapshot_of(
                     auth_failed: s.auth_failed,
                     auth_rate_limited: s.auth_rate_limited,
                     auth_busy: s.auth_busy,
+                    namespaces_unreachable: s.namespaces_unreachable,
                 }
             })
             .collect(),

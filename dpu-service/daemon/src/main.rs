@@ -312,7 +312,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         storage_applied: Some(storage_applied),
         switch_applied,
         store_probe: Some(rbd::probe()),
-        served_sizes: Some(nvmf.served_sizes()),
+        served: Some(nvmf.served()),
     });
     let api = Api::new(ctl.clone());
     // Tenants first: a declared listener may be an endpoint in one.

@@ -27,7 +27,7 @@ use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
 use dpu_control::convert::{listener_name, namespace_name};
 use dpu_control::model::{Backend, Cluster, State, Transport};
-use dpu_control::service::ServedSizes;
+use dpu_control::service::ServedNamespaces;
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters};
 use dpu_nvmeof::{
@@ -347,8 +347,8 @@ impl Storage {
     /// The sizes the targets serve namespaces with: what Get and List
     /// answer for a block device or an RBD image, which only the target
     /// that opened it knows.
-    pub fn served_sizes(self: &Arc<Self>) -> Arc<dyn ServedSizes> {
-        Arc::new(ServedNamespaces(self.clone()))
+    pub fn served(self: &Arc<Self>) -> Arc<dyn ServedNamespaces> {
+        Arc::new(TargetNamespaces(self.clone()))
     }
 
     /// What the storage endpoints serve, for the thread running them.
@@ -386,22 +386,29 @@ impl Storage {
     }
 }
 
-/// [`Storage::served_sizes`].
-struct ServedNamespaces(Arc<Storage>);
+/// [`Storage::served`].
+struct TargetNamespaces(Arc<Storage>);
 
-impl std::fmt::Debug for ServedNamespaces {
+impl std::fmt::Debug for TargetNamespaces {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ServedNamespaces")
+        f.write_str("TargetNamespaces")
     }
 }
 
-impl ServedSizes for ServedNamespaces {
+impl ServedNamespaces for TargetNamespaces {
     fn namespace_size(&self, nqn: &str, nsid: u32) -> Option<u64> {
         // A subsystem is served by one target: the kernel sockets' or
         // its tenant's.
         self.0.all_targets().iter().find_map(|t| {
             let ns = t.subsystem(nqn)?.namespaces.get(&nsid)?.clone();
             Some(ns.blocks() << ns.lba_shift)
+        })
+    }
+
+    fn namespace_reachable(&self, nqn: &str, nsid: u32) -> Option<bool> {
+        self.0.all_targets().iter().find_map(|t| {
+            let ns = t.subsystem(nqn)?.namespaces.get(&nsid)?.clone();
+            Some(ns.backend.reachable())
         })
     }
 }
@@ -429,6 +436,13 @@ impl CounterSource for StorageCounters {
                 c.auth_failed += h.auth_failed.load(Ordering::Relaxed);
                 c.auth_rate_limited += h.auth_rate_limited.load(Ordering::Relaxed);
                 c.auth_busy += h.auth_busy.load(Ordering::Relaxed);
+                if let Some(served) = target.subsystem(&sub.nqn) {
+                    c.namespaces_unreachable += served
+                        .namespaces
+                        .values()
+                        .filter(|ns| !ns.backend.reachable())
+                        .count() as u64;
+                }
             }
         }
         let t = &mut out.nvmf_target;

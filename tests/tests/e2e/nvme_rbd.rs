@@ -5,7 +5,8 @@
 //! back from the cluster with `rbd export` and compared with what the
 //! guest reads, and the OSD frozen mid-I/O: fio pauses, never sees an
 //! error past its retries, never hangs, and finishes with its data
-//! verified once the OSD answers again.
+//! verified once the OSD answers again; meanwhile `dpuctl` and `/metrics`
+//! show the namespace out of reach, and serving again after.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,18 @@ fn ok(svc: &Service, args: &[&str]) -> Result<String> {
         bail!("dpuctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The subsystem's `dpu_nvmf_namespaces_unreachable` gauge.
+fn unreachable(svc: &Service) -> Result<u64> {
+    let (_, body) = svc.http_get("/metrics")?;
+    let prefix = "dpu_nvmf_namespaces_unreachable{subsystem=\"rbd\"} ";
+    body.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .with_context(|| format!("no {prefix} in /metrics"))?
+        .trim()
+        .parse()
+        .context("gauge value")
 }
 
 /// MD5 of `data`, as `md5sum` prints it.
@@ -72,7 +85,14 @@ fn kernel_initiator_on_an_rbd_namespace_through_an_osd_outage() -> Result<()> {
     );
     ok(
         &svc,
-        &["subsystem", "create", "rbd", "--nqn", NQN, "--allow-any-host"],
+        &[
+            "subsystem",
+            "create",
+            "rbd",
+            "--nqn",
+            NQN,
+            "--allow-any-host",
+        ],
     )?;
     ok(
         &svc,
@@ -137,14 +157,23 @@ nvme disconnect -n {NQN}
     std::thread::sleep(Duration::from_secs(3));
     let osd = cluster.osd_pid().to_string();
     let signal = |sig: &str| -> Result<()> {
-        let st = std::process::Command::new("kill").args([sig, &osd]).status()?;
+        let st = std::process::Command::new("kill")
+            .args([sig, &osd])
+            .status()?;
         anyhow::ensure!(st.success(), "kill {sig} {osd}");
         Ok(())
     };
     signal("-STOP")?;
     let frozen = Instant::now();
-    std::thread::sleep(Duration::from_secs(6));
+    // Past the operation timeout, the outage shows in the API and metrics.
+    std::thread::sleep(Duration::from_secs(5));
+    let during = ok(&svc, &["namespace", "list", "rbd"]);
+    let unreachable_gauge = unreachable(&svc);
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(frozen.elapsed()));
     signal("-CONT")?;
+    let during = during?;
+    assert!(during.contains("unreachable"), "{during}");
+    assert_eq!(unreachable_gauge?, 1);
     let resumed = frozen.elapsed();
     let console = guest.finish(&svc)?;
     assert!(console.contains("err= 0"), "{console}");
@@ -155,6 +184,9 @@ nvme disconnect -n {NQN}
         "the outage is logged:\n{log}"
     );
     assert!(log.contains("RBD image reachable again"), "{log}");
+    let after = ok(&svc, &["namespace", "list", "rbd"])?;
+    assert!(after.contains("serving"), "{after}");
+    assert_eq!(unreachable(&svc)?, 0);
     assert_eq!(
         log.matches("RBD image out of reach").count(),
         1,

@@ -1,7 +1,7 @@
 //! The storage clusters of `dpu.v1.StorageService` (`CreateCluster` ..
 //! `DeleteCluster`), the checks an RBD namespace makes before it is
 //! stored, and the seams through which the service reaches what it does
-//! not link: [`StoreProbe`] (the Ceph clusters) and [`ServedSizes`] (what
+//! not link: [`StoreProbe`] (the Ceph clusters) and [`ServedNamespaces`] (what
 //! the NVMe-oF target serves).
 //!
 //! A cluster, a change to one and an RBD namespace are stored only once
@@ -43,11 +43,16 @@ pub trait StoreProbe: Send + Sync + std::fmt::Debug {
 }
 
 /// What the NVMe-oF target knows of the namespaces it serves and the
-/// state does not: the size of a block device or an RBD image.
-pub trait ServedSizes: Send + Sync + std::fmt::Debug {
+/// state does not: the size of a block device or an RBD image, and
+/// whether a namespace's store answers.
+pub trait ServedNamespaces: Send + Sync + std::fmt::Debug {
     /// The size in bytes namespace `nsid` of the subsystem with NQN `nqn`
     /// is served with; `None` while it is not served.
     fn namespace_size(&self, nqn: &str, nsid: u32) -> Option<u64>;
+    /// Whether the store of namespace `nsid` of the subsystem with NQN
+    /// `nqn` answers (false: a storage cluster out of reach); `None`
+    /// while the namespace is not served.
+    fn namespace_reachable(&self, nqn: &str, nsid: u32) -> Option<bool>;
 }
 
 /// The fields `UpdateCluster` changes.
@@ -139,10 +144,16 @@ impl Api {
     /// device, an RBD image): 0 while it is not served.
     pub(super) fn namespace_out(&self, sub: &Subsystem, ns: &Namespace) -> pb::Namespace {
         let mut out = convert::namespace(&sub.id, ns);
-        if ns.backend.sized_by_store() {
-            if let Some(sizes) = &self.ctl.served_sizes {
-                out.size_bytes = sizes.namespace_size(&sub.nqn, ns.nsid).unwrap_or(0);
+        if let Some(served) = &self.ctl.served {
+            if ns.backend.sized_by_store() {
+                out.size_bytes = served.namespace_size(&sub.nqn, ns.nsid).unwrap_or(0);
             }
+            out.state = match served.namespace_reachable(&sub.nqn, ns.nsid) {
+                Some(true) => pb::NamespaceState::Serving,
+                Some(false) => pb::NamespaceState::Unreachable,
+                None => pb::NamespaceState::NotServed,
+            }
+            .into();
         }
         out
     }
@@ -313,13 +324,17 @@ mod tests {
         }
     }
 
-    /// What the target serves: every namespace at 7 MiB.
+    /// What the target serves: every namespace at 7 MiB, namespace 1's
+    /// store out of reach.
     #[derive(Debug)]
     struct Served;
 
-    impl ServedSizes for Served {
+    impl ServedNamespaces for Served {
         fn namespace_size(&self, _: &str, _: u32) -> Option<u64> {
             Some(7 << 20)
+        }
+        fn namespace_reachable(&self, _: &str, nsid: u32) -> Option<bool> {
+            Some(nsid != 1)
         }
     }
 
@@ -345,7 +360,7 @@ mod tests {
             storage_applied: None,
             switch_applied: None,
             store_probe: Some(ceph.clone()),
-            served_sizes: served.then(|| Arc::new(Served) as Arc<dyn ServedSizes>),
+            served: served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
         }));
         (api, ceph, state)
     }
@@ -656,5 +671,11 @@ mod tests {
             .into_inner();
         let sizes: Vec<u64> = listed.namespaces.iter().map(|n| n.size_bytes).collect();
         assert_eq!(sizes, [7 << 20, 4096]);
+        // And how each is served: the image's cluster out of reach.
+        let states: Vec<_> = listed.namespaces.iter().map(|n| n.state()).collect();
+        assert_eq!(
+            states,
+            [pb::NamespaceState::Unreachable, pb::NamespaceState::Serving]
+        );
     }
 }

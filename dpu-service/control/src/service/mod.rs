@@ -18,7 +18,7 @@ mod tenant;
 pub use bounds::{
     count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
 };
-pub use cluster::{ServedSizes, StoreProbe};
+pub use cluster::{ServedNamespaces, StoreProbe};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -100,7 +100,7 @@ pub struct Control {
     pub store_probe: Option<Arc<dyn StoreProbe>>,
     /// The sizes of block devices and RBD images, which only the target
     /// knows. `None`: they are 0.
-    pub served_sizes: Option<Arc<dyn ServedSizes>>,
+    pub served: Option<Arc<dyn ServedNamespaces>>,
 }
 
 /// Implements every `dpu.v1` service over one [`Control`].
@@ -291,7 +291,7 @@ impl Api {
             storage_applied,
             switch_applied,
             store_probe: None,
-            served_sizes: None,
+            served: None,
         }))
     }
 }

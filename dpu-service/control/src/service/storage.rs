@@ -369,7 +369,7 @@ impl StorageService for Api {
                 Some(self.namespace_out(sub, ns))
             });
             let mut out = served.unwrap_or(out);
-            if self.ctl.served_sizes.is_none() {
+            if self.ctl.served.is_none() {
                 out.size_bytes = image_size.unwrap_or(out.size_bytes);
             }
             Ok(out)

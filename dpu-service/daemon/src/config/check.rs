@@ -455,7 +455,7 @@ impl Config {
             // Declared clusters are connected to when startup first
             // creates them; a check connects to nothing.
             store_probe: crate::rbd::offline_probe(),
-            served_sizes: None,
+            served: None,
         };
         let api = Api::new(Arc::new(ctl));
         std::thread::scope(|scope| {

@@ -209,7 +209,7 @@ pub(crate) mod tests {
             storage_applied,
             switch_applied,
             store_probe: None,
-            served_sizes: None,
+            served: None,
         });
         Api::new(ctl)
     }

@@ -314,7 +314,7 @@ fn bytes(n: u64) -> String {
 
 /// Namespaces, one row each.
 pub fn namespaces(list: &[pb::Namespace]) -> String {
-    let mut t = Table::new(&["NSID", "BACKEND", "SIZE", "BLOCK", "UUID"]);
+    let mut t = Table::new(&["NSID", "BACKEND", "SIZE", "BLOCK", "STATE", "UUID"]);
     for n in list {
         let backend = match &n.backend {
             Some(pb::namespace::Backend::Ram(_)) => "ram".to_string(),
@@ -330,6 +330,13 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
             backend,
             bytes(n.size_bytes),
             n.block_size.to_string(),
+            match n.state() {
+                pb::NamespaceState::Unspecified => "-",
+                pb::NamespaceState::Serving => "serving",
+                pb::NamespaceState::NotServed => "not served",
+                pb::NamespaceState::Unreachable => "unreachable",
+            }
+            .into(),
             n.uuid.clone(),
         ]);
     }
@@ -603,11 +610,14 @@ mod tests {
                 image: "vol1".into(),
             })),
             size_bytes: 1 << 30,
+            state: pb::NamespaceState::Unreachable.into(),
             ..Default::default()
         };
         let out = namespaces(&[n]);
         assert!(
-            out.contains("rbd:ceph1:rbd/vol1") && out.contains("1 GiB"),
+            out.contains("rbd:ceph1:rbd/vol1")
+                && out.contains("1 GiB")
+                && out.contains("unreachable"),
             "{out}"
         );
     }
