@@ -302,3 +302,51 @@ fn an_rbd_namespace_serves_io_and_answers_when_its_cluster_does_not() {
     assert!(ns.backend.reachable());
     transport.shutdown();
 }
+
+/// More commands than the cluster connection may have in flight, while
+/// the OSD is frozen: those past the bound wait in their connections
+/// (librados never blocks a poll group), start as room frees, and every
+/// command is answered: none lost, none twice.
+#[test]
+fn commands_past_the_in_flight_bound_wait_and_are_all_answered() {
+    use dpu_nvmeof::backend::rbd::MAX_IN_FLIGHT_OPS;
+    let c = TestCluster::start(false);
+    c.rbd(&["create", "rbd/vol", "--size", "16M"]);
+    let (transport, addr, _target) = serve(&c, Duration::from_secs(2));
+    let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
+    let per_queue = 120u16;
+    let queues = (MAX_IN_FLIGHT_OPS / usize::from(per_queue)) as u16 + 1;
+    let mut qs: Vec<Queue> = (1..=queues)
+        .map(|q| Queue::open(addr, q, cntlid).0)
+        .collect();
+    let osd = c.osd_pid().to_string();
+    let kill = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &osd])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill("-STOP");
+    for q in &mut qs {
+        for cid in 0..per_queue {
+            q.rw(RBD_NS, false, cid, u64::from(cid) * 8, 8, &[]);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    kill("-CONT");
+    let t = Instant::now();
+    for q in &mut qs {
+        let mut seen = BTreeSet::new();
+        for _ in 0..per_queue {
+            let (cid, status, _) = q.next();
+            assert!(
+                status == 0 || status == Status::NS_NOT_READY.to_field(),
+                "read {cid}: status {status:#x}"
+            );
+            assert!(seen.insert(cid), "cid {cid} answered twice");
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    transport.shutdown();
+}

@@ -134,6 +134,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn asynchronous(&self) -> bool {
         false
     }
+    /// Whether `ops` more operations of `bytes` in all may start now on an
+    /// [asynchronous](Backend::asynchronous) backend without passing its
+    /// bound on what is in flight; a caller that is told no keeps the
+    /// request and asks again later (a completion makes room). By default
+    /// there is always room.
+    fn has_room(&self, ops: usize, bytes: u64) -> bool {
+        let _ = (ops, bytes);
+        true
+    }
     /// Asks to have `notify` called whenever the size changes by a hand
     /// other than [`Backend::resize`] (another client of a shared store).
     /// By default sizes only change through `resize`: nothing to call.

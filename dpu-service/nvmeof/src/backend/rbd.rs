@@ -21,10 +21,48 @@ use dpu_rbd::{Cluster, ClusterConfig, Image};
 use super::{check, is_unavailable, lock, Backend, Io, IoDone};
 use crate::target::RbdCluster;
 
+/// Most operations in flight on one cluster connection, all its images
+/// together. librados blocks the caller of a submission past its own
+/// throttle (`objecter_inflight_ops`, 1024 operations on OSDs, and an
+/// operation of librbd may take two when it crosses an object's end):
+/// ours holds requests back in their connections well before that, so
+/// that no poll group ever waits in librados.
+pub const MAX_IN_FLIGHT_OPS: usize = 400;
+
+/// Most bytes of reads and writes in flight on one cluster connection, for
+/// the same reason (`objecter_inflight_op_bytes`, 100 MiB); also the most
+/// memory the data of a cluster's I/O holds at once.
+pub const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
+
+/// What is in flight on one cluster connection.
+#[derive(Debug, Default)]
+struct InFlight {
+    ops: AtomicUsize,
+    bytes: AtomicU64,
+}
+
+/// A connection to a cluster, with the count of what its images have in
+/// flight (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Link {
+    cluster: Cluster,
+    in_flight: Arc<InFlight>,
+}
+
+impl Link {
+    /// A link over `cluster`, nothing in flight yet.
+    pub fn new(cluster: Cluster) -> Self {
+        Self {
+            cluster,
+            in_flight: Arc::default(),
+        }
+    }
+}
+
 /// The target's connections to clusters, by cluster name.
 #[derive(Debug, Default)]
 pub struct Clusters {
-    by_name: Mutex<HashMap<String, (RbdCluster, Cluster)>>,
+    by_name: Mutex<HashMap<String, (RbdCluster, Link)>>,
 }
 
 impl Clusters {
@@ -34,16 +72,16 @@ impl Clusters {
     ///
     /// # Errors
     /// The cluster refused or did not answer within its connect timeout.
-    pub fn connect(&self, c: &RbdCluster) -> io::Result<Cluster> {
-        if let Some((cfg, conn)) = lock(&self.by_name).get(&c.name) {
+    pub fn connect(&self, c: &RbdCluster) -> io::Result<Link> {
+        if let Some((cfg, link)) = lock(&self.by_name).get(&c.name) {
             if cfg == c {
-                return Ok(conn.clone());
+                return Ok(link.clone());
             }
         }
         // Connecting may take the whole timeout: not under the lock.
-        let conn = Cluster::connect(&config(c)).map_err(|e| named(&c.name, e))?;
-        lock(&self.by_name).insert(c.name.clone(), (c.clone(), conn.clone()));
-        Ok(conn)
+        let link = Link::new(Cluster::connect(&config(c)).map_err(|e| named(&c.name, e))?);
+        lock(&self.by_name).insert(c.name.clone(), (c.clone(), link.clone()));
+        Ok(link)
     }
 
     /// Forgets the connections to clusters not in `used` (their images
@@ -78,6 +116,8 @@ struct Shared {
     on_resize: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Whether the cluster answers.
     reach: Arc<Reach>,
+    /// What is in flight on the image's cluster connection.
+    in_flight: Arc<InFlight>,
 }
 
 /// Whether an image's cluster answers, as its operations found it. Held
@@ -131,16 +171,12 @@ impl RbdBackend {
     ///
     /// # Errors
     /// The pool or image does not exist, or the cluster did not answer.
-    pub fn open(
-        cluster: &Cluster,
-        cluster_name: &str,
-        pool: &str,
-        image: &str,
-    ) -> io::Result<Self> {
+    pub fn open(link: &Link, cluster_name: &str, pool: &str, image: &str) -> io::Result<Self> {
         let what = format!("{cluster_name}:{pool}/{image}");
         let named =
             |e: dpu_rbd::Error| io::Error::new(e.kind(), format!("cluster {cluster_name}: {e}"));
-        let img = cluster
+        let img = link
+            .cluster
             .pool(pool, None)
             .map_err(named)?
             .open(image)
@@ -154,6 +190,7 @@ impl RbdBackend {
                 unreachable: AtomicBool::new(false),
                 what: what.clone(),
             }),
+            in_flight: link.in_flight.clone(),
         });
         let weak = Arc::downgrade(&shared);
         shared
@@ -312,6 +349,16 @@ impl Backend for RbdBackend {
         true
     }
 
+    fn has_room(&self, ops: usize, bytes: u64) -> bool {
+        let f = &self.shared().in_flight;
+        let (o, b) = (
+            f.ops.load(Ordering::Acquire),
+            f.bytes.load(Ordering::Acquire),
+        );
+        // An idle connection takes anything, so no request waits forever.
+        o == 0 || (o + ops <= MAX_IN_FLIGHT_OPS && b + bytes <= MAX_IN_FLIGHT_BYTES)
+    }
+
     fn reachable(&self) -> bool {
         !self.shared().reach.unreachable.load(Ordering::Acquire)
     }
@@ -338,7 +385,17 @@ impl Backend for RbdBackend {
             }
         }
         let reach = s.reach.clone();
+        let bytes = match &io {
+            Io::Read { buf, .. } => buf.len() as u64,
+            Io::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let in_flight = s.in_flight.clone();
+        in_flight.ops.fetch_add(1, Ordering::AcqRel);
+        in_flight.bytes.fetch_add(bytes, Ordering::AcqRel);
         let done: dpu_rbd::Done = Box::new(move |r| {
+            in_flight.ops.fetch_sub(1, Ordering::AcqRel);
+            in_flight.bytes.fetch_sub(bytes, Ordering::AcqRel);
             reach.note(&r);
             done(r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", reach.what))))
         });
@@ -371,8 +428,8 @@ mod tests {
     #[test]
     fn rbd_suite() {
         let c = TestCluster::start(false);
-        let conn = Cluster::connect(&c.config(Duration::from_secs(20))).unwrap();
-        let pool = conn.pool("rbd", None).unwrap();
+        let conn = Link::new(Cluster::connect(&c.config(Duration::from_secs(20))).unwrap());
+        let pool = conn.cluster.pool("rbd", None).unwrap();
         let n = AtomicUsize::new(0);
         suite::suite(&|len| {
             let name = format!("suite{}", n.fetch_add(1, Ordering::Relaxed));
@@ -397,7 +454,11 @@ mod tests {
         };
         let clusters = Clusters::default();
         let a = clusters.connect(&spec).unwrap();
-        a.pool("rbd", None).unwrap().create_image("v", MIB).unwrap();
+        a.cluster
+            .pool("rbd", None)
+            .unwrap()
+            .create_image("v", MIB)
+            .unwrap();
         let b = clusters.connect(&spec).unwrap();
         // The same connection: an image opened through one is the other's.
         RbdBackend::open(&b, "ceph1", "rbd", "v").unwrap();
@@ -427,8 +488,9 @@ mod tests {
     #[test]
     fn another_clients_resize_is_followed_and_announced() {
         let c = TestCluster::start(false);
-        let conn = Cluster::connect(&c.config(Duration::from_secs(10))).unwrap();
-        conn.pool("rbd", None)
+        let conn = Link::new(Cluster::connect(&c.config(Duration::from_secs(10))).unwrap());
+        conn.cluster
+            .pool("rbd", None)
             .unwrap()
             .create_image("grow", 4 * MIB)
             .unwrap();
@@ -454,8 +516,9 @@ mod tests {
     #[test]
     fn an_osd_that_stops_answering_makes_io_unavailable_for_a_while() {
         let c = TestCluster::start(false);
-        let conn = Cluster::connect(&c.config(Duration::from_secs(2))).unwrap();
-        conn.pool("rbd", None)
+        let conn = Link::new(Cluster::connect(&c.config(Duration::from_secs(2))).unwrap());
+        conn.cluster
+            .pool("rbd", None)
             .unwrap()
             .create_image("v", 4 * MIB)
             .unwrap();
@@ -470,9 +533,36 @@ mod tests {
                 .success())
         };
         kill("-STOP");
+        // Operations pile up to the bound on what is in flight, no further.
+        let (tx, rx) = mpsc::channel();
+        assert!(b.has_room(MAX_IN_FLIGHT_OPS, 4096));
+        for _ in 0..MAX_IN_FLIGHT_OPS {
+            let tx = tx.clone();
+            let buf = vec![0; 4096];
+            b.start(
+                Io::Read { offset: 0, buf },
+                Box::new(move |r| {
+                    let _ = tx.send(r.map(drop));
+                }),
+            );
+        }
+        assert!(
+            !b.has_room(1, 0),
+            "no room past {MAX_IN_FLIGHT_OPS} operations"
+        );
         let t = Instant::now();
         let e = b.read_at(0, &mut [0; 4096]).unwrap_err();
         kill("-CONT");
+        for _ in 0..MAX_IN_FLIGHT_OPS {
+            let r = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("every operation ends");
+            assert!(r.as_ref().is_ok_and(|()| true) || r.is_err_and(|e| is_unavailable(&e)));
+        }
+        assert!(
+            b.has_room(MAX_IN_FLIGHT_OPS, MAX_IN_FLIGHT_BYTES),
+            "all room back"
+        );
         assert!(is_unavailable(&e), "{e}");
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         assert!(!b.reachable());

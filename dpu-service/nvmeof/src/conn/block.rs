@@ -143,6 +143,17 @@ impl BlockRequest {
         })
     }
 
+    /// The backend operations the request becomes and the bytes of data
+    /// they carry, as [`crate::backend::Backend::has_room`] asks.
+    pub fn load(&self) -> (usize, u64) {
+        match &self.op {
+            BlockOp::Read { len, .. } => (1, *len as u64),
+            BlockOp::Write { data, .. } => (1, data.len() as u64),
+            BlockOp::Flush | BlockOp::WriteZeroes { .. } => (1, 0),
+            BlockOp::Deallocate { ranges } => (ranges.len().max(1), 0),
+        }
+    }
+
     /// Starts the request on its namespace's backend; `completer` gets
     /// the completion, from whichever thread finishes it (the calling one
     /// too, before this returns, for a backend that is not asynchronous or

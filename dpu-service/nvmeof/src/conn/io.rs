@@ -71,6 +71,13 @@ impl Connection {
                 .as_ref()
                 .filter(|_| r.namespace.backend.asynchronous())
             {
+                let (ops, bytes) = r.load();
+                if !r.namespace.backend.has_room(ops, bytes) {
+                    // Its bound on what is in flight is reached: the
+                    // request waits here, first in line, for a later call.
+                    self.requests.push_front(r);
+                    break;
+                }
                 // The backend works elsewhere (a whole-namespace zeroing
                 // too, in one piece): start it and go on.
                 r.start(c);

@@ -185,8 +185,8 @@ impl BackendSpec {
                 pool,
                 image,
             } => {
-                let conn = clusters.connect(cluster)?;
-                let b = crate::backend::rbd::RbdBackend::open(&conn, &cluster.name, pool, image)?;
+                let link = clusters.connect(cluster)?;
+                let b = crate::backend::rbd::RbdBackend::open(&link, &cluster.name, pool, image)?;
                 (Arc::new(b), None)
             }
             #[cfg(not(feature = "rbd"))]
