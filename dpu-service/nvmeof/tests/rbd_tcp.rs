@@ -350,3 +350,44 @@ fn commands_past_the_in_flight_bound_wait_and_are_all_answered() {
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     transport.shutdown();
 }
+
+/// Deleting an RBD namespace whose cluster does not answer returns at
+/// once, with I/O in flight on it; its image closes once the cluster
+/// answers again.
+#[test]
+fn deleting_a_namespace_whose_cluster_hangs_returns() {
+    let c = TestCluster::start(false);
+    c.rbd(&["create", "rbd/vol", "--size", "16M"]);
+    let (transport, addr, target) = serve(&c, Duration::from_secs(20));
+    let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
+    let (mut q, _) = Queue::open(addr, 1, cntlid);
+    let osd = c.osd_pid().to_string();
+    let kill = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &osd])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill("-STOP");
+    for cid in 0..16u16 {
+        q.rw(RBD_NS, false, cid, u64::from(cid) * 8, 8, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let errors = target.apply(&TargetConfig {
+        subsystems: Vec::new(),
+        discovery: None,
+    });
+    let took = t.elapsed();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(took < Duration::from_secs(2), "the delete waited {took:?}");
+    assert!(target.subsystem(NQN).is_none());
+    kill("-CONT");
+    transport.shutdown();
+    drop((q, target));
+    assert!(
+        dpu_nvmeof::backend::wait_closed(Duration::from_secs(30)),
+        "the image closes once the cluster answers"
+    );
+}
