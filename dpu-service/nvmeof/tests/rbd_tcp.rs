@@ -391,3 +391,48 @@ fn deleting_a_namespace_whose_cluster_hangs_returns() {
         "the image closes once the cluster answers"
     );
 }
+
+/// The OSD crashes (SIGKILL) under reads and comes back (bluestore, so
+/// with its data): the reads in flight end in Namespace Not Ready within
+/// the operation timeout, and the namespace serves the same bytes again
+/// once the OSD is up, on the same connection.
+#[test]
+fn an_osd_that_crashes_and_restarts_is_served_again() {
+    let c = TestCluster::start(true);
+    c.rbd(&["create", "rbd/vol", "--size", "16M"]);
+    let (transport, addr, _target) = serve(&c, Duration::from_secs(3));
+    let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
+    let (mut q, _) = Queue::open(addr, 1, cntlid);
+    for i in 0..16u16 {
+        q.rw(RBD_NS, true, i, u64::from(i) * 8, 8, &pattern(u64::from(i)));
+    }
+    for _ in 0..16 {
+        assert_eq!(q.next().1, 0, "write");
+    }
+    c.kill_osd();
+    let t = Instant::now();
+    for i in 0..16u16 {
+        q.rw(RBD_NS, false, 100 + i, u64::from(i) * 8, 8, &[]);
+    }
+    for _ in 0..16 {
+        let (cid, status, _) = q.next();
+        assert_eq!(status, Status::NS_NOT_READY.to_field(), "read {cid}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    c.start_osd();
+    let t = Instant::now();
+    let mut cid = 200u16;
+    loop {
+        q.rw(RBD_NS, false, cid, 5 * 8, 8, &[]);
+        let (_, status, data) = q.next();
+        if status == 0 {
+            assert!(data == pattern(5), "the data survived the crash");
+            break;
+        }
+        assert_eq!(status, Status::NS_NOT_READY.to_field());
+        assert!(t.elapsed() < Duration::from_secs(90), "not served again");
+        cid += 1;
+    }
+    println!("served again {:?} after the OSD's restart", t.elapsed());
+    transport.shutdown();
+}

@@ -103,6 +103,39 @@ impl TestCluster {
         p.trim().parse().expect("osd pid")
     }
 
+    /// Kills the OSD at once (SIGKILL), as a crash would, and waits for
+    /// it to be gone.
+    pub fn kill_osd(&self) {
+        let pid = self.osd_pid();
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        let t = std::time::Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists()
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z "))
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "OSD {pid} outlives SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the OSD again (with `bluestore`, it comes back with its
+    /// data).
+    pub fn start_osd(&self) {
+        let conf = self.dir.join("ceph.conf");
+        let st = Command::new("ceph-osd")
+            .arg("-c")
+            .arg(&conf)
+            .args(["-i", "0"])
+            .status()
+            .expect("run ceph-osd");
+        assert!(st.success(), "ceph-osd did not start");
+    }
+
     /// Runs Ceph's `rbd` tool against this cluster; its stdout.
     pub fn rbd(&self, args: &[&str]) -> Vec<u8> {
         let out = Command::new("rbd")
