@@ -244,15 +244,7 @@ fn an_rbd_namespace_serves_io_and_answers_when_its_cluster_does_not() {
     // The OSD stops answering: RBD I/O ends in Namespace Not Ready within
     // the operation timeout; the RAM namespace on the same poll group
     // answers meanwhile.
-    let osd = c.osd_pid().to_string();
-    let kill = |sig: &str| {
-        assert!(std::process::Command::new("kill")
-            .args([sig, &osd])
-            .status()
-            .unwrap()
-            .success())
-    };
-    kill("-STOP");
+    c.freeze_osd();
     let stopped = Instant::now();
     for i in 0..8u16 {
         q.rw(RBD_NS, false, 400 + i, u64::from(i) * 16, 8, &[]);
@@ -277,7 +269,7 @@ fn an_rbd_namespace_serves_io_and_answers_when_its_cluster_does_not() {
         }
     }
     let took = stopped.elapsed();
-    kill("-CONT");
+    c.thaw_osd();
     assert_eq!(not_ready, 8);
     let ram = ram_done.expect("the RAM read");
     assert!(ram < Duration::from_secs(1), "RAM namespace waited {ram:?}");
@@ -319,22 +311,14 @@ fn commands_past_the_in_flight_bound_wait_and_are_all_answered() {
     let mut qs: Vec<Queue> = (1..=queues)
         .map(|q| Queue::open(addr, q, cntlid).0)
         .collect();
-    let osd = c.osd_pid().to_string();
-    let kill = |sig: &str| {
-        assert!(std::process::Command::new("kill")
-            .args([sig, &osd])
-            .status()
-            .unwrap()
-            .success())
-    };
-    kill("-STOP");
+    c.freeze_osd();
     for q in &mut qs {
         for cid in 0..per_queue {
             q.rw(RBD_NS, false, cid, u64::from(cid) * 8, 8, &[]);
         }
     }
     std::thread::sleep(Duration::from_secs(3));
-    kill("-CONT");
+    c.thaw_osd();
     let t = Instant::now();
     for q in &mut qs {
         let mut seen = BTreeSet::new();
@@ -361,15 +345,7 @@ fn deleting_a_namespace_whose_cluster_hangs_returns() {
     let (transport, addr, target) = serve(&c, Duration::from_secs(20));
     let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
     let (mut q, _) = Queue::open(addr, 1, cntlid);
-    let osd = c.osd_pid().to_string();
-    let kill = |sig: &str| {
-        assert!(std::process::Command::new("kill")
-            .args([sig, &osd])
-            .status()
-            .unwrap()
-            .success())
-    };
-    kill("-STOP");
+    c.freeze_osd();
     for cid in 0..16u16 {
         q.rw(RBD_NS, false, cid, u64::from(cid) * 8, 8, &[]);
     }
@@ -383,7 +359,7 @@ fn deleting_a_namespace_whose_cluster_hangs_returns() {
     assert!(errors.is_empty(), "{errors:?}");
     assert!(took < Duration::from_secs(2), "the delete waited {took:?}");
     assert!(target.subsystem(NQN).is_none());
-    kill("-CONT");
+    c.thaw_osd();
     transport.shutdown();
     drop((q, target));
     assert!(

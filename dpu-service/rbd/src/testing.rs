@@ -103,6 +103,26 @@ impl TestCluster {
         p.trim().parse().expect("osd pid")
     }
 
+    /// Freezes the OSD (SIGSTOP): it holds every operation and answers
+    /// nothing, as a hung OSD does, until [`TestCluster::thaw_osd`].
+    pub fn freeze_osd(&self) {
+        self.signal_osd("-STOP");
+    }
+
+    /// Lets a frozen OSD go on (SIGCONT).
+    pub fn thaw_osd(&self) {
+        self.signal_osd("-CONT");
+    }
+
+    fn signal_osd(&self, sig: &str) {
+        let pid = self.osd_pid().to_string();
+        let st = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(st.success(), "kill {sig} {pid}");
+    }
+
     /// Kills the OSD at once (SIGKILL), as a crash would, and waits for
     /// it to be gone.
     pub fn kill_osd(&self) {

@@ -199,15 +199,7 @@ fn a_stopped_osd_times_operations_out_and_they_resume() {
     img.write(0, pattern(1, 4096), false, done(&tx));
     wait(&rx).expect("write before");
 
-    let osd = c.osd_pid().to_string();
-    let signal = |sig: &str| {
-        assert!(std::process::Command::new("kill")
-            .args([sig, &osd])
-            .status()
-            .unwrap()
-            .success());
-    };
-    signal("-STOP");
+    c.freeze_osd();
     let t = Instant::now();
     for i in 0..8u64 {
         img.write(i * 4096, pattern(i, 4096), false, done(&tx));
@@ -221,7 +213,7 @@ fn a_stopped_osd_times_operations_out_and_they_resume() {
         }
     }
     let took = t.elapsed();
-    signal("-CONT");
+    c.thaw_osd();
     assert_eq!(timeouts, 9);
     assert!(took < Duration::from_secs(15), "bounded: {took:?}");
 

@@ -155,22 +155,14 @@ nvme disconnect -n {NQN}
     // the 4 s operation timeout, answers Namespace Not Ready, and the
     // initiator's retry goes through once the OSD answers again.
     std::thread::sleep(Duration::from_secs(3));
-    let osd = cluster.osd_pid().to_string();
-    let signal = |sig: &str| -> Result<()> {
-        let st = std::process::Command::new("kill")
-            .args([sig, &osd])
-            .status()?;
-        anyhow::ensure!(st.success(), "kill {sig} {osd}");
-        Ok(())
-    };
-    signal("-STOP")?;
+    cluster.freeze_osd();
     let frozen = Instant::now();
     // Past the operation timeout, the outage shows in the API and metrics.
     std::thread::sleep(Duration::from_secs(5));
     let during = ok(&svc, &["namespace", "list", "rbd"]);
     let unreachable_gauge = unreachable(&svc);
     std::thread::sleep(Duration::from_secs(6).saturating_sub(frozen.elapsed()));
-    signal("-CONT")?;
+    cluster.thaw_osd();
     let during = during?;
     assert!(during.contains("unreachable"), "{during}");
     assert_eq!(unreachable_gauge?, 1);

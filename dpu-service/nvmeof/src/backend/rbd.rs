@@ -524,15 +524,7 @@ mod tests {
             .unwrap();
         let b = RbdBackend::open(&conn, "test", "rbd", "v").unwrap();
         b.write_at(0, &[7; 4096], false).unwrap();
-        let osd = c.osd_pid().to_string();
-        let kill = |sig: &str| {
-            assert!(std::process::Command::new("kill")
-                .args([sig, &osd])
-                .status()
-                .unwrap()
-                .success())
-        };
-        kill("-STOP");
+        c.freeze_osd();
         // Operations pile up to the bound on what is in flight, no further.
         let (tx, rx) = mpsc::channel();
         assert!(b.has_room(MAX_IN_FLIGHT_OPS, 4096));
@@ -552,7 +544,7 @@ mod tests {
         );
         let t = Instant::now();
         let e = b.read_at(0, &mut [0; 4096]).unwrap_err();
-        kill("-CONT");
+        c.thaw_osd();
         for _ in 0..MAX_IN_FLIGHT_OPS {
             let r = rx
                 .recv_timeout(Duration::from_secs(30))
