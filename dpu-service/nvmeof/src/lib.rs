@@ -18,8 +18,10 @@
 //!   authentication and the PDUs it sends, a file each; its block requests
 //!   and timers.
 //! - [`tcp`]: the kernel TCP transport: listeners, connection limits and
-//!   poll groups; the only code that touches sockets.
-//! - [`host`]: host-side command capsules (Connect, enable) for initiators.
+//!   poll groups; the only code of the target that touches sockets.
+//! - [`host`]: the host (initiator) side: command capsules, a queue pair
+//!   (sans-IO, and over a byte stream), a controller brought up, its I/O
+//!   queues and the discovery log; nvmf-perf and the tests use it.
 //! - [`auth`]: in-band authentication (DH-HMAC-CHAP): secrets, DH,
 //!   messages and the controller's state machine. Its crates are named in
 //!   its module doc.

@@ -1,148 +1,77 @@
-//! Host-side command capsules: what an initiator sends to open and enable
-//! a queue. The load generator (`nvmf-perf`), the protocol tests and the
-//! fuzz targets build their commands here, so the Connect layout is written
-//! once.
+//! DH-HMAC-CHAP, the host's side: [`DhchapHost`] computes the messages
+//! (what the Linux initiator computes), [`authenticate`] runs the whole
+//! transaction over a queue as the controller asked in its Connect
+//! response (NVMe Base Specification 2.0, section 8.13).
 
 use zeroize::Zeroizing;
 
 use crate::auth::dh::DhGroup;
 use crate::auth::msg::{self, explanation, Message, Negotiate, Reply};
 use crate::auth::{augmented_challenge, response, HashId, Role, Secret, Transaction};
-use crate::pdu::{self, Digests, IcReq};
-use crate::spec::{fctype, prop, sgl, Sqe, FABRICS, SQE_LEN};
 
-/// CC value that enables a controller with 64-byte SQEs and 16-byte CQEs.
-pub const CC_ENABLE: u32 = 1 | 6 << 16 | 4 << 20;
-/// Size of the Connect command's data.
-pub const CONNECT_DATA_LEN: usize = 1024;
+use super::error::{Error, HostAuthError};
+use super::pair::Transfer;
+use super::queue::{Queue, Wire};
+use super::{auth_receive, auth_send, HostIdentity};
 
-/// Appends to `out` the ICReq that opens a connection: PDU format 0, no
-/// header padding, at most one R2T outstanding, `digests` asked for.
-pub fn ic_req(out: &mut Vec<u8>, digests: Digests) {
-    pdu::encode_ic_req(
-        out,
-        &IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests,
-            maxr2t: 0,
-        },
-    );
-}
+/// Most bytes an Authentication Receive asks for: the largest message,
+/// a Challenge with an 8192-bit DH value, is about 1.1 KiB.
+const RECEIVE_LEN: u32 = 4096;
 
-/// A command with `opcode` and `cid`, its data described by one transport
-/// SGL descriptor of length 0 (set bytes 32..36 for a transfer).
-pub fn command(opcode: u8, cid: u16) -> Sqe {
-    let mut s = Sqe([0; SQE_LEN]);
-    s.0[0] = opcode;
-    s.0[1] = 0x40; // PSDT: SGL
-    s.0[2..4].copy_from_slice(&cid.to_le_bytes());
-    s.0[39] = sgl::TRANSPORT;
-    s
-}
-
-/// A Connect for queue `qid` of `entries` entries (SQSIZE is one less) with
-/// keep-alive timeout `kato_ms`, its 1024 data bytes in the capsule.
-pub fn connect(cid: u16, qid: u16, entries: u16, kato_ms: u32) -> Sqe {
-    let mut s = command(FABRICS, cid);
-    s.0[4] = fctype::CONNECT;
-    s.0[32..36].copy_from_slice(&(CONNECT_DATA_LEN as u32).to_le_bytes());
-    s.0[39] = sgl::IN_CAPSULE;
-    s.0[40..44].copy_from_slice(&(u32::from(qid) << 16).to_le_bytes());
-    s.0[44..48].copy_from_slice(&u32::from(entries.saturating_sub(1)).to_le_bytes());
-    s.0[48..52].copy_from_slice(&kato_ms.to_le_bytes());
-    s
-}
-
-/// The Connect data: host identifier, controller ID (0xFFFF for a new
-/// admin queue), subsystem and host NQNs (cut to 255 bytes).
-pub fn connect_data(hostid: [u8; 16], cntlid: u16, subnqn: &str, hostnqn: &str) -> Vec<u8> {
-    let mut d = vec![0u8; CONNECT_DATA_LEN];
-    d[0..16].copy_from_slice(&hostid);
-    d[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    for (at, s) in [(256, subnqn), (512, hostnqn)] {
-        let n = s.len().min(255);
-        d[at..at + n].copy_from_slice(&s.as_bytes()[..n]);
+/// Authenticates queue `qid` of a controller of `subnqn` with
+/// DH-HMAC-CHAP as `host` (its secrets and DH groups): AUTH_Negotiate,
+/// the Challenge, the Reply, Success1 and, when `host` has a controller
+/// secret, Success2. Call it when the Connect response asks for
+/// authentication (dword 0 bit 17, AUTHREQ.ATR).
+///
+/// # Errors
+///
+/// [`Error::AuthRequired`] when `host` has no secret, [`Error::Auth`] when
+/// the transaction fails (after sending AUTH_Failure2 when the
+/// controller's own response was wrong), or the queue's errors.
+pub fn authenticate<W: Wire>(
+    q: &mut Queue<W>,
+    host: &HostIdentity,
+    subnqn: &str,
+    qid: u16,
+) -> Result<(), Error> {
+    let secret = host.secret.clone().ok_or(Error::AuthRequired { qid })?;
+    let mut dh = DhchapHost::new(&host.nqn, subnqn, secret, host.ctrl_secret.clone(), qid);
+    if !host.dh_groups.is_empty() {
+        dh.dh_groups.clone_from(&host.dh_groups);
     }
-    d
+    let failed = |source| Error::Auth { qid, source };
+    send(q, &dh.negotiate())?;
+    let challenge = receive(q)?;
+    let reply = dh.reply(&challenge).map_err(failed)?;
+    send(q, &reply)?;
+    let success1 = receive(q)?;
+    match dh.success1(&success1) {
+        Ok(Some(s2)) => send(q, &s2),
+        Ok(None) => Ok(()),
+        Err(e) => {
+            if e == HostAuthError::ControllerResponse {
+                send(q, &dh.failure2())?;
+            }
+            Err(failed(e))
+        }
+    }
 }
 
-/// A Property Set of the 4-byte property at `offset` to `value`.
-pub fn property_set(cid: u16, offset: u32, value: u32) -> Sqe {
-    let mut s = command(FABRICS, cid);
-    s.0[4] = fctype::PROPERTY_SET;
-    s.0[39] = 0;
-    s.0[44..48].copy_from_slice(&offset.to_le_bytes());
-    s.0[48..52].copy_from_slice(&value.to_le_bytes());
-    s
+/// Sends one authentication message (Authentication Send, in the capsule).
+pub fn send<W: Wire>(q: &mut Queue<W>, message: &[u8]) -> Result<(), Error> {
+    let len = u32::try_from(message.len()).map_err(|_| Error::TransferTooLong(message.len()))?;
+    q.call(auth_send(0, len), Transfer::Write(message.to_vec()))?;
+    Ok(())
 }
 
-/// A Property Get of the property at `offset`, 8 bytes wide if `eight`.
-pub fn property_get(cid: u16, offset: u32, eight: bool) -> Sqe {
-    let mut s = command(FABRICS, cid);
-    s.0[4] = fctype::PROPERTY_GET;
-    s.0[39] = 0;
-    s.0[40] = u8::from(eight);
-    s.0[44..48].copy_from_slice(&offset.to_le_bytes());
-    s
-}
-
-/// The Property Set that enables the controller (CC.EN).
-pub fn enable(cid: u16) -> Sqe {
-    property_set(cid, prop::CC, CC_ENABLE)
-}
-
-/// An Authentication Send (DH-HMAC-CHAP) of `len` bytes carried in the
-/// capsule.
-pub fn auth_send(cid: u16, len: u32) -> Sqe {
-    let mut s = command(FABRICS, cid);
-    s.0[4] = fctype::AUTH_SEND;
-    s.0[32..36].copy_from_slice(&len.to_le_bytes());
-    s.0[39] = sgl::IN_CAPSULE;
-    s.0[41] = crate::auth::SPSP;
-    s.0[42] = crate::auth::SPSP;
-    s.0[43] = crate::auth::SECP;
-    s.0[44..48].copy_from_slice(&len.to_le_bytes());
-    s
-}
-
-/// An Authentication Receive (DH-HMAC-CHAP) of allocation length `al`.
-pub fn auth_receive(cid: u16, al: u32) -> Sqe {
-    let mut s = command(FABRICS, cid);
-    s.0[4] = fctype::AUTH_RECEIVE;
-    s.0[32..36].copy_from_slice(&al.to_le_bytes());
-    s.0[41] = crate::auth::SPSP;
-    s.0[42] = crate::auth::SPSP;
-    s.0[43] = crate::auth::SECP;
-    s.0[44..48].copy_from_slice(&al.to_le_bytes());
-    s
-}
-
-/// Why the host side of DH-HMAC-CHAP stopped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HostAuthError {
-    /// The controller's message did not decode or was not the one
-    /// expected.
-    #[error("unexpected or malformed message from the controller")]
-    Unexpected,
-    /// The controller sent AUTH_Failure1.
-    #[error("the controller refused: reason {reason:#04x}, explanation {explanation:#04x}")]
-    Refused {
-        /// Reason code.
-        reason: u8,
-        /// Reason code explanation.
-        explanation: u8,
-    },
-    /// The challenge names a hash or group not offered, or has the wrong
-    /// sizes, or a DH value out of range.
-    #[error("unusable challenge")]
-    Challenge,
-    /// The controller's response was wrong (send [`DhchapHost::failure2`]).
-    #[error("the controller's response is wrong")]
-    ControllerResponse,
-    /// The OS random number generator failed.
-    #[error("the OS random number generator failed")]
-    Random,
+/// Receives one authentication message (Authentication Receive).
+pub fn receive<W: Wire>(q: &mut Queue<W>) -> Result<Vec<u8>, Error> {
+    let c = q.call(
+        auth_receive(0, RECEIVE_LEN),
+        Transfer::Read(vec![0; RECEIVE_LEN as usize]),
+    )?;
+    Ok(c.data)
 }
 
 /// The host's side of DH-HMAC-CHAP: what the Linux initiator computes,
@@ -325,30 +254,5 @@ impl std::fmt::Debug for DhchapHost {
             .field("secret", &self.secret)
             .field("bidirectional", &self.ctrl_secret.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connect_layout() {
-        let s = connect(7, 2, 128, 5000);
-        assert_eq!(
-            (s.opcode(), s.fctype(), s.cid()),
-            (FABRICS, fctype::CONNECT, 7)
-        );
-        assert_eq!((s.sgl_id(), s.sgl_len()), (sgl::IN_CAPSULE, 1024));
-        assert_eq!((s.cdw(10) >> 16, s.cdw(11), s.cdw(12)), (2, 127, 5000));
-        let d = connect_data([9; 16], 0xffff, "nqn.a", "nqn.b");
-        assert_eq!((&d[0..16], &d[16..18]), (&[9u8; 16][..], &[0xff, 0xff][..]));
-        assert_eq!((&d[256..261], d[261]), (&b"nqn.a"[..], 0));
-        assert_eq!(&d[512..517], b"nqn.b");
-        let e = enable(1);
-        assert_eq!(
-            (e.fctype(), e.cdw(11), e.cdw(12)),
-            (fctype::PROPERTY_SET, prop::CC, CC_ENABLE)
-        );
     }
 }
