@@ -18,6 +18,11 @@
 //! nvmf-perf --addr 10.1.0.250:4420 --discover  # the discovery log
 //! ```
 //!
+//! The protocol is the library's host side ([`dpu_nvmeof::host`]):
+//! controllers and queues are brought up with it, and the measured loop
+//! submits to and polls its queues; what stays here is the load: jobs,
+//! the epoll set over the queues, latencies and the report.
+//!
 //! `--memif SOCKET` (built with the feature `memif`) connects through a
 //! TCP/IP stack of nvmf-perf's own (smoltcp) on a DPDK `net_memif` client
 //! port of the server at SOCKET, as the host `--ip` (10.79.0.5/24) with
@@ -50,73 +55,59 @@
 //! Challenge, without waiting for it (counted as `abandoned`): the
 //! target's DH work for it finds no one to answer.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use rustix::buffer::spare_capacity;
 use rustix::event::{epoll, Timespec};
-use std::time::{Duration, Instant};
 
 #[cfg(feature = "memif")]
 mod memif;
 
-use std::sync::OnceLock;
-
-use dpu_nvmeof::auth::{DhGroup, Secret};
-use dpu_nvmeof::host::{self, DhchapHost, HostAuthError};
-use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
-use dpu_nvmeof::spec::{admin, nvm, sgl, Cqe, Sqe};
+use dpu_nvmeof::auth::DhGroup;
+use dpu_nvmeof::host::{
+    self, Controller, ControllerOptions, DhchapHost, HostAuthError, HostIdentity, Queue,
+    QueueOptions, Transfer, Wire,
+};
 use dpu_rand::Rng;
 
 type Error = Box<dyn std::error::Error>;
 
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
+const HOSTID: [u8; 16] = *b"nvmf-perf-hostid";
 
-/// The host NQN (`--hostnqn`) and DH-HMAC-CHAP secrets (`--dhchap-secret`,
-/// `--dhchap-ctrl-secret`), set once from the command line.
-struct Identity {
-    hostnqn: String,
-    secret: Option<Secret>,
-    ctrl_secret: Option<Secret>,
-    /// DH groups offered (`--dh-group`); empty: all.
-    dh_groups: Vec<DhGroup>,
+/// The host: its NQN (`--hostnqn`), DH-HMAC-CHAP secrets
+/// (`--dhchap-secret`, `--dhchap-ctrl-secret`) and DH groups
+/// (`--dh-group`), set once from the command line.
+static IDENTITY: OnceLock<HostIdentity> = OnceLock::new();
+
+fn identity() -> Result<&'static HostIdentity, Error> {
+    IDENTITY.get().ok_or_else(|| "no identity".into())
 }
 
-static IDENTITY: OnceLock<Identity> = OnceLock::new();
-
-fn hostnqn() -> &'static str {
-    IDENTITY.get().map_or(HOSTNQN, |i| i.hostnqn.as_str())
-}
-
-/// Authenticates queue `qid` with DH-HMAC-CHAP, as the controller asked in
-/// its Connect response.
-fn authenticate(q: &mut Queue, qid: u16, nqn: &str) -> Result<(), Error> {
-    let id = IDENTITY.get().ok_or("no identity")?;
-    let secret = id
-        .secret
-        .clone()
-        .ok_or("the controller requires authentication: give --dhchap-secret")?;
-    let mut dh = DhchapHost::new(hostnqn(), nqn, secret, id.ctrl_secret.clone(), qid);
-    if !id.dh_groups.is_empty() {
-        dh.dh_groups.clone_from(&id.dh_groups);
+/// How every controller and queue is set up: PDUs of up to 4 MiB of data,
+/// a 30-second keep-alive timeout on admin queues, 30 seconds for any
+/// answer during setup.
+fn options() -> ControllerOptions {
+    ControllerOptions {
+        queue: QueueOptions {
+            max_data: 1 << 22,
+            ..QueueOptions::default()
+        },
+        ..ControllerOptions::default()
     }
-    let send = |q: &mut Queue, m: &[u8]| q.call(&host::auth_send(0, m.len() as u32), m).map(|_| ());
-    let receive = |q: &mut Queue| q.call(&host::auth_receive(0, 4096), &[]).map(|(_, d)| d);
-    send(q, &dh.negotiate())?;
-    let challenge = receive(q)?;
-    let reply = dh.reply(&challenge)?;
-    send(q, &reply)?;
-    let success1 = receive(q)?;
-    match dh.success1(&success1) {
-        Ok(Some(s2)) => send(q, &s2),
-        Ok(None) => Ok(()),
-        Err(e) => {
-            if e == HostAuthError::ControllerResponse {
-                send(q, &dh.failure2())?;
-            }
-            Err(format!("queue {qid}: {e}").into())
-        }
+}
+
+/// A queue on any byte stream [`dial`] opens.
+type Q = Queue<Box<dyn Wire>>;
+
+/// The library's error, naming the option that was missing.
+fn hint(e: host::Error) -> Error {
+    match e {
+        host::Error::AuthRequired { .. } => format!("{e}: give --dhchap-secret").into(),
+        e => e.into(),
     }
 }
 
@@ -144,33 +135,34 @@ const FLOOD_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 fn flood_attempt(addr: &str, nqn: &str, abandon: bool, f: &mut Flood) {
     f.attempts += 1;
     let mut attempt = || -> Result<(), Error> {
-        let mut q = Queue::open(addr)?;
-        q.sock.set_read_timeout(Some(FLOOD_STEP_TIMEOUT))?;
-        let s = host::connect(0, 0, 32, 30_000);
-        let d = host::connect_data(*b"nvmf-perf-hostid", 0xffff, nqn, hostnqn());
-        let (c, _) = q.call(&s, &d)?;
-        if c.dw0 & 1 << 17 == 0 {
+        let id = identity()?;
+        let opts = QueueOptions {
+            timeout: Some(FLOOD_STEP_TIMEOUT),
+            ..options().queue
+        };
+        let mut q: Q = Queue::open(dial(addr)?, &opts)?;
+        let d = host::connect_data(HOSTID, 0xffff, nqn, &id.nqn);
+        let c = q.call(host::connect(0, 0, 32, 30_000), Transfer::Write(d))?;
+        if c.cqe.dw0 & 1 << 17 == 0 {
             return Err("the Connect asked for no authentication".into());
         }
-        let id = IDENTITY.get().ok_or("no identity")?;
         let secret = id
             .secret
             .clone()
             .ok_or("--auth-flood needs --dhchap-secret")?;
-        let mut dh = DhchapHost::new(hostnqn(), nqn, secret, None, 1);
+        let mut dh = DhchapHost::new(&id.nqn, nqn, secret, None, 1);
         if !id.dh_groups.is_empty() {
             dh.dh_groups.clone_from(&id.dh_groups);
         }
-        let negotiate = dh.negotiate();
-        q.call(&host::auth_send(0, negotiate.len() as u32), &negotiate)?;
+        host::auth::send(&mut q, &dh.negotiate())?;
         if abandon {
             let r = host::auth_receive(0, 4096);
-            pdu::encode_capsule_cmd(&mut q.out, q.limits.digests, &r, &[]);
+            q.submit(0, r, Transfer::Read(vec![0; 4096]))?;
             q.flush()?;
             f.abandoned += 1;
             return Ok(());
         }
-        let (_, challenge) = q.call(&host::auth_receive(0, 4096), &[])?;
+        let challenge = host::auth::receive(&mut q)?;
         let reply = match dh.reply(&challenge) {
             Ok(r) => r,
             Err(HostAuthError::Refused { .. }) => {
@@ -179,8 +171,8 @@ fn flood_attempt(addr: &str, nqn: &str, abandon: bool, f: &mut Flood) {
             }
             Err(e) => return Err(e.into()),
         };
-        q.call(&host::auth_send(0, reply.len() as u32), &reply)?;
-        let (_, s1) = q.call(&host::auth_receive(0, 4096), &[])?;
+        host::auth::send(&mut q, &reply)?;
+        let s1 = host::auth::receive(&mut q)?;
         match dh.success1(&s1) {
             Ok(_) => f.authenticated += 1,
             Err(HostAuthError::Refused { .. }) => f.at_success1 += 1,
@@ -303,30 +295,6 @@ impl std::fmt::Display for Job {
     }
 }
 
-/// A byte stream to a target: a kernel TCP socket, or (with `--memif`) a
-/// TCP connection of nvmf-perf's own stack over a DPDK port.
-trait Wire: Read + Write {
-    /// Reads and writes answer `WouldBlock` instead of waiting.
-    fn set_nonblocking(&mut self, on: bool) -> std::io::Result<()>;
-    /// A blocking read waits at most this long.
-    fn set_read_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()>;
-    /// The kernel socket under the stream, if it is one: a job of many
-    /// queues waits on those with `epoll` instead of reading each in turn.
-    fn fd(&self) -> Option<BorrowedFd<'_>>;
-}
-
-impl Wire for TcpStream {
-    fn set_nonblocking(&mut self, on: bool) -> std::io::Result<()> {
-        TcpStream::set_nonblocking(self, on)
-    }
-    fn set_read_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()> {
-        TcpStream::set_read_timeout(self, t)
-    }
-    fn fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.as_fd())
-    }
-}
-
 /// Opens a byte stream to `addr`: through the DPDK port's stack when
 /// `--memif` set one up, else a kernel TCP socket.
 fn dial(addr: &str) -> Result<Box<dyn Wire>, Error> {
@@ -339,271 +307,6 @@ fn dial(addr: &str) -> Result<Box<dyn Wire>, Error> {
     Ok(Box::new(sock))
 }
 
-/// A queue: one TCP connection speaking NVMe/TCP as a host.
-struct Queue {
-    sock: Box<dyn Wire>,
-    limits: Limits,
-    inbox: Vec<u8>,
-    /// Unread bytes are `inbox[start..filled]`.
-    start: usize,
-    filled: usize,
-    out: Vec<u8>,
-    /// Bytes of `out` already sent (non-blocking sockets).
-    out_sent: usize,
-    /// Copy C2HData payloads out (setup); the measured I/O drops them.
-    keep_data: bool,
-}
-
-impl Queue {
-    fn open(addr: &str) -> Result<Queue, Error> {
-        let sock = dial(addr)?;
-        let mut q = Queue {
-            sock,
-            limits: Limits {
-                digests: Digests::default(),
-                max_data: 1 << 22,
-            },
-            inbox: vec![0; 8 << 20],
-            start: 0,
-            filled: 0,
-            keep_data: true,
-            out: Vec::with_capacity(1 << 20),
-            out_sent: 0,
-        };
-        host::ic_req(&mut q.out, Digests::default());
-        q.flush()?;
-        match q.next()? {
-            Owned::IcResp => Ok(q),
-            _ => Err("no ICResp".into()),
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), Error> {
-        self.sock.write_all(&self.out)?;
-        self.out.clear();
-        Ok(())
-    }
-
-    /// Sends what the socket takes of the output (all of it on a blocking
-    /// socket); true when nothing is left.
-    fn send_some(&mut self) -> Result<bool, Error> {
-        while self.out_sent < self.out.len() {
-            match self.sock.write(&self.out[self.out_sent..]) {
-                Ok(0) => return Err("target closed the connection".into()),
-                Ok(n) => self.out_sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        self.out.clear();
-        self.out_sent = 0;
-        Ok(true)
-    }
-
-    /// Reads what has arrived (waits for it on a blocking socket); false
-    /// when a non-blocking socket had nothing.
-    fn fill(&mut self) -> Result<bool, Error> {
-        if self.start == self.filled {
-            (self.start, self.filled) = (0, 0);
-        } else if self.filled == self.inbox.len() {
-            self.inbox.copy_within(self.start..self.filled, 0);
-            (self.start, self.filled) = (0, self.filled - self.start);
-        }
-        match self.sock.read(&mut self.inbox[self.filled..]) {
-            Ok(0) => Err("target closed the connection".into()),
-            Ok(n) => {
-                self.filled += n;
-                Ok(true)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// The next controller PDU, reading as needed.
-    fn next(&mut self) -> Result<Owned, Error> {
-        loop {
-            if let Some(o) = self.try_next()? {
-                return Ok(o);
-            }
-            self.fill()?;
-        }
-    }
-
-    /// The next controller PDU already read, if a whole one is there.
-    fn try_next(&mut self) -> Result<Option<Owned>, Error> {
-        {
-            let unread = &self.inbox[self.start..self.filled];
-            if let Some((p, n)) = pdu::decode_controller(unread, &self.limits)? {
-                let o = match p {
-                    ControllerPdu::IcResp(_) => Owned::IcResp,
-                    ControllerPdu::CapsuleResp { cqe } => Owned::Resp(cqe),
-                    ControllerPdu::C2HData {
-                        cccid,
-                        data,
-                        success,
-                        ..
-                    } => Owned::Data {
-                        cccid,
-                        // Only setup commands keep the data.
-                        data: if self.keep_data {
-                            data.to_vec()
-                        } else {
-                            Vec::new()
-                        },
-                        success,
-                    },
-                    ControllerPdu::R2T {
-                        cccid,
-                        ttag,
-                        r2to,
-                        r2tl,
-                    } => Owned::R2T {
-                        cccid,
-                        ttag,
-                        r2to,
-                        r2tl,
-                    },
-                    ControllerPdu::TermReq { fes, .. } => {
-                        return Err(format!("target terminated: FES {fes}").into())
-                    }
-                };
-                self.start += n;
-                if self.start == self.filled {
-                    (self.start, self.filled) = (0, 0);
-                }
-                return Ok(Some(o));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Sends one command and waits for its completion (setup only).
-    fn call(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(Cqe, Vec<u8>), Error> {
-        pdu::encode_capsule_cmd(&mut self.out, self.limits.digests, sqe, data);
-        self.flush()?;
-        let mut got = Vec::new();
-        loop {
-            match self.next()? {
-                Owned::Resp(c) if c.status >> 1 != 0 => {
-                    return Err(format!(
-                        "command {:#x} failed: status {:#x}",
-                        sqe.opcode(),
-                        c.status
-                    )
-                    .into())
-                }
-                Owned::Resp(c) => return Ok((c, got)),
-                Owned::Data {
-                    data,
-                    success,
-                    cccid,
-                } => {
-                    got.extend(data);
-                    if success {
-                        return Ok((
-                            Cqe {
-                                cid: cccid,
-                                ..Cqe::default()
-                            },
-                            got,
-                        ));
-                    }
-                }
-                _ => return Err("unexpected PDU during setup".into()),
-            }
-        }
-    }
-}
-
-enum Owned {
-    IcResp,
-    Resp(Cqe),
-    Data {
-        cccid: u16,
-        data: Vec<u8>,
-        success: bool,
-    },
-    R2T {
-        cccid: u16,
-        ttag: u16,
-        r2to: u32,
-        r2tl: u32,
-    },
-}
-
-fn connect(q: &mut Queue, qid: u16, cntlid: u16, nqn: &str, entries: u16) -> Result<u16, Error> {
-    let kato_ms = if qid == 0 { 30_000 } else { 0 };
-    let s = host::connect(0, qid, entries, kato_ms);
-    let d = host::connect_data(*b"nvmf-perf-hostid", cntlid, nqn, hostnqn());
-    let (c, _) = q.call(&s, &d)?;
-    // AUTHREQ.ATR: authenticate before anything else.
-    if c.dw0 & 1 << 17 != 0 {
-        authenticate(q, qid, nqn)?;
-    }
-    Ok(c.dw0 as u16)
-}
-
-/// The namespace's size in blocks and its block size, and the in-capsule
-/// data the I/O queues accept.
-fn setup(admin_q: &mut Queue, nqn: &str, queues: u16) -> Result<(u16, u64, u32, u32), Error> {
-    let cntlid = connect(admin_q, 0, 0xffff, nqn, 32)?;
-    admin_q.call(&host::enable(1), &[])?;
-    let mut s = host::command(admin::SET_FEATURES, 2);
-    s.0[39] = 0;
-    s.0[40] = 0x07;
-    let n = u32::from(queues.max(1) - 1);
-    s.0[44..48].copy_from_slice(&(n | n << 16).to_le_bytes());
-    admin_q.call(&s, &[])?;
-    let mut s = host::command(admin::IDENTIFY, 3);
-    s.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
-    s.0[40] = 1;
-    let (_, ctrl) = admin_q.call(&s, &[])?;
-    let ioccsz = u32::from_le_bytes(ctrl[1792..1796].try_into()?);
-    let in_capsule = (ioccsz * 16).saturating_sub(64);
-    let mut s = host::command(admin::IDENTIFY, 4);
-    s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
-    s.0[32..36].copy_from_slice(&4096u32.to_le_bytes());
-    let (_, ns) = admin_q.call(&s, &[])?;
-    let blocks = u64::from_le_bytes(ns[0..8].try_into()?);
-    let flbas = usize::from(ns[26] & 0xf);
-    let lbads = ns[128 + flbas * 4 + 2];
-    Ok((cntlid, blocks, 1 << lbads, in_capsule))
-}
-
-/// Reads the discovery log of the discovery controller on `q`: one
-/// (traddr, trsvcid, subnqn) per entry (NVMe-oF 1.1, 5.3).
-fn discover(q: &mut Queue) -> Result<Vec<(String, String, String)>, Error> {
-    connect(q, 0, 0xffff, dpu_nvmeof::spec::DISCOVERY_NQN, 32)?;
-    q.call(&host::enable(1), &[])?;
-    let get_log = |q: &mut Queue, cid: u16, len: u32| -> Result<Vec<u8>, Error> {
-        let mut s = host::command(admin::GET_LOG_PAGE, cid);
-        s.0[32..36].copy_from_slice(&len.to_le_bytes());
-        let numdl = len / 4 - 1;
-        s.0[40..44].copy_from_slice(&(0x70 | (numdl & 0xffff) << 16).to_le_bytes());
-        s.0[44..48].copy_from_slice(&(numdl >> 16).to_le_bytes());
-        Ok(q.call(&s, &[])?.1)
-    };
-    let head = get_log(q, 2, 1024)?;
-    let numrec = u64::from_le_bytes(head.get(8..16).ok_or("short log")?.try_into()?);
-    // At most 255 entries: a page of up to 256 KiB.
-    let n = numrec.min(255) as u32;
-    let log = get_log(q, 3, 1024 * (n + 1))?;
-    let text = |b: &[u8]| {
-        String::from_utf8_lossy(b)
-            .trim_end_matches(['\0', ' '])
-            .to_string()
-    };
-    Ok(log
-        .chunks_exact(1024)
-        .skip(1)
-        .take(n as usize)
-        .map(|e| (text(&e[512..768]), text(&e[32..64]), text(&e[256..512])))
-        .collect())
-}
-
 struct Result_ {
     ios: u64,
     secs: f64,
@@ -612,7 +315,7 @@ struct Result_ {
 
 /// One I/O queue of a job and what is in flight on it.
 struct Stream {
-    q: Queue,
+    q: Q,
     sent_at: Vec<Instant>,
     /// Picks the random job's offsets: seeded with the stream's index,
     /// so a run repeats the same offsets.
@@ -621,13 +324,12 @@ struct Stream {
     outstanding: u16,
 }
 
-/// Where the job's queues go: the namespace's shape and what the
-/// target accepts in a capsule.
+/// Where the job's queues go: the namespace's shape (the queues know
+/// what the target accepts in a capsule).
 #[derive(Clone, Copy)]
 struct Namespace {
     blocks: u64,
     lba: u32,
-    in_capsule: u32,
 }
 
 /// Most I/O queues one controller of a job gets; more connections open
@@ -639,23 +341,23 @@ const QUEUES_PER_CONTROLLER: usize = 64;
 /// over its own admin queue. With more than one queue the sockets are
 /// polled without blocking, as `spdk_nvme_perf -P` drives its queues.
 fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<Result_, Error> {
+    let id = identity()?;
+    let opts = options();
     let mut admins = Vec::new();
     let mut streams = Vec::with_capacity(conns);
     let mut ns = None;
     while streams.len() < conns {
         let per = (conns - streams.len()).min(QUEUES_PER_CONTROLLER);
-        let mut a = Queue::open(addr)?;
-        let (cntlid, blocks, lba, in_capsule) = setup(&mut a, nqn, per as u16)?;
+        let mut c = Controller::connect(dial(addr)?, id, nqn, &opts).map_err(hint)?;
+        c.set_io_queues(per as u16)?;
+        let size = c.identify_namespace(1)?;
         ns = Some(Namespace {
-            blocks,
-            lba,
-            in_capsule,
+            blocks: size.blocks,
+            lba: size.block_size,
         });
-        admins.push(a);
         for qid in 1..=per as u16 {
-            let mut q = Queue::open(addr)?;
-            connect(&mut q, qid, cntlid, nqn, job.qd.max(2) + 1)?;
-            q.keep_data = false;
+            let entries = job.qd.max(2).saturating_add(1);
+            let q = c.io_queue(dial(addr)?, qid, entries).map_err(hint)?;
             let i = streams.len() as u64;
             streams.push(Stream {
                 q,
@@ -665,43 +367,45 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
                 outstanding: job.qd,
             });
         }
+        admins.push(c);
     }
     let ns = ns.ok_or("no connections")?;
     if streams.len() > 1 {
         for st in &mut streams {
-            st.q.sock.set_nonblocking(true)?;
+            st.q.set_nonblocking(true)?;
         }
     }
     let per = u64::from(job.bs / ns.lba);
     let span = (ns.blocks / per).max(1);
-    let data = vec![0xa5u8; job.bs as usize];
+    let nlb = (per - 1) as u16;
+    // One pattern, shared by every write in flight.
+    let data: Arc<[u8]> = vec![0xa5u8; job.bs as usize].into();
     let mut lat = Vec::with_capacity(1 << 20);
     let mut ios = 0u64;
-    let issue = |st: &mut Stream, cid: u16| {
+    let issue = |st: &mut Stream, cid: u16| -> Result<(), Error> {
         let slot = if job.random {
             st.rng.below(span)
         } else {
             st.seq = (st.seq + 1) % span;
             st.seq
         };
-        let mut s = host::command(if job.write { nvm::WRITE } else { nvm::READ }, cid);
-        s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
-        s.0[32..36].copy_from_slice(&job.bs.to_le_bytes());
-        s.0[40..48].copy_from_slice(&(slot * per).to_le_bytes());
-        s.0[48..50].copy_from_slice(&((per - 1) as u16).to_le_bytes());
-        if job.write && job.bs <= ns.in_capsule {
-            s.0[39] = sgl::IN_CAPSULE;
-            pdu::encode_capsule_cmd(&mut st.q.out, Digests::default(), &s, &data);
+        let (sqe, transfer) = if job.write {
+            (
+                host::write(1, slot * per, nlb),
+                Transfer::WriteShared(data.clone()),
+            )
         } else {
-            pdu::encode_capsule_cmd(&mut st.q.out, Digests::default(), &s, &[]);
-        }
+            (host::read(1, slot * per, nlb), Transfer::Discard(job.bs))
+        };
+        st.q.submit(cid, sqe, transfer)?;
         st.sent_at[usize::from(cid)] = Instant::now();
+        Ok(())
     };
     let start = Instant::now();
     let end = start + time;
     for st in &mut streams {
         for cid in 0..job.qd {
-            issue(st, cid);
+            issue(st, cid)?;
         }
         st.q.send_some()?;
     }
@@ -710,37 +414,12 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
     // until the time is up), then what the socket takes of the output.
     // True while output is left over.
     let mut serve = |st: &mut Stream| -> Result<bool, Error> {
-        st.q.fill()?;
-        while let Some(p) = st.q.try_next()? {
-            let cid = match p {
-                Owned::Resp(c) => {
-                    if c.status >> 1 != 0 {
-                        return Err(format!("I/O failed: status {:#x}", c.status).into());
-                    }
-                    c.cid
-                }
-                Owned::Data { cccid, success, .. } if success => cccid,
-                Owned::Data { .. } => continue,
-                Owned::R2T {
-                    cccid,
-                    ttag,
-                    r2to,
-                    r2tl,
-                } => {
-                    let chunk = &data[r2to as usize..(r2to + r2tl) as usize];
-                    pdu::encode_h2c_data(
-                        &mut st.q.out,
-                        Digests::default(),
-                        cccid,
-                        ttag,
-                        r2to,
-                        chunk,
-                        true,
-                    );
-                    continue;
-                }
-                Owned::IcResp => return Err("unexpected ICResp".into()),
-            };
+        st.q.read_some()?;
+        while let Some(c) = st.q.poll_completion()? {
+            if !c.is_success() {
+                return Err(format!("I/O failed: status {:#x}", c.cqe.status).into());
+            }
+            let cid = c.cid();
             let now = Instant::now();
             let Some(at) = st.sent_at.get(usize::from(cid)) else {
                 return Err(format!("completion of unknown command {cid}").into());
@@ -748,7 +427,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
             lat.push(now.duration_since(*at).as_nanos().min(u128::from(u32::MAX)) as u32);
             ios += 1;
             if now < end {
-                issue(st, cid);
+                issue(st, cid)?;
             } else {
                 st.outstanding -= 1;
                 if st.outstanding == 0 {
@@ -759,7 +438,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
         Ok(!st.q.send_some()?)
     };
     let fds: Option<Vec<BorrowedFd<'_>>> = if streams.len() > 1 {
-        streams.iter().map(|st| st.q.sock.fd()).collect()
+        streams.iter().map(|st| st.q.wire().fd()).collect()
     } else {
         None
     };
@@ -832,7 +511,19 @@ fn pct(sorted: &[u32], p: f64) -> f64 {
     f64::from(sorted[i]) / 1000.0
 }
 
-fn main() -> Result<(), Error> {
+/// Runs, and reports a failure as its message (the library's errors
+/// say what went wrong in words; their `Debug` form does not).
+fn main() -> std::process::ExitCode {
+    match perf() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn perf() -> Result<(), Error> {
     let mut addr = "127.0.0.1:4420".to_string();
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut jobs: Vec<Job> = Vec::new();
@@ -844,12 +535,7 @@ fn main() -> Result<(), Error> {
     let mut flood_abandon = false;
     let mut memif: Option<String> = None;
     let (mut host_ip, mut host_mac) = (None, None);
-    let mut id = Identity {
-        hostnqn: HOSTNQN.to_string(),
-        secret: None,
-        ctrl_secret: None,
-        dh_groups: Vec::new(),
-    };
+    let mut id = HostIdentity::new(HOSTNQN, HOSTID);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -864,7 +550,7 @@ fn main() -> Result<(), Error> {
                     return Err("--conns takes a count of at least 1".into());
                 }
             }
-            "--hostnqn" => id.hostnqn = val()?,
+            "--hostnqn" => id.nqn = val()?,
             "--dhchap-secret" => id.secret = Some(val()?.parse()?),
             "--dhchap-ctrl-secret" => id.ctrl_secret = Some(val()?.parse()?),
             "--dh-group" => {
@@ -933,8 +619,9 @@ fn main() -> Result<(), Error> {
         return Ok(());
     }
     if discovery {
-        for (traddr, trsvcid, subnqn) in discover(&mut Queue::open(&addr)?)? {
-            println!("{traddr} {trsvcid} {subnqn}");
+        let mut c = Controller::discovery(dial(&addr)?, identity()?, &options()).map_err(hint)?;
+        for e in c.discovery_log()? {
+            println!("{} {} {}", e.traddr, e.trsvcid, e.subnqn);
         }
         return Ok(());
     }
@@ -950,8 +637,13 @@ fn main() -> Result<(), Error> {
         .map(|j| j.parse().expect("default jobs parse"))
         .collect();
     }
-    let mut admin_q = Queue::open(&addr)?;
-    let (_, blocks, lba, in_capsule) = setup(&mut admin_q, &nqn, 1)?;
+    // Held to the end, as a host keeps its controller.
+    let mut admin =
+        Controller::connect(dial(&addr)?, identity()?, &nqn, &options()).map_err(hint)?;
+    admin.set_io_queues(1)?;
+    let size = admin.identify_namespace(1)?;
+    let (blocks, lba) = (size.blocks, size.block_size);
+    let in_capsule = admin.info().in_capsule;
     println!("# {addr} {nqn}: {blocks} blocks of {lba} bytes, in-capsule data up to {in_capsule} bytes, {time:?} per job, {conns} I/O queue(s) per job");
     println!(
         "{:<22} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",

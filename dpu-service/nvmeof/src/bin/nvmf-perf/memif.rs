@@ -27,7 +27,9 @@ use smoltcp::socket::tcp;
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
-use super::{Error, Wire};
+use dpu_nvmeof::host::Wire;
+
+use super::Error;
 
 /// Socket buffers of one connection each way: a QD 16 of 128 KiB reads
 /// in flight twice over.
@@ -111,6 +113,7 @@ pub fn dial(addr: &str) -> Result<Option<Conn>, Error> {
         handle,
         nonblocking: false,
         read_timeout: None,
+        write_timeout: None,
     }))
 }
 
@@ -363,6 +366,7 @@ pub struct Conn {
     handle: SocketHandle,
     nonblocking: bool,
     read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
 }
 
 impl io::Read for Conn {
@@ -399,6 +403,7 @@ impl io::Write for Conn {
     /// read of any connection, or `flush`) sends it. Polls the stack only
     /// when the buffer is full (once for a non-blocking write).
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let started = Instant::now();
         let mut polled = false;
         loop {
             let mut st = self.stack.borrow_mut();
@@ -413,6 +418,9 @@ impl io::Write for Conn {
             }
             if polled && self.nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if self.write_timeout.is_some_and(|t| started.elapsed() > t) {
+                return Err(io::ErrorKind::TimedOut.into());
             }
             st.poll();
             polled = true;
@@ -433,6 +441,11 @@ impl Wire for Conn {
 
     fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
         self.read_timeout = t;
+        Ok(())
+    }
+
+    fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.write_timeout = t;
         Ok(())
     }
 
