@@ -45,30 +45,47 @@ pub fn tools() -> PathBuf {
 impl TestCluster {
     /// Brings a cluster up on free ports (memstore: its data lives in
     /// the OSD's memory; `bluestore` keeps it across an OSD restart).
+    ///
+    /// The ports are taken below the kernel's ephemeral range, so that
+    /// sockets other tests open meanwhile (their ports chosen by the
+    /// kernel) do not take them between the check and the bind; a port
+    /// that is taken anyway makes another attempt, on other ports.
     pub fn start(bluestore: bool) -> Self {
         let tools = tools();
-        let dir = std::env::temp_dir().join(format!(
-            "dpu-ceph-{}-{:x}",
-            std::process::id(),
-            rand_suffix()
-        ));
-        let out = Command::new("bash")
-            .arg(tools.join("ceph-up.sh"))
-            .arg(&dir)
-            .env("CEPH_MON_PORT", "auto")
-            .env(
-                "CEPH_STORE",
-                if bluestore { "bluestore" } else { "memstore" },
-            )
-            .env("CEPH_STORE_SIZE", (2u64 << 30).to_string())
-            .output()
-            .expect("run ceph-up.sh");
-        assert!(
-            out.status.success(),
-            "ceph-up.sh {} failed:\n{}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut attempt = 0;
+        let dir = loop {
+            attempt += 1;
+            let dir = std::env::temp_dir().join(format!(
+                "dpu-ceph-{}-{:x}",
+                std::process::id(),
+                rand_suffix()
+            ));
+            let out = Command::new("bash")
+                .arg(tools.join("ceph-up.sh"))
+                .arg(&dir)
+                .env("CEPH_MON_PORT", mon_port().to_string())
+                .env(
+                    "CEPH_STORE",
+                    if bluestore { "bluestore" } else { "memstore" },
+                )
+                .env("CEPH_STORE_SIZE", (2u64 << 30).to_string())
+                .output()
+                .expect("run ceph-up.sh");
+            if out.status.success() {
+                break dir;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            let _ = Command::new("bash")
+                .arg(tools.join("ceph-down.sh"))
+                .arg(&dir)
+                .arg("--purge")
+                .status();
+            assert!(
+                attempt < 4 && err.contains("in use"),
+                "ceph-up.sh {} failed (attempt {attempt}):\n{err}",
+                dir.display()
+            );
+        };
         let conf = std::fs::read_to_string(dir.join("ceph.conf")).expect("ceph.conf");
         let keyring = std::fs::read_to_string(dir.join("keyring")).expect("keyring");
         let mon_host = value(&conf, "mon host").expect("mon host in ceph.conf");
@@ -182,6 +199,24 @@ impl Drop for TestCluster {
     }
 }
 
+/// A monitor port for a new cluster: its msgr2 port, msgr1 one above,
+/// and the OSD's range 100 to 199 above, all below the kernel's
+/// ephemeral ports and not answering now.
+fn mon_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let span = low.saturating_sub(10_000 + 200).max(1000);
+    let busy = |p: u32| std::net::TcpStream::connect(("127.0.0.1", p as u16)).is_ok();
+    loop {
+        let p = 10_000 + (rand_suffix() as u32 % span);
+        if !busy(p) && !busy(p + 1) {
+            return p as u16;
+        }
+    }
+}
+
 /// The value of `key = value` in an ini-style file.
 fn value(text: &str, key: &str) -> Option<String> {
     text.lines().find_map(|l| {
@@ -198,4 +233,25 @@ fn rand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos().into());
     t ^ (NEXT.fetch_add(1, Ordering::Relaxed) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_ports_stay_below_the_ephemeral_range() {
+        let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ports: std::collections::BTreeSet<u16> = (0..200).map(|_| mon_port()).collect();
+        assert!(ports.len() > 100, "ports spread: {}", ports.len());
+        for p in ports {
+            assert!(p >= 10_000 && u32::from(p) + 200 <= low.max(11_200), "{p}");
+        }
+    }
 }
