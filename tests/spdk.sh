@@ -6,10 +6,20 @@
 # Builds run under a lock, so callers at the same time wait for one build
 # (tests/run.sh starts one in the background; the tests wait for it).
 # Exits non-zero, saying why, when there is no tree and no tool to build one.
+# With --with-rbd: a tree whose bdev_rbd serves Ceph images (the RBD
+# benchmark), $SPDK_RBD_DIR or ${SPDK_RBD_CACHE:-~/.cache/spdk-v23.05-rbd}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -n "${SPDK_DIR:-}" ]; then
-  echo "$SPDK_DIR"
+rbd=()
+dir=${SPDK_DIR:-}
+cache=${SPDK_CACHE:-$HOME/.cache/spdk-v23.05}
+if [ "${1:-}" = --with-rbd ]; then
+  rbd=(--with-rbd)
+  dir=${SPDK_RBD_DIR:-}
+  cache=${SPDK_RBD_CACHE:-$HOME/.cache/spdk-v23.05-rbd}
+fi
+if [ -n "$dir" ]; then
+  echo "$dir"
   exit 0
 fi
 build=""
@@ -19,4 +29,4 @@ done
 [ -n "$build" ] || { echo "spdk: no SPDK_DIR, and no shared tools/spdk/build.sh to build SPDK with" >&2; exit 1; }
 # --dir always: the tool stops at once without it unless given --with-rbd.
 flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" "$build" \
-  --dir "${SPDK_CACHE:-$HOME/.cache/spdk-v23.05}" | tail -n 1
+  "${rbd[@]}" --dir "$cache" | tail -n 1

@@ -15,8 +15,8 @@
 # Usage: dpu-service/nvmeof/bench/compare-spdk-rbd.sh [--spdk DIR]
 #            [--rounds N] [--time SECONDS] [--job PATTERN:BS:QD]...
 #   DIR: an SPDK tree built with bdev_rbd (build/bin/nvmf_tgt and
-#   scripts/rpc.py); by default the shared tool's `build.sh --with-rbd`
-#   builds it (once per machine) or reuses it. Run as root.
+#   scripts/rpc.py); by default what `tests/spdk.sh --with-rbd` gives.
+#   Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
@@ -35,10 +35,11 @@ while (($#)); do
   shift
 done
 shared=""
-for d in ../shared /work/shared; do [ -d "$d/tools" ] && { shared=$(realpath "$d"); break; }; done
+for d in ../shared /work/shared; do [ -d "$d/tools/ceph" ] && { shared=$(realpath "$d"); break; }; done
+[ -n "$shared" ] || { echo "compare-spdk-rbd: no shared/tools/ceph beside the repository" >&2; exit 2; }
 if [ -z "$spdk" ]; then
-  [ -n "$shared" ] || { echo "compare-spdk-rbd: no shared/tools beside the repository; give --spdk" >&2; exit 2; }
-  spdk=$("$shared/tools/spdk/build.sh" --with-rbd | tail -n 1)
+  echo "compare-spdk-rbd: SPDK_RBD_DIR, or SPDK with bdev_rbd built (or reused) with the shared tool (tests/spdk.sh --with-rbd)" >&2
+  spdk=$(tests/spdk.sh --with-rbd | tail -n 1)
 fi
 [ -x "$spdk/build/bin/nvmf_tgt" ] || { echo "compare-spdk-rbd: $spdk must hold build/bin/nvmf_tgt" >&2; exit 2; }
 ((${#jobs[@]})) || jobs=(randread:4k:32 randwrite:4k:32 randread:128k:16 randwrite:128k:16)
@@ -69,20 +70,9 @@ cluster_figure() {
     --io-pattern rand rbd/vol 2>/dev/null | awk '/elapsed:/ { for (i = 1; i <= NF; i++) if ($i == "ops/sec:") print $(i + 1) }'
 }
 
-# SPDK wants hugepages.
-need=1024
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt "$need" ]; then echo "$need" >/proc/sys/vm/nr_hugepages; fi
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
-export LD_LIBRARY_PATH="$spdk/build/lib:$spdk/isa-l/.libs:${LD_LIBRARY_PATH:-}"
-
-wait_port() {
-  for _ in $(seq 1 300); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "compare-spdk-rbd: nothing listens on $1" >&2
-  return 1
-}
+# shellcheck source=dpu-service/nvmeof/bench/spdk-env.sh
+. dpu-service/nvmeof/bench/spdk-env.sh
+spdk_env "$spdk"
 
 start_spdk() {
   taskset -c 0 "$spdk/build/bin/nvmf_tgt" -m 0x1 -u -r "$work/spdk.sock" >"$work/spdk.log" 2>&1 &

@@ -64,19 +64,9 @@ cleanup() {
 trap cleanup EXIT
 
 # SPDK wants hugepages: 1 GiB for the bdev and its own pools.
-need=1024
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt "$need" ]; then echo "$need" >/proc/sys/vm/nr_hugepages; fi
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
-export LD_LIBRARY_PATH="$spdk/build/lib:$spdk/isa-l/.libs:${LD_LIBRARY_PATH:-}"
-
-wait_port() {
-  for _ in $(seq 1 200); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "compare-spdk: nothing listens on $1" >&2
-  return 1
-}
+# shellcheck source=dpu-service/nvmeof/bench/spdk-env.sh
+. dpu-service/nvmeof/bench/spdk-env.sh
+spdk_env "$spdk"
 
 start_spdk() {
   taskset -c 0 "$spdk/build/bin/nvmf_tgt" -m 0x1 -u -r "$work/spdk.sock" >"$work/spdk.log" 2>&1 &
