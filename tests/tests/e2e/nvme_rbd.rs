@@ -10,31 +10,20 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use dpu_e2e::guest::Guest;
 use dpu_e2e::{free_port, Service};
 use dpu_rbd::testing::TestCluster;
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:rbd";
 
-fn ok(svc: &Service, args: &[&str]) -> Result<String> {
-    let out = svc.dpuctl(args)?;
-    if !out.status.success() {
-        bail!("dpuctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The subsystem's `dpu_nvmf_namespaces_unreachable` gauge.
 fn unreachable(svc: &Service) -> Result<u64> {
     let (_, body) = svc.http_get("/metrics")?;
-    let prefix = "dpu_nvmf_namespaces_unreachable{subsystem=\"rbd\"} ";
-    body.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .with_context(|| format!("no {prefix} in /metrics"))?
-        .trim()
-        .parse()
-        .context("gauge value")
+    Ok(dpu_e2e::net::metric(
+        &body,
+        "dpu_nvmf_namespaces_unreachable{subsystem=\"rbd\"} ",
+    ))
 }
 
 /// MD5 of `data`, as `md5sum` prints it.
@@ -62,63 +51,51 @@ fn kernel_initiator_on_an_rbd_namespace_through_an_osd_outage() -> Result<()> {
     let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
 
     let keyring = cluster.dir().join("keyring").display().to_string();
-    ok(
-        &svc,
-        &[
-            "cluster",
-            "create",
-            "ceph1",
-            "--mon",
-            &cluster.mon_host,
-            "--user",
-            "admin",
-            "--keyring-file",
-            &keyring,
-            "--op-timeout",
-            "4",
-        ],
-    )?;
-    let shown = ok(&svc, &["cluster", "get", "ceph1"])?;
+    svc.dpuctl_ok(&[
+        "cluster",
+        "create",
+        "ceph1",
+        "--mon",
+        &cluster.mon_host,
+        "--user",
+        "admin",
+        "--keyring-file",
+        &keyring,
+        "--op-timeout",
+        "4",
+    ])?;
+    let shown = svc.dpuctl_ok(&["cluster", "get", "ceph1"])?;
     assert!(
         !shown.contains(&cluster.admin_key),
         "the key is never shown: {shown}"
     );
-    ok(
-        &svc,
-        &[
-            "subsystem",
-            "create",
-            "rbd",
-            "--nqn",
-            NQN,
-            "--allow-any-host",
-        ],
-    )?;
-    ok(
-        &svc,
-        &[
-            "namespace",
-            "create",
-            "rbd",
-            "--rbd",
-            "rbd/vol",
-            "--cluster",
-            "ceph1",
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "create",
+        "rbd",
+        "--nqn",
+        NQN,
+        "--allow-any-host",
+    ])?;
+    svc.dpuctl_ok(&[
+        "namespace",
+        "create",
+        "rbd",
+        "--rbd",
+        "rbd/vol",
+        "--cluster",
+        "ceph1",
+    ])?;
     let port = io_port.to_string();
-    ok(
-        &svc,
-        &[
-            "listener",
-            "create",
-            "rbd",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &port,
-        ],
-    )?;
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        "rbd",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        &port,
+    ])?;
 
     let script = format!(
         r#"
@@ -159,7 +136,7 @@ nvme disconnect -n {NQN}
     let frozen = Instant::now();
     // Past the operation timeout, the outage shows in the API and metrics.
     std::thread::sleep(Duration::from_secs(5));
-    let during = ok(&svc, &["namespace", "list", "rbd"]);
+    let during = svc.dpuctl_ok(&["namespace", "list", "rbd"]);
     let unreachable_gauge = unreachable(&svc);
     std::thread::sleep(Duration::from_secs(6).saturating_sub(frozen.elapsed()));
     cluster.thaw_osd();
@@ -176,7 +153,7 @@ nvme disconnect -n {NQN}
         "the outage is logged:\n{log}"
     );
     assert!(log.contains("RBD image reachable again"), "{log}");
-    let after = ok(&svc, &["namespace", "list", "rbd"])?;
+    let after = svc.dpuctl_ok(&["namespace", "list", "rbd"])?;
     assert!(after.contains("serving"), "{after}");
     assert_eq!(unreachable(&svc)?, 0);
     assert_eq!(

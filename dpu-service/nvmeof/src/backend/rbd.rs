@@ -173,8 +173,7 @@ impl RbdBackend {
     /// The pool or image does not exist, or the cluster did not answer.
     pub fn open(link: &Link, cluster_name: &str, pool: &str, image: &str) -> io::Result<Self> {
         let what = format!("{cluster_name}:{pool}/{image}");
-        let named =
-            |e: dpu_rbd::Error| io::Error::new(e.kind(), format!("cluster {cluster_name}: {e}"));
+        let named = |e| named(cluster_name, e);
         let img = link
             .cluster
             .pool(pool, None)

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::{Io, IoDone};
-use crate::target::Namespace;
+use crate::target::{Namespace, NamespaceRemoved};
 
 /// Where the completions of block requests started on an
 /// [asynchronous](crate::backend::Backend::asynchronous) backend go: the
@@ -191,15 +191,12 @@ impl BlockRequest {
             }
             Ok(())
         });
-        if let Err(e) = started {
-            // The namespace left service: nothing started; one answer.
-            let kind = e.kind();
-            let text = e.to_string();
-            let mut first = Some(e);
+        if started.is_err() {
+            // The namespace left service (run's only refusal): nothing
+            // started; the joined completion answers it once.
+            let nsid = self.namespace.nsid;
             for (_, done) in pending {
-                done(Err(first
-                    .take()
-                    .unwrap_or_else(|| io::Error::new(kind, text.clone()))));
+                done(Err(NamespaceRemoved { nsid }.into()));
             }
         }
     }
