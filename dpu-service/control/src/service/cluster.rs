@@ -55,6 +55,12 @@ pub trait ServedNamespaces: Send + Sync + std::fmt::Debug {
     fn namespace_reachable(&self, nqn: &str, nsid: u32) -> Option<bool>;
 }
 
+/// Probes of storage clusters that may run at once. Each holds a thread
+/// and a cluster client (librados starts about ten threads) for up to the
+/// cluster's timeouts; API clients asking for more are refused with
+/// `RESOURCE_EXHAUSTED` at once rather than queued.
+pub const PROBES_AT_ONCE: usize = 4;
+
 /// The fields `UpdateCluster` changes.
 const UPDATABLE: &[&str] = &[
     "mon_host",
@@ -87,9 +93,21 @@ impl Api {
             return Ok(None);
         };
         let (name, limit) = (cluster_name(&c.id), probe_limit(c));
+        // Held by the probe itself, so one the caller stopped waiting for
+        // still counts until it ends.
+        let Ok(permit) = self.probes.clone().try_acquire_owned() else {
+            return Err(ControlError::exhausted(
+                "storage cluster probes at once",
+                PROBES_AT_ONCE,
+                format!("a probe of {name}, while others wait on their clusters"),
+            ));
+        };
         let mon_host = c.mon_host.clone();
         let c = c.clone();
-        let run = tokio::task::spawn_blocking(move || probe(&*p, &c));
+        let run = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            probe(&*p, &c)
+        });
         match tokio::time::timeout(limit, run).await {
             Ok(Ok(Ok(v))) => Ok(Some(v)),
             Ok(Ok(Err(why))) => Err(ControlError::FailedPrecondition(format!("{name}: {why}"))),
@@ -283,6 +301,8 @@ mod tests {
     #[derive(Debug)]
     struct Ceph {
         down: Mutex<bool>,
+        /// Probes wait while set, as on monitors that do not answer.
+        stall: std::sync::atomic::AtomicBool,
         accepts: Mutex<String>,
         images: Mutex<BTreeMap<String, u64>>,
         seen: Mutex<Vec<Option<String>>>,
@@ -292,6 +312,12 @@ mod tests {
         fn probe_cluster(&self, c: &Cluster) -> std::result::Result<(), String> {
             let key = c.key.as_ref().map(|k| k.expose().to_string());
             self.seen.lock().unwrap().push(key.clone());
+            let t = std::time::Instant::now();
+            while self.stall.load(std::sync::atomic::Ordering::Acquire)
+                && t.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             if *self.down.lock().unwrap() {
                 return Err(format!(
                     "connect to the monitors at {}: Connection timed out (os error 110)",
@@ -341,6 +367,7 @@ mod tests {
     fn api(served: bool) -> (Api, Arc<Ceph>, StateHandle) {
         let ceph = Arc::new(Ceph {
             down: Mutex::new(false),
+            stall: Default::default(),
             accepts: Mutex::new(KEY.into()),
             images: Mutex::new(BTreeMap::from([
                 ("rbd/vol1".to_string(), 1 << 30),
@@ -677,5 +704,42 @@ mod tests {
             states,
             [pb::NamespaceState::Unreachable, pb::NamespaceState::Serving]
         );
+    }
+
+    /// Probes on monitors that do not answer take a few threads, no more:
+    /// a client asking for another meanwhile is refused at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_at_once_are_bounded() {
+        use std::sync::atomic::Ordering;
+        let (api, ceph, _state) = api(false);
+        ceph.stall.store(true, Ordering::Release);
+        let held: Vec<_> = (0..PROBES_AT_ONCE)
+            .map(|i| {
+                let api = api.clone();
+                tokio::spawn(async move { api.create_cluster(create(&format!("c{i}"), KEY)).await })
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        while ceph.seen.lock().unwrap().len() < PROBES_AT_ONCE {
+            assert!(t.elapsed() < Duration::from_secs(10), "the probes started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let e = api.create_cluster(create("more", KEY)).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("clusters/more"), "{}", e.message());
+        assert_eq!(
+            ceph.seen.lock().unwrap().len(),
+            PROBES_AT_ONCE,
+            "never probed"
+        );
+        ceph.stall.store(false, Ordering::Release);
+        for h in held {
+            h.await
+                .unwrap()
+                .expect("the held probes end and their clusters are made");
+        }
+        api.create_cluster(create("more", KEY))
+            .await
+            .expect("room again");
     }
 }

@@ -107,12 +107,19 @@ pub struct Control {
 #[derive(Debug, Clone)]
 pub struct Api {
     ctl: Arc<Control>,
+    /// Permits for probes of storage clusters running at once (shared by
+    /// the clones): a probe holds a thread and a cluster client for up to
+    /// the cluster's timeouts.
+    probes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Api {
     /// Wraps the shared control state.
     pub fn new(ctl: Arc<Control>) -> Self {
-        Self { ctl }
+        Self {
+            ctl,
+            probes: Arc::new(tokio::sync::Semaphore::new(cluster::PROBES_AT_ONCE)),
+        }
     }
 
     /// Runs `change`, which answers the part of the state it changed, if
