@@ -12,6 +12,8 @@
 //! - [`NullBackend`]: reads zeros and forgets writes, for benchmarks.
 //! - `RbdBackend` (feature `rbd`): an image of a Ceph cluster, through
 //!   librbd; [asynchronous](Backend::asynchronous).
+//! - [`RemoteBackend`]: a namespace of another NVMe/TCP controller, through
+//!   the [host](crate::host) side of the protocol; asynchronous.
 //!
 //! A backend in memory or on a local disk answers on the calling thread.
 //! One whose I/O waits on the network is asynchronous: a transport starts
@@ -26,25 +28,30 @@ mod null;
 mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+mod remote;
 #[cfg(test)]
 mod suite;
 
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
+pub use remote::RemoteBackend;
 
 /// Waits until every backend dropped so far has let go of its store
-/// (RBD images close on threads of their own), for at most `limit`;
+/// (RBD images close on threads of their own, remote namespaces end their
+/// initiator threads), for at most `limit`;
 /// answers whether they all did. A program calls it last, after
 /// dropping its target, so that its images release their locks before
 /// the process ends.
 pub fn wait_closed(limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    let remote = remote::wait_closed(limit);
     #[cfg(feature = "rbd")]
-    return rbd::wait_closed(limit);
+    return remote && rbd::wait_closed(limit.saturating_sub(start.elapsed()));
     #[cfg(not(feature = "rbd"))]
     {
-        let _ = limit;
-        true
+        let _ = start;
+        remote
     }
 }
 
@@ -153,6 +160,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// see [`is_unavailable`]); a local store always answers true.
     fn reachable(&self) -> bool {
         true
+    }
+    /// The block size the store itself addresses, where it has one (a
+    /// remote namespace's LBA size): a namespace on it must use a multiple
+    /// of it. By default any block size will do.
+    fn store_block_size(&self) -> Option<u32> {
+        None
     }
     /// Starts `io`; `done` gets its result. By default runs it on the
     /// calling thread through the blocking methods, before returning.

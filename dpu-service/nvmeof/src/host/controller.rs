@@ -91,6 +91,14 @@ pub struct ControllerInfo {
     pub model: String,
     /// The NVM subsystem NQN it reports.
     pub subnqn: String,
+    /// Optional NVM commands supported (ONCS): bit 2 Dataset Management,
+    /// bit 3 Write Zeroes.
+    pub oncs: u16,
+    /// A volatile write cache is present (VWC bit 0): writes are durable
+    /// only after a Flush, or with FUA.
+    pub volatile_write_cache: bool,
+    /// Most entries of one I/O queue (CAP.MQES + 1).
+    pub max_queue_entries: u32,
 }
 
 impl ControllerInfo {
@@ -117,6 +125,9 @@ impl ControllerInfo {
             serial: text(&id[4..24]),
             model: text(&id[24..64]),
             subnqn: text(&id[768..1024]),
+            oncs: u16::from_le_bytes([id[520], id[521]]),
+            max_queue_entries: (cap & 0xffff) as u32 + 1,
+            volatile_write_cache: id[525] & 1 != 0,
         })
     }
 }
@@ -131,6 +142,36 @@ pub struct NamespaceSize {
 }
 
 impl NamespaceSize {
+    /// Reads Identify Namespace data `d` of namespace `nsid`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InactiveNamespace`] for a size of zero (no such namespace
+    /// active), [`Error::Malformed`] for short data or a block size
+    /// outside 512 bytes ..= 2 GiB.
+    pub fn parse(d: &[u8], nsid: u32) -> Result<Self, Error> {
+        let d = d.get(..IDENTIFY_LEN).ok_or(Error::Malformed(
+            "Identify Namespace is shorter than 4096 bytes",
+        ))?;
+        let mut nsze = [0u8; 8];
+        nsze.copy_from_slice(&d[0..8]);
+        let blocks = u64::from_le_bytes(nsze);
+        if blocks == 0 {
+            return Err(Error::InactiveNamespace { nsid });
+        }
+        // FLBAS: format index bits 3:0, and 6:5 as its high bits.
+        let flbas = usize::from(d[26]);
+        let format = (flbas & 0xf) | (flbas >> 1 & 0x30);
+        let lbads = d[128 + format * 4 + 2];
+        if !(9..=31).contains(&lbads) {
+            return Err(Error::Malformed("LBA data size outside 9..=31"));
+        }
+        Ok(Self {
+            blocks,
+            block_size: 1 << lbads,
+        })
+    }
+
     /// Size in bytes (saturating).
     pub fn bytes(&self) -> u64 {
         self.blocks.saturating_mul(u64::from(self.block_size))
@@ -295,26 +336,7 @@ impl<W: Wire> Controller<W> {
             .admin
             .call(identify(0, nsid), Transfer::Read(vec![0; IDENTIFY_LEN]))?
             .data;
-        let d = d.get(..IDENTIFY_LEN).ok_or(Error::Malformed(
-            "Identify Namespace is shorter than 4096 bytes",
-        ))?;
-        let mut nsze = [0u8; 8];
-        nsze.copy_from_slice(&d[0..8]);
-        let blocks = u64::from_le_bytes(nsze);
-        if blocks == 0 {
-            return Err(Error::InactiveNamespace { nsid });
-        }
-        // FLBAS: format index bits 3:0, and 6:5 as its high bits.
-        let flbas = usize::from(d[26]);
-        let format = (flbas & 0xf) | (flbas >> 1 & 0x30);
-        let lbads = d[128 + format * 4 + 2];
-        if !(9..=31).contains(&lbads) {
-            return Err(Error::Malformed("LBA data size outside 9..=31"));
-        }
-        Ok(NamespaceSize {
-            blocks,
-            block_size: 1 << lbads,
-        })
+        NamespaceSize::parse(&d, nsid)
     }
 
     /// Opens I/O queue `qid` of `entries` entries of this controller over
@@ -468,6 +490,8 @@ mod tests {
         id[77] = 5;
         id[516..520].copy_from_slice(&32u32.to_le_bytes());
         id[768..773].copy_from_slice(b"nqn.x");
+        id[520] = 0x0c;
+        id[525] = 1;
         id[1792..1796].copy_from_slice(&516u32.to_le_bytes());
         let i = ControllerInfo::parse(&id, 7, 0).unwrap();
         assert_eq!(
@@ -480,6 +504,9 @@ mod tests {
                 serial: "SN01".into(),
                 model: "model".into(),
                 subnqn: "nqn.x".into(),
+                oncs: 0x0c,
+                volatile_write_cache: true,
+                max_queue_entries: 1,
             }
         );
         // A huge MDTS is no limit rather than an overflow; short data an error.

@@ -249,6 +249,36 @@ pub fn write(nsid: u32, slba: u64, nlb: u16) -> Sqe {
     rw(nvm::WRITE, nsid, slba, nlb)
 }
 
+/// A Write as [`write`], durable on completion when `fua` (Force Unit
+/// Access).
+pub fn write_fua(nsid: u32, slba: u64, nlb: u16, fua: bool) -> Sqe {
+    let mut s = rw(nvm::WRITE, nsid, slba, nlb);
+    if fua {
+        s.0[51] |= 0x40; // CDW12 bit 30
+    }
+    s
+}
+
+/// A Flush of namespace `nsid`.
+pub fn flush(nsid: u32) -> Sqe {
+    let mut s = command(nvm::FLUSH, 0);
+    s.0[39] = 0;
+    s.0[4..8].copy_from_slice(&nsid.to_le_bytes());
+    s
+}
+
+/// A Write Zeroes of `nlb` + 1 blocks at `slba` of namespace `nsid`; with
+/// `deallocate` (DEAC) the controller may deallocate the blocks, which
+/// still read as zeros.
+pub fn write_zeroes(nsid: u32, slba: u64, nlb: u16, deallocate: bool) -> Sqe {
+    let mut s = rw(nvm::WRITE_ZEROES, nsid, slba, nlb);
+    s.0[39] = 0;
+    if deallocate {
+        s.0[51] |= 0x02; // CDW12 bit 25
+    }
+    s
+}
+
 fn rw(opcode: u8, nsid: u32, slba: u64, nlb: u16) -> Sqe {
     let mut s = command(opcode, 0);
     s.0[4..8].copy_from_slice(&nsid.to_le_bytes());
@@ -260,6 +290,24 @@ fn rw(opcode: u8, nsid: u32, slba: u64, nlb: u16) -> Sqe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvm_command_layouts() {
+        let w = write_fua(3, 0x1122_3344_5566, 7, true);
+        assert_eq!(
+            (w.opcode(), w.nsid(), w.cdw(12)),
+            (nvm::WRITE, 3, 7 | 1 << 30)
+        );
+        assert_eq!(write_fua(3, 0, 7, false).cdw(12), 7);
+        let z = write_zeroes(2, 9, 0xffff, true);
+        assert_eq!(
+            (z.opcode(), z.cdw(10), z.cdw(12)),
+            (nvm::WRITE_ZEROES, 9, 0xffff | 1 << 25)
+        );
+        assert_eq!(z.0[39], 0, "no data, no SGL descriptor");
+        let f = flush(5);
+        assert_eq!((f.opcode(), f.nsid()), (nvm::FLUSH, 5));
+    }
 
     #[test]
     fn connect_layout() {

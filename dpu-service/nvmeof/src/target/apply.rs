@@ -357,6 +357,17 @@ impl Target {
                 (b, identity, Arc::default(), true, true)
             }
         };
+        if let Some(store) = backend.store_block_size() {
+            let bs = 1u32 << lba_shift;
+            if !bs.is_multiple_of(store) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "block size {bs} is not a multiple of the store's own block size ({store} bytes)"
+                    ),
+                ));
+            }
+        }
         let ns = Namespace {
             nsid: nc.nsid,
             lba_shift,

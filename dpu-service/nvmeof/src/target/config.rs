@@ -58,6 +58,141 @@ impl std::fmt::Debug for RbdCluster {
     }
 }
 
+/// Most paths to one remote namespace.
+pub const MAX_REMOTE_PATHS: usize = 4;
+
+/// A namespace of another NVMe/TCP controller, as the target reaches it:
+/// through an initiator of its own, one controller at a time on the first
+/// path that answers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RemoteNamespace {
+    /// Transport addresses of the remote subsystem, in order of
+    /// preference (1 ..= [`MAX_REMOTE_PATHS`]): the first that answers
+    /// serves; when it fails, the next takes over.
+    pub paths: Vec<SocketAddr>,
+    /// The remote subsystem's NQN.
+    pub subnqn: String,
+    /// The namespace's ID there.
+    pub nsid: u32,
+    /// The NQN the target connects with (the remote's allow list names it).
+    pub host_nqn: String,
+    /// The host identifier sent in Connect.
+    pub host_id: [u8; 16],
+    /// The DH-HMAC-CHAP secret (`DHHC-1:..`) for a remote that requires
+    /// authentication; never printed.
+    pub dhchap_secret: Option<String>,
+    /// Bound on each command: one the remote does not complete in time
+    /// takes its connection down (its commands fail as Namespace Not
+    /// Ready, which hosts retry) and the connection is made again.
+    pub io_timeout: Duration,
+    /// Bound on bringing up a connection on one path.
+    pub connect_timeout: Duration,
+    /// Most commands in flight to the remote at once (its I/O queue's
+    /// entries less one); more wait in their hosts' connections.
+    pub queue_depth: u16,
+}
+
+impl RemoteNamespace {
+    /// `subnqn`'s namespace `nsid` at `paths`, reached as `host_nqn`, with
+    /// a 10-second I/O timeout, a 5-second connect timeout and 128
+    /// commands in flight.
+    pub fn new(paths: Vec<SocketAddr>, subnqn: &str, nsid: u32, host_nqn: &str) -> Self {
+        Self {
+            paths,
+            subnqn: subnqn.to_owned(),
+            nsid,
+            host_nqn: host_nqn.to_owned(),
+            host_id: host_id_of(host_nqn),
+            dhchap_secret: None,
+            io_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            queue_depth: 128,
+        }
+    }
+
+    /// Checks what can be checked without the remote: paths, NQNs, NSID,
+    /// secret, timeouts and queue depth.
+    ///
+    /// # Errors
+    /// A sentence naming what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.paths.is_empty() || self.paths.len() > MAX_REMOTE_PATHS {
+            return Err(format!(
+                "a remote namespace has 1 to {MAX_REMOTE_PATHS} paths, not {}",
+                self.paths.len()
+            ));
+        }
+        for (i, p) in self.paths.iter().enumerate() {
+            if p.port() == 0 || p.ip().is_unspecified() {
+                return Err(format!("remote path {p} is not an address to connect to"));
+            }
+            if self.paths[..i].contains(p) {
+                return Err(format!("remote path {p} is given twice"));
+            }
+        }
+        for (what, nqn) in [("remote NQN", &self.subnqn), ("host NQN", &self.host_nqn)] {
+            if nqn.is_empty() || nqn.len() > 223 || !nqn.is_ascii() {
+                return Err(format!("{what} must be 1 to 223 ASCII characters"));
+            }
+        }
+        if self.nsid == 0 || self.nsid == u32::MAX {
+            return Err(format!("remote NSID {} is not a namespace", self.nsid));
+        }
+        if let Some(s) = &self.dhchap_secret {
+            crate::auth::Secret::parse(s)
+                .map_err(|e| format!("remote DH-HMAC-CHAP secret: {e}"))?;
+        }
+        if self.io_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err("remote timeouts must be above zero".into());
+        }
+        if !(2..=1024).contains(&self.queue_depth) {
+            return Err(format!(
+                "remote queue depth {} is outside 2..=1024",
+                self.queue_depth
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A host identifier that stays the same for the same host NQN: its
+/// UUID when it is a `nqn.2014-08.org.nvmexpress:uuid:` NQN, else bytes of
+/// its SHA-256.
+pub fn host_id_of(host_nqn: &str) -> [u8; 16] {
+    use sha2::Digest;
+    let mut id = [0u8; 16];
+    if let Some(uuid) = host_nqn.strip_prefix("nqn.2014-08.org.nvmexpress:uuid:") {
+        let hex: String = uuid.chars().filter(|c| *c != '-').collect();
+        if hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            for (i, b) in id.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+            }
+            return id;
+        }
+    }
+    id.copy_from_slice(&sha2::Sha256::digest(host_nqn.as_bytes())[..16]);
+    id
+}
+
+impl std::fmt::Debug for RemoteNamespace {
+    /// The secret is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteNamespace")
+            .field("paths", &self.paths)
+            .field("subnqn", &self.subnqn)
+            .field("nsid", &self.nsid)
+            .field("host_nqn", &self.host_nqn)
+            .field(
+                "dhchap_secret",
+                &self.dhchap_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("io_timeout", &self.io_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("queue_depth", &self.queue_depth)
+            .finish()
+    }
+}
+
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
@@ -101,6 +236,10 @@ pub enum BackendSpec {
         /// The image.
         image: String,
     },
+    /// A namespace of another NVMe/TCP controller; its size is the
+    /// remote namespace's, and follows it. The namespace's block size must
+    /// be a multiple of the remote's.
+    Remote(RemoteNamespace),
 }
 
 impl BackendSpec {
@@ -122,6 +261,9 @@ impl BackendSpec {
                     image: i2,
                 },
             ) => c1.name == c2.name && p1 == p2 && i1 == i2,
+            // Other paths, another identity or other bounds: another
+            // connection, so another backend.
+            (Self::Remote(a), Self::Remote(b)) => a == b,
             _ => false,
         }
     }
@@ -133,7 +275,9 @@ impl BackendSpec {
         match *self {
             Self::Ram { size } | Self::Null { size } => Some(size),
             Self::File { size, created, .. } if size != 0 && (created || size > cur) => Some(size),
-            Self::File { .. } | Self::BlockDevice { .. } | Self::Rbd { .. } => None,
+            Self::File { .. } | Self::BlockDevice { .. } | Self::Rbd { .. } | Self::Remote(_) => {
+                None
+            }
         }
         .filter(|s| *s != cur)
     }
@@ -189,6 +333,7 @@ impl BackendSpec {
                 let b = crate::backend::rbd::RbdBackend::open(&link, &cluster.name, pool, image)?;
                 (Arc::new(b), None)
             }
+            Self::Remote(r) => (Arc::new(crate::backend::RemoteBackend::open(r)?), None),
             #[cfg(not(feature = "rbd"))]
             Self::Rbd { cluster, .. } => {
                 let _ = clusters;

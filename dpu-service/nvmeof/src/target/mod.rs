@@ -32,7 +32,10 @@ mod subsystems;
 pub(crate) use admission::HostAdmission;
 pub use admission::DEFAULT_MAX_CONNECTIONS_PER_HOST;
 pub use apply::ApplyError;
-pub use config::{BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig};
+pub use config::{
+    host_id_of, BackendSpec, NamespaceConfig, RbdCluster, RemoteNamespace, SubsystemConfig,
+    TargetConfig, MAX_REMOTE_PATHS,
+};
 pub use subsystems::{is_namespace_removed, Namespace, NamespaceRemoved, Subsystem};
 
 use std::collections::HashMap;
