@@ -435,3 +435,26 @@ fn a_namespace_uses_a_multiple_of_the_remote_block_size() {
     );
     assert!(target.apply(&ns(4096)).is_empty());
 }
+
+#[test]
+fn a_remote_that_requires_dh_hmac_chap_gets_the_secret() {
+    use crate::auth::{HostKeys, Secret};
+    // src/auth/vectors.py's host key, and a wrong key of the right form.
+    const SECRET: &str = "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    const WRONG: &str = "DHHC-1:00:WlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWloj0TmR:";
+    let remote = Remote::start(MIB, 512);
+    let keys = HostKeys::new(Secret::parse(SECRET).unwrap(), None);
+    remote.target.set_host_keys(NQN, HOST, Some(keys));
+    let mut s = spec(vec![remote.addr]);
+    let e = RemoteBackend::open(&s).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    s.dhchap_secret = Some(WRONG.into());
+    let e = RemoteBackend::open(&s).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    s.dhchap_secret = Some(SECRET.into());
+    let b = RemoteBackend::open(&s).unwrap();
+    b.write_at(0, &[3; 512], false).unwrap();
+    assert_eq!(read(&b, 0, 512).unwrap(), vec![3; 512]);
+    // The secret is never printed.
+    assert!(!format!("{s:?}").contains("DHHC"));
+}
