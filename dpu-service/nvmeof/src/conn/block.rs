@@ -5,6 +5,7 @@
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::budget::SharedBudget;
 use crate::backend::{Io, IoDone};
 use crate::target::{Namespace, NamespaceRemoved};
 
@@ -159,7 +160,10 @@ impl BlockRequest {
     /// too, before this returns, for a backend that is not asynchronous or
     /// a namespace gone). A Dataset Management of several ranges starts
     /// them all and completes once, when the last ends.
-    pub fn start(self, completer: &Completer) {
+    ///
+    /// `reserved` is data reserved in a budget for it, given back when it
+    /// completes.
+    pub(crate) fn start(self, completer: &Completer, reserved: Option<(Arc<SharedBudget>, u64)>) {
         let cid = self.cid;
         let ios: Vec<Io> = match self.op {
             BlockOp::Read {
@@ -183,7 +187,7 @@ impl BlockRequest {
                 .map(|(offset, len)| Io::Deallocate { offset, len })
                 .collect(),
         };
-        let done = joined(cid, ios.len(), completer.clone());
+        let done = joined(cid, ios.len(), completer.clone(), reserved);
         let mut pending: Vec<(Io, IoDone)> = ios.into_iter().zip(done).collect();
         let started = self.namespace.run(|b| {
             for (io, done) in pending.drain(..) {
@@ -239,16 +243,29 @@ impl BlockRequest {
 /// `n` completion callbacks (at least one) that together complete
 /// command `cid` once, when the last has run: with the first failure, or
 /// with the buffer of the only operation.
-fn joined(cid: u16, n: usize, completer: Completer) -> Vec<IoDone> {
+fn joined(
+    cid: u16,
+    n: usize,
+    completer: Completer,
+    reserved: Option<(Arc<SharedBudget>, u64)>,
+) -> Vec<IoDone> {
+    let give_back = move || {
+        if let Some((budget, bytes)) = &reserved {
+            budget.release(*bytes);
+        }
+    };
     if n <= 1 {
         return vec![Box::new(move |result| {
+            give_back();
             completer.complete(BlockCompletion { cid, result })
         })];
     }
+    let give_back = Arc::new(give_back);
     let state = Arc::new(Mutex::new((n, None::<io::Error>)));
     (0..n)
         .map(|_| {
-            let (state, completer) = (state.clone(), completer.clone());
+            let (state, completer, give_back) =
+                (state.clone(), completer.clone(), give_back.clone());
             Box::new(move |r: io::Result<Vec<u8>>| {
                 let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
                 s.0 -= 1;
@@ -258,6 +275,7 @@ fn joined(cid: u16, n: usize, completer: Completer) -> Vec<IoDone> {
                 if s.0 == 0 {
                     let result = s.1.take().map_or(Ok(Vec::new()), Err);
                     drop(s);
+                    give_back();
                     completer.complete(BlockCompletion { cid, result });
                 }
             }) as IoDone

@@ -43,6 +43,26 @@ pub const R2T_BUDGET: u64 = 4 << 20;
 /// its whole [`R2T_BUDGET`] at once.
 pub const DEFAULT_WRITE_BUFFER_BUDGET: u64 = 256 << 20;
 
+/// Default of the target-wide bound on the data of operations in flight
+/// on asynchronous backends (a cluster, a remote target), all namespaces
+/// together: 1 GiB, 16 times one RBD cluster's or one remote namespace's
+/// own bound.
+pub const DEFAULT_BACKEND_IN_FLIGHT: u64 = 1 << 30;
+
+/// The target's bound on the data in flight on asynchronous backends,
+/// shared with the completions that give it back (on any thread, whether
+/// or not their connection is still open).
+#[derive(Debug, Clone)]
+pub(crate) struct BackendBudget(pub(crate) std::sync::Arc<SharedBudget>);
+
+impl Default for BackendBudget {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(SharedBudget::with_limit(
+            DEFAULT_BACKEND_IN_FLIGHT,
+        )))
+    }
+}
+
 /// The budget all connections of a target share.
 #[derive(Debug)]
 pub(crate) struct SharedBudget {
@@ -62,6 +82,14 @@ impl Default for SharedBudget {
 }
 
 impl SharedBudget {
+    /// A budget of `limit` bytes, nothing reserved.
+    pub(crate) fn with_limit(limit: u64) -> Self {
+        Self {
+            limit: AtomicU64::new(limit),
+            reserved: AtomicU64::new(0),
+        }
+    }
+
     /// Most bytes reserved at once from now on; reservations above it
     /// stay until released.
     pub(crate) fn set_limit(&self, bytes: u64) {
@@ -79,7 +107,7 @@ impl SharedBudget {
     }
 
     /// Reserves `n` bytes if the budget has room, or nothing is reserved.
-    fn try_reserve(&self, n: u64) -> bool {
+    pub(crate) fn try_reserve(&self, n: u64) -> bool {
         let limit = self.limit();
         self.reserved
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
@@ -90,7 +118,7 @@ impl SharedBudget {
     }
 
     /// Gives back `n` bytes reserved earlier.
-    fn release(&self, n: u64) {
+    pub(crate) fn release(&self, n: u64) {
         let before = self.reserved.fetch_sub(n, Ordering::Relaxed);
         debug_assert!(before >= n, "released {n} of {before} bytes reserved");
     }

@@ -72,15 +72,18 @@ impl Connection {
                 .filter(|_| r.namespace.backend.asynchronous())
             {
                 let (ops, bytes) = r.load();
-                if !r.namespace.backend.has_room(ops, bytes) {
-                    // Its bound on what is in flight is reached: the
-                    // request waits here, first in line, for a later call.
+                let budget = self.target.backend_budget();
+                if !r.namespace.backend.has_room(ops, bytes) || !budget.try_reserve(bytes) {
+                    // Its store's bound on what is in flight, or the
+                    // target's, is reached: the request waits here, first
+                    // in line, for a later call.
                     self.requests.push_front(r);
                     break;
                 }
                 // The backend works elsewhere (a whole-namespace zeroing
-                // too, in one piece): start it and go on.
-                r.start(c);
+                // too, in one piece): start it and go on. Its completion
+                // gives the reservation back.
+                r.start(c, Some((budget.clone(), bytes)));
                 continue;
             }
             if let Some(chunk) = r.take_chunk(WORK_CHUNK) {

@@ -117,6 +117,8 @@ struct Inner {
     stats: TargetStats,
     health: Mutex<HashMap<String, Arc<Health>>>,
     write_budget: SharedBudget,
+    /// The data of operations in flight on asynchronous backends.
+    backend_budget: crate::conn::BackendBudget,
     timeouts: RwLock<Timeouts>,
     hosts: Mutex<HostConnections>,
     auth: RwLock<AuthConfig>,
@@ -184,6 +186,32 @@ impl Target {
     /// [write buffer budget](Target::set_write_buffer_budget).
     pub fn write_buffers_reserved(&self) -> u64 {
         self.inner.write_budget.reserved()
+    }
+
+    /// Limits the data of reads and writes in flight on asynchronous
+    /// backends (RBD images, remote namespaces), all namespaces together
+    /// (default [`DEFAULT_BACKEND_IN_FLIGHT`](crate::conn::DEFAULT_BACKEND_IN_FLIGHT)):
+    /// beside each store's own bound, the most memory their data holds at
+    /// once. A request that would pass it waits in its connection until
+    /// earlier ones complete; while nothing is in flight one always
+    /// starts.
+    pub fn set_backend_in_flight_budget(&self, bytes: u64) {
+        self.inner.backend_budget.0.set_limit(bytes);
+    }
+
+    /// The budget [`Target::set_backend_in_flight_budget`] set, in bytes.
+    pub fn backend_in_flight_budget(&self) -> u64 {
+        self.inner.backend_budget.0.limit()
+    }
+
+    /// Bytes of data in flight on asynchronous backends now.
+    pub fn backend_in_flight(&self) -> u64 {
+        self.inner.backend_budget.0.reserved()
+    }
+
+    /// The budget requests on asynchronous backends reserve their data from.
+    pub(crate) fn backend_budget(&self) -> &Arc<SharedBudget> {
+        &self.inner.backend_budget.0
     }
 
     /// The budget connections reserve R2T write data from.

@@ -458,3 +458,62 @@ fn a_remote_that_requires_dh_hmac_chap_gets_the_secret() {
     // The secret is never printed.
     assert!(!format!("{s:?}").contains("DHHC"));
 }
+
+#[test]
+fn the_target_bounds_the_data_in_flight_on_its_remote_namespaces() {
+    use crate::host::{Controller, ControllerOptions, HostIdentity, Transfer};
+    const FRONT: &str = "nqn.2024-01.io.example:front-budget";
+    let remote = Remote::start(16 * MIB, 512);
+    let proxy = Proxy::start(remote.addr);
+    let mut s = spec(vec![proxy.addr]);
+    s.io_timeout = Duration::from_secs(20);
+    let mut front = Remote::start(MIB, 512);
+    front.cfg.subsystems[0].nqn = FRONT.into();
+    front.cfg.subsystems[0].namespaces[0].backend = BackendSpec::Remote(s);
+    assert!(front.target.apply(&front.cfg).is_empty());
+    front.target.set_backend_in_flight_budget(256 << 10);
+
+    let me = HostIdentity::new(HOST, [1; 16]);
+    let opts = ControllerOptions::default();
+    let ctrl =
+        Controller::connect(TcpStream::connect(front.addr).unwrap(), &me, FRONT, &opts).unwrap();
+    let mut q = ctrl
+        .io_queue(TcpStream::connect(front.addr).unwrap(), 1, 32)
+        .unwrap();
+    proxy.held.store(true, Ordering::Relaxed);
+    // 16 reads of 128 KiB: two fit the budget, the rest wait in the
+    // connection.
+    for cid in 0..16u16 {
+        let sqe = crate::host::read(1, u64::from(cid) * 256, 255);
+        q.submit(cid, sqe, Transfer::Read(vec![0; 128 << 10]))
+            .unwrap();
+    }
+    q.flush().unwrap();
+    eventually("two reads started", || {
+        front.target.backend_in_flight() == 256 << 10
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(front.target.backend_in_flight(), 256 << 10);
+    proxy.held.store(false, Ordering::Relaxed);
+    for _ in 0..16 {
+        assert!(q.wait().unwrap().is_success());
+    }
+    assert_eq!(front.target.backend_in_flight(), 0);
+
+    // A connection that closes with reads in flight: their completions
+    // still give the budget back.
+    proxy.held.store(true, Ordering::Relaxed);
+    for cid in 0..4u16 {
+        let sqe = crate::host::read(1, 0, 255);
+        q.submit(cid, sqe, Transfer::Read(vec![0; 128 << 10]))
+            .unwrap();
+    }
+    q.flush().unwrap();
+    eventually("reads started", || front.target.backend_in_flight() > 0);
+    drop(q);
+    drop(ctrl);
+    proxy.held.store(false, Ordering::Relaxed);
+    eventually("the budget given back", || {
+        front.target.backend_in_flight() == 0
+    });
+}
