@@ -94,7 +94,7 @@ pub struct RemoteNamespace {
 
 impl RemoteNamespace {
     /// `subnqn`'s namespace `nsid` at `paths`, reached as `host_nqn`, with
-    /// a 10-second I/O timeout, a 5-second connect timeout and 128
+    /// a 10-second I/O timeout, a 3-second connect timeout and 128
     /// commands in flight.
     pub fn new(paths: Vec<SocketAddr>, subnqn: &str, nsid: u32, host_nqn: &str) -> Self {
         Self {
@@ -105,7 +105,7 @@ impl RemoteNamespace {
             host_id: host_id_of(host_nqn),
             dhchap_secret: None,
             io_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
             queue_depth: 128,
         }
     }

@@ -64,6 +64,11 @@ impl Conn {
     pub(super) fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// The index of its path.
+    pub(super) fn path(&self) -> usize {
+        self.path
+    }
 }
 
 /// The [`io::ErrorKind`] that tells what kind of failure `e` is.
@@ -206,6 +211,8 @@ pub(super) struct Link {
     last_sweep: Instant,
     /// Index of the path last used.
     path: usize,
+    /// Operations handed over while no connection was up, oldest first.
+    parked: VecDeque<Job>,
 }
 
 impl Link {
@@ -221,6 +228,7 @@ impl Link {
             next_tick: now,
             last_sweep: now,
             path: 0,
+            parked: VecDeque::new(),
         }
     }
 
@@ -238,6 +246,7 @@ impl Link {
                 Ended::Stopped => {
                     let s = self.s.clone();
                     self.fail_all(&|| s.unreachable());
+                    self.refuse_waiting();
                     return;
                 }
                 Ended::Lost(e) => self.lost(addr, &e),
@@ -257,6 +266,9 @@ impl Link {
         let now = Instant::now();
         self.next_tick = now + TICK;
         self.last_sweep = now;
+        while let Some(job) = self.parked.pop_front() {
+            self.accept(job, &c.geometry);
+        }
         loop {
             match self.turn(c) {
                 Ok(true) => {}
@@ -509,7 +521,8 @@ impl Link {
         Ok(())
     }
 
-    /// Fails every operation in flight or queued with `err()`.
+    /// Fails every operation in flight or queued on the connection with
+    /// `err()`.
     fn fail_all(&mut self, err: &dyn Fn() -> io::Error) {
         self.todo.clear();
         self.cmds.iter_mut().for_each(|c| *c = None);
@@ -522,20 +535,40 @@ impl Link {
                 }
             }
         }
-        self.refuse_inbox();
     }
 
-    /// Fails the jobs handed over while no connection is up.
-    fn refuse_inbox(&self) {
-        let jobs = std::mem::take(&mut *super::lock(&self.s.inbox));
-        for job in jobs {
+    /// Fails every operation waiting for a connection (the backend is
+    /// gone).
+    fn refuse_waiting(&mut self) {
+        self.park_inbox();
+        for job in std::mem::take(&mut self.parked) {
             self.s
                 .finish(job.done, job.bytes, Err(self.s.unreachable()));
         }
     }
 
+    /// Moves the operations handed over to those waiting for a
+    /// connection.
+    fn park_inbox(&mut self) {
+        let jobs = std::mem::take(&mut *super::lock(&self.s.inbox));
+        self.parked.extend(jobs);
+    }
+
+    /// Fails the waiting operations whose wait reached the I/O timeout;
+    /// answers when the next one's will.
+    fn expire_parked(&mut self, now: Instant) -> Option<Instant> {
+        let limit = self.s.spec.io_timeout;
+        while self.parked.front().is_some_and(|j| j.since + limit <= now) {
+            if let Some(job) = self.parked.pop_front() {
+                self.s
+                    .finish(job.done, job.bytes, Err(self.s.unreachable()));
+            }
+        }
+        self.parked.front().map(|j| j.since + limit)
+    }
+
     /// The connection on `addr` failed with `e`: everything on it fails
-    /// as unavailable, and new operations too until one is up again.
+    /// as unavailable; new operations wait for the next one.
     fn lost(&mut self, addr: SocketAddr, e: &Error) {
         self.s.reachable.store(false, Ordering::Release);
         let kind = match e {
@@ -549,7 +582,7 @@ impl Link {
             namespace = %what,
             path = %addr,
             error = %e,
-            "remote namespace out of reach; its I/O answers Namespace Not Ready until a path answers"
+            "remote namespace out of reach; its I/O waits for a path, at most the I/O timeout, then answers Namespace Not Ready"
         );
     }
 
@@ -561,16 +594,18 @@ impl Link {
         let mut backoff = BACKOFF_FIRST;
         loop {
             if self.s.stop.load(Ordering::Acquire) {
-                self.refuse_inbox();
+                self.refuse_waiting();
                 return None;
             }
-            self.refuse_inbox();
+            self.park_inbox();
+            self.expire_parked(Instant::now());
             match connect_any(&self.s.spec, first) {
                 Ok((c, size)) if size.block_size == self.s.block_size => {
                     self.s.set_len(size.bytes());
                     self.s
                         .volatile_cache
                         .store(c.info().volatile_write_cache, Ordering::Release);
+                    self.s.path.store(c.path, Ordering::Release);
                     self.s.reachable.store(true, Ordering::Release);
                     tracing::info!(
                         namespace = %self.s.what,
@@ -594,12 +629,18 @@ impl Link {
         }
     }
 
-    /// Waits up to `t` for the wake-up eventfd.
-    fn wait_wake(&self, t: Duration) {
+    /// Waits `t`, failing waiting operations as their wait ends; returns
+    /// early when the backend is dropped.
+    fn wait_wake(&mut self, t: Duration) {
         let deadline = Instant::now() + t;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.s.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            self.park_inbox();
+            let next = self
+                .expire_parked(now)
+                .map_or(deadline, |d| d.min(deadline));
+            let left = next.saturating_duration_since(now);
+            if deadline <= now || self.s.stop.load(Ordering::Acquire) {
                 return;
             }
             let mut fds = [PollFd::new(&self.s.wake, PollFlags::IN)];
@@ -610,7 +651,6 @@ impl Link {
             let _ = poll(&mut fds, Some(&ts));
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.s.wake, &mut b);
-            self.refuse_inbox();
         }
     }
 }

@@ -11,9 +11,13 @@
 //! Faults are answers: a command the remote does not complete within the
 //! I/O timeout, or a connection that breaks, takes the connection down;
 //! every operation on it fails as unavailable (the host sees Namespace
-//! Not Ready and retries), and so do operations started while it is down.
-//! The thread connects again with backoff, trying the other paths first,
-//! and I/O resumes by itself when one answers.
+//! Not Ready and retries). The thread connects again with backoff, trying
+//! the other paths first. Operations started while no connection is up
+//! wait for one, each at most the I/O timeout (plus a connection attempt
+//! under way), then fail as unavailable too: an outage shorter than that
+//! is a pause to the hosts, a longer one an error they retry, never a
+//! hang. What waits is bounded as what is in flight is
+//! ([`Backend::has_room`]).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -55,6 +59,9 @@ struct Job {
     done: IoDone,
     /// Bytes of data it counts in flight.
     bytes: u64,
+    /// When it was started: it waits for a connection at most the I/O
+    /// timeout from then.
+    since: Instant,
 }
 
 /// What the backend and its initiator thread share.
@@ -70,6 +77,8 @@ struct Shared {
     volatile_cache: AtomicBool,
     /// A connection is up.
     reachable: AtomicBool,
+    /// Index of the path of the connection up, or of the last one.
+    path: AtomicUsize,
     /// The backend was dropped: the thread ends.
     stop: AtomicBool,
     inbox: Mutex<Vec<Job>>,
@@ -150,6 +159,7 @@ impl RemoteBackend {
             len: AtomicU64::new(size.bytes()),
             volatile_cache: AtomicBool::new(conn.info().volatile_write_cache),
             reachable: AtomicBool::new(true),
+            path: AtomicUsize::new(conn.path()),
             stop: AtomicBool::new(false),
             inbox: Mutex::new(Vec::new()),
             wake,
@@ -316,15 +326,17 @@ impl Backend for RemoteBackend {
                 )));
             }
         }
-        if !s.reachable.load(Ordering::Acquire) {
-            return done(Err(s.unreachable()));
-        }
         let bytes = data_bytes(&io);
         s.ops.fetch_add(1, Ordering::AcqRel);
         s.bytes.fetch_add(bytes, Ordering::AcqRel);
         let first = {
             let mut q = lock(&s.inbox);
-            q.push(Job { io, done, bytes });
+            q.push(Job {
+                io,
+                done,
+                bytes,
+                since: Instant::now(),
+            });
             q.len() == 1
         };
         if first {

@@ -328,12 +328,15 @@ fn a_hung_remote_is_an_answer_within_the_timeout_and_io_resumes() {
         "{took:?}"
     );
     assert!(!b.reachable());
-    // While it is down, operations fail at once.
+    // While it is down, an operation waits for a connection, at most the
+    // I/O timeout and the attempt under way, then fails.
     let t = Instant::now();
     let e = run(&b, Io::Flush).unwrap_err();
+    let took = t.elapsed();
+    assert!(is_unavailable(&e), "{e}");
     assert!(
-        is_unavailable(&e) && t.elapsed() < Duration::from_millis(200),
-        "{e}"
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "{took:?}"
     );
 
     proxy.held.store(false, Ordering::Relaxed);
@@ -342,15 +345,44 @@ fn a_hung_remote_is_an_answer_within_the_timeout_and_io_resumes() {
 }
 
 #[test]
+fn an_outage_shorter_than_the_timeout_is_a_pause() {
+    let remote = Remote::start(4 * MIB, 512);
+    let proxy = Proxy::start(remote.addr);
+    let mut s = spec(vec![proxy.addr]);
+    s.io_timeout = Duration::from_secs(5);
+    let b = RemoteBackend::open(&s).unwrap();
+    b.write_at(0, &[8; 512], false).unwrap();
+    proxy.cut.store(true, Ordering::Relaxed);
+    eventually("the cut seen", || {
+        !b.reachable() || run(&b, Io::Flush).is_err()
+    });
+    let (tx, rx) = mpsc::channel();
+    b.start(
+        Io::Read {
+            offset: 0,
+            buf: vec![0; 512],
+        },
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rx.try_recv().is_err(), "it waits");
+    proxy.cut.store(false, Ordering::Relaxed);
+    let got = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(got, vec![8; 512]);
+    assert!(b.reachable());
+}
+
+#[test]
 fn a_second_path_takes_over() {
     let remote = Remote::start(4 * MIB, 512);
     let (p1, p2) = (Proxy::start(remote.addr), Proxy::start(remote.addr));
     let b = RemoteBackend::open(&spec(vec![p1.addr, p2.addr])).unwrap();
     b.write_at(0, &[6; 512], false).unwrap();
+    assert_eq!(b.shared.path.load(Ordering::Acquire), 0);
     p1.cut.store(true, Ordering::Relaxed);
-    // The operations on the cut connection fail; then the second path serves.
-    eventually("the cut seen", || run(&b, Io::Flush).is_err());
-    eventually("reachable on the second path", || b.reachable());
+    eventually("reachable on the second path", || {
+        b.reachable() && b.shared.path.load(Ordering::Acquire) == 1
+    });
     assert_eq!(read(&b, 0, 512).unwrap(), vec![6; 512]);
 }
 
