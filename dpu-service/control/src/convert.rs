@@ -5,7 +5,8 @@ use dpu_proto::v1 as pb;
 
 use crate::model::{
     cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
-    Namespace, PortRole, PortSpec, Rule, State, Subsystem, Tenant, Timestamp, Transport,
+    Namespace, PortRole, PortSpec, RemoteNamespace, Rule, State, Subsystem, Tenant, Timestamp,
+    Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -214,9 +215,25 @@ pub fn cluster(c: &Cluster, namespaces: usize) -> pb::Cluster {
     }
 }
 
-/// A namespace of subsystem `sid` as a protobuf message. A block device's
-/// or RBD image's size is 0 here: only what serves it knows it (the
-/// service asks, [`crate::service::ServedNamespaces`]).
+/// A remote namespace as a protobuf message: whether a DH-HMAC-CHAP
+/// secret is set, never the secret; the host NQN it connects with.
+pub fn remote(r: &RemoteNamespace) -> pb::RemoteBackend {
+    pb::RemoteBackend {
+        paths: r.paths.iter().map(ToString::to_string).collect(),
+        subnqn: r.subnqn.clone(),
+        nsid: r.nsid,
+        host_nqn: r.host_nqn.clone(),
+        dhchap_secret: String::new(),
+        dhchap_secret_set: r.dhchap_secret.is_some(),
+        io_timeout_ms: r.io_timeout_ms,
+        connect_timeout_ms: r.connect_timeout_ms,
+        queue_depth: u32::from(r.queue_depth),
+    }
+}
+
+/// A namespace of subsystem `sid` as a protobuf message. A block device's,
+/// RBD image's or remote namespace's size is 0 here: only what serves it
+/// knows it (the service asks, [`crate::service::ServedNamespaces`]).
 pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
     let (backend, size) = match &n.backend {
         Backend::Ram { size_bytes } => (
@@ -250,6 +267,7 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
             }),
             0,
         ),
+        Backend::Remote(r) => (pb::namespace::Backend::Remote(remote(r)), 0),
     };
     pb::Namespace {
         name: namespace_name(sid, n.nsid),
@@ -290,6 +308,61 @@ mod tests {
         ];
         assert_eq!(uuid_text(&u), "f81d4fae-7dec-11d0-a765-00a0c91e6bf6");
         assert_eq!(crate::validate::uuid("u", &uuid_text(&u)).unwrap(), u);
+    }
+
+    /// A remote namespace goes out as it came in, with the host NQN used
+    /// and whether a secret is set instead of the secret.
+    #[test]
+    fn remote_round_trips_through_validation_without_its_secret() {
+        const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+        const HOST: &str = "nqn.2024-01.io.example:dpu";
+        let given = pb::RemoteBackend {
+            paths: vec!["10.0.0.1:4420".into(), "[fd00::2]:4421".into()],
+            subnqn: "nqn.2024-01.io.example:far".into(),
+            nsid: 7,
+            host_nqn: String::new(),
+            dhchap_secret: SECRET.into(),
+            dhchap_secret_set: false,
+            io_timeout_ms: 0,
+            connect_timeout_ms: 2_000,
+            queue_depth: 32,
+        };
+        let r = crate::validate::remote("r", &given, HOST).unwrap();
+        let out = remote(&r);
+        assert_eq!(
+            out,
+            pb::RemoteBackend {
+                host_nqn: HOST.into(),
+                dhchap_secret: String::new(),
+                dhchap_secret_set: true,
+                io_timeout_ms: 10_000,
+                ..given.clone()
+            }
+        );
+        // What a client sends back (a Get's answer with its secret again)
+        // validates to the same namespace.
+        let again = pb::RemoteBackend {
+            dhchap_secret: SECRET.into(),
+            ..out
+        };
+        assert_eq!(crate::validate::remote("r", &again, "").unwrap(), r);
+        let n = Namespace {
+            nsid: 1,
+            backend: Backend::Remote(r),
+            block_size: 4096,
+            uuid: [1; 16],
+            nguid: [2; 16],
+        };
+        let out = namespace("vol", &n);
+        assert_eq!(out.size_bytes, 0, "the target's to say");
+        assert!(!format!("{out:?}").contains(&SECRET[10..40]));
+        assert!(matches!(
+            out.backend,
+            Some(pb::namespace::Backend::Remote(pb::RemoteBackend {
+                dhchap_secret_set: true,
+                ..
+            }))
+        ));
     }
 
     #[test]

@@ -441,7 +441,7 @@ impl Telemetry {
             (
                 "dpu_nvmf_namespaces_unreachable",
                 "gauge",
-                "Namespaces of the subsystem whose store (a storage cluster) is out of reach.",
+                "Namespaces of the subsystem whose store (a storage cluster, a remote target) is out of reach.",
                 |c| c.namespaces_unreachable,
             ),
         ];

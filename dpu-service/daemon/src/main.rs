@@ -22,6 +22,7 @@ mod dataplane;
 mod endpoint_stacks;
 mod metrics;
 mod rbd;
+mod remote;
 mod runtime;
 mod storage;
 
@@ -217,6 +218,12 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let state = StateHandle::open(config.state.dir.as_deref())?;
     config.prepare_file_dirs()?;
     let backing = config.backing_policy()?;
+    // The state directory exists by now: it may keep the host ID.
+    let host_nqn = remote::default_host_nqn(
+        config.storage.host_nqn.as_deref(),
+        std::path::Path::new(remote::MACHINE_ID),
+        config.state.dir.as_deref(),
+    )?;
     let first = state.published();
     {
         let s = &first.state;
@@ -313,6 +320,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         switch_applied,
         store_probe: Some(rbd::probe()),
         served: Some(nvmf.served()),
+        host_nqn,
     });
     let api = Api::new(ctl.clone());
     // Tenants first: a declared listener may be an endpoint in one.

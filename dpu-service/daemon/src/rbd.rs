@@ -1,6 +1,7 @@
 //! The storage clusters' probe ([`StoreProbe`]), through which the control
 //! plane, which links no Ceph library, checks a cluster, a change to one
-//! and an RBD namespace before it stores them.
+//! and an RBD namespace before it stores them; and a remote NVMe/TCP
+//! namespace, which it opens through [`crate::remote::probe`].
 //!
 //! With the `rbd` feature it connects through `dpu-rbd` (librados), as
 //! the cluster's user with its key and within its timeouts, and opens
@@ -8,7 +9,7 @@
 
 use std::sync::Arc;
 
-use dpu_control::model::Cluster;
+use dpu_control::model::{Cluster, RemoteNamespace};
 use dpu_control::service::StoreProbe;
 
 /// Why a build without the `rbd` feature refuses clusters and RBD
@@ -21,19 +22,20 @@ pub fn probe() -> Arc<dyn StoreProbe> {
     #[cfg(feature = "rbd")]
     let p = Arc::new(Librados);
     #[cfg(not(feature = "rbd"))]
-    let p = Arc::new(NoRbd);
+    let p = Arc::new(NoRbd { offline: false });
     p
 }
 
 /// The probe of a configuration check, which connects to nothing: none
-/// with RBD support (each declared cluster is checked when it is first
-/// created at startup), and the refusal without.
+/// with RBD support (each declared cluster and remote namespace is
+/// checked when it is first created at startup), and without it the
+/// refusal of clusters (remote namespaces pass).
 pub fn offline_probe() -> Option<Arc<dyn StoreProbe>> {
-    if cfg!(feature = "rbd") {
-        None
-    } else {
-        Some(probe())
-    }
+    #[cfg(feature = "rbd")]
+    let p = None;
+    #[cfg(not(feature = "rbd"))]
+    let p = Some(Arc::new(NoRbd { offline: true }) as Arc<dyn StoreProbe>);
+    p
 }
 
 /// How `dpu-rbd` connects to `c`.
@@ -69,12 +71,19 @@ impl StoreProbe for Librados {
             .and_then(|i| i.size())
             .map_err(|e| e.to_string())
     }
+
+    fn probe_remote(&self, r: &RemoteNamespace, block_size: u32) -> Result<(), String> {
+        crate::remote::probe(r, block_size)
+    }
 }
 
-/// Refuses every cluster: this build has no RBD support.
+/// Refuses every cluster: this build has no RBD support. Opens remote
+/// namespaces, unless `offline` (a configuration check).
 #[cfg(not(feature = "rbd"))]
 #[derive(Debug)]
-struct NoRbd;
+struct NoRbd {
+    offline: bool,
+}
 
 #[cfg(not(feature = "rbd"))]
 impl StoreProbe for NoRbd {
@@ -84,6 +93,13 @@ impl StoreProbe for NoRbd {
 
     fn probe_image(&self, _: &Cluster, _: &str, _: &str) -> Result<u64, String> {
         Err(NO_RBD.into())
+    }
+
+    fn probe_remote(&self, r: &RemoteNamespace, block_size: u32) -> Result<(), String> {
+        if self.offline {
+            return Ok(());
+        }
+        crate::remote::probe(r, block_size)
     }
 }
 
@@ -133,5 +149,17 @@ mod tests {
             p.probe_image(&cluster("m"), "rbd", "i").unwrap_err(),
             NO_RBD
         );
+        // A check connects to no remote namespace either.
+        let r = RemoteNamespace {
+            paths: vec!["127.0.0.1:1".parse().unwrap()],
+            subnqn: "nqn.2024-01.io.example:far".into(),
+            nsid: 1,
+            host_nqn: "nqn.2024-01.io.example:me".into(),
+            dhchap_secret: None,
+            io_timeout_ms: 100,
+            connect_timeout_ms: 100,
+            queue_depth: 2,
+        };
+        p.probe_remote(&r, 512).unwrap();
     }
 }

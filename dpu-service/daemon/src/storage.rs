@@ -534,6 +534,7 @@ fn backend_spec(state: &State, b: &Backend) -> Result<BackendSpec, String> {
                 image: image.clone(),
             }
         }
+        Backend::Remote(r) => BackendSpec::Remote(r.spec()),
     })
 }
 
@@ -810,6 +811,53 @@ mod tests {
             .problems
             .iter()
             .all(|p| p.reason.contains("tenant blue's network")));
+    }
+
+    /// A remote namespace reaches the target with every setting, its
+    /// secret too (the target authenticates with it).
+    #[test]
+    fn remote_namespaces_reach_the_target_with_their_settings() {
+        use dpu_control::model::{Namespace, RemoteNamespace, SecretText};
+        const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+        let mut state = State::default();
+        let mut s = subsystem("vol", &[("k", None, 4420)]);
+        let r = RemoteNamespace {
+            paths: vec![
+                "10.0.0.1:4420".parse().unwrap(),
+                "10.0.0.2:4420".parse().unwrap(),
+            ],
+            subnqn: "nqn.2024-01.io.example:far".into(),
+            nsid: 9,
+            host_nqn: "nqn.2024-01.io.example:me".into(),
+            dhchap_secret: Some(SecretText::parse(SECRET).unwrap().0),
+            io_timeout_ms: 1_500,
+            connect_timeout_ms: 500,
+            queue_depth: 16,
+        };
+        s.namespaces.insert(
+            1,
+            Namespace {
+                nsid: 1,
+                backend: Backend::Remote(r.clone()),
+                block_size: 4096,
+                uuid: [1; 16],
+                nguid: [1; 16],
+            },
+        );
+        state.subsystems.insert(s.id.clone(), s);
+        let cfg = target_config(&state, None);
+        let namespaces = &cfg.subsystems[0].namespaces;
+        assert_eq!(namespaces[0].block_size, 4096);
+        let BackendSpec::Remote(spec) = &namespaces[0].backend else {
+            panic!("{:?}", namespaces[0].backend)
+        };
+        assert_eq!(*spec, r.spec());
+        assert_eq!(spec.paths, r.paths);
+        assert_eq!(spec.dhchap_secret.as_deref(), Some(SECRET));
+        assert_eq!(spec.io_timeout, std::time::Duration::from_millis(1_500));
+        assert_eq!(spec.queue_depth, 16);
+        assert!(!format!("{cfg:?}").contains(&SECRET[10..40]));
+        assert!(unservable(&state).is_empty());
     }
 
     /// An RBD namespace reaches the target with its cluster's settings

@@ -5,9 +5,9 @@
 //!
 //! It holds who claims which traffic on each port (for the attachment
 //! overlap check), running totals for the caps of [`crate::state::Limits`] and
-//! the RAM limit, the NQNs, UUIDs, NGUIDs, backing paths and RBD images
-//! that must be unique across subsystems, and which namespaces use each
-//! storage cluster. It is derived data: never stored,
+//! the RAM limit, the NQNs, UUIDs, NGUIDs, backing paths, RBD images and
+//! remote namespaces that must be unique across subsystems, and which
+//! namespaces use each storage cluster. It is derived data: never stored,
 //! rebuilt from the tenants and subsystems when a state is read back
 //! ([`State::reindex`]), and updated by the transitions in `network` and
 //! `storage`, each of which removes what it changes from the index and
@@ -53,6 +53,18 @@ pub struct Index {
     /// ID, NSID (ordered by cluster, so the users of a cluster are one
     /// range).
     images: Set<(String, String, String, String, u32)>,
+    /// Remote namespaces backing namespaces: remote subsystem NQN, remote
+    /// NSID, subsystem ID, NSID.
+    remotes: Set<(String, u32, String, u32)>,
+}
+
+/// The [`Index::remotes`] entry of namespace `nsid` of `sid`, if a remote
+/// namespace backs it.
+fn remote_of(sid: &str, ns: &Namespace) -> Option<(String, u32, String, u32)> {
+    match &ns.backend {
+        Backend::Remote(r) => Some((r.subnqn.clone(), r.nsid, sid.to_string(), ns.nsid)),
+        _ => None,
+    }
 }
 
 /// The [`Index::images`] entry of namespace `nsid` of `sid`, if an RBD
@@ -77,7 +89,7 @@ fn image_of(sid: &str, ns: &Namespace) -> Option<(String, String, String, String
 fn backing_path(b: &Backend) -> Option<&str> {
     match b {
         Backend::File { path, .. } | Backend::BlockDevice { path } => Some(path),
-        Backend::Ram { .. } | Backend::Rbd { .. } => None,
+        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => None,
     }
 }
 
@@ -212,6 +224,16 @@ impl Index {
             .map(|(_, _, _, sid, nsid)| (sid.as_str(), *nsid))
     }
 
+    /// The subsystem and NSID of a namespace backed by namespace `nsid` of
+    /// the remote subsystem `subnqn`.
+    pub fn remote_user(&self, subnqn: &str, nsid: u32) -> Option<(&str, u32)> {
+        self.remotes
+            .range((subnqn.to_string(), nsid, String::new(), 0)..)
+            .next()
+            .filter(|(n, r, _, _)| n == subnqn && *r == nsid)
+            .map(|(_, _, sid, nsid)| (sid.as_str(), *nsid))
+    }
+
     /// The subsystem and NSID of a namespace backed by an image of
     /// `cluster` (the one of the first pool and image by name).
     pub fn cluster_user(&self, cluster: &str) -> Option<(&str, u32)> {
@@ -334,6 +356,9 @@ impl Index {
         if let Some(i) = image_of(sid, ns) {
             self.images.insert(i);
         }
+        if let Some(r) = remote_of(sid, ns) {
+            self.remotes.insert(r);
+        }
     }
 
     /// Removes a namespace of subsystem `sid`.
@@ -348,6 +373,9 @@ impl Index {
         }
         if let Some(i) = image_of(sid, ns) {
             self.images.remove(&i);
+        }
+        if let Some(r) = remote_of(sid, ns) {
+            self.remotes.remove(&r);
         }
     }
 

@@ -9,18 +9,21 @@
 //! [`Timestamp`] and [`State`], which both sides use, live here; the
 //! network side (prefixes, attachments, tenants, rules, ports) is in
 //! `network`, the storage side (subsystems, namespaces, listeners) in
-//! `storage`, the storage clusters RBD namespaces live on in `cluster`;
-//! all are re-exported here, so every type is `model::...`.
+//! `storage`, the storage clusters RBD namespaces live on in `cluster`,
+//! the remote NVMe/TCP namespaces that back namespaces in `remote`; all
+//! are re-exported here, so every type is `model::...`.
 
 mod claims;
 mod cluster;
 mod index;
 mod network;
+mod remote;
 mod storage;
 
 pub use claims::Claims;
 pub use cluster::{cluster_name, CephKey, Cluster};
 pub use index::Index;
+pub use remote::RemoteNamespace;
 
 pub use network::{
     Action, Attachment, IpPrefix, MacAddr, PortRange, PortRole, PortSpec, PrefixError, RateLimit,

@@ -9,7 +9,7 @@ use dpu_nvmeof::auth::{DhGroup, HashId, Secret, SecretError};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::{MacAddr, Timestamp};
+use super::{MacAddr, RemoteNamespace, Timestamp};
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,13 +47,19 @@ pub enum Backend {
         /// The image's name.
         image: String,
     },
+    /// A namespace of a remote NVMe/TCP target, size taken from it.
+    Remote(RemoteNamespace),
 }
 
 impl Backend {
     /// Whether the namespace's size is its store's own, known only to
-    /// what opens it (a block device, an RBD image), not the state.
+    /// what opens it (a block device, an RBD image, a remote namespace),
+    /// not the state.
     pub fn sized_by_store(&self) -> bool {
-        matches!(self, Backend::BlockDevice { .. } | Backend::Rbd { .. })
+        matches!(
+            self,
+            Backend::BlockDevice { .. } | Backend::Rbd { .. } | Backend::Remote(_)
+        )
     }
 }
 
@@ -163,6 +169,11 @@ impl SecretText {
     /// The hash indicator (0 to 3) of the secret.
     pub fn hash_indicator(&self) -> u8 {
         self.secret().map_or(0, |s| s.hash_indicator())
+    }
+
+    /// The text, for the one who authenticates with it.
+    pub fn expose(&self) -> &str {
+        &self.0
     }
 }
 

@@ -1,8 +1,9 @@
 //! The storage clusters of `dpu.v1.StorageService` (`CreateCluster` ..
 //! `DeleteCluster`), the checks an RBD namespace makes before it is
 //! stored, and the seams through which the service reaches what it does
-//! not link: [`StoreProbe`] (the Ceph clusters) and [`ServedNamespaces`] (what
-//! the NVMe-oF target serves).
+//! not link: [`StoreProbe`] (the Ceph clusters, and the remote NVMe/TCP
+//! targets of `remote`) and [`ServedNamespaces`] (what the NVMe-oF target
+//! serves).
 //!
 //! A cluster, a change to one and an RBD namespace are stored only once
 //! the probe has connected with them, so a cluster that is down, a key
@@ -19,7 +20,7 @@ use dpu_proto::v1 as pb;
 use super::{mask_paths, paginate, required, Api, PAGES};
 use crate::convert;
 use crate::error::{ControlError, Result};
-use crate::model::{cluster_name, Backend, Cluster, Namespace, Subsystem};
+use crate::model::{cluster_name, Backend, Cluster, Namespace, RemoteNamespace, Subsystem};
 use crate::state::ClusterUpdate;
 use crate::validate;
 
@@ -40,6 +41,18 @@ pub trait StoreProbe: Send + Sync + std::fmt::Debug {
     /// As [`StoreProbe::probe_cluster`], or naming the pool or image.
     fn probe_image(&self, c: &Cluster, pool: &str, image: &str)
         -> std::result::Result<u64, String>;
+
+    /// Opens remote namespace `r` as the target would, through the first
+    /// of its paths that answers, and checks that a namespace of
+    /// `block_size` bytes a block can be served on it (at least one
+    /// block, a multiple of the remote's own). Blocks for at most about
+    /// [`RemoteNamespace::open_bound`].
+    ///
+    /// # Errors
+    /// What failed and why, naming the addresses tried; never the
+    /// secret.
+    fn probe_remote(&self, r: &RemoteNamespace, block_size: u32)
+        -> std::result::Result<(), String>;
 }
 
 /// What the NVMe-oF target knows of the namespaces it serves and the
@@ -55,10 +68,11 @@ pub trait ServedNamespaces: Send + Sync + std::fmt::Debug {
     fn namespace_reachable(&self, nqn: &str, nsid: u32) -> Option<bool>;
 }
 
-/// Probes of storage clusters that may run at once. Each holds a thread
-/// and a cluster client (librados starts about ten threads) for up to the
-/// cluster's timeouts; API clients asking for more are refused with
-/// `RESOURCE_EXHAUSTED` at once rather than queued.
+/// Probes of storage clusters and remote targets that may run at once.
+/// Each holds a thread and a cluster client (librados starts about ten
+/// threads) or a connection for up to the store's timeouts; API clients
+/// asking for more are refused with `RESOURCE_EXHAUSTED` at once rather
+/// than queued.
 pub const PROBES_AT_ONCE: usize = 4;
 
 /// The fields `UpdateCluster` changes.
@@ -89,34 +103,57 @@ impl Api {
         c: &Cluster,
         probe: impl FnOnce(&dyn StoreProbe, &Cluster) -> std::result::Result<T, String> + Send + 'static,
     ) -> Result<Option<T>> {
+        let limit = probe_limit(c);
+        let silent = format!(
+            "the monitors at {} gave no answer within {} s",
+            c.mon_host,
+            limit.as_secs()
+        );
+        let c = c.clone();
+        self.run_probe(&cluster_name(&c.id), limit, silent, move |p| probe(p, &c))
+            .await
+    }
+
+    /// Runs `probe` of the store `name` names off the runtime's threads,
+    /// waiting for it at most `limit`; `Ok(None)` when the service has no
+    /// probe (nothing to check against). At most [`PROBES_AT_ONCE`] run at
+    /// once.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED past [`PROBES_AT_ONCE`]; FAILED_PRECONDITION
+    /// naming the store and why the probe failed, or `silent` when it did
+    /// not answer within `limit`.
+    pub(super) async fn run_probe<T: Send + 'static>(
+        &self,
+        name: &str,
+        limit: Duration,
+        silent: String,
+        probe: impl FnOnce(&dyn StoreProbe) -> std::result::Result<T, String> + Send + 'static,
+    ) -> Result<Option<T>> {
         let Some(p) = self.ctl.store_probe.clone() else {
             return Ok(None);
         };
-        let (name, limit) = (cluster_name(&c.id), probe_limit(c));
         // Held by the probe itself, so one the caller stopped waiting for
         // still counts until it ends.
         let Ok(permit) = self.probes.clone().try_acquire_owned() else {
             return Err(ControlError::exhausted(
                 "storage cluster probes at once",
                 PROBES_AT_ONCE,
-                format!("a probe of {name}, while others wait on their clusters"),
+                format!("a probe of {name}, while others wait on their stores"),
             ));
         };
-        let mon_host = c.mon_host.clone();
-        let c = c.clone();
         let run = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            probe(&*p, &c)
+            probe(&*p)
         });
         match tokio::time::timeout(limit, run).await {
             Ok(Ok(Ok(v))) => Ok(Some(v)),
             Ok(Ok(Err(why))) => Err(ControlError::FailedPrecondition(format!("{name}: {why}"))),
             Ok(Err(e)) => Err(ControlError::FailedPrecondition(format!(
-                "{name}: probing the cluster failed: {e}"
+                "{name}: probing it failed: {e}"
             ))),
             Err(_) => Err(ControlError::FailedPrecondition(format!(
-                "{name}: the monitors at {mon_host} gave no answer within {} s",
-                limit.as_secs()
+                "{name}: {silent}"
             ))),
         }
     }
@@ -159,7 +196,8 @@ impl Api {
 
     /// Namespace `ns` of subsystem `sub` as a message, with the size its
     /// store is served with where only the target knows it (a block
-    /// device, an RBD image): 0 while it is not served.
+    /// device, an RBD image, a remote namespace): 0 while it is not
+    /// served.
     pub(super) fn namespace_out(&self, sub: &Subsystem, ns: &Namespace) -> pb::Namespace {
         let mut out = convert::namespace(&sub.id, ns);
         if let Some(served) = &self.ctl.served {
@@ -348,6 +386,10 @@ mod tests {
                 .copied()
                 .ok_or_else(|| format!("open image {name}: No such file or directory (os error 2)"))
         }
+
+        fn probe_remote(&self, r: &RemoteNamespace, _: u32) -> std::result::Result<(), String> {
+            Err(format!("{}: not a remote target", r.addresses()))
+        }
     }
 
     /// What the target serves: every namespace at 7 MiB, namespace 1's
@@ -388,6 +430,7 @@ mod tests {
             switch_applied: None,
             store_probe: Some(ceph.clone()),
             served: served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
+            host_nqn: crate::service::testing::HOST_NQN.into(),
         }));
         (api, ceph, state)
     }

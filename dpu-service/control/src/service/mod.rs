@@ -11,6 +11,7 @@ mod cluster;
 mod filter;
 mod info;
 mod port;
+mod remote;
 mod storage;
 mod telemetry;
 mod tenant;
@@ -94,13 +95,19 @@ pub struct Control {
     /// change, and a change the switch refuses is undone. `None` without
     /// a data plane (then the call returns once the change is stored).
     pub switch_applied: Option<Applied>,
-    /// Connects to storage clusters, so that a cluster, a change to one
-    /// and an RBD namespace are stored only once they work. `None`:
-    /// nothing is probed (the configuration's check, tests).
+    /// Connects to storage clusters and remote targets, so that a
+    /// cluster, a change to one, an RBD namespace and a remote namespace
+    /// are stored only once they work. `None`: nothing is probed (the
+    /// configuration's check, tests).
     pub store_probe: Option<Arc<dyn StoreProbe>>,
-    /// The sizes of block devices and RBD images, which only the target
-    /// knows. `None`: they are 0.
+    /// The sizes of block devices, RBD images and remote namespaces,
+    /// which only the target knows, and whether their stores answer.
+    /// `None`: they are 0.
     pub served: Option<Arc<dyn ServedNamespaces>>,
+    /// The host NQN a remote namespace created without one connects with
+    /// (the configuration's `storage.host_nqn`, or one derived from the
+    /// machine's ID); the namespace keeps it.
+    pub host_nqn: String,
 }
 
 /// Implements every `dpu.v1` service over one [`Control`].
@@ -299,6 +306,7 @@ impl Api {
             switch_applied,
             store_probe: None,
             served: None,
+            host_nqn: testing::HOST_NQN.into(),
         }))
     }
 }
@@ -317,6 +325,10 @@ pub(crate) mod testing {
 
     /// Limits for tests: 1 MiB of RAM namespaces.
     pub(crate) const LIMITS: Limits = Limits::with_ram(1 << 20);
+
+    /// The service's host NQN in tests.
+    pub(crate) const HOST_NQN: &str =
+        "nqn.2014-08.org.nvmexpress:uuid:0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
     /// The backing policy of tests: files anywhere (without symbolic
     /// links), any device under `/dev`.

@@ -345,9 +345,11 @@ impl StorageService for Api {
             let req = req.into_inner();
             let id = validate::name("parent", &req.parent, "subsystems")?.to_string();
             let n = required("namespace", req.namespace)?;
-            let (ns, has_uuid, has_nguid) = validate::namespace("namespace", &n)?;
+            let (ns, has_uuid, has_nguid) =
+                validate::namespace("namespace", &n, &self.ctl.host_nqn)?;
             let ns = self.check_backing(ns).await?;
             let image_size = self.check_rbd(&ns).await?;
+            self.check_remote(&id, &ns).await?;
             let limits = self.ctl.limits;
             let (out, nsid) = self
                 .change_storage({
@@ -362,7 +364,8 @@ impl StorageService for Api {
                     }
                 })
                 .await?;
-            // Served now: a device's or image's size is the target's.
+            // Served now: a device's, image's or remote's size is the
+            // target's.
             let state = self.ctl.state.snapshot();
             let served = state.subsystems.get(&id).and_then(|sub| {
                 let ns = sub.namespaces.get(&nsid)?;

@@ -13,11 +13,12 @@
 //! which hands each part to its side. The network side (tenants,
 //! attachments, rules) is in `network`, the storage side (subsystems,
 //! hosts, namespaces, listeners) in `storage`, the storage clusters in
-//! `cluster`.
+//! `cluster`, the checks of remote namespaces in `remote`.
 
 mod cluster;
 mod endpoint;
 mod network;
+mod remote;
 mod storage;
 
 pub use crate::model::Index;

@@ -308,6 +308,7 @@ impl State {
         if let Backend::Rbd { .. } = &ns.backend {
             self.check_image(&ns.backend)?;
         }
+        self.check_remote(id, &ns.backend)?;
         if !given_uuid {
             ns.uuid = random_uuid();
         }
@@ -367,11 +368,17 @@ impl State {
                         .into(),
                 ))
             }
+            Backend::Remote(_) => {
+                return Err(ControlError::FailedPrecondition(
+                    "a remote namespace takes its size from the remote namespace: resize it there"
+                        .into(),
+                ))
+            }
         }
         let mut ns = ns.clone();
         match &mut ns.backend {
             Backend::Ram { size_bytes } | Backend::File { size_bytes, .. } => *size_bytes = size,
-            Backend::BlockDevice { .. } | Backend::Rbd { .. } => {}
+            Backend::BlockDevice { .. } | Backend::Rbd { .. } | Backend::Remote(_) => {}
         }
         self.put_namespace(id, ns)
     }

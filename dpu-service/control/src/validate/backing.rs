@@ -38,7 +38,7 @@ fn identity(policy: &BackingPolicy, b: &Backend) -> Option<Identity> {
             .flatten()
             .map(|f| f.identity),
         Backend::BlockDevice { path } => policy.inspect_block_device(Path::new(path)).ok(),
-        Backend::Ram { .. } | Backend::Rbd { .. } => None,
+        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => None,
     }
 }
 
@@ -63,7 +63,7 @@ pub fn backing(
     mut ns: Namespace,
 ) -> Result<Namespace> {
     let (found, path_field, path) = match &mut ns.backend {
-        Backend::Ram { .. } | Backend::Rbd { .. } => return Ok(ns),
+        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => return Ok(ns),
         Backend::File {
             path,
             size_bytes,

@@ -11,12 +11,14 @@
 //! The network side (tenants, attachments, filter rules) is in `network`,
 //! the storage side (subsystems, namespaces, listeners) in `storage`, the
 //! storage clusters (monitors, cephx users and keys, pool and image names)
-//! in `cluster`; all are re-exported here, so every check is
-//! `validate::...`.
+//! in `cluster`, the remote namespaces that back namespaces (paths, NQNs,
+//! secrets, bounds) in `remote`; all are re-exported here, so every check
+//! is `validate::...`.
 
 mod backing;
 mod cluster;
 mod network;
+mod remote;
 mod storage;
 
 pub use backing::{backing, resize as backing_resize};
@@ -30,6 +32,9 @@ pub use network::{
     attachment, attachments, default_policy, is_unicast_v4, replace_rules, rule, rule_name, vlan,
     KeptRules, MAX_ATTACHMENTS_PER_TENANT, MAX_GUARD_ENTRIES, MAX_RATE_BPS, MAX_RATE_PPS,
     MAX_REMOTE_VTEPS, MAX_RULES_PER_TENANT,
+};
+pub use remote::{
+    remote, remote_nqn, MAX_REMOTE_QUEUE_DEPTH, MAX_REMOTE_TIMEOUT_MS, MIN_REMOTE_QUEUE_DEPTH,
 };
 pub use storage::{
     ascii_id, auth_requirement, hex16, host_auth, listener, listener_name, max_namespaces,

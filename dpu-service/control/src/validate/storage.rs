@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use dpu_proto::v1 as pb;
 
-use super::{child_name, id, rbd_name};
+use super::{child_name, id, rbd_name, remote};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
@@ -272,8 +272,14 @@ pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
 }
 
 /// Converts a namespace to create. `uuid`/`nguid` come back as given or
-/// `None` when the caller left them empty (the state generates them).
-pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, bool)> {
+/// `None` when the caller left them empty (the state generates them). A
+/// remote backend without a host NQN takes `default_host_nqn`, the
+/// service's.
+pub fn namespace(
+    field: &str,
+    n: &pb::Namespace,
+    default_host_nqn: &str,
+) -> Result<(Namespace, bool, bool)> {
     let f = |s: &str| format!("{field}.{s}");
     let block_size = block_size(&f("block_size"), n.block_size)?;
     let backend = match &n.backend {
@@ -311,10 +317,13 @@ pub fn namespace(field: &str, n: &pb::Namespace) -> Result<(Namespace, bool, boo
                 image: r.image.clone(),
             }
         }
+        Some(pb::namespace::Backend::Remote(r)) => {
+            Backend::Remote(remote(&f("remote"), r, default_host_nqn)?)
+        }
         None => {
             return Err(ControlError::invalid(
                 f("backend"),
-                "one of ram, file, block_device, rbd is required",
+                "one of ram, file, block_device, rbd, remote is required",
             ))
         }
     };
@@ -429,6 +438,9 @@ mod tests {
         }
     }
 
+    /// The service's default host NQN, in tests.
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6";
+
     #[test]
     fn namespaces() {
         let mut n = pb::Namespace {
@@ -437,7 +449,7 @@ mod tests {
             })),
             ..Default::default()
         };
-        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        let (ns, has_uuid, _) = namespace("namespace", &n, HOST).unwrap();
         assert_eq!(ns.block_size, 512);
         assert!(!has_uuid);
         n.block_size = 4096;
@@ -445,7 +457,7 @@ mod tests {
             size_bytes: 512,
         }));
         assert_eq!(
-            field_of(namespace("namespace", &n).unwrap_err()),
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.ram.size_bytes"
         );
         n.backend = Some(pb::namespace::Backend::File(pb::FileBackend {
@@ -453,12 +465,12 @@ mod tests {
             size_bytes: 0,
         }));
         assert_eq!(
-            field_of(namespace("namespace", &n).unwrap_err()),
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.file.path"
         );
         n.backend = None;
         assert_eq!(
-            field_of(namespace("namespace", &n).unwrap_err()),
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.backend"
         );
         let rbd = |cluster: &str, pool: &str, image: &str| {
@@ -470,7 +482,7 @@ mod tests {
         };
         n.backend = rbd("ceph1", "rbd", "vol1");
         assert_eq!(
-            namespace("namespace", &n).unwrap().0.backend,
+            namespace("namespace", &n, HOST).unwrap().0.backend,
             Backend::Rbd {
                 cluster: "ceph1".into(),
                 pool: "rbd".into(),
@@ -488,24 +500,47 @@ mod tests {
             (rbd("ceph1", "rbd/x", "vol1"), "namespace.rbd.pool"),
         ] {
             n.backend = backend;
-            assert_eq!(field_of(namespace("namespace", &n).unwrap_err()), field);
+            assert_eq!(
+                field_of(namespace("namespace", &n, HOST).unwrap_err()),
+                field
+            );
         }
+        // A remote namespace takes the service's host NQN unless it names
+        // one; its fields are checked under `remote`.
+        let far = |nsid: u32| {
+            Some(pb::namespace::Backend::Remote(pb::RemoteBackend {
+                paths: vec!["10.0.0.1:4420".into()],
+                subnqn: "nqn.2024-01.io.example:far".into(),
+                nsid,
+                ..Default::default()
+            }))
+        };
+        n.backend = far(1);
+        let Backend::Remote(r) = namespace("namespace", &n, HOST).unwrap().0.backend else {
+            panic!("not remote")
+        };
+        assert_eq!((r.nsid, r.host_nqn.as_str()), (1, HOST));
+        n.backend = far(0);
+        assert_eq!(
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
+            "namespace.remote.nsid"
+        );
         n.backend = Some(pb::namespace::Backend::Ram(pb::RamBackend {
             size_bytes: 4096,
         }));
         n.uuid = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6".into();
-        let (ns, has_uuid, _) = namespace("namespace", &n).unwrap();
+        let (ns, has_uuid, _) = namespace("namespace", &n, HOST).unwrap();
         assert!(has_uuid);
         assert_eq!(ns.uuid[0], 0xf8);
         n.uuid = "f81d4fae7dec11d0a76500a0c91e6bf6".into();
         assert_eq!(
-            field_of(namespace("namespace", &n).unwrap_err()),
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.uuid"
         );
         n.uuid.clear();
         n.block_size = 1024;
         assert_eq!(
-            field_of(namespace("namespace", &n).unwrap_err()),
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.block_size"
         );
     }

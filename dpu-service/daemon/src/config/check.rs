@@ -18,6 +18,9 @@ use dpu_dataplane::io::{MAX_MTU, MIN_MTU};
 
 use super::{parse_size, seed, seed_tenants, Config};
 
+/// The host NQN of remote namespaces declared without one, in a check.
+const CHECK_HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000";
+
 impl Config {
     /// Checks the configuration as a whole.
     ///
@@ -232,6 +235,9 @@ impl Config {
         if let Some(r) = &self.storage.ram_limit {
             parse_size(r).with_context(|| format!("storage.ram_limit {r:?}"))?;
         }
+        if let Some(n) = &self.storage.host_nqn {
+            validate::remote_nqn("storage.host_nqn", n).map_err(|e| anyhow!("{e}"))?;
+        }
         if let Some(b) = &self.storage.write_buffer_budget {
             let n = parse_size(b).with_context(|| format!("storage.write_buffer_budget {b:?}"))?;
             if n < 1 << 20 {
@@ -401,6 +407,26 @@ impl Config {
                 text(&format!("{at}.nguid"), &n.nguid, &|k, v| {
                     validate::hex16(k, v).map(drop)
                 })?;
+                if let Some(r) = &n.remote {
+                    let at = format!("{at}.remote");
+                    text(&format!("{at}.host_nqn"), &r.host_nqn, &|k, v| {
+                        validate::remote_nqn(k, v)
+                    })?;
+                    let timeout = (1, validate::MAX_REMOTE_TIMEOUT_MS);
+                    let depth = (
+                        validate::MIN_REMOTE_QUEUE_DEPTH,
+                        validate::MAX_REMOTE_QUEUE_DEPTH,
+                    );
+                    for (key, v, (min, max)) in [
+                        ("io_timeout_ms", r.io_timeout_ms, timeout),
+                        ("connect_timeout_ms", r.connect_timeout_ms, timeout),
+                        ("queue_depth", r.queue_depth, depth),
+                    ] {
+                        if v == Some(0) {
+                            bail!("{at}.{key}: 0 is out of range ({min} to {max})");
+                        }
+                    }
+                }
             }
             for (j, l) in s.listeners.iter().enumerate() {
                 let at = format!("{at}.listeners[{j}]");
@@ -452,10 +478,18 @@ impl Config {
             facts: ServiceFacts::default(),
             storage_applied: None,
             switch_applied: None,
-            // Declared clusters are connected to when startup first
-            // creates them; a check connects to nothing.
+            // Declared clusters and remote namespaces are connected to
+            // when startup first creates them; a check connects to
+            // nothing.
             store_probe: crate::rbd::offline_probe(),
             served: None,
+            // Nor does it look for the machine's ID or write the state
+            // directory's: any valid NQN checks a declaration.
+            host_nqn: self
+                .storage
+                .host_nqn
+                .clone()
+                .unwrap_or_else(|| CHECK_HOST_NQN.into()),
         };
         let api = Api::new(Arc::new(ctl));
         std::thread::scope(|scope| {
@@ -992,6 +1026,115 @@ mod tests {
         let inline = cluster(&format!("key = \"{KEY}\""));
         let e = toml::from_str::<Config>(&inline).unwrap_err().to_string();
         assert!(e.contains("unknown field `key`"), "{e}");
+    }
+
+    /// Declared remote namespaces go through the API's checks, their
+    /// secret files read, no remote connected to; unknown keys are
+    /// refused, and no error quotes a secret.
+    #[test]
+    fn remote_namespaces_are_checked() {
+        const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("far.key");
+        std::fs::write(&key, format!("{SECRET}\n")).unwrap();
+        let bad_key = dir.path().join("bad.key");
+        std::fs::write(&bad_key, SECRET.replace("HMnzFi", "AAAAAA")).unwrap();
+        let ns = "[[storage.subsystems.namespaces]]";
+        let remote = |fields: &str| {
+            declared(
+                "",
+                &format!(
+                    "{ns}\nremote = {{ paths = [\"127.0.0.1:4420\"], nqn = \"nqn.2024-01.io.example:far\", \
+                     nsid = 1{fields} }}\n"
+                ),
+            )
+        };
+        let config = |text: &str| -> Result<Config, String> {
+            toml::from_str(text).map_err(|e| e.to_string())
+        };
+        let good = remote(&format!(
+            ", dhchap_secret_file = \"{}\", io_timeout_ms = 1000",
+            key.display()
+        ));
+        config(&good).unwrap().validate().unwrap();
+        config(&format!(
+            "[storage]\nhost_nqn = \"nqn.2024-01.io.example:dpu\"\n{good}"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap();
+        let at = "storage.subsystems[0].namespaces[0]";
+        for (text, want) in [
+            (
+                format!("[storage]\nhost_nqn = \"my host\"\n{good}"),
+                "storage.host_nqn: \"my host\" is not an NQN".to_string(),
+            ),
+            (
+                remote(", host_nqn = \"\""),
+                format!("{at}.remote.host_nqn: \"\" is not an NQN"),
+            ),
+            (
+                remote(", io_timeout_ms = 0"),
+                format!("{at}.remote.io_timeout_ms: 0 is out of range (1 to 300000)"),
+            ),
+            (
+                remote(", queue_depth = 0"),
+                format!("{at}.remote.queue_depth: 0 is out of range (2 to 1024)"),
+            ),
+            (
+                remote(", queue_depth = 2048"),
+                format!("{at}: namespace.remote.queue_depth: 2048 is out of range"),
+            ),
+            (
+                remote(", connect_timeout_ms = 300001"),
+                format!("{at}: namespace.remote.connect_timeout_ms"),
+            ),
+            (
+                remote("").replace("127.0.0.1:4420", "127.0.0.1"),
+                format!("{at}: namespace.remote.paths[0]: \"127.0.0.1\" is not ADDR:PORT"),
+            ),
+            (
+                remote("").replace("nsid = 1", "nsid = 0"),
+                format!("{at}: namespace.remote.nsid: 0 is not a namespace ID"),
+            ),
+            (
+                remote(&format!(", dhchap_secret_file = \"{}\"", bad_key.display())),
+                format!("{at}: namespace.remote.dhchap_secret"),
+            ),
+            (
+                remote(&format!(
+                    ", dhchap_secret_file = \"{}\"",
+                    dir.path().join("missing").display()
+                )),
+                format!(
+                    "{at}: remote: dhchap_secret_file: {}: No such file",
+                    dir.path().join("missing").display()
+                ),
+            ),
+            (
+                declared(
+                    "",
+                    &format!(
+                        "{ns}\nram = \"1M\"\nremote = {{ paths = [\"127.0.0.1:4420\"], \
+                         nqn = \"nqn.2024-01.io.example:far\", nsid = 1 }}\n"
+                    ),
+                ),
+                format!("{at}: give exactly one of ram, file, block_device, rbd, remote"),
+            ),
+        ] {
+            let e = format!("{:#}", config(&text).unwrap().validate().unwrap_err());
+            assert!(!e.contains(&SECRET[10..40]), "a secret in {e}");
+            assert!(e.starts_with(&want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+        // Unknown keys are refused; a secret is never written in the
+        // configuration.
+        for (extra, field) in [
+            (", dhchap_secret = \"x\"", "dhchap_secret"),
+            (", subnqn = \"x\"", "subnqn"),
+        ] {
+            let e = config(&remote(extra)).unwrap_err();
+            assert!(e.contains(&format!("unknown field `{field}`")), "{e}");
+        }
     }
 
     #[test]

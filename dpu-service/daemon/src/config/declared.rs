@@ -8,12 +8,29 @@ use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
 use super::{
-    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedRule, SeedSubsystem,
-    SeedTenant, SeedTransport, TextOrNumber,
+    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedRemote, SeedRule,
+    SeedSubsystem, SeedTenant, SeedTransport, TextOrNumber,
 };
 
 /// Longest keyring file read: one holding many users' keys is a few KiB.
 const MAX_KEYRING_FILE: u64 = 64 << 10;
+/// Longest DH-HMAC-CHAP secret file read: a secret is at most about 100
+/// characters.
+const MAX_SECRET_FILE: u64 = 4096;
+
+/// The text of `path`, at most `max` bytes of it (`what` says what it
+/// should hold); never quoted in an error.
+fn read_small(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_string(&mut text))
+        .with_context(|| path.display().to_string())?;
+    if text.len() as u64 > max {
+        bail!("{}: longer than {max} bytes; not {what}", path.display());
+    }
+    Ok(text)
+}
 
 impl SeedCluster {
     /// The cluster as a `CreateCluster` request carries it, with the key
@@ -81,21 +98,26 @@ impl SeedNamespace {
         if self.cluster.is_some() && self.rbd.is_none() {
             bail!("cluster goes with rbd = \"POOL/IMAGE\"");
         }
-        let backend = match (&self.ram, &self.file, &self.block_device, &self.rbd) {
-            (Some(r), None, None, None) => pb::namespace::Backend::Ram(pb::RamBackend {
+        let given = (&self.ram, &self.file, &self.block_device, &self.rbd);
+        let backend = match (given, &self.remote) {
+            ((None, None, None, None), Some(r)) => {
+                pb::namespace::Backend::Remote(r.to_proto().context("remote")?)
+            }
+            (_, Some(_)) => bail!("give exactly one of ram, file, block_device, rbd, remote"),
+            ((Some(r), None, None, None), None) => pb::namespace::Backend::Ram(pb::RamBackend {
                 size_bytes: size("ram", r)?,
             }),
-            (None, Some(f), None, None) => pb::namespace::Backend::File(pb::FileBackend {
+            ((None, Some(f), None, None), None) => pb::namespace::Backend::File(pb::FileBackend {
                 path: f.clone(),
                 size_bytes: match &self.size {
                     Some(v) => size("size", v)?,
                     None => 0,
                 },
             }),
-            (None, None, Some(b), None) => {
+            ((None, None, Some(b), None), None) => {
                 pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: b.clone() })
             }
-            (None, None, None, Some(r)) => {
+            ((None, None, None, Some(r)), None) => {
                 let (pool, image) = text::rbd_image(r)
                     .map_err(|e| anyhow::anyhow!(e))
                     .context("rbd")?;
@@ -108,7 +130,7 @@ impl SeedNamespace {
                     image,
                 })
             }
-            _ => bail!("give exactly one of ram, file, block_device, rbd"),
+            _ => bail!("give exactly one of ram, file, block_device, rbd, remote"),
         };
         Ok(pb::Namespace {
             nsid: self.nsid.unwrap_or(0),
@@ -117,6 +139,35 @@ impl SeedNamespace {
             uuid: self.uuid.clone().unwrap_or_default(),
             nguid: self.nguid.clone().unwrap_or_default(),
             ..Default::default()
+        })
+    }
+}
+
+impl SeedRemote {
+    /// The remote backend as a `CreateNamespace` request carries it, with
+    /// the DH-HMAC-CHAP secret read from `dhchap_secret_file` (trimmed).
+    ///
+    /// # Errors
+    /// If the secret file cannot be read or is too long for a secret
+    /// (naming the file, never quoting it).
+    pub fn to_proto(&self) -> Result<pb::RemoteBackend> {
+        let dhchap_secret = match &self.dhchap_secret_file {
+            Some(path) => read_small(path, MAX_SECRET_FILE, "a secret")
+                .context("dhchap_secret_file")?
+                .trim()
+                .to_string(),
+            None => String::new(),
+        };
+        Ok(pb::RemoteBackend {
+            paths: self.paths.clone(),
+            subnqn: self.nqn.clone(),
+            nsid: self.nsid,
+            host_nqn: self.host_nqn.clone().unwrap_or_default(),
+            dhchap_secret,
+            dhchap_secret_set: false,
+            io_timeout_ms: self.io_timeout_ms.unwrap_or(0),
+            connect_timeout_ms: self.connect_timeout_ms.unwrap_or(0),
+            queue_depth: self.queue_depth.unwrap_or(0),
         })
     }
 }

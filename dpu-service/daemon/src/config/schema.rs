@@ -389,6 +389,14 @@ pub struct StorageConfig {
     /// `["/dev/nvme*n1", "/dev/disk/by-id/nvme-*"]`. A device must also be
     /// a block device and not mounted. Default: none.
     pub block_devices: Vec<String>,
+    /// The host NQN the service connects to remote NVMe/TCP targets with,
+    /// for remote namespaces created without one of their own, e.g.
+    /// "nqn.2014-08.org.nvmexpress:uuid:...". A namespace keeps the one
+    /// it was created with. Unset:
+    /// `nqn.2014-08.org.nvmexpress:uuid:<UUID>`, the UUID being the
+    /// 32 hex digits of /etc/machine-id, or where there is none one kept
+    /// in `<state.dir>/host-id` (made at the first start).
+    pub host_nqn: Option<String>,
     /// Storage clusters (Ceph) registered at startup when the state has
     /// none with their ID (`[[storage.clusters]]`), before the subsystems,
     /// whose RBD namespaces name them. Once registered they live in the
@@ -463,7 +471,7 @@ pub struct SeedSubsystem {
 
 /// `[[storage.subsystems.namespaces]]`: a namespace of a declared
 /// subsystem, backed by exactly one of `ram`, `file`, `block_device`,
-/// `rbd`.
+/// `rbd`, `remote`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedNamespace {
@@ -489,6 +497,11 @@ pub struct SeedNamespace {
     /// The storage cluster of an `rbd` image: a cluster's ID.
     #[serde(default)]
     pub cluster: Option<String>,
+    /// Backed by a namespace of a remote NVMe/TCP target (its size is
+    /// the remote namespace's): `remote = { paths = ["10.0.0.1:4420"],
+    /// nqn = "...", nsid = 1 }`.
+    #[serde(default)]
+    pub remote: Option<SeedRemote>,
     /// Logical block size, 512 or 4096 (512 if unset).
     #[serde(default)]
     pub block_size: Option<u32>,
@@ -499,6 +512,41 @@ pub struct SeedNamespace {
     /// unset).
     #[serde(default)]
     pub nguid: Option<String>,
+}
+
+/// The `remote` of a declared namespace: a namespace of a remote NVMe/TCP
+/// target. Its DH-HMAC-CHAP secret is read from `dhchap_secret_file`,
+/// never written here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRemote {
+    /// Transport addresses of the remote subsystem, "ADDR:PORT" (IPv6 as
+    /// "[ADDR]:PORT"), 1 to 4 in order of preference.
+    pub paths: Vec<String>,
+    /// The remote subsystem's NQN.
+    pub nqn: String,
+    /// The namespace's ID in the remote subsystem.
+    pub nsid: u32,
+    /// The host NQN to connect with (`storage.host_nqn`, or the one
+    /// derived from the machine's ID, if unset).
+    #[serde(default)]
+    pub host_nqn: Option<String>,
+    /// A file holding the DH-HMAC-CHAP secret (`DHHC-1:..`, as `nvme
+    /// gen-dhchap-key` writes it) for a remote that requires
+    /// authentication; unset: none.
+    #[serde(default)]
+    pub dhchap_secret_file: Option<PathBuf>,
+    /// Bound on each command to the remote, milliseconds, 1..=300000
+    /// (10000 if unset).
+    #[serde(default)]
+    pub io_timeout_ms: Option<u32>,
+    /// Bound on bringing up a connection on one path, milliseconds,
+    /// 1..=300000 (5000 if unset).
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u32>,
+    /// Most commands in flight to the remote, 2..=1024 (128 if unset).
+    #[serde(default)]
+    pub queue_depth: Option<u32>,
 }
 
 /// `[[storage.subsystems.listeners]]`: an address a declared subsystem

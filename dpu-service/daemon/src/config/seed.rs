@@ -182,6 +182,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
 
+    /// The service's host NQN in tests.
+    pub(crate) const HOST_NQN: &str = "nqn.2024-01.io.example:dpu";
+
     /// An API over a fresh in-memory state with `ports`, RAM namespaces
     /// limited to `ram_bytes` (the declared-tenant tests use it too).
     pub(crate) fn api_with(ports: PortRegistry, ram_bytes: u64) -> (Api, StateHandle) {
@@ -210,6 +213,7 @@ pub(crate) mod tests {
             switch_applied,
             store_probe: None,
             served: None,
+            host_nqn: HOST_NQN.into(),
         });
         Api::new(ctl)
     }
@@ -544,6 +548,62 @@ block_size = 4096
         std::fs::remove_file(&keyring).unwrap();
         seed_storage(&api, &cfg).await.unwrap();
         assert!(state.snapshot().clusters["ceph1"].key.is_none());
+    }
+
+    /// A declared remote namespace reaches the state with every field,
+    /// its secret read from its file and the service's host NQN where it
+    /// names none.
+    #[tokio::test]
+    async fn remote_namespaces_are_declared_with_their_secret_file() {
+        const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("far.key");
+        std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+        let text = with(&format!(
+            r#"
+[[storage.subsystems]]
+id = "dev"
+nqn = "nqn.2024-01.io.dpu-service:dev"
+[[storage.subsystems.namespaces]]
+block_size = 4096
+remote = {{ paths = ["10.0.0.1:4420", "[fd00::1]:4420"], nqn = "nqn.2024-01.io.example:far", nsid = 3, dhchap_secret_file = "{}", io_timeout_ms = 2000, connect_timeout_ms = 1000, queue_depth = 64 }}
+[[storage.subsystems.namespaces]]
+[storage.subsystems.namespaces.remote]
+paths = ["10.0.0.2:4420"]
+nqn = "nqn.2024-01.io.example:far"
+nsid = 4
+host_nqn = "nqn.2024-01.io.example:other-host"
+"#,
+            secret.display()
+        ));
+        let (api, state) = api();
+        seed_storage(&api, &storage(&text)).await.unwrap();
+        let s = state.snapshot();
+        let ns = &s.subsystems["dev"].namespaces;
+        let Backend::Remote(r) = &ns[&1].backend else {
+            panic!("{:?}", ns[&1])
+        };
+        assert_eq!(ns[&1].block_size, 4096);
+        assert_eq!(r.addresses(), "10.0.0.1:4420, [fd00::1]:4420");
+        assert_eq!(
+            (r.subnqn.as_str(), r.nsid),
+            ("nqn.2024-01.io.example:far", 3)
+        );
+        assert_eq!(r.host_nqn, HOST_NQN);
+        assert_eq!(r.dhchap_secret.as_ref().unwrap().expose(), SECRET);
+        assert_eq!(
+            (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
+            (2000, 1000, 64)
+        );
+        let Backend::Remote(r) = &ns[&2].backend else {
+            panic!("{:?}", ns[&2])
+        };
+        assert_eq!(r.host_nqn, "nqn.2024-01.io.example:other-host");
+        assert!(r.dhchap_secret.is_none());
+        assert_eq!(
+            (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
+            (10_000, 5_000, 128)
+        );
     }
 
     #[tokio::test]

@@ -359,6 +359,61 @@ mod tests {
         );
 
         let cli = parse(&[
+            "namespace",
+            "create",
+            "vol",
+            "--remote",
+            "10.0.0.1:4420",
+            "--remote",
+            "[fd00::1]:4421",
+            "--remote-nqn",
+            "nqn.2024-01.io.example:far",
+            "--remote-nsid",
+            "7",
+            "--host-nqn",
+            "nqn.2024-01.io.example:dpu",
+            "--dhchap-secret-file",
+            "far.key",
+            "--io-timeout-ms",
+            "2000",
+            "--connect-timeout-ms",
+            "500",
+            "--queue-depth",
+            "64",
+        ])
+        .unwrap();
+        let Command::Namespace(NamespaceCmd::Create {
+            remote, ram: None, ..
+        }) = &cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        let paths: Vec<String> = remote.paths.iter().map(ToString::to_string).collect();
+        assert_eq!(paths, ["10.0.0.1:4420", "[fd00::1]:4421"]);
+        assert_eq!(
+            (
+                remote.nqn.as_deref(),
+                remote.nsid,
+                remote.host_nqn.as_deref(),
+                remote.io_timeout_ms,
+                remote.connect_timeout_ms,
+                remote.queue_depth
+            ),
+            (
+                Some("nqn.2024-01.io.example:far"),
+                Some(7),
+                Some("nqn.2024-01.io.example:dpu"),
+                Some(2000),
+                Some(500),
+                Some(64)
+            )
+        );
+        assert_eq!(
+            remote.dhchap_secret_file.as_deref(),
+            Some(std::path::Path::new("far.key"))
+        );
+
+        let cli = parse(&[
             "cluster",
             "create",
             "ceph1",
@@ -447,6 +502,40 @@ mod tests {
                 "u",
                 "--op-timeout=soon",
             ],
+            // A path is ADDR:PORT, IPv6 in brackets.
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--remote",
+                "fd00::1:4420",
+                "--remote-nqn",
+                "n",
+                "--remote-nsid",
+                "1",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--remote",
+                "far.example:4420",
+                "--remote-nqn",
+                "n",
+                "--remote-nsid",
+                "1",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--remote",
+                "10.0.0.1:4420",
+                "--remote-nqn",
+                "n",
+                "--remote-nsid",
+                "one",
+            ],
         ] {
             assert!(value.contains(&kind(args)), "{args:?}: {:?}", kind(args));
         }
@@ -470,6 +559,49 @@ mod tests {
                 "c",
                 "--ram",
                 "1M",
+            ],
+            // A remote needs its subsystem and NSID; its settings need a
+            // remote, and it is one backend.
+            &["namespace", "create", "vol", "--remote", "10.0.0.1:4420"],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--remote",
+                "10.0.0.1:4420",
+                "--remote-nqn",
+                "n",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--ram",
+                "1M",
+                "--remote-nqn",
+                "n",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--ram",
+                "1M",
+                "--queue-depth",
+                "8",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--ram",
+                "1M",
+                "--remote",
+                "10.0.0.1:4420",
+                "--remote-nqn",
+                "n",
+                "--remote-nsid",
+                "1",
             ],
             // A cluster needs monitors and a user; an update something to change.
             &["cluster", "create", "c", "--user", "u"],

@@ -1,6 +1,9 @@
 //! `dpuctl namespace`: its subcommands and flags, and their handler.
 
-use clap::{ArgGroup, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args, Subcommand};
 use dpu_client::{namespace_name, parse_size, pb, subsystem_name, DpuClient};
 
 use crate::common::{all_pages, deleted, json, Paging, Shown};
@@ -8,8 +11,9 @@ use crate::{render, Failure};
 
 #[derive(Debug, Subcommand)]
 pub enum NamespaceCmd {
-    /// Creates a namespace backed by RAM, a file, a block device or an RBD
-    /// image of a storage cluster (`dpuctl cluster create`).
+    /// Creates a namespace backed by RAM, a file, a block device, an RBD
+    /// image of a storage cluster (`dpuctl cluster create`) or a namespace
+    /// of a remote NVMe/TCP target.
     #[command(group(ArgGroup::new("backend").required(true)))]
     Create {
         /// Subsystem ID.
@@ -42,6 +46,8 @@ pub enum NamespaceCmd {
         /// The storage cluster of an --rbd image.
         #[arg(long, value_name = "CLUSTER", requires = "rbd")]
         cluster: Option<String>,
+        #[command(flatten)]
+        remote: Box<RemoteArgs>,
         /// Logical block size, 512 or 4096.
         #[arg(long)]
         block_size: Option<u32>,
@@ -82,6 +88,77 @@ pub enum NamespaceCmd {
     },
 }
 
+/// The flags of a namespace on a remote NVMe/TCP target.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// Backed by a namespace of the remote NVMe/TCP target at this
+    /// address (IPv6 as [ADDR]:PORT); repeat for up to 4 paths, in order
+    /// of preference. Its size is the remote namespace's.
+    #[arg(
+        long = "remote",
+        id = "remote",
+        group = "backend",
+        value_name = "ADDR:PORT",
+        requires = "remote_nqn",
+        requires = "remote_nsid"
+    )]
+    pub paths: Vec<SocketAddr>,
+    /// The remote subsystem's NQN.
+    #[arg(
+        long = "remote-nqn",
+        id = "remote_nqn",
+        value_name = "NQN",
+        requires = "remote"
+    )]
+    pub nqn: Option<String>,
+    /// The namespace's ID in the remote subsystem.
+    #[arg(
+        long = "remote-nsid",
+        id = "remote_nsid",
+        value_name = "N",
+        requires = "remote"
+    )]
+    pub nsid: Option<u32>,
+    /// The host NQN to connect to the remote with (default: the
+    /// service's).
+    #[arg(long, value_name = "NQN", requires = "remote")]
+    pub host_nqn: Option<String>,
+    /// A file holding the DH-HMAC-CHAP secret (`DHHC-1:..`) for a remote
+    /// that requires authentication; never shown back.
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub dhchap_secret_file: Option<PathBuf>,
+    /// Bound on each command to the remote, milliseconds (default 10000).
+    #[arg(long, value_name = "MS", requires = "remote")]
+    pub io_timeout_ms: Option<u32>,
+    /// Bound on connecting on one path, milliseconds (default 5000).
+    #[arg(long, value_name = "MS", requires = "remote")]
+    pub connect_timeout_ms: Option<u32>,
+    /// Most commands in flight to the remote, 2 to 1024 (default 128).
+    #[arg(long, value_name = "N", requires = "remote")]
+    pub queue_depth: Option<u32>,
+}
+
+impl RemoteArgs {
+    /// The backend these flags give, the secret read from its file;
+    /// `None` without `--remote`.
+    fn backend(&self) -> Result<Option<pb::RemoteBackend>, Failure> {
+        if self.paths.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(pb::RemoteBackend {
+            paths: self.paths.iter().map(ToString::to_string).collect(),
+            subnqn: self.nqn.clone().unwrap_or_default(),
+            nsid: self.nsid.unwrap_or(0),
+            host_nqn: self.host_nqn.clone().unwrap_or_default(),
+            dhchap_secret: crate::subsystem::secret(None, self.dhchap_secret_file.as_deref())?,
+            dhchap_secret_set: false,
+            io_timeout_ms: self.io_timeout_ms.unwrap_or(0),
+            connect_timeout_ms: self.connect_timeout_ms.unwrap_or(0),
+            queue_depth: self.queue_depth.unwrap_or(0),
+        }))
+    }
+}
+
 /// `dpuctl namespace ...`.
 pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure> {
     let one = |n: pb::Namespace| Shown {
@@ -98,6 +175,7 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
             block_device,
             rbd,
             cluster,
+            remote,
             block_size,
             uuid,
         } => {
@@ -106,7 +184,8 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
                     "--cluster names the storage cluster of an --rbd POOL/IMAGE".into(),
                 ));
             }
-            let backend = match (ram, file, block_device, rbd) {
+            let backend = match (ram, file, block_device, rbd, remote.backend()?) {
+                (.., Some(r)) => pb::namespace::Backend::Remote(r),
                 (Some(size_bytes), ..) => pb::namespace::Backend::Ram(pb::RamBackend {
                     size_bytes: *size_bytes,
                 }),
@@ -114,12 +193,12 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
                     path: path.clone(),
                     size_bytes: size.unwrap_or(0),
                 }),
-                (_, _, Some(path), _) => {
+                (_, _, Some(path), ..) => {
                     pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend {
                         path: path.clone(),
                     })
                 }
-                (.., Some((pool, image))) => pb::namespace::Backend::Rbd(pb::RbdBackend {
+                (_, _, _, Some((pool, image)), _) => pb::namespace::Backend::Rbd(pb::RbdBackend {
                     cluster_id: cluster
                         .as_deref()
                         .map(|c| c.strip_prefix("clusters/").unwrap_or(c).to_string())
@@ -130,7 +209,8 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
                 _ => {
                     return Err(Failure::Input(
                         "give one of --ram SIZE, --file PATH, --block-device PATH, \
-                         --rbd POOL/IMAGE --cluster CLUSTER"
+                         --rbd POOL/IMAGE --cluster CLUSTER, \
+                         --remote ADDR:PORT --remote-nqn NQN --remote-nsid N"
                             .into(),
                     ))
                 }

@@ -323,6 +323,9 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
             Some(pb::namespace::Backend::Rbd(r)) => {
                 format!("rbd:{}:{}/{}", r.cluster_id, r.pool, r.image)
             }
+            Some(pb::namespace::Backend::Remote(r)) => {
+                format!("remote {} {} nsid {}", r.paths.join(","), r.subnqn, r.nsid)
+            }
             None => "?".into(),
         };
         t.row(vec![
@@ -620,6 +623,45 @@ mod tests {
                 && out.contains("unreachable"),
             "{out}"
         );
+    }
+
+    /// A remote namespace shows its paths, its subsystem and NSID, and
+    /// how it is served; never a secret, even from a service that sent
+    /// one.
+    #[test]
+    fn remote_namespaces_show_where_they_are() {
+        let n = |nsid, state: pb::NamespaceState| pb::Namespace {
+            nsid,
+            backend: Some(pb::namespace::Backend::Remote(pb::RemoteBackend {
+                paths: vec!["10.0.0.1:4420".into(), "[fd00::1]:4421".into()],
+                subnqn: "nqn.2024-01.io.example:far".into(),
+                nsid: 7,
+                host_nqn: "nqn.2024-01.io.example:dpu".into(),
+                dhchap_secret: "DHHC-1:00:c2VjcmV0:".into(),
+                dhchap_secret_set: true,
+                ..Default::default()
+            })),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            state: state.into(),
+            ..Default::default()
+        };
+        let out = namespaces(&[
+            n(1, pb::NamespaceState::Serving),
+            n(2, pb::NamespaceState::NotServed),
+            n(3, pb::NamespaceState::Unreachable),
+        ]);
+        assert!(!out.contains("c2VjcmV0"), "{out}");
+        let rows: Vec<&str> = out.lines().skip(1).collect();
+        for (row, state) in rows.iter().zip(["serving", "not served", "unreachable"]) {
+            assert!(
+                row.contains(
+                    "remote 10.0.0.1:4420,[fd00::1]:4421 nqn.2024-01.io.example:far nsid 7"
+                ) && row.contains("1 GiB")
+                    && row.contains(state),
+                "{state}: {row}"
+            );
+        }
     }
 
     /// The AUTH column: the requirement, then each host with a secret by

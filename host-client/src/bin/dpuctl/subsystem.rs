@@ -159,7 +159,7 @@ impl AuthArg {
 const MAX_SECRET_FILE: u64 = 4096;
 
 /// The secret given on the command line or in a file (trimmed), if any.
-fn secret(given: Option<&String>, file: Option<&Path>) -> Result<String, Failure> {
+pub(crate) fn secret(given: Option<&String>, file: Option<&Path>) -> Result<String, Failure> {
     if let Some(s) = given {
         return Ok(s.clone());
     }
