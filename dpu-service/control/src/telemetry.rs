@@ -631,7 +631,7 @@ type Family<C> = (
 /// [`pb::NvmfTargetCounters`] is exported by one more row (or, for a
 /// further reason to close or refuse connections, one more entry).
 /// The poll groups' gauge, one sample per group, is rendered apart.
-const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 12] = [
+const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 13] = [
     (
         "dpu_nvmf_connections_accepted_total",
         "counter",
@@ -655,6 +655,12 @@ const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 12] = [
         "gauge",
         "Socket buffer bytes the storage endpoints hold beyond their reserves, out of storage.endpoint_buffer_memory.",
         &[(None, |c| c.endpoint_buffer_shared_bytes)],
+    ),
+    (
+        "dpu_nvmf_backend_in_flight_bytes",
+        "gauge",
+        "Bytes of reads and writes in flight on RBD images and remote namespaces, out of storage.backend_in_flight_budget.",
+        &[(None, |c| c.backend_in_flight_bytes)],
     ),
     (
         "dpu_nvmf_connections_refused_total",
@@ -806,6 +812,7 @@ mod tests {
             t.refused_max_connections_per_host += 13;
             t.endpoint_buffer_reserved_bytes += 14;
             t.endpoint_buffer_shared_bytes += 15;
+            t.backend_in_flight_bytes += 16;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
         }
@@ -905,6 +912,7 @@ mod tests {
                 refused_max_connections_per_host: 26,
                 endpoint_buffer_reserved_bytes: 28,
                 endpoint_buffer_shared_bytes: 30,
+                backend_in_flight_bytes: 32,
             })
         );
         let only_b = t.snapshot(&state, &ports, Some("b"));
@@ -955,6 +963,9 @@ dpu_endpoint_buffer_reserved_bytes 14
 # HELP dpu_endpoint_buffer_shared_bytes Socket buffer bytes the storage endpoints hold beyond their reserves, out of storage.endpoint_buffer_memory.
 # TYPE dpu_endpoint_buffer_shared_bytes gauge
 dpu_endpoint_buffer_shared_bytes 15
+# HELP dpu_nvmf_backend_in_flight_bytes Bytes of reads and writes in flight on RBD images and remote namespaces, out of storage.backend_in_flight_budget.
+# TYPE dpu_nvmf_backend_in_flight_bytes gauge
+dpu_nvmf_backend_in_flight_bytes 16
 # HELP dpu_nvmf_connections_refused_total NVMe/TCP connections refused (at accept, or at Connect for the host limit), by the limit they met.
 # TYPE dpu_nvmf_connections_refused_total counter
 dpu_nvmf_connections_refused_total{reason=\"max_connections\"} 8

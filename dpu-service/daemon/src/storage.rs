@@ -447,6 +447,7 @@ impl CounterSource for StorageCounters {
         }
         let t = &mut out.nvmf_target;
         for target in &targets {
+            t.backend_in_flight_bytes += target.backend_in_flight();
             let st = target.stats();
             // Each field of the contract beside the target's counter that
             // fills it: a counter the target adds is one more pair.
@@ -495,6 +496,7 @@ fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Targ
     let target = dpu_nvmeof::Target::with_backing(backing.clone());
     target.set_timeouts(limits.timeouts);
     target.set_write_buffer_budget(limits.write_buffer_budget);
+    target.set_backend_in_flight_budget(limits.backend_in_flight_budget);
     target.set_max_connections_per_host(limits.max_connections_per_host);
     target.set_auth_rate(limits.auth_rate);
     target

@@ -240,7 +240,7 @@ mod tests {
         assert_eq!((r.dhchap_secret.as_str(), r.dhchap_secret_set), ("", true));
         assert_eq!(
             (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
-            (10_000, 5_000, 128)
+            (10_000, 3_000, 128)
         );
         let (opened, block_size) = far.seen.lock().unwrap().last().cloned().unwrap();
         assert_eq!(block_size, 4096);

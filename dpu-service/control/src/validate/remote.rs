@@ -210,7 +210,7 @@ mod tests {
         assert_eq!(r.dhchap_secret, None);
         assert_eq!(
             (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
-            (10_000, 5_000, 128)
+            (10_000, 3_000, 128)
         );
         let r = remote(
             "namespace.remote",

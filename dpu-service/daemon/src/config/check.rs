@@ -244,6 +244,13 @@ impl Config {
                 bail!("storage.write_buffer_budget {b:?}: at least 1 MiB");
             }
         }
+        if let Some(b) = &self.storage.backend_in_flight_budget {
+            let n =
+                parse_size(b).with_context(|| format!("storage.backend_in_flight_budget {b:?}"))?;
+            if n < 1 << 20 {
+                bail!("storage.backend_in_flight_budget {b:?}: at least 1 MiB");
+            }
+        }
         if let Some(b) = &self.storage.endpoint_buffer_memory {
             let n =
                 parse_size(b).with_context(|| format!("storage.endpoint_buffer_memory {b:?}"))?;
@@ -1338,7 +1345,8 @@ mod tests {
         );
         let c = load(
             "[storage]\nhandshake_timeout_secs = 3\npdu_timeout_secs = 4\nwrite_timeout_secs = 5\n\
-             idle_timeout_secs = 600\nwrite_buffer_budget = \"64MiB\"\n",
+             idle_timeout_secs = 600\nwrite_buffer_budget = \"64MiB\"\n\
+             backend_in_flight_budget = \"128MiB\"\n",
         )
         .unwrap();
         let secs = std::time::Duration::from_secs;
@@ -1349,6 +1357,7 @@ mod tests {
             (secs(3), secs(4), secs(600))
         );
         assert_eq!(l.write_buffer_budget, 64 << 20);
+        assert_eq!(l.backend_in_flight_budget, 128 << 20);
         let c = load(
             "[storage]\nauth_threads = 2\nauth_queue = 8\nauth_attempts_per_sec = 0.5\n\
              auth_attempts_burst = 4\nauth_sources = 100\n",
@@ -1471,6 +1480,10 @@ mod tests {
             (
                 "[storage]\nwrite_buffer_budget = \"4KiB\"\n".to_string(),
                 "storage.write_buffer_budget \"4KiB\": at least 1 MiB",
+            ),
+            (
+                "[storage]\nbackend_in_flight_budget = \"1KiB\"\n".to_string(),
+                "storage.backend_in_flight_budget \"1KiB\": at least 1 MiB",
             ),
             (
                 "[storage]\nendpoint_buffer_memory = \"64KiB\"\n".to_string(),

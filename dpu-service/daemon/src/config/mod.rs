@@ -148,7 +148,8 @@ impl Config {
 
     /// The NVMe/TCP target's timers, write buffer budget and
     /// authentication rate (`storage.*_timeout_secs`,
-    /// `storage.write_buffer_budget`, `storage.auth_attempts_*`,
+    /// `storage.write_buffer_budget`, `storage.backend_in_flight_budget`,
+    /// `storage.auth_attempts_*`,
     /// `storage.auth_sources`).
     pub fn target_limits(&self) -> TargetLimits {
         let d = Timeouts::default();
@@ -168,6 +169,11 @@ impl Config {
                 .as_deref()
                 .and_then(|s| parse_size(s).ok())
                 .unwrap_or(dpu_nvmeof::conn::DEFAULT_WRITE_BUFFER_BUDGET),
+            backend_in_flight_budget: st
+                .backend_in_flight_budget
+                .as_deref()
+                .and_then(|s| parse_size(s).ok())
+                .unwrap_or(dpu_nvmeof::conn::DEFAULT_BACKEND_IN_FLIGHT),
             endpoint_buffer_memory: self.endpoint_buffer_memory(),
             auth_rate: {
                 let d = dpu_nvmeof::auth::limit::AuthRate::default();
@@ -352,6 +358,9 @@ pub struct TargetLimits {
     pub timeouts: Timeouts,
     /// Bytes of write data all connections may hold ([`dpu_nvmeof::Target::set_write_buffer_budget`]).
     pub write_buffer_budget: u64,
+    /// Bytes of data in flight on RBD images and remote namespaces, all
+    /// together ([`dpu_nvmeof::Target::set_backend_in_flight_budget`]).
+    pub backend_in_flight_budget: u64,
     /// Most queues of one host NQN
     /// ([`dpu_nvmeof::Target::set_max_connections_per_host`]).
     pub max_connections_per_host: usize,

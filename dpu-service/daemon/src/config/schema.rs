@@ -364,6 +364,10 @@ pub struct StorageConfig {
     /// may have asked hosts for through R2T and not yet written; later
     /// writes wait for their R2T (default 256 MiB).
     pub write_buffer_budget: Option<String>,
+    /// Data of reads and writes, e.g. "1GiB", that may be in flight on
+    /// asynchronous backends (RBD images, remote namespaces) all together;
+    /// later requests wait in their connections (default 1 GiB).
+    pub backend_in_flight_budget: Option<String>,
     /// Socket buffer memory, e.g. "512MiB", that all storage endpoints'
     /// TCP connections together may hold beyond each endpoint's reserve
     /// (its listening sockets and two connections); a SYN past it is

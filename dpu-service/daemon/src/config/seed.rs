@@ -602,7 +602,7 @@ host_nqn = "nqn.2024-01.io.example:other-host"
         assert!(r.dhchap_secret.is_none());
         assert_eq!(
             (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
-            (10_000, 5_000, 128)
+            (10_000, 3_000, 128)
         );
     }
 

@@ -130,7 +130,7 @@ pub struct RemoteArgs {
     /// Bound on each command to the remote, milliseconds (default 10000).
     #[arg(long, value_name = "MS", requires = "remote")]
     pub io_timeout_ms: Option<u32>,
-    /// Bound on connecting on one path, milliseconds (default 5000).
+    /// Bound on connecting on one path, milliseconds (default 3000).
     #[arg(long, value_name = "MS", requires = "remote")]
     pub connect_timeout_ms: Option<u32>,
     /// Most commands in flight to the remote, 2 to 1024 (default 128).
