@@ -26,6 +26,18 @@ impl Guest {
         targets: &[u16],
         script: &str,
     ) -> Result<Guest> {
+        Self::start_with(dir, name, targets, script, &[])
+    }
+
+    /// As [`Guest::start`], with more of the harness's options (such as
+    /// `--kernel-target PORT`).
+    pub fn start_with(
+        dir: &std::path::Path,
+        name: &str,
+        targets: &[u16],
+        script: &str,
+        options: &[&str],
+    ) -> Result<Guest> {
         let script_path = dir.join(format!("{name}.sh"));
         std::fs::write(&script_path, script)?;
         let log = dir.join(format!("{name}.log"));
@@ -33,7 +45,8 @@ impl Guest {
         for p in targets {
             cmd.arg("--target").arg(format!("127.0.0.1:{p}"));
         }
-        cmd.arg("--timeout")
+        cmd.args(options)
+            .arg("--timeout")
             .arg("900")
             .arg("--script")
             .arg(&script_path)

@@ -21,6 +21,8 @@ mod nvme_host;
 mod nvme_hostile;
 mod nvme_kernel;
 mod nvme_rbd;
+mod nvme_remote;
+mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;
 mod storage_clusters;

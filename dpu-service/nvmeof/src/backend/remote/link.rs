@@ -213,6 +213,9 @@ pub(super) struct Link {
     path: usize,
     /// Operations handed over while no connection was up, oldest first.
     parked: VecDeque<Job>,
+    /// While no connection is up: when the outage has lasted the I/O
+    /// timeout, after which nothing waits for a connection any more.
+    outage_end: Option<Instant>,
 }
 
 impl Link {
@@ -229,6 +232,7 @@ impl Link {
             last_sweep: now,
             path: 0,
             parked: VecDeque::new(),
+            outage_end: None,
         }
     }
 
@@ -554,23 +558,30 @@ impl Link {
         self.parked.extend(jobs);
     }
 
-    /// Fails the waiting operations whose wait reached the I/O timeout;
-    /// answers when the next one's will.
+    /// Fails the waiting operations whose wait is over: each waits at
+    /// most the I/O timeout, and none past the outage's first I/O timeout
+    /// (so that what waits is answered at once, not in waves of what the
+    /// namespace's bound lets in); answers when the next one's wait ends.
     fn expire_parked(&mut self, now: Instant) -> Option<Instant> {
         let limit = self.s.spec.io_timeout;
-        while self.parked.front().is_some_and(|j| j.since + limit <= now) {
+        let end = self.outage_end;
+        let deadline = |j: &Job| end.map_or(j.since + limit, |e| e.min(j.since + limit));
+        // Jobs are in the order they started: the front's deadline is the
+        // earliest.
+        while self.parked.front().is_some_and(|j| deadline(j) <= now) {
             if let Some(job) = self.parked.pop_front() {
                 self.s
                     .finish(job.done, job.bytes, Err(self.s.unreachable()));
             }
         }
-        self.parked.front().map(|j| j.since + limit)
+        self.parked.front().map(deadline)
     }
 
     /// The connection on `addr` failed with `e`: everything on it fails
     /// as unavailable; new operations wait for the next one.
     fn lost(&mut self, addr: SocketAddr, e: &Error) {
         self.s.reachable.store(false, Ordering::Release);
+        self.outage_end = Some(Instant::now() + self.s.spec.io_timeout);
         let kind = match e {
             Error::Timeout => io::ErrorKind::TimedOut,
             _ => io::ErrorKind::NotConnected,
@@ -606,6 +617,7 @@ impl Link {
                         .volatile_cache
                         .store(c.info().volatile_write_cache, Ordering::Release);
                     self.s.path.store(c.path, Ordering::Release);
+                    self.outage_end = None;
                     self.s.reachable.store(true, Ordering::Release);
                     tracing::info!(
                         namespace = %self.s.what,

@@ -13,10 +13,11 @@
 //! every operation on it fails as unavailable (the host sees Namespace
 //! Not Ready and retries). The thread connects again with backoff, trying
 //! the other paths first. Operations started while no connection is up
-//! wait for one, each at most the I/O timeout (plus a connection attempt
-//! under way), then fail as unavailable too: an outage shorter than that
-//! is a pause to the hosts, a longer one an error they retry, never a
-//! hang. What waits is bounded as what is in flight is
+//! wait for one, until the outage has lasted the I/O timeout (plus a
+//! connection attempt under way), then fail as unavailable too, and so do
+//! those started later until a connection is up: an outage shorter than
+//! the timeout is a pause to the hosts, a longer one an error they retry,
+//! never a hang. What waits is bounded as what is in flight is
 //! ([`Backend::has_room`]).
 
 use std::io;
