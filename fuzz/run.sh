@@ -8,8 +8,8 @@
 #
 # The targets are the binaries of the crate dpu-fuzz (fuzz/, a member of
 # the workspace; `cargo fuzz list`): pdu, connection, handshake and auth
-# (NVMe/TCP), parse, switch, isolation and rules (the data plane),
-# rule_proto (the control plane) and frames (storage endpoints). Each
+# (NVMe/TCP), host (its host side against a hostile controller), parse,
+# switch, isolation and rules (the data plane), rule_proto (the control plane) and frames (storage endpoints). Each
 # target's logic is `dpu_fuzz::<target>::run` (fuzz/src/<target>.rs). Each
 # target runs on:
 #   fuzz/corpus/<target>       the growing corpus (gitignored, kept
@@ -155,7 +155,7 @@ mkdir -p "$logs"
 run_target() {
   local t=$1 rss=${FUZZ_RSS_MB:-2048} rc=0
   case $t in
-    pdu | connection | handshake | auth | frames) rss=${FUZZ_RSS_MB:-384} ;;
+    pdu | connection | handshake | auth | host | frames) rss=${FUZZ_RSS_MB:-384} ;;
   esac
   local corpora=("$root/fuzz/corpus/$t")
   mkdir -p "${corpora[0]}"

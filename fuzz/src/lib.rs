@@ -11,7 +11,7 @@
 //! a `frames` input's crafted frames meet the checksum checks.
 //!
 //! - NVMe/TCP (`dpu-nvmeof`): [`pdu`], [`connection`], [`handshake`],
-//!   [`auth`];
+//!   [`auth`], and its host side against a hostile controller, [`host`];
 //! - the data plane (`dpu-dataplane`, without DPDK): [`parse`],
 //!   [`switch`], [`isolation`], [`rules`];
 //! - the control plane (`dpu-control`): [`rule_proto`];
@@ -23,6 +23,7 @@ pub mod auth;
 pub mod connection;
 pub mod frames;
 pub mod handshake;
+pub mod host;
 pub mod isolation;
 pub mod parse;
 pub mod pdu;

@@ -77,4 +77,6 @@ macro_rules! targets {
     };
 }
 
-targets!(pdu, connection, handshake, auth, parse, switch, isolation, rules, rule_proto, frames);
+targets!(
+    pdu, connection, handshake, auth, host, parse, switch, isolation, rules, rule_proto, frames
+);
