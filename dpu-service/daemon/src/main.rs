@@ -308,7 +308,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 .as_ref()
                 .map_or("none", dataplane::Dataplane::driver)
                 .to_string(),
-            capabilities: ["tenants", "ports", "filter", "storage", "telemetry"]
+            capabilities: ["tenants", "ports", "filter", "storage", "remote", "telemetry"]
                 .into_iter()
                 .chain(cfg!(feature = "rbd").then_some("rbd"))
                 .map(String::from)
