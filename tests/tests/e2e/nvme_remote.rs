@@ -157,3 +157,150 @@ sleep 20
     assert!(console.contains("err= 0"), "{console}");
     Ok(())
 }
+
+/// `nvmf-perf` against the subsystem `nqn` on `port`: `conns` connections
+/// of one queue each, the job `job` for `secs`; its IOPS, failing on any
+/// failed command.
+fn perf(port: u16, nqn: &str, conns: usize, job: &str, secs: &str) -> Result<f64> {
+    use anyhow::{ensure, Context};
+    let out = std::process::Command::new(dpu_e2e::binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", nqn])
+        .args(["--conns", &conns.to_string(), "--time", secs, "--job", job])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "nvmf-perf: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
+        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
+        .with_context(|| format!("no IOPS in {text}"))
+}
+
+/// A peer on a loopback port that accepts connections and, for each,
+/// sends `junk` (nothing if empty) and then holds it open without
+/// reading, as a remote target that hangs or speaks garbage would.
+fn hostile_remote(junk: &'static [u8]) -> Result<u16> {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = l.local_addr()?.port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut s in l.incoming().flatten() {
+            let _ = s.write_all(junk);
+            held.push(s);
+        }
+    });
+    Ok(port)
+}
+
+/// Hundreds of hosts on one remote namespace: 300 connections of
+/// `nvmf-perf`, each with a command in flight, all through one initiator
+/// of queue depth 32 to a RAM namespace of the same daemon. Every command
+/// completes (the rest wait in their connections), and the daemon's
+/// memory stays bounded. Remotes that hang or answer garbage are refused
+/// at creation within their connect timeout, naming their address, while
+/// the served namespace keeps serving.
+#[test]
+fn hundreds_of_hosts_share_a_remote_namespace_and_hostile_remotes_are_refused() -> Result<()> {
+    const BACK: &str = "nqn.2024-01.io.dpu-service.test:remote-back";
+    let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
+    let (back, front) = (free_port(), free_port());
+    let back_port = back.to_string();
+    for args in [
+        &[
+            "subsystem",
+            "create",
+            "back",
+            "--nqn",
+            BACK,
+            "--allow-any-host",
+        ][..],
+        &["namespace", "create", "back", "--ram", "64M"],
+        &[
+            "listener",
+            "create",
+            "back",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &back_port,
+        ],
+    ] {
+        svc.dpuctl_ok(args)?;
+    }
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "create",
+        "remote",
+        "--nqn",
+        NQN,
+        "--allow-any-host",
+    ])?;
+    let back_addr = format!("127.0.0.1:{back}");
+    svc.dpuctl_ok(&[
+        "namespace",
+        "create",
+        "remote",
+        "--remote",
+        &back_addr,
+        "--remote-nqn",
+        BACK,
+        "--remote-nsid",
+        "1",
+        "--queue-depth",
+        "32",
+    ])?;
+    let port = front.to_string();
+    svc.dpuctl_ok(&[
+        "listener",
+        "create",
+        "remote",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        &port,
+    ])?;
+
+    let pid = anyhow::Context::context(svc.pid(), "the service has exited")?;
+    let (_, rss0) = dpu_e2e::rss_kib(pid)?;
+    let iops = perf(front, NQN, 300, "randwrite:4k:1", "3")?;
+    assert!(iops > 0.0);
+    let (_, rss1) = dpu_e2e::rss_kib(pid)?;
+    eprintln!("remote scale: 300 connections, {iops:.0} IOPS, RSS {rss0} -> {rss1} KiB");
+    assert!(
+        rss1.saturating_sub(rss0) < 256 << 10,
+        "RSS grew from {rss0} to {rss1} KiB"
+    );
+
+    for (what, junk) in [("hangs", &b""[..]), ("garbage", &[0xffu8; 4096][..])] {
+        let bad = hostile_remote(junk)?;
+        let addr = format!("127.0.0.1:{bad}");
+        let t = Instant::now();
+        let out = svc.dpuctl(&[
+            "namespace",
+            "create",
+            "remote",
+            "--remote",
+            &addr,
+            "--remote-nqn",
+            "nqn.2024-01.io.dpu-service.test:nowhere",
+            "--remote-nsid",
+            "1",
+            "--connect-timeout-ms",
+            "1000",
+        ])?;
+        let took = t.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a remote that {what} was taken");
+        assert!(err.contains(&addr), "{what}: {err}");
+        assert!(took < Duration::from_secs(10), "{what}: {took:?}");
+        // The namespace served meanwhile still serves.
+        assert!(perf(front, NQN, 1, "randread:4k:4", "0.5")? > 0.0);
+    }
+    let listed = svc.dpuctl_ok(&["namespace", "list", "remote"])?;
+    assert_eq!(listed.matches("remote 127.0.0.1").count(), 1, "{listed}");
+    Ok(())
+}
