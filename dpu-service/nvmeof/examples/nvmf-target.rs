@@ -8,24 +8,45 @@
 //!     [--io-cpus 2,3] [--poll-groups N]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     --rbd POOL/IMAGE --mon-host MONS --ceph-user USER [--ceph-key-file F]
+//! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
+//!     --remote ADDR:PORT [--remote ADDR:PORT]... --remote-nqn NQN \
+//!     [--remote-nsid 1] [--host-nqn NQN] [--remote-queue-depth 128]
 //! ```
 //!
 //! `--rbd` serves an RBD image of a Ceph cluster (monitors `--mon-host`,
 //! as Ceph's `mon_host` takes them; the user's key alone in
 //! `--ceph-key-file`, or a cluster without cephx), the feature `rbd`.
 //!
+//! `--remote` serves namespace `--remote-nsid` (default 1) of subsystem
+//! `--remote-nqn` of another NVMe/TCP target, reached as `--host-nqn`
+//! (default [`HOST_NQN`]) on the paths given, in order of preference (up
+//! to four; the next takes over when one fails), with at most
+//! `--remote-queue-depth` commands in flight to it (default 128). The
+//! namespace served has 512-byte blocks, so the remote's must have 512
+//! too: one of 4096-byte blocks is refused with an error saying so.
+//!
 //! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
-//! to each CPU listed, everything else off them. `--poll-groups` is
-//! `storage.poll_groups`: how many unpinned I/O poll groups run when no
-//! I/O CPUs are given (default: one per CPU the process may use).
+//! to each CPU listed, the transport's other threads off them.
+//! `--poll-groups` is `storage.poll_groups`: how many unpinned I/O poll
+//! groups run when no I/O CPUs are given (default: one per CPU the process
+//! may use). Neither places a remote namespace's initiator thread
+//! (`nvmf-remote`): it may run on any CPU the process may, so `taskset` the
+//! whole process to keep a remote namespace's work on given CPUs.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dpu_nvmeof::target::RemoteNamespace;
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig, TcpConfig,
     TcpTransport,
 };
+
+/// The host NQN `--remote` connects with unless `--host-nqn` names one.
+const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6470752d-7365-7276-6963-652d62656e63";
+
+/// Block size of the namespace served.
+const BLOCK_SIZE: u32 = 512;
 
 /// Reports a bad argument or setup and exits.
 fn fail(msg: &str) -> ! {
@@ -67,6 +88,8 @@ fn main() {
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
     let mut tcp = TcpConfig::default();
     let (mut rbd, mut mon_host, mut user, mut key) = (None, None, "admin".to_string(), None);
+    let (mut remote, mut remote_nqn, mut remote_nsid) = (Vec::new(), None, 1u32);
+    let (mut host_nqn, mut remote_qd) = (HOST_NQN.to_string(), None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args
@@ -85,6 +108,22 @@ fn main() {
                 let k = std::fs::read_to_string(&v)
                     .unwrap_or_else(|e| fail(&format!("--ceph-key-file {v}: {e}")));
                 key = Some(k.trim().to_string());
+            }
+            "--remote" => remote.push(
+                v.parse()
+                    .unwrap_or_else(|_| fail(&format!("--remote takes ADDR:PORT, not {v:?}"))),
+            ),
+            "--remote-nqn" => remote_nqn = Some(v),
+            "--remote-nsid" => {
+                remote_nsid = v
+                    .parse()
+                    .unwrap_or_else(|_| fail(&format!("--remote-nsid takes an NSID, not {v:?}")))
+            }
+            "--host-nqn" => host_nqn = v,
+            "--remote-queue-depth" => {
+                remote_qd = Some(v.parse().unwrap_or_else(|_| {
+                    fail(&format!("--remote-queue-depth takes a count, not {v:?}"))
+                }))
             }
             "--poll-groups" => {
                 tcp.poll_groups = v
@@ -111,6 +150,20 @@ fn main() {
             image: image.into(),
         };
     }
+    if !remote.is_empty() {
+        if matches!(backend, BackendSpec::Rbd { .. }) {
+            fail("--remote and --rbd each name the namespace served: give one");
+        }
+        let nqn = remote_nqn.unwrap_or_else(|| fail("--remote needs --remote-nqn"));
+        let mut spec = RemoteNamespace::new(remote, &nqn, remote_nsid, &host_nqn);
+        if let Some(qd) = remote_qd {
+            spec.queue_depth = qd;
+        }
+        spec.validate().unwrap_or_else(|e| fail(&e));
+        backend = BackendSpec::Remote(spec);
+    } else if remote_nqn.is_some() {
+        fail("--remote-nqn needs --remote ADDR:PORT");
+    }
     let addr = listen
         .parse()
         .unwrap_or_else(|_| fail(&format!("--listen takes HOST:PORT, not {listen:?}")));
@@ -124,7 +177,7 @@ fn main() {
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
                 nsid: 1,
-                block_size: 512,
+                block_size: BLOCK_SIZE,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend,
