@@ -23,7 +23,9 @@
 //!
 //! After activity the group polls (`epoll_wait` without a timeout) for
 //! [`POLL`] before it sleeps until the next event or tick: the group busy
-//! polls, not each socket. Every [`TICK`] it ticks each connection
+//! polls, not each socket. Not while a connection waits for an
+//! asynchronous backend: the group then sleeps until the completion wakes
+//! it, leaving the core to the thread that completes it. Every [`TICK`] it ticks each connection
 //! (handshake, PDU and keep-alive timers, asynchronous events).
 //!
 //! The admin group also takes every new connection: once a connection's
@@ -98,6 +100,9 @@ pub(super) struct Slot {
     peer: SocketAddr,
     /// The start of a PDU not yet whole.
     rx: Vec<u8>,
+    /// Counted among the group's connections that wait for completions
+    /// of an asynchronous backend.
+    awaits_io: bool,
     /// Since when output has waited for a socket that takes nothing.
     stalled_since: Option<Instant>,
     /// A write failed: nothing more is written.
@@ -134,6 +139,7 @@ impl Slot {
             conn,
             peer,
             rx: Vec::new(),
+            awaits_io: false,
             stalled_since: None,
             write_failed: false,
             interest: epoll::EventFlags::empty(),
@@ -307,13 +313,17 @@ impl GroupHandle {
         self.wake();
     }
 
-    /// Hands the completion of a block request to the group.
+    /// Hands the completion of a block request to the group; wakes it
+    /// when the list was empty (it takes the whole list once woken).
     fn io_result(&self, token: u64, c: BlockCompletion) {
-        self.io_done
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((token, c));
-        self.wake();
+        let first = {
+            let mut done = self.io_done.lock().unwrap_or_else(PoisonError::into_inner);
+            done.push((token, c));
+            done.len() == 1
+        };
+        if first {
+            self.wake();
+        }
     }
 
     /// Wakes the group's thread.
@@ -360,6 +370,11 @@ struct Loop {
     /// of a long Write Zeroes): served again next turn, without waiting
     /// for an event.
     ready: Vec<u64>,
+    /// Connections waiting for completions of an asynchronous backend
+    /// (a cluster, a remote target): while there are any, the group does
+    /// not busy poll, which would keep the thread that completes them
+    /// (an initiator thread on the same core) from running.
+    awaiting: usize,
 }
 
 impl Group {
@@ -388,6 +403,7 @@ impl Group {
             free: Vec::new(),
             scratch: Vec::new(),
             ready: Vec::new(),
+            awaiting: 0,
         };
         l.run();
     }
@@ -404,7 +420,8 @@ impl Loop {
                 return;
             }
             let now = Instant::now();
-            let timeout = if !self.ready.is_empty() || now.duration_since(last_busy) < POLL {
+            let polling = self.awaiting == 0 && now.duration_since(last_busy) < POLL;
+            let timeout = if !self.ready.is_empty() || polling {
                 Duration::ZERO
             } else {
                 TICK.saturating_sub(now.duration_since(last_tick))
@@ -628,6 +645,15 @@ impl Loop {
         if slot.conn.is_closed() {
             return self.remove(idx);
         }
+        let awaits = slot.conn.awaits_io();
+        if awaits != slot.awaits_io {
+            slot.awaits_io = awaits;
+            if awaits {
+                self.awaiting += 1;
+            } else {
+                self.awaiting -= 1;
+            }
+        }
         if (slot.conn.has_requests() || slot.unread) && !slot.conn.held_back() && !slot.ready {
             slot.ready = true;
             self.ready.push(token);
@@ -656,6 +682,9 @@ impl Loop {
             return;
         };
         self.free.push(idx);
+        if std::mem::take(&mut slot.awaits_io) {
+            self.awaiting -= 1;
+        }
         let _ = epoll::delete(&self.epoll, &slot.stream);
         let groups = &self.group.io_groups;
         let qid = slot.conn.queue_id().unwrap_or(1);
@@ -665,7 +694,7 @@ impl Loop {
             .min_by_key(|g| g.load.load(Ordering::Relaxed))
             .expect("at least one I/O group");
         slot.load = Some(LoadGuard::new(&g.load));
-        // Its place on this group's ready list stays behind.
+        // Its place on this group's ready list and count stay behind.
         slot.ready = false;
         g.hand(slot);
     }
@@ -677,6 +706,9 @@ impl Loop {
             return;
         };
         self.free.push(idx);
+        if slot.awaits_io {
+            self.awaiting -= 1;
+        }
         slot.pump(Instant::now());
         tracing::debug!(peer = %slot.peer, reason = slot.conn.close_reason().unwrap_or(""), "NVMe/TCP connection closed");
         let _ = epoll::delete(&self.epoll, &slot.stream);

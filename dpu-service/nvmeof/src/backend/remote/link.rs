@@ -216,6 +216,10 @@ pub(super) struct Link {
     /// While no connection is up: when the outage has lasted the I/O
     /// timeout, after which nothing waits for a connection any more.
     outage_end: Option<Instant>,
+    /// The I/O and admin sockets may have bytes: `poll` said so, or the
+    /// last read brought some. A socket is read only then, not on every
+    /// turn.
+    readable: [bool; 2],
 }
 
 impl Link {
@@ -233,6 +237,7 @@ impl Link {
             path: 0,
             parked: VecDeque::new(),
             outage_end: None,
+            readable: [true; 2],
         }
     }
 
@@ -270,6 +275,7 @@ impl Link {
         let now = Instant::now();
         self.next_tick = now + TICK;
         self.last_sweep = now;
+        self.readable = [true; 2];
         while let Some(job) = self.parked.pop_front() {
             self.accept(job, &c.geometry);
         }
@@ -298,18 +304,29 @@ impl Link {
             moved = true;
         }
         moved |= self.submit(c)?;
+        // While operations keep coming the loop does not sleep, so poll
+        // never says the socket has bytes: look once a turn then.
+        if moved && c.io.pair().in_flight() > 0 {
+            self.readable[0] = true;
+        }
         c.io.send_some()?;
         c.ctrl.admin().send_some()?;
-        if c.io.read_some()? {
-            moved = true;
-            while let Some(done) = c.io.poll_completion()? {
-                self.complete(done);
+        if self.readable[0] {
+            self.readable[0] = c.io.read_some()?;
+            if self.readable[0] {
+                moved = true;
+                while let Some(done) = c.io.poll_completion()? {
+                    self.complete(done);
+                }
             }
         }
-        if c.ctrl.admin().read_some()? {
-            moved = true;
-            while let Some(done) = c.ctrl.admin().poll_completion()? {
-                self.admin_done(done)?;
+        if self.readable[1] {
+            self.readable[1] = c.ctrl.admin().read_some()?;
+            if self.readable[1] {
+                moved = true;
+                while let Some(done) = c.ctrl.admin().poll_completion()? {
+                    self.admin_done(done)?;
+                }
             }
         }
         let now = Instant::now();
@@ -367,6 +384,11 @@ impl Link {
         if fds[0].revents().contains(PollFlags::IN) {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.s.wake, &mut b);
+        }
+        // A closed or failed socket reads too: the read says how.
+        let bytes = PollFlags::IN | PollFlags::HUP | PollFlags::ERR;
+        for (r, fd) in self.readable.iter_mut().zip(&fds[1..]) {
+            *r |= fd.revents().intersects(bytes);
         }
         Ok(())
     }
