@@ -47,7 +47,7 @@ fn md5(data: &[u8]) -> Result<String> {
 #[test]
 fn kernel_initiator_on_an_rbd_namespace_through_an_osd_outage() -> Result<()> {
     let cluster = TestCluster::start(true);
-    cluster.rbd(&["create", "rbd/vol", "--size", "32M"]);
+    cluster.rbd(&["create", "rbd/vol", "--size", "16M"]);
     let io_port = free_port();
     let work = tempfile::tempdir()?;
     let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
@@ -104,7 +104,7 @@ fn kernel_initiator_on_an_rbd_namespace_through_an_osd_outage() -> Result<()> {
 nvme connect -t tcp -a $TARGET_ADDR -s {io_port} -n {NQN} -i 2
 ns=$(nvme-wait-ns {NQN})
 nvme id-ns $ns | tee /tmp/idns
-grep -q "nsze *: 0x10000" /tmp/idns
+grep -q "nsze *: 0x8000" /tmp/idns
 fio --name=rbd --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
     --iodepth=16 --size=100% --verify=crc32c --verify_fatal=1 --eta=never
 echo "MD5 $(dd if=$ns bs=1M iflag=direct status=none | md5sum | cut -d' ' -f1)"

@@ -59,7 +59,7 @@ done
 nvme connect -t tcp -a $TARGET_ADDR -s {io_port} -n {NQN} -i 2
 ns=$(nvme-wait-ns {NQN})
 nvme id-ns $ns | tee /tmp/idns
-grep -q "nsze *: 0x10000" /tmp/idns
+grep -q "nsze *: 0x8000" /tmp/idns
 fio --name=remote --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
     --iodepth=16 --size=100% --verify=crc32c --verify_fatal=1 --eta=never
 ours=$(dd if=$ns bs=1M iflag=direct status=none | md5sum | cut -d' ' -f1)
@@ -77,7 +77,7 @@ grep -q "err= 0" /tmp/fio.out
 nvme disconnect -n {NQN}
 rm $p/subsystems/$KERNEL_TARGET_NQN
 echo STOPPED-AGAIN
-sleep 20
+sleep 5
 "#
     );
     let kernel = kernel_port.to_string();
@@ -86,7 +86,7 @@ sleep 20
         "remote",
         &[io_port],
         &script,
-        &["--kernel-target", &kernel, "--ns-size", "32"],
+        &["--kernel-target", &kernel, "--ns-size", "16"],
     )?;
     guest.wait_for("REMOTE-UP", Duration::from_secs(600))?;
 
