@@ -308,11 +308,18 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 .as_ref()
                 .map_or("none", dataplane::Dataplane::driver)
                 .to_string(),
-            capabilities: ["tenants", "ports", "filter", "storage", "remote", "telemetry"]
-                .into_iter()
-                .chain(cfg!(feature = "rbd").then_some("rbd"))
-                .map(String::from)
-                .collect(),
+            capabilities: [
+                "tenants",
+                "ports",
+                "filter",
+                "storage",
+                "remote",
+                "telemetry",
+            ]
+            .into_iter()
+            .chain(cfg!(feature = "rbd").then_some("rbd"))
+            .map(String::from)
+            .collect(),
             start_time: Timestamp::now(),
             hostname: hostname(),
         },
