@@ -56,7 +56,6 @@ pub(crate) mod timeouts;
 mod transfer;
 
 pub use block::{BlockCompletion, BlockOp, BlockRequest, Completer};
-pub(crate) use budget::BackendBudget;
 pub use budget::{DEFAULT_BACKEND_IN_FLIGHT, DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
 pub use command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
 pub use io::{FIRST_SEND, WORK_CHUNK};

@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use dpu_os::backing::BackingPolicy;
 
 use crate::auth::limit::AuthLimiter;
-use crate::conn::budget::SharedBudget;
+use crate::conn::budget::{BackendBudget, SharedBudget};
 use crate::conn::timeouts::Timeouts;
 
 use admission::{AuthConfig, HostConnections};
@@ -118,7 +118,7 @@ struct Inner {
     health: Mutex<HashMap<String, Arc<Health>>>,
     write_budget: SharedBudget,
     /// The data of operations in flight on asynchronous backends.
-    backend_budget: crate::conn::BackendBudget,
+    backend_budget: BackendBudget,
     timeouts: RwLock<Timeouts>,
     hosts: Mutex<HostConnections>,
     auth: RwLock<AuthConfig>,
