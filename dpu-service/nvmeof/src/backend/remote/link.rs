@@ -7,21 +7,20 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
-use super::ops::{self, Dest, Geometry, Op, Todo};
-use super::{out_of_range, Job, Shared};
+use super::ops::Geometry;
+use super::{lock, Job, Shared};
 use crate::auth::Secret;
 use crate::host::{
     self, Completion, Controller, ControllerInfo, ControllerOptions, Error, HostIdentity,
     NamespaceSize, Queue, QueueOptions, Transfer,
 };
-use crate::spec::Status;
 use crate::target::RemoteNamespace;
 
 /// Keep-alive timeout asked of the remote controller.
@@ -31,6 +30,10 @@ const KATO: Duration = Duration::from_secs(15);
 const TICK: Duration = Duration::from_secs(2);
 /// How often commands are checked against their deadline.
 const SWEEP: Duration = Duration::from_millis(50);
+/// The longest the initiator thread sleeps: poll groups submit commands
+/// without waking it, so this bounds how late a command found in flight
+/// is first checked against its deadline.
+const NAP: Duration = Duration::from_millis(250);
 /// Largest transfer of one command (less where the remote's MDTS is).
 const MAX_TRANSFER: u32 = 1 << 20;
 /// Entries of the admin queue: Keep Alive and Identify at most.
@@ -47,7 +50,10 @@ const IDENTIFY_LEN: usize = 4096;
 /// A controller of the remote subsystem with its I/O queue.
 pub(super) struct Conn {
     ctrl: Controller<TcpStream>,
-    io: Queue<TcpStream>,
+    /// The I/O queue, until it is handed to the engine.
+    io: Option<Queue<TcpStream>>,
+    /// The I/O queue's socket, for `poll` without the engine's lock.
+    io_fd: OwnedFd,
     addr: SocketAddr,
     /// Index of its path.
     path: usize,
@@ -146,6 +152,7 @@ fn connect(spec: &RemoteNamespace, path: usize) -> Result<(Conn, NamespaceSize),
     let info = ctrl.info().clone();
     let entries = (u32::from(spec.queue_depth) + 1).min(info.max_queue_entries.max(2));
     let mut io = ctrl.io_queue(stream(addr)?, 1, entries as u16)?;
+    let io_fd = OwnedFd::from(io.wire().try_clone()?);
     ctrl.admin().set_nonblocking(true)?;
     io.set_nonblocking(true)?;
     let block_shift = size.block_size.trailing_zeros();
@@ -162,23 +169,14 @@ fn connect(spec: &RemoteNamespace, path: usize) -> Result<(Conn, NamespaceSize),
     Ok((
         Conn {
             ctrl,
-            io,
+            io: Some(io),
+            io_fd,
             addr,
             path,
             geometry,
         },
         size,
     ))
-}
-
-/// A command in flight on the I/O queue.
-struct Cmd {
-    /// Index of its operation.
-    op: usize,
-    into: Dest,
-    /// Bytes a read brings.
-    len: usize,
-    deadline: Instant,
 }
 
 /// Why [`Link::serve`] returned.
@@ -198,13 +196,6 @@ impl From<Error> for Ended {
 /// The initiator thread's state.
 pub(super) struct Link {
     s: Arc<Shared>,
-    /// Operations in flight, by index.
-    ops: Vec<Option<Op>>,
-    free: Vec<usize>,
-    /// Commands of operations not yet submitted, in order.
-    todo: VecDeque<Todo>,
-    /// The I/O queue's commands in flight, by CID.
-    cmds: Vec<Option<Cmd>>,
     /// Deadlines of the admin commands in flight.
     admin: [Option<Instant>; 2],
     next_tick: Instant,
@@ -216,10 +207,9 @@ pub(super) struct Link {
     /// While no connection is up: when the outage has lasted the I/O
     /// timeout, after which nothing waits for a connection any more.
     outage_end: Option<Instant>,
-    /// The I/O and admin sockets may have bytes: `poll` said so, or the
-    /// last read brought some. A socket is read only then, not on every
-    /// turn.
-    readable: [bool; 2],
+    /// The admin socket may have bytes: `poll` said so, or the last read
+    /// brought some. It is read only then, not on every turn.
+    admin_readable: bool,
 }
 
 impl Link {
@@ -227,17 +217,13 @@ impl Link {
         let now = Instant::now();
         Self {
             s,
-            ops: Vec::new(),
-            free: Vec::new(),
-            todo: VecDeque::new(),
-            cmds: Vec::new(),
             admin: [None; 2],
             next_tick: now,
             last_sweep: now,
             path: 0,
             parked: VecDeque::new(),
             outage_end: None,
-            readable: [true; 2],
+            admin_readable: true,
         }
     }
 
@@ -253,8 +239,8 @@ impl Link {
             drop(conn);
             match ended {
                 Ended::Stopped => {
-                    let s = self.s.clone();
-                    self.fail_all(&|| s.unreachable());
+                    let s = &self.s;
+                    lock(&s.engine).take_down(s, &|| s.unreachable());
                     self.refuse_waiting();
                     return;
                 }
@@ -269,15 +255,17 @@ impl Link {
 
     /// Serves operations over `c` until it fails or the backend is dropped.
     fn serve(&mut self, c: &mut Conn) -> Ended {
-        let entries = usize::from(c.io.pair().entries());
-        self.cmds = (0..entries).map(|_| None).collect();
         self.admin = [None; 2];
         let now = Instant::now();
         self.next_tick = now + TICK;
         self.last_sweep = now;
-        self.readable = [true; 2];
-        while let Some(job) = self.parked.pop_front() {
-            self.accept(job, &c.geometry);
+        self.admin_readable = true;
+        if let Some(io) = c.io.take() {
+            let mut e = lock(&self.s.engine);
+            e.install(io, c.geometry.clone());
+            while let Some(job) = self.parked.pop_front() {
+                e.accept(&self.s, job);
+            }
         }
         loop {
             match self.turn(c) {
@@ -298,31 +286,33 @@ impl Link {
             return Err(Ended::Stopped);
         }
         let mut moved = false;
-        let jobs = std::mem::take(&mut *super::lock(&self.s.inbox));
-        for job in jobs {
-            self.accept(job, &c.geometry);
-            moved = true;
-        }
-        moved |= self.submit(c)?;
-        // While operations keep coming the loop does not sleep, so poll
-        // never says the socket has bytes: look once a turn then.
-        if moved && c.io.pair().in_flight() > 0 {
-            self.readable[0] = true;
-        }
-        c.io.send_some()?;
-        c.ctrl.admin().send_some()?;
-        if self.readable[0] {
-            self.readable[0] = c.io.read_some()?;
-            if self.readable[0] {
+        let jobs = std::mem::take(&mut *lock(&self.s.inbox));
+        let now = Instant::now();
+        {
+            let s = &self.s;
+            let mut e = lock(&s.engine);
+            if let Some(failed) = e.failed.take() {
+                return Err(Ended::Lost(failed));
+            }
+            for job in jobs {
+                e.accept(s, job);
                 moved = true;
-                while let Some(done) = c.io.poll_completion()? {
-                    self.complete(done);
+            }
+            moved |= e.submit(s)?;
+            e.send()?;
+            moved |= e.receive(s)?;
+            if now.duration_since(self.last_sweep) >= SWEEP {
+                self.last_sweep = now;
+                let late = |d: &Option<Instant>| d.is_some_and(|d| d <= now);
+                if e.late(now) || self.admin.iter().any(late) {
+                    return Err(Ended::Lost(Error::Timeout));
                 }
             }
         }
-        if self.readable[1] {
-            self.readable[1] = c.ctrl.admin().read_some()?;
-            if self.readable[1] {
+        c.ctrl.admin().send_some()?;
+        if self.admin_readable {
+            self.admin_readable = c.ctrl.admin().read_some()?;
+            if self.admin_readable {
                 moved = true;
                 while let Some(done) = c.ctrl.admin().poll_completion()? {
                     self.admin_done(done)?;
@@ -334,18 +324,6 @@ impl Link {
             self.tick(c, now)?;
             moved = true;
         }
-        if now.duration_since(self.last_sweep) >= SWEEP {
-            self.last_sweep = now;
-            let late = |d: &Option<Instant>| d.is_some_and(|d| d <= now);
-            if self
-                .cmds
-                .iter()
-                .any(|c| late(&c.as_ref().map(|c| c.deadline)))
-                || self.admin.iter().any(late)
-            {
-                return Err(Ended::Lost(Error::Timeout));
-            }
-        }
         Ok(moved)
     }
 
@@ -353,24 +331,27 @@ impl Link {
     /// next tick, or the next sweep while commands are in flight.
     fn sleep(&mut self, c: &mut Conn) -> Result<(), Error> {
         let now = Instant::now();
-        let busy = self.cmds.iter().any(Option::is_some) || self.admin.iter().any(Option::is_some);
-        let mut wait = self.next_tick.saturating_duration_since(now);
+        let (busy, io_out) = {
+            let e = lock(&self.s.engine);
+            (e.busy(), e.has_output())
+        };
+        let busy = busy || self.admin.iter().any(Option::is_some);
+        let mut wait = self.next_tick.saturating_duration_since(now).min(NAP);
         if busy {
             wait = wait.min(SWEEP);
         }
-        let out = |q: &Queue<TcpStream>| {
-            if q.pair().has_output() {
+        let flags = |out: bool| {
+            if out {
                 PollFlags::IN | PollFlags::OUT
             } else {
                 PollFlags::IN
             }
         };
-        let (io_flags, admin_flags) = (out(&c.io), out(c.ctrl.admin()));
-        let io_fd = c.io.wire().as_fd();
+        let admin_flags = flags(c.ctrl.admin().pair().has_output());
         let admin_fd = c.ctrl.admin().wire().as_fd();
         let mut fds = [
             PollFd::new(&self.s.wake, PollFlags::IN),
-            PollFd::new(&io_fd, io_flags),
+            PollFd::new(&c.io_fd, flags(io_out)),
             PollFd::new(&admin_fd, admin_flags),
         ];
         let t = Timespec {
@@ -387,120 +368,15 @@ impl Link {
         }
         // A closed or failed socket reads too: the read says how.
         let bytes = PollFlags::IN | PollFlags::HUP | PollFlags::ERR;
-        for (r, fd) in self.readable.iter_mut().zip(&fds[1..]) {
-            *r |= fd.revents().intersects(bytes);
+        let (io_ready, admin_ready) = (
+            fds[1].revents().intersects(bytes),
+            fds[2].revents().intersects(bytes),
+        );
+        self.admin_readable |= admin_ready;
+        if io_ready {
+            lock(&self.s.engine).readable = true;
         }
         Ok(())
-    }
-
-    /// Takes a job: its operation made, its commands queued.
-    fn accept(&mut self, job: Job, g: &Geometry) {
-        let idx = self.free.pop().unwrap_or_else(|| {
-            self.ops.push(None);
-            self.ops.len() - 1
-        });
-        let (op, todo) = ops::plan(job.io, job.done, job.bytes, idx, g);
-        self.ops[idx] = Some(op);
-        if todo.is_empty() {
-            self.finish_if_over(idx);
-        } else {
-            self.todo.push_back(todo);
-        }
-    }
-
-    /// Submits queued commands while the I/O queue has room: true when
-    /// one went.
-    fn submit(&mut self, c: &mut Conn) -> Result<bool, Error> {
-        let mut any = false;
-        let deadline = Instant::now() + self.s.spec.io_timeout;
-        while let Some(t) = self.todo.front_mut() {
-            let Some(cid) = c.io.pair().free_cid() else {
-                break;
-            };
-            let idx = t.op;
-            let Some(cmd) = t.next(&c.geometry) else {
-                self.todo.pop_front();
-                continue;
-            };
-            if t.is_empty() {
-                self.todo.pop_front();
-                if let Some(op) = self.ops[idx].as_mut() {
-                    op.more = false;
-                }
-            }
-            let len = match &cmd.transfer {
-                Transfer::Read(b) => b.len(),
-                _ => 0,
-            };
-            c.io.submit(cid, cmd.sqe, cmd.transfer)?;
-            if let Some(op) = self.ops[idx].as_mut() {
-                op.outstanding += 1;
-            }
-            self.cmds[usize::from(cid)] = Some(Cmd {
-                op: idx,
-                into: cmd.into,
-                len,
-                deadline,
-            });
-            any = true;
-        }
-        Ok(any)
-    }
-
-    /// Hands a completion of the I/O queue to its operation.
-    fn complete(&mut self, done: Completion) {
-        let Some(cmd) = self
-            .cmds
-            .get_mut(usize::from(done.cid()))
-            .and_then(Option::take)
-        else {
-            tracing::error!(cid = done.cid(), "remote completion of no command of ours");
-            return;
-        };
-        let Some(op) = self.ops[cmd.op].as_mut() else {
-            return;
-        };
-        op.outstanding -= 1;
-        if done.is_success() {
-            match cmd.into {
-                Dest::Whole => {
-                    if op.read_len.is_some_and(|n| done.data.len() != n) {
-                        op.error.get_or_insert_with(|| short(&self.s.what));
-                    }
-                    op.buf = done.data;
-                }
-                Dest::At(at) => {
-                    let part = op.buf.get_mut(at..at + cmd.len);
-                    match part {
-                        Some(p) if done.data.len() == p.len() => p.copy_from_slice(&done.data),
-                        _ => {
-                            op.error.get_or_insert_with(|| short(&self.s.what));
-                        }
-                    }
-                }
-                Dest::Nowhere => {}
-            }
-        } else {
-            let len = self.s.len.load(Ordering::Acquire);
-            op.error
-                .get_or_insert_with(|| status_error(&self.s.what, done.status(), len));
-        }
-        self.finish_if_over(cmd.op);
-    }
-
-    /// Completes operation `idx` if nothing of it is left.
-    fn finish_if_over(&mut self, idx: usize) {
-        if !self.ops[idx].as_ref().is_some_and(Op::is_over) {
-            return;
-        }
-        let Some(mut op) = self.ops[idx].take() else {
-            return;
-        };
-        self.free.push(idx);
-        let r = op.result();
-        if let Some(done) = op.done.take() {
-            self.s.finish(done, op.bytes, r);
-        }
     }
 
     /// Sends Keep Alive, and Identify to follow the namespace's size,
@@ -545,22 +421,6 @@ impl Link {
             self.s.set_len(size.bytes());
         }
         Ok(())
-    }
-
-    /// Fails every operation in flight or queued on the connection with
-    /// `err()`.
-    fn fail_all(&mut self, err: &dyn Fn() -> io::Error) {
-        self.todo.clear();
-        self.cmds.iter_mut().for_each(|c| *c = None);
-        self.admin = [None; 2];
-        for idx in 0..self.ops.len() {
-            if let Some(mut op) = self.ops[idx].take() {
-                self.free.push(idx);
-                if let Some(done) = op.done.take() {
-                    self.s.finish(done, op.bytes, Err(err()));
-                }
-            }
-        }
     }
 
     /// Fails every operation waiting for a connection (the backend is
@@ -610,7 +470,7 @@ impl Link {
         };
         let what = self.s.what.clone();
         let msg = format!("remote namespace {what}: path {addr}: {e}");
-        self.fail_all(&|| io::Error::new(kind, msg.clone()));
+        lock(&self.s.engine).take_down(&self.s, &|| io::Error::new(kind, msg.clone()));
         tracing::warn!(
             namespace = %what,
             path = %addr,
@@ -686,32 +546,5 @@ impl Link {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(&self.s.wake, &mut b);
         }
-    }
-}
-
-/// The error of a read that brought less than asked.
-fn short(what: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("remote namespace {what} sent less data than a read asked for"),
-    )
-}
-
-/// The error for a remote's failed command, of a kind the target answers
-/// alike: out of range, unavailable (for statuses a host retries or fails
-/// over on) or a media error.
-fn status_error(what: &str, st: Status, len: u64) -> io::Error {
-    let retry = matches!((st.sct, st.sc), (0, 0x07 | 0x22 | 0x82)) || st.sct == 3;
-    if (st.sct, st.sc) == (0, 0x80) {
-        return out_of_range(0, 0, len);
-    }
-    let msg = format!(
-        "remote namespace {what} answered status type {} code {:#04x}",
-        st.sct, st.sc
-    );
-    if retry {
-        io::Error::new(io::ErrorKind::NotConnected, msg)
-    } else {
-        io::Error::other(msg)
     }
 }

@@ -31,6 +31,7 @@ use rustix::event::{eventfd, EventfdFlags};
 use super::{check, lock, Backend, Io, IoDone, OutOfRange};
 use crate::target::RemoteNamespace;
 
+mod engine;
 mod link;
 mod ops;
 
@@ -82,6 +83,11 @@ struct Shared {
     path: AtomicUsize,
     /// The backend was dropped: the thread ends.
     stop: AtomicBool,
+    /// The I/O queue and what is in flight on it; poll groups start
+    /// operations here while a connection is up.
+    engine: Mutex<engine::Engine>,
+    /// Operations started while no connection was up, for the initiator
+    /// thread.
     inbox: Mutex<Vec<Job>>,
     /// Wakes the thread.
     wake: OwnedFd,
@@ -162,6 +168,7 @@ impl RemoteBackend {
             reachable: AtomicBool::new(true),
             path: AtomicUsize::new(conn.path()),
             stop: AtomicBool::new(false),
+            engine: Mutex::default(),
             inbox: Mutex::new(Vec::new()),
             wake,
             ops: AtomicUsize::new(0),
@@ -330,14 +337,28 @@ impl Backend for RemoteBackend {
         let bytes = data_bytes(&io);
         s.ops.fetch_add(1, Ordering::AcqRel);
         s.bytes.fetch_add(bytes, Ordering::AcqRel);
+        let job = Job {
+            io,
+            done,
+            bytes,
+            since: Instant::now(),
+        };
+        // While a connection is up, this thread makes and sends the
+        // commands itself; otherwise the initiator thread takes the job.
+        let job = {
+            let mut e = lock(&s.engine);
+            if e.is_up() {
+                if e.start(s, job) {
+                    drop(e);
+                    s.wake();
+                }
+                return;
+            }
+            job
+        };
         let first = {
             let mut q = lock(&s.inbox);
-            q.push(Job {
-                io,
-                done,
-                bytes,
-                since: Instant::now(),
-            });
+            q.push(job);
             q.len() == 1
         };
         if first {
