@@ -1,8 +1,9 @@
 //! The initiator thread of one remote namespace: it brings up a
-//! controller on one of the namespace's paths, serves the operations the
-//! poll groups hand it over that controller's I/O queue, keeps the
-//! controller alive, and when the connection fails, fails what was on it
-//! and connects again.
+//! controller on one of the namespace's paths and hands its I/O queue to
+//! the [engine](super::engine), reads the completions, sends what poll
+//! groups left queued, times commands out, keeps the controller alive,
+//! and when the connection fails, fails what was on it and connects
+//! again; operations started meanwhile wait here for the next one.
 
 use std::collections::VecDeque;
 use std::io;

@@ -1,12 +1,14 @@
 //! [`RemoteBackend`]: a namespace of another NVMe/TCP controller, reached
 //! through the [host](crate::host) side of the protocol.
 //!
-//! Each remote namespace has one initiator thread ([`link`]) that owns the
-//! connection to the remote controller: its admin queue (Keep Alive, and
-//! Identify Namespace to follow the size) and one I/O queue of the
-//! configured depth. Poll groups hand it operations through a queue and
-//! an eventfd ([`Backend::start`]) and get the completions back through
-//! their [`IoDone`]; nothing on a poll group waits on the network.
+//! Each remote namespace has one initiator thread ([`link`]) that brings
+//! up the connection to the remote controller: its admin queue (Keep
+//! Alive, and Identify Namespace to follow the size) and one I/O queue of
+//! the configured depth. The I/O queue is shared under one lock
+//! ([`engine`]): a poll group makes an operation's commands and sends
+//! them itself ([`Backend::start`]); the initiator thread reads the
+//! completions and hands them back through their [`IoDone`]. Nothing on a
+//! poll group waits on the network.
 //!
 //! Faults are answers: a command the remote does not complete within the
 //! I/O timeout, or a connection that breaks, takes the connection down;
