@@ -134,6 +134,19 @@ fn pattern(i: u64) -> Vec<u8> {
 
 /// A transport with one poll group serving the RBD image `rbd/vol` and a
 /// RAM namespace in one subsystem.
+/// Ends a test's target while its cluster still runs: the transport
+/// stopped, the target dropped and its images closed (on their own
+/// threads), so that no librados thread is at work when the cluster stops
+/// or the test binary exits.
+fn close(transport: TcpTransport, target: Target) {
+    transport.shutdown();
+    drop(target);
+    assert!(
+        dpu_nvmeof::backend::wait_closed(Duration::from_secs(60)),
+        "the images close"
+    );
+}
+
 fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Target) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let target = Target::new();
@@ -274,7 +287,7 @@ fn an_rbd_namespace_serves_io_and_answers_when_its_cluster_does_not() {
     let ram = ram_done.expect("the RAM read");
     assert!(ram < Duration::from_secs(1), "RAM namespace waited {ram:?}");
     assert!(took < Duration::from_secs(15), "bounded: {took:?}");
-    let ns = &target.subsystem(NQN).unwrap().namespaces[&RBD_NS];
+    let ns = target.subsystem(NQN).unwrap().namespaces[&RBD_NS].clone();
     assert!(!ns.backend.reachable(), "the outage shows");
 
     // The OSD answers again: so does the namespace, on the same queue.
@@ -292,7 +305,8 @@ fn an_rbd_namespace_serves_io_and_answers_when_its_cluster_does_not() {
         cid += 1;
     }
     assert!(ns.backend.reachable());
-    transport.shutdown();
+    drop((ns, q));
+    close(transport, target);
 }
 
 /// More commands than the cluster connection may have in flight, while
@@ -304,7 +318,7 @@ fn commands_past_the_in_flight_bound_wait_and_are_all_answered() {
     use dpu_nvmeof::backend::rbd::MAX_IN_FLIGHT_OPS;
     let c = TestCluster::start(false);
     c.rbd(&["create", "rbd/vol", "--size", "16M"]);
-    let (transport, addr, _target) = serve(&c, Duration::from_secs(2));
+    let (transport, addr, target) = serve(&c, Duration::from_secs(2));
     let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
     let per_queue = 120u16;
     let queues = (MAX_IN_FLIGHT_OPS / usize::from(per_queue)) as u16 + 1;
@@ -332,7 +346,7 @@ fn commands_past_the_in_flight_bound_wait_and_are_all_answered() {
         }
     }
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    transport.shutdown();
+    close(transport, target);
 }
 
 /// Deleting an RBD namespace whose cluster does not answer returns at
@@ -376,7 +390,7 @@ fn deleting_a_namespace_whose_cluster_hangs_returns() {
 fn an_osd_that_crashes_and_restarts_is_served_again() {
     let c = TestCluster::start(true);
     c.rbd(&["create", "rbd/vol", "--size", "16M"]);
-    let (transport, addr, _target) = serve(&c, Duration::from_secs(3));
+    let (transport, addr, target) = serve(&c, Duration::from_secs(3));
     let (_admin, cntlid) = Queue::open(addr, 0, 0xffff);
     let (mut q, _) = Queue::open(addr, 1, cntlid);
     for i in 0..16u16 {
@@ -410,5 +424,5 @@ fn an_osd_that_crashes_and_restarts_is_served_again() {
         cid += 1;
     }
     println!("served again {:?} after the OSD's restart", t.elapsed());
-    transport.shutdown();
+    close(transport, target);
 }
