@@ -11,10 +11,11 @@
 //! whose tree `tests/spdk.sh` gives (`SPDK_DIR`, or the shared build
 //! tool's cached tree): that test fails when there is no SPDK.
 
+mod spdk;
+
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use dpu_nvmeof::auth::{HostKeys, Secret};
@@ -332,70 +333,11 @@ impl Drop for Spdk {
     }
 }
 
-/// The SPDK tree: `SPDK_DIR`, else the last line `tests/spdk.sh` prints
-/// (it builds SPDK once per machine when the shared tool is there).
-fn spdk_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SPDK_DIR") {
-        return d.into();
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/spdk.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running tests/spdk.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "no SPDK: tests/spdk.sh failed ({}); set SPDK_DIR to a built SPDK tree",
-        out.status
-    );
-    let dir = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
-    assert!(
-        dir.join("build/bin/nvmf_tgt").is_file(),
-        "no SPDK: {} has no build/bin/nvmf_tgt",
-        dir.display()
-    );
-    dir
-}
-
-/// Makes sure SPDK finds 2 MiB hugepages: reserves 512 more (as root)
-/// when fewer than 256 are free, mounts hugetlbfs when it is not.
-fn hugepages() {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let free: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("HugePages_Free:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    if free < 256 {
-        let total: u64 = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        std::fs::write("/proc/sys/vm/nr_hugepages", (total + 512).to_string())
-            .expect("reserving hugepages for SPDK (run as root)");
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    if !mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
-    {
-        std::fs::create_dir_all("/dev/hugepages").unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "hugetlbfs", "nodev", "/dev/hugepages"])
-            .status()
-            .unwrap();
-        assert!(st.success(), "cannot mount hugetlbfs at /dev/hugepages");
-    }
-}
-
 /// Starts nvmf_tgt serving `NQN` (a malloc bdev of `SIZE` bytes) and the
 /// discovery subsystem on a free loopback port.
 fn spdk() -> (Spdk, SocketAddr) {
-    let dir = spdk_dir();
-    hugepages();
+    let dir = spdk::spdk_dir();
+    spdk::hugepages();
     let work = tempfile::tempdir().unwrap();
     let sock = work.path().join("spdk.sock");
     let log = std::fs::File::create(work.path().join("nvmf_tgt.log")).unwrap();
