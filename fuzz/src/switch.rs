@@ -26,6 +26,8 @@
 //! - a guarded attachment drops exactly the frames its guard refuses, as
 //!   `Spoofed`, or as `Encapsulated` where it has a guard and
 //!   the network layer is behind a second tag, QinQ, MPLS or PPPoE;
+//! - past its guard, a tenant with rules under a default allow drops
+//!   such a hidden network layer as `Encapsulated` (or `MacLimit`);
 //! - `MacLimit` drops only frames the guard admitted (the table's limits
 //!   are not modelled);
 //! - a tenant without stateful rules passes exactly what its first
@@ -645,11 +647,36 @@ fn check(
         .get(ai)
         .and_then(|g| guard_refusal(g, &h.src_mac, &h.l3));
     let admitted = refusal.is_none();
-    for reason in [DropReason::Spoofed, DropReason::Encapsulated] {
+    // Past the guard, a tenant with rules under a default allow refuses a
+    // network layer it cannot filter.
+    let hidden_from_rules = admitted
+        && t.default_allow
+        && !t.rules.is_empty()
+        && matches!(h.l3, L3::Other(e) if HIDDEN.contains(&e));
+    assert_eq!(
+        verdict == Verdict::Drop(DropReason::Spoofed),
+        refusal == Some(DropReason::Spoofed),
+        "{} on {from:?}: {verdict:?} for {h:?}",
+        t.name
+    );
+    if refusal == Some(DropReason::Encapsulated) {
         assert_eq!(
-            verdict == Verdict::Drop(reason),
-            refusal == Some(reason),
+            verdict,
+            Verdict::Drop(DropReason::Encapsulated),
+            "{} on {from:?}: {h:?}",
+            t.name
+        );
+    } else if verdict == Verdict::Drop(DropReason::Encapsulated) {
+        assert!(
+            hidden_from_rules,
             "{} on {from:?}: {verdict:?} for {h:?}",
+            t.name
+        );
+    } else if hidden_from_rules {
+        assert_eq!(
+            verdict,
+            Verdict::Drop(DropReason::MacLimit),
+            "{} on {from:?}: {h:?}",
             t.name
         );
     }
