@@ -34,6 +34,8 @@
 #                    allowed with RUSTC_BOOTSTRAP=1.
 #   FUZZ_TARGET_DIR  cargo target directory of the fuzz build (default
 #                    target/fuzz, apart from the workspace build)
+#   FUZZ_BUILD_ONLY  if 1, build the targets and stop (CI builds them in
+#                    the background, on cores the test suite leaves idle)
 #   FUZZ_RSS_MB      memory a target may hold before it counts as a crash
 #                    (libFuzzer's -rss_limit_mb; default 384 for the NVMe/TCP
 #                    targets and frames, where a peer that makes the target
@@ -149,6 +151,7 @@ if ! fuzz build "${build_flags[@]}"; then
 fi
 build_s=$((SECONDS - start))
 echo "fuzz: built in $build_s s" >&2
+[ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 mkdir -p "$logs"
 # Runs target $1 and leaves libFuzzer's exit status in $logs/$1.rc.
