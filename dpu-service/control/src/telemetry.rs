@@ -120,6 +120,103 @@ pub struct Counters {
     pub flow_cache: FlowCacheCounters,
     /// The NVMe/TCP target as a whole, in the contract's own message.
     pub nvmf_target: pb::NvmfTargetCounters,
+    /// The service's own TCP listeners (the API's, its health listener's,
+    /// the metrics'), by name.
+    pub listeners: BTreeMap<String, ListenerCounters>,
+}
+
+/// Counters of one of the service's own TCP listeners: what its bounds
+/// refused and closed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerCounters {
+    /// Connections open now.
+    pub connections: u64,
+    /// Connections closed at once: the listener had its most.
+    pub refused_max_connections: u64,
+    /// Connections closed at once: their source address had its most.
+    pub refused_max_connections_per_source: u64,
+    /// Connections closed for not finishing the TLS handshake and a first
+    /// request in time.
+    pub closed_handshake_timeout: u64,
+    /// Connections closed after a time without a call open.
+    pub closed_idle_timeout: u64,
+    /// Connections closed before their first call to make room for a
+    /// newer one, at the listener's bound or their source's.
+    pub closed_displaced: u64,
+    /// Failed accepts (such as the process out of file descriptors).
+    pub accept_errors: u64,
+    /// Streaming watch calls open now.
+    pub watches: u64,
+    /// Streaming watch calls refused: the listener or the connection had
+    /// its most.
+    pub refused_watches: u64,
+}
+
+/// Renders the service's own listeners' counters: connections and watches
+/// open, and what their bounds refused or closed, by reason.
+fn render_listeners(m: &mut Metrics, listeners: &BTreeMap<String, ListenerCounters>) {
+    type Get = fn(&ListenerCounters) -> u64;
+    let gauges: [(&str, &str, Get); 2] = [
+        (
+            "dpu_listener_connections",
+            "Connections open to the service's own listener.",
+            |c| c.connections,
+        ),
+        (
+            "dpu_listener_watches",
+            "Streaming watch calls open on the listener.",
+            |c| c.watches,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        m.family(name, "gauge", help);
+        for (l, c) in listeners {
+            m.sample(name, &[("listener", l)], get(c));
+        }
+    }
+    let refused: [(&str, Get); 3] = [
+        ("max_connections", |c| c.refused_max_connections),
+        ("max_connections_per_source", |c| {
+            c.refused_max_connections_per_source
+        }),
+        ("max_watches", |c| c.refused_watches),
+    ];
+    let name = "dpu_listener_refused_total";
+    m.family(
+        name,
+        "counter",
+        "Connections and watch calls the listener refused, by the bound they met.",
+    );
+    for (l, c) in listeners {
+        for (reason, get) in refused {
+            m.sample(name, &[("listener", l), ("reason", reason)], get(c));
+        }
+    }
+    let closed: [(&str, Get); 3] = [
+        ("handshake_timeout", |c| c.closed_handshake_timeout),
+        ("idle_timeout", |c| c.closed_idle_timeout),
+        ("displaced", |c| c.closed_displaced),
+    ];
+    let name = "dpu_listener_closed_total";
+    m.family(
+        name,
+        "counter",
+        "Connections the listener closed: on a timeout, or displaced before their first call by newer ones at a bound.",
+    );
+    for (l, c) in listeners {
+        for (reason, get) in closed {
+            m.sample(name, &[("listener", l), ("reason", reason)], get(c));
+        }
+    }
+    let name = "dpu_listener_accept_errors_total";
+    m.family(
+        name,
+        "counter",
+        "Failed accepts on the listener (such as no file descriptor left).",
+    );
+    for (l, c) in listeners {
+        m.sample(name, &[("listener", l)], c.accept_errors);
+    }
 }
 
 /// Counters of the data-plane workers' flow caches, summed over workers.
@@ -491,6 +588,8 @@ impl Telemetry {
                 *queues,
             );
         }
+
+        render_listeners(&mut m, &c.listeners);
 
         m.family(
             "dpu_grpc_requests_total",

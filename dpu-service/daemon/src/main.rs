@@ -20,6 +20,7 @@
 mod config;
 mod dataplane;
 mod endpoint_stacks;
+mod listen;
 mod metrics;
 mod rbd;
 mod remote;
@@ -46,7 +47,6 @@ use dpu_proto::v1::telemetry_service_server::TelemetryServiceServer;
 use dpu_proto::v1::tenant_service_server::TenantServiceServer;
 use tokio::sync::watch;
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Cli, Config, LogFormat};
@@ -168,7 +168,9 @@ fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
     };
     let read =
         |p: &std::path::Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(cert)?, read(key)?))
+        .timeout(Duration::from_secs(g.handshake_timeout_secs));
     if let Some(ca) = &g.tls_client_ca {
         tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
     }
@@ -191,27 +193,65 @@ async fn shutdown_signal() -> Result<&'static str> {
 const SPARE_FILES: u64 = 1024;
 
 /// Raises the open-file limit to the hard limit (each NVMe/TCP
-/// connection holds a socket) and says when `storage.max_connections`
-/// cannot be reached under it: past the limit, connections would fail at
-/// accept instead of being refused by the target's own limit.
+/// connection holds a socket) and says what each plane may hold of it:
+/// the NVMe/TCP target its `storage.max_connections`, the API and its
+/// health listener `grpc.max_connections` each, the metrics
+/// `metrics.max_connections`, and [`SPARE_FILES`] for the rest. Each
+/// plane's listeners refuse connections past its share, so one plane
+/// exhausting its share leaves the others theirs. When the shares do not
+/// fit the limit, it says so: past the limit, connections would fail at
+/// accept instead of being refused by their plane's own bound.
 fn open_files(config: &Config) {
-    let max = config.transport().max_connections as u64;
+    let nvmf = config.transport().max_connections as u64;
+    let api = config.grpc.max_connections as u64
+        * if config.grpc.health_listen.is_some() {
+            2
+        } else {
+            1
+        };
+    let metrics = if config.metrics.listen.is_some() {
+        config.metrics.max_connections as u64
+    } else {
+        0
+    };
+    let need = nvmf + api + metrics + SPARE_FILES;
     match dpu_os::limits::raise_open_files() {
         Ok(l) => {
-            tracing::info!(before = ?l.before, now = ?l.now, "open-file limit");
-            if let Some(now) = l.now.filter(|&n| n < max + SPARE_FILES) {
+            tracing::info!(
+                before = ?l.before,
+                now = ?l.now,
+                nvmf_tcp = nvmf,
+                api,
+                metrics,
+                spare = SPARE_FILES,
+                "open-file limit, and the most each plane holds"
+            );
+            if let Some(now) = l.now.filter(|&n| n < need) {
                 tracing::warn!(
                     limit = now,
-                    storage.max_connections = max,
-                    "the open-file limit is below storage.max_connections plus {SPARE_FILES} \
-                     spare: connections past about {} fail at accept; raise the container's \
-                     nofile limit or lower storage.max_connections",
-                    now.saturating_sub(SPARE_FILES)
+                    need,
+                    "the open-file limit is below the planes' shares (storage.max_connections, \
+                     grpc.max_connections, metrics.max_connections, and {SPARE_FILES} spare): \
+                     once it is reached connections fail at accept, whichever plane holds the \
+                     descriptors; raise the container's nofile limit or lower those bounds"
                 );
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
+}
+
+/// A gRPC server with the listener's HTTP/2 bounds: streams per
+/// connection, keepalive pings, and the TLS handshake's time (also bounded
+/// with the first call's by the listener's [`listen::Gate`]).
+fn api_server(config: &Config) -> Server {
+    let g = &config.grpc;
+    let ping = (g.keepalive_secs > 0).then(|| Duration::from_secs(g.keepalive_secs));
+    Server::builder()
+        .max_concurrent_streams(g.max_streams_per_connection)
+        .http2_keepalive_interval(ping)
+        .http2_keepalive_timeout(Some(Duration::from_secs(g.keepalive_timeout_secs)))
+        .tcp_nodelay(true)
 }
 
 async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
@@ -351,8 +391,11 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 .await
                 .with_context(|| format!("binding the metrics listener on {addr}"))?;
             tracing::info!(%addr, "metrics listening on http://{addr}/metrics");
+            let gate = listen::Gate::new("metrics", config.metrics_limits());
+            ctl.telemetry.register(gate.clone());
             Some(tokio::spawn(metrics::serve(
                 l,
+                gate,
                 ctl.clone(),
                 stop_rx.clone(),
             )))
@@ -385,10 +428,14 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 .with_context(|| format!("binding the gRPC health listener on {addr}"))?;
             let bound = l.local_addr().unwrap_or(addr);
             let mut stop = stop_rx.clone();
-            let router = Server::builder().add_service(health_service.clone());
+            let gate = listen::Gate::new("grpc_health", config.api_limits());
+            ctl.telemetry.register(gate.clone());
+            let router = api_server(&config)
+                .layer(listen::layer::CallLayer::new(gate.clone()))
+                .add_service(health_service.clone());
             tracing::info!(addr = %bound, "gRPC health (plain text, health only) listening");
             Some(tokio::spawn(router.serve_with_incoming_shutdown(
-                TcpIncoming::from(l).with_nodelay(Some(true)),
+                listen::incoming::Incoming::new(l, gate),
                 async move {
                     let _ = stop.changed().await;
                 },
@@ -397,7 +444,9 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         None => None,
     };
 
-    let mut builder = Server::builder();
+    let gate = listen::Gate::new("grpc", config.api_limits());
+    ctl.telemetry.register(gate.clone());
+    let mut builder = api_server(&config);
     let secure = tls.is_some();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).context("TLS configuration")?;
@@ -409,6 +458,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     let size = |name: &str| request_bytes(name, &limits);
     // Every call of the API listener is authorized by its method first.
     let router = builder
+        .layer(listen::layer::CallLayer::new(gate.clone()))
         .layer(authz)
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -445,7 +495,7 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             )),
         );
     let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let incoming = listen::incoming::Incoming::new(grpc_listener, gate);
     let mut server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
         let _ = grpc_stop.changed().await;
     }));

@@ -1,7 +1,8 @@
 //! The Prometheus endpoint: `GET /metrics` over plain HTTP/1.1.
 //!
 //! A deliberately small server: one request per connection, bounded
-//! request size and time, no keep-alive. Scrapers need nothing more.
+//! request size and time, no keep-alive, and connections bounded in all
+//! and per source ([`Gate`]). Scrapers need nothing more.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,25 +13,48 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::listen::{Event, Gate};
+
 const MAX_REQUEST: usize = 8 * 1024;
+/// Of a scrape's time, what its request may take to arrive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves metrics on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, ctl: Arc<Control>, mut shutdown: watch::Receiver<bool>) {
+/// Serves metrics on `listener` until `shutdown` turns true, to the
+/// connections `gate` admits; each has `gate`'s idle timeout for the
+/// whole exchange.
+pub async fn serve(
+    listener: TcpListener,
+    gate: Arc<Gate>,
+    ctl: Arc<Control>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let limit = gate.limits().idle_timeout.unwrap_or(REQUEST_TIMEOUT);
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    // Refused: dropped, so closed at once.
+                    let Some(slot) = gate.admit(peer) else { continue };
                     let ctl = ctl.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = handle(stream, &ctl).await {
-                            tracing::debug!(%peer, error = %e, "metrics request failed");
+                        let served = tokio::time::timeout(limit, handle(stream, &ctl, limit));
+                        tokio::select! {
+                            r = served => match r {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "metrics request failed");
+                                }
+                                Err(_) => slot.gate().note(Event::IdleTimeout, Some(peer)),
+                            },
+                            // Counted where it was displaced.
+                            () = slot.until_displaced() => {}
                         }
+                        drop(slot);
                     });
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
+                Err(_) => {
+                    gate.note(Event::AcceptError, None);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -38,9 +62,9 @@ pub async fn serve(listener: TcpListener, ctl: Arc<Control>, mut shutdown: watch
     }
 }
 
-async fn handle(mut stream: TcpStream, ctl: &Control) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, ctl: &Control, limit: Duration) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
-    let head = tokio::time::timeout(REQUEST_TIMEOUT, async {
+    let head = tokio::time::timeout(REQUEST_TIMEOUT.min(limit), async {
         let mut chunk = [0u8; 1024];
         loop {
             let n = stream.read(&mut chunk).await?;

@@ -4,6 +4,7 @@
 //! and drives it the way users do. One binary links the workspace once;
 //! the shared helpers live in the `dpu_e2e` library (`tests/src`).
 
+mod api_flood;
 mod api_limits;
 mod authz;
 mod backing_paths;

@@ -22,6 +22,49 @@ use super::{parse_size, seed, seed_tenants, Config};
 const CHECK_HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000";
 
 impl Config {
+    /// Checks the bounds of the API's and the metrics' listeners: each at
+    /// least 1 (and a watch at most as many as calls on a connection).
+    fn check_listener_bounds(&self) -> Result<()> {
+        let (g, m) = (&self.grpc, &self.metrics);
+        let positive: [(&str, u64); 9] = [
+            ("grpc.max_connections", g.max_connections as u64),
+            (
+                "grpc.max_connections_per_source",
+                g.max_connections_per_source as u64,
+            ),
+            ("grpc.handshake_timeout_secs", g.handshake_timeout_secs),
+            ("grpc.keepalive_timeout_secs", g.keepalive_timeout_secs),
+            (
+                "grpc.max_streams_per_connection",
+                u64::from(g.max_streams_per_connection),
+            ),
+            (
+                "grpc.max_watches_per_connection",
+                g.max_watches_per_connection as u64,
+            ),
+            ("metrics.max_connections", m.max_connections as u64),
+            (
+                "metrics.max_connections_per_source",
+                m.max_connections_per_source as u64,
+            ),
+            ("metrics.request_timeout_secs", m.request_timeout_secs),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                bail!("{name}: 0 is out of range (at least 1)");
+            }
+        }
+        if g.max_watches_per_connection > g.max_streams_per_connection as usize {
+            bail!(
+                "grpc.max_watches_per_connection {} is above grpc.max_streams_per_connection {}: \
+                 a watch is a call",
+                g.max_watches_per_connection,
+                g.max_streams_per_connection
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the configuration as a whole.
     ///
     /// # Errors
@@ -62,6 +105,7 @@ impl Config {
             );
         }
         self.authz_policy()?;
+        self.check_listener_bounds()?;
         if let Some(h) = g.health_listen {
             if h == g.listen {
                 bail!("grpc.health_listen {h} is also grpc.listen: give the health endpoint its own port");
@@ -690,6 +734,160 @@ mod tests {
         c.grpc.health_listen = Some(c.grpc.listen);
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("its own port"), "{err}");
+    }
+
+    /// The bounds of the API's and the metrics' listeners: defaults, set
+    /// values, and the values refused.
+    #[test]
+    fn listener_bounds_load_and_are_checked() {
+        use std::time::Duration;
+
+        use crate::listen::Limits;
+
+        let load = |text: &str| {
+            toml::from_str::<Config>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c).map_err(|e| e.to_string()))
+        };
+        let secs = Duration::from_secs;
+        // Defaults.
+        let c = load("").unwrap();
+        let g = &c.grpc;
+        assert_eq!(
+            (
+                g.max_connections,
+                g.max_connections_per_source,
+                g.handshake_timeout_secs,
+                g.idle_timeout_secs,
+                g.keepalive_secs,
+                g.keepalive_timeout_secs,
+                g.max_streams_per_connection,
+                g.max_watches,
+                g.max_watches_per_connection,
+            ),
+            (256, 64, 10, 300, 30, 10, 64, 64, 4)
+        );
+        let m = &c.metrics;
+        assert_eq!(
+            (
+                m.max_connections,
+                m.max_connections_per_source,
+                m.request_timeout_secs
+            ),
+            (32, 8, 10)
+        );
+        assert_eq!(
+            c.api_limits(),
+            Limits {
+                max_connections: 256,
+                max_connections_per_source: 64,
+                handshake_timeout: secs(10),
+                idle_timeout: Some(secs(300)),
+                max_watches: 64,
+                max_watches_per_connection: 4,
+            }
+        );
+        assert_eq!(
+            c.metrics_limits(),
+            Limits {
+                max_connections: 32,
+                max_connections_per_source: 8,
+                handshake_timeout: secs(10),
+                idle_timeout: Some(secs(10)),
+                max_watches: 0,
+                max_watches_per_connection: 0,
+            }
+        );
+        // All set.
+        let c = load(
+            "[grpc]\nmax_connections = 100\nmax_connections_per_source = 5\n\
+             handshake_timeout_secs = 3\nidle_timeout_secs = 0\nkeepalive_secs = 0\n\
+             keepalive_timeout_secs = 7\nmax_streams_per_connection = 16\nmax_watches = 0\n\
+             max_watches_per_connection = 16\n\
+             [metrics]\nmax_connections = 4\nmax_connections_per_source = 2\n\
+             request_timeout_secs = 20\n",
+        )
+        .unwrap();
+        let g = &c.grpc;
+        assert_eq!(
+            (
+                g.keepalive_secs,
+                g.keepalive_timeout_secs,
+                g.max_streams_per_connection
+            ),
+            (0, 7, 16)
+        );
+        assert_eq!(
+            c.api_limits(),
+            Limits {
+                max_connections: 100,
+                max_connections_per_source: 5,
+                handshake_timeout: secs(3),
+                idle_timeout: None,
+                max_watches: 0,
+                max_watches_per_connection: 16,
+            }
+        );
+        assert_eq!(
+            c.metrics_limits(),
+            Limits {
+                max_connections: 4,
+                max_connections_per_source: 2,
+                handshake_timeout: secs(20),
+                idle_timeout: Some(secs(20)),
+                max_watches: 0,
+                max_watches_per_connection: 0,
+            }
+        );
+        assert_eq!(
+            load("[grpc]\nidle_timeout_secs = 60\n")
+                .unwrap()
+                .api_limits()
+                .idle_timeout,
+            Some(secs(60))
+        );
+        // Zeros that would shut a listener or its calls out.
+        for (section, key) in [
+            ("grpc", "max_connections"),
+            ("grpc", "max_connections_per_source"),
+            ("grpc", "handshake_timeout_secs"),
+            ("grpc", "keepalive_timeout_secs"),
+            ("grpc", "max_streams_per_connection"),
+            ("grpc", "max_watches_per_connection"),
+            ("metrics", "max_connections"),
+            ("metrics", "max_connections_per_source"),
+            ("metrics", "request_timeout_secs"),
+        ] {
+            let text = format!("[{section}]\n{key} = 0\n");
+            let want = format!("{section}.{key}: 0 is out of range (at least 1)");
+            let e = load(&text).unwrap_err();
+            assert!(e.starts_with(&want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+        // A watch is a call: no more of them than calls on a connection.
+        let e = load("[grpc]\nmax_streams_per_connection = 8\nmax_watches_per_connection = 9\n")
+            .unwrap_err();
+        assert!(
+            e.starts_with(
+                "grpc.max_watches_per_connection 9 is above grpc.max_streams_per_connection 8"
+            ),
+            "{e}"
+        );
+        load("[grpc]\nmax_streams_per_connection = 8\nmax_watches_per_connection = 8\n").unwrap();
+        // Unknown keys are still refused.
+        for (text, field) in [
+            ("[grpc]\nmax_connection = 10\n", "max_connection"),
+            (
+                "[grpc]\nmax_watches_per_source = 1\n",
+                "max_watches_per_source",
+            ),
+            ("[metrics]\nidle_timeout_secs = 5\n", "idle_timeout_secs"),
+        ] {
+            let e = load(text).unwrap_err();
+            assert!(
+                e.contains(&format!("unknown field `{field}`")),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]

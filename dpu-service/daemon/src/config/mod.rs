@@ -50,6 +50,35 @@ fn address_or_off(flag: &str, value: &str) -> Result<Option<SocketAddr>> {
 }
 
 impl Config {
+    /// The bounds of the API listener (and of its health listener).
+    pub fn api_limits(&self) -> crate::listen::Limits {
+        let g = &self.grpc;
+        crate::listen::Limits {
+            max_connections: g.max_connections,
+            max_connections_per_source: g.max_connections_per_source,
+            handshake_timeout: Duration::from_secs(g.handshake_timeout_secs),
+            idle_timeout: (g.idle_timeout_secs > 0)
+                .then(|| Duration::from_secs(g.idle_timeout_secs)),
+            max_watches: g.max_watches,
+            max_watches_per_connection: g.max_watches_per_connection,
+        }
+    }
+
+    /// The bounds of the metrics listener: its connections; a scrape's
+    /// whole time is bounded by `metrics.request_timeout_secs` instead.
+    pub fn metrics_limits(&self) -> crate::listen::Limits {
+        let m = &self.metrics;
+        let t = Duration::from_secs(m.request_timeout_secs);
+        crate::listen::Limits {
+            max_connections: m.max_connections,
+            max_connections_per_source: m.max_connections_per_source,
+            handshake_timeout: t,
+            idle_timeout: Some(t),
+            max_watches: 0,
+            max_watches_per_connection: 0,
+        }
+    }
+
     /// Reads a configuration file.
     ///
     /// # Errors

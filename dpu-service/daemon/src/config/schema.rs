@@ -186,6 +186,33 @@ pub struct GrpcConfig {
     /// The role of callers without a client certificate (plain text, or
     /// TLS without `tls_client_ca`); with mTLS there are none.
     pub anonymous_role: AnonymousRole,
+    /// Most connections open at once to the API listener (and, apart, to
+    /// the health listener); past it a new one is closed at once, counted
+    /// on `/metrics` (default 256).
+    pub max_connections: usize,
+    /// Most connections open at once from one source address (default 64).
+    pub max_connections_per_source: usize,
+    /// Seconds a new connection has to finish its TLS handshake and send
+    /// its first call (default 10).
+    pub handshake_timeout_secs: u64,
+    /// Seconds a connection may stay without a call open before it is
+    /// closed; clients connect again when they next call (default 300; 0:
+    /// never).
+    pub idle_timeout_secs: u64,
+    /// Seconds between HTTP/2 pings on a connection; one unanswered for
+    /// `keepalive_timeout_secs` closes it (default 30; 0: no pings).
+    pub keepalive_secs: u64,
+    /// Seconds a ping may go unanswered (default 10).
+    pub keepalive_timeout_secs: u64,
+    /// Most calls open at once on one connection (HTTP/2 streams; default
+    /// 64).
+    pub max_streams_per_connection: u32,
+    /// Most streaming watch calls (`WatchCounters`) open at once, all
+    /// connections together (default 64).
+    pub max_watches: usize,
+    /// Most streaming watch calls open at once on one connection
+    /// (default 4).
+    pub max_watches_per_connection: usize,
 }
 
 /// `[[grpc.clients]]`: one client of the API and its role.
@@ -242,6 +269,15 @@ impl Default for GrpcConfig {
             health_listen: None,
             clients: Vec::new(),
             anonymous_role: AnonymousRole::Admin,
+            max_connections: 256,
+            max_connections_per_source: 64,
+            handshake_timeout_secs: 10,
+            idle_timeout_secs: 300,
+            keepalive_secs: 30,
+            keepalive_timeout_secs: 10,
+            max_streams_per_connection: 64,
+            max_watches: 64,
+            max_watches_per_connection: 4,
         }
     }
 }
@@ -252,12 +288,23 @@ impl Default for GrpcConfig {
 pub struct MetricsConfig {
     /// Listen address; `None` disables the endpoint.
     pub listen: Option<SocketAddr>,
+    /// Most scrapes served at once; past it a new connection is closed at
+    /// once, counted (default 32).
+    pub max_connections: usize,
+    /// Most scrapes served at once to one source address (default 8).
+    pub max_connections_per_source: usize,
+    /// Seconds a scrape may take, from its connection to the last byte of
+    /// the answer (default 10).
+    pub request_timeout_secs: u64,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            max_connections: 32,
+            max_connections_per_source: 8,
+            request_timeout_secs: 10,
         }
     }
 }
