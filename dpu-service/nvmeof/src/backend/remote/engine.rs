@@ -46,6 +46,9 @@ pub(super) struct Engine {
     /// The socket may have bytes: `poll` said so, or the last read
     /// brought some. It is read only then, not on every turn.
     pub readable: bool,
+    /// A connection on a preferred path waits to take over: nothing more
+    /// is submitted here until what is in flight has completed.
+    pub draining: bool,
 }
 
 impl Engine {
@@ -61,6 +64,7 @@ impl Engine {
         self.io = Some((io, g));
         self.failed = None;
         self.readable = true;
+        self.draining = false;
     }
 
     /// Starts `job` on a poll group's thread: its commands made and, when
@@ -106,6 +110,9 @@ impl Engine {
     /// Submits queued commands while the I/O queue has room: true when
     /// one went.
     pub fn submit(&mut self, s: &Shared) -> Result<bool, Error> {
+        if self.draining {
+            return Ok(false);
+        }
         let Some((q, g)) = &mut self.io else {
             return Ok(false);
         };

@@ -10,7 +10,7 @@ use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -39,6 +39,9 @@ const NAP: Duration = Duration::from_millis(250);
 const MAX_TRANSFER: u32 = 1 << 20;
 /// Entries of the admin queue: Keep Alive and Identify at most.
 const ADMIN_ENTRIES: u16 = 4;
+/// While a namespace is served on a path other than its first, how often
+/// the paths before it are tried: the first that answers takes over.
+pub(super) const FAILBACK: Duration = Duration::from_secs(5);
 /// First and longest wait between attempts to connect again.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -211,6 +214,14 @@ pub(super) struct Link {
     /// The admin socket may have bytes: `poll` said so, or the last read
     /// brought some. It is read only then, not on every turn.
     admin_readable: bool,
+    /// A connection attempt to the paths before the one serving, under
+    /// way on a thread of its own.
+    probe: Option<mpsc::Receiver<Option<Conn>>>,
+    /// When to try the paths before the one serving next.
+    next_probe: Instant,
+    /// A connection on a preferred path, waiting for what is in flight on
+    /// the one serving to complete before it takes over.
+    preferred: Option<Conn>,
 }
 
 impl Link {
@@ -225,6 +236,9 @@ impl Link {
             parked: VecDeque::new(),
             outage_end: None,
             admin_readable: true,
+            probe: None,
+            next_probe: now + FAILBACK,
+            preferred: None,
         }
     }
 
@@ -235,6 +249,10 @@ impl Link {
             self.path = conn.path;
             let ended = self.serve(&mut conn);
             let addr = conn.addr;
+            // A preferred path's connection waiting to take over goes
+            // with the one that failed: reconnecting tries the paths anew.
+            self.preferred = None;
+            self.probe = None;
             // Closing the sockets ends the remote's side of the
             // controller: its Keep Alive stops with them.
             drop(conn);
@@ -256,6 +274,27 @@ impl Link {
 
     /// Serves operations over `c` until it fails or the backend is dropped.
     fn serve(&mut self, c: &mut Conn) -> Ended {
+        self.begin(c);
+        self.next_probe = Instant::now() + FAILBACK;
+        loop {
+            if c.path != 0 {
+                self.fail_back(c);
+            }
+            match self.turn(c) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Err(e) = self.sleep(c) {
+                        return Ended::Lost(e);
+                    }
+                }
+                Err(e) => return e,
+            }
+        }
+    }
+
+    /// Starts serving over `c`: its I/O queue to the engine, with what
+    /// waited for a connection.
+    fn begin(&mut self, c: &mut Conn) {
         self.admin = [None; 2];
         let now = Instant::now();
         self.next_tick = now + TICK;
@@ -268,15 +307,74 @@ impl Link {
                 e.accept(&self.s, job);
             }
         }
-        loop {
-            match self.turn(c) {
-                Ok(true) => {}
-                Ok(false) => {
-                    if let Err(e) = self.sleep(c) {
-                        return Ended::Lost(e);
+    }
+
+    /// While serving on a path other than the first: every [`FAILBACK`],
+    /// tries the paths before it on a thread of its own (the attempt may
+    /// take the connect timeout, which the I/O here must not wait for);
+    /// when one answers, stops submitting on `c`, and once what is in
+    /// flight on `c` has completed, the new connection takes over and `c`
+    /// closes. Nothing in flight fails for the change.
+    fn fail_back(&mut self, c: &mut Conn) {
+        let now = Instant::now();
+        if let Some(rx) = &self.probe {
+            match rx.try_recv() {
+                Ok(found) => {
+                    self.probe = None;
+                    self.next_probe = now + FAILBACK;
+                    if let Some(p) = found {
+                        lock(&self.s.engine).draining = true;
+                        self.preferred = Some(p);
                     }
                 }
-                Err(e) => return e,
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.probe = None;
+                    self.next_probe = now + FAILBACK;
+                }
+            }
+        }
+        if self.preferred.is_some() {
+            if lock(&self.s.engine).busy() {
+                return;
+            }
+            let Some(p) = self.preferred.take() else {
+                return;
+            };
+            let old = std::mem::replace(c, p);
+            self.s
+                .volatile_cache
+                .store(c.info().volatile_write_cache, Ordering::Release);
+            self.s.path.store(c.path, Ordering::Release);
+            self.path = c.path;
+            self.begin(c);
+            tracing::info!(
+                namespace = %self.s.what,
+                path = %c.addr,
+                from = %old.addr,
+                "remote namespace back on a preferred path"
+            );
+            // Closing the sockets ends the old controller.
+            drop(old);
+            self.next_probe = now + FAILBACK;
+            return;
+        }
+        if self.probe.is_none() && now >= self.next_probe {
+            let (tx, rx) = mpsc::channel();
+            let spec = self.s.spec.clone();
+            let (before, block_size) = (c.path, self.s.block_size);
+            let spawned = std::thread::Builder::new()
+                .name("nvmf-remote-probe".into())
+                .spawn(move || {
+                    let found = (0..before).find_map(|path| match connect(&spec, path) {
+                        Ok((c, size)) if size.block_size == block_size => Some(c),
+                        _ => None,
+                    });
+                    let _ = tx.send(found);
+                });
+            match spawned {
+                Ok(_) => self.probe = Some(rx),
+                Err(_) => self.next_probe = now + FAILBACK,
             }
         }
     }
@@ -338,6 +436,10 @@ impl Link {
         };
         let busy = busy || self.admin.iter().any(Option::is_some);
         let mut wait = self.next_tick.saturating_duration_since(now).min(NAP);
+        if self.probe.is_some() {
+            // The attempt's answer is looked at on the next turn.
+            wait = wait.min(SWEEP);
+        }
         if busy {
             wait = wait.min(SWEEP);
         }

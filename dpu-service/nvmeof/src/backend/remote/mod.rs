@@ -14,7 +14,9 @@
 //! I/O timeout, or a connection that breaks, takes the connection down;
 //! every operation on it fails as unavailable (the host sees Namespace
 //! Not Ready and retries). The thread connects again with backoff, trying
-//! the other paths first. Operations started while no connection is up
+//! the other paths first; while it serves on a later path it tries the
+//! earlier ones every few seconds, and the first that answers takes over
+//! once what is in flight has completed. Operations started while no connection is up
 //! wait for one, until the outage has lasted the I/O timeout (plus a
 //! connection attempt under way), then fail as unavailable too, and so do
 //! those started later until a connection is up: an outage shorter than

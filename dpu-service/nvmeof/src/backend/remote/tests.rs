@@ -386,6 +386,64 @@ fn a_second_path_takes_over() {
     assert_eq!(read(&b, 0, 512).unwrap(), vec![6; 512]);
 }
 
+/// Once the first path answers again, the namespace goes back to it
+/// without failing what is in flight meanwhile, and closes the second.
+#[test]
+fn the_first_path_takes_over_again_once_it_answers() {
+    let remote = Remote::start(4 * MIB, 512);
+    let (p1, p2) = (Proxy::start(remote.addr), Proxy::start(remote.addr));
+    let b = Arc::new(RemoteBackend::open(&spec(vec![p1.addr, p2.addr])).unwrap());
+    b.write_at(0, &[6; 512], false).unwrap();
+    p1.cut.store(true, Ordering::Relaxed);
+    eventually("reachable on the second path", || {
+        b.reachable() && b.shared.path.load(Ordering::Acquire) == 1
+    });
+    p1.cut.store(false, Ordering::Relaxed);
+    // I/O keeps going while the first path comes back: none of it fails.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load: Vec<_> = (0..4u8)
+        .map(|i| {
+            let (b, stop, done, failed) = (b.clone(), stop.clone(), done.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let at = (u64::from(i) + 1) * 4096;
+                while !stop.load(Ordering::Relaxed) {
+                    let ok = b.write_at(at, &[i; 4096], false).is_ok()
+                        && read(&b, at, 4096).is_ok_and(|d| d == vec![i; 4096]);
+                    let n = if ok { &done } else { &failed };
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    while b.shared.path.load(Ordering::Acquire) != 0 {
+        assert!(
+            start.elapsed() < 3 * link::FAILBACK,
+            "still on the second path"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Some I/O after the change, on the first path.
+    let after = done.load(Ordering::Relaxed);
+    while done.load(Ordering::Relaxed) < after + 20 {
+        assert!(
+            start.elapsed() < 4 * link::FAILBACK,
+            "no I/O after the change"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    load.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "operations failed");
+    assert!(b.reachable());
+    // The second path is closed: cutting it changes nothing.
+    p2.cut.store(true, Ordering::Relaxed);
+    assert_eq!(read(&b, 0, 512).unwrap(), vec![6; 512]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(b.reachable() && b.shared.path.load(Ordering::Acquire) == 0);
+}
+
 #[test]
 fn opening_names_every_path_that_did_not_answer() {
     let closed: Vec<SocketAddr> = (0..2)
