@@ -108,6 +108,7 @@ fn within(limit: Duration, what: &str, mut check: impl FnMut() -> Result<bool>) 
 
 #[test]
 fn silent_and_half_preface_floods_leave_every_plane_answering() -> Result<()> {
+    let _one = crate::floods();
     dpu_os::limits::raise_open_files()?;
     let svc = Service::start_config(&format!("{TEST_CONFIG}{BOUNDS}"), &[])?;
     let port = free_port();
@@ -244,6 +245,7 @@ const HALF_HELLO: &[u8] = &[
 
 #[test]
 fn a_half_handshake_flood_under_mutual_tls_leaves_the_api_answering() -> Result<()> {
+    let _one = crate::floods();
     dpu_os::limits::raise_open_files()?;
     let pki = tempfile::tempdir()?;
     make_pki(pki.path())?;

@@ -30,3 +30,10 @@ mod storage_clusters;
 mod storage_endpoint;
 mod storage_seed;
 mod switch;
+
+/// Tests that hold thousands of sockets run one at a time: this process's
+/// descriptors, and the machine's, are shared by the tests running at once.
+pub(crate) fn floods() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -24,7 +24,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -41,10 +41,10 @@ const HOST2: &str = "nqn.2014-08.org.nvmexpress:uuid:e2e-hostile-other";
 /// The host NQN `nvmf-perf` connects with.
 const PERF_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
 
-/// The tests of this file one at a time: each attack's figures are its own.
+/// The tests of this file one at a time, and apart from the other floods:
+/// each attack's figures are its own.
 fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    crate::floods()
 }
 
 /// Seconds each `nvmf-perf` job runs: `DPU_HOSTILE_PERF_SECS` (the
