@@ -23,6 +23,7 @@ mod nvme_hostile;
 mod nvme_kernel;
 mod nvme_rbd;
 mod nvme_remote;
+mod nvme_restart;
 mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;
