@@ -595,7 +595,11 @@ impl Link {
             }
             self.park_inbox();
             self.expire_parked(Instant::now());
-            match connect_any(&self.s.spec, first) {
+            let Some(attempt) = self.attempt(first) else {
+                self.refuse_waiting();
+                return None;
+            };
+            match attempt {
                 Ok((c, size)) if size.block_size == self.s.block_size => {
                     self.s.set_len(size.bytes());
                     self.s
@@ -623,6 +627,38 @@ impl Link {
             }
             self.wait_wake(backoff);
             backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One attempt at the paths from index `first`, made on a thread of
+    /// its own (it may take a connect timeout per path) while this one
+    /// keeps answering the operations whose wait ends; `None` when the
+    /// backend was dropped meanwhile (the attempt ends by itself).
+    fn attempt(&mut self, first: usize) -> Option<io::Result<(Conn, NamespaceSize)>> {
+        let (tx, rx) = mpsc::channel();
+        let spec = self.s.spec.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nvmf-remote-probe".into())
+            .spawn(move || {
+                let _ = tx.send(connect_any(&spec, first));
+            });
+        if spawned.is_err() {
+            return Some(connect_any(&self.s.spec, first));
+        }
+        loop {
+            match rx.recv_timeout(SWEEP) {
+                Ok(r) => return Some(r),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Some(Err(io::Error::other("the connection attempt ended")))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.s.stop.load(Ordering::Acquire) {
+                        return None;
+                    }
+                    self.park_inbox();
+                    self.expire_parked(Instant::now());
+                }
+            }
         }
     }
 

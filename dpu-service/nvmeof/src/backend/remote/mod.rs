@@ -16,13 +16,13 @@
 //! Not Ready and retries). The thread connects again with backoff, trying
 //! the other paths first; while it serves on a later path it tries the
 //! earlier ones every few seconds, and the first that answers takes over
-//! once what is in flight has completed. Operations started while no connection is up
-//! wait for one, until the outage has lasted the I/O timeout (plus a
-//! connection attempt under way), then fail as unavailable too, and so do
-//! those started later until a connection is up: an outage shorter than
-//! the timeout is a pause to the hosts, a longer one an error they retry,
-//! never a hang. What waits is bounded as what is in flight is
-//! ([`Backend::has_room`]).
+//! once what is in flight has completed. Operations started while no
+//! connection is up wait for one, until the outage has lasted the I/O
+//! timeout (connection attempts run on a thread of their own meanwhile),
+//! then fail as unavailable too, and so do those started later until a
+//! connection is up: an outage shorter than the timeout is a pause to the
+//! hosts, a longer one an error they retry, never a hang. What waits is
+//! bounded as what is in flight is ([`Backend::has_room`]).
 
 use std::io;
 use std::os::fd::OwnedFd;

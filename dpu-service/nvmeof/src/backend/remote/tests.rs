@@ -372,6 +372,30 @@ fn an_outage_shorter_than_the_timeout_is_a_pause() {
     assert!(b.reachable());
 }
 
+/// An operation started while the connection is down is answered when
+/// its wait ends, even while an attempt to connect again hangs for longer.
+#[test]
+fn waiting_operations_are_answered_while_a_connection_attempt_hangs() {
+    let remote = Remote::start(4 * MIB, 512);
+    let proxy = Proxy::start(remote.addr);
+    let mut s = spec(vec![proxy.addr]);
+    s.connect_timeout = Duration::from_secs(4);
+    let b = RemoteBackend::open(&s).unwrap();
+    b.write_at(0, &[5; 512], false).unwrap();
+    // Held: the command in flight times out, and so does every attempt
+    // to connect again, after 4 s each.
+    proxy.held.store(true, Ordering::Relaxed);
+    assert!(is_unavailable(&run(&b, Io::Flush).unwrap_err()));
+    let t = Instant::now();
+    let e = run(&b, Io::Flush).unwrap_err();
+    let took = t.elapsed();
+    assert!(is_unavailable(&e), "{e}");
+    assert!(took < Duration::from_millis(1800), "{took:?}");
+    proxy.held.store(false, Ordering::Relaxed);
+    eventually("reachable again", || b.reachable());
+    assert_eq!(read(&b, 0, 512).unwrap(), vec![5; 512]);
+}
+
 #[test]
 fn a_second_path_takes_over() {
     let remote = Remote::start(4 * MIB, 512);
