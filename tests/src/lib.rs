@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 /// Directory holding the workspace's built binaries (`target/debug`).
 pub fn bin_dir() -> PathBuf {
@@ -439,4 +439,24 @@ impl Drop for Service {
             let _ = c.wait();
         }
     }
+}
+
+/// The IOPS of an `nvmf-perf` run against subsystem `nqn` on
+/// 127.0.0.1:`port` with the further arguments `args` (job, time,
+/// connections), failing with its output if it failed.
+pub fn nvmf_perf_iops(port: u16, nqn: &str, args: &[&str]) -> Result<f64> {
+    let out = Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", nqn])
+        .args(args)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "nvmf-perf: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
+        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
+        .with_context(|| format!("no IOPS in {text} {}", String::from_utf8_lossy(&out.stderr)))
 }

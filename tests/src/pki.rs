@@ -94,3 +94,22 @@ pub fn issue(dir: &Path, name: &str, subject: &str, ext: &str) -> Result<()> {
         ],
     )
 }
+
+/// A CA (`ca.crt`, common name `ca_cn`) and a server certificate
+/// `server.crt` for localhost and 127.0.0.1 that it signs.
+pub fn make_server_pki(dir: &Path, ca_cn: &str) -> Result<()> {
+    make_ca(dir, ca_cn)?;
+    issue(
+        dir,
+        "server",
+        "/CN=server",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+}
+
+/// [`make_server_pki`] and a client certificate `client.crt` with
+/// common name `client`.
+pub fn make_test_pki(dir: &Path) -> Result<()> {
+    make_server_pki(dir, "dpu-test-ca")?;
+    issue(dir, "client", "/CN=client", "extendedKeyUsage=clientAuth\n")
+}

@@ -156,6 +156,7 @@ pub struct ListenerCounters {
 /// open, and what their bounds refused or closed, by reason.
 fn render_listeners(m: &mut Metrics, listeners: &BTreeMap<String, ListenerCounters>) {
     type Get = fn(&ListenerCounters) -> u64;
+    type Reasons<'a> = &'a [(&'a str, Get)];
     let gauges: [(&str, &str, Get); 2] = [
         (
             "dpu_listener_connections",
@@ -181,31 +182,29 @@ fn render_listeners(m: &mut Metrics, listeners: &BTreeMap<String, ListenerCounte
         }),
         ("max_watches", |c| c.refused_watches),
     ];
-    let name = "dpu_listener_refused_total";
-    m.family(
-        name,
-        "counter",
-        "Connections and watch calls the listener refused, by the bound they met.",
-    );
-    for (l, c) in listeners {
-        for (reason, get) in refused {
-            m.sample(name, &[("listener", l), ("reason", reason)], get(c));
-        }
-    }
     let closed: [(&str, Get); 3] = [
         ("handshake_timeout", |c| c.closed_handshake_timeout),
         ("idle_timeout", |c| c.closed_idle_timeout),
         ("displaced", |c| c.closed_displaced),
     ];
-    let name = "dpu_listener_closed_total";
-    m.family(
-        name,
-        "counter",
-        "Connections the listener closed: on a timeout, or displaced before their first call by newer ones at a bound.",
-    );
-    for (l, c) in listeners {
-        for (reason, get) in closed {
-            m.sample(name, &[("listener", l), ("reason", reason)], get(c));
+    let by_reason: [(&str, &str, Reasons); 2] = [
+        (
+            "dpu_listener_refused_total",
+            "Connections and watch calls the listener refused, by the bound they met.",
+            &refused,
+        ),
+        (
+            "dpu_listener_closed_total",
+            "Connections the listener closed: on a timeout, or displaced before their first call by newer ones at a bound.",
+            &closed,
+        ),
+    ];
+    for (name, help, reasons) in by_reason {
+        m.family(name, "counter", help);
+        for (l, c) in listeners {
+            for (reason, get) in reasons {
+                m.sample(name, &[("listener", l), ("reason", reason)], get(c));
+            }
         }
     }
     let name = "dpu_listener_accept_errors_total";

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use dpu_client::{ClientConfig, ClientError, DpuClient, TlsConfig};
 use dpu_e2e::net::metric;
-use dpu_e2e::pki::{issue, make_ca};
-use dpu_e2e::{binary, free_port, Service, TEST_CONFIG};
+use dpu_e2e::pki::make_test_pki;
+use dpu_e2e::{free_port, nvmf_perf_iops, Service, TEST_CONFIG};
 use dpu_proto::v1 as pb;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
@@ -78,20 +78,7 @@ async fn flood(
 
 /// An NVMe/TCP job of 0.5 s (4 KiB random reads, QD 4): its IOPS.
 fn perf(port: u16) -> Result<f64> {
-    let out = Command::new(binary("nvmf-perf")?)
-        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
-        .args(["--time", "0.5", "--job", "randread:4k:4"])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "nvmf-perf: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
-        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
-        .with_context(|| format!("no IOPS in {text}"))
+    nvmf_perf_iops(port, NQN, &["--time", "0.5", "--job", "randread:4k:4"])
 }
 
 /// Waits up to `limit` for `check` to hold.
@@ -226,17 +213,6 @@ fn silent_and_half_preface_floods_leave_every_plane_answering() -> Result<()> {
     Ok(())
 }
 
-fn make_pki(dir: &std::path::Path) -> Result<()> {
-    make_ca(dir, "flood-ca")?;
-    issue(
-        dir,
-        "server",
-        "/CN=localhost",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )?;
-    issue(dir, "client", "/CN=client", "extendedKeyUsage=clientAuth\n")
-}
-
 /// Half a TLS ClientHello: a handshake record's header announcing more
 /// than follows.
 const HALF_HELLO: &[u8] = &[
@@ -248,7 +224,7 @@ fn a_half_handshake_flood_under_mutual_tls_leaves_the_api_answering() -> Result<
     let _one = crate::floods();
     dpu_os::limits::raise_open_files()?;
     let pki = tempfile::tempdir()?;
-    make_pki(pki.path())?;
+    make_test_pki(pki.path())?;
     let p = |f: &str| pki.path().join(f).display().to_string();
     let config = format!(
         "{TEST_CONFIG}{BOUNDS}\n[[grpc.clients]]\nidentity = \"cn:client\"\nrole = \"admin\"\n"

@@ -8,20 +8,14 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::pki::{issue, make_ca};
+use dpu_e2e::pki::{issue, make_server_pki};
 use dpu_e2e::{binary, Service, TEST_CONFIG};
 
 /// A CA; a server certificate for localhost; clients: `admin` (by common
 /// name), `reader` (by DNS name), `red` (by SPIFFE ID) and `stranger`
 /// (signed by the CA, but named in no `[[grpc.clients]]`).
 fn make_pki(dir: &Path) -> Result<()> {
-    make_ca(dir, "dpu-authz-ca")?;
-    issue(
-        dir,
-        "server",
-        "/CN=server",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )?;
+    make_server_pki(dir, "dpu-authz-ca")?;
     let client = "extendedKeyUsage=clientAuth\n";
     issue(dir, "admin", "/O=ops/CN=ops-admin", client)?;
     issue(

@@ -2,12 +2,11 @@
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::pki::{issue, make_ca};
+use dpu_e2e::pki::make_test_pki;
 use dpu_e2e::{binary, free_port, Service, TEST_CONFIG};
 
 /// Writers create tenants as fast as they can; the service is killed with
@@ -255,22 +254,10 @@ fn kill_9_during_rule_changes_loses_none_and_corruption_stops_the_start() -> Res
     Ok(())
 }
 
-/// A CA, a server certificate for localhost/127.0.0.1 and a client certificate.
-fn make_pki(dir: &Path) -> Result<()> {
-    make_ca(dir, "dpu-test-ca")?;
-    issue(
-        dir,
-        "server",
-        "/CN=server",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )?;
-    issue(dir, "client", "/CN=client", "extendedKeyUsage=clientAuth\n")
-}
-
 #[test]
 fn mutual_tls() -> Result<()> {
     let pki = tempfile::tempdir()?;
-    make_pki(pki.path())?;
+    make_test_pki(pki.path())?;
     let p = |f: &str| pki.path().join(f).display().to_string();
     let health = format!("127.0.0.1:{}", free_port());
     // Every certificate the CA signs is authenticated; only a named one

@@ -23,13 +23,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::metric;
-use dpu_e2e::{binary, free_port, Service};
+use dpu_e2e::{free_port, nvmf_perf_iops, Service};
 use dpu_nvmeof::host;
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::{admin, nvm, DISCOVERY_NQN};
@@ -57,20 +56,11 @@ fn perf_secs() -> String {
 /// IOPS of a well-behaved `nvmf-perf` job (4 KiB random reads, QD 4, one
 /// I/O queue, [`perf_secs`]) against the subsystem on `port`.
 fn perf(port: u16) -> Result<f64> {
-    let out = Command::new(binary("nvmf-perf")?)
-        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
-        .args(["--time", &perf_secs(), "--job", "randread:4k:4"])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "nvmf-perf: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
-        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
-        .with_context(|| format!("no IOPS in {text} {}", String::from_utf8_lossy(&out.stderr)))
+    nvmf_perf_iops(
+        port,
+        NQN,
+        &["--time", &perf_secs(), "--job", "randread:4k:4"],
+    )
 }
 
 /// The well-behaved job is still served while an attack that stays in

@@ -162,21 +162,12 @@ sleep 5
 /// of one queue each, the job `job` for `secs`; its IOPS, failing on any
 /// failed command.
 fn perf(port: u16, nqn: &str, conns: usize, job: &str, secs: &str) -> Result<f64> {
-    use anyhow::{ensure, Context};
-    let out = std::process::Command::new(dpu_e2e::binary("nvmf-perf")?)
-        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", nqn])
-        .args(["--conns", &conns.to_string(), "--time", secs, "--job", job])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "nvmf-perf: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
-        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
-        .with_context(|| format!("no IOPS in {text}"))
+    let conns = conns.to_string();
+    dpu_e2e::nvmf_perf_iops(
+        port,
+        nqn,
+        &["--conns", &conns, "--time", secs, "--job", job],
+    )
 }
 
 /// A peer on a loopback port that accepts connections and, for each,
