@@ -123,6 +123,41 @@ pub struct Counters {
     /// The service's own TCP listeners (the API's, its health listener's,
     /// the metrics'), by name.
     pub listeners: BTreeMap<String, ListenerCounters>,
+    /// What this process restored of the switch's tables the process
+    /// before it saved.
+    pub restored: RestoredCounters,
+}
+
+/// What a start did with the switch's tables saved by the process before
+/// it: entries by table (`conntrack`, `fragments`) and outcome
+/// (`restored`, `expired`, `no_tenant`, `invalid`), and files refused as
+/// a whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoredCounters {
+    /// Entries by (table, outcome).
+    pub entries: BTreeMap<(&'static str, &'static str), u64>,
+    /// Files refused as a whole: another version, damaged, too large.
+    pub refused_files: u64,
+}
+
+/// Renders what the start restored of the switch's tables.
+fn render_restored(m: &mut Metrics, r: &RestoredCounters) {
+    let name = "dpu_switch_restored_entries_total";
+    m.family(
+        name,
+        "counter",
+        "Entries of the switch's tables saved by the previous process, by table and what became of them at start.",
+    );
+    for ((table, outcome), n) in &r.entries {
+        m.sample(name, &[("table", table), ("outcome", outcome)], *n);
+    }
+    let name = "dpu_switch_restore_refused_files_total";
+    m.family(
+        name,
+        "counter",
+        "Saved switch-table files refused as a whole (another version, damaged, too large).",
+    );
+    m.sample(name, &[], r.refused_files);
 }
 
 /// Counters of one of the service's own TCP listeners: what its bounds
@@ -589,6 +624,7 @@ impl Telemetry {
         }
 
         render_listeners(&mut m, &c.listeners);
+        render_restored(&mut m, &c.restored);
 
         m.family(
             "dpu_grpc_requests_total",

@@ -50,6 +50,8 @@ pub struct Dataplane {
     /// Where the first worker takes the storage endpoints' stacks from
     /// when it runs them.
     inline: Arc<InlineSlot>,
+    /// Where the switch's tables are kept across a restart.
+    state_dir: Option<std::path::PathBuf>,
 }
 
 /// Starts EAL with the DPDK ports and opens them, in order.
@@ -132,6 +134,7 @@ impl Dataplane {
             base,
             idle: idle_mode(d.idle),
             inline,
+            state_dir: config.state.dir.clone(),
         })
     }
 
@@ -185,10 +188,13 @@ impl Dataplane {
         self.counters.clone()
     }
 
-    /// Stops the workers; ports (and EAL) close when the last handle drops.
+    /// Stops the workers (each at the end of a turn) and saves what
+    /// their connection and fragment tables hold for the next process;
+    /// ports (and EAL) close when the last handle drops.
     pub fn stop(mut self) {
         self.workers.stop();
         tracing::info!("data plane stopped");
+        crate::switch_tables::save(&self.switch, self.state_dir.as_deref());
     }
 }
 
@@ -250,6 +256,12 @@ impl Start<'_> {
         }
         let first = switch_config(&base, ids, state);
         let switch = SwitchHandle::new(&first).context("compiling the switch configuration")?;
+        // Before the workers start: their tables adopt what it carries.
+        crate::switch_tables::restore(
+            &switch,
+            config.state.dir.as_deref(),
+            usize::from(config.dataplane.workers),
+        );
         let (workers, counters) = run(driver, config, ids, &switch, inline)?;
         Ok((workers, counters, switch, base))
     }
@@ -339,6 +351,10 @@ impl Pipeline for WorkerPipeline {
 
     fn between_bursts(&mut self) -> usize {
         self.endpoints.as_mut().map_or(0, InlineEndpoints::turn)
+    }
+
+    fn stopped(&mut self) {
+        self.switch.stopped();
     }
 }
 
@@ -727,6 +743,18 @@ impl<D: Driver> CounterSource for PortSource<D> {
             };
             *out.drops.entry(reason).or_default() += totals.dropped(r);
         }
+        let r = self.switch.restored();
+        for (table, t) in [("conntrack", r.conns), ("fragments", r.frags)] {
+            for (outcome, n) in [
+                ("restored", t.restored),
+                ("expired", t.expired),
+                ("no_tenant", t.no_tenant),
+                ("invalid", t.invalid),
+            ] {
+                *out.restored.entries.entry((table, outcome)).or_default() += n;
+            }
+        }
+        out.restored.refused_files += r.refused_files;
         let cache = self.switch.flow_cache();
         out.flow_cache.lookups += cache.lookups;
         out.flow_cache.hits += cache.hits;

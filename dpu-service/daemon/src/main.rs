@@ -26,6 +26,7 @@ mod rbd;
 mod remote;
 mod runtime;
 mod storage;
+mod switch_tables;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

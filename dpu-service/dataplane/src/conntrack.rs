@@ -23,6 +23,9 @@
 //! Time is the worker's coarse clock in seconds; expired entries go when a
 //! packet meets them or when [`ConnTable::sweep`] passes by.
 
+use std::sync::Arc;
+
+use crate::carry::{Carried, CarriedView};
 use crate::fair_share::{Full, ShareLimits, Shares};
 use crate::linear_probe::{self, Probed};
 use crate::wire::{is_echo, proto, FlowKey};
@@ -50,7 +53,7 @@ pub enum Dir {
 /// echo the requester first, with the identifier), protocol and family.
 /// Both directions of a connection have the same canonical key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-struct Canon {
+pub(crate) struct Canon {
     tenant: u32,
     lo: [u32; 4],
     hi: [u32; 4],
@@ -183,6 +186,28 @@ impl Default for Timeouts {
     }
 }
 
+impl Timeouts {
+    /// The timeout of a connection of protocol `proto` in state `state`:
+    /// what it has after a packet.
+    pub fn of(&self, proto: u8, state: ConnState) -> u64 {
+        match state {
+            ConnState::Tcp(s, _) => match s {
+                TcpState::SynSent | TcpState::SynReceived => self.tcp_handshake,
+                TcpState::Established => self.tcp_established,
+                TcpState::FinWait | TcpState::Closing => self.tcp_closing,
+                TcpState::Closed => self.tcp_closed,
+            },
+            ConnState::Datagram { replied } => match (proto, replied) {
+                (proto::ICMP | proto::ICMPV6, _) => self.icmp,
+                (proto::UDP, false) => self.udp_unreplied,
+                (proto::UDP, true) => self.udp_replied,
+                (_, false) => self.other_unreplied,
+                (_, true) => self.other_replied,
+            },
+        }
+    }
+}
+
 /// Where a TCP connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TcpState {
@@ -210,6 +235,94 @@ pub enum ConnState {
         /// A packet went the reply way.
         replied: bool,
     },
+}
+
+/// A connection as it is carried across a restart
+/// ([`ConnTable::export`]): its key, with the tenant's ID in the process
+/// that saved it, which end opened it, its state and the seconds it had
+/// left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedConn {
+    /// The tenant's ID.
+    pub tenant: u32,
+    /// The lower endpoint's address (for ICMP echo: the requester).
+    pub lo: u128,
+    /// The other endpoint's address.
+    pub hi: u128,
+    /// The lower endpoint's port (for ICMP echo: the identifier).
+    pub lo_port: u16,
+    /// The other endpoint's port (0 for ICMP echo).
+    pub hi_port: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// IPv6.
+    pub v6: bool,
+    /// The opening packet came from the `lo` end.
+    pub orig_lo: bool,
+    /// The opening packet's ports (ICMP type and code), as classified.
+    pub orig_ports: (u16, u16),
+    /// Where the connection was.
+    pub state: ConnState,
+    /// Seconds it had left without another packet.
+    pub ttl: u32,
+}
+
+impl SavedConn {
+    /// True if a table could have held this connection: its endpoints in
+    /// canonical order, IPv4 addresses within 32 bits, a TCP state for
+    /// TCP and only for it, ICMP of its own family, an echo opened by its
+    /// requester. What fails this is dropped, not adopted.
+    pub fn is_sound(&self) -> bool {
+        let v4 = |a: u128| a >> 32 == 0;
+        let family = self.v6 || (v4(self.lo) && v4(self.hi));
+        let shape = match self.proto {
+            proto::ICMP => !self.v6 && self.hi_port == 0 && self.orig_lo,
+            proto::ICMPV6 => self.v6 && self.hi_port == 0 && self.orig_lo,
+            _ => (self.lo, self.lo_port) <= (self.hi, self.hi_port),
+        };
+        let state = match self.state {
+            ConnState::Tcp(_, fins) => self.proto == proto::TCP && fins <= 3,
+            ConnState::Datagram { .. } => self.proto != proto::TCP,
+        };
+        family && shape && state
+    }
+
+    fn canon(&self, tenant: u32) -> Canon {
+        Canon {
+            tenant,
+            lo: words(self.lo),
+            hi: words(self.hi),
+            lo_port: self.lo_port,
+            hi_port: self.hi_port,
+            proto: self.proto,
+            v6: self.v6,
+        }
+    }
+}
+
+/// What a carried connection brings into a worker's table besides its key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parked {
+    orig_lo: bool,
+    orig_ports: (u16, u16),
+    state: ConnState,
+}
+
+/// Connections carried over from a previous process, by key.
+pub(crate) type CarriedConns = Carried<Canon, Parked>;
+
+impl CarriedConns {
+    /// Adds connection `c` as tenant `tenant` of this process (its ID
+    /// may differ from the saved one), expiring `expires` seconds after
+    /// the map was made. False if it is there already.
+    pub(crate) fn add(&mut self, tenant: u32, c: &SavedConn, expires: u32) -> bool {
+        let parked = Parked {
+            orig_lo: c.orig_lo,
+            orig_ports: c.orig_ports,
+            state: c.state,
+        };
+        self.insert(c.canon(tenant), expires, parked)
+    }
 }
 
 /// One bucket of the table: a whole cache line, so a lookup that finds
@@ -289,6 +402,10 @@ pub struct ConnTable {
     shares: Shares,
     timeouts: Timeouts,
     cursor: usize,
+    /// Connections carried over from a previous process, adopted on a
+    /// miss ([`ConnTable::find_or_adopt`]) until they would all have
+    /// expired.
+    carried: Option<CarriedView<Canon, Parked>>,
 }
 
 /// Seconds as stored in a bucket (the worker clock starts at 0, so this
@@ -322,6 +439,44 @@ impl ConnTable {
             shares: Shares::new(limits),
             timeouts,
             cursor: 0,
+            carried: None,
+        }
+    }
+
+    /// Lets this table adopt the connections of `carried`, whose clock
+    /// started `offset` seconds before this table's.
+    pub(crate) fn carry(&mut self, carried: Arc<CarriedConns>, offset: u64) {
+        self.carried = Some(CarriedView::new(carried, offset));
+    }
+
+    /// Forgets the carried connections once they would all have expired
+    /// at `now` (call now and then, off the packet path).
+    pub(crate) fn forget_carried(&mut self, now: u64) {
+        if self.carried.as_ref().is_some_and(|c| c.spent(now)) {
+            self.carried = None;
+        }
+    }
+
+    /// Every live connection at `now`, handed to `f` with the seconds it
+    /// has left: what a restart carries over.
+    pub fn export(&self, now: u64, mut f: impl FnMut(SavedConn)) {
+        for b in self.buckets.iter().filter(|b| b.used) {
+            let Some(ttl) = b.expires.checked_sub(secs(now)).filter(|&t| t > 0) else {
+                continue;
+            };
+            f(SavedConn {
+                tenant: b.key.tenant,
+                lo: unwords(b.key.lo),
+                hi: unwords(b.key.hi),
+                lo_port: b.key.lo_port,
+                hi_port: b.key.hi_port,
+                proto: b.key.proto,
+                v6: b.key.v6,
+                orig_lo: b.orig_lo,
+                orig_ports: b.orig_ports,
+                state: b.state,
+                ttl,
+            });
         }
     }
 
@@ -402,6 +557,45 @@ impl ConnTable {
         Some((i as u32, dir))
     }
 
+    /// [`ConnTable::find`], and on a miss the connection carried over
+    /// from a previous process under `key`, if there is one this table
+    /// has not adopted before and its tenant has room: it joins the
+    /// table, marked as checked against no generation, so that the
+    /// current rules decide (as after a configuration change) whether it
+    /// may stay.
+    pub fn find_or_adopt(
+        &mut self,
+        key: &ConnKey,
+        now: u64,
+        generation: u64,
+    ) -> Option<(u32, Dir)> {
+        let found = self.find(key, now);
+        if found.is_some() || self.carried.is_none() {
+            return found;
+        }
+        let (expires, parked) = self.carried.as_mut()?.take(&key.canon, now)?;
+        let (i, _) = self.probe(&key.canon, key.hash);
+        let tenant = key.canon.tenant;
+        self.shares.check(tenant).ok()?;
+        self.shares.take(tenant);
+        self.buckets[i] = Bucket {
+            key: key.canon,
+            hash: key.hash,
+            expires: secs(expires),
+            generation: (generation as u32).wrapping_sub(1),
+            orig_ports: parked.orig_ports,
+            state: parked.state,
+            orig_lo: parked.orig_lo,
+            used: true,
+        };
+        let dir = if key.from_lo == parked.orig_lo {
+            Dir::Orig
+        } else {
+            Dir::Reply
+        };
+        Some((i as u32, dir))
+    }
+
     /// True if `key` belongs to a connection that is live at `now` and was
     /// last checked against generation `g`: what [`ConnTable::find`] and
     /// [`ConnTable::checked_at`] would say, without changing anything.
@@ -448,33 +642,18 @@ impl ConnTable {
     /// does not fit the connection's state: it must not pass, and the
     /// connection is left as it was.
     pub fn track(&mut self, slot: u32, dir: Dir, flags: u8, now: u64) -> bool {
-        let t = self.timeouts;
-        let b = &mut self.buckets[slot as usize];
-        let (state, timeout) = match b.state {
+        let b = &self.buckets[slot as usize];
+        let state = match b.state {
             ConnState::Tcp(s, fins) => match tcp_step(s, fins, dir, flags) {
-                Some((s, fins)) => {
-                    let timeout = match s {
-                        TcpState::SynSent | TcpState::SynReceived => t.tcp_handshake,
-                        TcpState::Established => t.tcp_established,
-                        TcpState::FinWait | TcpState::Closing => t.tcp_closing,
-                        TcpState::Closed => t.tcp_closed,
-                    };
-                    (ConnState::Tcp(s, fins), timeout)
-                }
+                Some((s, fins)) => ConnState::Tcp(s, fins),
                 None => return false,
             },
-            ConnState::Datagram { replied } => {
-                let replied = replied || dir == Dir::Reply;
-                let timeout = match (b.key.proto, replied) {
-                    (proto::ICMP | proto::ICMPV6, _) => t.icmp,
-                    (proto::UDP, false) => t.udp_unreplied,
-                    (proto::UDP, true) => t.udp_replied,
-                    (_, false) => t.other_unreplied,
-                    (_, true) => t.other_replied,
-                };
-                (ConnState::Datagram { replied }, timeout)
-            }
+            ConnState::Datagram { replied } => ConnState::Datagram {
+                replied: replied || dir == Dir::Reply,
+            },
         };
+        let timeout = self.timeouts.of(b.key.proto, state);
+        let b = &mut self.buckets[slot as usize];
         b.state = state;
         b.expires = secs(now + timeout);
         true

@@ -19,6 +19,9 @@
 //! one worker and is allocated in full when the worker starts; the packet
 //! path never allocates.
 
+use std::sync::Arc;
+
+use crate::carry::{Carried, CarriedView};
 use crate::fair_share::{Full, ShareLimits, Shares};
 use crate::linear_probe::{self, Probed};
 use crate::wire::{FlowKey, Fragment};
@@ -31,7 +34,7 @@ pub struct FragKey {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-struct Id {
+pub(crate) struct Id {
     src: u128,
     dst: u128,
     tenant: u32,
@@ -62,6 +65,55 @@ impl FragKey {
             id,
             hash: id_hash(&id),
         }
+    }
+}
+
+/// A datagram as it is carried across a restart ([`FragTable::export`]):
+/// its key, with the tenant's ID in the process that saved it, and the
+/// seconds its entry had left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedFrag {
+    /// The tenant's ID.
+    pub tenant: u32,
+    /// Source address.
+    pub src: u128,
+    /// Destination address.
+    pub dst: u128,
+    /// Identification (16 bits for IPv4, 32 for IPv6).
+    pub ident: u32,
+    /// The protocol its fragments name.
+    pub proto: u8,
+    /// IPv6.
+    pub v6: bool,
+    /// Seconds the entry had left.
+    pub ttl: u32,
+}
+
+impl SavedFrag {
+    /// True if a table could have held this datagram: IPv4 addresses
+    /// within 32 bits and an IPv4 identification within 16.
+    pub fn is_sound(&self) -> bool {
+        self.v6 || (self.src >> 32 == 0 && self.dst >> 32 == 0 && self.ident >> 16 == 0)
+    }
+}
+
+/// Datagrams carried over from a previous process, by key.
+pub(crate) type CarriedFrags = Carried<Id, ()>;
+
+impl CarriedFrags {
+    /// Adds datagram `f` as tenant `tenant` of this process, expiring
+    /// `expires` seconds after the map was made. False if it is there
+    /// already.
+    pub(crate) fn add(&mut self, tenant: u32, f: &SavedFrag, expires: u32) -> bool {
+        let id = Id {
+            src: f.src,
+            dst: f.dst,
+            tenant,
+            ident: f.ident,
+            proto: f.proto,
+            v6: f.v6,
+        };
+        self.insert(id, expires, ())
     }
 }
 
@@ -122,6 +174,9 @@ pub struct FragTable {
     shares: Shares,
     timeout: u64,
     cursor: usize,
+    /// Datagrams carried over from a previous process, adopted on a miss
+    /// until they would all have expired.
+    carried: Option<CarriedView<Id, ()>>,
 }
 
 fn secs(t: u64) -> u32 {
@@ -139,6 +194,45 @@ impl FragTable {
             shares: Shares::new(limits.shares),
             timeout: limits.timeout,
             cursor: 0,
+            carried: None,
+        }
+    }
+
+    /// Lets this table adopt the datagrams of `carried`, whose clock
+    /// started `offset` seconds before this table's.
+    pub(crate) fn carry(&mut self, carried: Arc<CarriedFrags>, offset: u64) {
+        self.carried = Some(CarriedView::new(carried, offset));
+    }
+
+    /// Forgets the carried datagrams once they would all have expired at
+    /// `now`.
+    pub(crate) fn forget_carried(&mut self, now: u64) {
+        if self.carried.as_ref().is_some_and(|c| c.spent(now)) {
+            self.carried = None;
+        }
+    }
+
+    /// The seconds a datagram stays known after its first fragment.
+    pub fn timeout(&self) -> u64 {
+        self.timeout
+    }
+
+    /// Every live datagram at `now`, handed to `f` with the seconds it has
+    /// left: what a restart carries over.
+    pub fn export(&self, now: u64, mut f: impl FnMut(SavedFrag)) {
+        for b in self.buckets.iter().filter(|b| b.used) {
+            let Some(ttl) = b.expires.checked_sub(secs(now)).filter(|&t| t > 0) else {
+                continue;
+            };
+            f(SavedFrag {
+                tenant: b.id.tenant,
+                src: b.id.src,
+                dst: b.id.dst,
+                ident: b.id.ident,
+                proto: b.id.proto,
+                v6: b.id.v6,
+                ttl,
+            });
         }
     }
 
@@ -205,15 +299,37 @@ impl FragTable {
     /// True if the first fragment of datagram `key` passed and its entry
     /// is live at `now`: a later fragment of it may pass. An expired
     /// entry is removed.
+    ///
+    /// A datagram carried over from a previous process ([`FragTable::carry`])
+    /// joins the table on its first miss here, if its tenant has room.
     pub fn passes(&mut self, key: &FragKey, now: u64) -> bool {
         let (i, found) = self.probe(key);
         if !found {
-            return false;
+            return self.adopt(key, i, now);
         }
         if u64::from(self.buckets[i].expires) <= now {
             self.remove(i);
             return false;
         }
+        true
+    }
+
+    /// Adopts the carried datagram `key` into empty bucket `i`, if there
+    /// is one live and its tenant has room.
+    fn adopt(&mut self, key: &FragKey, i: usize, now: u64) -> bool {
+        let Some((expires, ())) = self.carried.as_mut().and_then(|c| c.take(&key.id, now)) else {
+            return false;
+        };
+        if self.shares.check(key.id.tenant).is_err() {
+            return false;
+        }
+        self.shares.take(key.id.tenant);
+        self.buckets[i] = Bucket {
+            id: key.id,
+            hash: key.hash,
+            expires: secs(expires),
+            used: true,
+        };
         true
     }
 

@@ -27,6 +27,8 @@
 //!   minimum plus a shared pool), for the connection and fragment tables.
 //! - `l2memo`: decisions remembered by link-layer header, per worker,
 //!   for tenants that switch without looking past it.
+//! - `carry`: connection and fragment entries carried over from a
+//!   previous process, adopted by each worker on a miss.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
@@ -38,6 +40,7 @@
 
 #![forbid(unsafe_code)]
 
+mod carry;
 pub mod classify;
 pub mod conntrack;
 pub mod endpoint_queues;

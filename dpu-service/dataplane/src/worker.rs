@@ -220,6 +220,12 @@ pub trait Pipeline: Send + 'static {
     fn between_bursts(&mut self) -> usize {
         0
     }
+
+    /// Called once when the worker stops, after its last turn: the place
+    /// to hand over state that should outlive the worker (the switch's
+    /// connection and fragment tables across a restart). Does nothing by
+    /// default.
+    fn stopped(&mut self) {}
 }
 
 /// The empty pipeline: each input port is wired to one output port (like a
@@ -548,6 +554,8 @@ impl<D: Driver, P: Pipeline> Loop<D, P> {
                 }
             }
         }
+        // Between turns: no burst is half done.
+        self.pipeline.stopped();
     }
 }
 

@@ -31,6 +31,7 @@ mod storage_clusters;
 mod storage_endpoint;
 mod storage_seed;
 mod switch;
+mod switch_restart;
 
 /// Tests that hold thousands of sockets run one at a time: this process's
 /// descriptors, and the machine's, are shared by the tests running at once.

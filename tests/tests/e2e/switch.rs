@@ -19,19 +19,19 @@ use dpu_rand::Rng;
 /// which the kernel refuses (EINVAL) for the second.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A namespace holding one end of a veth pair; the other end, `port_if`,
 /// stays in the root namespace for the service. Removed on drop.
-struct Host {
+pub(crate) struct Host {
     port_if: String,
-    ns: Netns,
+    pub(crate) ns: Netns,
 }
 
 impl Host {
-    fn new(tag: &str, addr: &str) -> Result<Host> {
+    pub(crate) fn new(tag: &str, addr: &str) -> Result<Host> {
         let id = std::process::id();
         let port_if = format!("sw{tag}{id}");
         let peer = format!("{port_if}p");
@@ -57,7 +57,7 @@ impl Host {
     }
 
     /// Starts `python3 -c script args..` in the namespace.
-    fn spawn_python(&self, script: &str, args: &[&str]) -> Result<Child> {
+    pub(crate) fn spawn_python(&self, script: &str, args: &[&str]) -> Result<Child> {
         Ok(Command::new("ip")
             .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
             .args(args)
@@ -93,7 +93,7 @@ impl Drop for Host {
 
 /// A configuration with one DPDK port per host; `tag` keeps EAL files of
 /// services running side by side apart.
-fn config(tag: &str, hosts: &[(&str, &Host)]) -> String {
+pub(crate) fn config(tag: &str, hosts: &[(&str, &Host)]) -> String {
     let mut c = format!(
         r#"
 [log]
@@ -511,7 +511,7 @@ s.sendto(hdr, (dst, 0))
 "#;
 
 /// Kills and reaps a child this test started.
-struct Reaped(Child);
+pub(crate) struct Reaped(pub(crate) Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {

@@ -31,6 +31,13 @@ pub(super) struct Pipelines {
     pub(super) live: Vec<Weak<PipelineCells>>,
     /// The flow-cache counts of dropped pipelines.
     pub(super) gone: FlowCacheStats,
+    /// What stopped pipelines left of their tables.
+    pub(super) saved: super::saved::SavedTables,
+    /// Entries carried over from a previous process, for the pipelines
+    /// made from now on.
+    pub(super) carried: Option<Arc<super::saved::CarriedSet>>,
+    /// What restoring them did.
+    pub(super) restored: super::saved::RestoreReport,
 }
 
 /// What a pipeline publishes of itself.

@@ -234,8 +234,12 @@ impl SwitchHandle {
             taken: AtomicU64::new(generation),
             ..PipelineCells::default()
         });
-        self.live_pipelines().live.push(Arc::downgrade(&cells));
-        SwitchPipeline {
+        let carried = {
+            let mut p = self.live_pipelines();
+            p.live.push(Arc::downgrade(&cells));
+            p.carried.clone()
+        };
+        let mut pipeline = SwitchPipeline {
             conns,
             frags,
             cache: FlowCache::new(compiled.flow_cache_entries),
@@ -255,7 +259,11 @@ impl SwitchHandle {
             last_sweep: 0,
             stage: Vec::with_capacity(BURST),
             conn_keys: [None; BURST],
+        };
+        if let Some(set) = carried {
+            pipeline.carry(&set);
         }
+        pipeline
     }
 
     pub(super) fn load(&self) -> (u64, Arc<Compiled>) {

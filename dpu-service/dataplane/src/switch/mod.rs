@@ -46,7 +46,9 @@
 //! - `state`: [`SwitchPipeline`], one worker's state; `frame`: what a
 //!   frame carries from stage to stage;
 //! - `pipeline`: the worker's turn and the burst loop;
-//! - `inspect`, `recall`, `filter`, `decide`: the stages of a frame.
+//! - `inspect`, `recall`, `filter`, `decide`: the stages of a frame;
+//! - `saved`: the connection and fragment tables across a restart, and
+//!   their file; `restart`: saving and restoring them.
 //!
 //! [`Classifier`]: crate::classify::Classifier
 //! [`FlowCache`]: crate::flowcache::FlowCache
@@ -69,6 +71,8 @@ mod inspect;
 mod pipeline;
 mod police;
 mod recall;
+mod restart;
+mod saved;
 mod sizes;
 mod state;
 #[cfg(test)]
@@ -82,6 +86,7 @@ pub use config::{
 };
 pub use endpoint_ports::{Endpoint, EndpointLink, EndpointPort};
 pub use handle::SwitchHandle;
+pub use saved::{RestoreReport, Restored, SavedError, SavedTables};
 pub use sizes::{
     SizeError, MAX_CONNTRACK, MAX_FLOW_CACHE, MAX_FRAGMENTS, MAX_FRAGMENT_TIMEOUT, MAX_MAC_TABLE,
     MAX_WORKERS,

@@ -245,6 +245,10 @@ impl<P> Waiting<P> {
 }
 
 impl Pipeline for SwitchPipeline {
+    fn stopped(&mut self) {
+        self.save_tables();
+    }
+
     fn endpoints(&self) -> Option<&std::sync::Arc<crate::endpoint_queues::EndpointTable>> {
         self.compiled.endpoint_queues.as_ref()
     }
@@ -282,6 +286,8 @@ impl Pipeline for SwitchPipeline {
         }
         if self.now >= self.last_sweep + 10 {
             self.last_sweep = self.now;
+            self.conns.forget_carried(self.now);
+            self.frags.forget_carried(self.now);
             let (now, ageing) = (self.now, self.compiled.mac_ageing.as_secs());
             self.macs.age(now, ageing);
             self.neighbours
