@@ -8,6 +8,7 @@
 //! is kept.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -105,7 +106,12 @@ pub fn save(switch: &SwitchHandle, dir: Option<&Path>) {
     let bytes = saved.encode();
     let (tmp, path) = (dir.join(format!("{FILE}.tmp")), dir.join(FILE));
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &path)?;
