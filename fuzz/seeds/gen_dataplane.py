@@ -180,11 +180,60 @@ def rules_seeds():
     }
 
 
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def saved_tables(tenants, conns, frags, saved_unix=1_700_000_000):
+    """A saved-tables file (dpu-service/dataplane/src/switch/saved.rs):
+    conns are (tenant, lo, hi, lo_port, hi_port, sport, dport, proto,
+    flags, state, fins, ttl), frags (tenant, src, dst, ident, proto, v6,
+    ttl)."""
+    out = b"DPUSWTAB" + struct.pack("<IIQIIII", 1, 0, saved_unix, len(tenants),
+                                    len(conns), len(frags), 0)
+    for t in tenants:
+        out += struct.pack("<H", len(t)) + t.encode()
+    for (t, lo, hi, lp, hp, sp, dp, proto, flags, state, fins, ttl) in conns:
+        out += struct.pack("<I", t) + lo.to_bytes(16, "little") + hi.to_bytes(16, "little")
+        out += struct.pack("<HHHHBBBBI", lp, hp, sp, dp, proto, flags, state, fins, ttl)
+    for (t, src, dst, ident, proto, v6, ttl) in frags:
+        out += struct.pack("<I", t) + src.to_bytes(16, "little") + dst.to_bytes(16, "little")
+        out += struct.pack("<IBBHI", ident, proto, v6, 0, ttl)
+    return out + struct.pack("<I", crc32c(out))
+
+
+def saved_tables_seeds():
+    c, s = 0x0A000001, 0x0A000002
+    web = (0, c, s, 40000, 80, 40000, 80, 6, 2, 3, 0, 7000)
+    return {
+        "empty": saved_tables([], [], []),
+        "web": saved_tables(["a"], [web], [(0, c, s, 77, 17, 0, 20)]),
+        "mixed": saved_tables(
+            ["a", "b", "gone"],
+            [
+                web,
+                (0, c, s, 5000, 53, 5000, 53, 17, 6, 0, 0, 100),
+                (0, c, s, 9, 0, 8, 0, 1, 2, 0, 0, 20),
+                (1, c, s, 1, 2, 1, 2, 6, 0, 1, 0, 30),
+                (2, c, s, 3, 4, 3, 4, 6, 2, 4, 1, 30),
+                (7, c, s, 3, 4, 3, 4, 6, 2, 9, 0, 30),
+            ],
+            [(1, c, s, 5, 17, 0, 9), (0, 1 << 40, s, 6, 6, 0, 9)],
+        ),
+    }
+
+
 def main():
     for target, seeds in [
         ("parse", parse_seeds()),
         ("switch", switch_seeds()),
         ("rules", rules_seeds()),
+        ("saved_tables", saved_tables_seeds()),
     ]:
         d = os.path.join(HERE, target)
         os.makedirs(d, exist_ok=True)

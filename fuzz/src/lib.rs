@@ -13,7 +13,8 @@
 //! - NVMe/TCP (`dpu-nvmeof`): [`pdu`], [`connection`], [`handshake`],
 //!   [`auth`], and its host side against a hostile controller, [`host`];
 //! - the data plane (`dpu-dataplane`, without DPDK): [`parse`],
-//!   [`switch`], [`isolation`], [`rules`];
+//!   [`switch`], [`isolation`], [`rules`], and the switch's tables saved
+//!   across a restart, [`saved_tables`];
 //! - the control plane (`dpu-control`): [`rule_proto`];
 //! - storage endpoints (`dpu-endpoint`): [`frames`].
 
@@ -29,4 +30,5 @@ pub mod parse;
 pub mod pdu;
 pub mod rule_proto;
 pub mod rules;
+pub mod saved_tables;
 pub mod switch;

@@ -78,5 +78,16 @@ macro_rules! targets {
 }
 
 targets!(
-    pdu, connection, handshake, auth, host, parse, switch, isolation, rules, rule_proto, frames
+    pdu,
+    connection,
+    handshake,
+    auth,
+    host,
+    parse,
+    switch,
+    isolation,
+    rules,
+    saved_tables,
+    rule_proto,
+    frames
 );
