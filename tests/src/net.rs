@@ -1,7 +1,7 @@
 //! Network namespaces for traffic tests: hosts behind the switch's ports.
 //! Everything made here is removed when its value drops. Needs root.
 
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -113,4 +113,115 @@ pub fn offloads_off(ns: &Netns, inner: &str, outer: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A namespace holding one end of a veth pair; the other end, `port_if`,
+/// stays in the root namespace for the service. Removed on drop.
+pub struct Host {
+    /// The veth end the service's port opens.
+    pub port_if: String,
+    /// The namespace.
+    pub ns: Netns,
+}
+
+impl Host {
+    /// A namespace with address `addr` (with its prefix) on one end of a
+    /// new veth pair, the other end (named after `tag` and this process)
+    /// up in the root namespace, offloads off on both.
+    pub fn new(tag: &str, addr: &str) -> Result<Host> {
+        let id = std::process::id();
+        let port_if = format!("sw{tag}{id}");
+        let peer = format!("{port_if}p");
+        let ns = Netns::new(format!("sw{tag}{id}"))?;
+        ip(&[
+            "link", "add", &port_if, "type", "veth", "peer", "name", &peer,
+        ])?;
+        // From here on, dropping the host removes the pair.
+        let mut h = Host { port_if, ns };
+        ip(&["link", "set", &h.port_if, "up"])?;
+        h.ns.take(&peer, &[addr])?;
+        // The kernel would leave TCP checksums to the veth and hand out
+        // 64 KiB segments.
+        offloads_off(&h.ns, &peer, &h.port_if)?;
+        Ok(h)
+    }
+
+    /// Runs `python3 -c script args..` in the namespace and waits.
+    pub fn python(&self, script: &str, args: &[&str]) -> std::process::Output {
+        self.ns
+            .exec(&[&["python3", "-c", script][..], args].concat())
+            .expect("running python3 in a namespace")
+    }
+
+    /// Starts `python3 -c script args..` in the namespace.
+    pub fn spawn_python(&self, script: &str, args: &[&str]) -> Result<Child> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?)
+    }
+
+    /// Starts `python3 -c script args..` in the namespace, its output
+    /// kept for `wait_with_output`.
+    pub fn spawn_python_out(&self, script: &str, args: &[&str]) -> Result<Child> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?)
+    }
+
+    /// True if two pings to `to` both get replies.
+    pub fn ping(&self, to: &str) -> bool {
+        self.ns.ping(to)
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.port_if])
+            .output();
+    }
+}
+
+/// A configuration with one DPDK port per host; `tag` keeps EAL files of
+/// services running side by side apart.
+pub fn config(tag: &str, hosts: &[(&str, &Host)]) -> String {
+    let mut c = format!(
+        r#"
+[log]
+level = "info"
+
+[dataplane]
+workers = 1
+idle = "backoff"
+lcores = "0"
+no_huge = true
+memory_mb = 256
+mbufs = 4095
+file_prefix = "e2e-switch-{tag}-{}"
+"#,
+        std::process::id()
+    );
+    for (i, (id, h)) in hosts.iter().enumerate() {
+        c += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"\n",
+            h.port_if
+        );
+    }
+    c
+}
+
+/// Kills and reaps a child a test started.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use dpu_e2e::net::{eventually, ip, metric, Netns};
+use dpu_e2e::net::{config, eventually, ip, metric, Host, Reaped};
 use dpu_e2e::{rss_kib, Service};
 use dpu_rand::Rng;
 
@@ -21,102 +21,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A namespace holding one end of a veth pair; the other end, `port_if`,
-/// stays in the root namespace for the service. Removed on drop.
-pub(crate) struct Host {
-    port_if: String,
-    pub(crate) ns: Netns,
-}
-
-impl Host {
-    pub(crate) fn new(tag: &str, addr: &str) -> Result<Host> {
-        let id = std::process::id();
-        let port_if = format!("sw{tag}{id}");
-        let peer = format!("{port_if}p");
-        let ns = Netns::new(format!("sw{tag}{id}"))?;
-        ip(&[
-            "link", "add", &port_if, "type", "veth", "peer", "name", &peer,
-        ])?;
-        // From here on, dropping the host removes the pair.
-        let mut h = Host { port_if, ns };
-        ip(&["link", "set", &h.port_if, "up"])?;
-        h.ns.take(&peer, &[addr])?;
-        // The kernel would leave TCP checksums to the veth and hand out
-        // 64 KiB segments.
-        dpu_e2e::net::offloads_off(&h.ns, &peer, &h.port_if)?;
-        Ok(h)
-    }
-
-    /// Runs `python3 -c script args..` in the namespace and waits.
-    fn python(&self, script: &str, args: &[&str]) -> std::process::Output {
-        self.ns
-            .exec(&[&["python3", "-c", script][..], args].concat())
-            .expect("running python3 in a namespace")
-    }
-
-    /// Starts `python3 -c script args..` in the namespace.
-    pub(crate) fn spawn_python(&self, script: &str, args: &[&str]) -> Result<Child> {
-        Ok(Command::new("ip")
-            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?)
-    }
-
-    /// Starts `python3 -c script args..` in the namespace, its output
-    /// kept for `wait_with_output`.
-    fn spawn_python_out(&self, script: &str, args: &[&str]) -> Result<Child> {
-        Ok(Command::new("ip")
-            .args(["netns", "exec", &self.ns.name, "python3", "-c", script])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?)
-    }
-
-    /// True if two pings to `to` both get replies.
-    fn ping(&self, to: &str) -> bool {
-        self.ns.ping(to)
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.port_if])
-            .output();
-    }
-}
-
-/// A configuration with one DPDK port per host; `tag` keeps EAL files of
-/// services running side by side apart.
-pub(crate) fn config(tag: &str, hosts: &[(&str, &Host)]) -> String {
-    let mut c = format!(
-        r#"
-[log]
-level = "info"
-
-[dataplane]
-workers = 1
-idle = "backoff"
-lcores = "0"
-no_huge = true
-memory_mb = 256
-mbufs = 4095
-file_prefix = "e2e-switch-{tag}-{}"
-"#,
-        std::process::id()
-    );
-    for (i, (id, h)) in hosts.iter().enumerate() {
-        c += &format!(
-            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"dpdk\"\ndevice = \"net_af_packet{i},iface={}\"\n",
-            h.port_if
-        );
-    }
-    c
 }
 
 /// The last CPU this process may run on (`Cpus_allowed_list` of
@@ -509,16 +413,6 @@ hdr = hdr[:16] + struct.pack("!H", ~total & 0xffff) + hdr[18:]
 s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
 s.sendto(hdr, (dst, 0))
 "#;
-
-/// Kills and reaps a child this test started.
-pub(crate) struct Reaped(pub(crate) Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn a_stateful_allow_lets_replies_back_and_nothing_else() -> Result<()> {

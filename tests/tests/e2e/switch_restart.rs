@@ -12,7 +12,9 @@ use anyhow::{ensure, Context, Result};
 use dpu_e2e::net::{eventually, metric};
 use dpu_e2e::Service;
 
-use super::switch::{config, one_at_a_time, Host, Reaped};
+use dpu_e2e::net::{config, Host, Reaped};
+
+use super::switch::one_at_a_time;
 
 /// Echoes whatever any connection sends (many connections at once).
 const ECHO: &str = r#"
