@@ -23,12 +23,14 @@ use anyhow::{bail, ensure, Context, Result};
 
 /// Directory holding the workspace's built binaries (`target/debug`).
 pub fn bin_dir() -> PathBuf {
-    // Test executables live in target/<profile>/deps/.
+    // Test executables live in target/<profile>/deps/, the soak driver
+    // beside the binaries it runs.
     let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+    let dir = exe.parent().unwrap_or(Path::new(""));
+    match dir.file_name() {
+        Some(d) if d == "deps" => dir.parent().unwrap_or(dir).to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
 }
 
 /// Path of a workspace binary; fails with a hint if it was not built.
