@@ -189,6 +189,7 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The timeout of a connection of protocol `proto` in state `state`:
     /// what it has after a packet.
+    #[inline]
     pub fn of(&self, proto: u8, state: ConnState) -> u64 {
         match state {
             ConnState::Tcp(s, _) => match s {
@@ -403,7 +404,7 @@ pub struct ConnTable {
     timeouts: Timeouts,
     cursor: usize,
     /// Connections carried over from a previous process, adopted on a
-    /// miss ([`ConnTable::find_or_adopt`]) until they would all have
+    /// miss ([`ConnTable::adopt`]) until they would all have
     /// expired.
     carried: Option<CarriedView<Canon, Parked>>,
 }
@@ -557,24 +558,29 @@ impl ConnTable {
         Some((i as u32, dir))
     }
 
-    /// [`ConnTable::find`], and on a miss the connection carried over
-    /// from a previous process under `key`, if there is one this table
-    /// has not adopted before and its tenant has room: it joins the
-    /// table, marked as checked against no generation, so that the
-    /// current rules decide (as after a configuration change) whether it
-    /// may stay.
-    pub fn find_or_adopt(
-        &mut self,
-        key: &ConnKey,
-        now: u64,
-        generation: u64,
-    ) -> Option<(u32, Dir)> {
-        let found = self.find(key, now);
-        if found.is_some() || self.carried.is_none() {
-            return found;
+    /// True if this table may adopt connections carried over from a
+    /// previous process ([`ConnTable::adopt`]).
+    #[inline]
+    pub fn carries(&self) -> bool {
+        self.carried.is_some()
+    }
+
+    /// What to do on a miss of [`ConnTable::find`] when the table
+    /// [`carries`](ConnTable::carries) connections of a previous process:
+    /// the one under `key`, if there is one this table has not adopted
+    /// before and its tenant has room, joins the table, marked as checked
+    /// against no generation, so that the current rules decide (as after
+    /// a configuration change) whether it may stay. Out of line: the hit
+    /// path stays as it is.
+    #[cold]
+    #[inline(never)]
+    pub fn adopt(&mut self, key: &ConnKey, now: u64, generation: u64) -> Option<(u32, Dir)> {
+        let (i, found) = self.probe(&key.canon, key.hash);
+        if found {
+            // Not a miss after all: the table's own entry stands.
+            return None;
         }
         let (expires, parked) = self.carried.as_mut()?.take(&key.canon, now)?;
-        let (i, _) = self.probe(&key.canon, key.hash);
         let tenant = key.canon.tenant;
         self.shares.check(tenant).ok()?;
         self.shares.take(tenant);

@@ -305,7 +305,7 @@ impl FragTable {
     pub fn passes(&mut self, key: &FragKey, now: u64) -> bool {
         let (i, found) = self.probe(key);
         if !found {
-            return self.adopt(key, i, now);
+            return self.carried.is_some() && self.adopt(key, i, now);
         }
         if u64::from(self.buckets[i].expires) <= now {
             self.remove(i);
@@ -315,7 +315,9 @@ impl FragTable {
     }
 
     /// Adopts the carried datagram `key` into empty bucket `i`, if there
-    /// is one live and its tenant has room.
+    /// is one live and its tenant has room. Out of line: the miss path.
+    #[cold]
+    #[inline(never)]
     fn adopt(&mut self, key: &FragKey, i: usize, now: u64) -> bool {
         let Some((expires, ())) = self.carried.as_mut().and_then(|c| c.take(&key.id, now)) else {
             return false;

@@ -89,7 +89,11 @@ pub(super) fn filter_ip(
     } = p;
     let opens = |tag: u32| t.actions[tag as usize] & OPENS != 0;
     if let Some(ck) = conn {
-        if let Some((slot, dir)) = conns.find_or_adopt(&ck, now, generation) {
+        let found = match conns.find(&ck, now) {
+            None if conns.carries() => conns.adopt(&ck, now, generation),
+            found => found,
+        };
+        if let Some((slot, dir)) = found {
             let current = conns.checked_at(slot, generation)
                 || classify(t, cache, &conns.orig(slot), generation).is_some_and(opens);
             if current {

@@ -514,15 +514,12 @@ mod tests {
         let mut t = ConnTable::new(8, 8, Timeouts::default());
         t.reserve_tenants(2);
         t.carry(Arc::new(carried), 0);
-        let (s, dir) = t.find_or_adopt(&k, 0, 5).unwrap();
+        let (s, dir) = t.adopt(&k, 0, 5).unwrap();
         assert_eq!(dir, Dir::Orig);
         assert!(!t.checked_at(s, 5), "the rules decide again");
         assert!(t.track(s, Dir::Orig, RST, 0));
-        assert_eq!(
-            t.find_or_adopt(&k, 100, 5),
-            None,
-            "closed, gone, not carried again"
-        );
+        assert_eq!(t.find(&k, 100), None, "closed and gone");
+        assert_eq!(t.adopt(&k, 100, 5), None, "not carried again");
         t.open(k, f, SYN, 100, 5).unwrap();
         assert!(t.find(&k, 100).is_some());
     }
