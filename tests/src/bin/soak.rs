@@ -700,7 +700,7 @@ fn main() -> Result<()> {
         }
         let across_restart = breaks
             .iter()
-            .filter(|&&t| t >= graceful && t < graceful + 15.0)
+            .filter(|&&t| t >= graceful && t < killed)
             .count();
         if across_restart > 0 {
             failed.push(format!(
