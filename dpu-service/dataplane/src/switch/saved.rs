@@ -257,7 +257,9 @@ impl SavedTables {
             )));
         }
         let mut r = Reader(&body[HEADER..]);
-        let mut names = Vec::with_capacity(tenants);
+        // Each name takes at least 3 bytes: a count the bytes cannot
+        // hold allocates no more than they could.
+        let mut names = Vec::with_capacity(tenants.min(r.0.len() / 3));
         for i in 0..tenants {
             if r.0.len() < 2 {
                 return Err(SavedError::Truncated(bytes.len()));
