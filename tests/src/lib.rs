@@ -399,6 +399,37 @@ impl Service {
         Ok(())
     }
 
+    /// Creates tenant `tenant` (default deny) attached to `ports`, whose
+    /// only rule, `web`, is a stateful allow of TCP from `src` (a prefix)
+    /// to port 8080: without a tracked connection, neither side's next
+    /// segment passes.
+    pub fn stateful_web_tenant(&self, tenant: &str, ports: &[&str], src: &str) -> Result<()> {
+        let mut args = vec!["tenant", "create", tenant];
+        for p in ports {
+            args.extend(["--port", p]);
+        }
+        self.dpuctl_json(&args)?;
+        self.dpuctl_json(&[
+            "rule",
+            "add",
+            tenant,
+            "--id",
+            "web",
+            "--priority",
+            "10",
+            "--action",
+            "allow",
+            "--src",
+            src,
+            "--proto",
+            "tcp",
+            "--dport",
+            "8080",
+            "--stateful",
+        ])?;
+        Ok(())
+    }
+
     /// Runs `dpuctl --output json`, requires success and parses the output.
     pub fn dpuctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
         let mut all = vec!["--output", "json"];

@@ -225,3 +225,30 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// A Python program (`python3 -c ECHO_SERVER ADDR PORT`) that echoes
+/// whatever any of its connections sends, many connections at once.
+pub const ECHO_SERVER: &str = r#"
+import selectors, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(256)
+sel = selectors.DefaultSelector()
+sel.register(s, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is s:
+            c, _ = s.accept()
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        try:
+            d = key.fileobj.recv(4096)
+        except OSError:
+            d = b""
+        if d:
+            key.fileobj.sendall(d)
+        else:
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+"#;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context, Result};
-use dpu_e2e::net::{config, metric, Host, Reaped};
+use dpu_e2e::net::{config, metric, Host, Reaped, ECHO_SERVER};
 use dpu_e2e::{binary, free_port, rss_kib, Service};
 use dpu_nvmeof::host::{self, Controller, ControllerOptions, HostIdentity, QueueOptions, Transfer};
 
@@ -56,32 +56,6 @@ const RSS_SLACK_KIB: u64 = 64 * 1024;
 /// Threads the last process may have beyond the first's, idle: the
 /// blocking pool's threads still waiting out their 10 s after the load.
 const THREAD_SLACK: usize = 4;
-
-/// Echoes whatever any connection sends.
-const ECHO: &str = r#"
-import selectors, socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2])))
-s.listen(256)
-sel = selectors.DefaultSelector()
-sel.register(s, selectors.EVENT_READ)
-while True:
-    for key, _ in sel.select():
-        if key.fileobj is s:
-            c, _ = s.accept()
-            sel.register(c, selectors.EVENT_READ)
-            continue
-        try:
-            d = key.fileobj.recv(65536)
-        except OSError:
-            d = b""
-        if d:
-            key.fileobj.sendall(d)
-        else:
-            sel.unregister(key.fileobj)
-            key.fileobj.close()
-"#;
 
 /// Until the Unix time DEADLINE: N connections to ADDR PORT, in turn
 /// each sends 1..4096 random bytes and waits for them back (4 s at
@@ -568,25 +542,7 @@ fn main() -> Result<()> {
         ("red", (ports[0], ports[1]), "10.241.0"),
         ("blue", (ports[2], ports[3]), "10.242.0"),
     ] {
-        svc.dpuctl_ok(&["tenant", "create", tenant, "--port", a, "--port", b])?;
-        svc.dpuctl_ok(&[
-            "rule",
-            "add",
-            tenant,
-            "--id",
-            "web",
-            "--priority",
-            "10",
-            "--action",
-            "allow",
-            "--src",
-            &format!("{net}.1/32"),
-            "--proto",
-            "tcp",
-            "--dport",
-            "8080",
-            "--stateful",
-        ])?;
+        svc.stateful_web_tenant(tenant, &[a, b], &format!("{net}.1/32"))?;
     }
     std::thread::sleep(Duration::from_secs(2));
     let idle = footprint(&svc)?;
@@ -600,7 +556,7 @@ fn main() -> Result<()> {
     let _servers: Vec<Reaped> = [&stations[1], &stations[3]]
         .iter()
         .zip(["10.241.0.2", "10.242.0.2"])
-        .map(|(h, a)| h.spawn_python(ECHO, &[a, "8080"]).map(Reaped))
+        .map(|(h, a)| h.spawn_python(ECHO_SERVER, &[a, "8080"]).map(Reaped))
         .collect::<Result<_>>()?;
     let traffic: Vec<Reaped> = [&stations[0], &stations[2]]
         .iter()

@@ -889,29 +889,7 @@ fn a_syn_flood_from_other_tenants_leaves_a_tenant_its_connections() -> Result<()
         ("flood2", &["pf0vf1"][..], "10.237.1.1/32"),
         ("victim", &["pf0vf2", "pf0vf3"][..], "10.237.2.1/32"),
     ] {
-        let mut args = vec!["tenant", "create", tenant];
-        for p in ports {
-            args.extend(["--port", p]);
-        }
-        svc.dpuctl_json(&args)?;
-        svc.dpuctl_json(&[
-            "rule",
-            "add",
-            tenant,
-            "--id",
-            "web",
-            "--priority",
-            "10",
-            "--action",
-            "allow",
-            "--src",
-            src,
-            "--proto",
-            "tcp",
-            "--dport",
-            "8080",
-            "--stateful",
-        ])?;
+        svc.stateful_web_tenant(tenant, ports, src)?;
     }
     // The flooders' targets answer nothing: a static neighbour lets the
     // SYNs out.

@@ -12,35 +12,9 @@ use anyhow::{ensure, Context, Result};
 use dpu_e2e::net::{eventually, metric};
 use dpu_e2e::Service;
 
-use dpu_e2e::net::{config, Host, Reaped};
+use dpu_e2e::net::{config, Host, Reaped, ECHO_SERVER};
 
 use super::switch::one_at_a_time;
-
-/// Echoes whatever any connection sends (many connections at once).
-const ECHO: &str = r#"
-import selectors, socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2])))
-s.listen(256)
-sel = selectors.DefaultSelector()
-sel.register(s, selectors.EVENT_READ)
-while True:
-    for key, _ in sel.select():
-        if key.fileobj is s:
-            c, _ = s.accept()
-            sel.register(c, selectors.EVENT_READ)
-            continue
-        try:
-            d = key.fileobj.recv(4096)
-        except OSError:
-            d = b""
-        if d:
-            key.fileobj.sendall(d)
-        else:
-            sel.unregister(key.fileobj)
-            key.fileobj.close()
-"#;
 
 /// Opens N connections to ADDR PORT, prints "open"; then for each line
 /// read (a time limit in seconds) sends a byte on every connection and
@@ -134,28 +108,8 @@ fn tracked_connections_survive_a_graceful_restart_and_not_a_kill() -> Result<()>
     )?;
     // Default deny; only the client may open TCP to port 8080, stateful:
     // without its connection, neither side's next segment passes.
-    svc.dpuctl_json(&[
-        "tenant", "create", "green", "--port", "pf0vf0", "--port", "pf0vf1",
-    ])?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        "green",
-        "--id",
-        "web",
-        "--priority",
-        "10",
-        "--action",
-        "allow",
-        "--src",
-        "10.232.0.1/32",
-        "--proto",
-        "tcp",
-        "--dport",
-        "8080",
-        "--stateful",
-    ])?;
-    let _echo = Reaped(server.spawn_python(ECHO, &["10.232.0.2", "8080"])?);
+    svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.232.0.1/32")?;
+    let _echo = Reaped(server.spawn_python(ECHO_SERVER, &["10.232.0.2", "8080"])?);
     let mut clients = None;
     eventually("the clients' connections", || {
         clients = Clients::start(&client, "10.232.0.2", "8080", N).ok();
