@@ -118,6 +118,24 @@ struct Shared {
     reach: Arc<Reach>,
     /// What is in flight on the image's cluster connection.
     in_flight: Arc<InFlight>,
+    /// Counts the image out of [`CLOSING`] once it has closed: after
+    /// `image`, so it drops after it, on whichever thread held the last
+    /// handle (the closer's, or the resize follower's if it was reading
+    /// the size just then).
+    closed: ClosedMark,
+}
+
+/// Takes one from [`CLOSING`] when dropped, once armed: an image whose
+/// backend was dropped counts as closing until its [`Shared`] is gone.
+#[derive(Debug, Default)]
+struct ClosedMark(AtomicBool);
+
+impl Drop for ClosedMark {
+    fn drop(&mut self) {
+        if *self.0.get_mut() {
+            CLOSING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Whether an image's cluster answers, as its operations found it. Held
@@ -190,6 +208,7 @@ impl RbdBackend {
                 what: what.clone(),
             }),
             in_flight: link.in_flight.clone(),
+            closed: ClosedMark::default(),
         });
         let weak = Arc::downgrade(&shared);
         shared
@@ -275,19 +294,19 @@ impl Drop for RbdBackend {
         };
         // Closing waits for the operations in flight (up to the cluster's
         // timeout): never on the thread that dropped the last handle,
-        // which may serve other connections.
-        let what = self.what.clone();
+        // which may serve other connections. The image counts as closing
+        // until the last handle to it is gone, wherever that happens.
         CLOSING.fetch_add(1, Ordering::AcqRel);
+        shared.closed.0.store(true, Ordering::Release);
+        let what = self.what.clone();
         let closer = std::thread::Builder::new()
             .name("rbd-close".into())
             .spawn(move || {
                 drop(shared);
-                tracing::debug!(image = %what, "RBD image closed");
-                CLOSING.fetch_sub(1, Ordering::AcqRel);
+                tracing::debug!(image = %what, "RBD image released by its closer");
             });
         if let Err(e) = closer {
             // The closure (and the image in it) dropped with the error.
-            CLOSING.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(image = %self.what, error = %e, "closed an RBD image inline");
         }
     }
