@@ -58,6 +58,7 @@ pub fn run(data: &[u8]) {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "fuzz".into(),
             model: "fuzz".into(),
@@ -65,6 +66,7 @@ pub fn run(data: &[u8]) {
             allowed_hosts: Default::default(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

@@ -74,6 +74,7 @@ fn target() -> Target {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "fuzz".into(),
             model: "fuzz".into(),
@@ -81,6 +82,7 @@ fn target() -> Target {
             allowed_hosts: [HOST.to_string()].into_iter().collect(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

@@ -577,6 +577,7 @@ fn subsystem_config(
     listeners: Vec<SocketAddr>,
 ) -> SubsystemConfig {
     SubsystemConfig {
+        host_qos: Default::default(),
         nqn: s.nqn.clone(),
         serial: s.serial_number.clone(),
         model: s.model_number.clone(),
@@ -588,6 +589,7 @@ fn subsystem_config(
             .values()
             .filter_map(|n| {
                 Some(NamespaceConfig {
+                    qos: Default::default(),
                     nsid: n.nsid,
                     block_size: n.block_size,
                     uuid: n.uuid,

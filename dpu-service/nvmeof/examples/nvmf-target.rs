@@ -169,6 +169,7 @@ fn main() {
         .unwrap_or_else(|_| fail(&format!("--listen takes HOST:PORT, not {listen:?}")));
     let config = TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: nqn.clone(),
             serial: "bench".into(),
             model: "dpu-service".into(),
@@ -176,6 +177,7 @@ fn main() {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                qos: Default::default(),
                 nsid: 1,
                 block_size: BLOCK_SIZE,
                 uuid: [1; 16],

@@ -39,6 +39,7 @@ pub mod conn;
 pub mod host;
 pub mod identify;
 pub mod pdu;
+pub mod qos;
 pub mod spec;
 pub mod target;
 pub mod tcp;

@@ -45,6 +45,7 @@ fn serve_target(target: &Target) -> (TcpTransport, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN-HOST".into(),
             model: "host library test".into(),
@@ -52,6 +53,7 @@ fn serve_target(target: &Target) -> (TcpTransport, SocketAddr) {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                qos: Default::default(),
                 nsid: 1,
                 block_size: BLOCK as u32,
                 uuid: [1; 16],

@@ -159,6 +159,7 @@ fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Ta
         connect_timeout: Duration::from_secs(5),
     };
     let ns = |nsid: u32, backend| NamespaceConfig {
+        qos: Default::default(),
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],
@@ -167,6 +168,7 @@ fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Ta
     };
     let mut cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),

@@ -29,6 +29,7 @@ fn serve(
     let target = Target::new();
     let cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),
@@ -36,6 +37,7 @@ fn serve(
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

@@ -222,6 +222,7 @@ impl Front {
         let addr = transport.bound()[&any];
         let cfg = TargetConfig {
             subsystems: vec![SubsystemConfig {
+                host_qos: Default::default(),
                 nqn: FRONT_NQN.into(),
                 serial: "SN-KFRONT".into(),
                 model: "remote front".into(),
@@ -229,6 +230,7 @@ impl Front {
                 allowed_hosts: BTreeSet::new(),
                 max_namespaces: 4,
                 namespaces: vec![NamespaceConfig {
+                    qos: Default::default(),
                     nsid: 1,
                     block_size,
                     uuid: [0x31; 16],

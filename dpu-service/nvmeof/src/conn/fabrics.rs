@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::host::CONNECT_DATA_LEN;
+use crate::qos::QosScope;
 use crate::spec::{self, fctype, Cqe, Sqe, Status};
 use crate::target::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
 
@@ -117,8 +118,14 @@ impl Connection {
                 return refused(invalid(sqe, true, 16));
             }
             let health = self.target.health(&subnqn);
+            // The host's QoS limiter, shared by all its controllers on the
+            // subsystem (a discovery controller does no I/O).
+            let qos = (kind == ControllerKind::Io).then(|| {
+                self.target
+                    .limiter(&subnqn, QosScope::Host(hostnqn.clone()))
+            });
             let made = self.target.add_controller(|id| {
-                Controller::new(
+                let c = Controller::new(
                     id,
                     kind,
                     subnqn.clone(),
@@ -129,7 +136,11 @@ impl Connection {
                     sqsize + 1,
                     health,
                     now,
-                )
+                );
+                match qos {
+                    Some(q) => c.with_qos(q),
+                    None => c,
+                }
             });
             let Some(c) = made else {
                 return refused(Outcome::status(sqe, Status::CONNECT_CONTROLLER_BUSY));

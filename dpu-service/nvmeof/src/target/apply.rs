@@ -11,6 +11,7 @@ use dpu_os::backing::{BackingPolicy, Identity};
 use super::config::Clusters;
 use super::controller::{Controller, ControllerKind};
 use super::{Namespace, NamespaceConfig, Subsystem, SubsystemConfig, Target, TargetConfig};
+use crate::qos::{Limiter, QosScope};
 
 /// Why a configuration could not be applied in full.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +124,8 @@ impl Target {
             let mut namespaces = BTreeMap::new();
             for nc in &sc.namespaces {
                 let prev = old.and_then(|o| o.namespaces.get(&nc.nsid));
-                match Self::namespace(&self.inner.backing, &self.inner.clusters, prev, nc) {
+                let qos = self.limiter(&sc.nqn, QosScope::Namespace(nc.nsid));
+                match Self::namespace(&self.inner.backing, &self.inner.clusters, prev, nc, qos) {
                     Ok(b) => {
                         namespaces.insert(nc.nsid, b);
                     }
@@ -143,6 +145,9 @@ impl Target {
             built.push((sc, namespaces));
         }
         one_store_each(&current, &mut built, &mut errors);
+        // Limits take effect for the next command (those of namespaces
+        // that failed to open too: they apply once one opens).
+        self.inner.limiters.configure(config);
         for (_, nss) in &built {
             for b in nss.values().filter(|b| b.opened) {
                 let target = Arc::downgrade(&self.inner);
@@ -331,6 +336,7 @@ impl Target {
         clusters: &Clusters,
         prev: Option<&Arc<Namespace>>,
         nc: &NamespaceConfig,
+        qos: Arc<Limiter>,
     ) -> io::Result<Built> {
         let lba_shift = nc.block_size.max(512).trailing_zeros() as u8;
         let same = |p: &&Arc<Namespace>| {
@@ -377,6 +383,7 @@ impl Target {
             spec: nc.backend.clone(),
             identity,
             removed,
+            qos,
         };
         Ok(Built {
             ns: Arc::new(ns),
@@ -395,6 +402,7 @@ mod tests {
 
     fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
         SubsystemConfig {
+            host_qos: Default::default(),
             nqn: nqn.into(),
             serial: "s".into(),
             model: "m".into(),
@@ -408,6 +416,7 @@ mod tests {
 
     fn file_ns(nsid: u32, path: &std::path::Path, size: u64, created: bool) -> NamespaceConfig {
         NamespaceConfig {
+            qos: Default::default(),
             nsid,
             block_size: 512,
             uuid: [nsid as u8; 16],

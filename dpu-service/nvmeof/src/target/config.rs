@@ -1,7 +1,7 @@
 //! What the target is told to serve: subsystems, their namespaces and
 //! where each namespace's blocks live.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use dpu_os::backing::{BackingPolicy, Identity, OpenHow};
 
 use crate::backend::{Backend, FileBackend, NullBackend, RamBackend};
+use crate::qos::QosLimits;
 
 /// The target's connections to storage clusters (feature `rbd`).
 #[cfg(feature = "rbd")]
@@ -362,6 +363,8 @@ pub struct NamespaceConfig {
     pub nguid: [u8; 16],
     /// Backing store.
     pub backend: BackendSpec,
+    /// Limits on the namespace's I/O, all hosts together.
+    pub qos: QosLimits,
 }
 
 /// A subsystem as configured.
@@ -383,6 +386,9 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Transport addresses the subsystem is exported on.
     pub listeners: Vec<SocketAddr>,
+    /// Limits on the I/O of each host named, all its controllers and
+    /// namespaces on the subsystem together.
+    pub host_qos: BTreeMap<String, QosLimits>,
 }
 
 /// Everything the target serves.
@@ -411,6 +417,7 @@ impl TargetConfig {
 #[cfg(test)]
 pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) -> SubsystemConfig {
     SubsystemConfig {
+        host_qos: Default::default(),
         nqn: nqn.into(),
         serial: "SN1".into(),
         model: "test".into(),
@@ -418,6 +425,7 @@ pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) ->
         allowed_hosts: BTreeSet::new(),
         max_namespaces: 8,
         namespaces: vec![NamespaceConfig {
+            qos: Default::default(),
             nsid: 1,
             block_size: 512,
             uuid: [1; 16],

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::identify::{self, ErrorEntry};
+use crate::qos::Limiter;
 
 use super::Target;
 
@@ -186,6 +187,9 @@ pub struct Controller {
     created: Instant,
     /// Seconds from `created` to the last command on any of its queues.
     active_s: AtomicU64,
+    /// The QoS limiter of its host on its subsystem (one without limits
+    /// unless [`Controller::with_qos`] gave one).
+    pub qos: Arc<Limiter>,
 }
 
 impl Controller {
@@ -215,6 +219,7 @@ impl Controller {
             dead: AtomicBool::new(false),
             created: now,
             active_s: AtomicU64::new(0),
+            qos: Arc::default(),
             state: Mutex::new(State {
                 cc: 0,
                 csts: 0,
@@ -231,6 +236,12 @@ impl Controller {
                 error_count: 0,
             }),
         }
+    }
+
+    /// The controller, its host's I/O held by `qos`.
+    pub fn with_qos(mut self, qos: Arc<Limiter>) -> Self {
+        self.qos = qos;
+        self
     }
 
     /// Runs `f` on the locked state.

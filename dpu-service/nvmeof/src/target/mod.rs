@@ -20,13 +20,15 @@
 //! - `admission`: who may connect, and with which keys: the per-host
 //!   limit on queues, the authentication settings;
 //! - [`controller`]: a controller, and the live ones by controller ID;
-//! - `discovery`: the discovery log and its generation counter.
+//! - `discovery`: the discovery log and its generation counter;
+//! - `qos`: the QoS limiters of namespaces and hosts.
 
 mod admission;
 mod apply;
 mod config;
 pub mod controller;
 mod discovery;
+mod qos;
 mod subsystems;
 
 pub(crate) use admission::HostAdmission;
@@ -123,6 +125,8 @@ struct Inner {
     hosts: Mutex<HostConnections>,
     auth: RwLock<AuthConfig>,
     auth_limiter: AuthLimiter,
+    /// QoS limiters by subsystem and scope.
+    limiters: qos::Limiters,
 }
 
 impl Target {

@@ -10,6 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use dpu_os::backing::Identity;
 
 use crate::backend::Backend;
+use crate::qos::Limiter;
 
 use super::{BackendSpec, Target};
 
@@ -64,6 +65,9 @@ pub struct Namespace {
     /// True once the backend left service. I/O holds it for reading while
     /// it runs; taking it out of service holds it for writing.
     pub(super) removed: Arc<RwLock<bool>>,
+    /// The namespace's QoS limiter (the same one for every namespace
+    /// under its NSID on the subsystem, across configuration changes).
+    pub qos: Arc<Limiter>,
 }
 
 impl Namespace {

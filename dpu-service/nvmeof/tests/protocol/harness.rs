@@ -21,6 +21,7 @@ pub fn listen() -> SocketAddr {
 
 pub fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
     NamespaceConfig {
+        qos: Default::default(),
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],
@@ -32,6 +33,7 @@ pub fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
 pub fn config(hosts: &[&str]) -> TargetConfig {
     TargetConfig {
         subsystems: vec![SubsystemConfig {
+            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),

@@ -1,0 +1,105 @@
+//! The target's QoS limiters ([`crate::qos`]), one per subsystem and
+//! scope (a namespace, a host), kept across configuration changes and
+//! controllers so that their buckets and counters carry on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::qos::{Limiter, QosLimits, QosScope, QosStat};
+
+use super::{Target, TargetConfig};
+
+/// The limiters by subsystem NQN and scope. Holds those configured and
+/// those a live namespace or controller holds; the rest are dropped at
+/// the next [`Target::apply`] or once the map has doubled since the last
+/// pruning, so hosts that come and go do not grow it.
+#[derive(Debug, Default)]
+pub(super) struct Limiters {
+    map: Mutex<LimiterMap>,
+}
+
+#[derive(Debug, Default)]
+struct LimiterMap {
+    by_scope: HashMap<(String, QosScope), Arc<Limiter>>,
+    /// Entries after the last pruning.
+    pruned_at: usize,
+}
+
+impl LimiterMap {
+    /// Drops the limiters no one holds and no configuration sets.
+    fn prune(&mut self) {
+        self.by_scope
+            .retain(|_, l| Arc::strong_count(l) > 1 || l.is_active());
+        self.pruned_at = self.by_scope.len();
+    }
+}
+
+impl Limiters {
+    /// The limiter of `scope` on `subnqn`, made without limits if none is.
+    pub(super) fn get(&self, subnqn: &str, scope: QosScope) -> Arc<Limiter> {
+        let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.by_scope.len() >= 2 * m.pruned_at.max(64) {
+            m.prune();
+        }
+        m.by_scope
+            .entry((subnqn.to_string(), scope))
+            .or_default()
+            .clone()
+    }
+
+    /// Sets every limiter to what `config` says (no limits where it says
+    /// none), then drops those no one holds.
+    pub(super) fn configure(&self, config: &TargetConfig) {
+        let mut want: HashMap<(String, QosScope), QosLimits> = HashMap::new();
+        for sc in &config.subsystems {
+            for nc in sc.namespaces.iter().filter(|n| !n.qos.is_none()) {
+                want.insert((sc.nqn.clone(), QosScope::Namespace(nc.nsid)), nc.qos);
+            }
+            for (host, q) in sc.host_qos.iter().filter(|(_, q)| !q.is_none()) {
+                want.insert((sc.nqn.clone(), QosScope::Host(host.clone())), *q);
+            }
+        }
+        let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, l) in &m.by_scope {
+            l.set(want.remove(key).unwrap_or_default());
+        }
+        for (key, q) in want {
+            m.by_scope.insert(key, Arc::new(Limiter::new(q)));
+        }
+        m.prune();
+    }
+
+    /// Every limiter with limits or with commands held back, sorted.
+    pub(super) fn stats(&self) -> Vec<QosStat> {
+        let m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut v: Vec<QosStat> = m
+            .by_scope
+            .iter()
+            .filter(|(_, l)| l.is_active() || l.throttled_commands() > 0)
+            .map(|((subnqn, scope), l)| QosStat {
+                subnqn: subnqn.clone(),
+                scope: scope.clone(),
+                limits: l.limits(),
+                throttled_commands: l.throttled_commands(),
+                throttled_time: l.throttled_time(),
+            })
+            .collect();
+        v.sort_by(|a, b| (&a.subnqn, &a.scope).cmp(&(&b.subnqn, &b.scope)));
+        v
+    }
+}
+
+impl Target {
+    /// The limiter of `scope` on the subsystem `subnqn` (one without
+    /// limits when none are configured; configuring some later sets them
+    /// on it).
+    pub(crate) fn limiter(&self, subnqn: &str, scope: QosScope) -> Arc<Limiter> {
+        self.inner.limiters.get(subnqn, scope)
+    }
+
+    /// Every QoS limiter with limits set or commands held back: its
+    /// limits, and the commands that waited for it and for how long.
+    pub fn qos_stats(&self) -> Vec<QosStat> {
+        self.inner.limiters.stats()
+    }
+}
