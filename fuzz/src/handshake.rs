@@ -74,7 +74,6 @@ fn target() -> Target {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "fuzz".into(),
             model: "fuzz".into(),
@@ -82,14 +81,15 @@ fn target() -> Target {
             allowed_hosts: [HOST.to_string()].into_iter().collect(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size: 1 << 20 },
+                qos: Default::default(),
             }],
             listeners: vec!["127.0.0.1:4420".parse().unwrap()],
+            host_qos: Default::default(),
         }],
         discovery: None,
     });

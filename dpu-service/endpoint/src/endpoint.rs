@@ -429,6 +429,15 @@ impl Endpoint {
         if let Some(c) = self.closing.iter().map(|c| c.until).min() {
             at = at.min(c);
         }
+        // Block requests a QoS limit holds back start when it says.
+        if let Some(t) = self
+            .sessions
+            .iter()
+            .filter_map(|s| s.conn.throttled_until())
+            .min()
+        {
+            at = at.min(t);
+        }
         if self
             .sessions
             .iter()

@@ -53,7 +53,6 @@ pub fn target_at(size: u64, address: IpAddr) -> Target {
     let t = Target::new();
     let errors = t.apply(&TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "EP1".into(),
             model: "endpoint".into(),
@@ -61,14 +60,15 @@ pub fn target_at(size: u64, address: IpAddr) -> Target {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size },
+                qos: Default::default(),
             }],
             listeners: vec![(address, PORT).into()],
+            host_qos: Default::default(),
         }],
         discovery: None,
     });

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
-//!     [--io-cpus 2,3] [--poll-groups N]
+//!     [--io-cpus 2,3] [--poll-groups N] [--qos-iops N] [--qos-bandwidth 200M]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     --rbd POOL/IMAGE --mon-host MONS --ceph-user USER [--ceph-key-file F]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
@@ -25,6 +25,10 @@
 //! namespace served has 512-byte blocks, so the remote's must have 512
 //! too: one of 4096-byte blocks is refused with an error saying so.
 //!
+//! `--qos-iops` and `--qos-bandwidth` limit the namespace's commands and
+//! bytes per second, all hosts together ([`dpu_nvmeof::qos`]); a limit
+//! never reached measures what the limiter costs.
+//!
 //! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
 //! to each CPU listed, the transport's other threads off them.
 //! `--poll-groups` is `storage.poll_groups`: how many unpinned I/O poll
@@ -36,6 +40,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dpu_nvmeof::qos::QosLimits;
 use dpu_nvmeof::target::RemoteNamespace;
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig, TcpConfig,
@@ -90,6 +95,7 @@ fn main() {
     let (mut rbd, mut mon_host, mut user, mut key) = (None, None, "admin".to_string(), None);
     let (mut remote, mut remote_nqn, mut remote_nsid) = (Vec::new(), None, 1u32);
     let (mut host_nqn, mut remote_qd) = (HOST_NQN.to_string(), None);
+    let mut qos = QosLimits::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args
@@ -125,6 +131,12 @@ fn main() {
                     fail(&format!("--remote-queue-depth takes a count, not {v:?}"))
                 }))
             }
+            "--qos-iops" => {
+                qos.iops = v
+                    .parse()
+                    .unwrap_or_else(|_| fail(&format!("--qos-iops takes a count, not {v:?}")))
+            }
+            "--qos-bandwidth" => qos.bandwidth = size(&v),
             "--poll-groups" => {
                 tcp.poll_groups = v
                     .parse()
@@ -169,7 +181,6 @@ fn main() {
         .unwrap_or_else(|_| fail(&format!("--listen takes HOST:PORT, not {listen:?}")));
     let config = TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: nqn.clone(),
             serial: "bench".into(),
             model: "dpu-service".into(),
@@ -177,14 +188,15 @@ fn main() {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: BLOCK_SIZE,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend,
+                qos,
             }],
             listeners: vec![addr],
+            host_qos: Default::default(),
         }],
         discovery: None,
     };

@@ -113,7 +113,8 @@ pub struct QosStat {
     pub limits: QosLimits,
     /// Commands that waited for it.
     pub throttled_commands: u64,
-    /// The time they waited, in all.
+    /// The time they waited first in their connections' lines, in all
+    /// ([`Limiter::throttled_time`]).
     pub throttled_time: Duration,
 }
 
@@ -153,7 +154,9 @@ pub struct Limiter {
     state: Mutex<Buckets>,
     /// Commands that waited for this limiter.
     throttled: AtomicU64,
-    /// Nanoseconds they waited in all.
+    /// Nanoseconds they waited first in their connections' lines (the
+    /// commands behind one wait with it, uncounted): how long the limiter
+    /// held connections back.
     throttled_ns: AtomicU64,
 }
 
@@ -217,7 +220,8 @@ impl Limiter {
         self.throttled.load(Ordering::Relaxed)
     }
 
-    /// The time they waited, in all.
+    /// The time they waited first in their connections' lines, in all:
+    /// how long the limiter held connections back.
     pub fn throttled_time(&self) -> Duration {
         Duration::from_nanos(self.throttled_ns.load(Ordering::Relaxed))
     }

@@ -45,7 +45,6 @@ fn serve_target(target: &Target) -> (TcpTransport, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN-HOST".into(),
             model: "host library test".into(),
@@ -53,14 +52,15 @@ fn serve_target(target: &Target) -> (TcpTransport, SocketAddr) {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: BLOCK as u32,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size: SIZE },
+                qos: Default::default(),
             }],
             listeners: vec![any],
+            host_qos: Default::default(),
         }],
         discovery: None,
     };

@@ -33,7 +33,6 @@ fn serve(target: &Target) -> (TcpTransport, SocketAddr) {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let mut cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "AUTH1".into(),
             model: "auth".into(),
@@ -41,14 +40,15 @@ fn serve(target: &Target) -> (TcpTransport, SocketAddr) {
             allowed_hosts: [HOST.to_string()].into_iter().collect::<BTreeSet<_>>(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size: 16 << 20 },
+                qos: Default::default(),
             }],
             listeners: vec![any],
+            host_qos: Default::default(),
         }],
         discovery: None,
     };

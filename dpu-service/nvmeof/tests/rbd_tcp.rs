@@ -159,16 +159,15 @@ fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Ta
         connect_timeout: Duration::from_secs(5),
     };
     let ns = |nsid: u32, backend| NamespaceConfig {
-        qos: Default::default(),
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],
         nguid: [nsid as u8 + 1; 16],
         backend,
+        qos: Default::default(),
     };
     let mut cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),
@@ -187,6 +186,7 @@ fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Ta
                 ns(RAM_NS, BackendSpec::Ram { size: 4 * MIB }),
             ],
             listeners: vec![any],
+            host_qos: Default::default(),
         }],
         discovery: None,
     };

@@ -250,12 +250,12 @@ fn remote(addr: SocketAddr, nsid: u32) -> RemoteNamespace {
 /// Our namespace `nsid` of `block_size`-byte blocks on `remote`.
 fn namespace(nsid: u32, block_size: u32, remote: RemoteNamespace) -> NamespaceConfig {
     NamespaceConfig {
-        qos: Default::default(),
         nsid,
         block_size,
         uuid: [nsid as u8; 16],
         nguid: [0x80 | nsid as u8; 16],
         backend: BackendSpec::Remote(remote),
+        qos: Default::default(),
     }
 }
 
@@ -263,7 +263,6 @@ fn namespace(nsid: u32, block_size: u32, remote: RemoteNamespace) -> NamespaceCo
 fn front_config(namespaces: Vec<NamespaceConfig>, listeners: Vec<SocketAddr>) -> TargetConfig {
     TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: FRONT_NQN.into(),
             serial: "SN-FRONT".into(),
             model: "remote front".into(),
@@ -272,6 +271,7 @@ fn front_config(namespaces: Vec<NamespaceConfig>, listeners: Vec<SocketAddr>) ->
             max_namespaces: 8,
             namespaces,
             listeners,
+            host_qos: Default::default(),
         }],
         discovery: None,
     }

@@ -29,7 +29,6 @@ fn serve(
     let target = Target::new();
     let cfg = TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),
@@ -37,14 +36,15 @@ fn serve(
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],
                 nguid: [2; 16],
                 backend: BackendSpec::Ram { size: 1 << 20 },
+                qos: Default::default(),
             }],
             listeners: vec![any],
+            host_qos: Default::default(),
         }],
         discovery: None,
     };

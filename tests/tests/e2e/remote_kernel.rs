@@ -222,7 +222,6 @@ impl Front {
         let addr = transport.bound()[&any];
         let cfg = TargetConfig {
             subsystems: vec![SubsystemConfig {
-                host_qos: Default::default(),
                 nqn: FRONT_NQN.into(),
                 serial: "SN-KFRONT".into(),
                 model: "remote front".into(),
@@ -230,14 +229,15 @@ impl Front {
                 allowed_hosts: BTreeSet::new(),
                 max_namespaces: 4,
                 namespaces: vec![NamespaceConfig {
-                    qos: Default::default(),
                     nsid: 1,
                     block_size,
                     uuid: [0x31; 16],
                     nguid: [0x32; 16],
                     backend: BackendSpec::Remote(remote),
+                    qos: Default::default(),
                 }],
                 listeners: vec![addr],
+                host_qos: Default::default(),
             }],
             discovery: None,
         };

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::budget::SharedBudget;
 use crate::backend::{Io, IoDone};
+use crate::qos::{Cost, Throttle};
 use crate::target::{Namespace, NamespaceRemoved};
 
 /// Where the completions of block requests started on an
@@ -44,6 +45,11 @@ pub struct BlockRequest {
     pub namespace: Arc<Namespace>,
     /// What to do.
     pub op: BlockOp,
+    /// Its wait under the QoS limiters, until they let it start.
+    pub(crate) throttle: Throttle,
+    /// The QoS limiters have let it start (the rest of a command that
+    /// runs in chunks is not charged again).
+    pub(crate) admitted: bool,
 }
 
 /// The operations of [`BlockRequest`].
@@ -141,7 +147,18 @@ impl BlockRequest {
             cid: self.cid,
             namespace: self.namespace.clone(),
             op,
+            throttle: Throttle::default(),
+            admitted: true,
         })
+    }
+
+    /// What the request counts for under QoS limits.
+    pub fn qos_cost(&self) -> Cost {
+        match &self.op {
+            BlockOp::Read { len, .. } => Cost::Read(*len as u64),
+            BlockOp::Write { data, .. } => Cost::Write(data.len() as u64),
+            _ => Cost::Other,
+        }
     }
 
     /// The backend operations the request becomes and the bytes of data

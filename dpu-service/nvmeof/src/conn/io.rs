@@ -4,8 +4,10 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::{is_out_of_range, is_unavailable};
+use crate::qos::{admit, Limiter, Throttle};
 use crate::spec::{nvm, Cqe, Sqe, Status, FABRICS};
 use crate::target::{is_namespace_removed, Namespace};
 
@@ -62,10 +64,20 @@ impl Connection {
     /// [`OUTPUT_BUDGET`]: super::OUTPUT_BUDGET
     pub fn execute_requests(&mut self, mut send: impl FnMut(&mut Self)) -> usize {
         let (mut done, mut send_at) = (0, FIRST_SEND);
+        self.throttled_until = None;
         while !self.held_back() {
             let Some(mut r) = self.next_request() else {
                 break;
             };
+            if !r.admitted {
+                if let Err(until) = self.admit(&mut r) {
+                    // Over a QoS limit: it waits, first in line, and so do
+                    // the requests behind it.
+                    self.requests.push_front(r);
+                    self.throttled_until = Some(until);
+                    break;
+                }
+            }
             if let Some(c) = self
                 .completer
                 .as_ref()
@@ -129,11 +141,41 @@ impl Connection {
     }
 
     /// True when block requests wait to run (left by
-    /// [`Connection::execute_requests`] over the [`OUTPUT_BUDGET`]).
+    /// [`Connection::execute_requests`] over the [`OUTPUT_BUDGET`]), not
+    /// counting those a QoS limit holds back
+    /// ([`Connection::throttled_until`]).
     ///
     /// [`OUTPUT_BUDGET`]: super::OUTPUT_BUDGET
     pub fn has_requests(&self) -> bool {
-        !self.requests.is_empty()
+        !self.requests.is_empty() && self.throttled_until.is_none()
+    }
+
+    /// When the block requests a QoS limit held back in the last
+    /// [`Connection::execute_requests`] may start: the transport calls it
+    /// again then (not before: nothing would start), or sooner for other
+    /// work. `None` when no limit holds any back.
+    pub fn throttled_until(&self) -> Option<Instant> {
+        self.throttled_until
+    }
+
+    /// Lets `r` start under its namespace's and its host's QoS limits, or
+    /// answers when it may.
+    fn admit(&self, r: &mut BlockRequest) -> Result<(), Instant> {
+        let ns = &*r.namespace.qos;
+        let host = self.ctrl.as_deref().map(|c| &*c.qos);
+        let active = ns.is_active() || host.is_some_and(Limiter::is_active);
+        if !active && r.throttle.since.is_none() {
+            r.admitted = true;
+            return Ok(());
+        }
+        let cost = r.qos_cost();
+        let now = Instant::now();
+        match host {
+            Some(h) => admit(&[ns, h], cost, &mut r.throttle, now)?,
+            None => admit(&[ns], cost, &mut r.throttle, now)?,
+        }
+        r.admitted = true;
+        Ok(())
     }
 
     /// Hands back the result of a block request.
@@ -237,6 +279,8 @@ impl Connection {
             cid: sqe.cid(),
             namespace: ns.clone(),
             op,
+            throttle: Throttle::default(),
+            admitted: false,
         };
         match sqe.opcode() {
             nvm::READ | nvm::WRITE => {

@@ -145,6 +145,8 @@ pub struct Connection {
     /// Reservations of the commands whose data comes through R2T.
     budget: ConnBudget,
     requests: VecDeque<BlockRequest>,
+    /// When the requests a QoS limit held back may start.
+    throttled_until: Option<Instant>,
     /// Where requests on asynchronous backends complete; without one they
     /// run on the calling thread like the rest.
     completer: Option<Completer>,
@@ -214,6 +216,7 @@ impl Connection {
             pending: HashMap::new(),
             budget: ConnBudget::default(),
             requests: VecDeque::new(),
+            throttled_until: None,
             completer: None,
             aers: Vec::new(),
             out: Vec::new(),

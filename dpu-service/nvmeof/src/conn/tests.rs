@@ -448,3 +448,91 @@ fn commands_that_read_no_data_are_answered_without_r2t() {
     assert!(fresh.conn.controller_id().is_some());
     assert_eq!((t.write_buffers_reserved(), waits(&t)), (0, 0));
 }
+
+/// Reads over their namespace's QoS limit wait in the connection, which
+/// says until when (and claims no work before then); writes over their
+/// host's limit likewise; when the time comes they run, and the limiters
+/// count the wait.
+#[test]
+fn requests_over_a_qos_limit_wait_and_say_until_when() {
+    use crate::qos::QosLimits;
+    use crate::qos::QosScope;
+
+    let t = Target::new();
+    let mut sc = ram_subsystem(NQN, 16 << 20, vec![listen()]);
+    sc.namespaces[0].qos = QosLimits {
+        read_iops: 100,
+        ..QosLimits::default()
+    };
+    sc.host_qos.insert(
+        HOST.into(),
+        QosLimits {
+            write_iops: 50,
+            ..QosLimits::default()
+        },
+    );
+    let errors = t.apply(&TargetConfig {
+        subsystems: vec![sc],
+        discovery: None,
+    });
+    assert!(errors.is_empty(), "{errors:?}");
+    let (_a, mut q) = io_queue(&t, 1, 32);
+
+    // Ten reads at once: at 100 a second the first starts, the rest wait
+    // 10 ms apart.
+    let mut b = Vec::new();
+    for cid in 0..10u16 {
+        pdu::encode_capsule_cmd(&mut b, DG, &rw(nvm::READ, cid, 1, u64::from(cid), 1), &[]);
+    }
+    let start = Instant::now();
+    assert_eq!(q.conn.receive(&b, start), b.len());
+    let mut ran = 0;
+    while ran < 10 {
+        ran += q.conn.execute_requests(|_| {});
+        if ran < 10 {
+            let until = q.conn.throttled_until().expect("held back by the limit");
+            assert!(!q.conn.has_requests(), "no work before the limit allows it");
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        }
+    }
+    let took = start.elapsed();
+    assert!(took >= std::time::Duration::from_millis(85), "{took:?}");
+    assert_eq!(q.conn.throttled_until(), None);
+    q.inbox.extend(q.conn.take_output());
+    let answered: std::collections::BTreeSet<u16> = q
+        .got()
+        .iter()
+        .filter_map(|g| match g {
+            Got::Data { cid, .. } | Got::Resp { cid, status: 0 } => Some(*cid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered.len(), 10);
+
+    // Writes of 512 bytes in the capsule: the host's limit holds them.
+    let mut b = Vec::new();
+    for cid in 20..24u16 {
+        let mut sqe = rw(nvm::WRITE, cid, 1, u64::from(cid), 1);
+        sqe.0[39] = crate::spec::sgl::IN_CAPSULE;
+        pdu::encode_capsule_cmd(&mut b, DG, &sqe, &[7u8; 512]);
+    }
+    assert_eq!(q.conn.receive(&b, Instant::now()), b.len());
+    assert_eq!(q.conn.execute_requests(|_| {}), 1);
+    let until = q.conn.throttled_until().expect("the host's limit");
+    let wait = until.saturating_duration_since(Instant::now());
+    assert!(wait > std::time::Duration::from_millis(10), "{wait:?}");
+
+    let stats = t.qos_stats();
+    let ns = stats
+        .iter()
+        .find(|s| s.scope == QosScope::Namespace(1))
+        .expect("the namespace's limiter");
+    assert_eq!(ns.throttled_commands, 9);
+    // Counted first in line: the time the limit held the queue back.
+    assert!(ns.throttled_time >= std::time::Duration::from_millis(80));
+    let host = stats
+        .iter()
+        .find(|s| s.scope == QosScope::Host(HOST.into()))
+        .expect("the host's limiter");
+    assert_eq!(host.limits.write_iops, 50);
+}

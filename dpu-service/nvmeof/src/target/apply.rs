@@ -402,7 +402,6 @@ mod tests {
 
     fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
         SubsystemConfig {
-            host_qos: Default::default(),
             nqn: nqn.into(),
             serial: "s".into(),
             model: "m".into(),
@@ -411,12 +410,12 @@ mod tests {
             max_namespaces: 8,
             namespaces,
             listeners: Vec::new(),
+            host_qos: Default::default(),
         }
     }
 
     fn file_ns(nsid: u32, path: &std::path::Path, size: u64, created: bool) -> NamespaceConfig {
         NamespaceConfig {
-            qos: Default::default(),
             nsid,
             block_size: 512,
             uuid: [nsid as u8; 16],
@@ -426,6 +425,7 @@ mod tests {
                 size,
                 created,
             },
+            qos: Default::default(),
         }
     }
 

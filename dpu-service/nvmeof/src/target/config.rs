@@ -417,7 +417,6 @@ impl TargetConfig {
 #[cfg(test)]
 pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) -> SubsystemConfig {
     SubsystemConfig {
-        host_qos: Default::default(),
         nqn: nqn.into(),
         serial: "SN1".into(),
         model: "test".into(),
@@ -425,13 +424,14 @@ pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) ->
         allowed_hosts: BTreeSet::new(),
         max_namespaces: 8,
         namespaces: vec![NamespaceConfig {
-            qos: Default::default(),
             nsid: 1,
             block_size: 512,
             uuid: [1; 16],
             nguid: [2; 16],
             backend: BackendSpec::Ram { size },
+            qos: Default::default(),
         }],
         listeners,
+        host_qos: Default::default(),
     }
 }

@@ -41,6 +41,8 @@
 //! never run). A job the pool's full queue refuses completes at once as
 //! [`DhError::Busy`].
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
@@ -117,6 +119,9 @@ pub(super) struct Slot {
     /// The last read filled the receive buffer: the socket may hold more,
     /// and no new edge will say so.
     unread: bool,
+    /// When the group's timers serve the connection again: the time its
+    /// block requests held back by a QoS limit may start.
+    wake_at: Option<Instant>,
     /// The connection's place under the transport's connection limits.
     _admission: Admission,
     /// The I/O group's count this connection is in, once placed on one.
@@ -146,6 +151,7 @@ impl Slot {
             active: false,
             ready: false,
             unread: false,
+            wake_at: None,
             _admission: admission,
             load: None,
             alive: Arc::new(()),
@@ -375,6 +381,10 @@ struct Loop {
     /// not busy poll, which would keep the thread that completes them
     /// (an initiator thread on the same core) from running.
     awaiting: usize,
+    /// When to serve connections whose block requests a QoS limit holds
+    /// back, earliest first (an entry whose slot has since changed its
+    /// time, or closed, is skipped).
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
 }
 
 impl Group {
@@ -404,6 +414,7 @@ impl Group {
             scratch: Vec::new(),
             ready: Vec::new(),
             awaiting: 0,
+            timers: BinaryHeap::new(),
         };
         l.run();
     }
@@ -424,7 +435,11 @@ impl Loop {
             let timeout = if !self.ready.is_empty() || polling {
                 Duration::ZERO
             } else {
-                TICK.saturating_sub(now.duration_since(last_tick))
+                let tick = TICK.saturating_sub(now.duration_since(last_tick));
+                match self.timers.peek() {
+                    Some(Reverse((at, _))) => tick.min(at.saturating_duration_since(now)),
+                    None => tick,
+                }
             };
             let ts = Timespec {
                 tv_sec: timeout.as_secs() as _,
@@ -462,12 +477,38 @@ impl Loop {
                 }
                 self.service(token, flags, now);
             }
+            self.run_timers(now);
             if !events.is_empty() {
                 last_busy = now;
             }
             if now.duration_since(last_tick) >= TICK {
                 last_tick = now;
                 self.tick(now);
+            }
+        }
+    }
+
+    /// Serves the connections whose QoS wait is over.
+    fn run_timers(&mut self, now: Instant) {
+        while let Some(&Reverse((at, token))) = self.timers.peek() {
+            if at > now {
+                return;
+            }
+            self.timers.pop();
+            let idx = (token & u64::from(u32::MAX)) as usize;
+            let Some(e) = self.entries.get_mut(idx) else {
+                continue;
+            };
+            let due = e.generation == (token >> 32) as u32
+                && e.slot.as_mut().is_some_and(|s| {
+                    let due = s.wake_at == Some(at);
+                    if due {
+                        s.wake_at = None;
+                    }
+                    due
+                });
+            if due {
+                self.service(token, epoll::EventFlags::empty(), now);
             }
         }
     }
@@ -658,6 +699,14 @@ impl Loop {
             slot.ready = true;
             self.ready.push(token);
         }
+        match slot.conn.throttled_until() {
+            Some(at) if slot.wake_at != Some(at) => {
+                slot.wake_at = Some(at);
+                self.timers.push(Reverse((at, token)));
+            }
+            Some(_) => {}
+            None => slot.wake_at = None,
+        }
         let want = slot.wanted();
         if want != slot.interest {
             match epoll::modify(
@@ -694,8 +743,10 @@ impl Loop {
             .min_by_key(|g| g.load.load(Ordering::Relaxed))
             .expect("at least one I/O group");
         slot.load = Some(LoadGuard::new(&g.load));
-        // Its place on this group's ready list and count stay behind.
+        // Its place on this group's ready list, count and timers stay
+        // behind.
         slot.ready = false;
+        slot.wake_at = None;
         g.hand(slot);
     }
 

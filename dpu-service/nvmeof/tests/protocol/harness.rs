@@ -21,19 +21,18 @@ pub fn listen() -> SocketAddr {
 
 pub fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
     NamespaceConfig {
-        qos: Default::default(),
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],
         nguid: [0x40 + nsid as u8; 16],
         backend: BackendSpec::Ram { size },
+        qos: Default::default(),
     }
 }
 
 pub fn config(hosts: &[&str]) -> TargetConfig {
     TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: NQN.into(),
             serial: "SN1".into(),
             model: "test".into(),
@@ -42,6 +41,7 @@ pub fn config(hosts: &[&str]) -> TargetConfig {
             max_namespaces: 32,
             namespaces: vec![namespace(1, 1 << 20)],
             listeners: vec![listen()],
+            host_qos: Default::default(),
         }],
         discovery: None,
     }

@@ -33,7 +33,6 @@ impl Remote {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let mut cfg = TargetConfig {
             subsystems: vec![SubsystemConfig {
-                host_qos: Default::default(),
                 nqn: NQN.into(),
                 serial: "SN-REMOTE".into(),
                 model: "remote".into(),
@@ -41,14 +40,15 @@ impl Remote {
                 allowed_hosts: BTreeSet::new(),
                 max_namespaces: 4,
                 namespaces: vec![NamespaceConfig {
-                    qos: Default::default(),
                     nsid: 1,
                     block_size: block,
                     uuid: [3; 16],
                     nguid: [4; 16],
                     backend: BackendSpec::Ram { size },
+                    qos: Default::default(),
                 }],
                 listeners: vec![any],
+                host_qos: Default::default(),
             }],
             discovery: None,
         };
@@ -525,7 +525,6 @@ fn a_namespace_uses_a_multiple_of_the_remote_block_size() {
     let target = Target::new();
     let ns = |block_size| TargetConfig {
         subsystems: vec![SubsystemConfig {
-            host_qos: Default::default(),
             nqn: "nqn.2024-01.io.example:front".into(),
             serial: "SN-FRONT".into(),
             model: "front".into(),
@@ -533,14 +532,15 @@ fn a_namespace_uses_a_multiple_of_the_remote_block_size() {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
-                qos: Default::default(),
                 nsid: 1,
                 block_size,
                 uuid: [5; 16],
                 nguid: [6; 16],
                 backend: BackendSpec::Remote(spec(vec![remote.addr])),
+                qos: Default::default(),
             }],
             listeners: Vec::new(),
+            host_qos: Default::default(),
         }],
         discovery: None,
     };
