@@ -374,6 +374,10 @@ impl DpuClient {
         set_host_auth(StorageServiceClient, SetHostAuthRequest) -> Subsystem, WRITE;
         /// Removes the DH-HMAC-CHAP secrets of a host.
         clear_host_auth(StorageServiceClient, ClearHostAuthRequest) -> Subsystem, WRITE;
+        /// Sets the QoS limits of a namespace (all zero clears them).
+        set_namespace_qos(StorageServiceClient, SetNamespaceQosRequest) -> Namespace, WRITE;
+        /// Sets the QoS limits of a host on a subsystem (all zero clears them).
+        set_host_qos(StorageServiceClient, SetHostQosRequest) -> Subsystem, WRITE;
         /// Creates a namespace.
         create_namespace(StorageServiceClient, CreateNamespaceRequest) -> Namespace, WRITE;
         /// Returns one namespace.

@@ -5,8 +5,8 @@ use dpu_proto::v1 as pb;
 
 use crate::model::{
     cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
-    Namespace, PortRole, PortSpec, RemoteNamespace, Rule, State, Subsystem, Tenant, Timestamp,
-    Transport,
+    Namespace, PortRole, PortSpec, QosLimits, RemoteNamespace, Rule, State, Subsystem, Tenant,
+    Timestamp, Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -158,6 +158,26 @@ pub fn subsystem(s: &Subsystem) -> pb::Subsystem {
             .iter()
             .map(|(host, a)| host_auth(host, a))
             .collect(),
+        host_qos: s
+            .host_qos
+            .iter()
+            .map(|(host, q)| pb::HostQos {
+                host_nqn: host.clone(),
+                qos: Some(qos(q)),
+            })
+            .collect(),
+    }
+}
+
+/// QoS limits as a protobuf message.
+pub fn qos(q: &QosLimits) -> pb::QosLimits {
+    pb::QosLimits {
+        iops: q.iops,
+        read_iops: q.read_iops,
+        write_iops: q.write_iops,
+        bandwidth: q.bandwidth,
+        read_bandwidth: q.read_bandwidth,
+        write_bandwidth: q.write_bandwidth,
     }
 }
 
@@ -279,6 +299,7 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
         size_bytes: size,
         // The target's to say (service::cluster's namespace_out).
         state: pb::NamespaceState::Unspecified.into(),
+        qos: (!n.qos.is_none()).then(|| qos(&n.qos)),
     }
 }
 
@@ -352,8 +373,10 @@ mod tests {
             block_size: 4096,
             uuid: [1; 16],
             nguid: [2; 16],
+            qos: QosLimits::default(),
         };
         let out = namespace("vol", &n);
+        assert_eq!(out.qos, None, "no limits");
         assert_eq!(out.size_bytes, 0, "the target's to say");
         assert!(!format!("{out:?}").contains(&SECRET[10..40]));
         assert!(matches!(
@@ -363,6 +386,45 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    /// Limits go out as they came in, through validation; a
+    /// subsystem's by host, in NQN order.
+    #[test]
+    fn qos_round_trips_through_validation() {
+        let given = pb::QosLimits {
+            iops: 1,
+            read_iops: 2,
+            write_iops: 3,
+            bandwidth: 4,
+            read_bandwidth: 5,
+            write_bandwidth: 6,
+        };
+        let q = crate::validate::qos("qos", Some(&given)).unwrap();
+        assert_eq!(qos(&q), given);
+        let s = Subsystem {
+            id: "s".into(),
+            nqn: "nqn.2024-01.io.example:s".into(),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host: true,
+            allowed_hosts: Default::default(),
+            max_namespaces: 1,
+            create_time: Timestamp::default(),
+            namespaces: Default::default(),
+            listeners: Default::default(),
+            auth_requirement: AuthRequirement::HostsWithSecret,
+            host_auth: Default::default(),
+            host_qos: [("nqn.b".to_string(), q), ("nqn.a".to_string(), q)].into(),
+        };
+        let out = subsystem(&s);
+        assert_eq!(
+            out.host_qos,
+            ["nqn.a", "nqn.b"].map(|h| pb::HostQos {
+                host_nqn: h.into(),
+                qos: Some(given),
+            })
+        );
     }
 
     #[test]

@@ -686,6 +686,10 @@ mod tests {
                         block_size: 512,
                         uuid: [nsid as u8; 16],
                         nguid: [1; 16],
+                        qos: crate::model::QosLimits {
+                            iops: u64::from(nsid) * 1_000,
+                            ..Default::default()
+                        },
                     };
                     (nsid, ns)
                 })
@@ -693,6 +697,15 @@ mod tests {
             listeners: BTreeMap::new(),
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
+            host_qos: (0..hosts.min(2))
+                .map(|h| {
+                    let q = crate::model::QosLimits {
+                        read_bandwidth: u64::from(h + 1) << 20,
+                        ..Default::default()
+                    };
+                    (format!("nqn.host:{h}"), q)
+                })
+                .collect(),
         }
     }
 
@@ -790,6 +803,39 @@ mod tests {
         let h2 = StateHandle::open(Some(dir.path())).unwrap();
         assert_eq!(*h2.snapshot(), *before);
         assert!(!dir.path().join(TMP_FILE).exists());
+    }
+
+    /// A state written before QoS loads with no limits; limits set since
+    /// are persisted and read back.
+    #[test]
+    fn qos_limits_persist_and_old_states_load_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = State::default();
+        let mut sub = subsystem("s", 1);
+        sub.host_qos.clear();
+        for ns in sub.namespaces.values_mut() {
+            ns.qos = Default::default();
+        }
+        old.subsystems.insert("s".into(), sub);
+        let text = serde_json::json!({"format": 1, "state": old}).to_string();
+        assert!(!text.contains("qos"), "{text}");
+        fs::write(dir.path().join(STATE_FILE), &text).unwrap();
+        let h = StateHandle::open(Some(dir.path())).unwrap();
+        assert_eq!(*h.snapshot(), old);
+        let q = crate::model::QosLimits {
+            write_iops: 500,
+            ..Default::default()
+        };
+        h.mutate_blocking(|s| {
+            s.set_namespace_qos("s", 1, q)?;
+            s.set_host_qos("s", "nqn.host:0", q).map(drop)
+        })
+        .unwrap();
+        drop(h);
+        let reopened = StateHandle::open(Some(dir.path())).unwrap();
+        let sub = &reopened.snapshot().subsystems["s"];
+        assert_eq!(sub.namespaces[&1].qos, q);
+        assert_eq!(sub.host_qos["nqn.host:0"], q);
     }
 
     #[test]

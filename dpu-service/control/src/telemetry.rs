@@ -17,6 +17,11 @@ use crate::convert;
 use crate::model::{State, Timestamp};
 use crate::state::PortRegistry;
 
+mod qos;
+
+pub use dpu_nvmeof::qos::QosScope;
+pub use qos::{QosByScope, QosCounters};
+
 /// Every reason `dpu.v1.DropReason` names, in its order (`UNSPECIFIED`
 /// left out). Drops are counted by the contract's own enum: a reason added
 /// to the proto is listed, counted and exported without another copy here.
@@ -116,6 +121,9 @@ pub struct Counters {
     pub drops: BTreeMap<pb::DropReason, u64>,
     /// Subsystem counters by subsystem ID.
     pub subsystems: BTreeMap<String, SubsystemCounters>,
+    /// The NVMe-oF target's QoS limiters (those with limits set or that
+    /// held commands back) by subsystem ID and scope.
+    pub qos: QosByScope,
     /// The data-plane workers' flow caches, summed.
     pub flow_cache: FlowCacheCounters,
     /// The NVMe/TCP target as a whole, in the contract's own message.
@@ -602,6 +610,8 @@ impl Telemetry {
             }
         }
 
+        qos::render(&mut m, &c.qos);
+
         let target = &c.nvmf_target;
         for (name, kind, help, samples) in NVMF_TARGET_FAMILIES {
             m.family(name, kind, help);
@@ -890,7 +900,7 @@ impl Metrics {
         }
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
         self.out.push_str(name);
         if !labels.is_empty() {
             self.out.push('{');
@@ -949,6 +959,12 @@ mod tests {
             t.backend_in_flight_bytes += 16;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
+            let q = out
+                .qos
+                .entry(("vol".into(), QosScope::Host("nqn.h".into())))
+                .or_default();
+            q.limits.iops = 100;
+            q.throttled_commands += 4;
         }
     }
 
@@ -1134,6 +1150,14 @@ dpu_nvmf_poll_group_queues{group=\"0\"} 2
 dpu_nvmf_poll_group_queues{group=\"1\"} 0
 ";
         assert!(text.contains(target), "{text}");
+        assert!(
+            text.contains(
+                "dpu_nvmf_qos_limit{subsystem=\"vol\",host=\"nqn.h\",limit=\"iops\"} 100\n"
+            ) && text.contains(
+                "dpu_nvmf_qos_throttled_commands_total{subsystem=\"vol\",host=\"nqn.h\"} 4\n"
+            ),
+            "{text}"
+        );
         // Every sample line belongs to a family announced before it.
         let mut typed = std::collections::HashSet::new();
         for line in text.lines() {
@@ -1174,6 +1198,7 @@ dpu_nvmf_poll_group_queues{group=\"1\"} 0
                 listeners: BTreeMap::new(),
                 auth_requirement: Default::default(),
                 host_auth: BTreeMap::new(),
+                host_qos: Default::default(),
             },
         );
         let t = Telemetry::default();

@@ -1199,6 +1199,7 @@ mod tests {
             listeners: BTreeMap::new(),
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
+            host_qos: Default::default(),
         };
         for l in [
             listener("b", Some("blue"), 1),

@@ -29,7 +29,7 @@ use dpu_control::convert::{listener_name, namespace_name};
 use dpu_control::model::{Backend, Cluster, State, Transport};
 use dpu_control::service::ServedNamespaces;
 use dpu_control::store::StateHandle;
-use dpu_control::telemetry::{CounterSource, Counters};
+use dpu_control::telemetry::{CounterSource, Counters, QosCounters};
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig, TcpConfig,
     TcpConfigError,
@@ -445,6 +445,24 @@ impl CounterSource for StorageCounters {
                 }
             }
         }
+        // QoS limiters by subsystem ID: a subsystem is served by one
+        // target, but one that moved may have left waits in another.
+        let ids: BTreeMap<&str, &str> = s
+            .subsystems
+            .values()
+            .map(|sub| (sub.nqn.as_str(), sub.id.as_str()))
+            .collect();
+        for target in &targets {
+            for stat in target.qos_stats() {
+                let Some(id) = ids.get(stat.subnqn.as_str()) else {
+                    continue;
+                };
+                out.qos
+                    .entry((id.to_string(), stat.scope.clone()))
+                    .or_default()
+                    .add(&QosCounters::from(&stat));
+            }
+        }
         let t = &mut out.nvmf_target;
         for target in &targets {
             t.backend_in_flight_bytes += target.backend_in_flight();
@@ -577,7 +595,7 @@ fn subsystem_config(
     listeners: Vec<SocketAddr>,
 ) -> SubsystemConfig {
     SubsystemConfig {
-        host_qos: Default::default(),
+        host_qos: s.host_qos.clone(),
         nqn: s.nqn.clone(),
         serial: s.serial_number.clone(),
         model: s.model_number.clone(),
@@ -589,7 +607,7 @@ fn subsystem_config(
             .values()
             .filter_map(|n| {
                 Some(NamespaceConfig {
-                    qos: Default::default(),
+                    qos: n.qos,
                     nsid: n.nsid,
                     block_size: n.block_size,
                     uuid: n.uuid,
@@ -745,6 +763,7 @@ mod tests {
                 .collect(),
             auth_requirement: Default::default(),
             host_auth: Default::default(),
+            host_qos: Default::default(),
         }
     }
 
@@ -846,6 +865,7 @@ mod tests {
                 block_size: 4096,
                 uuid: [1; 16],
                 nguid: [1; 16],
+                qos: Default::default(),
             },
         );
         state.subsystems.insert(s.id.clone(), s);
@@ -888,6 +908,7 @@ mod tests {
                     block_size: 512,
                     uuid: [nsid as u8; 16],
                     nguid: [nsid as u8; 16],
+                    qos: Default::default(),
                 },
             );
         }
@@ -1123,6 +1144,138 @@ mod tests {
         .await
         .unwrap();
         assert!(keys().is_none(), "gone with the subsystem");
+        storage.shutdown();
+    }
+
+    /// QoS limits reach the target when the call that sets them returns
+    /// (a namespace's on its limiter, a host's among the target's
+    /// limiters), leave it when cleared and with the host, and reach
+    /// telemetry by subsystem ID.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn qos_follows_the_state() {
+        use dpu_nvmeof::qos::{QosLimits, QosScope};
+        const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:h1";
+        let (storage, api, state) = served();
+        create_vol(&api).await;
+        let ns = create_namespace(
+            &api,
+            pb::Namespace {
+                qos: Some(pb::QosLimits {
+                    iops: 1_000,
+                    ..Default::default()
+                }),
+                ..ram_namespace(1 << 20)
+            },
+        )
+        .await
+        .unwrap();
+        let ns_limits = || {
+            let s = storage.target.subsystem(NQN).expect("served");
+            s.namespaces[&ns.nsid].qos.limits()
+        };
+        assert_eq!(
+            ns_limits(),
+            QosLimits {
+                iops: 1_000,
+                ..QosLimits::default()
+            },
+            "applied once CreateNamespace returned"
+        );
+        let set_ns = |qos| {
+            api.set_namespace_qos(Request::new(pb::SetNamespaceQosRequest {
+                subsystem: "subsystems/vol".into(),
+                nsid: ns.nsid,
+                qos,
+            }))
+        };
+        let shown = set_ns(Some(pb::QosLimits {
+            read_bandwidth: 200 << 20,
+            write_iops: 300,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+        assert_eq!(shown.qos.map(|q| q.write_iops), Some(300));
+        let read_and_write = QosLimits {
+            read_bandwidth: 200 << 20,
+            write_iops: 300,
+            ..QosLimits::default()
+        };
+        assert_eq!(
+            ns_limits(),
+            read_and_write,
+            "applied once SetNamespaceQos returned"
+        );
+
+        let set_host = |qos| {
+            api.set_host_qos(Request::new(pb::SetHostQosRequest {
+                subsystem: "subsystems/vol".into(),
+                host_nqn: HOST.into(),
+                qos,
+            }))
+        };
+        let host_limits = || {
+            storage
+                .target
+                .qos_stats()
+                .into_iter()
+                .find(|q| q.subnqn == NQN && q.scope == QosScope::Host(HOST.into()))
+                .map(|q| q.limits)
+        };
+        assert_eq!(host_limits(), None);
+        // Any host may connect to "vol", so any host may have limits.
+        let write = pb::QosLimits {
+            write_bandwidth: 10 << 20,
+            ..Default::default()
+        };
+        set_host(Some(write)).await.unwrap();
+        let host_write = QosLimits {
+            write_bandwidth: 10 << 20,
+            ..QosLimits::default()
+        };
+        assert_eq!(
+            host_limits(),
+            Some(host_write),
+            "applied once SetHostQos returned"
+        );
+
+        let source = storage.counters(state.clone());
+        let mut c = Counters::default();
+        source.collect(&mut c);
+        let by_scope: Vec<(&str, &QosScope, QosLimits)> = c
+            .qos
+            .iter()
+            .map(|((id, scope), q)| (id.as_str(), scope, q.limits))
+            .collect();
+        assert_eq!(
+            by_scope,
+            [
+                ("vol", &QosScope::Namespace(ns.nsid), read_and_write),
+                ("vol", &QosScope::Host(HOST.into()), host_write),
+            ]
+        );
+
+        set_ns(None).await.unwrap();
+        assert!(ns_limits().is_none(), "cleared");
+        set_host(None).await.unwrap();
+        assert_eq!(host_limits(), None, "cleared");
+        // An unlisted host's limits go when any host may no longer connect.
+        set_host(Some(write)).await.unwrap();
+        api.update_subsystem(Request::new(pb::UpdateSubsystemRequest {
+            subsystem: Some(pb::Subsystem {
+                name: "subsystems/vol".into(),
+                allow_any_host: false,
+                ..Default::default()
+            }),
+            update_mask: Some(dpu_proto::pbjson_types::FieldMask {
+                paths: vec!["allow_any_host".into()],
+            }),
+        }))
+        .await
+        .unwrap();
+        assert_eq!(host_limits(), None, "gone with the host's access");
+        assert!(state.snapshot().subsystems["vol"].host_qos.is_empty());
         storage.shutdown();
     }
 

@@ -12,8 +12,8 @@ use dpu_rand::Rng;
 
 use super::Index;
 use crate::model::{
-    Action, Attachment, Backend, Claims, Listener, Namespace, PortRole, PortSpec, Rule, RuleSet,
-    State, Subsystem, Tenant, Timestamp, Transport,
+    Action, Attachment, Backend, Claims, Listener, Namespace, PortRole, PortSpec, QosLimits, Rule,
+    RuleSet, State, Subsystem, Tenant, Timestamp, Transport,
 };
 use crate::state::{Limits, Part, PortRegistry, SubsystemUpdate, TenantUpdate};
 
@@ -123,6 +123,7 @@ fn subsystem(rng: &mut Rng, id: &str) -> Subsystem {
         listeners: BTreeMap::new(),
         auth_requirement: Default::default(),
         host_auth: BTreeMap::new(),
+        host_qos: Default::default(),
     }
 }
 
@@ -148,8 +149,18 @@ fn namespace(rng: &mut Rng) -> (Namespace, bool) {
         block_size: 512,
         uuid: id,
         nguid: id,
+        qos: Default::default(),
     };
     (ns, given)
+}
+
+/// QoS limits, now and then none (which clears).
+fn qos(rng: &mut Rng) -> QosLimits {
+    QosLimits {
+        iops: rng.below(3) * 1_000,
+        write_bandwidth: rng.below(2) << 20,
+        ..QosLimits::default()
+    }
 }
 
 fn listener(rng: &mut Rng) -> Listener {
@@ -184,7 +195,7 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
     let t = *rng.pick(&TENANTS);
     let sid = *rng.pick(&SUBSYSTEMS);
     let tp = Part::Tenant(t.into());
-    let (part, ok) = match rng.below(20) {
+    let (part, ok) = match rng.below(22) {
         0 | 1 => (tp, s.create_tenant(LIMITS, p, tenant(rng, t)).is_ok()),
         2 => {
             let u = TenantUpdate {
@@ -260,7 +271,7 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
             };
             (part, s.create_listener(LIMITS, sid, l).is_ok())
         }
-        _ => {
+        19 => {
             let id = listener(rng).id;
             let ok = s.delete_listener(sid, &id).is_ok();
             let part = Part::Listener {
@@ -269,6 +280,15 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
             };
             (part, ok)
         }
+        20 => {
+            let nsid = 1 + rng.below(3) as u32;
+            let part = Part::Namespace {
+                subsystem: sid.into(),
+                nsid,
+            };
+            (part, s.set_namespace_qos(sid, nsid, qos(rng)).is_ok())
+        }
+        _ => (tp, s.set_host_qos(sid, &host(rng), qos(rng)).is_ok()),
     };
     (part, ok)
 }
@@ -307,6 +327,16 @@ fn random_changes_never_drift() {
                 assert_eq!(
                     s, before,
                     "seed {seed} step {n}: a refusal changed the state"
+                );
+            }
+            for sub in s.subsystems.values() {
+                assert!(
+                    sub.host_qos
+                        .iter()
+                        .all(|(h, q)| sub.allows_host(h) && !q.is_none()),
+                    "seed {seed} step {n}: QoS of a host {} does not allow: {:?}",
+                    sub.id,
+                    sub.host_qos
                 );
             }
             if let Some(d) = s.index_drift() {

@@ -10,19 +10,22 @@
 //! network side (prefixes, attachments, tenants, rules, ports) is in
 //! `network`, the storage side (subsystems, namespaces, listeners) in
 //! `storage`, the storage clusters RBD namespaces live on in `cluster`,
-//! the remote NVMe/TCP namespaces that back namespaces in `remote`; all
-//! are re-exported here, so every type is `model::...`.
+//! the remote NVMe/TCP namespaces that back namespaces in `remote`, the
+//! QoS limits of namespaces and hosts in `qos`; all are re-exported
+//! here, so every type is `model::...`.
 
 mod claims;
 mod cluster;
 mod index;
 mod network;
+mod qos;
 mod remote;
 mod storage;
 
 pub use claims::Claims;
 pub use cluster::{cluster_name, CephKey, Cluster};
 pub use index::Index;
+pub use qos::QosLimits;
 pub use remote::RemoteNamespace;
 
 pub use network::{

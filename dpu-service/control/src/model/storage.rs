@@ -9,6 +9,7 @@ use dpu_nvmeof::auth::{DhGroup, HashId, Secret, SecretError};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use super::qos::{self, QosLimits};
 use super::{MacAddr, RemoteNamespace, Timestamp};
 
 /// Where a namespace's blocks live.
@@ -76,6 +77,14 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     /// Namespace globally unique identifier.
     pub nguid: [u8; 16],
+    /// Limits on the namespace's I/O, all hosts together (none in a
+    /// state written before them).
+    #[serde(
+        default,
+        skip_serializing_if = "QosLimits::is_none",
+        with = "qos::limits"
+    )]
+    pub qos: QosLimits,
 }
 
 /// NVMe-oF transport of a listener.
@@ -271,6 +280,16 @@ pub struct Subsystem {
     /// `allowed_hosts`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host_auth: BTreeMap<String, HostAuth>,
+    /// QoS limits by host NQN, each of a host the subsystem allows
+    /// ([`Subsystem::allows_host`]), none all zero; at most
+    /// [`crate::validate::MAX_HOSTS_PER_SUBSYSTEM`] of them (none in a
+    /// state written before them).
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        with = "qos::by_host"
+    )]
+    pub host_qos: BTreeMap<String, QosLimits>,
 }
 
 impl Subsystem {

@@ -14,7 +14,7 @@
 //!   `CreateSubsystem`, `UpdateSubsystem`, `UpdateCluster`, `SetHostAuth`: rules,
 //!   attachments and their guard, VTEP and underlay entries, allowed hosts,
 //!   update-mask paths, the DH-HMAC-CHAP lists and the output-only
-//!   `host_auth`), reads the request (within that size) and counts every
+//!   `host_auth` and `host_qos`), reads the request (within that size) and counts every
 //!   list's entries on the wire ([`count`], no allocation) before tonic
 //!   decodes it; a request with more than the caps allow is refused, with
 //!   `RESOURCE_EXHAUSTED` naming the configuration key for a configured
@@ -252,6 +252,18 @@ const COUNTED: &[Counted] = &[
         max: host_auth,
     },
     Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 13],
+        field: "subsystem.host_qos",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 13],
+        field: "subsystem.host_qos",
+        max: host_auth,
+    },
+    Counted {
         method: "/dpu.v1.StorageService/UpdateCluster",
         path: &[2, 1],
         field: "update_mask.paths",
@@ -271,9 +283,10 @@ const COUNTED: &[Counted] = &[
     },
 ];
 
-/// `Subsystem.host_auth` (12) is output only; what a request carries of
-/// it is refused by the service, and counted here so that it cannot
-/// decode to more entries than a subsystem has hosts.
+/// `Subsystem.host_auth` (12) and `Subsystem.host_qos` (13) are output
+/// only; what a request carries of them is refused by the service, and
+/// counted here so that neither can decode to more entries than a
+/// subsystem has hosts.
 fn host_auth(_: &Limits) -> Cap {
     Cap::Limit(MAX_HOSTS_PER_SUBSYSTEM, "hosts per subsystem")
 }
@@ -643,8 +656,9 @@ mod tests {
         check("/dpu.v1.TenantService/UpdateTenant", &f, &L).unwrap();
     }
 
-    /// The DH-HMAC-CHAP lists are counted where prost decodes them, and
-    /// a SetHostAuth with more hashes than exist is refused undecoded.
+    /// The DH-HMAC-CHAP lists and the output-only host lists are counted
+    /// where prost decodes them, and a SetHostAuth with more hashes than
+    /// exist is refused undecoded.
     #[test]
     fn host_auth_lists_are_counted() {
         let auth = pb::HostAuth {
@@ -654,6 +668,7 @@ mod tests {
         };
         let sub = pb::Subsystem {
             host_auth: vec![auth.clone(); 5],
+            host_qos: vec![pb::HostQos::default(); 3],
             ..Default::default()
         };
         let msgs = [
@@ -693,6 +708,7 @@ mod tests {
                 .expect("a message for each counted storage method");
             let want = match c.field {
                 "subsystem.host_auth" => 5,
+                "subsystem.host_qos" => 3,
                 "auth.hashes" => 4,
                 "auth.dh_groups" => 7,
                 // Counted in `counts_match_prost`.
@@ -702,7 +718,7 @@ mod tests {
             assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
             seen += 1;
         }
-        assert_eq!(seen, 4);
+        assert_eq!(seen, 6);
         let mut frame = vec![0u8];
         frame.extend_from_slice(&u32::try_from(msgs[0].1.len()).unwrap().to_be_bytes());
         frame.extend_from_slice(&msgs[0].1);
@@ -779,10 +795,10 @@ mod tests {
             }),
         }
         .encode_to_vec();
-        for c in COUNTED
-            .iter()
-            .filter(|c| c.method.contains("Subsystem") && c.field != "subsystem.host_auth")
-        {
+        for c in COUNTED.iter().filter(|c| {
+            c.method.contains("Subsystem")
+                && !["subsystem.host_auth", "subsystem.host_qos"].contains(&c.field)
+        }) {
             let msg = if c.method.ends_with("CreateSubsystem") {
                 &create
             } else {

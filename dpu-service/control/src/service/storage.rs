@@ -147,6 +147,12 @@ impl StorageService for Api {
                     "output only: set a host's secrets with SetHostAuth once it is created",
                 ));
             }
+            if !s.host_qos.is_empty() {
+                return Err(ControlError::invalid(
+                    "subsystem.host_qos",
+                    "output only: set a host's QoS limits with SetHostQos once it is created",
+                ));
+            }
             let sub = Subsystem {
                 id: req.subsystem_id,
                 nqn: s.nqn,
@@ -166,6 +172,7 @@ impl StorageService for Api {
                     s.auth_requirement,
                 )?,
                 host_auth: BTreeMap::new(),
+                host_qos: BTreeMap::new(),
             };
             let out = convert::subsystem(&sub);
             let limits = self.ctl.limits;
@@ -329,6 +336,55 @@ impl StorageService for Api {
             self.change_storage(move |st| {
                 Ok((
                     convert::subsystem(st.clear_host_auth(&id, &req.host_nqn)?),
+                    None,
+                ))
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn set_namespace_qos(
+        &self,
+        req: Request<pb::SetNamespaceQosRequest>,
+    ) -> Result<Response<pb::Namespace>, Status> {
+        self.write("/dpu.v1.StorageService/SetNamespaceQos", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            let nsid = validate::nsid("nsid", req.nsid)?;
+            let qos = validate::qos("qos", req.qos.as_ref())?;
+            let out = self
+                .change_storage({
+                    let id = id.clone();
+                    move |st| {
+                        let n = st.set_namespace_qos(&id, nsid, qos)?;
+                        Ok((convert::namespace(&id, n), None))
+                    }
+                })
+                .await?;
+            // With the size and state the target serves it with.
+            let state = self.ctl.state.snapshot();
+            let served = state.subsystems.get(&id).and_then(|sub| {
+                let ns = sub.namespaces.get(&nsid)?;
+                Some(self.namespace_out(sub, ns))
+            });
+            Ok(served.unwrap_or(out))
+        })
+        .await
+    }
+
+    async fn set_host_qos(
+        &self,
+        req: Request<pb::SetHostQosRequest>,
+    ) -> Result<Response<pb::Subsystem>, Status> {
+        self.write("/dpu.v1.StorageService/SetHostQos", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            validate::nqn("host_nqn", &req.host_nqn)?;
+            let qos = validate::qos("qos", req.qos.as_ref())?;
+            self.change_storage(move |st| {
+                Ok((
+                    convert::subsystem(st.set_host_qos(&id, &req.host_nqn, qos)?),
                     None,
                 ))
             })
@@ -749,6 +805,131 @@ mod tests {
             .unwrap()
             .into_inner();
         assert_eq!(got.size_bytes, 1 << 20);
+    }
+
+    /// The QoS calls name the field they refuse, NOT_FOUND what does not
+    /// exist, FAILED_PRECONDITION a host the subsystem does not allow;
+    /// what they set is in Get and List, and all-zero limits clear it.
+    #[tokio::test]
+    async fn qos_calls_check_their_input_and_answer_what_they_set() {
+        let state = StateHandle::open(None).unwrap();
+        let api = Api::for_tests(state.clone(), Default::default(), LIMITS, None, None);
+        create_subsystem(&api).await;
+        let ram = pb::namespace::Backend::Ram(pb::RamBackend { size_bytes: 4096 });
+        let mut create = namespace(ram);
+        let limits = pb::QosLimits {
+            iops: 2_000,
+            write_bandwidth: 50 << 20,
+            ..Default::default()
+        };
+        if let Some(n) = create.get_mut().namespace.as_mut() {
+            n.qos = Some(limits);
+        }
+        let ns = api.create_namespace(create).await.unwrap().into_inner();
+        assert_eq!(ns.qos, Some(limits), "set on create");
+        let set_ns = |subsystem: &str, nsid, qos| {
+            api.set_namespace_qos(Request::new(pb::SetNamespaceQosRequest {
+                subsystem: subsystem.into(),
+                nsid,
+                qos,
+            }))
+        };
+        fn code<T: std::fmt::Debug>(r: Result<T, Status>) -> Code {
+            r.unwrap_err().code()
+        }
+        let read = pb::QosLimits {
+            read_iops: 10,
+            ..Default::default()
+        };
+        let got = set_ns("subsystems/s", 1, Some(read)).await.unwrap();
+        assert_eq!(got.into_inner().qos, Some(read));
+        let listed = api
+            .list_namespaces(Request::new(pb::ListNamespacesRequest {
+                parent: "subsystems/s".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.namespaces[0].qos, Some(read));
+        let cleared = set_ns("subsystems/s", 1, None).await.unwrap().into_inner();
+        assert_eq!(cleared.qos, None);
+        assert!(state.snapshot().subsystems["s"].namespaces[&1]
+            .qos
+            .is_none());
+        assert_eq!(code(set_ns("subsystems/s", 2, None).await), Code::NotFound);
+        assert_eq!(code(set_ns("subsystems/x", 1, None).await), Code::NotFound);
+        assert_eq!(code(set_ns("s", 1, None).await), Code::InvalidArgument);
+        assert_eq!(
+            code(set_ns("subsystems/s", 0, None).await),
+            Code::InvalidArgument
+        );
+        let over = pb::QosLimits {
+            bandwidth: validate::MAX_QOS_BANDWIDTH + 1,
+            ..Default::default()
+        };
+        let e = set_ns("subsystems/s", 1, Some(over)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("qos.bandwidth: "), "{e:?}");
+
+        const HOST: &str = "nqn.2024-01.io.example:h1";
+        let set_host = |host: &str, qos| {
+            api.set_host_qos(Request::new(pb::SetHostQosRequest {
+                subsystem: "subsystems/s".into(),
+                host_nqn: host.into(),
+                qos,
+            }))
+        };
+        let e = set_host(HOST, Some(read)).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("not allowed"), "{e:?}");
+        assert_eq!(
+            code(set_host("host", Some(read)).await),
+            Code::InvalidArgument
+        );
+        api.add_host(Request::new(pb::AddHostRequest {
+            subsystem: "subsystems/s".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        let sub = set_host(HOST, Some(read)).await.unwrap().into_inner();
+        assert_eq!(
+            sub.host_qos,
+            [pb::HostQos {
+                host_nqn: HOST.into(),
+                qos: Some(read),
+            }]
+        );
+        let got = api
+            .get_subsystem(Request::new(pb::GetSubsystemRequest {
+                name: "subsystems/s".into(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.host_qos, sub.host_qos);
+        assert!(set_host(HOST, Some(pb::QosLimits::default()))
+            .await
+            .unwrap()
+            .into_inner()
+            .host_qos
+            .is_empty());
+
+        // Output only on create.
+        let e = api
+            .create_subsystem(Request::new(pb::CreateSubsystemRequest {
+                subsystem_id: "t".into(),
+                subsystem: Some(pb::Subsystem {
+                    nqn: "nqn.2024-01.io.example:t".into(),
+                    host_qos: sub.host_qos,
+                    ..Default::default()
+                }),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("subsystem.host_qos: "), "{e:?}");
     }
 
     #[test]

@@ -167,6 +167,7 @@ mod tests {
             listeners: BTreeMap::new(),
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
+            host_qos: Default::default(),
         }
     }
 
@@ -181,6 +182,7 @@ mod tests {
             block_size: 512,
             uuid: [0; 16],
             nguid: [0; 16],
+            qos: Default::default(),
         }
     }
 

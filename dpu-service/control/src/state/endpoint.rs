@@ -255,6 +255,7 @@ mod tests {
             listeners: BTreeMap::new(),
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
+            host_qos: Default::default(),
         }
     }
 

@@ -13,11 +13,13 @@
 //! which hands each part to its side. The network side (tenants,
 //! attachments, rules) is in `network`, the storage side (subsystems,
 //! hosts, namespaces, listeners) in `storage`, the storage clusters in
-//! `cluster`, the checks of remote namespaces in `remote`.
+//! `cluster`, the checks of remote namespaces in `remote`, the QoS limits
+//! of namespaces and hosts in `qos`.
 
 mod cluster;
 mod endpoint;
 mod network;
+mod qos;
 mod remote;
 mod storage;
 

@@ -139,8 +139,13 @@ impl State {
         }
         if let Some(h) = u.allowed_hosts {
             s.host_auth.retain(|host, _| h.contains(host));
+            // As RemoveHost: a host taken off the list loses its limits.
+            for host in s.allowed_hosts.difference(&h) {
+                s.host_qos.remove(host);
+            }
             s.allowed_hosts = h;
         }
+        s.keep_qos_of_allowed_hosts();
         if let Some(r) = u.auth_requirement {
             s.auth_requirement = r;
         }
@@ -187,7 +192,7 @@ impl State {
     }
 
     /// Removes `host` from the allow list of subsystem `id`, with its
-    /// DH-HMAC-CHAP settings.
+    /// DH-HMAC-CHAP settings and its QoS limits.
     pub fn remove_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
         let s = self.subsystem_mut(id)?;
         if !s.allowed_hosts.remove(host) {
@@ -196,6 +201,7 @@ impl State {
             )));
         }
         s.host_auth.remove(host);
+        s.host_qos.remove(host);
         self.index.hosts_changed(1, 0);
         self.subsystem(id)
     }
@@ -616,6 +622,7 @@ mod tests {
             listeners: BTreeMap::new(),
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
+            host_qos: BTreeMap::new(),
         }
     }
 
@@ -626,6 +633,7 @@ mod tests {
             block_size: 512,
             uuid: [0; 16],
             nguid: [0; 16],
+            qos: Default::default(),
         }
     }
 

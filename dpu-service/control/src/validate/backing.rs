@@ -168,6 +168,7 @@ mod tests {
             block_size: 512,
             uuid: [0; 16],
             nguid: [0; 16],
+            qos: Default::default(),
         }
     }
 
@@ -188,6 +189,7 @@ mod tests {
                 listeners: BTreeMap::new(),
                 auth_requirement: Default::default(),
                 host_auth: BTreeMap::new(),
+                host_qos: Default::default(),
             },
         );
         s

@@ -12,12 +12,13 @@
 //! the storage side (subsystems, namespaces, listeners) in `storage`, the
 //! storage clusters (monitors, cephx users and keys, pool and image names)
 //! in `cluster`, the remote namespaces that back namespaces (paths, NQNs,
-//! secrets, bounds) in `remote`; all are re-exported here, so every check
-//! is `validate::...`.
+//! secrets, bounds) in `remote`, the QoS limits of namespaces and hosts
+//! in `qos`; all are re-exported here, so every check is `validate::...`.
 
 mod backing;
 mod cluster;
 mod network;
+mod qos;
 mod remote;
 mod storage;
 
@@ -33,12 +34,13 @@ pub use network::{
     KeptRules, MAX_ATTACHMENTS_PER_TENANT, MAX_GUARD_ENTRIES, MAX_RATE_BPS, MAX_RATE_PPS,
     MAX_REMOTE_VTEPS, MAX_RULES_PER_TENANT,
 };
+pub use qos::{qos, MAX_QOS_BANDWIDTH, MAX_QOS_IOPS};
 pub use remote::{
     remote, remote_nqn, MAX_REMOTE_QUEUE_DEPTH, MAX_REMOTE_TIMEOUT_MS, MIN_REMOTE_QUEUE_DEPTH,
 };
 pub use storage::{
     ascii_id, auth_requirement, hex16, host_auth, listener, listener_name, max_namespaces,
-    namespace, namespace_name, nqn, uuid, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT,
+    namespace, namespace_name, nqn, nsid, uuid, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT,
     DISCOVERY_NQN, MAX_HOSTS_PER_SUBSYSTEM, MAX_NAMESPACES, MAX_NQN_LEN,
 };
 

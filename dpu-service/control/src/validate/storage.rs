@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use dpu_proto::v1 as pb;
 
-use super::{child_name, id, rbd_name, remote};
+use super::{child_name, id, qos, rbd_name, remote};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
@@ -124,6 +124,18 @@ pub fn namespace_name<'a>(field: &str, n: &'a str) -> Result<(&'a str, u32)> {
             )
         })?;
     Ok((s, nsid))
+}
+
+/// Checks a namespace ID that names an existing namespace: 1..=1024.
+pub fn nsid(field: &str, v: u32) -> Result<u32> {
+    if (1..=MAX_NAMESPACES).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ControlError::invalid(
+            field,
+            format!("namespace ID {v} is not in 1..={MAX_NAMESPACES}"),
+        ))
+    }
 }
 
 /// Parses a listener name `subsystems/{subsystem}/listeners/{listener}`.
@@ -343,6 +355,7 @@ pub fn namespace(
     } else {
         (hex16(&f("nguid"), &n.nguid)?, true)
     };
+    let qos = qos(&f("qos"), n.qos.as_ref())?;
     Ok((
         Namespace {
             nsid: n.nsid,
@@ -350,6 +363,7 @@ pub fn namespace(
             block_size,
             uuid,
             nguid,
+            qos,
         },
         has_uuid,
         has_nguid,
@@ -538,6 +552,22 @@ mod tests {
             "namespace.uuid"
         );
         n.uuid.clear();
+        n.qos = Some(pb::QosLimits {
+            iops: 5_000,
+            read_bandwidth: 100 << 20,
+            ..Default::default()
+        });
+        let (ns, ..) = namespace("namespace", &n, HOST).unwrap();
+        assert_eq!((ns.qos.iops, ns.qos.read_bandwidth), (5_000, 100 << 20));
+        n.qos = Some(pb::QosLimits {
+            iops: crate::validate::MAX_QOS_IOPS + 1,
+            ..Default::default()
+        });
+        assert_eq!(
+            field_of(namespace("namespace", &n, HOST).unwrap_err()),
+            "namespace.qos.iops"
+        );
+        n.qos = None;
         n.block_size = 1024;
         assert_eq!(
             field_of(namespace("namespace", &n, HOST).unwrap_err()),

@@ -1483,6 +1483,37 @@ mod tests {
                 declared("", &format!("{ls}\ntenant = \"green\"\naddress = \"10.0.0.9\"\nport = 4420\n")),
                 "storage.subsystems[0].listeners[0]: tenants/green not found",
             ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nqos = {{ iops = 2000000000 }}\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.qos.iops: 2000000000 is more than 1000000000 commands per second",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nqos = {{ read_bandwidth = \"lots\" }}\n")),
+                "storage.subsystems[0].namespaces[0]: qos.read_bandwidth: \"lots\" is not a size",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nqos = {{ write_bandwidth = -1 }}\n")),
+                "storage.subsystems[0].namespaces[0]: qos.write_bandwidth: -1 is not a number of bytes",
+            ),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nqos = {{ bandwidth = \"2T\" }}\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.qos.bandwidth: 2199023255552 is more than 1000000000000 bytes per second",
+            ),
+            (
+                declared("host_qos = { \"nqn.2024-01.io.example:h\" = { iops = 10 } }", ""),
+                "storage.subsystems[0].host_qos.\"nqn.2024-01.io.example:h\": host nqn.2024-01.io.example:h is not allowed on subsystems/a",
+            ),
+            (
+                declared("allow_any_host = true\nhost_qos = { \"h1\" = { iops = 10 } }", ""),
+                "storage.subsystems[0].host_qos.\"h1\": host_nqn: \"h1\" is not a valid NQN",
+            ),
+            (
+                declared(
+                    "allow_any_host = true\nhost_qos = { \"nqn.2024-01.io.example:h\" = { read_bandwidth = \"1.5G\" } }",
+                    "",
+                ),
+                "storage.subsystems[0].host_qos.\"nqn.2024-01.io.example:h\": qos.read_bandwidth: unknown size unit",
+            ),
             // Values a request would carry as "unset": refused before the
             // dry run, which could not tell them from defaults.
             (

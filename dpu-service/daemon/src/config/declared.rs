@@ -8,8 +8,8 @@ use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
 use super::{
-    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedRemote, SeedRule,
-    SeedSubsystem, SeedTenant, SeedTransport, TextOrNumber,
+    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedQos, SeedRemote,
+    SeedRule, SeedSubsystem, SeedTenant, SeedTransport, TextOrNumber,
 };
 
 /// Longest keyring file read: one holding many users' keys is a few KiB.
@@ -138,7 +138,41 @@ impl SeedNamespace {
             block_size: self.block_size.unwrap_or(0),
             uuid: self.uuid.clone().unwrap_or_default(),
             nguid: self.nguid.clone().unwrap_or_default(),
+            qos: self.qos.as_ref().map(|q| q.to_proto("qos")).transpose()?,
             ..Default::default()
+        })
+    }
+}
+
+impl SeedQos {
+    /// The limits as a request carries them; `at` (the key of this
+    /// table) names a limit in errors. Unset limits are 0, none; the
+    /// API checks each against its bound.
+    ///
+    /// # Errors
+    /// A bandwidth that is neither a number of bytes nor a size.
+    pub fn to_proto(&self, at: &str) -> Result<pb::QosLimits> {
+        let bytes = |key: &str, v: &Option<TextOrNumber>| -> Result<u64> {
+            let why = match v {
+                None => return Ok(0),
+                Some(TextOrNumber::Number(n)) => match u64::try_from(*n) {
+                    Ok(b) => return Ok(b),
+                    Err(_) => format!("{n} is not a number of bytes"),
+                },
+                Some(TextOrNumber::Text(t)) => match parse_size(t) {
+                    Ok(b) => return Ok(b),
+                    Err(e) => e.to_string(),
+                },
+            };
+            bail!("{at}.{key}: {why} (bytes a second: a number, or a size such as \"200M\")")
+        };
+        Ok(pb::QosLimits {
+            iops: self.iops.unwrap_or(0),
+            read_iops: self.read_iops.unwrap_or(0),
+            write_iops: self.write_iops.unwrap_or(0),
+            bandwidth: bytes("bandwidth", &self.bandwidth)?,
+            read_bandwidth: bytes("read_bandwidth", &self.read_bandwidth)?,
+            write_bandwidth: bytes("write_bandwidth", &self.write_bandwidth)?,
         })
     }
 }
@@ -351,12 +385,17 @@ model_number = "M1"
 allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:h"]
 max_namespaces = 8
 
+[storage.subsystems.host_qos."nqn.2014-08.org.nvmexpress:uuid:h"]
+read_iops = 100
+bandwidth = 1048576
+
 [[storage.subsystems.namespaces]]
 nsid = 2
 ram = "256MiB"
 block_size = 4096
 uuid = "123e4567-e89b-12d3-a456-426614174000"
 nguid = "00112233445566778899aabbccddeeff"
+qos = { iops = 1000, read_bandwidth = "200M" }
 
 [[storage.subsystems.namespaces]]
 file = "/srv/volumes/disk.img"
@@ -404,6 +443,24 @@ allow_any_host = true
             }))
         );
         assert_eq!(n.uuid, "123e4567-e89b-12d3-a456-426614174000");
+        assert_eq!(
+            n.qos,
+            Some(pb::QosLimits {
+                iops: 1_000,
+                read_bandwidth: 200 << 20,
+                ..Default::default()
+            })
+        );
+        assert_eq!(v1.namespaces[1].to_proto().unwrap().qos, None);
+        let host = &v1.host_qos["nqn.2014-08.org.nvmexpress:uuid:h"];
+        assert_eq!(
+            host.to_proto("qos").unwrap(),
+            pb::QosLimits {
+                read_iops: 100,
+                bandwidth: 1 << 20,
+                ..Default::default()
+            }
+        );
         assert_eq!(
             v1.namespaces[1].to_proto().unwrap().backend,
             Some(pb::namespace::Backend::File(pb::FileBackend {

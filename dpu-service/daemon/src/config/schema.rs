@@ -2,6 +2,7 @@
 //! its defaults. Unknown keys are errors, so a misspelt setting is
 //! reported instead of silently ignored.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -518,6 +519,12 @@ pub struct SeedSubsystem {
     /// `[[storage.subsystems.listeners]]`.
     #[serde(default)]
     pub listeners: Vec<SeedListener>,
+    /// QoS limits of hosts by host NQN, each a host the subsystem allows
+    /// (listed in `allowed_hosts`, or any with `allow_any_host`):
+    /// `host_qos = { "nqn.2014-08.org.nvmexpress:uuid:..." = { iops =
+    /// 1000 } }`.
+    #[serde(default)]
+    pub host_qos: BTreeMap<String, SeedQos>,
 }
 
 /// `[[storage.subsystems.namespaces]]`: a namespace of a declared
@@ -563,6 +570,37 @@ pub struct SeedNamespace {
     /// unset).
     #[serde(default)]
     pub nguid: Option<String>,
+    /// QoS limits on the namespace's I/O, all hosts together: `qos = {
+    /// iops = 1000, read_bandwidth = "200M" }` (none if unset).
+    #[serde(default)]
+    pub qos: Option<SeedQos>,
+}
+
+/// The QoS limits of a declared namespace or host, per second; a limit
+/// unset or 0 is none. The IOPS limits are numbers of commands; the
+/// bandwidth limits bytes, a number or a size as `ram` takes it ("200M",
+/// "1GiB": powers of 1024).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedQos {
+    /// I/O commands of every kind a second.
+    #[serde(default)]
+    pub iops: Option<u64>,
+    /// Read commands a second.
+    #[serde(default)]
+    pub read_iops: Option<u64>,
+    /// Write commands a second.
+    #[serde(default)]
+    pub write_iops: Option<u64>,
+    /// Bytes read and written a second.
+    #[serde(default)]
+    pub bandwidth: Option<TextOrNumber>,
+    /// Bytes read a second.
+    #[serde(default)]
+    pub read_bandwidth: Option<TextOrNumber>,
+    /// Bytes written a second.
+    #[serde(default)]
+    pub write_bandwidth: Option<TextOrNumber>,
 }
 
 /// The `remote` of a declared namespace: a namespace of a remote NVMe/TCP
@@ -827,6 +865,21 @@ mod tests {
                 "size_bytes",
             ),
             (declared("", &format!("{ns}\nram = 1048576\n")), "ram"),
+            (
+                declared("", &format!("{ns}\nram = \"1M\"\nqos = {{ iosp = 1 }}\n")),
+                "iosp",
+            ),
+            (
+                declared(
+                    "",
+                    &format!("{ns}\nram = \"1M\"\nqos = {{ iops = \"1k\" }}\n"),
+                ),
+                "iops",
+            ),
+            (
+                declared("host_qos = [\"nqn.2024-01.io.example:h\"]", ""),
+                "host_qos",
+            ),
             (
                 declared(
                     "",

@@ -144,7 +144,7 @@ pub(crate) fn without_undo_note(msg: &str) -> &str {
 }
 
 /// Creates the namespaces and listeners of the just created subsystem
-/// `name`, declared at `at`.
+/// `name`, declared at `at`, and sets its hosts' QoS limits.
 async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> {
     for (j, n) in s.namespaces.iter().enumerate() {
         let at = format!("{at}.namespaces[{j}]");
@@ -164,6 +164,17 @@ async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> 
         }))
         .await
         .map_err(|e| anyhow!("{at}.listeners[{j}]: {}", e.message()))?;
+    }
+    for (host, q) in &s.host_qos {
+        let at = format!("{at}.host_qos.{host:?}");
+        let qos = q.to_proto("qos").map_err(|e| anyhow!("{at}: {e:#}"))?;
+        api.set_host_qos(Request::new(pb::SetHostQosRequest {
+            subsystem: name.to_string(),
+            host_nqn: host.clone(),
+            qos: Some(qos),
+        }))
+        .await
+        .map_err(|e| anyhow!("{at}: {}", e.message()))?;
     }
     Ok(())
 }
@@ -312,12 +323,14 @@ serial_number = "SN-1"
 model_number = "Model X"
 allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e"]
 max_namespaces = 4
+host_qos = { "nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e" = { iops = 5000, write_bandwidth = 104857600 } }
 [[storage.subsystems.namespaces]]
 nsid = 3
 ram = "8MiB"
 block_size = 4096
 uuid = "123e4567-e89b-12d3-a456-426614174000"
 nguid = "00112233445566778899aabbccddeeff"
+qos = { iops = 1000, read_iops = 600, write_iops = 400, bandwidth = "1G", read_bandwidth = "200M", write_bandwidth = "100MiB" }
 [[storage.subsystems.namespaces]]
 file = "/nonexistent/dpu-seed-test.img"
 size = "1GiB"
@@ -345,6 +358,29 @@ transport = "tcp"
         );
         let n3 = &sub.namespaces[&3];
         assert_eq!(n3.block_size, 4096);
+        assert_eq!(
+            n3.qos,
+            dpu_control::model::QosLimits {
+                iops: 1_000,
+                read_iops: 600,
+                write_iops: 400,
+                bandwidth: 1 << 30,
+                read_bandwidth: 200 << 20,
+                write_bandwidth: 100 << 20,
+            }
+        );
+        assert!(sub.namespaces[&1].qos.is_none(), "none unless declared");
+        assert_eq!(
+            sub.host_qos
+                .iter()
+                .map(|(h, q)| (h.as_str(), q.iops, q.write_bandwidth))
+                .collect::<Vec<_>>(),
+            [(
+                "nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e",
+                5_000,
+                100 << 20
+            )]
+        );
         assert_eq!(n3.uuid[..2], [0x12, 0x3e]);
         assert_eq!(n3.nguid[15], 0xff);
         assert_eq!(

@@ -14,6 +14,7 @@ mod info;
 mod listener;
 mod namespace;
 mod port;
+mod qos;
 mod render;
 mod rule;
 mod subsystem;
@@ -297,6 +298,7 @@ mod tests {
     use crate::cluster::ClusterCmd;
     use crate::common::Paging;
     use crate::namespace::NamespaceCmd;
+    use crate::subsystem::SubsystemCmd;
     use crate::tenant::{attachments, TenantCmd};
 
     #[test]
@@ -413,6 +415,78 @@ mod tests {
             Some(std::path::Path::new("far.key"))
         );
 
+        // QoS: each flag a limit, sizes for bandwidths; none clears.
+        let cli = parse(&[
+            "namespace",
+            "set-qos",
+            "vol",
+            "2",
+            "--iops",
+            "1000",
+            "--read-iops",
+            "600",
+            "--write-iops",
+            "400",
+            "--bandwidth",
+            "1G",
+            "--read-bandwidth",
+            "200M",
+            "--write-bandwidth",
+            "4096",
+        ])
+        .unwrap();
+        let Command::Namespace(NamespaceCmd::SetQos {
+            subsystem,
+            nsid: 2,
+            qos,
+        }) = &cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(subsystem, "vol");
+        assert_eq!(
+            qos.limits(),
+            dpu_client::pb::QosLimits {
+                iops: 1000,
+                read_iops: 600,
+                write_iops: 400,
+                bandwidth: 1 << 30,
+                read_bandwidth: 200 << 20,
+                write_bandwidth: 4096,
+            }
+        );
+        let cli = parse(&["namespace", "set-qos", "vol", "2"]).unwrap();
+        let Command::Namespace(NamespaceCmd::SetQos { qos, .. }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(qos.limits(), dpu_client::pb::QosLimits::default(), "clears");
+        let cli = parse(&[
+            "subsystem",
+            "set-host-qos",
+            "vol",
+            "nqn.2014-08.org.nvmexpress:uuid:h1",
+            "--write-iops",
+            "50",
+        ])
+        .unwrap();
+        let Command::Subsystem(SubsystemCmd::SetHostQos { id, nqn, qos }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (
+                id.as_str(),
+                nqn.as_str(),
+                qos.limits().write_iops,
+                qos.limits().iops
+            ),
+            ("vol", "nqn.2014-08.org.nvmexpress:uuid:h1", 50, 0)
+        );
+        let cli = parse(&["namespace", "create", "vol", "--ram", "1M", "--iops", "10"]).unwrap();
+        let Command::Namespace(NamespaceCmd::Create { qos, .. }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(qos.on_create().map(|q| q.iops), Some(10));
+
         let cli = parse(&[
             "cluster",
             "create",
@@ -458,6 +532,24 @@ mod tests {
         // Exit 5: values the CLI must parse.
         for args in [
             &["namespace", "create", "vol", "--ram", "12X"][..],
+            &["namespace", "set-qos", "vol", "1", "--iops", "1k"],
+            &["namespace", "set-qos", "vol", "1", "--iops=-1"],
+            &[
+                "namespace",
+                "set-qos",
+                "vol",
+                "1",
+                "--read-bandwidth",
+                "1.5G",
+            ],
+            &[
+                "subsystem",
+                "set-host-qos",
+                "vol",
+                "nqn.h",
+                "--bandwidth",
+                "fast",
+            ],
             &["namespace", "resize", "vol", "1", "lots"],
             &[
                 "rule",

@@ -7,6 +7,7 @@ use clap::{ArgGroup, Args, Subcommand};
 use dpu_client::{namespace_name, parse_size, pb, subsystem_name, DpuClient};
 
 use crate::common::{all_pages, deleted, json, Paging, Shown};
+use crate::qos::QosArgs;
 use crate::{render, Failure};
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +55,10 @@ pub enum NamespaceCmd {
         /// Namespace UUID (generated if absent).
         #[arg(long)]
         uuid: Option<String>,
+        /// QoS limits on the namespace's I/O, all hosts together (none
+        /// if absent).
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Shows a namespace.
     Get {
@@ -78,6 +83,17 @@ pub enum NamespaceCmd {
         /// New size (e.g. 1G).
         #[arg(value_name = "SIZE", value_parser = parse_size)]
         size: u64,
+    },
+    /// Sets the QoS limits of a namespace, on the I/O of all its hosts
+    /// together, replacing what it had: a limit not given is none, so no
+    /// flag at all clears them. Takes effect at once, without reconnecting.
+    SetQos {
+        /// Subsystem ID.
+        subsystem: String,
+        /// Namespace ID.
+        nsid: u32,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Deletes a namespace.
     Delete {
@@ -178,6 +194,7 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
             remote,
             block_size,
             uuid,
+            qos,
         } => {
             if cluster.is_some() && rbd.is_none() {
                 return Err(Failure::Input(
@@ -220,6 +237,7 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
                 backend: Some(backend),
                 block_size: block_size.unwrap_or(0),
                 uuid: uuid.clone().unwrap_or_default(),
+                qos: qos.on_create(),
                 ..Default::default()
             };
             one(c
@@ -263,6 +281,17 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
             .resize_namespace(pb::ResizeNamespaceRequest {
                 name: namespace_name(subsystem, *nsid),
                 size_bytes: *size,
+            })
+            .await?),
+        NamespaceCmd::SetQos {
+            subsystem,
+            nsid,
+            qos,
+        } => one(c
+            .set_namespace_qos(pb::SetNamespaceQosRequest {
+                subsystem: subsystem_name(subsystem),
+                nsid: *nsid,
+                qos: Some(qos.limits()),
             })
             .await?),
         NamespaceCmd::Delete { subsystem, nsid } => {

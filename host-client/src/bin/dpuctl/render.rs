@@ -2,6 +2,7 @@
 
 use dpu_client::pb;
 
+use crate::qos;
 use crate::table::{fields, Table};
 
 /// The enum value's name without its prefix, lower-case (`DEFAULT_POLICY_DENY` → `deny`).
@@ -259,6 +260,7 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
         "NAMESPACES",
         "LISTENERS",
         "AUTH",
+        "HOST QOS",
     ]);
     for s in list {
         let hosts = if s.allow_any_host {
@@ -276,6 +278,7 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
             s.namespace_count.to_string(),
             s.listener_count.to_string(),
             auth(s),
+            qos::hosts_text(&s.host_qos),
         ]);
     }
     t.render()
@@ -314,7 +317,7 @@ fn bytes(n: u64) -> String {
 
 /// Namespaces, one row each.
 pub fn namespaces(list: &[pb::Namespace]) -> String {
-    let mut t = Table::new(&["NSID", "BACKEND", "SIZE", "BLOCK", "STATE", "UUID"]);
+    let mut t = Table::new(&["NSID", "BACKEND", "SIZE", "BLOCK", "STATE", "QOS", "UUID"]);
     for n in list {
         let backend = match &n.backend {
             Some(pb::namespace::Backend::Ram(_)) => "ram".to_string(),
@@ -340,6 +343,7 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
                 pb::NamespaceState::Unreachable => "unreachable",
             }
             .into(),
+            qos::text(n.qos.as_ref()),
             n.uuid.clone(),
         ]);
     }
@@ -697,6 +701,81 @@ mod tests {
         );
         assert!(!out.contains("c2VjcmV0"), "{out}");
         assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-secret"));
+    }
+
+    /// A namespace's QOS column and a subsystem's HOST QOS column show
+    /// the limits as the flags that set them, `-` for none.
+    #[test]
+    fn qos_columns() {
+        let n = |nsid, qos| pb::Namespace {
+            nsid,
+            backend: Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 4096,
+            })),
+            size_bytes: 4096,
+            uuid: format!("uuid-{nsid}"),
+            qos,
+            ..Default::default()
+        };
+        let out = namespaces(&[
+            n(
+                1,
+                Some(pb::QosLimits {
+                    iops: 1000,
+                    read_bandwidth: 200 << 20,
+                    ..Default::default()
+                }),
+            ),
+            n(2, None),
+        ]);
+        let col = |row: &str, cells: &[&str]| {
+            let got: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(got, cells, "{out}");
+        };
+        let lines: Vec<&str> = out.lines().collect();
+        col(
+            lines[0],
+            &["NSID", "BACKEND", "SIZE", "BLOCK", "STATE", "QOS", "UUID"],
+        );
+        col(
+            lines[1],
+            &[
+                "1",
+                "ram",
+                "4",
+                "KiB",
+                "0",
+                "-",
+                "iops=1000,read-bandwidth=200MiB/s",
+                "uuid-1",
+            ],
+        );
+        col(lines[2], &["2", "ram", "4", "KiB", "0", "-", "-", "uuid-2"]);
+        let s = pb::Subsystem {
+            name: "subsystems/vol".into(),
+            host_qos: vec![pb::HostQos {
+                host_nqn: "nqn.h1".into(),
+                qos: Some(pb::QosLimits {
+                    write_iops: 50,
+                    ..Default::default()
+                }),
+            }],
+            ..Default::default()
+        };
+        let out = subsystems(&[s]);
+        assert!(out.lines().next().unwrap().ends_with("HOST QOS"), "{out}");
+        assert!(
+            out.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with("nqn.h1[write-iops=50]"),
+            "{out}"
+        );
+        assert!(subsystems(&[pb::Subsystem::default()])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(" -"));
     }
 
     #[test]

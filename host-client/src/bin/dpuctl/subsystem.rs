@@ -1,6 +1,7 @@
 //! `dpuctl subsystem`: its subcommands and flags, and their handler; the
 //! allowed hosts of a subsystem are among them (`add-host`, `remove-host`),
-//! and their DH-HMAC-CHAP secrets (`set-auth`, `clear-auth`).
+//! their DH-HMAC-CHAP secrets (`set-auth`, `clear-auth`) and their QoS
+//! limits (`set-host-qos`).
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,7 @@ use clap::{ArgGroup, Subcommand, ValueEnum};
 use dpu_client::{pb, subsystem_name, DpuClient};
 
 use crate::common::{all_pages, deleted, json, mask, Paging, Shown};
+use crate::qos::QosArgs;
 use crate::{render, Failure};
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +132,20 @@ pub enum SubsystemCmd {
         id: String,
         /// Host NQN.
         nqn: String,
+    },
+    /// Sets the QoS limits of a host on the subsystem, on its I/O to all
+    /// the subsystem's namespaces over all its controllers together,
+    /// replacing what it had: a limit not given is none, so no flag at
+    /// all clears them. The host must be allowed (on the allow list, or
+    /// any with --allow-any-host). Takes effect at once, without
+    /// reconnecting.
+    SetHostQos {
+        /// Subsystem ID.
+        id: String,
+        /// Host NQN.
+        nqn: String,
+        #[command(flatten)]
+        qos: QosArgs,
     },
 }
 
@@ -333,6 +349,13 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             .clear_host_auth(pb::ClearHostAuthRequest {
                 subsystem: subsystem_name(id),
                 host_nqn: nqn.clone(),
+            })
+            .await?),
+        SubsystemCmd::SetHostQos { id, nqn, qos } => one(c
+            .set_host_qos(pb::SetHostQosRequest {
+                subsystem: subsystem_name(id),
+                host_nqn: nqn.clone(),
+                qos: Some(qos.limits()),
             })
             .await?),
     })

@@ -95,6 +95,8 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/DeleteListener", Permission::Admin),
     ("/dpu.v1.StorageService/SetHostAuth", Permission::Admin),
     ("/dpu.v1.StorageService/ClearHostAuth", Permission::Admin),
+    ("/dpu.v1.StorageService/SetNamespaceQos", Permission::Admin),
+    ("/dpu.v1.StorageService/SetHostQos", Permission::Admin),
     ("/dpu.v1.StorageService/CreateCluster", Permission::Admin),
     ("/dpu.v1.StorageService/GetCluster", Permission::Read),
     ("/dpu.v1.StorageService/ListClusters", Permission::Read),
