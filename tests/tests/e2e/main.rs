@@ -21,6 +21,7 @@ mod nvme_auth_flood;
 mod nvme_host;
 mod nvme_hostile;
 mod nvme_kernel;
+mod nvme_qos;
 mod nvme_rbd;
 mod nvme_remote;
 mod nvme_restart;

@@ -58,7 +58,7 @@ mod transfer;
 pub use block::{BlockCompletion, BlockOp, BlockRequest, Completer};
 pub use budget::{DEFAULT_BACKEND_IN_FLIGHT, DEFAULT_WRITE_BUFFER_BUDGET, R2T_BUDGET};
 pub use command::{IN_CAPSULE_DATA, MAX_H2C_DATA, MAX_TRANSFER, MDTS, VERSION};
-pub use io::{FIRST_SEND, WORK_CHUNK};
+pub use io::{FIRST_SEND, TURN, WORK_CHUNK};
 pub use output::{OUTPUT_BUDGET, SEND_FROM_BUFFER};
 pub use timeouts::{Timeouts, ICREQ_TIMEOUT, IDLE_TIMEOUT, PDU_TIMEOUT};
 
@@ -147,6 +147,8 @@ pub struct Connection {
     requests: VecDeque<BlockRequest>,
     /// When the requests a QoS limit held back may start.
     throttled_until: Option<Instant>,
+    /// Most block requests one `execute_requests` runs on its thread.
+    turn: usize,
     /// Where requests on asynchronous backends complete; without one they
     /// run on the calling thread like the rest.
     completer: Option<Completer>,
@@ -217,6 +219,7 @@ impl Connection {
             budget: ConnBudget::default(),
             requests: VecDeque::new(),
             throttled_until: None,
+            turn: usize::MAX,
             completer: None,
             aers: Vec::new(),
             out: Vec::new(),

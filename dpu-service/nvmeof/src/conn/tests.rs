@@ -536,3 +536,33 @@ fn requests_over_a_qos_limit_wait_and_say_until_when() {
         .expect("the host's limiter");
     assert_eq!(host.limits.write_iops, 50);
 }
+
+/// A turn set by the transport bounds the requests one call runs; the
+/// rest wait for the next call, in order.
+#[test]
+fn a_turn_bounds_the_requests_of_one_call() {
+    let t = target();
+    let (_a, mut q) = io_queue(&t, 1, 32);
+    let mut b = Vec::new();
+    for cid in 0..10u16 {
+        pdu::encode_capsule_cmd(&mut b, DG, &rw(nvm::READ, cid, 1, u64::from(cid), 1), &[]);
+    }
+    assert_eq!(q.conn.receive(&b, Instant::now()), b.len());
+    q.conn.set_turn(4);
+    assert_eq!(q.conn.execute_requests(|_| {}), 4);
+    assert!(q.conn.has_requests());
+    assert_eq!(q.conn.execute_requests(|_| {}), 4);
+    q.conn.set_turn(usize::MAX);
+    assert_eq!(q.conn.execute_requests(|_| {}), 2);
+    assert!(!q.conn.has_requests());
+    q.inbox.extend(q.conn.take_output());
+    let order: Vec<u16> = q
+        .got()
+        .iter()
+        .filter_map(|g| match g {
+            Got::Data { cid, .. } => Some(*cid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, (0..10).collect::<Vec<_>>());
+}

@@ -30,6 +30,10 @@
 //! endpoint in a tenant's network, measured with no kernel network stack
 //! on either side. One thread drives that stack; `--auth-flood` is refused.
 //!
+//! `--sleep` waits in `epoll_wait` for the queues instead of busy
+//! polling them, so that several generators (two hosts against one poll
+//! group, say) can share a core without taking turns by time slice.
+//!
 //! `--discover` runs no job: it asks the discovery controller at `--addr`
 //! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
 //!
@@ -340,7 +344,18 @@ const QUEUES_PER_CONTROLLER: usize = 64;
 /// `conns` above [`QUEUES_PER_CONTROLLER`] open several controllers, each
 /// over its own admin queue. With more than one queue the sockets are
 /// polled without blocking, as `spdk_nvme_perf -P` drives its queues.
-fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<Result_, Error> {
+///
+/// With `sleep` the thread sleeps in `epoll_wait` until a queue has
+/// something, instead of busy polling: slower, but several generators
+/// can then share a core (`--sleep`).
+fn run(
+    addr: &str,
+    nqn: &str,
+    job: Job,
+    conns: usize,
+    time: Duration,
+    sleep: bool,
+) -> Result<Result_, Error> {
     let id = identity()?;
     let opts = options();
     let mut admins = Vec::new();
@@ -437,7 +452,7 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
         }
         Ok(!st.q.send_some()?)
     };
-    let fds: Option<Vec<BorrowedFd<'_>>> = if streams.len() > 1 {
+    let fds: Option<Vec<BorrowedFd<'_>>> = if streams.len() > 1 || sleep {
         streams.iter().map(|st| st.q.wire().fd()).collect()
     } else {
         None
@@ -466,7 +481,9 @@ fn run(addr: &str, nqn: &str, job: Job, conns: usize, time: Duration) -> Result<
             };
             while active.get() > 0 {
                 events.clear();
-                match epoll::wait(&ep, spare_capacity(&mut events), Some(&zero)) {
+                // Sleeping, but not while output waits for room.
+                let timeout = (!sleep || !waiting.is_empty()).then_some(&zero);
+                match epoll::wait(&ep, spare_capacity(&mut events), timeout) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -529,6 +546,7 @@ fn perf() -> Result<(), Error> {
     let mut jobs: Vec<Job> = Vec::new();
     let mut time = Duration::from_secs(5);
     let mut conns = 1usize;
+    let mut sleep = false;
     let mut discovery = false;
     let mut auth_flood: Option<Duration> = None;
     let mut flood_attempts = u64::MAX;
@@ -576,10 +594,11 @@ fn perf() -> Result<(), Error> {
             "--memif" => memif = Some(val()?),
             "--ip" => host_ip = Some(val()?),
             "--mac" => host_mac = Some(val()?),
+            "--sleep" => sleep = true,
             "--bench" => {}
             "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]] [--memif SOCKET [--ip A.B.C.D/LEN] [--mac MAC]]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--sleep] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]] [--memif SOCKET [--ip A.B.C.D/LEN] [--mac MAC]]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -650,7 +669,7 @@ fn perf() -> Result<(), Error> {
         "job", "IOPS", "MB/s", "p50 us", "p99 us", "p99.9 us", "max us"
     );
     for job in &jobs {
-        let mut r = run(&addr, &nqn, *job, conns, time)?;
+        let mut r = run(&addr, &nqn, *job, conns, time, sleep)?;
         r.lat_ns.sort_unstable();
         let iops = r.ios as f64 / r.secs;
         let name = if conns > 1 {
