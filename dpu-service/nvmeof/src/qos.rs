@@ -100,6 +100,10 @@ pub enum QosScope {
     /// One host, by host NQN: its commands to every namespace of the
     /// subsystem, on all its controllers.
     Host(String),
+    /// Everything the target serves, every subsystem and host together
+    /// (for a tenant's target, the tenant's storage endpoints); its
+    /// [`QosStat::subnqn`] is empty.
+    Target,
 }
 
 /// A limiter's limits and what it held back, for metrics and the API.

@@ -182,22 +182,24 @@ impl Connection {
         self.throttled_until
     }
 
-    /// Lets `r` start under its namespace's and its host's QoS limits, or
-    /// answers when it may.
+    /// Lets `r` start under its namespace's, its host's and the target's
+    /// QoS limits, or answers when it may.
     /// `now` is read when first needed, and kept for the next request.
     fn admit(&self, r: &mut BlockRequest, now: &mut Option<Instant>) -> Result<(), Instant> {
         let ns = &*r.namespace.qos;
+        let all = self.target.qos_limiter();
         let host = self.ctrl.as_deref().map(|c| &*c.qos);
-        let active = ns.is_active() || host.is_some_and(Limiter::is_active);
+        let active = ns.is_active() || all.is_active() || host.is_some_and(Limiter::is_active);
         if !active && r.throttle.since.is_none() {
             r.admitted = true;
             return Ok(());
         }
         let cost = r.qos_cost();
         let now = *now.get_or_insert_with(Instant::now);
+        // Always in this order: namespace, host, target.
         match host {
-            Some(h) => admit(&[ns, h], cost, &mut r.throttle, now)?,
-            None => admit(&[ns], cost, &mut r.throttle, now)?,
+            Some(h) => admit(&[ns, h, all], cost, &mut r.throttle, now)?,
+            None => admit(&[ns, all], cost, &mut r.throttle, now)?,
         }
         r.admitted = true;
         Ok(())

@@ -1,6 +1,6 @@
-//! The target's QoS limiters ([`crate::qos`]), one per subsystem and
-//! scope (a namespace, a host), kept across configuration changes and
-//! controllers so that their buckets and counters carry on.
+//! The target's QoS limiters ([`crate::qos`]): its own, and one per
+//! subsystem and scope (a namespace, a host), kept across configuration
+//! changes and controllers so that their buckets and counters carry on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,6 +16,9 @@ use super::{Target, TargetConfig};
 #[derive(Debug, Default)]
 pub(super) struct Limiters {
     map: Mutex<LimiterMap>,
+    /// The target's own limiter ([`QosScope::Target`]), set apart from
+    /// the configuration ([`Target::set_qos`]).
+    all: Arc<Limiter>,
 }
 
 #[derive(Debug, Default)]
@@ -35,8 +38,12 @@ impl LimiterMap {
 }
 
 impl Limiters {
-    /// The limiter of `scope` on `subnqn`, made without limits if none is.
+    /// The limiter of `scope` on `subnqn`, made without limits if none is
+    /// (the target's own for [`QosScope::Target`], whatever `subnqn`).
     pub(super) fn get(&self, subnqn: &str, scope: QosScope) -> Arc<Limiter> {
+        if scope == QosScope::Target {
+            return self.all.clone();
+        }
         let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if m.by_scope.len() >= 2 * m.pruned_at.max(64) {
             m.prune();
@@ -72,9 +79,11 @@ impl Limiters {
     /// Every limiter with limits or with commands held back, sorted.
     pub(super) fn stats(&self) -> Vec<QosStat> {
         let m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = (String::new(), QosScope::Target);
         let mut v: Vec<QosStat> = m
             .by_scope
             .iter()
+            .chain(std::iter::once((&all, &self.all)))
             .filter(|(_, l)| l.is_active() || l.throttled_commands() > 0)
             .map(|((subnqn, scope), l)| QosStat {
                 subnqn: subnqn.clone(),
@@ -97,9 +106,27 @@ impl Target {
         self.inner.limiters.get(subnqn, scope)
     }
 
+    /// The target's own limiter ([`Target::set_qos`]).
+    pub(crate) fn qos_limiter(&self) -> &Limiter {
+        &self.inner.limiters.all
+    }
+
     /// Every QoS limiter with limits set or commands held back: its
     /// limits, and the commands that waited for it and for how long.
     pub fn qos_stats(&self) -> Vec<QosStat> {
         self.inner.limiters.stats()
+    }
+
+    /// Limits everything the target serves, all subsystems, namespaces
+    /// and hosts together ([`QosScope::Target`]; for a tenant's target,
+    /// the tenant's storage endpoints), from the next command on; none
+    /// by default. [`Target::apply`] leaves them as they are.
+    pub fn set_qos(&self, limits: QosLimits) {
+        self.inner.limiters.all.set(limits);
+    }
+
+    /// The limits [`Target::set_qos`] set.
+    pub fn qos(&self) -> QosLimits {
+        self.inner.limiters.all.limits()
     }
 }
