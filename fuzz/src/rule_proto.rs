@@ -54,6 +54,7 @@ pub fn run(data: &[u8]) {
             default_policy: Action::Deny,
             create_time: Timestamp::default(),
             rules: RuleSet::default(),
+            storage_qos: Default::default(),
         },
     );
     let before = state.clone();

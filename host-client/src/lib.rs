@@ -338,6 +338,9 @@ impl DpuClient {
         update_tenant(TenantServiceClient, UpdateTenantRequest) -> Tenant, WRITE;
         /// Deletes a tenant.
         delete_tenant(TenantServiceClient, DeleteTenantRequest) -> DeleteTenantResponse, WRITE;
+        /// Sets the limits on all the storage I/O of a tenant's storage
+        /// endpoints together (all zero clears them).
+        set_tenant_storage_qos(TenantServiceClient, SetTenantStorageQosRequest) -> Tenant, WRITE;
         /// Lists one page of ports.
         list_ports(PortServiceClient, ListPortsRequest) -> ListPortsResponse, READ;
         /// Returns one port.

@@ -101,6 +101,7 @@ fn tenant(id: &str, vni: u32) -> Tenant {
             version: 1,
             rules: std::sync::Arc::new(vec![rule("r0", 100)]),
         },
+        storage_qos: Default::default(),
     }
 }
 

@@ -68,6 +68,7 @@ fn fill(h: &StateHandle) {
             default_policy: Action::Deny,
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
+            storage_qos: Default::default(),
         };
         h.mutate_blocking(|s| s.create_tenant(LIMITS, &Default::default(), tenant))
             .expect("tenant");

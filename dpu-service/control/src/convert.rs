@@ -54,6 +54,7 @@ pub fn tenant(t: &Tenant) -> pb::Tenant {
         create_time: Some(timestamp(t.create_time)),
         rule_set_version: t.rules.version,
         rule_count: u32::try_from(t.rules.rules.len()).unwrap_or(u32::MAX),
+        storage_qos: (!t.storage_qos.is_none()).then(|| qos(&t.storage_qos)),
     }
 }
 

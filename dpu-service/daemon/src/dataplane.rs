@@ -1011,6 +1011,7 @@ mod tests {
                         version: 1,
                         rules: Arc::new(vec![rule(3), rule(9)]),
                     },
+                    storage_qos: Default::default(),
                 },
             );
         }
@@ -1106,6 +1107,7 @@ mod tests {
                     version: 1,
                     rules: Arc::new(vec![rule(3)]),
                 },
+                storage_qos: Default::default(),
             },
         );
         let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
@@ -1175,6 +1177,7 @@ mod tests {
                     default_policy: Action::Allow,
                     create_time: Timestamp::now(),
                     rules: RuleSet::default(),
+                    storage_qos: Default::default(),
                 },
             );
         }

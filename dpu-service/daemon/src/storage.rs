@@ -29,7 +29,7 @@ use dpu_control::convert::{listener_name, namespace_name};
 use dpu_control::model::{Backend, Cluster, State, Transport};
 use dpu_control::service::ServedNamespaces;
 use dpu_control::store::StateHandle;
-use dpu_control::telemetry::{CounterSource, Counters, QosCounters};
+use dpu_control::telemetry::{CounterSource, Counters, QosCounters, QosScope};
 use dpu_nvmeof::{
     BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig, TcpConfig,
     TcpConfigError,
@@ -204,6 +204,15 @@ impl Storage {
             let empty = dpu_nvmeof::TargetConfig::default();
             let c = tenants.configs.get(tenant).unwrap_or(&empty);
             errors.extend(target.apply(c));
+            // The limits on all the tenant's storage I/O; none for a
+            // tenant deleted (its target goes below).
+            target.set_qos(
+                state
+                    .tenants
+                    .get(tenant)
+                    .map(|t| t.storage_qos)
+                    .unwrap_or_default(),
+            );
         }
         {
             let mut all = self
@@ -358,12 +367,20 @@ impl Storage {
 
     /// The target behind the kernel sockets and each tenant's.
     fn all_targets(&self) -> Vec<dpu_nvmeof::Target> {
+        std::iter::once(self.target.clone())
+            .chain(self.tenant_targets().into_iter().map(|(_, t)| t))
+            .collect()
+    }
+
+    /// Each tenant's target, by tenant ID.
+    fn tenant_targets(&self) -> Vec<(String, dpu_nvmeof::Target)> {
         let tenants = self
             .tenant_targets
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        std::iter::once(self.target.clone())
-            .chain(tenants.values().cloned())
+        tenants
+            .iter()
+            .map(|(id, t)| (id.clone(), t.clone()))
             .collect()
     }
 
@@ -452,8 +469,23 @@ impl CounterSource for StorageCounters {
             .values()
             .map(|sub| (sub.nqn.as_str(), sub.id.as_str()))
             .collect();
+        // The limits on a tenant's whole storage by tenant ID (the
+        // limiter of its target as a whole, with no subsystem).
+        for (tenant, target) in self.storage.tenant_targets() {
+            for stat in target.qos_stats() {
+                if stat.scope == QosScope::Target {
+                    out.qos
+                        .entry((tenant.clone(), QosScope::Target))
+                        .or_default()
+                        .add(&QosCounters::from(&stat));
+                }
+            }
+        }
         for target in &targets {
             for stat in target.qos_stats() {
+                if stat.scope == QosScope::Target {
+                    continue;
+                }
                 let Some(id) = ids.get(stat.subnqn.as_str()) else {
                     continue;
                 };
@@ -1276,6 +1308,96 @@ mod tests {
         .unwrap();
         assert_eq!(host_limits(), None, "gone with the host's access");
         assert!(state.snapshot().subsystems["vol"].host_qos.is_empty());
+        storage.shutdown();
+    }
+
+    /// A tenant's storage limits reach its target when
+    /// SetTenantStorageQos returns, though nothing else changed; they leave
+    /// it when cleared, and reach telemetry by tenant ID.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tenant_storage_qos_follows_the_state() {
+        use dpu_control::model::{Action, RuleSet, Tenant, Timestamp};
+        use dpu_nvmeof::qos::QosLimits;
+        use dpu_proto::v1::tenant_service_server::TenantService;
+        let (storage, api, state) = served();
+        // Blue, with a storage endpoint: a subsystem listening in its
+        // network, so it has a target of its own.
+        state
+            .mutate(|s| {
+                s.tenants.insert(
+                    "blue".into(),
+                    Tenant {
+                        id: "blue".into(),
+                        display_name: String::new(),
+                        attachments: Vec::new(),
+                        default_policy: Action::Deny,
+                        create_time: Timestamp::now(),
+                        rules: RuleSet::default(),
+                        storage_qos: Default::default(),
+                    },
+                );
+                let sub = subsystem("blue1", &[("e", Some("blue"), 4420)]);
+                s.subsystems.insert(sub.id.clone(), sub);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let set = |qos| {
+            api.set_tenant_storage_qos(Request::new(pb::SetTenantStorageQosRequest {
+                tenant: "tenants/blue".into(),
+                qos,
+            }))
+        };
+        let limits = pb::QosLimits {
+            iops: 5_000,
+            write_bandwidth: 100 << 20,
+            ..Default::default()
+        };
+        let shown = set(Some(limits)).await.unwrap().into_inner();
+        assert_eq!(shown.storage_qos, Some(limits));
+        let blue = || {
+            storage
+                .tenant_targets()
+                .into_iter()
+                .find(|(t, _)| t == "blue")
+                .map(|(_, target)| target)
+                .expect("blue has a target")
+        };
+        let want = QosLimits {
+            iops: 5_000,
+            write_bandwidth: 100 << 20,
+            ..QosLimits::default()
+        };
+        assert_eq!(
+            blue().qos(),
+            want,
+            "applied once SetTenantStorageQos returned"
+        );
+        assert!(
+            storage.target.qos().is_none(),
+            "the kernel sockets' target is no tenant's"
+        );
+
+        let source = storage.counters(state.clone());
+        let mut c = Counters::default();
+        source.collect(&mut c);
+        assert_eq!(
+            c.qos
+                .get(&("blue".to_string(), QosScope::Target))
+                .map(|q| q.limits),
+            Some(want)
+        );
+
+        set(None).await.unwrap();
+        assert!(blue().qos().is_none(), "cleared");
+        let e = api
+            .set_tenant_storage_qos(Request::new(pb::SetTenantStorageQosRequest {
+                tenant: "tenants/red".into(),
+                qos: Some(limits),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
         storage.shutdown();
     }
 

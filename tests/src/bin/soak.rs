@@ -10,9 +10,9 @@
 //!   pairs, DPDK `net_af_packet` ports), each a default-deny tenant whose
 //!   only rule is a stateful allow: long-lived connections echo verified
 //!   bytes, and reconnect when one stalls.
-//! - API churn through `dpuctl`: tenants with rules, and RAM namespaces,
-//!   created and deleted at a steady rate; every call the service
-//!   answered with success is remembered.
+//! - API churn through `dpuctl`: tenants with rules, and RAM namespaces
+//!   with QoS limits, created and deleted at a steady rate; every call the
+//!   service answered with success is remembered.
 //! - Floods from another source address: idle connections to the gRPC
 //!   port and to the NVMe/TCP port, twice, each for a tenth of the run.
 //! - A graceful restart (SIGTERM) at 35% of the run and a `kill -9` with
@@ -398,6 +398,9 @@ fn churn(shared: &Shared) -> Churn {
                         "1MiB",
                         "--nsid",
                         &nsid,
+                        // Its QoS limiter comes and goes with it.
+                        "--iops",
+                        "5000",
                     ]
                     .map(String::from)
                     .to_vec(),

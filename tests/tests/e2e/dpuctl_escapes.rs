@@ -68,6 +68,13 @@ impl TenantService for Hostile {
     ) -> Result<Response<pb::DeleteTenantResponse>, Status> {
         Err(Status::failed_precondition(format!("no: {HOSTILE}")))
     }
+
+    async fn set_tenant_storage_qos(
+        &self,
+        _: Request<pb::SetTenantStorageQosRequest>,
+    ) -> Result<Response<pb::Tenant>, Status> {
+        Err(Status::failed_precondition(format!("no: {HOSTILE}")))
+    }
 }
 
 /// True for a character a terminal acts on, bar the line break.

@@ -8,7 +8,8 @@
 //! another tenant with the same addresses reaches its own tenant's
 //! endpoint, never the first one's; after a restart the endpoint serves
 //! again with its MAC. IPv6 endpoints likewise, with neighbour discovery.
-//! Needs root; everything made is removed on exit.
+//! A tenant's storage QoS holds its endpoints' I/O and not another
+//! tenant's. Needs root; everything made is removed on exit.
 
 use std::process::{Command, Output};
 
@@ -324,6 +325,64 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
     }
     eventually("blue's endpoint to go", || !blue.ns.ping(EP))?;
     did_io("red after blue's endpoint went", &red.io(RED_NQN)?)?;
+    Ok(())
+}
+
+/// The IOPS of one `randread:4k:QD` job of `secs` at the endpoint, as
+/// `host` measured it.
+fn endpoint_iops(host: &Host, nqn: &str, qd: u32, secs: &str) -> Result<f64> {
+    let job = format!("randread:4k:{qd}");
+    let addr = format!("{EP}:4420");
+    let out = host.perf(&["--addr", &addr, "--nqn", nqn, "--time", secs, "--job", &job])?;
+    ensure!(out.status.success(), "nvmf-perf: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
+        .with_context(|| format!("no IOPS in {}", text(&out)))
+}
+
+/// A tenant's storage QoS holds the I/O of its endpoints, all its hosts
+/// and subsystems together, and no other tenant's; changed and cleared
+/// live with `dpuctl`, shown on `/metrics`.
+#[test]
+fn a_tenants_storage_qos_holds_its_endpoints_alone() -> Result<()> {
+    let blue = Host::new("qb", HOST)?;
+    let red = Host::new("qr", HOST)?;
+    let config = config(1, "", &[("pf0vf0", &blue), ("pf0vf1", &red)]);
+    let svc = Service::start_config(&config, &[])?;
+    tenant_with_endpoint(&svc, "blue", "pf0vf0", "blue-a", BLUE_NQN)?;
+    tenant_with_endpoint(&svc, "red", "pf0vf1", "red-a", RED_NQN)?;
+    eventually("blue's host to ping its endpoint", || blue.ns.ping(EP))?;
+    eventually("red's host to ping its endpoint", || red.ns.ping(EP))?;
+
+    svc.dpuctl_ok(&["tenant", "set-storage-qos", "blue", "--iops", "800"])?;
+    let shown = svc.dpuctl_ok(&["tenant", "get", "blue"])?;
+    ensure!(shown.contains("iops=800"), "{shown}");
+    let held = endpoint_iops(&blue, BLUE_NQN, 16, "3")?;
+    let free = endpoint_iops(&red, RED_NQN, 16, "1")?;
+    println!("blue limited to 800: {held:.0} IOPS; red, no limit: {free:.0} IOPS");
+    ensure!((720.0..=880.0).contains(&held), "blue: {held:.0} IOPS");
+    ensure!(free > 1200.0, "red held by blue's limit: {free:.0} IOPS");
+
+    let m = svc.http_get("/metrics")?.1;
+    ensure!(
+        metric(&m, "dpu_nvmf_qos_limit{tenant=\"blue\",limit=\"iops\"}") == 800,
+        "{m}"
+    );
+    ensure!(
+        metric(&m, "dpu_nvmf_qos_throttled_commands_total{tenant=\"blue\"}") > 0,
+        "{m}"
+    );
+    ensure!(
+        !m.contains("dpu_nvmf_qos_limit{tenant=\"red\""),
+        "red has no limits: {m}"
+    );
+
+    // Cleared, blue runs free.
+    svc.dpuctl_ok(&["tenant", "set-storage-qos", "blue"])?;
+    let cleared = endpoint_iops(&blue, BLUE_NQN, 16, "1")?;
+    ensure!(cleared > 1200.0, "blue after clearing: {cleared:.0} IOPS");
     Ok(())
 }
 

@@ -98,6 +98,7 @@ fn tenant(rng: &mut Rng, id: &str) -> Tenant {
             version: 1,
             rules: Arc::new(rules),
         },
+        storage_qos: Default::default(),
     }
 }
 

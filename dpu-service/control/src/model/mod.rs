@@ -11,7 +11,7 @@
 //! `network`, the storage side (subsystems, namespaces, listeners) in
 //! `storage`, the storage clusters RBD namespaces live on in `cluster`,
 //! the remote NVMe/TCP namespaces that back namespaces in `remote`, the
-//! QoS limits of namespaces and hosts in `qos`; all are re-exported
+//! QoS limits of namespaces, hosts and tenants' storage in `qos`; all are re-exported
 //! here, so every type is `model::...`.
 
 mod claims;
@@ -25,6 +25,8 @@ mod storage;
 pub use claims::Claims;
 pub use cluster::{cluster_name, CephKey, Cluster};
 pub use index::Index;
+/// `#[serde(with)]` for [`QosLimits`] in the state file's form.
+pub(crate) use qos::limits as stored_qos;
 pub use qos::QosLimits;
 pub use remote::RemoteNamespace;
 

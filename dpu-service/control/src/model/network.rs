@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::qos::{self, QosLimits};
 use super::Timestamp;
 
 /// An IPv4 or IPv6 prefix whose host bits are zero.
@@ -403,6 +404,15 @@ pub struct Tenant {
     pub create_time: Timestamp,
     /// The tenant's filter rules.
     pub rules: RuleSet,
+    /// Limits on all the storage I/O of the tenant's storage endpoints
+    /// together, on top of each namespace's and host's (none in a state
+    /// written before them).
+    #[serde(
+        default,
+        skip_serializing_if = "QosLimits::is_none",
+        with = "qos::limits"
+    )]
+    pub storage_qos: QosLimits,
 }
 
 /// What a data-plane port is connected to.

@@ -1,5 +1,5 @@
-//! Quality of service: the limits of a namespace and of a host on a
-//! subsystem, as the state keeps them.
+//! Quality of service: the limits of a namespace, of a host on a
+//! subsystem and of a tenant's storage, as the state keeps them.
 //!
 //! The limits are the NVMe-oF target's own type,
 //! [`dpu_nvmeof::qos::QosLimits`], so the state hands them to the target
@@ -72,8 +72,9 @@ impl From<Stored> for QosLimits {
     }
 }
 
-/// `#[serde(with)]` for a namespace's [`QosLimits`].
-pub(super) mod limits {
+/// `#[serde(with)]` for one set of [`QosLimits`]: a namespace's, a
+/// tenant's storage's (and the journal's record of a change to it).
+pub(crate) mod limits {
     use super::*;
 
     /// Writes `q` in the state file's form.

@@ -6,6 +6,7 @@ use tonic::{Request, Response, Status};
 
 use super::{caller, mask_paths, paginate, required, Api, PAGES};
 use crate::convert;
+use crate::error::ControlError;
 use crate::model::{RuleSet, Tenant, Timestamp};
 use crate::state::TenantUpdate;
 use crate::validate;
@@ -21,6 +22,13 @@ impl TenantService for Api {
             validate::id("tenant_id", &req.tenant_id)?;
             let t = required("tenant", req.tenant)?;
             validate::text("tenant.display_name", &t.display_name)?;
+            if t.storage_qos.is_some() {
+                return Err(ControlError::invalid(
+                    "tenant.storage_qos",
+                    "output only: set the tenant's storage limits with SetTenantStorageQos \
+                     once it is created",
+                ));
+            }
             let tenant = Tenant {
                 id: req.tenant_id.clone(),
                 display_name: t.display_name,
@@ -31,6 +39,7 @@ impl TenantService for Api {
                 )?,
                 create_time: Timestamp::now(),
                 rules: RuleSet::default(),
+                storage_qos: Default::default(),
             };
             let ctl = self.ctl.clone();
             let out = convert::tenant(&tenant);
@@ -135,6 +144,25 @@ impl TenantService for Api {
             self.change_tenant(move |s| s.delete_tenant(&id, req.force).map(|()| ((), id)))
                 .await?;
             Ok(pb::DeleteTenantResponse {})
+        })
+        .await
+    }
+
+    async fn set_tenant_storage_qos(
+        &self,
+        req: Request<pb::SetTenantStorageQosRequest>,
+    ) -> Result<Response<pb::Tenant>, Status> {
+        self.write("/dpu.v1.TenantService/SetTenantStorageQos", async {
+            let req = req.into_inner();
+            let id = validate::name("tenant", &req.tenant, "tenants")?.to_string();
+            let qos = validate::qos("qos", req.qos.as_ref())?;
+            // A storage change: it returns once the tenant's target (if
+            // it has storage endpoints) holds the limits. Setting limits
+            // cannot fail there, so there is nothing to undo.
+            self.change_storage(move |s| {
+                Ok((convert::tenant(s.set_tenant_storage_qos(&id, qos)?), None))
+            })
+            .await
         })
         .await
     }
@@ -264,5 +292,65 @@ mod tests {
 
         let added = api.add_rule(add_rule("good", "")).await.unwrap();
         assert_eq!(added.into_inner().rule_set_version, 3);
+    }
+
+    /// SetTenantStorageQos names the field it refuses, NOT_FOUND an
+    /// unknown tenant; what it sets is in Get and List, all zero clears
+    /// it, and CreateTenant takes none.
+    #[tokio::test]
+    async fn storage_qos_is_set_shown_and_cleared() {
+        let state = StateHandle::open(None).unwrap();
+        let api = Api::for_tests(state.clone(), p0(), LIMITS, None, None);
+        api.create_tenant(create("red", 10)).await.unwrap();
+        let set = |tenant: &str, qos| {
+            api.set_tenant_storage_qos(Request::new(pb::SetTenantStorageQosRequest {
+                tenant: tenant.into(),
+                qos,
+            }))
+        };
+        let limits = pb::QosLimits {
+            read_iops: 100,
+            bandwidth: 1 << 30,
+            ..Default::default()
+        };
+        let got = set("tenants/red", Some(limits)).await.unwrap().into_inner();
+        assert_eq!(got.storage_qos, Some(limits));
+        let listed = api
+            .list_tenants(Request::new(pb::ListTenantsRequest::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.tenants[0].storage_qos, Some(limits));
+        assert_eq!(state.snapshot().tenants["red"].storage_qos.read_iops, 100);
+        let zero = set("tenants/red", Some(pb::QosLimits::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(zero.storage_qos, None);
+        let got = api
+            .get_tenant(Request::new(pb::GetTenantRequest {
+                name: "tenants/red".into(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.storage_qos, None, "cleared");
+        let e = set("tenants/blue", None).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        let e = set("red", None).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let over = pb::QosLimits {
+            write_iops: validate::MAX_QOS_IOPS + 1,
+            ..Default::default()
+        };
+        let e = set("tenants/red", Some(over)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("qos.write_iops: "), "{e:?}");
+
+        let mut req = create("blue", 20);
+        req.get_mut().tenant.as_mut().unwrap().storage_qos = Some(limits);
+        let e = api.create_tenant(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("tenant.storage_qos: "), "{e:?}");
     }
 }

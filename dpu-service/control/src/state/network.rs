@@ -433,6 +433,7 @@ mod tests {
             default_policy: Action::Deny,
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
+            storage_qos: Default::default(),
         }
     }
 

@@ -1,11 +1,12 @@
-//! QoS transitions: the limits of a namespace, and of a host on a
-//! subsystem. Limits need nothing of the rest of the state but their
-//! namespace or host, so they are set without caps of [`super::Limits`];
+//! QoS transitions: the limits of a namespace, of a host on a subsystem,
+//! and of a tenant's storage. Limits need nothing of the rest of the state
+//! but their namespace, host or tenant, so they are set without caps of
+//! [`super::Limits`];
 //! a subsystem holds limits for at most [`MAX_HOSTS_PER_SUBSYSTEM`]
 //! hosts, each one it allows ([`Subsystem::allows_host`]).
 
 use crate::error::{ControlError, Result};
-use crate::model::{Namespace, QosLimits, State, Subsystem};
+use crate::model::{Namespace, QosLimits, State, Subsystem, Tenant};
 use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
 
 impl State {
@@ -58,6 +59,23 @@ impl State {
         }
         s.host_qos.insert(host.to_string(), qos);
         Ok(s)
+    }
+}
+
+impl State {
+    /// Sets the limits on all the storage I/O of tenant `id`'s storage
+    /// endpoints together (all zero: none) and returns the tenant. They
+    /// hold whether or not the tenant has endpoints yet, and go with it.
+    ///
+    /// # Errors
+    /// NOT_FOUND for a tenant that does not exist.
+    pub fn set_tenant_storage_qos(&mut self, id: &str, qos: QosLimits) -> Result<&Tenant> {
+        let t = self
+            .tenants
+            .get_mut(id)
+            .ok_or_else(|| ControlError::NotFound(format!("tenants/{id}")))?;
+        t.storage_qos = qos;
+        Ok(t)
     }
 }
 
@@ -218,6 +236,34 @@ mod tests {
         );
         s.set_host_qos("a", H2, QosLimits::default()).unwrap();
         assert!(s.subsystems["a"].host_qos.is_empty());
+    }
+
+    #[test]
+    fn tenant_storage_limits_are_set_cleared_and_go_with_the_tenant() {
+        use crate::model::{Action, RuleSet};
+        let mut s = State::default();
+        assert!(matches!(
+            s.set_tenant_storage_qos("red", iops(10)),
+            Err(ControlError::NotFound(m)) if m == "tenants/red"
+        ));
+        let red = Tenant {
+            id: "red".into(),
+            display_name: String::new(),
+            attachments: Vec::new(),
+            default_policy: Action::Deny,
+            create_time: Timestamp::now(),
+            rules: RuleSet::default(),
+            storage_qos: QosLimits::default(),
+        };
+        s.tenants.insert("red".into(), red.clone());
+        let t = s.set_tenant_storage_qos("red", iops(10)).unwrap();
+        assert_eq!(t.storage_qos, iops(10));
+        s.set_tenant_storage_qos("red", QosLimits::default())
+            .unwrap();
+        assert!(s.tenants["red"].storage_qos.is_none());
+        s.set_tenant_storage_qos("red", iops(10)).unwrap();
+        s.delete_tenant("red", false).unwrap();
+        assert!(s.tenants.is_empty(), "the limits went with the tenant");
     }
 
     #[test]

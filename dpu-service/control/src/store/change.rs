@@ -22,7 +22,8 @@ use imbl::ordmap::{DiffItem, Entry};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Action, Attachment, Cluster, Rule, RuleSet, State, Subsystem, Tenant, Timestamp,
+    stored_qos, Action, Attachment, Cluster, QosLimits, Rule, RuleSet, State, Subsystem, Tenant,
+    Timestamp,
 };
 
 /// One step of a recorded change.
@@ -50,6 +51,14 @@ pub(crate) enum Op {
         default_policy: Action,
         /// Creation time (changes only when a tenant is deleted and made again).
         create_time: Timestamp,
+    },
+    /// The limits on a tenant's storage (none: all zero).
+    TenantStorageQos {
+        /// The tenant's ID.
+        id: String,
+        /// The new limits.
+        #[serde(with = "stored_qos")]
+        qos: QosLimits,
     },
     /// A tenant's rule set: its new version and a splice of its rules.
     Rules {
@@ -154,6 +163,12 @@ fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
             create_time: now.create_time,
         });
     }
+    if was.storage_qos != now.storage_qos {
+        ops.push(Op::TenantStorageQos {
+            id: now.id.clone(),
+            qos: now.storage_qos,
+        });
+    }
     let (old, new) = (&was.rules.rules, &now.rules.rules);
     if Arc::ptr_eq(old, new) || old == new {
         if was.rules.version != now.rules.version {
@@ -217,6 +232,7 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
                 t.default_policy = default_policy;
                 t.create_time = create_time;
             }
+            Op::TenantStorageQos { id, qos } => tenant(state, &id)?.storage_qos = qos,
             Op::Rules {
                 id,
                 version,
@@ -314,6 +330,7 @@ mod tests {
                     version: 1,
                     rules: Arc::new(rules),
                 },
+                storage_qos: Default::default(),
             },
         );
         s
@@ -366,6 +383,34 @@ mod tests {
             assert_eq!(replayed, after);
         }
         assert!(diff(&before, &before.clone()).is_empty());
+    }
+
+    /// A tenant's storage limits are recorded on their own, and replay.
+    #[test]
+    fn storage_limits_are_an_op_of_their_own() {
+        let before = state(vec![rule(1)]);
+        let mut after = before.clone();
+        after.tenants.get_mut("a").unwrap().storage_qos = QosLimits {
+            iops: 7,
+            ..QosLimits::default()
+        };
+        let ops = diff(&before, &after);
+        assert!(
+            matches!(&ops[..], [Op::TenantStorageQos { id, qos }] if id == "a" && qos.iops == 7),
+            "{ops:?}"
+        );
+        let json = serde_json::to_string(&ops).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"tenant_storage_qos":{"id":"a","qos":{"iops":7}}}]"#
+        );
+        let read: Vec<Op> = serde_json::from_str(&json).unwrap();
+        let mut replayed = before.clone();
+        apply(&mut replayed, read).unwrap();
+        assert_eq!(replayed, after);
+        let mut cleared = after.clone();
+        apply(&mut cleared, diff(&after, &before)).unwrap();
+        assert_eq!(cleared, before);
     }
 
     #[test]

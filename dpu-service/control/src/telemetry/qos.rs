@@ -1,5 +1,6 @@
 //! The QoS limiters' figures on `/metrics`: the limits in force and what
-//! they held back, by subsystem and namespace or host.
+//! they held back, by subsystem and namespace or host, and by tenant for
+//! the limits on all of a tenant's storage.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -47,15 +48,34 @@ impl QosCounters {
     }
 }
 
-/// The limiters by subsystem ID and scope.
+/// The limiters by ID and scope: a subsystem's ID with
+/// [`QosScope::Namespace`] and [`QosScope::Host`], a tenant's ID with
+/// [`QosScope::Target`] (the limits on all of its storage endpoints).
 pub type QosByScope = BTreeMap<(String, QosScope), QosCounters>;
 
-/// The label naming the scope: `nsid` for a namespace, `host` for a host.
-fn scope_label(scope: &QosScope) -> (&'static str, String) {
+/// The labels naming a limiter: `subsystem` and `nsid` for a namespace,
+/// `subsystem` and `host` for a host, `tenant` alone for a tenant's
+/// storage.
+fn scope_labels(id: &str, scope: &QosScope) -> Vec<(&'static str, String)> {
     match scope {
-        QosScope::Namespace(nsid) => ("nsid", nsid.to_string()),
-        QosScope::Host(host) => ("host", host.clone()),
+        QosScope::Namespace(nsid) => {
+            vec![("subsystem", id.to_string()), ("nsid", nsid.to_string())]
+        }
+        QosScope::Host(host) => vec![("subsystem", id.to_string()), ("host", host.clone())],
+        QosScope::Target => vec![("tenant", id.to_string())],
     }
+}
+
+/// `labels` and `more` as [`Metrics::sample`] takes them.
+fn with<'a>(
+    labels: &'a [(&'static str, String)],
+    more: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    labels
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(more.iter().copied())
+        .collect()
 }
 
 /// Renders the limits set (one sample per limit that is not 0) and the
@@ -65,10 +85,10 @@ pub(super) fn render(m: &mut Metrics, qos: &QosByScope) {
     m.family(
         name,
         "gauge",
-        "QoS limit in force on a namespace (all hosts together) or on a host (all its controllers and namespaces of the subsystem together), per second: commands for the iops limits, bytes for the bandwidth limits. Limits not set have no sample.",
+        "QoS limit in force on a namespace (all hosts together), on a host (all its controllers and namespaces of the subsystem together) or on a tenant's storage (label tenant: everything its storage endpoints serve together), per second: commands for the iops limits, bytes for the bandwidth limits. Limits not set have no sample.",
     );
-    for ((sub, scope), c) in qos {
-        let (key, value) = scope_label(scope);
+    for ((id, scope), c) in qos {
+        let labels = scope_labels(id, scope);
         let q = c.limits;
         for (limit, v) in [
             ("iops", q.iops),
@@ -79,11 +99,7 @@ pub(super) fn render(m: &mut Metrics, qos: &QosByScope) {
             ("write_bandwidth", q.write_bandwidth),
         ] {
             if v > 0 {
-                m.sample(
-                    name,
-                    &[("subsystem", sub), (key, &value), ("limit", limit)],
-                    v,
-                );
+                m.sample(name, &with(&labels, &[("limit", limit)]), v);
             }
         }
     }
@@ -91,29 +107,21 @@ pub(super) fn render(m: &mut Metrics, qos: &QosByScope) {
     m.family(
         name,
         "counter",
-        "I/O commands a QoS limit of the namespace or host held back before they started.",
+        "I/O commands a QoS limit of the namespace, host or tenant's storage held back before they started.",
     );
-    for ((sub, scope), c) in qos {
-        let (key, value) = scope_label(scope);
-        m.sample(
-            name,
-            &[("subsystem", sub), (key, &value)],
-            c.throttled_commands,
-        );
+    for ((id, scope), c) in qos {
+        let labels = scope_labels(id, scope);
+        m.sample(name, &with(&labels, &[]), c.throttled_commands);
     }
     let name = "dpu_nvmf_qos_throttled_seconds_total";
     m.family(
         name,
         "counter",
-        "Time the commands a QoS limit of the namespace or host held back waited, in all.",
+        "Time the commands a QoS limit of the namespace, host or tenant's storage held back waited, in all.",
     );
-    for ((sub, scope), c) in qos {
-        let (key, value) = scope_label(scope);
-        m.sample(
-            name,
-            &[("subsystem", sub), (key, &value)],
-            c.throttled_time.as_secs_f64(),
-        );
+    for ((id, scope), c) in qos {
+        let labels = scope_labels(id, scope);
+        m.sample(name, &with(&labels, &[]), c.throttled_time.as_secs_f64());
     }
 }
 
@@ -150,18 +158,32 @@ mod tests {
             throttled_time: Duration::from_millis(250),
         });
         qos.insert(("vol".into(), QosScope::Host("nqn.h\"1".into())), host);
+        qos.insert(
+            ("red".into(), QosScope::Target),
+            QosCounters {
+                limits: QosLimits {
+                    bandwidth: 100 << 20,
+                    ..QosLimits::default()
+                },
+                throttled_commands: 9,
+                throttled_time: Duration::from_millis(2_000),
+            },
+        );
         let mut m = Metrics::default();
         render(&mut m, &qos);
         let want = "\
+dpu_nvmf_qos_limit{tenant=\"red\",limit=\"bandwidth\"} 104857600
 dpu_nvmf_qos_limit{subsystem=\"vol\",nsid=\"1\",limit=\"iops\"} 1000
 dpu_nvmf_qos_limit{subsystem=\"vol\",nsid=\"1\",limit=\"read_bandwidth\"} 1048576
 dpu_nvmf_qos_limit{subsystem=\"vol\",host=\"nqn.h\\\"1\",limit=\"write_iops\"} 10
-# HELP dpu_nvmf_qos_throttled_commands_total I/O commands a QoS limit of the namespace or host held back before they started.
+# HELP dpu_nvmf_qos_throttled_commands_total I/O commands a QoS limit of the namespace, host or tenant's storage held back before they started.
 # TYPE dpu_nvmf_qos_throttled_commands_total counter
+dpu_nvmf_qos_throttled_commands_total{tenant=\"red\"} 9
 dpu_nvmf_qos_throttled_commands_total{subsystem=\"vol\",nsid=\"1\"} 7
 dpu_nvmf_qos_throttled_commands_total{subsystem=\"vol\",host=\"nqn.h\\\"1\"} 3
-# HELP dpu_nvmf_qos_throttled_seconds_total Time the commands a QoS limit of the namespace or host held back waited, in all.
+# HELP dpu_nvmf_qos_throttled_seconds_total Time the commands a QoS limit of the namespace, host or tenant's storage held back waited, in all.
 # TYPE dpu_nvmf_qos_throttled_seconds_total counter
+dpu_nvmf_qos_throttled_seconds_total{tenant=\"red\"} 2
 dpu_nvmf_qos_throttled_seconds_total{subsystem=\"vol\",nsid=\"1\"} 1.5
 dpu_nvmf_qos_throttled_seconds_total{subsystem=\"vol\",host=\"nqn.h\\\"1\"} 0.5
 ";

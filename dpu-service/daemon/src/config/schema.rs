@@ -688,6 +688,11 @@ pub struct SeedTenant {
     /// `[[tenants.rules]]`, in any order (priority orders them).
     #[serde(default)]
     pub rules: Vec<SeedRule>,
+    /// Limits on all the storage I/O of the tenant's storage endpoints
+    /// together: `storage_qos = { iops = 5000, bandwidth = "1G" }` (none
+    /// if unset).
+    #[serde(default)]
+    pub storage_qos: Option<SeedQos>,
 }
 
 /// A verdict: a rule's action or a tenant's default policy.

@@ -1,7 +1,8 @@
 //! Tenants declared in the configuration (`[[tenants]]`), created at
 //! startup through the same `TenantService` and `FilterService` calls a
-//! gRPC client makes (`CreateTenant`, then `AddRule` for each rule), so
-//! every validation, ID assignment and persistence rule applies.
+//! gRPC client makes (`CreateTenant`, then `AddRule` for each rule and
+//! `SetTenantStorageQos` for its storage limits), so every validation, ID
+//! assignment and persistence rule applies.
 //!
 //! A declared tenant whose ID is already in the state is left as stored:
 //! once created, the state is the source of truth and changes made over
@@ -39,7 +40,11 @@ pub async fn seed_tenants(api: &Api, tenants: &[SeedTenant]) -> Result<()> {
         }))
         .await
         .map_err(|e| refusal(&at, &t.id, "tenant", &e))?;
-        fill_or_undo("tenant", &t.id, add_rules(api, &at, &name, t), || {
+        let fill = async {
+            add_rules(api, &at, &name, t).await?;
+            set_storage_qos(api, &at, &name, t).await
+        };
+        fill_or_undo("tenant", &t.id, fill, || {
             api.delete_tenant(Request::new(pb::DeleteTenantRequest {
                 name: name.clone(),
                 force: true,
@@ -76,6 +81,24 @@ async fn add_rules(api: &Api, at: &str, name: &str, t: &SeedTenant) -> Result<()
         .await
         .map_err(|e| refusal(&at, "", "rule", &e))?;
     }
+    Ok(())
+}
+
+/// Sets the declared storage limits of the just created tenant `name`,
+/// declared at `at`, if it has any.
+async fn set_storage_qos(api: &Api, at: &str, name: &str, t: &SeedTenant) -> Result<()> {
+    let Some(q) = &t.storage_qos else {
+        return Ok(());
+    };
+    let qos = q
+        .to_proto("storage_qos")
+        .map_err(|e| anyhow!("{at}: {e:#}"))?;
+    api.set_tenant_storage_qos(Request::new(pb::SetTenantStorageQosRequest {
+        tenant: name.to_string(),
+        qos: Some(qos),
+    }))
+    .await
+    .map_err(|e| refusal(&format!("{at}.storage_qos"), "", "qos", &e))?;
     Ok(())
 }
 
@@ -237,6 +260,39 @@ stateful = true
             (1024, 65535, 80, 443)
         );
         assert!(web.stateful && web.action == Action::Allow);
+    }
+
+    /// `storage_qos` sets the tenant's storage limits; a bad one names
+    /// its key, and the tenant is not created.
+    #[tokio::test]
+    async fn storage_qos_is_set_or_named_in_the_error() {
+        let (api, state) = api();
+        let text = "[[tenants]]\nid = \"blue\"\n\
+                    storage_qos = { iops = 5000, bandwidth = \"1G\" }\n";
+        seed_tenants(&api, &tenants(text)).await.unwrap();
+        let q = state.snapshot().tenants["blue"].storage_qos;
+        assert_eq!((q.iops, q.bandwidth, q.read_iops), (5000, 1 << 30, 0));
+
+        for (qos, want) in [
+            (
+                "{ iops = 2000000000 }",
+                "tenants[0].storage_qos.iops: 2000000000 is more than 1000000000 commands per second",
+            ),
+            (
+                "{ write_bandwidth = \"lots\" }",
+                "tenants[0]: storage_qos.write_bandwidth: \"lots\" is not a size",
+            ),
+        ] {
+            let (api, state) = super::tests::api();
+            let text = format!("[[tenants]]\nid = \"red\"\nstorage_qos = {qos}\n");
+            let e = seed_tenants(&api, &unchecked(&text)).await.unwrap_err();
+            assert!(format!("{e:#}").starts_with(want), "{e:#}");
+            assert!(state.snapshot().tenants.is_empty(), "undone");
+        }
+        assert!(
+            toml::from_str::<Config>("[[tenants]]\nid = \"x\"\nstorage_qos = { iosp = 1 }\n")
+                .is_err()
+        );
     }
 
     #[tokio::test]

@@ -481,6 +481,35 @@ mod tests {
             ),
             ("vol", "nqn.2014-08.org.nvmexpress:uuid:h1", 50, 0)
         );
+        let cli = parse(&[
+            "tenant",
+            "set-storage-qos",
+            "blue",
+            "--iops",
+            "5000",
+            "--write-bandwidth",
+            "100M",
+        ])
+        .unwrap();
+        let Command::Tenant(TenantCmd::SetStorageQos { id, qos }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (id.as_str(), qos.limits()),
+            (
+                "blue",
+                dpu_client::pb::QosLimits {
+                    iops: 5000,
+                    write_bandwidth: 100 << 20,
+                    ..Default::default()
+                }
+            )
+        );
+        let cli = parse(&["tenant", "set-storage-qos", "tenants/blue"]).unwrap();
+        let Command::Tenant(TenantCmd::SetStorageQos { qos, .. }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(qos.limits(), dpu_client::pb::QosLimits::default(), "clears");
         let cli = parse(&["namespace", "create", "vol", "--ram", "1M", "--iops", "10"]).unwrap();
         let Command::Namespace(NamespaceCmd::Create { qos, .. }) = &cli.command else {
             panic!("{cli:?}")
@@ -533,6 +562,8 @@ mod tests {
         for args in [
             &["namespace", "create", "vol", "--ram", "12X"][..],
             &["namespace", "set-qos", "vol", "1", "--iops", "1k"],
+            &["tenant", "set-storage-qos", "blue", "--read-iops", "many"],
+            &["tenant", "set-storage-qos", "blue", "--bandwidth", "1.5G"],
             &["namespace", "set-qos", "vol", "1", "--iops=-1"],
             &[
                 "namespace",

@@ -1,11 +1,11 @@
 //! QoS limits on the command line (`--iops`, `--read-bandwidth`, ...: the
-//! flags of `namespace set-qos`, `namespace create` and `subsystem
-//! set-host-qos`) and in tables.
+//! flags of `namespace set-qos`, `namespace create`, `subsystem
+//! set-host-qos` and `tenant set-storage-qos`) and in tables.
 
 use clap::Args;
 use dpu_client::{parse_size, pb};
 
-/// The limits of a namespace or a host, per second. A flag not given is
+/// The limits of a namespace, a host or a tenant's storage, per second. A flag not given is
 /// no limit, so a command with none clears every limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct QosArgs {

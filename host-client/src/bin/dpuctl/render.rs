@@ -103,6 +103,7 @@ pub fn tenants(list: &[pb::Tenant]) -> String {
         "RULES",
         "VERSION",
         "ATTACHMENTS",
+        "STORAGE QOS",
         "DISPLAY NAME",
     ]);
     for x in list {
@@ -120,6 +121,7 @@ pub fn tenants(list: &[pb::Tenant]) -> String {
             } else {
                 atts.join(",")
             },
+            qos::text(x.storage_qos.as_ref()),
             x.display_name.clone(),
         ]);
     }
@@ -770,6 +772,56 @@ mod tests {
                 .unwrap()
                 .ends_with("nqn.h1[write-iops=50]"),
             "{out}"
+        );
+        let t = |name: &str, storage_qos| pb::Tenant {
+            name: name.into(),
+            default_policy: pb::DefaultPolicy::Deny as i32,
+            display_name: "Blue team".into(),
+            storage_qos,
+            ..Default::default()
+        };
+        let out = tenants(&[
+            t(
+                "tenants/blue",
+                Some(pb::QosLimits {
+                    iops: 5000,
+                    write_bandwidth: 100 << 20,
+                    ..Default::default()
+                }),
+            ),
+            t("tenants/red", None),
+        ]);
+        let lines: Vec<&str> = out.lines().collect();
+        col(
+            lines[0],
+            &[
+                "TENANT",
+                "POLICY",
+                "RULES",
+                "VERSION",
+                "ATTACHMENTS",
+                "STORAGE",
+                "QOS",
+                "DISPLAY",
+                "NAME",
+            ],
+        );
+        col(
+            lines[1],
+            &[
+                "blue",
+                "deny",
+                "0",
+                "0",
+                "-",
+                "iops=5000,write-bandwidth=100MiB/s",
+                "Blue",
+                "team",
+            ],
+        );
+        col(
+            lines[2],
+            &["red", "deny", "0", "0", "-", "-", "Blue", "team"],
         );
         assert!(subsystems(&[pb::Subsystem::default()])
             .lines()

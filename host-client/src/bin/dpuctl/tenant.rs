@@ -6,6 +6,7 @@ use dpu_client::{pb, port_name, tenant_name, DpuClient};
 use dpu_proto::text::port_attachment;
 
 use crate::common::{all_pages, deleted, json, mask, Paging, Shown};
+use crate::qos::QosArgs;
 use crate::{render, Failure};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -72,6 +73,16 @@ pub enum TenantCmd {
         /// Remove every attachment (with --port/--vxlan: replace them).
         #[arg(long)]
         clear_attachments: bool,
+    },
+    /// Sets the limits on all the storage I/O of the tenant's storage
+    /// endpoints together, on top of each namespace's and host's,
+    /// replacing what it had: a limit not given is none, so no flag at all
+    /// clears them. Takes effect at once, without reconnecting.
+    SetStorageQos {
+        /// Tenant ID.
+        id: String,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// Deletes a tenant.
     Delete {
@@ -197,6 +208,12 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 })
                 .await?)
         }
+        TenantCmd::SetStorageQos { id, qos } => one(c
+            .set_tenant_storage_qos(pb::SetTenantStorageQosRequest {
+                tenant: tenant_name(id),
+                qos: Some(qos.limits()),
+            })
+            .await?),
         TenantCmd::Delete { id, force } => {
             c.delete_tenant(pb::DeleteTenantRequest {
                 name: tenant_name(id),

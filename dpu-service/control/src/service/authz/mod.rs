@@ -66,6 +66,11 @@ pub const METHODS: &[(&str, Permission)] = &[
         Permission::TenantWrite,
     ),
     ("/dpu.v1.TenantService/DeleteTenant", Permission::Admin),
+    // A limit imposed on the tenant: not its own writer's to lift.
+    (
+        "/dpu.v1.TenantService/SetTenantStorageQos",
+        Permission::Admin,
+    ),
     ("/dpu.v1.PortService/ListPorts", Permission::Read),
     ("/dpu.v1.PortService/GetPort", Permission::Read),
     ("/dpu.v1.PortService/AttachPort", Permission::TenantWrite),
