@@ -52,6 +52,17 @@ fn read_ops(svc: &Service) -> Result<u64> {
     ))
 }
 
+/// The CPU time process `pid` has used, in seconds.
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command's closing parenthesis: utime and stime
+    // are the 12th and 13th.
+    let rest = stat.rsplit_once(')').context("a stat line")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+    Ok(ticks as f64 / 100.0)
+}
+
 /// `nvmf-perf` reading at QD `qd` for `secs` as `host`, started now.
 fn perf(port: u16, host: &str, qd: u32, secs: u32) -> Result<std::process::Child> {
     Ok(Command::new(binary("nvmf-perf")?)
@@ -89,17 +100,23 @@ fn a_hosts_limit_holds_and_a_raised_one_is_felt_within_a_second() -> Result<()> 
     let host_qos = format!("host_qos = {{ \"{PERF_HOST}\" = {{ iops = 1500 }} }}");
     let svc = Service::start_config(&config(port, 3000, &host_qos), &[])?;
 
-    // The host's 1,500 is the tighter of its two limits.
+    // The host's 1,500 is the tighter of its two limits. Its commands
+    // wait without the service polling for them: a poll group that spun
+    // would take a whole core for the three seconds.
+    let pid = svc.pid().context("the service runs")?;
+    let cpu0 = cpu_secs(pid)?;
     let iops = nvmf_perf_iops(
         port,
         NQN,
         &["--job", "randread:4k:32", "--time", "3", "--sleep"],
     )?;
+    let cpu = cpu_secs(pid)? - cpu0;
     ensure!(
         (1350.0..=1650.0).contains(&iops),
         "{iops:.0} IOPS under a limit of 1500"
     );
-    println!("limited to 1500: {iops:.0} IOPS");
+    println!("limited to 1500: {iops:.0} IOPS, {cpu:.2} s of the service's CPU in 3 s");
+    ensure!(cpu < 1.5, "the service took {cpu:.2} s of CPU in 3 s");
     let shown = svc.dpuctl_ok(&["subsystem", "get", "qos"])?;
     ensure!(shown.contains("iops=1500"), "{shown}");
 
