@@ -132,8 +132,6 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
     use super::*;
     use crate::model::{Namespace, Subsystem, Timestamp};
     use crate::state::{Limits, Part};
@@ -154,21 +152,7 @@ mod tests {
     }
 
     fn subsystem(id: &str) -> Subsystem {
-        Subsystem {
-            id: id.into(),
-            nqn: format!("nqn.2024-01.io.example:{id}"),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: true,
-            allowed_hosts: BTreeSet::new(),
-            max_namespaces: 8,
-            create_time: Timestamp::now(),
-            namespaces: BTreeMap::new(),
-            listeners: BTreeMap::new(),
-            auth_requirement: Default::default(),
-            host_auth: BTreeMap::new(),
-            host_qos: Default::default(),
-        }
+        crate::state::tests::subsystem(id, &format!("nqn.2024-01.io.example:{id}"), true, 8)
     }
 
     fn rbd(cluster: &str, image: &str) -> Namespace {

@@ -196,7 +196,7 @@ pub fn not_an_endpoint_address(a: IpAddr) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
     use super::*;
     use crate::model::{
@@ -243,21 +243,7 @@ mod tests {
     }
 
     fn subsystem(id: &str) -> Subsystem {
-        Subsystem {
-            id: id.into(),
-            nqn: format!("nqn.2024-01.io.example:{id}"),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: true,
-            allowed_hosts: BTreeSet::new(),
-            max_namespaces: 2,
-            create_time: Timestamp::now(),
-            namespaces: BTreeMap::new(),
-            listeners: BTreeMap::new(),
-            auth_requirement: Default::default(),
-            host_auth: BTreeMap::new(),
-            host_qos: Default::default(),
-        }
+        crate::state::tests::subsystem(id, &format!("nqn.2024-01.io.example:{id}"), true, 2)
     }
 
     fn listener(id: &str, tenant: Option<&str>, address: &str, port: u16) -> Listener {

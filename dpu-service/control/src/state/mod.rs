@@ -189,6 +189,32 @@ impl State {
 mod tests {
     use super::*;
 
+    /// A subsystem `id` (`nqn`) with nothing in it: no namespaces,
+    /// listeners, allowed hosts, secrets or limits; the fixture of every
+    /// state module's tests.
+    pub(super) fn subsystem(
+        id: &str,
+        nqn: &str,
+        allow_any_host: bool,
+        max_namespaces: u32,
+    ) -> crate::model::Subsystem {
+        crate::model::Subsystem {
+            id: id.into(),
+            nqn: nqn.into(),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host,
+            allowed_hosts: Default::default(),
+            max_namespaces,
+            create_time: crate::model::Timestamp::now(),
+            namespaces: Default::default(),
+            listeners: Default::default(),
+            auth_requirement: Default::default(),
+            host_auth: Default::default(),
+            host_qos: Default::default(),
+        }
+    }
+
     /// Runs `change` on `s`, answering the states before and after it.
     pub(super) fn committed(s: &mut State, change: impl FnOnce(&mut State)) -> (State, State) {
         let before = s.clone();

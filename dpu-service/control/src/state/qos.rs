@@ -97,8 +97,6 @@ impl Subsystem {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
     use super::*;
     use crate::model::{Backend, Timestamp};
     use crate::state::{Limits, SubsystemUpdate};
@@ -110,21 +108,7 @@ mod tests {
         let mut s = State::default();
         s.create_subsystem(
             Limits::with_ram(1 << 20),
-            Subsystem {
-                id: "a".into(),
-                nqn: "nqn.2024-01.io.example:a".into(),
-                serial_number: "s".into(),
-                model_number: "m".into(),
-                allow_any_host: false,
-                allowed_hosts: BTreeSet::new(),
-                max_namespaces: 4,
-                create_time: Timestamp::now(),
-                namespaces: BTreeMap::new(),
-                listeners: BTreeMap::new(),
-                auth_requirement: Default::default(),
-                host_auth: BTreeMap::new(),
-                host_qos: BTreeMap::new(),
-            },
+            crate::state::tests::subsystem("a", "nqn.2024-01.io.example:a", false, 4),
         )
         .unwrap();
         s

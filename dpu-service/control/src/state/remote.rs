@@ -36,30 +36,14 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
     use crate::error::ControlError;
-    use crate::model::{Backend, Namespace, RemoteNamespace, State, Subsystem, Timestamp};
+    use crate::model::{Backend, Namespace, RemoteNamespace, State, Subsystem};
     use crate::state::Limits;
 
     const LIM: Limits = Limits::with_ram(0);
 
     fn subsystem(id: &str) -> Subsystem {
-        Subsystem {
-            id: id.into(),
-            nqn: format!("nqn.2024-01.io.example:{id}"),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: true,
-            allowed_hosts: BTreeSet::new(),
-            max_namespaces: 8,
-            create_time: Timestamp::now(),
-            namespaces: BTreeMap::new(),
-            listeners: BTreeMap::new(),
-            auth_requirement: Default::default(),
-            host_auth: BTreeMap::new(),
-            host_qos: Default::default(),
-        }
+        crate::state::tests::subsystem(id, &format!("nqn.2024-01.io.example:{id}"), true, 8)
     }
 
     fn remote(subnqn: &str, nsid: u32) -> Namespace {

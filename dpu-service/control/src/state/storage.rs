@@ -601,29 +601,13 @@ fn random_uuid() -> [u8; 16] {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::model::{Timestamp, Transport};
+    use crate::model::Transport;
     use crate::state::tests::committed;
     use crate::state::Part;
 
     fn subsystem(id: &str, nqn: &str) -> Subsystem {
-        Subsystem {
-            id: id.into(),
-            nqn: nqn.into(),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: false,
-            allowed_hosts: BTreeSet::new(),
-            max_namespaces: 2,
-            create_time: Timestamp::now(),
-            namespaces: BTreeMap::new(),
-            listeners: BTreeMap::new(),
-            auth_requirement: Default::default(),
-            host_auth: BTreeMap::new(),
-            host_qos: BTreeMap::new(),
-        }
+        crate::state::tests::subsystem(id, nqn, false, 2)
     }
 
     fn ram(size: u64) -> Namespace {
