@@ -482,6 +482,12 @@ pub fn nvmf_perf_iops(port: u16, nqn: &str, args: &[&str]) -> Result<f64> {
         .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", nqn])
         .args(args)
         .output()?;
+    perf_iops(&out)
+}
+
+/// The IOPS of the first job a finished `nvmf-perf` reported, failing
+/// with its output if it failed or reported none.
+pub fn perf_iops(out: &Output) -> Result<f64> {
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
         out.status.success(),

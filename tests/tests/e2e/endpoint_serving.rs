@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 
 use anyhow::{bail, ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Netns};
-use dpu_e2e::{binary, output_text as text, Service};
+use dpu_e2e::{binary, output_text as text, perf_iops, Service};
 
 const BLUE_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-blue";
 const RED_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-red";
@@ -333,13 +333,7 @@ fn a_tenants_hosts_reach_its_storage_endpoint_and_no_other_tenant_does() -> Resu
 fn endpoint_iops(host: &Host, nqn: &str, qd: u32, secs: &str) -> Result<f64> {
     let job = format!("randread:4k:{qd}");
     let addr = format!("{EP}:4420");
-    let out = host.perf(&["--addr", &addr, "--nqn", nqn, "--time", secs, "--job", &job])?;
-    ensure!(out.status.success(), "nvmf-perf: {}", text(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
-        .with_context(|| format!("no IOPS in {}", text(&out)))
+    perf_iops(&host.perf(&["--addr", &addr, "--nqn", nqn, "--time", secs, "--job", &job])?)
 }
 
 /// A tenant's storage QoS holds the I/O of its endpoints, all its hosts

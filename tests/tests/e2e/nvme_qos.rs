@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use dpu_e2e::net::metric;
-use dpu_e2e::{binary, free_port, nvmf_perf_iops, Service};
+use dpu_e2e::{binary, free_port, nvmf_perf_iops, perf_iops, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service:qos";
 /// The host NQN `nvmf-perf` presents unless told another.
@@ -81,17 +81,7 @@ fn perf(port: u16, host: &str, qd: u32, secs: u32) -> Result<std::process::Child
 
 /// The IOPS a finished `nvmf-perf` reported.
 fn iops_of(child: std::process::Child) -> Result<f64> {
-    let out = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "nvmf-perf: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .find(|l| !l.starts_with('#') && !l.starts_with("job"))
-        .and_then(|l| l.split_whitespace().find_map(|t| t.parse().ok()))
-        .with_context(|| format!("no IOPS in {text}"))
+    perf_iops(&child.wait_with_output()?)
 }
 
 #[test]
