@@ -130,3 +130,28 @@ impl Target {
         self.inner.limiters.all.limits()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hosts that connect under ever new NQNs (any host allowed) and go
+    /// leave no more limiters behind than twice the live ones, or 128.
+    #[test]
+    fn limiters_of_hosts_gone_do_not_pile_up() {
+        let l = Limiters::default();
+        let live: Vec<Arc<Limiter>> = (0..10)
+            .map(|i| l.get("nqn.a", QosScope::Host(format!("live-{i}"))))
+            .collect();
+        for i in 0..100_000 {
+            drop(l.get("nqn.a", QosScope::Host(format!("gone-{i}"))));
+            let n = l.map.lock().unwrap().by_scope.len();
+            assert!(n <= 128, "{n} limiters after {i} hosts");
+        }
+        // Those still held are kept, with their place in the map.
+        for (i, h) in live.iter().enumerate() {
+            let again = l.get("nqn.a", QosScope::Host(format!("live-{i}")));
+            assert!(Arc::ptr_eq(h, &again));
+        }
+    }
+}
