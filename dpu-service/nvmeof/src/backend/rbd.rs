@@ -112,6 +112,11 @@ struct Shared {
     image: Image,
     /// Size in bytes, as last read from the image.
     len: AtomicU64,
+    /// Held by our own resize from the call to the new `len`, and by the
+    /// follower from reading the size to comparing it: so the follower
+    /// never takes our own resize, whose notice may come before the call
+    /// returns, for another client's.
+    sizing: Mutex<()>,
     /// Called after the size changed by another client's hand.
     on_resize: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Whether the cluster answers.
@@ -202,6 +207,7 @@ impl RbdBackend {
         let shared = Arc::new(Shared {
             image: img,
             len: AtomicU64::new(len),
+            sizing: Mutex::new(()),
             on_resize: Mutex::new(None),
             reach: Arc::new(Reach {
                 unreachable: AtomicBool::new(false),
@@ -249,8 +255,14 @@ fn follow(weak: Weak<Shared>) {
             .spawn(move || {
                 for w in rx {
                     let Some(s) = w.upgrade() else { continue };
-                    match s.image.size() {
-                        Ok(len) if len != s.len.swap(len, Ordering::AcqRel) => {
+                    let read = {
+                        let _sizing = lock(&s.sizing);
+                        s.image
+                            .size()
+                            .map(|len| (len, len != s.len.swap(len, Ordering::AcqRel)))
+                    };
+                    match read {
+                        Ok((len, true)) => {
                             tracing::info!(image = %s.image.name(), len, "RBD image resized");
                             if let Some(f) = &*lock(&s.on_resize) {
                                 f();
@@ -353,6 +365,7 @@ impl Backend for RbdBackend {
 
     fn resize(&self, new_len: u64) -> io::Result<()> {
         let s = self.shared();
+        let _sizing = lock(&s.sizing);
         s.image.resize(new_len)?;
         s.len.store(new_len, Ordering::Release);
         Ok(())
