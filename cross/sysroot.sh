@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds an arm64 sysroot holding Debian's DPDK and Ceph client (librbd,
-# librados) development files, for cross-compiling dpdk-sys and rbd-sys
-# without a container engine. Debian's arm64
+# Builds an arm64 sysroot holding Debian's DPDK, Ceph client (librbd,
+# librados) and OpenSSL development files, for cross-compiling dpdk-sys,
+# rbd-sys and openssl-sys (the NVMe/TCP secure channel) without a
+# container engine. Debian's arm64
 # libdpdk-dev cannot be co-installed with the amd64 one (rdma-core, ethtool
 # and libfdt-dev conflict across architectures), so the packages are
 # unpacked into a folder instead of installed.
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sysroot=$(realpath -m "${1:-target/aarch64-sysroot}")
 # What the sysroot holds; one made for another list is made again.
-want=(libdpdk-dev:arm64 librbd-dev:arm64 librados-dev:arm64)
+want=(libdpdk-dev:arm64 librbd-dev:arm64 librados-dev:arm64 libssl-dev:arm64)
 stamp="$sysroot/.complete"
 [ "$(cat "$stamp" 2>/dev/null)" = "${want[*]}" ] && { echo "$sysroot"; exit 0; }
 

@@ -1,0 +1,407 @@
+//! TLS 1.3 with external pre-shared keys, the secure channel of NVMe/TCP
+//! (NVMe TP 8011), over OpenSSL.
+//!
+//! - [`psk`]: the configured PSK's interchange format and what a host and
+//!   a subsystem derive from it: the retained PSK, the PSK identity and
+//!   the TLS PSK.
+//! - [`Acceptor`]: the subsystem's side. A host's ClientHello names an
+//!   identity (`NVMe0R01 <hostnqn> <subnqn>`); the acceptor asks its
+//!   [`KeyLookup`] for that host's configured PSK on that subsystem,
+//!   derives the TLS PSK and offers it with the cipher suite of its hash
+//!   (`TLS_AES_128_GCM_SHA256` or `TLS_AES_256_GCM_SHA384`). TLS 1.3 only,
+//!   no certificates, no session tickets, no early data (the
+//!   specification forbids 0-RTT).
+//! - [`Connector`]: the host's side, for the traffic generator and tests.
+//! - [`Session`]: an established session on a socket, blocking or not,
+//!   whose writes are gathered into records of up to [`RECORD`] bytes.
+//!
+//! OpenSSL's TLS 1.3 external-PSK callbacks (`SSL_CTX_set_psk_find_session_callback`
+//! and its client twin) have no safe binding; they live in `ffi`, the one
+//! module with `unsafe` code.
+
+mod ffi;
+pub mod psk;
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use openssl::error::ErrorStack;
+use openssl::ssl::{
+    ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions, SslStream,
+    SslVersion,
+};
+
+pub use psk::{ConfiguredPsk, Identity, PskError, PskHash, TlsPsk};
+
+/// Most plaintext bytes a write gathers into one record (TLS's largest).
+pub const RECORD: usize = 16 * 1024;
+
+/// Finds the configured PSK of host `hostnqn` (second argument) on
+/// subsystem `subnqn` (first), if it has one.
+pub type KeyLookup = dyn Fn(&str, &str) -> Option<ConfiguredPsk> + Send + Sync;
+
+/// Why a handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The host offered no identity this side could use.
+    #[error("{0}")]
+    Refused(String),
+    /// TLS failed (wrong key, protocol error, the peer closed).
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
+    /// The socket failed.
+    #[error("TLS handshake: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl HandshakeError {
+    /// A short reason for counters and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Refused(r) if r.starts_with("no TLS key") => "unknown_key",
+            Self::Refused(_) => "bad_identity",
+            Self::Tls(_) => "handshake_failed",
+            Self::Io(_) => "io",
+        }
+    }
+}
+
+fn tls13(builder: &mut SslContextBuilder) -> Result<(), ErrorStack> {
+    builder.set_min_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_max_proto_version(Some(SslVersion::TLS1_3))?;
+    builder.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
+    builder.set_options(SslOptions::NO_TICKET);
+    builder.set_num_tickets(0)?;
+    builder.set_mode(SslMode::ACCEPT_MOVING_WRITE_BUFFER | SslMode::ENABLE_PARTIAL_WRITE);
+    Ok(())
+}
+
+/// The subsystem's side: accepts hosts whose identity names a key its
+/// lookup knows.
+#[derive(Clone)]
+pub struct Acceptor {
+    ctx: SslContext,
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor").finish_non_exhaustive()
+    }
+}
+
+impl Acceptor {
+    /// An acceptor that finds keys with `lookup`.
+    ///
+    /// # Errors
+    /// OpenSSL could not make the context (it lacks TLS 1.3 or the
+    /// cipher suites).
+    pub fn new(lookup: Arc<KeyLookup>) -> Result<Self, ErrorStack> {
+        let mut b = SslContextBuilder::new(SslMethod::tls_server())?;
+        tls13(&mut b)?;
+        ffi::serve_psks(&mut b, lookup)?;
+        Ok(Self { ctx: b.build() })
+    }
+
+    /// Starts the handshake of a host on `stream` (blocking or not);
+    /// [`Handshake::step`] drives it.
+    ///
+    /// # Errors
+    /// OpenSSL could not make the session.
+    pub fn start(&self, stream: TcpStream) -> Result<Handshake, ErrorStack> {
+        let ssl = Ssl::new(&self.ctx)?;
+        Ok(Handshake {
+            stream: SslStream::new(ssl, stream)?,
+            server: true,
+        })
+    }
+}
+
+/// The host's side: presents one identity and its TLS PSK.
+#[derive(Clone)]
+pub struct Connector {
+    ctx: SslContext,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector").finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// A connector presenting `identity` with `psk`.
+    ///
+    /// # Errors
+    /// OpenSSL could not make the context.
+    pub fn new(identity: String, psk: TlsPsk) -> Result<Self, ErrorStack> {
+        let mut b = SslContextBuilder::new(SslMethod::tls_client())?;
+        tls13(&mut b)?;
+        b.set_ciphersuites(psk.hash.cipher_suite())?;
+        ffi::present_psk(&mut b, identity, psk)?;
+        Ok(Self { ctx: b.build() })
+    }
+
+    /// The connector a host `hostnqn` uses with its configured `key` to
+    /// reach subsystem `subnqn`, in identity `version` 0 or 1.
+    ///
+    /// # Errors
+    /// As [`Connector::new`].
+    pub fn for_key(
+        key: &ConfiguredPsk,
+        version: u8,
+        hostnqn: &str,
+        subnqn: &str,
+    ) -> Result<Self, ErrorStack> {
+        let (identity, psk) = key.tls_psk(version, hostnqn, subnqn);
+        Self::new(identity, psk)
+    }
+
+    /// Makes the handshake on a blocking `stream`.
+    ///
+    /// # Errors
+    /// The handshake failed.
+    pub fn connect(&self, stream: TcpStream) -> Result<Session, HandshakeError> {
+        let ssl = Ssl::new(&self.ctx).map_err(|e| HandshakeError::Tls(e.to_string()))?;
+        let mut h = Handshake {
+            stream: SslStream::new(ssl, stream).map_err(|e| HandshakeError::Tls(e.to_string()))?,
+            server: false,
+        };
+        loop {
+            if let Step::Done = h.step()? {
+                return Ok(h.finish());
+            }
+        }
+    }
+}
+
+/// What a handshake waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Complete: [`Handshake::finish`].
+    Done,
+    /// The socket must become readable.
+    Read,
+    /// The socket must become writable.
+    Write,
+}
+
+/// A handshake under way.
+pub struct Handshake {
+    stream: SslStream<TcpStream>,
+    server: bool,
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handshake {
+    /// Goes on as far as the socket allows.
+    ///
+    /// # Errors
+    /// The handshake failed: no key for the identity offered, wrong key,
+    /// not TLS 1.3, the peer closed.
+    pub fn step(&mut self) -> Result<Step, HandshakeError> {
+        let r = if self.server {
+            self.stream.accept()
+        } else {
+            self.stream.connect()
+        };
+        match r {
+            Ok(()) => Ok(Step::Done),
+            Err(e) if e.code() == ErrorCode::WANT_READ => Ok(Step::Read),
+            Err(e) if e.code() == ErrorCode::WANT_WRITE => Ok(Step::Write),
+            Err(e) => {
+                if let Some(refusal) = ffi::refusal(self.stream.ssl()) {
+                    return Err(HandshakeError::Refused(refusal));
+                }
+                match e.into_io_error() {
+                    Ok(io) => Err(HandshakeError::Io(io)),
+                    Err(e) => Err(HandshakeError::Tls(match e.ssl_error() {
+                        Some(stack) => stack.to_string(),
+                        None => "the peer closed the connection".into(),
+                    })),
+                }
+            }
+        }
+    }
+
+    /// The socket under the handshake.
+    pub fn get_ref(&self) -> &TcpStream {
+        self.stream.get_ref()
+    }
+
+    /// The established session (once [`Handshake::step`] said
+    /// [`Step::Done`]).
+    pub fn finish(self) -> Session {
+        let identity = ffi::accepted(self.stream.ssl());
+        Session {
+            stream: self.stream,
+            identity,
+            out: Vec::new(),
+        }
+    }
+}
+
+/// An established TLS session on a socket.
+pub struct Session {
+    stream: SslStream<TcpStream>,
+    identity: Option<Identity>,
+    /// Plaintext taken by a write and not yet taken by OpenSSL: retried,
+    /// unchanged, before anything else is written.
+    out: Vec<u8>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("identity", &self.identity)
+            .field("cipher", &self.cipher())
+            .field("pending", &self.out.len())
+            .finish()
+    }
+}
+
+impl Session {
+    /// On the subsystem's side, the identity the host was accepted under.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// The cipher suite agreed.
+    pub fn cipher(&self) -> &'static str {
+        self.stream
+            .ssl()
+            .current_cipher()
+            .map_or("none", |c| c.name())
+    }
+
+    /// The socket under the session.
+    pub fn get_ref(&self) -> &TcpStream {
+        self.stream.get_ref()
+    }
+
+    /// Plaintext OpenSSL holds decrypted and not yet read: a reader that
+    /// waits for socket events must read again before waiting.
+    pub fn buffered(&self) -> bool {
+        self.stream.ssl().pending() > 0
+    }
+
+    /// Written plaintext not yet taken by the socket: the writer must wait
+    /// for the socket to take more and call [`Session::flush_pending`].
+    pub fn has_pending(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Reads as much plaintext as `buf` takes and the socket has, not just
+    /// one record. `Ok(0)`: the peer closed. `WouldBlock` only when
+    /// nothing was read.
+    ///
+    /// # Errors
+    /// The socket's, or TLS's (a record that does not decrypt, ...).
+    pub fn read_available(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.stream.ssl_read(&mut buf[filled..]) {
+                Ok(n) => filled += n,
+                Err(e) if e.code() == ErrorCode::ZERO_RETURN => break,
+                Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
+                    if filled == 0 {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if filled > 0 {
+                        break;
+                    }
+                    return Err(tls_io_error(e));
+                }
+            }
+        }
+        Ok(filled)
+    }
+
+    /// Sends what an earlier write left, as far as the socket takes it.
+    /// `Ok(true)`: nothing is left.
+    ///
+    /// # Errors
+    /// The socket's, or TLS's.
+    pub fn flush_pending(&mut self) -> io::Result<bool> {
+        while !self.out.is_empty() {
+            match self.stream.ssl_write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
+                    return Ok(false);
+                }
+                Err(e) => return Err(tls_io_error(e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Sends a TLS close_notify (best effort: a socket that does not take
+    /// it is closed anyway).
+    pub fn shutdown(&mut self) {
+        let _ = self.stream.shutdown();
+    }
+}
+
+fn tls_io_error(e: openssl::ssl::Error) -> io::Error {
+    match e.into_io_error() {
+        Ok(io) => io,
+        Err(e) => io::Error::other(format!("TLS: {e}")),
+    }
+}
+
+impl Read for Session {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_available(buf)
+    }
+}
+
+impl Write for Session {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Takes up to [`RECORD`] bytes of `bufs` into one record and sends
+    /// what the socket takes; what it does not take is sent first by the
+    /// next write or [`Session::flush_pending`]. `WouldBlock` only while
+    /// an earlier record is still waiting.
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        if !self.flush_pending()? {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        for b in bufs {
+            let take = (RECORD - self.out.len()).min(b.len());
+            self.out.extend_from_slice(&b[..take]);
+            if self.out.len() == RECORD {
+                break;
+            }
+        }
+        let n = self.out.len();
+        self.flush_pending()?;
+        Ok(n)
+    }
+
+    /// Sends what an earlier write left; `WouldBlock` if the socket does
+    /// not take it all.
+    fn flush(&mut self) -> io::Result<()> {
+        if self.flush_pending()? {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
