@@ -45,5 +45,9 @@ pub mod target;
 pub mod tcp;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
-pub use target::{BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig};
+/// The secure channel's keys and sessions.
+pub use dpu_tls;
+pub use target::{
+    BackendSpec, NamespaceConfig, RbdCluster, SecureChannel, SubsystemConfig, Target, TargetConfig,
+};
 pub use tcp::{TcpConfig, TcpConfigError, TcpTransport};

@@ -298,15 +298,17 @@ impl Session {
         !self.out.is_empty()
     }
 
-    /// Reads as much plaintext as `buf` takes and the socket has, not just
-    /// one record. `Ok(0)`: the peer closed. `WouldBlock` only when
-    /// nothing was read.
+    /// Reads plaintext into `buf`: one record from the socket, and then
+    /// whatever OpenSSL holds already, without waiting for more. `Ok(0)`:
+    /// the peer closed. On a non-blocking socket `WouldBlock` when
+    /// nothing was read; a caller that waits for edges reads again until
+    /// it gets that.
     ///
     /// # Errors
     /// The socket's, or TLS's (a record that does not decrypt, ...).
     pub fn read_available(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut filled = 0;
-        while filled < buf.len() {
+        while filled < buf.len() && (filled == 0 || self.buffered()) {
             match self.stream.ssl_read(&mut buf[filled..]) {
                 Ok(n) => filled += n,
                 Err(e) if e.code() == ErrorCode::ZERO_RETURN => break,
@@ -362,7 +364,10 @@ fn tls_io_error(e: openssl::ssl::Error) -> io::Error {
 }
 
 impl Read for Session {
+    /// Sends what an earlier write left first (a reader that polls need
+    /// not flush), then reads as [`Session::read_available`] does.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.flush_pending()?;
         self.read_available(buf)
     }
 }

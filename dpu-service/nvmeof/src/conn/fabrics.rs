@@ -9,6 +9,7 @@ use crate::host::CONNECT_DATA_LEN;
 use crate::qos::QosScope;
 use crate::spec::{self, fctype, Cqe, Sqe, Status};
 use crate::target::controller::{Controller, ControllerKind, MAX_QUEUE_SIZE};
+use crate::target::TlsStats;
 
 use super::command::Outcome;
 use super::Connection;
@@ -73,6 +74,27 @@ impl Connection {
         let hostnqn = nqn(&data[512..768]);
         if sqsize == 0 || sqsize >= MAX_QUEUE_SIZE {
             return refused(invalid(sqe, false, 44));
+        }
+        // The secure channel: a queue over TLS connects only as the host
+        // and to the subsystem its identity named; a host the subsystem
+        // requires TLS of connects only over it.
+        match self.tls.as_deref() {
+            Some(id) if id.hostnqn != hostnqn || id.subnqn != subnqn => {
+                tracing::warn!(%subnqn, %hostnqn, identity = %id, peer = %self.peer, "Connect names another host or subsystem than its TLS identity");
+                TlsStats::count(&self.target.stats().tls.connects_identity_mismatch);
+                let at = if id.hostnqn != hostnqn { 512 } else { 256 };
+                return refused(invalid(sqe, true, at));
+            }
+            None if subnqn != spec::DISCOVERY_NQN
+                && self.target.tls_required(&subnqn, &hostnqn) =>
+            {
+                tracing::warn!(%subnqn, %hostnqn, peer = %self.peer, "the subsystem requires TLS of this host, which connected in clear text");
+                TlsStats::count(&self.target.stats().tls.connects_without_tls);
+                let mut c = Cqe::new(sqe.cid(), Status::CONNECT_INVALID_HOST);
+                c.dw0 = 1 | (512 << 16);
+                return refused(Outcome::Done(c, None));
+            }
+            _ => {}
         }
         let (auth_required, auth_keys) = if subnqn == spec::DISCOVERY_NQN {
             (false, None)

@@ -193,6 +193,9 @@ pub struct Connection {
     /// DH jobs for the transport, with the command each completes (at
     /// most one: a queue has one authentication command out at a time).
     dh_jobs: VecDeque<(u16, DhJob)>,
+    /// The TLS identity the queue's secure channel was accepted under:
+    /// its Connect must name that host and subsystem.
+    tls: Option<Box<dpu_tls::Identity>>,
 }
 
 impl Connection {
@@ -237,7 +240,20 @@ impl Connection {
             auth: None,
             dh_offload: false,
             dh_jobs: VecDeque::new(),
+            tls: None,
         }
+    }
+
+    /// Marks the connection as running over a TLS session accepted under
+    /// `identity`: its Connect must name the identity's host and
+    /// subsystem.
+    pub fn set_tls(&mut self, identity: dpu_tls::Identity) {
+        self.tls = Some(Box::new(identity));
+    }
+
+    /// The TLS identity of the connection's secure channel, if it has one.
+    pub fn tls(&self) -> Option<&dpu_tls::Identity> {
+        self.tls.as_deref()
     }
 
     /// Consumes whole PDUs from the front of `input` and returns how many

@@ -56,6 +56,22 @@ impl Wire for TcpStream {
     }
 }
 
+/// A host's queue over the secure channel.
+impl Wire for dpu_tls::Session {
+    fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
+        self.get_ref().set_nonblocking(on)
+    }
+    fn set_read_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.get_ref().set_read_timeout(t)
+    }
+    fn set_write_timeout(&mut self, t: Option<Duration>) -> io::Result<()> {
+        self.get_ref().set_write_timeout(t)
+    }
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.get_ref().as_fd())
+    }
+}
+
 impl<W: Wire + ?Sized> Wire for Box<W> {
     fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
         (**self).set_nonblocking(on)

@@ -30,6 +30,7 @@ pub mod controller;
 mod discovery;
 mod qos;
 mod subsystems;
+mod tls;
 
 pub(crate) use admission::HostAdmission;
 pub use admission::DEFAULT_MAX_CONNECTIONS_PER_HOST;
@@ -39,6 +40,7 @@ pub use config::{
     TargetConfig, MAX_REMOTE_PATHS,
 };
 pub use subsystems::{is_namespace_removed, Namespace, NamespaceRemoved, Subsystem};
+pub use tls::{SecureChannel, TlsStats};
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -95,6 +97,8 @@ pub struct TargetStats {
     /// Connects refused because the host NQN held its most connections
     /// ([`Target::set_max_connections_per_host`]).
     pub connects_over_host_limit: AtomicU64,
+    /// The secure channel's handshakes and refusals.
+    pub tls: TlsStats,
 }
 
 /// The NVMe-oF target. Cheap to clone; every clone is the same target.
@@ -127,6 +131,8 @@ struct Inner {
     auth_limiter: AuthLimiter,
     /// QoS limiters by subsystem and scope.
     limiters: qos::Limiters,
+    /// The secure channel's listeners, keys and requirements.
+    tls: RwLock<tls::TlsConfig>,
 }
 
 impl Target {

@@ -53,8 +53,8 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -69,6 +69,7 @@ use crate::conn::{BlockCompletion, Completer, Connection, TURN};
 use crate::target::Target;
 
 use super::admit::Admission;
+use super::link::Link;
 
 /// How often every connection of a group is ticked.
 pub(super) const TICK: Duration = Duration::from_millis(100);
@@ -112,7 +113,7 @@ const RX_KEEP: usize = 0;
 /// One connection served by a group.
 #[derive(Debug)]
 pub(super) struct Slot {
-    stream: TcpStream,
+    stream: Link,
     conn: Connection,
     peer: SocketAddr,
     /// The start of a PDU not yet whole.
@@ -149,7 +150,7 @@ pub(super) struct Slot {
 impl Slot {
     /// A new connection from `peer` on a non-blocking `stream`.
     pub(super) fn new(
-        stream: TcpStream,
+        stream: Link,
         conn: Connection,
         peer: SocketAddr,
         admission: Admission,
@@ -221,7 +222,7 @@ impl Slot {
         if !self.conn.held_back() {
             f |= epoll::EventFlags::IN;
         }
-        if self.conn.has_output() && !self.write_failed {
+        if (self.conn.has_output() || self.stream.has_pending()) && !self.write_failed {
             f |= epoll::EventFlags::OUT;
         }
         f
@@ -232,7 +233,7 @@ impl Slot {
 /// would block leaves the rest queued and starts (or continues) the
 /// stall; any progress ends it.
 fn send(
-    stream: &TcpStream,
+    stream: &mut Link,
     conn: &mut Connection,
     stalled_since: &mut Option<Instant>,
     write_failed: &mut bool,
@@ -246,10 +247,21 @@ fn send(
         let mut iov = [IoSlice::new(&[]); IOV];
         let n = conn.output_slices(&mut iov);
         if n == 0 {
-            *stalled_since = None;
+            // What the link holds (a TLS record) goes before the stall ends.
+            match stream.flush_pending() {
+                Ok(true) => *stalled_since = None,
+                Ok(false) => {
+                    stalled_since.get_or_insert(now);
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "write failed");
+                    *write_failed = true;
+                    conn.close(&format!("write failed: {e}"));
+                }
+            }
             return;
         }
-        match (&*stream).write_vectored(&iov[..n]) {
+        match stream.write_vectored(&iov[..n]) {
             Ok(0) => {
                 *write_failed = true;
                 conn.close("write failed: the socket took nothing");
@@ -549,7 +561,7 @@ impl Loop {
             slot.interest = epoll::EventFlags::IN | epoll::EventFlags::ET;
             if let Err(err) = epoll::add(
                 &self.epoll,
-                &slot.stream,
+                slot.stream.socket(),
                 epoll::EventData::new_u64(token),
                 slot.interest,
             ) {
@@ -668,10 +680,10 @@ impl Loop {
                 self.scratch = vec![0; RX_BUF];
             }
             slot.unread = false;
-            match (&slot.stream).read(&mut self.scratch) {
-                Ok(0) => slot.conn.close("host closed the connection"),
-                Ok(n) => {
-                    slot.unread = n == self.scratch.len();
+            match slot.stream.read(&mut self.scratch) {
+                Ok((0, _)) => slot.conn.close("host closed the connection"),
+                Ok((n, more)) => {
+                    slot.unread = more;
                     slot.feed(&self.scratch[..n], now);
                     if self.inputs[0].0 != token {
                         self.inputs[1] = self.inputs[0];
@@ -740,7 +752,7 @@ impl Loop {
         if want != slot.interest {
             match epoll::modify(
                 &self.epoll,
-                &slot.stream,
+                slot.stream.socket(),
                 epoll::EventData::new_u64(token),
                 want,
             ) {
@@ -763,7 +775,7 @@ impl Loop {
         if std::mem::take(&mut slot.awaits_io) {
             self.awaiting -= 1;
         }
-        let _ = epoll::delete(&self.epoll, &slot.stream);
+        let _ = epoll::delete(&self.epoll, slot.stream.socket());
         let groups = &self.group.io_groups;
         let qid = slot.conn.queue_id().unwrap_or(1);
         let first = usize::from(qid.saturating_sub(1)) % groups.len();
@@ -791,8 +803,8 @@ impl Loop {
         }
         slot.pump(Instant::now());
         tracing::debug!(peer = %slot.peer, reason = slot.conn.close_reason().unwrap_or(""), "NVMe/TCP connection closed");
-        let _ = epoll::delete(&self.epoll, &slot.stream);
-        let _ = slot.stream.shutdown(Shutdown::Both);
+        let _ = epoll::delete(&self.epoll, slot.stream.socket());
+        slot.stream.shutdown();
     }
 
     /// Timers of every connection; closes those whose host took no byte
@@ -841,7 +853,7 @@ impl Loop {
         let left = std::mem::take(&mut *self.group.handle.inbox.lock().expect("inbox lock"));
         for mut slot in left {
             slot.conn.close("service stopping");
-            let _ = slot.stream.shutdown(Shutdown::Both);
+            slot.stream.shutdown();
         }
     }
 }

@@ -30,6 +30,8 @@
 mod admit;
 mod config;
 mod group;
+mod link;
+mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::pool::DhPool;
 use crate::conn::Connection;
-use crate::target::Target;
+use crate::target::{SecureChannel, Target};
 
 use admit::Admissions;
 use config::{cpu_list, Placement};
@@ -50,6 +52,8 @@ pub use config::{
     MAX_POLL_GROUPS,
 };
 use group::{Group, GroupHandle, Slot};
+use link::Link;
+use tls::Handshakes;
 
 /// How long the host may take no byte of what the target has to send, by
 /// default ([`TcpConfig::write_timeout`]): a host that stops reading its
@@ -80,6 +84,8 @@ pub struct TcpTransport {
     /// The DH threads, shared by every group; stopped once the groups
     /// are.
     dh: Mutex<Option<Arc<DhPool>>>,
+    /// The secure channel's handshake thread.
+    tls: Arc<Handshakes>,
 }
 
 impl TcpTransport {
@@ -156,6 +162,13 @@ impl TcpTransport {
             move || p.keep_to_others("admin group"),
         );
         threads.push(thread);
+        let p = placement.clone();
+        let (tls, thread) =
+            Handshakes::start(target.clone(), admin.clone(), stop.clone(), move || {
+                p.keep_to_others("TLS handshake thread")
+            })
+            .expect("the TLS handshake thread");
+        threads.push(thread);
         tracing::info!(
             poll_groups = groups,
             io_cpus = ?config.io_cpus,
@@ -180,6 +193,7 @@ impl TcpTransport {
             io,
             threads: Mutex::new(threads),
             dh: Mutex::new(Some(dh)),
+            tls,
         })
     }
 
@@ -242,13 +256,14 @@ impl TcpTransport {
         let sock = TcpListener::bind(addr)?;
         let bound = sock.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (target, stop_l, stop_all, placement, admissions, admin) = (
+        let (target, stop_l, stop_all, placement, admissions, admin, tls) = (
             self.target.clone(),
             stop.clone(),
             self.stop.clone(),
             self.placement.clone(),
             self.admissions.clone(),
             self.admin.clone(),
+            self.tls.clone(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("nvmf-listen-{}", bound.port()))
@@ -260,7 +275,7 @@ impl TcpTransport {
                         break;
                     }
                     match s {
-                        Ok(stream) => accept(stream, &target, &admissions, &admin),
+                        Ok(stream) => accept(stream, addr, &target, &admissions, &admin, &tls),
                         Err(e) => {
                             failures.note(bound, &e, Instant::now());
                             // Out of descriptors, the pending connection
@@ -294,6 +309,7 @@ impl TcpTransport {
         for g in self.io.iter().chain(std::iter::once(&self.admin)) {
             g.wake();
         }
+        self.tls.wake();
         let threads: Vec<_> = self
             .threads
             .lock()
@@ -375,7 +391,17 @@ impl AcceptFailures {
 
 /// Admits an accepted connection under the limits and hands it to the
 /// admin group; closes it when over a limit.
-fn accept(stream: TcpStream, target: &Target, admissions: &Arc<Admissions>, admin: &GroupHandle) {
+/// Takes a connection accepted on the listener configured as `listener`:
+/// to the TLS handshake thread where that listener speaks TLS, else
+/// straight to the admin group.
+fn accept(
+    stream: TcpStream,
+    listener: SocketAddr,
+    target: &Target,
+    admissions: &Arc<Admissions>,
+    admin: &GroupHandle,
+    tls: &Handshakes,
+) {
     let (local, peer) = match (stream.local_addr(), stream.peer_addr()) {
         (Ok(l), Ok(p)) => (l, p),
         _ => return,
@@ -389,9 +415,13 @@ fn accept(stream: TcpStream, target: &Target, admissions: &Arc<Admissions>, admi
     }
     let _ = stream.set_nodelay(true);
     tracing::debug!(%peer, %local, "NVMe/TCP connection");
+    let channel = target.secure_channel(listener);
+    if channel != SecureChannel::None {
+        return tls.hand(stream, local, peer, channel, admission);
+    }
     let mut conn = Connection::new(target.clone(), local, peer);
     conn.set_dh_offload(true);
-    admin.hand(Slot::new(stream, conn, peer, admission));
+    admin.hand(Slot::new(Link::Plain(stream), conn, peer, admission));
 }
 
 fn stop_listener(l: Listening) {

@@ -34,6 +34,12 @@
 //! polling them, so that several generators (two hosts against one poll
 //! group, say) can share a core without taking turns by time slice.
 //!
+//! `--tls-key FILE` makes every connection a TLS 1.3 session first (the
+//! NVMe/TCP secure channel), with the host's configured PSK read from FILE
+//! in the interchange format (`NVMeTLSkey-1:01:...:`), the identity of
+//! `--tls-identity` version 0 or 1 (default 1) naming `--hostnqn` and the
+//! subsystem.
+//!
 //! `--discover` runs no job: it asks the discovery controller at `--addr`
 //! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
 //!
@@ -71,6 +77,7 @@ use rustix::event::{epoll, Timespec};
 mod memif;
 
 use dpu_nvmeof::auth::DhGroup;
+use dpu_nvmeof::dpu_tls::{ConfiguredPsk, Connector};
 use dpu_nvmeof::host::{
     self, Controller, ControllerOptions, DhchapHost, HostAuthError, HostIdentity, Queue,
     QueueOptions, Transfer, Wire,
@@ -90,6 +97,10 @@ static IDENTITY: OnceLock<HostIdentity> = OnceLock::new();
 fn identity() -> Result<&'static HostIdentity, Error> {
     IDENTITY.get().ok_or_else(|| "no identity".into())
 }
+
+/// The host's TLS key and identity version (`--tls-key`,
+/// `--tls-identity`), set once from the command line.
+static TLS: OnceLock<Option<(ConfiguredPsk, u8)>> = OnceLock::new();
 
 /// How every controller and queue is set up: PDUs of up to 4 MiB of data,
 /// a 30-second keep-alive timeout on admin queues, 30 seconds for any
@@ -144,7 +155,7 @@ fn flood_attempt(addr: &str, nqn: &str, abandon: bool, f: &mut Flood) {
             timeout: Some(FLOOD_STEP_TIMEOUT),
             ..options().queue
         };
-        let mut q: Q = Queue::open(dial(addr)?, &opts)?;
+        let mut q: Q = Queue::open(dial(addr, nqn)?, &opts)?;
         let d = host::connect_data(HOSTID, 0xffff, nqn, &id.nqn);
         let c = q.call(host::connect(0, 0, 32, 30_000), Transfer::Write(d))?;
         if c.cqe.dw0 & 1 << 17 == 0 {
@@ -299,15 +310,20 @@ impl std::fmt::Display for Job {
     }
 }
 
-/// Opens a byte stream to `addr`: through the DPDK port's stack when
-/// `--memif` set one up, else a kernel TCP socket.
-fn dial(addr: &str) -> Result<Box<dyn Wire>, Error> {
+/// Opens a byte stream to `addr` for a queue of subsystem `subnqn`:
+/// through the DPDK port's stack when `--memif` set one up, else a kernel
+/// TCP socket, in a TLS session with `--tls-key`.
+fn dial(addr: &str, subnqn: &str) -> Result<Box<dyn Wire>, Error> {
     #[cfg(feature = "memif")]
     if let Some(w) = memif::dial(addr)? {
         return Ok(Box::new(w));
     }
     let sock = TcpStream::connect(addr)?;
     sock.set_nodelay(true)?;
+    if let Some(Some((key, version))) = TLS.get() {
+        let c = Connector::for_key(key, *version, &identity()?.nqn, subnqn)?;
+        return Ok(Box::new(c.connect(sock)?));
+    }
     Ok(Box::new(sock))
 }
 
@@ -363,7 +379,7 @@ fn run(
     let mut ns = None;
     while streams.len() < conns {
         let per = (conns - streams.len()).min(QUEUES_PER_CONTROLLER);
-        let mut c = Controller::connect(dial(addr)?, id, nqn, &opts).map_err(hint)?;
+        let mut c = Controller::connect(dial(addr, nqn)?, id, nqn, &opts).map_err(hint)?;
         c.set_io_queues(per as u16)?;
         let size = c.identify_namespace(1)?;
         ns = Some(Namespace {
@@ -372,7 +388,7 @@ fn run(
         });
         for qid in 1..=per as u16 {
             let entries = job.qd.max(2).saturating_add(1);
-            let q = c.io_queue(dial(addr)?, qid, entries).map_err(hint)?;
+            let q = c.io_queue(dial(addr, nqn)?, qid, entries).map_err(hint)?;
             let i = streams.len() as u64;
             streams.push(Stream {
                 q,
@@ -554,6 +570,8 @@ fn perf() -> Result<(), Error> {
     let mut memif: Option<String> = None;
     let (mut host_ip, mut host_mac) = (None, None);
     let mut id = HostIdentity::new(HOSTNQN, HOSTID);
+    let mut tls_key: Option<ConfiguredPsk> = None;
+    let mut tls_version = 1u8;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -571,6 +589,21 @@ fn perf() -> Result<(), Error> {
             "--hostnqn" => id.nqn = val()?,
             "--dhchap-secret" => id.secret = Some(val()?.parse()?),
             "--dhchap-ctrl-secret" => id.ctrl_secret = Some(val()?.parse()?),
+            "--tls-key" => {
+                let path = val()?;
+                let text =
+                    std::fs::read_to_string(&path).map_err(|e| format!("--tls-key {path}: {e}"))?;
+                tls_key = Some(
+                    ConfiguredPsk::parse(&text).map_err(|e| format!("--tls-key {path}: {e}"))?,
+                );
+            }
+            "--tls-identity" => {
+                tls_version = match val()?.as_str() {
+                    "0" => 0,
+                    "1" => 1,
+                    v => return Err(format!("--tls-identity {v}: 0 or 1").into()),
+                }
+            }
             "--dh-group" => {
                 for name in val()?.split(',') {
                     let g = DhGroup::ALL
@@ -598,7 +631,7 @@ fn perf() -> Result<(), Error> {
             "--bench" => {}
             "--discover" => discovery = true,
             "-h" | "--help" => {
-                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--sleep] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]] [--memif SOCKET [--ip A.B.C.D/LEN] [--mac MAC]]");
+                println!("usage: nvmf-perf [--addr HOST:PORT] [--nqn NQN] [--time SECS] [--conns N] [--sleep] [--job PATTERN:BS:QD]... [--hostnqn NQN] [--dhchap-secret DHHC-1:..] [--dhchap-ctrl-secret DHHC-1:..] [--dh-group NAME[,NAME]..] [--tls-key FILE [--tls-identity 0|1]] [--discover] [--auth-flood SECS [--flood-attempts N] [--flood-abandon]] [--memif SOCKET [--ip A.B.C.D/LEN] [--mac MAC]]");
                 return Ok(());
             }
             _ => return Err(format!("unknown argument {a}").into()),
@@ -606,6 +639,9 @@ fn perf() -> Result<(), Error> {
     }
     if IDENTITY.set(id).is_err() {
         return Err("identity set twice".into());
+    }
+    if TLS.set(tls_key.map(|k| (k, tls_version))).is_err() {
+        return Err("TLS key set twice".into());
     }
     match memif {
         #[cfg(feature = "memif")]
@@ -638,7 +674,12 @@ fn perf() -> Result<(), Error> {
         return Ok(());
     }
     if discovery {
-        let mut c = Controller::discovery(dial(&addr)?, identity()?, &options()).map_err(hint)?;
+        let mut c = Controller::discovery(
+            dial(&addr, dpu_nvmeof::spec::DISCOVERY_NQN)?,
+            identity()?,
+            &options(),
+        )
+        .map_err(hint)?;
         for e in c.discovery_log()? {
             println!("{} {} {}", e.traddr, e.trsvcid, e.subnqn);
         }
@@ -658,7 +699,7 @@ fn perf() -> Result<(), Error> {
     }
     // Held to the end, as a host keeps its controller.
     let mut admin =
-        Controller::connect(dial(&addr)?, identity()?, &nqn, &options()).map_err(hint)?;
+        Controller::connect(dial(&addr, &nqn)?, identity()?, &nqn, &options()).map_err(hint)?;
     admin.set_io_queues(1)?;
     let size = admin.identify_namespace(1)?;
     let (blocks, lba) = (size.blocks, size.block_size);
