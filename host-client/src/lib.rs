@@ -377,6 +377,10 @@ impl DpuClient {
         set_host_auth(StorageServiceClient, SetHostAuthRequest) -> Subsystem, WRITE;
         /// Removes the DH-HMAC-CHAP secrets of a host.
         clear_host_auth(StorageServiceClient, ClearHostAuthRequest) -> Subsystem, WRITE;
+        /// Sets the TLS pre-shared key of an allowed host.
+        set_host_tls_key(StorageServiceClient, SetHostTlsKeyRequest) -> Subsystem, WRITE;
+        /// Removes the TLS pre-shared key of a host.
+        clear_host_tls_key(StorageServiceClient, ClearHostTlsKeyRequest) -> Subsystem, WRITE;
         /// Sets the QoS limits of a namespace (all zero clears them).
         set_namespace_qos(StorageServiceClient, SetNamespaceQosRequest) -> Namespace, WRITE;
         /// Sets the QoS limits of a host on a subsystem (all zero clears them).

@@ -5,8 +5,8 @@ use dpu_proto::v1 as pb;
 
 use crate::model::{
     cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
-    Namespace, PortRole, PortSpec, QosLimits, RemoteNamespace, Rule, State, Subsystem, Tenant,
-    Timestamp, Transport,
+    Namespace, PortRole, PortSpec, PskText, QosLimits, RemoteNamespace, Rule, SecureChannel, State,
+    Subsystem, Tenant, Timestamp, TlsRequirement, Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -167,6 +167,26 @@ pub fn subsystem(s: &Subsystem) -> pb::Subsystem {
                 qos: Some(qos(q)),
             })
             .collect(),
+        tls_requirement: match s.tls_requirement {
+            TlsRequirement::HostsWithKey => pb::TlsRequirement::Unspecified,
+            TlsRequirement::Required => pb::TlsRequirement::Required,
+            TlsRequirement::Disabled => pb::TlsRequirement::Disabled,
+        } as i32,
+        host_tls: s
+            .host_tls
+            .iter()
+            .map(|(host, k)| host_tls(host, k))
+            .collect(),
+    }
+}
+
+/// One host's TLS key as a protobuf message: its hash indicator, never
+/// the key.
+pub fn host_tls(host: &str, k: &PskText) -> pb::HostTls {
+    pb::HostTls {
+        host_nqn: host.to_string(),
+        psk: String::new(),
+        psk_hash: u32::from(k.hash_code()),
     }
 }
 
@@ -315,6 +335,12 @@ pub fn listener(sid: &str, l: &Listener) -> pb::Listener {
         port: u32::from(l.port),
         tenant: l.tenant.clone().unwrap_or_default(),
         mac: l.mac.map(|m| m.to_string()).unwrap_or_default(),
+        // None as unspecified, as a request that sets none leaves it.
+        secure_channel: match l.secure_channel {
+            SecureChannel::None => pb::SecureChannel::Unspecified,
+            SecureChannel::Allowed => pb::SecureChannel::Allowed,
+            SecureChannel::Required => pb::SecureChannel::Required,
+        } as i32,
     }
 }
 
@@ -417,6 +443,8 @@ mod tests {
             auth_requirement: AuthRequirement::HostsWithSecret,
             host_auth: Default::default(),
             host_qos: [("nqn.b".to_string(), q), ("nqn.a".to_string(), q)].into(),
+            tls_requirement: TlsRequirement::Required,
+            host_tls: Default::default(),
         };
         let out = subsystem(&s);
         assert_eq!(
@@ -426,6 +454,43 @@ mod tests {
                 qos: Some(given),
             })
         );
+        assert_eq!(out.tls_requirement, pb::TlsRequirement::Required as i32);
+    }
+
+    /// Hosts' TLS keys go out in host NQN order with their hash, never
+    /// the key.
+    #[test]
+    fn host_tls_keys_go_out_without_the_key() {
+        const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+        let (k, _) = PskText::parse(PSK).unwrap();
+        let s = Subsystem {
+            id: "s".into(),
+            nqn: "nqn.2024-01.io.example:s".into(),
+            serial_number: "s".into(),
+            model_number: "m".into(),
+            allow_any_host: true,
+            allowed_hosts: Default::default(),
+            max_namespaces: 1,
+            create_time: Timestamp::default(),
+            namespaces: Default::default(),
+            listeners: Default::default(),
+            auth_requirement: AuthRequirement::HostsWithSecret,
+            host_auth: Default::default(),
+            host_qos: Default::default(),
+            tls_requirement: TlsRequirement::HostsWithKey,
+            host_tls: [("nqn.b".to_string(), k.clone()), ("nqn.a".to_string(), k)].into(),
+        };
+        let out = subsystem(&s);
+        assert_eq!(
+            out.host_tls,
+            ["nqn.a", "nqn.b"].map(|h| pb::HostTls {
+                host_nqn: h.into(),
+                psk: String::new(),
+                psk_hash: 1,
+            })
+        );
+        assert_eq!(out.tls_requirement, pb::TlsRequirement::Unspecified as i32);
+        assert!(!format!("{out:?}").contains(&PSK[16..40]));
     }
 
     #[test]

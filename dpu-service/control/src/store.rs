@@ -707,6 +707,8 @@ mod tests {
                     (format!("nqn.host:{h}"), q)
                 })
                 .collect(),
+            tls_requirement: Default::default(),
+            host_tls: BTreeMap::new(),
         }
     }
 
@@ -837,6 +839,69 @@ mod tests {
         let sub = &reopened.snapshot().subsystems["s"];
         assert_eq!(sub.namespaces[&1].qos, q);
         assert_eq!(sub.host_qos["nqn.host:0"], q);
+    }
+
+    /// A state written before the secure channel loads without it; keys,
+    /// requirements and secure channels set since persist through the
+    /// journal and the snapshot, and the key shows in no `Debug` output
+    /// of the state (only the private state files hold it, as they hold
+    /// DH-HMAC-CHAP secrets).
+    #[test]
+    fn tls_settings_persist_and_old_states_load_without_them() {
+        const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = State::default();
+        old.subsystems.insert("s".into(), subsystem("s", 1));
+        let text = serde_json::json!({"format": 1, "state": old}).to_string();
+        assert!(!text.contains("tls") && !text.contains("secure"), "{text}");
+        fs::write(dir.path().join(STATE_FILE), &text).unwrap();
+        let h = StateHandle::open(Some(dir.path())).unwrap();
+        assert_eq!(*h.snapshot(), old);
+        h.mutate_blocking(|s| {
+            let (k, _) = crate::model::PskText::parse(PSK).unwrap();
+            s.set_host_tls_key("s", "nqn.host:0", k)?;
+            s.update_subsystem(
+                Limits::with_ram(1 << 20),
+                "s",
+                crate::state::SubsystemUpdate {
+                    tls_requirement: Some(crate::model::TlsRequirement::Required),
+                    ..Default::default()
+                },
+            )?;
+            s.create_listener(
+                Limits::with_ram(1 << 20),
+                "s",
+                crate::model::Listener {
+                    id: "l".into(),
+                    transport: crate::model::Transport::Tcp,
+                    address: "127.0.0.1".parse().unwrap(),
+                    port: 4420,
+                    tenant: None,
+                    mac: None,
+                    secure_channel: crate::model::SecureChannel::Allowed,
+                },
+            )
+            .map(drop)
+        })
+        .unwrap();
+        let journal = fs::read_to_string(dir.path().join(JOURNAL_FILE)).unwrap_or_default();
+        let on_disk = journal + &fs::read_to_string(dir.path().join(STATE_FILE)).unwrap();
+        assert!(
+            on_disk.contains(PSK),
+            "the private state files keep the key"
+        );
+        drop(h);
+        let reopened = StateHandle::open(Some(dir.path())).unwrap();
+        let state = reopened.snapshot();
+        let sub = &state.subsystems["s"];
+        assert_eq!(sub.host_tls["nqn.host:0"].hash_code(), 1);
+        assert_eq!(sub.tls_requirement, crate::model::TlsRequirement::Required);
+        assert_eq!(
+            sub.listeners["l"].secure_channel,
+            crate::model::SecureChannel::Allowed
+        );
+        let dbg = format!("{state:?}");
+        assert!(!dbg.contains(&PSK[16..40]), "{dbg}");
     }
 
     #[test]

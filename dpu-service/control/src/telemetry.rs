@@ -775,7 +775,7 @@ type Family<C> = (
 /// [`pb::NvmfTargetCounters`] is exported by one more row (or, for a
 /// further reason to close or refuse connections, one more entry).
 /// The poll groups' gauge, one sample per group, is rendered apart.
-const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 13] = [
+const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 16] = [
     (
         "dpu_nvmf_connections_accepted_total",
         "counter",
@@ -865,6 +865,33 @@ const NVMF_TARGET_FAMILIES: [Family<pb::NvmfTargetCounters>; 13] = [
         "counter",
         "Controllers without Keep Alive ended for going idle too long.",
         &[(None, |c| c.idle_timeouts)],
+    ),
+    (
+        "dpu_nvmf_tls_handshakes_total",
+        "counter",
+        "Secure-channel (TLS 1.3 PSK) handshakes completed.",
+        &[(None, |c| c.tls_handshakes)],
+    ),
+    (
+        "dpu_nvmf_tls_refused_total",
+        "counter",
+        "Connections refused or closed before or in the TLS handshake, by reason: no key for the identity, a failed handshake, the handshake timeout, too many handshakes at once, clear text on a listener that requires TLS.",
+        &[
+            (Some("unknown_key"), |c| c.tls_refused_unknown_key),
+            (Some("failed"), |c| c.tls_failed),
+            (Some("timeout"), |c| c.tls_timeouts),
+            (Some("busy"), |c| c.tls_busy),
+            (Some("clear_text"), |c| c.tls_clear_text_refused),
+        ],
+    ),
+    (
+        "dpu_nvmf_tls_connects_refused_total",
+        "counter",
+        "Fabrics Connect commands refused for the secure channel, by reason: a host required to use TLS came in clear text, or its Connect named another host or subsystem than its TLS identity.",
+        &[
+            (Some("without_tls"), |c| c.connects_without_tls),
+            (Some("identity_mismatch"), |c| c.connects_identity_mismatch),
+        ],
     ),
 ];
 
@@ -957,6 +984,14 @@ mod tests {
             t.endpoint_buffer_reserved_bytes += 14;
             t.endpoint_buffer_shared_bytes += 15;
             t.backend_in_flight_bytes += 16;
+            t.tls_handshakes += 17;
+            t.tls_refused_unknown_key += 18;
+            t.tls_failed += 19;
+            t.tls_timeouts += 20;
+            t.tls_busy += 21;
+            t.tls_clear_text_refused += 22;
+            t.connects_without_tls += 23;
+            t.connects_identity_mismatch += 24;
             t.poll_group_queues.resize(2, 0);
             t.poll_group_queues[0] += 2;
             let q = out
@@ -1064,6 +1099,14 @@ mod tests {
                 endpoint_buffer_reserved_bytes: 28,
                 endpoint_buffer_shared_bytes: 30,
                 backend_in_flight_bytes: 32,
+                tls_handshakes: 34,
+                tls_refused_unknown_key: 36,
+                tls_failed: 38,
+                tls_timeouts: 40,
+                tls_busy: 42,
+                tls_clear_text_refused: 44,
+                connects_without_tls: 46,
+                connects_identity_mismatch: 48,
             })
         );
         let only_b = t.snapshot(&state, &ports, Some("b"));
@@ -1145,6 +1188,20 @@ dpu_nvmf_controllers_revoked_total 11
 # HELP dpu_nvmf_idle_timeouts_total Controllers without Keep Alive ended for going idle too long.
 # TYPE dpu_nvmf_idle_timeouts_total counter
 dpu_nvmf_idle_timeouts_total 12
+# HELP dpu_nvmf_tls_handshakes_total Secure-channel (TLS 1.3 PSK) handshakes completed.
+# TYPE dpu_nvmf_tls_handshakes_total counter
+dpu_nvmf_tls_handshakes_total 17
+# HELP dpu_nvmf_tls_refused_total Connections refused or closed before or in the TLS handshake, by reason: no key for the identity, a failed handshake, the handshake timeout, too many handshakes at once, clear text on a listener that requires TLS.
+# TYPE dpu_nvmf_tls_refused_total counter
+dpu_nvmf_tls_refused_total{reason=\"unknown_key\"} 18
+dpu_nvmf_tls_refused_total{reason=\"failed\"} 19
+dpu_nvmf_tls_refused_total{reason=\"timeout\"} 20
+dpu_nvmf_tls_refused_total{reason=\"busy\"} 21
+dpu_nvmf_tls_refused_total{reason=\"clear_text\"} 22
+# HELP dpu_nvmf_tls_connects_refused_total Fabrics Connect commands refused for the secure channel, by reason: a host required to use TLS came in clear text, or its Connect named another host or subsystem than its TLS identity.
+# TYPE dpu_nvmf_tls_connects_refused_total counter
+dpu_nvmf_tls_connects_refused_total{reason=\"without_tls\"} 23
+dpu_nvmf_tls_connects_refused_total{reason=\"identity_mismatch\"} 24
 # HELP dpu_nvmf_poll_group_queues I/O queues the NVMe/TCP poll group serves now.
 # TYPE dpu_nvmf_poll_group_queues gauge
 dpu_nvmf_poll_group_queues{group=\"0\"} 2
@@ -1200,6 +1257,8 @@ dpu_nvmf_poll_group_queues{group=\"1\"} 0
                 auth_requirement: Default::default(),
                 host_auth: BTreeMap::new(),
                 host_qos: Default::default(),
+                tls_requirement: Default::default(),
+                host_tls: Default::default(),
             },
         );
         let t = Telemetry::default();

@@ -1188,6 +1188,7 @@ mod tests {
             port: 4420,
             tenant: tenant.map(String::from),
             mac: tenant.map(|_| dpu_control::model::MacAddr([2, 0xd5, 0, 0, 0, mac])),
+            secure_channel: Default::default(),
         };
         let mut sub = Subsystem {
             id: "vol".into(),
@@ -1203,6 +1204,8 @@ mod tests {
             auth_requirement: Default::default(),
             host_auth: BTreeMap::new(),
             host_qos: Default::default(),
+            tls_requirement: Default::default(),
+            host_tls: Default::default(),
         };
         for l in [
             listener("b", Some("blue"), 1),

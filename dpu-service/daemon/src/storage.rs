@@ -17,6 +17,8 @@
 //! What the endpoints serve is handed to the thread running their stacks
 //! through an [`EndpointPlan`].
 
+mod tls;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -44,6 +46,8 @@ pub struct Storage {
     /// What [`Storage::apply_auth`] gave the target last, to take back
     /// what the next state no longer has.
     auth_applied: Mutex<AuthApplied>,
+    /// What [`Storage::apply_tls`] gave the targets last.
+    tls_applied: Mutex<tls::TlsApplied>,
     /// Made like `target`, for the tenants' targets.
     limits: TargetLimits,
     backing: BackingPolicy,
@@ -154,6 +158,7 @@ impl Storage {
             target,
             discovery,
             auth_applied: Mutex::default(),
+            tls_applied: Mutex::default(),
             limits,
             backing,
             tenant_targets: Mutex::default(),
@@ -188,6 +193,9 @@ impl Storage {
         // Keys first: a host allowed by this state authenticates from its
         // first connect.
         self.apply_auth(state, &targets);
+        // Likewise TLS keys, and the listeners' secure channels before
+        // the transport listens on them.
+        self.apply_tls(state, &targets);
         let mut problems = tenants.problems;
         for p in &problems {
             tracing::error!(resource = %p.resource, reason = %p.reason, "listener not served");
@@ -521,6 +529,17 @@ impl CounterSource for StorageCounters {
                     &mut t.refused_max_connections_per_host,
                     &st.connects_over_host_limit,
                 ),
+                (&mut t.tls_handshakes, &st.tls.handshakes),
+                (&mut t.tls_refused_unknown_key, &st.tls.refused_unknown_key),
+                (&mut t.tls_failed, &st.tls.failed),
+                (&mut t.tls_timeouts, &st.tls.timeouts),
+                (&mut t.tls_busy, &st.tls.busy),
+                (&mut t.tls_clear_text_refused, &st.tls.clear_text_refused),
+                (&mut t.connects_without_tls, &st.tls.connects_without_tls),
+                (
+                    &mut t.connects_identity_mismatch,
+                    &st.tls.connects_identity_mismatch,
+                ),
             ] {
                 *field += counted.load(Ordering::Relaxed);
             }
@@ -789,6 +808,7 @@ mod tests {
                         port,
                         tenant: tenant.map(String::from),
                         mac: tenant.map(|t| MacAddr([2, 0xd5, 0, 0, 0, t.len() as u8])),
+                        secure_channel: Default::default(),
                     };
                     (l.id.clone(), l)
                 })
@@ -796,6 +816,8 @@ mod tests {
             auth_requirement: Default::default(),
             host_auth: Default::default(),
             host_qos: Default::default(),
+            tls_requirement: Default::default(),
+            host_tls: Default::default(),
         }
     }
 
@@ -1176,6 +1198,80 @@ mod tests {
         .await
         .unwrap();
         assert!(keys().is_none(), "gone with the subsystem");
+        storage.shutdown();
+    }
+
+    /// A listener's secure channel reaches the target when CreateListener
+    /// returns and leaves it with the listener; hosts' TLS keys are taken
+    /// and shown without the key, and go with the host.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn secure_channel_follows_the_state() {
+        const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:h1";
+        const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+        let (storage, api, state) = served();
+        create_vol(&api).await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let shown = api
+            .create_listener(Request::new(pb::CreateListenerRequest {
+                parent: "subsystems/vol".into(),
+                listener_id: "l".into(),
+                listener: Some(pb::Listener {
+                    address: "127.0.0.1".into(),
+                    port: u32::from(port),
+                    secure_channel: pb::SecureChannel::Required as i32,
+                    ..Default::default()
+                }),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(shown.secure_channel, pb::SecureChannel::Required as i32);
+        assert_eq!(
+            storage.target.secure_channel(addr),
+            dpu_nvmeof::SecureChannel::Required
+        );
+        let shown = api
+            .set_host_tls_key(Request::new(pb::SetHostTlsKeyRequest {
+                subsystem: "subsystems/vol".into(),
+                tls: Some(pb::HostTls {
+                    host_nqn: HOST.into(),
+                    psk: PSK.into(),
+                    psk_hash: 0,
+                }),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            shown.host_tls,
+            [pb::HostTls {
+                host_nqn: HOST.into(),
+                psk: String::new(),
+                psk_hash: 1,
+            }]
+        );
+        assert!(!format!("{shown:?}").contains(&PSK[16..40]));
+        api.clear_host_tls_key(Request::new(pb::ClearHostTlsKeyRequest {
+            subsystem: "subsystems/vol".into(),
+            host_nqn: HOST.into(),
+        }))
+        .await
+        .unwrap();
+        assert!(state.snapshot().subsystems["vol"].host_tls.is_empty());
+        api.delete_listener(Request::new(pb::DeleteListenerRequest {
+            name: "subsystems/vol/listeners/l".into(),
+        }))
+        .await
+        .unwrap();
+        assert_eq!(
+            storage.target.secure_channel(addr),
+            dpu_nvmeof::SecureChannel::None,
+            "reset with the listener"
+        );
         storage.shutdown();
     }
 

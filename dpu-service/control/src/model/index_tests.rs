@@ -125,6 +125,8 @@ fn subsystem(rng: &mut Rng, id: &str) -> Subsystem {
         auth_requirement: Default::default(),
         host_auth: BTreeMap::new(),
         host_qos: Default::default(),
+        tls_requirement: Default::default(),
+        host_tls: Default::default(),
     }
 }
 
@@ -173,6 +175,7 @@ fn listener(rng: &mut Rng) -> Listener {
         // Half of them storage endpoints in a tenant's network.
         tenant: (rng.below(2) == 0).then(|| rng.pick(&TENANTS).to_string()),
         mac: None,
+        secure_channel: Default::default(),
     }
 }
 

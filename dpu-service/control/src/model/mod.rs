@@ -11,7 +11,8 @@
 //! `network`, the storage side (subsystems, namespaces, listeners) in
 //! `storage`, the storage clusters RBD namespaces live on in `cluster`,
 //! the remote NVMe/TCP namespaces that back namespaces in `remote`, the
-//! QoS limits of namespaces, hosts and tenants' storage in `qos`; all are re-exported
+//! QoS limits of namespaces, hosts and tenants' storage in `qos`, the
+//! secure channel's settings and keys in `tls`; all are re-exported
 //! here, so every type is `model::...`.
 
 mod claims;
@@ -21,6 +22,7 @@ mod network;
 mod qos;
 mod remote;
 mod storage;
+mod tls;
 
 pub use claims::Claims;
 pub use cluster::{cluster_name, CephKey, Cluster};
@@ -38,6 +40,7 @@ pub use storage::{
     dh_group_by_name, hash_by_name, listener_name, namespace_name, AuthRequirement, Backend,
     HostAuth, Listener, Namespace, SecretText, Subsystem, Transport,
 };
+pub use tls::{PskText, SecureChannel, TlsRequirement};
 
 use serde::{Deserialize, Serialize};
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::qos::{self, QosLimits};
-use super::{MacAddr, RemoteNamespace, Timestamp};
+use super::{MacAddr, PskText, RemoteNamespace, SecureChannel, Timestamp, TlsRequirement};
 
 /// Where a namespace's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +115,11 @@ pub struct Listener {
     /// address); `None` without a tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<MacAddr>,
+    /// Whether the listener speaks TLS; the same as every other
+    /// listener's on its address and port, and none on a storage
+    /// endpoint (none in a state written before it).
+    #[serde(default, skip_serializing_if = "SecureChannel::is_none")]
+    pub secure_channel: SecureChannel,
 }
 
 impl Listener {
@@ -290,6 +295,18 @@ pub struct Subsystem {
         with = "qos::by_host"
     )]
     pub host_qos: BTreeMap<String, QosLimits>,
+    /// Whether hosts must connect over TLS.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub tls_requirement: TlsRequirement,
+    /// TLS PSKs by host NQN, each of a host the subsystem allows
+    /// ([`Subsystem::allows_host`]); at most
+    /// [`crate::validate::MAX_HOSTS_PER_SUBSYSTEM`] of them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_tls: BTreeMap<String, PskText>,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 impl Subsystem {

@@ -14,7 +14,7 @@
 //!   `CreateSubsystem`, `UpdateSubsystem`, `UpdateCluster`, `SetHostAuth`: rules,
 //!   attachments and their guard, VTEP and underlay entries, allowed hosts,
 //!   update-mask paths, the DH-HMAC-CHAP lists and the output-only
-//!   `host_auth` and `host_qos`), reads the request (within that size) and counts every
+//!   `host_auth`, `host_qos` and `host_tls`), reads the request (within that size) and counts every
 //!   list's entries on the wire ([`count`], no allocation) before tonic
 //!   decodes it; a request with more than the caps allow is refused, with
 //!   `RESOURCE_EXHAUSTED` naming the configuration key for a configured
@@ -264,6 +264,18 @@ const COUNTED: &[Counted] = &[
         max: host_auth,
     },
     Counted {
+        method: "/dpu.v1.StorageService/CreateSubsystem",
+        path: &[2, 15],
+        field: "subsystem.host_tls",
+        max: host_auth,
+    },
+    Counted {
+        method: "/dpu.v1.StorageService/UpdateSubsystem",
+        path: &[1, 15],
+        field: "subsystem.host_tls",
+        max: host_auth,
+    },
+    Counted {
         method: "/dpu.v1.StorageService/UpdateCluster",
         path: &[2, 1],
         field: "update_mask.paths",
@@ -283,8 +295,8 @@ const COUNTED: &[Counted] = &[
     },
 ];
 
-/// `Subsystem.host_auth` (12) and `Subsystem.host_qos` (13) are output
-/// only; what a request carries of them is refused by the service, and
+/// `Subsystem.host_auth` (12), `Subsystem.host_qos` (13) and
+/// `Subsystem.host_tls` (15) are output only; what a request carries of them is refused by the service, and
 /// counted here so that neither can decode to more entries than a
 /// subsystem has hosts.
 fn host_auth(_: &Limits) -> Cap {
@@ -669,6 +681,7 @@ mod tests {
         let sub = pb::Subsystem {
             host_auth: vec![auth.clone(); 5],
             host_qos: vec![pb::HostQos::default(); 3],
+            host_tls: vec![pb::HostTls::default(); 2],
             ..Default::default()
         };
         let msgs = [
@@ -709,6 +722,7 @@ mod tests {
             let want = match c.field {
                 "subsystem.host_auth" => 5,
                 "subsystem.host_qos" => 3,
+                "subsystem.host_tls" => 2,
                 "auth.hashes" => 4,
                 "auth.dh_groups" => 7,
                 // Counted in `counts_match_prost`.
@@ -718,7 +732,7 @@ mod tests {
             assert_eq!(count(msg, c.path), Ok(want), "{} {}", c.method, c.field);
             seen += 1;
         }
-        assert_eq!(seen, 6);
+        assert_eq!(seen, 8);
         let mut frame = vec![0u8];
         frame.extend_from_slice(&u32::try_from(msgs[0].1.len()).unwrap().to_be_bytes());
         frame.extend_from_slice(&msgs[0].1);
@@ -797,7 +811,12 @@ mod tests {
         .encode_to_vec();
         for c in COUNTED.iter().filter(|c| {
             c.method.contains("Subsystem")
-                && !["subsystem.host_auth", "subsystem.host_qos"].contains(&c.field)
+                && ![
+                    "subsystem.host_auth",
+                    "subsystem.host_qos",
+                    "subsystem.host_tls",
+                ]
+                .contains(&c.field)
         }) {
             let msg = if c.method.ends_with("CreateSubsystem") {
                 &create

@@ -153,6 +153,12 @@ impl StorageService for Api {
                     "output only: set a host's QoS limits with SetHostQos once it is created",
                 ));
             }
+            if !s.host_tls.is_empty() {
+                return Err(ControlError::invalid(
+                    "subsystem.host_tls",
+                    "output only: set a host's TLS key with SetHostTlsKey once it is created",
+                ));
+            }
             let sub = Subsystem {
                 id: req.subsystem_id,
                 nqn: s.nqn,
@@ -173,6 +179,11 @@ impl StorageService for Api {
                 )?,
                 host_auth: BTreeMap::new(),
                 host_qos: BTreeMap::new(),
+                tls_requirement: validate::tls_requirement(
+                    "subsystem.tls_requirement",
+                    s.tls_requirement,
+                )?,
+                host_tls: Default::default(),
             };
             let out = convert::subsystem(&sub);
             let limits = self.ctl.limits;
@@ -232,6 +243,7 @@ impl StorageService for Api {
                     "allowed_hosts",
                     "model_number",
                     "auth_requirement",
+                    "tls_requirement",
                 ],
             )?;
             let mut u = SubsystemUpdate::default();
@@ -245,6 +257,12 @@ impl StorageService for Api {
                         u.auth_requirement = Some(validate::auth_requirement(
                             "subsystem.auth_requirement",
                             s.auth_requirement,
+                        )?)
+                    }
+                    "tls_requirement" => {
+                        u.tls_requirement = Some(validate::tls_requirement(
+                            "subsystem.tls_requirement",
+                            s.tls_requirement,
                         )?)
                     }
                     _ => {
@@ -336,6 +354,45 @@ impl StorageService for Api {
             self.change_storage(move |st| {
                 Ok((
                     convert::subsystem(st.clear_host_auth(&id, &req.host_nqn)?),
+                    None,
+                ))
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn set_host_tls_key(
+        &self,
+        req: Request<pb::SetHostTlsKeyRequest>,
+    ) -> Result<Response<pb::Subsystem>, Status> {
+        self.write("/dpu.v1.StorageService/SetHostTlsKey", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            let t = required("tls", req.tls)?;
+            let (host, psk) = validate::host_tls("tls", &t)?;
+            self.change_storage(move |st| {
+                Ok((
+                    convert::subsystem(st.set_host_tls_key(&id, &host, psk)?),
+                    None,
+                ))
+            })
+            .await
+        })
+        .await
+    }
+
+    async fn clear_host_tls_key(
+        &self,
+        req: Request<pb::ClearHostTlsKeyRequest>,
+    ) -> Result<Response<pb::Subsystem>, Status> {
+        self.write("/dpu.v1.StorageService/ClearHostTlsKey", async {
+            let req = req.into_inner();
+            let id = validate::name("subsystem", &req.subsystem, "subsystems")?.to_string();
+            validate::nqn("host_nqn", &req.host_nqn)?;
+            self.change_storage(move |st| {
+                Ok((
+                    convert::subsystem(st.clear_host_tls_key(&id, &req.host_nqn)?),
                     None,
                 ))
             })

@@ -254,6 +254,7 @@ mod tests {
             port,
             tenant: tenant.map(String::from),
             mac: None,
+            secure_channel: Default::default(),
         }
     }
 

@@ -14,7 +14,8 @@
 //! attachments, rules) is in `network`, the storage side (subsystems,
 //! hosts, namespaces, listeners) in `storage`, the storage clusters in
 //! `cluster`, the checks of remote namespaces in `remote`, the QoS limits
-//! of namespaces and hosts in `qos`.
+//! of namespaces and hosts in `qos`, the hosts' TLS keys and the
+//! listeners' secure channels in `tls`.
 
 mod cluster;
 mod endpoint;
@@ -22,12 +23,14 @@ mod network;
 mod qos;
 mod remote;
 mod storage;
+mod tls;
 
 pub use crate::model::Index;
 pub use cluster::ClusterUpdate;
 pub use endpoint::Endpoint;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;
+pub use tls::NOT_ON_ENDPOINTS;
 
 use crate::error::{ControlError, Result};
 use crate::model::State;
@@ -212,6 +215,8 @@ mod tests {
             auth_requirement: Default::default(),
             host_auth: Default::default(),
             host_qos: Default::default(),
+            tls_requirement: Default::default(),
+            host_tls: Default::default(),
         }
     }
 

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 
 use super::{cap, Limits, Reverted};
 use crate::error::{ControlError, Result};
-use crate::model::{AuthRequirement, Backend, HostAuth, Listener, Namespace, State, Subsystem};
+use crate::model::{
+    AuthRequirement, Backend, HostAuth, Listener, Namespace, State, Subsystem, TlsRequirement,
+};
 use crate::validate::MAX_HOSTS_PER_SUBSYSTEM;
 
 /// Changes to a subsystem; `None` leaves a field as it is.
@@ -19,6 +21,8 @@ pub struct SubsystemUpdate {
     pub model_number: Option<String>,
     /// New authentication requirement.
     pub auth_requirement: Option<AuthRequirement>,
+    /// New TLS requirement.
+    pub tls_requirement: Option<TlsRequirement>,
 }
 
 impl State {
@@ -142,12 +146,17 @@ impl State {
             // As RemoveHost: a host taken off the list loses its limits.
             for host in s.allowed_hosts.difference(&h) {
                 s.host_qos.remove(host);
+                s.host_tls.remove(host);
             }
             s.allowed_hosts = h;
         }
         s.keep_qos_of_allowed_hosts();
+        s.keep_tls_of_allowed_hosts();
         if let Some(r) = u.auth_requirement {
             s.auth_requirement = r;
+        }
+        if let Some(r) = u.tls_requirement {
+            s.tls_requirement = r;
         }
         if let Some(m) = u.model_number {
             s.model_number = m;
@@ -192,7 +201,7 @@ impl State {
     }
 
     /// Removes `host` from the allow list of subsystem `id`, with its
-    /// DH-HMAC-CHAP settings and its QoS limits.
+    /// DH-HMAC-CHAP settings, its TLS key and its QoS limits.
     pub fn remove_host(&mut self, id: &str, host: &str) -> Result<&Subsystem> {
         let s = self.subsystem_mut(id)?;
         if !s.allowed_hosts.remove(host) {
@@ -202,6 +211,7 @@ impl State {
         }
         s.host_auth.remove(host);
         s.host_qos.remove(host);
+        s.host_tls.remove(host);
         self.index.hosts_changed(1, 0);
         self.subsystem(id)
     }
@@ -428,7 +438,9 @@ impl State {
     /// be none of its hosts', and the listener gets its endpoint's MAC.
     /// A subsystem is served in one place
     /// ([`Subsystem::serving_conflict`](crate::model::Subsystem::serving_conflict)):
-    /// FAILED_PRECONDITION for a listener elsewhere.
+    /// FAILED_PRECONDITION for a listener elsewhere, and for one whose
+    /// secure channel differs from another listener's on its address and
+    /// port, or that asks for one on a storage endpoint.
     pub fn create_listener(
         &mut self,
         limits: Limits,
@@ -461,6 +473,12 @@ impl State {
             return Err(ControlError::AlreadyExists(format!(
                 "subsystems/{id}/listeners/{} already listens on {}:{}{within}",
                 o.id, l.address, l.port
+            )));
+        }
+        if let Some(why) = self.secure_channel_conflict(&l) {
+            return Err(ControlError::FailedPrecondition(format!(
+                "subsystems/{id}/listeners/{}: {why}",
+                l.id
             )));
         }
         // The listener itself first (its tenant exists, its address is
@@ -683,6 +701,7 @@ mod tests {
             port: 4420,
             tenant: None,
             mac: None,
+            secure_channel: Default::default(),
         };
         s.create_listener(Limits::with_ram(0), "a", l.clone())
             .unwrap();
@@ -749,6 +768,7 @@ mod tests {
             port,
             tenant: None,
             mac: None,
+            secure_channel: Default::default(),
         }
     }
 

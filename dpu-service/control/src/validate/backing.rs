@@ -190,6 +190,8 @@ mod tests {
                 auth_requirement: Default::default(),
                 host_auth: BTreeMap::new(),
                 host_qos: Default::default(),
+                tls_requirement: Default::default(),
+                host_tls: Default::default(),
             },
         );
         s

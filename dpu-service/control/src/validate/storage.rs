@@ -10,7 +10,7 @@ use super::{child_name, id, qos, rbd_name, remote};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
-    SecretText, Transport,
+    PskText, SecretText, SecureChannel, TlsRequirement, Transport,
 };
 
 /// Longest NQN, in bytes (NVMe base specification).
@@ -105,6 +105,46 @@ pub fn auth_requirement(field: &str, v: i32) -> Result<AuthRequirement> {
         Err(_) => Err(ControlError::invalid(
             field,
             format!("unknown authentication requirement {v}"),
+        )),
+    }
+}
+
+/// Checks the TLS key of a SetHostTlsKey request (`field` is the
+/// message's field name) and answers the host NQN and the key to store.
+/// Errors name the field and never quote the key.
+pub fn host_tls(field: &str, t: &pb::HostTls) -> Result<(String, PskText)> {
+    nqn(&format!("{field}.host_nqn"), &t.host_nqn)?;
+    let psk_field = format!("{field}.psk");
+    if t.psk.is_empty() {
+        return Err(ControlError::invalid(psk_field, "required"));
+    }
+    let (psk, _) =
+        PskText::parse(&t.psk).map_err(|e| ControlError::invalid(&psk_field, e.to_string()))?;
+    Ok((t.host_nqn.clone(), psk))
+}
+
+/// The TLS requirement a request's enum value stands for.
+pub fn tls_requirement(field: &str, v: i32) -> Result<TlsRequirement> {
+    match pb::TlsRequirement::try_from(v) {
+        Ok(pb::TlsRequirement::Unspecified) => Ok(TlsRequirement::HostsWithKey),
+        Ok(pb::TlsRequirement::Required) => Ok(TlsRequirement::Required),
+        Ok(pb::TlsRequirement::Disabled) => Ok(TlsRequirement::Disabled),
+        Err(_) => Err(ControlError::invalid(
+            field,
+            format!("unknown TLS requirement {v}"),
+        )),
+    }
+}
+
+/// The secure channel a request's enum value stands for.
+pub fn secure_channel(field: &str, v: i32) -> Result<SecureChannel> {
+    match pb::SecureChannel::try_from(v) {
+        Ok(pb::SecureChannel::Unspecified | pb::SecureChannel::None) => Ok(SecureChannel::None),
+        Ok(pb::SecureChannel::Allowed) => Ok(SecureChannel::Allowed),
+        Ok(pb::SecureChannel::Required) => Ok(SecureChannel::Required),
+        Err(_) => Err(ControlError::invalid(
+            field,
+            format!("unknown secure channel {v}"),
         )),
     }
 }
@@ -413,6 +453,12 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         id(&f("tenant"), &l.tenant)?;
         Some(l.tenant.clone())
     };
+    let secure_channel = secure_channel(&f("secure_channel"), l.secure_channel)?;
+    if tenant.is_some() && secure_channel != SecureChannel::None {
+        return Err(ControlError::FailedPrecondition(
+            crate::state::NOT_ON_ENDPOINTS.to_string(),
+        ));
+    }
     Ok(Listener {
         id: id_str,
         transport,
@@ -420,6 +466,7 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         port,
         tenant,
         mac: None,
+        secure_channel,
     })
 }
 
@@ -698,6 +745,83 @@ mod tests {
             field_of(auth_requirement("subsystem.auth_requirement", 7).unwrap_err()),
             "subsystem.auth_requirement"
         );
+    }
+
+    const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+
+    fn tls(psk: &str) -> pb::HostTls {
+        pb::HostTls {
+            host_nqn: "nqn.2024-01.io.example:h1".into(),
+            psk: psk.into(),
+            psk_hash: 0,
+        }
+    }
+
+    /// What each refusal names, with the parse error and never the key.
+    #[test]
+    fn host_tls_is_checked_field_by_field() {
+        let (host, k) = host_tls("tls", &tls(PSK)).unwrap();
+        assert_eq!(host, "nqn.2024-01.io.example:h1");
+        assert_eq!(k.hash_code(), 1);
+        let refused = |x: pb::HostTls| {
+            let e = host_tls("tls", &x).unwrap_err();
+            let shown = e.to_string();
+            assert!(!shown.contains(&PSK[16..40]), "{shown}");
+            (field_of(e), shown)
+        };
+        assert_eq!(refused(tls("")).0, "tls.psk");
+        let (f, why) = refused(tls("key"));
+        assert_eq!(f, "tls.psk");
+        assert!(why.contains("interchange format"), "{why}");
+        // The last base64 character changed: the CRC-32 no longer matches.
+        let (f, why) = refused(tls(&PSK.replace("9LrZ:", "9LrY:")));
+        assert_eq!(f, "tls.psk");
+        assert!(why.contains("CRC-32"), "{why}");
+        let (f, why) = refused(tls(&PSK.replace(":01:", ":07:")));
+        assert_eq!(f, "tls.psk");
+        assert!(why.contains("hash"), "{why}");
+        let mut x = tls(PSK);
+        x.host_nqn = "host".into();
+        assert_eq!(refused(x).0, "tls.host_nqn");
+        assert_eq!(
+            field_of(tls_requirement("subsystem.tls_requirement", 9).unwrap_err()),
+            "subsystem.tls_requirement"
+        );
+        assert_eq!(
+            tls_requirement("f", pb::TlsRequirement::Disabled as i32).unwrap(),
+            TlsRequirement::Disabled
+        );
+    }
+
+    /// A listener's secure channel: unspecified is none; a storage
+    /// endpoint offers none yet.
+    #[test]
+    fn listener_secure_channel() {
+        let mut l = pb::Listener {
+            address: "10.0.0.1".into(),
+            secure_channel: pb::SecureChannel::Required as i32,
+            ..Default::default()
+        };
+        let got = listener("listener", "", &l).unwrap();
+        assert_eq!(got.secure_channel, SecureChannel::Required);
+        l.secure_channel = pb::SecureChannel::Unspecified as i32;
+        assert!(listener("listener", "", &l)
+            .unwrap()
+            .secure_channel
+            .is_none());
+        l.secure_channel = 9;
+        assert_eq!(
+            field_of(listener("listener", "", &l).unwrap_err()),
+            "listener.secure_channel"
+        );
+        l.secure_channel = pb::SecureChannel::Allowed as i32;
+        l.tenant = "t".into();
+        assert!(matches!(
+            listener("listener", "", &l),
+            Err(ControlError::FailedPrecondition(m)) if m == crate::state::NOT_ON_ENDPOINTS
+        ));
+        l.secure_channel = pb::SecureChannel::None as i32;
+        assert!(listener("listener", "", &l).is_ok());
     }
 
     /// A stored secret shows in no `Debug` output, and reads back from

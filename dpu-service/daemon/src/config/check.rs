@@ -1342,6 +1342,95 @@ mod tests {
         }
     }
 
+    /// Hosts' TLS keys are read from their files and checked, errors
+    /// naming the configuration entry and the file, never the key; a
+    /// listener's secure channel is one of three words, offered on no
+    /// storage endpoint yet, and the same on one address and port.
+    #[test]
+    fn tls_declarations_are_checked() {
+        const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+        const H: &str = "nqn.2024-01.io.example:h";
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("h.psk");
+        std::fs::write(&key, format!("{PSK}\n")).unwrap();
+        let bad_key = dir.path().join("bad.psk");
+        std::fs::write(&bad_key, PSK.replace("9LrZ", "9LrY")).unwrap();
+        let missing = dir.path().join("missing");
+        let host_tls = |file: &std::path::Path| {
+            format!(
+                "host_tls = {{ \"{H}\" = {{ psk_file = \"{}\" }} }}",
+                file.display()
+            )
+        };
+        let ls = "[[storage.subsystems.listeners]]";
+        let good = declared(
+            &format!(
+                "allowed_hosts = [\"{H}\"]\ntls_requirement = \"required\"\n{}",
+                host_tls(&key)
+            ),
+            &format!("{ls}\naddress = \"127.0.0.1\"\nport = 4420\nsecure_channel = \"required\"\n"),
+        );
+        let c: Config = toml::from_str(&good).unwrap();
+        c.validate().unwrap();
+        let at = format!("storage.subsystems[0].host_tls.\"{H}\"");
+        for (text, want) in [
+            (
+                declared(&format!("allowed_hosts = [\"{H}\"]\n{}", host_tls(&bad_key)), ""),
+                format!("{at}: psk_file: {}: the PSK's CRC-32 does not match", bad_key.display()),
+            ),
+            (
+                declared(&format!("allowed_hosts = [\"{H}\"]\n{}", host_tls(&missing)), ""),
+                format!("{at}: psk_file: {}: No such file", missing.display()),
+            ),
+            (
+                declared(&host_tls(&key), ""),
+                format!("{at}: host {H} is not allowed on subsystems/a"),
+            ),
+            (
+                // Two subsystems' listeners on one address and port.
+                declared(
+                    "",
+                    &format!(
+                        "{ls}\naddress = \"127.0.0.1\"\nport = 4420\nsecure_channel = \"allowed\"\n\
+                         [[storage.subsystems]]\nid = \"b\"\nnqn = \"nqn.2024-01.io.example:b\"\n\
+                         {ls}\naddress = \"127.0.0.1\"\nport = 4420\n"
+                    ),
+                ),
+                "storage.subsystems[1].listeners[0]: subsystems/b/listeners/tcp-127-0-0-1-4420: \
+                 subsystems/a/listeners/tcp-127-0-0-1-4420 listens on 127.0.0.1:4420 with secure channel allowed"
+                    .to_string(),
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(!e.contains(&PSK[16..40]), "a key in {e}");
+            assert!(e.starts_with(&want), "{text}\nwant: {want}\ngot:  {e}");
+        }
+        for (text, field) in [
+            (
+                declared("tls_requirement = \"always\"", ""),
+                "unknown variant `always`",
+            ),
+            (
+                declared(
+                    "",
+                    &format!(
+                        "{ls}\naddress = \"127.0.0.1\"\nport = 4420\nsecure_channel = \"tls\"\n"
+                    ),
+                ),
+                "unknown variant `tls`",
+            ),
+            // A key is never written in the configuration.
+            (
+                declared(&format!("host_tls = {{ \"{H}\" = {{ psk = \"x\" }} }}"), ""),
+                "unknown field `psk`",
+            ),
+        ] {
+            let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
     #[test]
     fn storage_declarations_are_checked() {
         let ns = "[[storage.subsystems.namespaces]]";

@@ -4,12 +4,14 @@
 //! error.
 
 use anyhow::{bail, Context, Result};
+use dpu_control::model::SecureChannel;
 use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
 use super::{
-    parse_size, SeedAction, SeedCluster, SeedListener, SeedNamespace, SeedQos, SeedRemote,
-    SeedRule, SeedSubsystem, SeedTenant, SeedTransport, TextOrNumber,
+    parse_size, SeedAction, SeedCluster, SeedHostTls, SeedListener, SeedNamespace, SeedQos,
+    SeedRemote, SeedRule, SeedSubsystem, SeedTenant, SeedTlsRequirement, SeedTransport,
+    TextOrNumber,
 };
 
 /// Longest keyring file read: one holding many users' keys is a few KiB.
@@ -83,8 +85,36 @@ impl SeedSubsystem {
             allow_any_host: self.allow_any_host,
             allowed_hosts: self.allowed_hosts.clone(),
             max_namespaces: self.max_namespaces.unwrap_or(0),
+            tls_requirement: match self.tls_requirement {
+                SeedTlsRequirement::Default => pb::TlsRequirement::Unspecified,
+                SeedTlsRequirement::Required => pb::TlsRequirement::Required,
+                SeedTlsRequirement::Disabled => pb::TlsRequirement::Disabled,
+            } as i32,
             ..Default::default()
         }
+    }
+}
+
+impl SeedHostTls {
+    /// The key of `host` as a `SetHostTlsKey` request carries it, read
+    /// from `psk_file` (trimmed) and checked.
+    ///
+    /// # Errors
+    /// If the file cannot be read or holds no key in the interchange
+    /// format (naming `psk_file` and the file, never quoting it).
+    pub fn to_proto(&self, host: &str) -> Result<pb::HostTls> {
+        let at = || format!("psk_file: {}", self.psk_file.display());
+        let psk = read_small(&self.psk_file, MAX_SECRET_FILE, "a TLS PSK")
+            .context("psk_file")?
+            .trim()
+            .to_string();
+        dpu_nvmeof::dpu_tls::ConfiguredPsk::parse(&psk)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        Ok(pb::HostTls {
+            host_nqn: host.to_string(),
+            psk,
+            psk_hash: 0,
+        })
     }
 }
 
@@ -216,6 +246,11 @@ impl SeedListener {
             address: self.address.to_string(),
             port: u32::from(self.port),
             tenant: self.tenant.clone().unwrap_or_default(),
+            secure_channel: match self.secure_channel {
+                SecureChannel::None => pb::SecureChannel::Unspecified,
+                SecureChannel::Allowed => pb::SecureChannel::Allowed,
+                SecureChannel::Required => pb::SecureChannel::Required,
+            } as i32,
             ..Default::default()
         }
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use dpu_control::model::PortRole;
+use dpu_control::model::{PortRole, SecureChannel};
 use serde::Deserialize;
 
 use super::LogFormat;
@@ -525,6 +525,38 @@ pub struct SeedSubsystem {
     /// 1000 } }`.
     #[serde(default)]
     pub host_qos: BTreeMap<String, SeedQos>,
+    /// Which hosts must connect over the secure channel (TLS): "default"
+    /// (each host with a key), "required" (every host), "disabled" (none).
+    #[serde(default)]
+    pub tls_requirement: SeedTlsRequirement,
+    /// TLS pre-shared keys of hosts by host NQN, each a host the
+    /// subsystem allows: `host_tls = { "nqn.2014-08.org.nvmexpress:uuid:..."
+    /// = { psk_file = "/etc/dpu-service/h1.psk" } }`.
+    #[serde(default)]
+    pub host_tls: BTreeMap<String, SeedHostTls>,
+}
+
+/// Which hosts of a declared subsystem must use TLS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeedTlsRequirement {
+    /// Each host with a TLS key.
+    #[default]
+    Default,
+    /// Every host.
+    Required,
+    /// None.
+    Disabled,
+}
+
+/// The TLS key of a host of a declared subsystem. The key is read from
+/// `psk_file`, never written here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedHostTls {
+    /// A file holding the configured PSK in the interchange format
+    /// (`NVMeTLSkey-1:01:...:`, as `nvme gen-tls-key` prints it).
+    pub psk_file: PathBuf,
 }
 
 /// `[[storage.subsystems.namespaces]]`: a namespace of a declared
@@ -658,6 +690,10 @@ pub struct SeedListener {
     /// unset: a listener on the service's own sockets.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// Whether the listener speaks TLS: "none" (the default), "allowed"
+    /// or "required"; listeners on one address and port agree on it.
+    #[serde(default)]
+    pub secure_channel: SecureChannel,
 }
 
 /// Transport of a declared listener.

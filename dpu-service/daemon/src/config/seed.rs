@@ -144,7 +144,7 @@ pub(crate) fn without_undo_note(msg: &str) -> &str {
 }
 
 /// Creates the namespaces and listeners of the just created subsystem
-/// `name`, declared at `at`, and sets its hosts' QoS limits.
+/// `name`, declared at `at`, and sets its hosts' QoS limits and TLS keys.
 async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> {
     for (j, n) in s.namespaces.iter().enumerate() {
         let at = format!("{at}.namespaces[{j}]");
@@ -172,6 +172,16 @@ async fn fill(api: &Api, at: &str, name: &str, s: &SeedSubsystem) -> Result<()> 
             subsystem: name.to_string(),
             host_nqn: host.clone(),
             qos: Some(qos),
+        }))
+        .await
+        .map_err(|e| anyhow!("{at}: {}", e.message()))?;
+    }
+    for (host, t) in &s.host_tls {
+        let at = format!("{at}.host_tls.{host:?}");
+        let tls = t.to_proto(host).map_err(|e| anyhow!("{at}: {e:#}"))?;
+        api.set_host_tls_key(Request::new(pb::SetHostTlsKeyRequest {
+            subsystem: name.to_string(),
+            tls: Some(tls),
         }))
         .await
         .map_err(|e| anyhow!("{at}: {}", e.message()))?;
@@ -639,6 +649,60 @@ host_nqn = "nqn.2024-01.io.example:other-host"
         assert_eq!(
             (r.io_timeout_ms, r.connect_timeout_ms, r.queue_depth),
             (10_000, 3_000, 128)
+        );
+    }
+
+    /// A declared subsystem's TLS requirement, its hosts' keys (read
+    /// from their files) and its listeners' secure channels reach the
+    /// state.
+    #[tokio::test]
+    async fn tls_is_declared_with_key_files() {
+        const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+        const H: &str = "nqn.2024-01.io.example:h";
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("h.psk");
+        std::fs::write(&key, format!("  {PSK}\n")).unwrap();
+        let text = with(&format!(
+            r#"
+[[storage.subsystems]]
+id = "dev"
+nqn = "nqn.2024-01.io.dpu-service:dev"
+allowed_hosts = ["{H}"]
+tls_requirement = "disabled"
+host_tls = {{ "{H}" = {{ psk_file = "{}" }} }}
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = 4420
+secure_channel = "allowed"
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = 4421
+"#,
+            key.display()
+        ));
+        let (api, state) = api();
+        seed_storage(&api, &storage(&text)).await.unwrap();
+        let s = state.snapshot();
+        let sub = &s.subsystems["dev"];
+        assert_eq!(
+            sub.tls_requirement,
+            dpu_control::model::TlsRequirement::Disabled
+        );
+        assert_eq!(sub.host_tls.len(), 1);
+        assert_eq!(sub.host_tls[H].hash_code(), 1);
+        assert_eq!(
+            sub.host_tls[H],
+            dpu_control::model::PskText::parse(PSK).unwrap().0,
+            "read trimmed"
+        );
+        use dpu_control::model::SecureChannel;
+        assert_eq!(
+            sub.listeners["tcp-127-0-0-1-4420"].secure_channel,
+            SecureChannel::Allowed
+        );
+        assert_eq!(
+            sub.listeners["tcp-127-0-0-1-4421"].secure_channel,
+            SecureChannel::None
         );
     }
 

@@ -1,6 +1,6 @@
 //! `dpuctl listener`: its subcommands and flags, and their handler.
 
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use dpu_client::{listener_name, pb, subsystem_name, DpuClient};
 
 use crate::common::{all_pages, deleted, json, Paging, Shown};
@@ -26,6 +26,10 @@ pub enum ListenerCmd {
         /// for the service's own sockets.
         #[arg(long)]
         tenant: Option<String>,
+        /// Whether the listener speaks TLS; listeners on one address and
+        /// port agree on it.
+        #[arg(long, value_enum)]
+        secure_channel: Option<SecureChannelArg>,
     },
     /// Lists a subsystem's listeners.
     List {
@@ -43,6 +47,28 @@ pub enum ListenerCmd {
     },
 }
 
+/// Whether a listener speaks TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SecureChannelArg {
+    /// Clear text only (the default).
+    None,
+    /// TLS or clear text, as each host chooses.
+    Allowed,
+    /// TLS only.
+    Required,
+}
+
+impl SecureChannelArg {
+    fn proto(self) -> i32 {
+        let c = match self {
+            SecureChannelArg::None => pb::SecureChannel::None,
+            SecureChannelArg::Allowed => pb::SecureChannel::Allowed,
+            SecureChannelArg::Required => pb::SecureChannel::Required,
+        };
+        c as i32
+    }
+}
+
 /// `dpuctl listener ...`.
 pub async fn execute(c: &DpuClient, cmd: &ListenerCmd) -> Result<Shown, Failure> {
     Ok(match cmd {
@@ -52,12 +78,14 @@ pub async fn execute(c: &DpuClient, cmd: &ListenerCmd) -> Result<Shown, Failure>
             port,
             id,
             tenant,
+            secure_channel,
         } => {
             let l = pb::Listener {
                 transport: pb::Transport::Tcp as i32,
                 address: address.clone(),
                 port: port.unwrap_or(0),
                 tenant: tenant.clone().unwrap_or_default(),
+                secure_channel: secure_channel.map_or(0, SecureChannelArg::proto),
                 ..Default::default()
             };
             let l = c

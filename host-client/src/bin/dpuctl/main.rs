@@ -113,8 +113,9 @@ enum Command {
     /// Filter rules of a tenant.
     #[command(subcommand)]
     Rule(rule::RuleCmd),
-    /// NVMe-oF subsystems, their allowed hosts and the hosts' DH-HMAC-CHAP
-    /// secrets (`set-auth --dhchap-secret-file`).
+    /// NVMe-oF subsystems, their allowed hosts, the hosts' DH-HMAC-CHAP
+    /// secrets (`set-auth --dhchap-secret-file`) and TLS keys
+    /// (`set-tls-key --psk-file`).
     #[command(subcommand)]
     Subsystem(subsystem::SubsystemCmd),
     /// Namespaces of a subsystem.
@@ -554,6 +555,82 @@ mod tests {
         }
     }
 
+    /// The secure channel's flags: a host's key from a file, the TLS
+    /// requirement where the authentication requirement is set, a
+    /// listener's secure channel.
+    #[test]
+    fn tls_command_lines() {
+        use crate::listener::{ListenerCmd, SecureChannelArg};
+        use crate::subsystem::TlsArg;
+        let cli = parse(&[
+            "subsystem",
+            "set-tls-key",
+            "vol",
+            "nqn.2014-08.org.nvmexpress:uuid:h",
+            "--psk-file",
+            "h.psk",
+        ])
+        .unwrap();
+        let Command::Subsystem(SubsystemCmd::SetTlsKey { id, nqn, psk_file }) = &cli.command else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (id.as_str(), nqn.as_str(), psk_file.as_path()),
+            (
+                "vol",
+                "nqn.2014-08.org.nvmexpress:uuid:h",
+                std::path::Path::new("h.psk")
+            )
+        );
+        let cli = parse(&["subsystem", "clear-tls-key", "vol", "nqn.h"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Subsystem(SubsystemCmd::ClearTlsKey { .. })
+        ));
+        let cli = parse(&["subsystem", "update", "vol", "--tls", "required"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Subsystem(SubsystemCmd::Update {
+                tls: Some(TlsArg::Required),
+                ..
+            })
+        ));
+        let cli = parse(&[
+            "subsystem",
+            "create",
+            "vol",
+            "--nqn",
+            "nqn.2024-01.io.example:vol",
+            "--tls",
+            "hosts-with-key",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Subsystem(SubsystemCmd::Create {
+                tls: Some(TlsArg::HostsWithKey),
+                ..
+            })
+        ));
+        let cli = parse(&[
+            "listener",
+            "create",
+            "vol",
+            "--address",
+            "127.0.0.1",
+            "--secure-channel",
+            "allowed",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Listener(ListenerCmd::Create {
+                secure_channel: Some(SecureChannelArg::Allowed),
+                ..
+            })
+        ));
+    }
+
     #[test]
     fn bad_values_are_invalid_argument_and_bad_usage_is_2() {
         let kind = |args: &[&str]| parse(args).map(|_| ()).unwrap_err().kind();
@@ -597,6 +674,16 @@ mod tests {
             &["tenant", "create", "t", "--vxlan", "p0"],
             &["tenant", "list", "--page-size=-1"],
             &["subsystem", "update", "s", "--auth", "sometimes"],
+            &["subsystem", "update", "s", "--tls", "sometimes"],
+            &[
+                "listener",
+                "create",
+                "vol",
+                "--address",
+                "127.0.0.1",
+                "--secure-channel",
+                "tls",
+            ],
             &[
                 "namespace",
                 "create",
@@ -738,6 +825,9 @@ mod tests {
                 "s",
                 "nqn.2014-08.org.nvmexpress:uuid:h",
             ],
+            // A TLS key comes from a file only, never the command line.
+            &["subsystem", "set-tls-key", "s", "nqn.h"],
+            &["subsystem", "set-tls-key", "s", "nqn.h", "--psk", "x"],
             &[
                 "subsystem",
                 "set-auth",

@@ -262,6 +262,7 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
         "NAMESPACES",
         "LISTENERS",
         "AUTH",
+        "TLS",
         "HOST QOS",
     ]);
     for s in list {
@@ -280,6 +281,7 @@ pub fn subsystems(list: &[pb::Subsystem]) -> String {
             s.namespace_count.to_string(),
             s.listener_count.to_string(),
             auth(s),
+            tls(s),
             qos::hosts_text(&s.host_qos),
         ]);
     }
@@ -303,6 +305,33 @@ fn auth(s: &pb::Subsystem) -> String {
         }
     }
     out
+}
+
+/// A subsystem's secure channel: who must use TLS, then each host with
+/// a key as `host=psk:HH` (the hash indicator; keys themselves never
+/// reach the client).
+fn tls(s: &pb::Subsystem) -> String {
+    let who = match pb::TlsRequirement::try_from(s.tls_requirement) {
+        Ok(pb::TlsRequirement::Required) => "required",
+        Ok(pb::TlsRequirement::Disabled) => "disabled",
+        _ => "hosts-with-key",
+    };
+    let mut out = who.to_string();
+    for k in &s.host_tls {
+        out.push_str(&format!(" {}=psk:{:02}", k.host_nqn, k.psk_hash));
+    }
+    out
+}
+
+/// A listener's secure channel by the name `--secure-channel` takes.
+fn secure_channel(l: &pb::Listener) -> String {
+    match pb::SecureChannel::try_from(l.secure_channel) {
+        Ok(pb::SecureChannel::Allowed) => "allowed",
+        Ok(pb::SecureChannel::Required) => "required",
+        Ok(pb::SecureChannel::Unspecified | pb::SecureChannel::None) => "none",
+        Err(_) => "?",
+    }
+    .to_string()
 }
 
 /// A byte count with a binary unit.
@@ -381,7 +410,15 @@ pub fn clusters(list: &[pb::Cluster]) -> String {
 
 /// Listeners, one row each.
 pub fn listeners(list: &[pb::Listener]) -> String {
-    let mut t = Table::new(&["LISTENER", "TRANSPORT", "ADDRESS", "PORT", "TENANT", "MAC"]);
+    let mut t = Table::new(&[
+        "LISTENER",
+        "TRANSPORT",
+        "ADDRESS",
+        "PORT",
+        "TENANT",
+        "MAC",
+        "SECURE CHANNEL",
+    ]);
     for l in list {
         let tr = pb::Transport::try_from(l.transport)
             .map(|x| enum_name(x.as_str_name(), "TRANSPORT_"))
@@ -393,6 +430,7 @@ pub fn listeners(list: &[pb::Listener]) -> String {
             l.port.to_string(),
             or_dash(&l.tenant),
             or_dash(&l.mac),
+            secure_channel(l),
         ]);
     }
     t.render()
@@ -563,6 +601,17 @@ fn nvmf_target(c: &pb::NvmfTargetCounters) -> String {
             "endpoint buffers: shared bytes",
             c.endpoint_buffer_shared_bytes,
         ),
+        ("TLS handshakes", c.tls_handshakes),
+        ("TLS refused: unknown key", c.tls_refused_unknown_key),
+        ("TLS refused: failed", c.tls_failed),
+        ("TLS refused: timeout", c.tls_timeouts),
+        ("TLS refused: busy", c.tls_busy),
+        ("TLS refused: clear text", c.tls_clear_text_refused),
+        ("connects refused: without TLS", c.connects_without_tls),
+        (
+            "connects refused: TLS identity mismatch",
+            c.connects_identity_mismatch,
+        ),
     ];
     for (what, n) in rows {
         t.row(vec![what.into(), n.to_string()]);
@@ -703,6 +752,40 @@ mod tests {
         );
         assert!(!out.contains("c2VjcmV0"), "{out}");
         assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-secret"));
+    }
+
+    /// The TLS column: the requirement, then each host with a key by its
+    /// hash; the key text is never printed, even from a service that
+    /// sent one. Listeners show their secure channel.
+    #[test]
+    fn subsystem_tls_shows_hashes_only() {
+        let s = pb::Subsystem {
+            name: "subsystems/vol".into(),
+            tls_requirement: pb::TlsRequirement::Required as i32,
+            host_tls: vec![pb::HostTls {
+                host_nqn: "nqn.h1".into(),
+                psk: "NVMeTLSkey-1:01:c2VjcmV0:".into(),
+                psk_hash: 1,
+            }],
+            ..Default::default()
+        };
+        let out = subsystems(&[s]);
+        assert!(out.contains("required nqn.h1=psk:01"), "{out}");
+        assert!(!out.contains("c2VjcmV0"), "{out}");
+        assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-key"));
+        let l = |c: pb::SecureChannel| pb::Listener {
+            name: "subsystems/vol/listeners/l".into(),
+            secure_channel: c as i32,
+            ..Default::default()
+        };
+        let out = listeners(&[
+            l(pb::SecureChannel::Required),
+            l(pb::SecureChannel::Unspecified),
+        ]);
+        assert!(out.contains("SECURE CHANNEL"), "{out}");
+        let rows: Vec<&str> = out.lines().skip(1).collect();
+        assert!(rows[0].trim_end().ends_with("required"), "{out}");
+        assert!(rows[1].trim_end().ends_with("none"), "{out}");
     }
 
     /// A namespace's QOS column and a subsystem's HOST QOS column show

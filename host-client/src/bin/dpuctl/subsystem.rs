@@ -1,7 +1,8 @@
 //! `dpuctl subsystem`: its subcommands and flags, and their handler; the
 //! allowed hosts of a subsystem are among them (`add-host`, `remove-host`),
-//! their DH-HMAC-CHAP secrets (`set-auth`, `clear-auth`) and their QoS
-//! limits (`set-host-qos`).
+//! their DH-HMAC-CHAP secrets (`set-auth`, `clear-auth`), their TLS
+//! keys (`set-tls-key`, `clear-tls-key`) and their QoS limits
+//! (`set-host-qos`).
 
 use std::path::{Path, PathBuf};
 
@@ -39,6 +40,9 @@ pub enum SubsystemCmd {
         /// Which hosts must authenticate with DH-HMAC-CHAP.
         #[arg(long, value_enum)]
         auth: Option<AuthArg>,
+        /// Which hosts must connect over TLS (the secure channel).
+        #[arg(long, value_enum)]
+        tls: Option<TlsArg>,
     },
     /// Shows a subsystem.
     Get {
@@ -52,7 +56,7 @@ pub enum SubsystemCmd {
         ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["allow_any_host", "model", "hosts", "clear_hosts", "auth"])
+            .args(["allow_any_host", "model", "hosts", "clear_hosts", "auth", "tls"])
     ))]
     Update {
         /// Subsystem ID.
@@ -72,6 +76,9 @@ pub enum SubsystemCmd {
         /// Which hosts must authenticate with DH-HMAC-CHAP.
         #[arg(long, value_enum)]
         auth: Option<AuthArg>,
+        /// Which hosts must connect over TLS (the secure channel).
+        #[arg(long, value_enum)]
+        tls: Option<TlsArg>,
     },
     /// Deletes a subsystem.
     Delete {
@@ -133,6 +140,26 @@ pub enum SubsystemCmd {
         /// Host NQN.
         nqn: String,
     },
+    /// Sets the TLS pre-shared key of an allowed host (replacing the one
+    /// it had); it takes effect at the host's next TLS handshake. The key
+    /// is never shown back: output says only its hash.
+    SetTlsKey {
+        /// Subsystem ID.
+        id: String,
+        /// Host NQN, one the subsystem allows.
+        nqn: String,
+        /// A file holding the key, `NVMeTLSkey-1:01:..:` as `nvme
+        /// gen-tls-key` prints it.
+        #[arg(long)]
+        psk_file: PathBuf,
+    },
+    /// Removes the TLS pre-shared key of a host.
+    ClearTlsKey {
+        /// Subsystem ID.
+        id: String,
+        /// Host NQN.
+        nqn: String,
+    },
     /// Sets the QoS limits of a host on the subsystem, on its I/O to all
     /// the subsystem's namespaces over all its controllers together,
     /// replacing what it had: a limit not given is none, so no flag at
@@ -166,6 +193,28 @@ impl AuthArg {
             AuthArg::HostsWithSecret => pb::AuthRequirement::Unspecified,
             AuthArg::Required => pb::AuthRequirement::Required,
             AuthArg::Disabled => pb::AuthRequirement::Disabled,
+        };
+        r as i32
+    }
+}
+
+/// Which hosts of a subsystem must connect over TLS.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TlsArg {
+    /// Hosts that have a key (the default).
+    HostsWithKey,
+    /// Every host: one without a key cannot connect.
+    Required,
+    /// None, keys or not.
+    Disabled,
+}
+
+impl TlsArg {
+    fn proto(self) -> i32 {
+        let r = match self {
+            TlsArg::HostsWithKey => pb::TlsRequirement::Unspecified,
+            TlsArg::Required => pb::TlsRequirement::Required,
+            TlsArg::Disabled => pb::TlsRequirement::Disabled,
         };
         r as i32
     }
@@ -216,6 +265,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             hosts,
             max_namespaces,
             auth,
+            tls,
         } => {
             let s = pb::Subsystem {
                 nqn: nqn.clone(),
@@ -225,6 +275,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 allowed_hosts: hosts.clone(),
                 max_namespaces: max_namespaces.unwrap_or(0),
                 auth_requirement: auth.map_or(0, AuthArg::proto),
+                tls_requirement: tls.map_or(0, TlsArg::proto),
                 ..Default::default()
             };
             one(c
@@ -262,6 +313,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             hosts,
             clear_hosts,
             auth,
+            tls,
         } => {
             let mut paths = Vec::new();
             if allow_any_host.is_some() {
@@ -276,9 +328,12 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
             if auth.is_some() {
                 paths.push("auth_requirement");
             }
+            if tls.is_some() {
+                paths.push("tls_requirement");
+            }
             if paths.is_empty() {
                 return Err(Failure::Input(
-                    "nothing to update: give --allow-any-host, --model, --host, --clear-hosts or --auth"
+                    "nothing to update: give --allow-any-host, --model, --host, --clear-hosts, --auth or --tls"
                         .into(),
                 ));
             }
@@ -288,6 +343,7 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 model_number: model.clone().unwrap_or_default(),
                 allowed_hosts: hosts.clone(),
                 auth_requirement: auth.map_or(0, AuthArg::proto),
+                tls_requirement: tls.map_or(0, TlsArg::proto),
                 ..Default::default()
             };
             one(c
@@ -347,6 +403,25 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
         }
         SubsystemCmd::ClearAuth { id, nqn } => one(c
             .clear_host_auth(pb::ClearHostAuthRequest {
+                subsystem: subsystem_name(id),
+                host_nqn: nqn.clone(),
+            })
+            .await?),
+        SubsystemCmd::SetTlsKey { id, nqn, psk_file } => {
+            let tls = pb::HostTls {
+                host_nqn: nqn.clone(),
+                psk: secret(None, Some(psk_file))?,
+                psk_hash: 0,
+            };
+            one(c
+                .set_host_tls_key(pb::SetHostTlsKeyRequest {
+                    subsystem: subsystem_name(id),
+                    tls: Some(tls),
+                })
+                .await?)
+        }
+        SubsystemCmd::ClearTlsKey { id, nqn } => one(c
+            .clear_host_tls_key(pb::ClearHostTlsKeyRequest {
                 subsystem: subsystem_name(id),
                 host_nqn: nqn.clone(),
             })

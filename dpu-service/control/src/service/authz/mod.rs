@@ -100,6 +100,8 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/DeleteListener", Permission::Admin),
     ("/dpu.v1.StorageService/SetHostAuth", Permission::Admin),
     ("/dpu.v1.StorageService/ClearHostAuth", Permission::Admin),
+    ("/dpu.v1.StorageService/SetHostTlsKey", Permission::Admin),
+    ("/dpu.v1.StorageService/ClearHostTlsKey", Permission::Admin),
     ("/dpu.v1.StorageService/SetNamespaceQos", Permission::Admin),
     ("/dpu.v1.StorageService/SetHostQos", Permission::Admin),
     ("/dpu.v1.StorageService/CreateCluster", Permission::Admin),
