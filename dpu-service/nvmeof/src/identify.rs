@@ -620,6 +620,9 @@ pub struct DiscoveryEntry {
     pub duplicate_returned_info: bool,
     /// Explicit persistent connection support for discovery (EFLAGS bit 1).
     pub explicit_persistent_connection: bool,
+    /// Whether the port speaks TLS: TREQ says whether a secure channel is
+    /// required, TSAS's SECTYPE names TLS 1.3.
+    pub secure_channel: crate::target::SecureChannel,
 }
 
 /// Size of the discovery log header and of each discovery log entry.
@@ -627,12 +630,16 @@ pub const DISCOVERY_RECORD_LEN: usize = 1024;
 
 /// TREQ bits 1:0 = 10b: a secure channel is not required.
 const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
+/// TREQ bits 1:0 = 01b: a secure channel is required.
+const TREQ_SECURE_CHANNEL_REQUIRED: u8 = 0b01;
+/// TSAS SECTYPE of NVMe/TCP: TLS 1.3.
+const TCP_SECTYPE_TLS13: u8 = 2;
 
 /// Discovery log page (70h): a 1024-byte header (GENCTR at 0, NUMREC at 8,
 /// RECFMT 0 at 16), then one 1024-byte entry per record: TRTYPE TCP,
-/// ADRFAM, SUBTYPE, TREQ (secure channel not required), PORTID, CNTLID,
-/// ASQSZ, EFLAGS, TRSVCID at 32, SUBNQN at 256, TRADDR at 512 and TSAS at
-/// 768 (TCP SECTYPE 0: no security).
+/// ADRFAM, SUBTYPE, TREQ (a secure channel required or not), PORTID,
+/// CNTLID, ASQSZ, EFLAGS, TRSVCID at 32, SUBNQN at 256, TRADDR at 512 and
+/// TSAS at 768 (TCP SECTYPE: 0 no security, 2 TLS 1.3).
 pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
     let mut b = vec![0u8; DISCOVERY_RECORD_LEN * (1 + entries.len())];
     put_u64(&mut b, 0, genctr);
@@ -650,7 +657,10 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
             DiscoverySubtype::Nvme => 2,
             DiscoverySubtype::CurrentDiscovery => 3,
         };
-        b[at + 3] = TREQ_SECURE_CHANNEL_NOT_REQUIRED;
+        b[at + 3] = match e.secure_channel {
+            crate::target::SecureChannel::Required => TREQ_SECURE_CHANNEL_REQUIRED,
+            _ => TREQ_SECURE_CHANNEL_NOT_REQUIRED,
+        };
         put_u16(&mut b, at + 4, e.port_id);
         put_u16(&mut b, at + 6, e.cntlid);
         put_u16(&mut b, at + 8, e.asqsz);
@@ -660,7 +670,10 @@ pub fn discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> {
         put_ascii(&mut b, at + 32, 32, &e.trsvcid);
         put_nul(&mut b, at + 256, 256, &e.subnqn);
         put_nul(&mut b, at + 512, 256, &e.traddr);
-        b[at + 768] = 0; // TSAS: SECTYPE 0, no security.
+        b[at + 768] = match e.secure_channel {
+            crate::target::SecureChannel::None => 0,
+            _ => TCP_SECTYPE_TLS13,
+        };
     }
     b
 }
@@ -719,6 +732,7 @@ pub const AEN_DISCOVERY_CHANGED: u32 =
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::SecureChannel;
 
     fn u16_at(b: &[u8], at: usize) -> u16 {
         u16::from_le_bytes([b[at], b[at + 1]])
@@ -1086,6 +1100,36 @@ mod tests {
     }
 
     #[test]
+    fn discovery_log_says_which_ports_speak_tls() {
+        let entry = |c| DiscoveryEntry {
+            subtype: DiscoverySubtype::Nvme,
+            port_id: 1,
+            cntlid: 0xffff,
+            asqsz: 32,
+            family: AddressFamily::Ipv4,
+            traddr: "10.0.0.1".into(),
+            trsvcid: "4420".into(),
+            subnqn: "nqn.x".into(),
+            duplicate_returned_info: false,
+            explicit_persistent_connection: false,
+            secure_channel: c,
+        };
+        let d = discovery_log(
+            1,
+            &[
+                entry(SecureChannel::None),
+                entry(SecureChannel::Allowed),
+                entry(SecureChannel::Required),
+            ],
+        );
+        // (TREQ, TSAS SECTYPE) of each entry.
+        let got: Vec<(u8, u8)> = (1..4)
+            .map(|i| (d[1024 * i + 3], d[1024 * i + 768]))
+            .collect();
+        assert_eq!(got, [(0b10, 0), (0b10, 2), (0b01, 2)]);
+    }
+
+    #[test]
     fn discovery_log_offsets() {
         let entry = |i: u16| DiscoveryEntry {
             subtype: if i == 0 {
@@ -1106,6 +1150,7 @@ mod tests {
             subnqn: "nqn.x".into(),
             duplicate_returned_info: i == 1,
             explicit_persistent_connection: i == 1,
+            secure_channel: SecureChannel::None,
         };
         let d = discovery_log(0x1_0000_0004, &[entry(0), entry(1)]);
         assert_eq!(d.len(), 3072);

@@ -45,6 +45,7 @@ impl Target {
                     subnqn: sub.nqn.clone(),
                     duplicate_returned_info: false,
                     explicit_persistent_connection: false,
+                    secure_channel: self.secure_channel(*l),
                 });
             }
         }
