@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
-//!     [--io-cpus 2,3] [--poll-groups N] [--qos-iops N] [--qos-bandwidth 200M]
+//!     [--io-cpus 2,3] [--poll-groups N] [--qos-iops N] [--qos-bandwidth 200M] \
+//!     [--tls-key HOSTNQN=FILE [--secure-channel required|allowed]]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     --rbd POOL/IMAGE --mon-host MONS --ceph-user USER [--ceph-key-file F]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
@@ -29,6 +30,12 @@
 //! bytes per second, all hosts together ([`dpu_nvmeof::qos`]); a limit
 //! never reached measures what the limiter costs.
 //!
+//! `--tls-key HOSTNQN=FILE` (repeatable) gives host HOSTNQN the TLS
+//! pre-shared key in FILE (the interchange format, `NVMeTLSkey-1:01:..:`)
+//! and makes the listener speak TLS: `--secure-channel` `required` (the
+//! default with a key) or `allowed` (clear text too, for hosts without
+//! one). The key's host must then use TLS.
+//!
 //! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
 //! to each CPU listed, the transport's other threads off them.
 //! `--poll-groups` is `storage.poll_groups`: how many unpinned I/O poll
@@ -40,11 +47,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dpu_nvmeof::dpu_tls::ConfiguredPsk;
 use dpu_nvmeof::qos::QosLimits;
 use dpu_nvmeof::target::RemoteNamespace;
 use dpu_nvmeof::{
-    BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, Target, TargetConfig, TcpConfig,
-    TcpTransport,
+    BackendSpec, NamespaceConfig, RbdCluster, SecureChannel, SubsystemConfig, Target, TargetConfig,
+    TcpConfig, TcpTransport,
 };
 
 /// The host NQN `--remote` connects with unless `--host-nqn` names one.
@@ -90,6 +98,8 @@ fn main() {
         .unwrap_or_else(|e| fail(&format!("cannot block SIGTERM: {e}")));
     let mut listen = "127.0.0.1:4420".to_string();
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
+    let mut tls_keys: Vec<(String, ConfiguredPsk)> = Vec::new();
+    let mut channel: Option<SecureChannel> = None;
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
     let mut tcp = TcpConfig::default();
     let (mut rbd, mut mon_host, mut user, mut key) = (None, None, "admin".to_string(), None);
@@ -137,6 +147,19 @@ fn main() {
                     .unwrap_or_else(|_| fail(&format!("--qos-iops takes a count, not {v:?}")))
             }
             "--qos-bandwidth" => qos.bandwidth = size(&v),
+            "--tls-key" => {
+                let (host, file) = v
+                    .split_once('=')
+                    .unwrap_or_else(|| fail(&format!("--tls-key takes HOSTNQN=FILE, not {v:?}")));
+                let text = std::fs::read_to_string(file)
+                    .unwrap_or_else(|e| fail(&format!("--tls-key {file}: {e}")));
+                let key = ConfiguredPsk::parse(&text)
+                    .unwrap_or_else(|e| fail(&format!("--tls-key {file}: {e}")));
+                tls_keys.push((host.to_string(), key));
+            }
+            "--secure-channel" => {
+                channel = Some(v.parse().unwrap_or_else(|e: String| fail(&e)));
+            }
             "--poll-groups" => {
                 tcp.poll_groups = v
                     .parse()
@@ -204,6 +227,15 @@ fn main() {
     if let Some(e) = target.apply(&config).first() {
         fail(&e.to_string());
     }
+    for (host, key) in tls_keys.iter() {
+        target.set_tls_key(&nqn, host, Some(key.clone()));
+    }
+    let channel = channel.unwrap_or(if tls_keys.is_empty() {
+        SecureChannel::None
+    } else {
+        SecureChannel::Required
+    });
+    target.set_secure_channel(addr, channel);
     let transport =
         TcpTransport::with_config(target.clone(), &tcp).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some((a, e)) = transport.set_listeners(&config.listen_addrs()).first() {

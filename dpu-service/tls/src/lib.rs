@@ -111,7 +111,7 @@ impl Acceptor {
     pub fn start(&self, stream: TcpStream) -> Result<Handshake, ErrorStack> {
         let ssl = Ssl::new(&self.ctx)?;
         Ok(Handshake {
-            stream: SslStream::new(ssl, stream)?,
+            stream: SslStream::new(ssl, Wire::new(stream))?,
             server: true,
         })
     }
@@ -164,7 +164,8 @@ impl Connector {
     pub fn connect(&self, stream: TcpStream) -> Result<Session, HandshakeError> {
         let ssl = Ssl::new(&self.ctx).map_err(|e| HandshakeError::Tls(e.to_string()))?;
         let mut h = Handshake {
-            stream: SslStream::new(ssl, stream).map_err(|e| HandshakeError::Tls(e.to_string()))?,
+            stream: SslStream::new(ssl, Wire::new(stream))
+                .map_err(|e| HandshakeError::Tls(e.to_string()))?,
             server: false,
         };
         loop {
@@ -186,9 +187,104 @@ pub enum Step {
     Write,
 }
 
+/// The socket under OpenSSL. Ciphertext is read from the socket in
+/// pieces of up to [`RX_CHUNK`] and handed to OpenSSL as it asks (a
+/// record's header, then its body: two reads of OpenSSL's, one of the
+/// socket's for many records), and what OpenSSL writes is gathered to go
+/// out in one write for several records.
+#[derive(Debug)]
+struct Wire {
+    sock: TcpStream,
+    /// Ciphertext read and not yet taken: `rx[rx_at..rx_len]`.
+    rx: Vec<u8>,
+    rx_at: usize,
+    rx_len: usize,
+    /// Ciphertext to send: `tx[tx_at..]`.
+    tx: Vec<u8>,
+    tx_at: usize,
+}
+
+/// Most ciphertext one read of the socket takes.
+const RX_CHUNK: usize = 256 * 1024;
+
+/// Most plaintext one write gathers into records before the socket
+/// takes them.
+const TX_BATCH: usize = 32 * RECORD;
+
+impl Wire {
+    fn new(sock: TcpStream) -> Self {
+        Self {
+            sock,
+            rx: Vec::new(),
+            rx_at: 0,
+            rx_len: 0,
+            tx: Vec::new(),
+            tx_at: 0,
+        }
+    }
+
+    fn has_rx(&self) -> bool {
+        self.rx_at < self.rx_len
+    }
+
+    fn has_tx(&self) -> bool {
+        self.tx_at < self.tx.len()
+    }
+
+    /// Sends the ciphertext gathered as far as the socket takes it;
+    /// `Ok(true)` when none is left.
+    fn send(&mut self) -> io::Result<bool> {
+        while self.tx_at < self.tx.len() {
+            match (&self.sock).write(&self.tx[self.tx_at..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.tx_at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.tx.clear();
+        self.tx_at = 0;
+        Ok(true)
+    }
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.rx_at == self.rx_len {
+            // What OpenSSL wrote goes out before it waits for an answer.
+            if !self.send()? {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if self.rx.is_empty() {
+                self.rx = vec![0; RX_CHUNK];
+            }
+            let n = (&self.sock).read(&mut self.rx)?;
+            self.rx_at = 0;
+            self.rx_len = n;
+        }
+        let n = buf.len().min(self.rx_len - self.rx_at);
+        buf[..n].copy_from_slice(&self.rx[self.rx_at..self.rx_at + n]);
+        self.rx_at += n;
+        Ok(n)
+    }
+}
+
+impl Write for Wire {
+    /// Takes everything: the caller bounds what it writes before sending.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tx.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A handshake under way.
 pub struct Handshake {
-    stream: SslStream<TcpStream>,
+    stream: SslStream<Wire>,
     server: bool,
 }
 
@@ -212,8 +308,12 @@ impl Handshake {
         } else {
             self.stream.connect()
         };
+        // What the step wrote goes out now; a done handshake's last
+        // flight may wait in the session.
+        let sent = self.stream.get_mut().send()?;
         match r {
             Ok(()) => Ok(Step::Done),
+            Err(e) if !sent && e.code() == ErrorCode::WANT_READ => Ok(Step::Write),
             Err(e) if e.code() == ErrorCode::WANT_READ => Ok(Step::Read),
             Err(e) if e.code() == ErrorCode::WANT_WRITE => Ok(Step::Write),
             Err(e) => {
@@ -233,7 +333,7 @@ impl Handshake {
 
     /// The socket under the handshake.
     pub fn get_ref(&self) -> &TcpStream {
-        self.stream.get_ref()
+        &self.stream.get_ref().sock
     }
 
     /// The established session (once [`Handshake::step`] said
@@ -250,7 +350,7 @@ impl Handshake {
 
 /// An established TLS session on a socket.
 pub struct Session {
-    stream: SslStream<TcpStream>,
+    stream: SslStream<Wire>,
     identity: Option<Identity>,
     /// Plaintext taken by a write and not yet taken by OpenSSL: retried,
     /// unchanged, before anything else is written.
@@ -262,7 +362,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("identity", &self.identity)
             .field("cipher", &self.cipher())
-            .field("pending", &self.out.len())
+            .field("pending", &self.has_pending())
             .finish()
     }
 }
@@ -283,19 +383,20 @@ impl Session {
 
     /// The socket under the session.
     pub fn get_ref(&self) -> &TcpStream {
-        self.stream.get_ref()
+        &self.stream.get_ref().sock
     }
 
-    /// Plaintext OpenSSL holds decrypted and not yet read: a reader that
-    /// waits for socket events must read again before waiting.
+    /// Bytes read from the socket and not yet read from the session: a
+    /// reader that waits for socket events must read again before
+    /// waiting.
     pub fn buffered(&self) -> bool {
-        self.stream.ssl().pending() > 0
+        self.stream.ssl().pending() > 0 || self.stream.get_ref().has_rx()
     }
 
-    /// Written plaintext not yet taken by the socket: the writer must wait
-    /// for the socket to take more and call [`Session::flush_pending`].
+    /// Written bytes not yet taken by the socket: the writer must wait for
+    /// the socket to take more and call [`Session::flush_pending`].
     pub fn has_pending(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.stream.get_ref().has_tx()
     }
 
     /// Reads plaintext into `buf`: one record from the socket, and then
@@ -335,24 +436,34 @@ impl Session {
     /// # Errors
     /// The socket's, or TLS's.
     pub fn flush_pending(&mut self) -> io::Result<bool> {
+        self.seal()?;
+        self.stream.get_mut().send()
+    }
+
+    /// Makes records of the plaintext taken ([`Session::out`]); the wire
+    /// takes them all.
+    fn seal(&mut self) -> io::Result<()> {
         while !self.out.is_empty() {
             match self.stream.ssl_write(&self.out) {
                 Ok(n) => {
                     self.out.drain(..n);
                 }
+                // A post-handshake message to read first (a KeyUpdate):
+                // the plaintext waits for the next call.
                 Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
-                    return Ok(false);
+                    return Ok(());
                 }
                 Err(e) => return Err(tls_io_error(e)),
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Sends a TLS close_notify (best effort: a socket that does not take
     /// it is closed anyway).
     pub fn shutdown(&mut self) {
         let _ = self.stream.shutdown();
+        let _ = self.stream.get_mut().send();
     }
 }
 
@@ -377,24 +488,57 @@ impl Write for Session {
         self.write_vectored(&[IoSlice::new(buf)])
     }
 
-    /// Takes up to [`RECORD`] bytes of `bufs` into one record and sends
-    /// what the socket takes; what it does not take is sent first by the
-    /// next write or [`Session::flush_pending`]. `WouldBlock` only while
-    /// an earlier record is still waiting.
+    /// Takes up to [`TX_BATCH`] bytes of `bufs` into records of up to
+    /// [`RECORD`] bytes and sends what the socket takes; what it does not
+    /// take is sent first by the next write or [`Session::flush_pending`].
+    /// `WouldBlock` only while earlier records are still waiting.
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         if !self.flush_pending()? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        for b in bufs {
-            let take = (RECORD - self.out.len()).min(b.len());
-            self.out.extend_from_slice(&b[..take]);
-            if self.out.len() == RECORD {
+        let mut taken = 0;
+        let mut slices = bufs.iter().map(|b| &b[..]).filter(|b| !b.is_empty());
+        let mut cur: &[u8] = slices.next().unwrap_or(&[]);
+        while taken < TX_BATCH && !cur.is_empty() {
+            // A whole record's worth in one slice is sealed where it lies.
+            if self.out.is_empty() && cur.len() >= RECORD && taken + RECORD <= TX_BATCH {
+                match self.stream.ssl_write(&cur[..RECORD]) {
+                    Ok(n) => {
+                        taken += n;
+                        cur = &cur[n..];
+                        if cur.is_empty() {
+                            cur = slices.next().unwrap_or(&[]);
+                        }
+                        continue;
+                    }
+                    Err(e) if matches!(e.code(), ErrorCode::WANT_READ | ErrorCode::WANT_WRITE) => {
+                        break;
+                    }
+                    Err(e) => return Err(tls_io_error(e)),
+                }
+            }
+            // One record gathered from the slices, at most RECORD bytes.
+            while self.out.len() < RECORD && !cur.is_empty() {
+                let n = (RECORD - self.out.len())
+                    .min(cur.len())
+                    .min(TX_BATCH - taken);
+                if n == 0 {
+                    break;
+                }
+                self.out.extend_from_slice(&cur[..n]);
+                taken += n;
+                cur = &cur[n..];
+                if cur.is_empty() {
+                    cur = slices.next().unwrap_or(&[]);
+                }
+            }
+            self.seal()?;
+            if !self.out.is_empty() {
                 break;
             }
         }
-        let n = self.out.len();
-        self.flush_pending()?;
-        Ok(n)
+        self.stream.get_mut().send()?;
+        Ok(taken)
     }
 
     /// Sends what an earlier write left; `WouldBlock` if the socket does
