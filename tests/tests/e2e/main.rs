@@ -25,6 +25,7 @@ mod nvme_qos;
 mod nvme_rbd;
 mod nvme_remote;
 mod nvme_restart;
+mod nvme_tls;
 mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;

@@ -198,9 +198,20 @@ pub struct DiscoveryEntry {
     pub subnqn: String,
     /// Transport address.
     pub traddr: String,
+    /// Transport requirements (TREQ): bits 1:0 say whether a secure
+    /// channel is required (01b) or not (10b).
+    pub treq: u8,
+    /// The TCP security type of TSAS: 0 none, 2 TLS 1.3.
+    pub sectype: u8,
 }
 
 impl DiscoveryEntry {
+    /// Whether the port speaks TLS 1.3: `Some(true)` if it requires it,
+    /// `Some(false)` if it allows it, `None` if it does not speak it.
+    pub fn tls(&self) -> Option<bool> {
+        (self.sectype == 2).then_some(self.treq & 0b11 == 0b01)
+    }
+
     /// Reads one 1024-byte entry.
     fn parse(e: &[u8]) -> Option<Self> {
         let e = e.get(..DISCOVERY_RECORD)?;
@@ -213,6 +224,8 @@ impl DiscoveryEntry {
             trsvcid: text(&e[32..64]),
             subnqn: text(&e[256..512]),
             traddr: text(&e[512..768]),
+            treq: e[3],
+            sectype: e[768],
         })
     }
 }

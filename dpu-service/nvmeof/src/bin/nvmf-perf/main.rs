@@ -41,7 +41,8 @@
 //! subsystem.
 //!
 //! `--discover` runs no job: it asks the discovery controller at `--addr`
-//! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`.
+//! for its log and prints one line per entry, `TRADDR TRSVCID SUBNQN`,
+//! followed by `tls=required` or `tls=allowed` for a port that speaks TLS.
 //!
 //! `--auth-flood SECS` runs no job either: it plays a peer that knows an
 //! allowed host NQN and tries to authenticate over and over, from
@@ -681,7 +682,11 @@ fn perf() -> Result<(), Error> {
         )
         .map_err(hint)?;
         for e in c.discovery_log()? {
-            println!("{} {} {}", e.traddr, e.trsvcid, e.subnqn);
+            match e.tls() {
+                None => println!("{} {} {}", e.traddr, e.trsvcid, e.subnqn),
+                Some(true) => println!("{} {} {} tls=required", e.traddr, e.trsvcid, e.subnqn),
+                Some(false) => println!("{} {} {} tls=allowed", e.traddr, e.trsvcid, e.subnqn),
+            }
         }
         return Ok(());
     }

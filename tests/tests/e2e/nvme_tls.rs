@@ -1,0 +1,292 @@
+//! The NVMe/TCP secure channel (TLS 1.3 with pre-shared keys) through the
+//! real binary: a listener and a host's key declared in the configuration
+//! file, `nvmf-perf` over TLS doing I/O, the refusals (clear text on a
+//! listener that requires TLS, a wrong key, a host without one), a key
+//! set and cleared with `dpuctl` on a listener that allows clear text,
+//! `openssl s_client` as a second client with the derived PSK, the
+//! discovery log's TREQ/TSAS, and the counts on `/metrics`.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+
+use anyhow::{ensure, Context, Result};
+use dpu_e2e::net::metric;
+use dpu_e2e::{binary, free_port, nvmf_perf_iops, Service};
+
+const NQN: &str = "nqn.2024-01.io.dpu-service:tls";
+/// The host NQN `nvmf-perf` presents unless told another.
+const PERF_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001";
+const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000002";
+/// The specification's example key.
+const KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+const WRONG_KEY: &str = "NVMeTLSkey-1:01:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
+
+/// Subsystem "tls" allowing both hosts, PERF_HOST with the key in
+/// `key_file`, on a listener at `port` whose channel is `channel`.
+fn config(port: u16, channel: &str, key_file: &str) -> String {
+    format!(
+        r#"
+[storage]
+ram_limit = "64MiB"
+
+[[storage.subsystems]]
+id = "tls"
+nqn = "{NQN}"
+allowed_hosts = ["{PERF_HOST}", "{OTHER_HOST}"]
+host_tls = {{ "{PERF_HOST}" = {{ psk_file = "{key_file}" }} }}
+
+[[storage.subsystems.namespaces]]
+ram = "32MiB"
+block_size = 512
+
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+secure_channel = "{channel}"
+"#
+    )
+}
+
+fn tls_metric(svc: &Service, name: &str) -> Result<u64> {
+    Ok(metric(&svc.http_get("/metrics")?.1, name))
+}
+
+/// `nvmf-perf` with `args` against the subsystem; its output.
+fn perf(port: u16, args: &[&str]) -> Result<std::process::Output> {
+    Ok(Command::new(binary("nvmf-perf")?)
+        .args(["--addr", &format!("127.0.0.1:{port}"), "--nqn", NQN])
+        .args(args)
+        .output()?)
+}
+
+fn write_key(dir: &std::path::Path, name: &str, key: &str) -> Result<String> {
+    let p = dir.join(name);
+    std::fs::write(&p, key)?;
+    Ok(p.to_str().context("a UTF-8 path")?.to_string())
+}
+
+#[test]
+fn a_host_with_its_key_does_io_over_tls_and_the_rest_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let key = write_key(dir.path(), "key", KEY)?;
+    let wrong = write_key(dir.path(), "wrong", WRONG_KEY)?;
+    let port = free_port();
+    let svc = Service::start_config(&config(port, "required", &key), &[])?;
+
+    // The host with its key: writes verified by reading back, then reads,
+    // in both identity versions.
+    for version in ["1", "0"] {
+        let iops = nvmf_perf_iops(
+            port,
+            NQN,
+            &[
+                "--tls-key",
+                &key,
+                "--tls-identity",
+                version,
+                "--job",
+                "randwrite:4k:16",
+                "--job",
+                "read:128k:4",
+                "--time",
+                "1",
+            ],
+        )?;
+        ensure!(iops > 100.0, "{iops:.0} IOPS over TLS (identity {version})");
+    }
+    let handshakes = tls_metric(&svc, "dpu_nvmf_tls_handshakes_total")?;
+    ensure!(handshakes >= 6, "{handshakes} handshakes counted");
+
+    // Clear text on a listener that requires TLS: closed, counted.
+    let out = perf(port, &["--job", "randread:4k:1", "--time", "1"])?;
+    ensure!(!out.status.success(), "clear text got in");
+    // A wrong key: the handshake fails.
+    let out = perf(
+        port,
+        &["--tls-key", &wrong, "--tls-identity", "0", "--time", "1"],
+    )?;
+    ensure!(!out.status.success(), "a wrong key got in");
+    // Another host with the right key has none here.
+    let out = perf(
+        port,
+        &["--hostnqn", OTHER_HOST, "--tls-key", &key, "--time", "1"],
+    )?;
+    ensure!(!out.status.success(), "a host without a key got in");
+    let m = svc.http_get("/metrics")?.1;
+    for (name, at_least) in [
+        ("dpu_nvmf_tls_refused_total{reason=\"clear_text\"}", 1),
+        ("dpu_nvmf_tls_refused_total{reason=\"failed\"}", 1),
+        ("dpu_nvmf_tls_refused_total{reason=\"unknown_key\"}", 1),
+    ] {
+        let n = metric(&m, name);
+        ensure!(n >= at_least, "{name} = {n}");
+    }
+    // The service says why, once per kind, and never the key.
+    let log = svc.log_text();
+    ensure!(
+        log.contains("clear-text connection on a listener that requires TLS"),
+        "{log}"
+    );
+    ensure!(log.contains("no TLS key for host"), "{log}");
+    ensure!(!log.contains("VRLbtnN9"), "the key is in the log");
+
+    // `openssl s_client`, a client not built from this project, with the
+    // TLS PSK derived as the specification says (version 0: the identity
+    // is the HKDF context), sends an ICReq and gets the ICResp.
+    let k = dpu_nvmeof::dpu_tls::ConfiguredPsk::parse(KEY)?;
+    let (identity, psk) = k.tls_psk(0, PERF_HOST, NQN);
+    let hex: String = psk.key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"])
+        .args(["-psk", &hex, "-psk_identity", &identity, "-quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("openssl, from Debian's openssl package")?;
+    let mut icreq = [0u8; 128];
+    icreq[..8].copy_from_slice(&[0, 0, 128, 0, 128, 0, 0, 0]);
+    icreq[10..12].copy_from_slice(&[0, 0]); // HPDA, DGST
+    icreq[12..16].copy_from_slice(&[0, 0, 0, 0]); // MAXR2T
+    let mut stdin = child.stdin.take().context("stdin")?;
+    stdin.write_all(&icreq)?;
+    let mut resp = [0u8; 128];
+    child
+        .stdout
+        .take()
+        .context("stdout")?
+        .read_exact(&mut resp)?;
+    ensure!(
+        resp[0] == 1 && resp[2] == 128,
+        "an ICResp over openssl's TLS: {:?}",
+        &resp[..8]
+    );
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
+
+#[test]
+fn keys_set_with_dpuctl_on_an_allowing_listener_and_the_discovery_log() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let key = write_key(dir.path(), "key", KEY)?;
+    let other_key = write_key(
+        dir.path(),
+        "other",
+        "NVMeTLSkey-1:02:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwP/w0S89ELi3W2LxIcLXVsDn8kXZQ==:",
+    )?;
+    let port = free_port();
+    let svc = Service::start_config(&config(port, "allowed", &key), &[])?;
+
+    // A host without a key comes in clear text.
+    let iops = nvmf_perf_iops(
+        port,
+        NQN,
+        &[
+            "--hostnqn",
+            OTHER_HOST,
+            "--job",
+            "randread:4k:8",
+            "--time",
+            "1",
+        ],
+    )?;
+    ensure!(iops > 100.0, "{iops:.0} IOPS in clear text");
+    // PERF_HOST has a key: in clear text its Connect is refused.
+    let out = perf(port, &["--job", "randread:4k:1", "--time", "1"])?;
+    ensure!(
+        !out.status.success(),
+        "a host with a key got in in clear text"
+    );
+    ensure!(
+        tls_metric(
+            &svc,
+            "dpu_nvmf_tls_connects_refused_total{reason=\"without_tls\"}"
+        )? >= 1,
+        "not counted"
+    );
+
+    // OTHER_HOST gets a key (SHA-384) with dpuctl: from its next
+    // handshake on, over TLS only; the key is never shown back.
+    let shown = svc.dpuctl_ok(&[
+        "subsystem",
+        "set-tls-key",
+        "tls",
+        OTHER_HOST,
+        "--psk-file",
+        &other_key,
+    ])?;
+    ensure!(!shown.contains("VRLb"), "the key is shown: {shown}");
+    let got = svc.dpuctl_ok(&["subsystem", "get", "tls"])?;
+    ensure!(got.contains("psk:02") && !got.contains("VRLb"), "{got}");
+    let iops = nvmf_perf_iops(
+        port,
+        NQN,
+        &[
+            "--hostnqn",
+            OTHER_HOST,
+            "--tls-key",
+            &other_key,
+            "--job",
+            "randread:4k:8",
+            "--time",
+            "1",
+        ],
+    )?;
+    ensure!(
+        iops > 100.0,
+        "{iops:.0} IOPS over TLS with the SHA-384 suite"
+    );
+    let out = perf(port, &["--hostnqn", OTHER_HOST, "--time", "1"])?;
+    ensure!(!out.status.success(), "clear text after the key was set");
+
+    // Cleared: clear text again.
+    svc.dpuctl_ok(&["subsystem", "clear-tls-key", "tls", OTHER_HOST])?;
+    let iops = nvmf_perf_iops(
+        port,
+        NQN,
+        &[
+            "--hostnqn",
+            OTHER_HOST,
+            "--job",
+            "randread:4k:8",
+            "--time",
+            "1",
+        ],
+    )?;
+    ensure!(
+        iops > 100.0,
+        "{iops:.0} IOPS in clear text after the key went"
+    );
+
+    // A bad key is refused by reason and loses nothing.
+    let bad = write_key(dir.path(), "bad", &KEY.replace("VRLb", "VRLc"))?;
+    let out = svc.dpuctl(&[
+        "subsystem",
+        "set-tls-key",
+        "tls",
+        OTHER_HOST,
+        "--psk-file",
+        &bad,
+    ])?;
+    ensure!(!out.status.success(), "a key with a bad CRC was taken");
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(err.contains("CRC") && !err.contains("VRL"), "{err}");
+
+    // The discovery log says the port speaks TLS (TREQ not required,
+    // TSAS SECTYPE TLS 1.3); nvmf-perf prints the entry.
+    let out = perf(port, &["--hostnqn", OTHER_HOST, "--discover"])?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        text.trim() == format!("127.0.0.1 {port} {NQN} tls=allowed"),
+        "{text}"
+    );
+    Ok(())
+}
