@@ -158,7 +158,7 @@ mkdir -p "$logs"
 run_target() {
   local t=$1 rss=${FUZZ_RSS_MB:-2048} rc=0
   case $t in
-    pdu | connection | handshake | auth | host | frames) rss=${FUZZ_RSS_MB:-384} ;;
+    pdu | connection | handshake | auth | tls | host | frames) rss=${FUZZ_RSS_MB:-384} ;;
   esac
   local corpora=("$root/fuzz/corpus/$t")
   mkdir -p "${corpora[0]}"

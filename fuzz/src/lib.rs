@@ -11,7 +11,8 @@
 //! a `frames` input's crafted frames meet the checksum checks.
 //!
 //! - NVMe/TCP (`dpu-nvmeof`): [`pdu`], [`connection`], [`handshake`],
-//!   [`auth`], and its host side against a hostile controller, [`host`];
+//!   [`auth`], the secure channel's identities and keys, [`tls`], and its
+//!   host side against a hostile controller, [`host`];
 //! - the data plane (`dpu-dataplane`, without DPDK): [`parse`],
 //!   [`switch`], [`isolation`], [`rules`], and the switch's tables saved
 //!   across a restart, [`saved_tables`];
@@ -32,3 +33,4 @@ pub mod rule_proto;
 pub mod rules;
 pub mod saved_tables;
 pub mod switch;
+pub mod tls;

@@ -89,5 +89,6 @@ targets!(
     rules,
     saved_tables,
     rule_proto,
-    frames
+    frames,
+    tls
 );

@@ -281,7 +281,7 @@ impl Identity {
     /// # Errors
     /// Anything else.
     pub fn parse(id: &[u8]) -> Result<Self, PskError> {
-        // NQNs are at most 223 bytes; a digest at most 64.
+        // Two NQNs of at most 223 bytes, a digest of at most 64.
         if id.len() > 8 + 2 * 224 + 65 {
             return Err(PskError::Identity);
         }
@@ -300,7 +300,15 @@ impl Identity {
         } else {
             None
         };
-        if parts.next().is_some() || hostnqn.is_empty() || subnqn.is_empty() {
+        // NQNs are 1..=223 printable bytes; a digest is base64 of a hash.
+        let nqn_ok =
+            |n: &str| (1..=223).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_graphic());
+        let digest_ok = digest.as_deref().is_none_or(|d| {
+            (1..=64).contains(&d.len())
+                && d.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+        });
+        if parts.next().is_some() || !nqn_ok(hostnqn) || !nqn_ok(subnqn) || !digest_ok {
             return Err(PskError::Identity);
         }
         Ok(Self {
@@ -537,6 +545,8 @@ mod tests {
             b"NVMe1R01 host sub",
             b"NVMe0R01 host sub extra",
             b"NVMe0R01  sub",
+            b"NVMe0R01 ho\x01st sub",
+            b"NVMe1R01 host sub !!!",
             b"\xff\xfe",
             &[b'a'; 1000],
         ] {
