@@ -6,7 +6,7 @@
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     [--listen 127.0.0.1:4420] [--ram 1G | --null 1G] [--nqn NQN] \
 //!     [--io-cpus 2,3] [--poll-groups N] [--qos-iops N] [--qos-bandwidth 200M] \
-//!     [--tls-key HOSTNQN=FILE [--secure-channel required|allowed]]
+//!     [--tls-key HOSTNQN=FILE [--secure-channel required|allowed] [--tls-v0 compat]]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
 //!     --rbd POOL/IMAGE --mon-host MONS --ceph-user USER [--ceph-key-file F]
 //! cargo run --release -p dpu-nvmeof --example nvmf-target -- \
@@ -34,7 +34,10 @@
 //! pre-shared key in FILE (the interchange format, `NVMeTLSkey-1:01:..:`)
 //! and makes the listener speak TLS: `--secure-channel` `required` (the
 //! default with a key) or `allowed` (clear text too, for hosts without
-//! one). The key's host must then use TLS.
+//! one). The key's host must then use TLS. `--tls-v0 compat` derives the
+//! TLS PSK of version 0 identities as libnvme long did (Debian 13's
+//! nvme-cli 2.13; see [`dpu_nvmeof::dpu_tls::Derivation`]); version 1
+//! identities say which derivation their host used.
 //!
 //! `--io-cpus` is the daemon's `storage.io_cpus`: one I/O poll group pinned
 //! to each CPU listed, the transport's other threads off them.
@@ -47,7 +50,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dpu_nvmeof::dpu_tls::ConfiguredPsk;
+use dpu_nvmeof::dpu_tls::{ConfiguredPsk, Derivation};
 use dpu_nvmeof::qos::QosLimits;
 use dpu_nvmeof::target::RemoteNamespace;
 use dpu_nvmeof::{
@@ -100,6 +103,7 @@ fn main() {
     let mut nqn = "nqn.2024-01.io.dpu-service:dev".to_string();
     let mut tls_keys: Vec<(String, ConfiguredPsk)> = Vec::new();
     let mut channel: Option<SecureChannel> = None;
+    let mut v0 = Derivation::Spec;
     let mut backend = BackendSpec::Ram { size: 1 << 30 };
     let mut tcp = TcpConfig::default();
     let (mut rbd, mut mon_host, mut user, mut key) = (None, None, "admin".to_string(), None);
@@ -156,6 +160,13 @@ fn main() {
                 let key = ConfiguredPsk::parse(&text)
                     .unwrap_or_else(|e| fail(&format!("--tls-key {file}: {e}")));
                 tls_keys.push((host.to_string(), key));
+            }
+            "--tls-v0" => {
+                v0 = match v.as_str() {
+                    "spec" => Derivation::Spec,
+                    "compat" => Derivation::Compat,
+                    _ => fail(&format!("--tls-v0 takes spec or compat, not {v:?}")),
+                }
             }
             "--secure-channel" => {
                 channel = Some(v.parse().unwrap_or_else(|e: String| fail(&e)));
@@ -228,7 +239,7 @@ fn main() {
         fail(&e.to_string());
     }
     for (host, key) in tls_keys.iter() {
-        target.set_tls_key(&nqn, host, Some(key.clone()));
+        target.set_tls_key(&nqn, host, Some(key.clone().with_v0_derivation(v0)));
     }
     let channel = channel.unwrap_or(if tls_keys.is_empty() {
         SecureChannel::None

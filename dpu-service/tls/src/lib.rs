@@ -32,7 +32,7 @@ use openssl::ssl::{
     SslVersion,
 };
 
-pub use psk::{ConfiguredPsk, Identity, PskError, PskHash, TlsPsk};
+pub use psk::{ConfiguredPsk, Derivation, Identity, PskError, PskHash, TlsPsk};
 
 /// Most plaintext bytes a write gathers into one record (TLS's largest).
 pub const RECORD: usize = 16 * 1024;

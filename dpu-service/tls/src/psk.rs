@@ -100,6 +100,22 @@ pub enum PskError {
     Identity,
 }
 
+/// How the retained PSK and the TLS PSK are derived from a key: HKDF's
+/// info as the specification has it, or as Linux hosts' libnvme long did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Derivation {
+    /// RFC 8446's `HkdfLabel` (its length big-endian, label and context
+    /// each after a length byte), as TP 8011 says: libnvme's default since
+    /// it was corrected, SPDK.
+    #[default]
+    Spec,
+    /// The info as libnvme built it before (and still does with nvme-cli's
+    /// `--compat`): the length little-endian, then "tls13 " and the label
+    /// and the context with no length bytes. Debian 13's nvme-cli 2.13
+    /// derives this way.
+    Compat,
+}
+
 /// A configured PSK, as read from the interchange format. The key is
 /// wiped when dropped and never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -108,6 +124,9 @@ pub struct ConfiguredPsk {
     /// retained PSK.
     transform: Option<PskHash>,
     key: Zeroizing<Vec<u8>>,
+    /// How a version 0 identity's PSK is derived (version 1's digest tells
+    /// which derivation the host used).
+    v0: Derivation,
 }
 
 impl fmt::Debug for ConfiguredPsk {
@@ -162,7 +181,20 @@ impl ConfiguredPsk {
         Ok(Self {
             transform,
             key: Zeroizing::new(key.to_vec()),
+            v0: Derivation::Spec,
         })
+    }
+
+    /// This key, deriving the TLS PSK of version 0 identities (which carry
+    /// no digest to tell) as `d` says.
+    pub fn with_v0_derivation(mut self, d: Derivation) -> Self {
+        self.v0 = d;
+        self
+    }
+
+    /// How this key derives version 0 identities' TLS PSKs.
+    pub fn v0_derivation(&self) -> Derivation {
+        self.v0
     }
 
     /// A configured PSK of `key` (32 or 48 bytes) made into the retained
@@ -184,6 +216,7 @@ impl ConfiguredPsk {
         Ok(Self {
             transform,
             key: Zeroizing::new(key.to_vec()),
+            v0: Derivation::Spec,
         })
     }
 
@@ -207,18 +240,37 @@ impl ConfiguredPsk {
     }
 
     /// The retained PSK of this key for host `hostnqn`.
-    pub fn retained(&self, hostnqn: &str) -> Zeroizing<Vec<u8>> {
+    pub fn retained(&self, hostnqn: &str, d: Derivation) -> Zeroizing<Vec<u8>> {
         match self.transform {
             None => self.key.clone(),
-            Some(h) => expand_label(h, &self.key, b"HostNQN", hostnqn.as_bytes(), self.key.len()),
+            Some(h) => expand_label(
+                h,
+                d,
+                &self.key,
+                b"HostNQN",
+                hostnqn.as_bytes(),
+                self.key.len(),
+            ),
         }
     }
 
     /// The identity and TLS PSK a host presents (and a subsystem expects)
-    /// with this key, in identity `version` 0 or 1.
+    /// with this key, in identity `version` 0 or 1, derived as the
+    /// specification says.
     pub fn tls_psk(&self, version: u8, hostnqn: &str, subnqn: &str) -> (String, TlsPsk) {
+        self.tls_psk_with(version, hostnqn, subnqn, Derivation::Spec)
+    }
+
+    /// As [`ConfiguredPsk::tls_psk`], derived as `d` says.
+    pub fn tls_psk_with(
+        &self,
+        version: u8,
+        hostnqn: &str,
+        subnqn: &str,
+        d: Derivation,
+    ) -> (String, TlsPsk) {
         let hash = self.hash();
-        let retained = self.retained(hostnqn);
+        let retained = self.retained(hostnqn, d);
         let (identity, context) = if version == 0 {
             let id = format!("NVMe0R{:02} {hostnqn} {subnqn}", hash.code());
             (id.clone(), id)
@@ -231,6 +283,7 @@ impl ConfiguredPsk {
         };
         let key = expand_label(
             hash,
+            d,
             &retained,
             b"nvme-tls-psk",
             context.as_bytes(),
@@ -323,20 +376,34 @@ impl Identity {
     /// The TLS PSK of this identity under `key`, the configured PSK of its
     /// host on its subsystem; `None` if the key does not make this
     /// identity (another hash, or a digest that does not match).
+    ///
+    /// A version 1 identity's digest also tells how the host derived its
+    /// keys ([`Derivation`]): both are tried. A version 0 identity gets
+    /// the key's [`ConfiguredPsk::v0_derivation`].
     pub fn tls_psk(&self, key: &ConfiguredPsk) -> Option<TlsPsk> {
         if key.hash() != self.hash {
             return None;
         }
-        let (id, psk) = key.tls_psk(self.version, &self.hostnqn, &self.subnqn);
+        let tried: &[Derivation] = if self.version == 0 {
+            &[key.v0]
+        } else {
+            &[Derivation::Spec, Derivation::Compat]
+        };
         let expected = self.to_string();
-        // The digest is a function of the key: compare in constant time.
-        let same = id.len() == expected.len()
-            && id
-                .bytes()
-                .zip(expected.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0;
-        same.then_some(psk)
+        for &d in tried {
+            let (id, psk) = key.tls_psk_with(self.version, &self.hostnqn, &self.subnqn, d);
+            // The digest is a function of the key: compare in constant time.
+            let same = id.len() == expected.len()
+                && id
+                    .bytes()
+                    .zip(expected.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0;
+            if same {
+                return Some(psk);
+            }
+        }
+        None
     }
 }
 
@@ -384,8 +451,11 @@ fn hmac<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> 
 /// `HKDF-Expand-Label(HKDF-Extract(0, secret), label, context, len)`
 /// (RFC 8446 7.1, with the "tls13 " prefix), for `len` at most the hash's
 /// length (one block).
+/// With [`Derivation::Compat`], the info is libnvme's old one: the
+/// length little-endian, the label and the context without length bytes.
 fn expand_label(
     hash: PskHash,
+    d: Derivation,
     secret: &[u8],
     label: &[u8],
     context: &[u8],
@@ -394,12 +464,22 @@ fn expand_label(
     debug_assert!(len <= hash.key_len());
     let full_label = [b"tls13 ".as_slice(), label].concat();
     let mut info = Vec::with_capacity(4 + full_label.len() + context.len());
-    info.extend_from_slice(&(len as u16).to_be_bytes());
-    // Labels and contexts of a u8 length: NQNs and identities are shorter.
-    info.push(full_label.len() as u8);
-    info.extend_from_slice(&full_label);
-    info.push(context.len().min(255) as u8);
-    info.extend_from_slice(&context[..context.len().min(255)]);
+    match d {
+        Derivation::Spec => {
+            info.extend_from_slice(&(len as u16).to_be_bytes());
+            // Labels and contexts of a u8 length: NQNs and identities are
+            // shorter.
+            info.push(full_label.len() as u8);
+            info.extend_from_slice(&full_label);
+            info.push(context.len().min(255) as u8);
+            info.extend_from_slice(&context[..context.len().min(255)]);
+        }
+        Derivation::Compat => {
+            info.extend_from_slice(&(len as u16).to_le_bytes());
+            info.extend_from_slice(&full_label);
+            info.extend_from_slice(context);
+        }
+    }
     let zeros = vec![0u8; hash.key_len()];
     let (prk, t1) = match hash {
         PskHash::Sha256 => {
@@ -500,12 +580,52 @@ mod tests {
         );
     }
 
+    /// libnvme's compat identities (`test/psk.c`), and Debian 13's
+    /// nvme-cli 2.13, which derives that way: its `check-tls-key
+    /// --identity=1 --insert` named this identity for the example key.
+    #[test]
+    fn compat_identity_vectors() {
+        let (h, s) = ("nqn.psk-test-host", "nqn.psk-test-subsys");
+        let k = ConfiguredPsk::new(&KEY32, Some(PskHash::Sha256)).unwrap();
+        let id = |k: &ConfiguredPsk, h, s| k.tls_psk_with(1, h, s, Derivation::Compat).0;
+        assert_eq!(
+            id(&k, h, s),
+            "NVMe1R01 nqn.psk-test-host nqn.psk-test-subsys 66GuqV08TsAGII39teWUfwQwizjv06Jy8jOcX3NAAzM="
+        );
+        let k48 = ConfiguredPsk::new(&key48(), Some(PskHash::Sha384)).unwrap();
+        assert_eq!(
+            id(&k48, h, s),
+            "NVMe1R02 nqn.psk-test-host nqn.psk-test-subsys RsKmYJ3nAn1ApjjMloJFbAkLPivONDAX/xW327YBUsn2eGShXSjCZvBaOxscLqmz"
+        );
+        let trixie = id(
+            &k,
+            "nqn.2014-08.org.nvmexpress:uuid:f87887f3-9a71-4185-bf31-42e98df7cc53",
+            "nqn.2024-01.io.dpu-service:tls",
+        );
+        assert!(
+            trixie.ends_with(" mIkCJ72WkenXWrl3THIREoDipDS0/cXzBthuF+75CqY="),
+            "{trixie}"
+        );
+        // The target takes either host's version 1 identity.
+        for d in [Derivation::Spec, Derivation::Compat] {
+            let (text, psk) = k.tls_psk_with(1, h, s, d);
+            let parsed = Identity::parse(text.as_bytes()).unwrap();
+            assert_eq!(parsed.tls_psk(&k), Some(psk));
+        }
+        // Version 0 carries no digest: the key says.
+        let (text, psk) = k.tls_psk_with(0, h, s, Derivation::Compat);
+        let parsed = Identity::parse(text.as_bytes()).unwrap();
+        assert_ne!(parsed.tls_psk(&k).as_ref(), Some(&psk));
+        let kc = k.clone().with_v0_derivation(Derivation::Compat);
+        assert_eq!(parsed.tls_psk(&kc), Some(psk));
+    }
+
     /// The TLS PSK against an independent HKDF (RFC 5869, written out
     /// from HMAC here) and the identity round trip.
     #[test]
     fn tls_psk_follows_hkdf_expand_label() {
         let k = ConfiguredPsk::new(&KEY32, Some(PskHash::Sha256)).unwrap();
-        let retained = k.retained("nqn.h");
+        let retained = k.retained("nqn.h", Derivation::Spec);
         // HKDF-Extract with no salt is HMAC(zeros, IKM); one Expand block.
         let prk = hmac::<Hmac<Sha256>>(&[0; 32], &[&KEY32]);
         let mut info = vec![0, 32, 13];
