@@ -290,3 +290,112 @@ fn keys_set_with_dpuctl_on_an_allowing_listener_and_the_discovery_log() -> Resul
     );
     Ok(())
 }
+
+/// Linux 6.12's initiator over TLS through the daemon: the guest carries
+/// Debian 13's `tlshd` (which makes the kernel's handshakes) and
+/// nvme-cli 2.13 (`tests/kernel-tls-share.sh`), inserts the host's key
+/// into its `.nvme` keyring as a version 1 identity, connects with
+/// `--tls` and runs fio with verification; in clear text it is refused.
+/// nvme-cli 2.13 derives keys as libnvme long did (`Derivation::Compat`),
+/// which a version 1 identity's digest tells the target.
+#[test]
+fn the_linux_initiator_connects_over_tls_through_the_daemon() -> Result<()> {
+    const KNQN: &str = "nqn.2024-01.io.dpu-service.test:ktls";
+    const KHOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b746c73-0000-4000-8000-000000000001";
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let share = target_dir.join("kernel-tls");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-tls-share.sh");
+    let prep = Command::new("bash").arg(&script).arg(&share).output()?;
+    ensure!(
+        prep.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&prep.stderr)
+    );
+    std::fs::write(share.join("psk"), KEY)?;
+
+    let dir = tempfile::tempdir()?;
+    let key = write_key(dir.path(), "key", KEY)?;
+    let port = free_port();
+    let svc = Service::start_config(
+        &format!(
+            r#"
+[storage]
+ram_limit = "64MiB"
+
+[[storage.subsystems]]
+id = "ktls"
+nqn = "{KNQN}"
+allowed_hosts = ["{KHOST}"]
+host_tls = {{ "{KHOST}" = {{ psk_file = "{key}" }} }}
+
+[[storage.subsystems.namespaces]]
+ram = "32MiB"
+block_size = 512
+
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+secure_channel = "required"
+"#
+        ),
+        &[],
+    )?;
+    let guest = format!(
+        "set -e\n\
+         /mnt/host/setup\n\
+         out=$(/mnt/host/run /mnt/host/root/usr/sbin/nvme check-tls-key --keydata=\"$(cat /mnt/host/psk)\" \
+             --hostnqn={KHOST} --subsysnqn={KNQN} --identity=1 --insert)\n\
+         echo \"$out\"\n\
+         serial=$(echo \"$out\" | awk '{{print $NF}}')\n\
+         if nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {KNQN} --hostnqn {KHOST}; then \
+             echo 'UNEXPECTED: clear text connected'; exit 1; fi\n\
+         echo 'REFUSED: clear text'\n\
+         /mnt/host/run /mnt/host/root/usr/sbin/nvme connect -t tcp -a $TARGET_ADDR -s $TARGET_PORT -n {KNQN} \
+             --hostnqn {KHOST} --tls --tls_key=$((0x$serial))\n\
+         ns=$(nvme-wait-ns {KNQN} 1 30)\n\
+         fio --name=v --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=16k --iodepth=8 \
+             --size=8M --verify=crc32c --verify_fatal=1 --eta=never\n\
+         echo 'CONNECTED: tls'\n\
+         /mnt/host/run /mnt/host/root/usr/sbin/nvme disconnect -n {KNQN}\n"
+    );
+    let script_path = dir.path().join("guest.sh");
+    std::fs::write(&script_path, guest)?;
+    let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
+        .args([
+            "--kernel-suite",
+            "trixie",
+            "--cpus",
+            "1",
+            "--timeout",
+            "300",
+        ])
+        .args(["--hostnqn", KHOST, "--target", &format!("127.0.0.1:{port}")])
+        .arg("--share")
+        .arg(&share)
+        .arg("--script")
+        .arg(&script_path)
+        .stdin(Stdio::null())
+        .output()
+        .context("starting kernel-nvme")?;
+    let console = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && console.contains("CONNECTED: tls")
+            && console.contains("REFUSED: clear text"),
+        "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        svc.log_text()
+    );
+    ensure!(console.contains("err= 0"), "fio: {console}");
+    // The admin queue and its I/O queue (one per guest CPU), each its own
+    // handshake.
+    let n = tls_metric(&svc, "dpu_nvmf_tls_handshakes_total")?;
+    ensure!(n >= 2, "{n} handshakes");
+    let n = tls_metric(&svc, "dpu_nvmf_tls_refused_total{reason=\"clear_text\"}")?;
+    ensure!(n >= 1, "{n} clear-text refusals");
+    Ok(())
+}
