@@ -6,7 +6,7 @@ use dpu_proto::v1 as pb;
 use crate::model::{
     cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
     Namespace, PortRole, PortSpec, PskText, QosLimits, RemoteNamespace, Rule, SecureChannel, State,
-    Subsystem, Tenant, Timestamp, TlsRequirement, Transport,
+    Subsystem, Tenant, Timestamp, TlsDerivation, TlsRequirement, Transport,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -187,6 +187,10 @@ pub fn host_tls(host: &str, k: &PskText) -> pb::HostTls {
         host_nqn: host.to_string(),
         psk: String::new(),
         psk_hash: u32::from(k.hash_code()),
+        v0_derivation: match k.v0_derivation() {
+            TlsDerivation::Spec => pb::TlsDerivation::Spec,
+            TlsDerivation::Compat => pb::TlsDerivation::Compat,
+        } as i32,
     }
 }
 
@@ -478,15 +482,27 @@ mod tests {
             host_auth: Default::default(),
             host_qos: Default::default(),
             tls_requirement: TlsRequirement::HostsWithKey,
-            host_tls: [("nqn.b".to_string(), k.clone()), ("nqn.a".to_string(), k)].into(),
+            host_tls: [
+                (
+                    "nqn.b".to_string(),
+                    k.clone().with_v0_derivation(TlsDerivation::Compat),
+                ),
+                ("nqn.a".to_string(), k),
+            ]
+            .into(),
         };
         let out = subsystem(&s);
         assert_eq!(
             out.host_tls,
-            ["nqn.a", "nqn.b"].map(|h| pb::HostTls {
+            [
+                ("nqn.a", pb::TlsDerivation::Spec),
+                ("nqn.b", pb::TlsDerivation::Compat)
+            ]
+            .map(|(h, d)| pb::HostTls {
                 host_nqn: h.into(),
                 psk: String::new(),
                 psk_hash: 1,
+                v0_derivation: d as i32,
             })
         );
         assert_eq!(out.tls_requirement, pb::TlsRequirement::Unspecified as i32);

@@ -859,6 +859,7 @@ mod tests {
         assert_eq!(*h.snapshot(), old);
         h.mutate_blocking(|s| {
             let (k, _) = crate::model::PskText::parse(PSK).unwrap();
+            let k = k.with_v0_derivation(crate::model::TlsDerivation::Compat);
             s.set_host_tls_key("s", "nqn.host:0", k)?;
             s.update_subsystem(
                 Limits::with_ram(1 << 20),
@@ -895,6 +896,10 @@ mod tests {
         let state = reopened.snapshot();
         let sub = &state.subsystems["s"];
         assert_eq!(sub.host_tls["nqn.host:0"].hash_code(), 1);
+        assert_eq!(
+            sub.host_tls["nqn.host:0"].v0_derivation(),
+            crate::model::TlsDerivation::Compat
+        );
         assert_eq!(sub.tls_requirement, crate::model::TlsRequirement::Required);
         assert_eq!(
             sub.listeners["l"].secure_channel,

@@ -1241,6 +1241,7 @@ mod tests {
                     host_nqn: HOST.into(),
                     psk: PSK.into(),
                     psk_hash: 0,
+                    v0_derivation: pb::TlsDerivation::Compat as i32,
                 }),
             }))
             .await
@@ -1252,6 +1253,7 @@ mod tests {
                 host_nqn: HOST.into(),
                 psk: String::new(),
                 psk_hash: 1,
+                v0_derivation: pb::TlsDerivation::Compat as i32,
             }]
         );
         assert!(!format!("{shown:?}").contains(&PSK[16..40]));

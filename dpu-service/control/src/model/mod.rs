@@ -40,7 +40,7 @@ pub use storage::{
     dh_group_by_name, hash_by_name, listener_name, namespace_name, AuthRequirement, Backend,
     HostAuth, Listener, Namespace, SecretText, Subsystem, Transport,
 };
-pub use tls::{PskText, SecureChannel, TlsRequirement};
+pub use tls::{PskText, SecureChannel, TlsDerivation, TlsRequirement};
 
 use serde::{Deserialize, Serialize};
 

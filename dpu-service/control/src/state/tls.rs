@@ -166,6 +166,10 @@ mod tests {
         s.add_host(lim, "a", H2).unwrap();
         s.set_host_tls_key("a", H1, psk()).unwrap();
         s.set_host_tls_key("a", H2, psk()).unwrap();
+        // The same key again with another derivation replaces it.
+        let compat = psk().with_v0_derivation(crate::model::TlsDerivation::Compat);
+        s.set_host_tls_key("a", H2, compat.clone()).unwrap();
+        assert_eq!(s.subsystems["a"].host_tls[H2], compat);
         s.remove_host("a", H1).unwrap();
         assert_eq!(s.subsystems["a"].host_tls.keys().collect::<Vec<_>>(), [H2]);
         s.update_subsystem(

@@ -10,7 +10,7 @@ use super::{child_name, id, qos, rbd_name, remote};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
-    PskText, SecretText, SecureChannel, TlsRequirement, Transport,
+    PskText, SecretText, SecureChannel, TlsDerivation, TlsRequirement, Transport,
 };
 
 /// Longest NQN, in bytes (NVMe base specification).
@@ -120,7 +120,20 @@ pub fn host_tls(field: &str, t: &pb::HostTls) -> Result<(String, PskText)> {
     }
     let (psk, _) =
         PskText::parse(&t.psk).map_err(|e| ControlError::invalid(&psk_field, e.to_string()))?;
-    Ok((t.host_nqn.clone(), psk))
+    let v0 = tls_derivation(&format!("{field}.v0_derivation"), t.v0_derivation)?;
+    Ok((t.host_nqn.clone(), psk.with_v0_derivation(v0)))
+}
+
+/// The TLS PSK derivation a request's enum value stands for.
+pub fn tls_derivation(field: &str, v: i32) -> Result<TlsDerivation> {
+    match pb::TlsDerivation::try_from(v) {
+        Ok(pb::TlsDerivation::Unspecified | pb::TlsDerivation::Spec) => Ok(TlsDerivation::Spec),
+        Ok(pb::TlsDerivation::Compat) => Ok(TlsDerivation::Compat),
+        Err(_) => Err(ControlError::invalid(
+            field,
+            format!("unknown TLS PSK derivation {v}"),
+        )),
+    }
 }
 
 /// The TLS requirement a request's enum value stands for.
@@ -754,6 +767,7 @@ mod tests {
             host_nqn: "nqn.2024-01.io.example:h1".into(),
             psk: psk.into(),
             psk_hash: 0,
+            v0_derivation: 0,
         }
     }
 
@@ -783,6 +797,20 @@ mod tests {
         let mut x = tls(PSK);
         x.host_nqn = "host".into();
         assert_eq!(refused(x).0, "tls.host_nqn");
+        assert_eq!(k.v0_derivation(), TlsDerivation::Spec);
+        let mut x = tls(PSK);
+        x.v0_derivation = pb::TlsDerivation::Compat as i32;
+        let (_, k) = host_tls("tls", &x).unwrap();
+        assert_eq!(k.v0_derivation(), TlsDerivation::Compat);
+        x.v0_derivation = pb::TlsDerivation::Spec as i32;
+        assert_eq!(
+            host_tls("tls", &x).unwrap().1.v0_derivation(),
+            TlsDerivation::Spec
+        );
+        x.v0_derivation = 7;
+        let (f, why) = refused(x);
+        assert_eq!(f, "tls.v0_derivation");
+        assert!(why.contains("unknown TLS PSK derivation 7"), "{why}");
         assert_eq!(
             field_of(tls_requirement("subsystem.tls_requirement", 9).unwrap_err()),
             "subsystem.tls_requirement"

@@ -1425,10 +1425,47 @@ mod tests {
                 declared(&format!("host_tls = {{ \"{H}\" = {{ psk = \"x\" }} }}"), ""),
                 "unknown field `psk`",
             ),
+            (
+                declared(
+                    &format!(
+                        "allowed_hosts = [\"{H}\"]\nhost_tls = {{ \"{H}\" = {{ psk_file = \"{}\", \
+                         v0_derivation = \"legacy\" }} }}",
+                        key.display()
+                    ),
+                    "",
+                ),
+                "unknown variant `legacy`, expected `spec` or `compat`",
+            ),
         ] {
             let e = toml::from_str::<Config>(&text).unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
+            if field.contains("legacy") {
+                assert!(e.contains("v0_derivation"), "names the key: {e}");
+            }
         }
+        // The derivation reaches the request; left out, it is spec.
+        let with = |d: &str| {
+            let text = declared(
+                &format!(
+                    "allowed_hosts = [\"{H}\"]\nhost_tls = {{ \"{H}\" = {{ psk_file = \"{}\"{d} }} }}",
+                    key.display()
+                ),
+                "",
+            );
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            c.validate().unwrap();
+            let s = &c.storage.subsystems[0];
+            s.host_tls[H].to_proto(H).unwrap().v0_derivation
+        };
+        assert_eq!(with(""), dpu_proto::v1::TlsDerivation::Spec as i32);
+        assert_eq!(
+            with(", v0_derivation = \"compat\""),
+            dpu_proto::v1::TlsDerivation::Compat as i32
+        );
+        assert_eq!(
+            with(", v0_derivation = \"spec\""),
+            dpu_proto::v1::TlsDerivation::Spec as i32
+        );
     }
 
     #[test]

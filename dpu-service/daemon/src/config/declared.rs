@@ -4,7 +4,7 @@
 //! error.
 
 use anyhow::{bail, Context, Result};
-use dpu_control::model::SecureChannel;
+use dpu_control::model::{SecureChannel, TlsDerivation};
 use dpu_proto::text;
 use dpu_proto::v1 as pb;
 
@@ -114,6 +114,10 @@ impl SeedHostTls {
             host_nqn: host.to_string(),
             psk,
             psk_hash: 0,
+            v0_derivation: match self.v0_derivation {
+                TlsDerivation::Spec => pb::TlsDerivation::Spec,
+                TlsDerivation::Compat => pb::TlsDerivation::Compat,
+            } as i32,
         })
     }
 }

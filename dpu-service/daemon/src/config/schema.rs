@@ -531,7 +531,8 @@ pub struct SeedSubsystem {
     pub tls_requirement: SeedTlsRequirement,
     /// TLS pre-shared keys of hosts by host NQN, each a host the
     /// subsystem allows: `host_tls = { "nqn.2014-08.org.nvmexpress:uuid:..."
-    /// = { psk_file = "/etc/dpu-service/h1.psk" } }`.
+    /// = { psk_file = "/etc/dpu-service/h1.psk" } }`, with
+    /// `v0_derivation = "compat"` for a host that derives as libnvme did.
     #[serde(default)]
     pub host_tls: BTreeMap<String, SeedHostTls>,
 }
@@ -557,6 +558,12 @@ pub struct SeedHostTls {
     /// A file holding the configured PSK in the interchange format
     /// (`NVMeTLSkey-1:01:...:`, as `nvme gen-tls-key` prints it).
     pub psk_file: PathBuf,
+    /// How the host derives the TLS PSK when its identity is version 0
+    /// ("NVMe0R01 ...", no digest to tell): "spec" (the default, as the
+    /// specification says) or "compat" (libnvme's earlier HKDF info, as
+    /// Debian 13's nvme-cli 2.13 derives).
+    #[serde(default)]
+    pub v0_derivation: dpu_control::model::TlsDerivation,
 }
 
 /// `[[storage.subsystems.namespaces]]`: a namespace of a declared

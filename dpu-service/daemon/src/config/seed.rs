@@ -669,7 +669,7 @@ id = "dev"
 nqn = "nqn.2024-01.io.dpu-service:dev"
 allowed_hosts = ["{H}"]
 tls_requirement = "disabled"
-host_tls = {{ "{H}" = {{ psk_file = "{}" }} }}
+host_tls = {{ "{H}" = {{ psk_file = "{}", v0_derivation = "compat" }} }}
 [[storage.subsystems.listeners]]
 address = "127.0.0.1"
 port = 4420
@@ -692,8 +692,11 @@ port = 4421
         assert_eq!(sub.host_tls[H].hash_code(), 1);
         assert_eq!(
             sub.host_tls[H],
-            dpu_control::model::PskText::parse(PSK).unwrap().0,
-            "read trimmed"
+            dpu_control::model::PskText::parse(PSK)
+                .unwrap()
+                .0
+                .with_v0_derivation(dpu_control::model::TlsDerivation::Compat),
+            "read trimmed, with its derivation"
         );
         use dpu_control::model::SecureChannel;
         assert_eq!(

@@ -49,6 +49,10 @@ impl Storage {
     /// channel of every kernel listener address, and resets those no
     /// longer listened on with TLS to none.
     ///
+    /// Every key of `state` is given again, with how it derives version 0
+    /// identities' PSKs: a key set again with only that changed reaches
+    /// the targets too.
+    ///
     /// A key that does not parse (only a state file edited by hand:
     /// requests are checked before they are stored) fails closed: the
     /// error is logged, without the key, and the subsystem requires TLS
@@ -61,6 +65,7 @@ impl Storage {
         for s in state.subsystems.values() {
             let mut broken = false;
             for (host, k) in &s.host_tls {
+                // `psk()` carries the key's version 0 derivation.
                 match k.psk() {
                     Ok(psk) => {
                         for t in &targets {

@@ -561,7 +561,7 @@ mod tests {
     #[test]
     fn tls_command_lines() {
         use crate::listener::{ListenerCmd, SecureChannelArg};
-        use crate::subsystem::TlsArg;
+        use crate::subsystem::{DerivationArg, TlsArg};
         let cli = parse(&[
             "subsystem",
             "set-tls-key",
@@ -571,7 +571,13 @@ mod tests {
             "h.psk",
         ])
         .unwrap();
-        let Command::Subsystem(SubsystemCmd::SetTlsKey { id, nqn, psk_file }) = &cli.command else {
+        let Command::Subsystem(SubsystemCmd::SetTlsKey {
+            id,
+            nqn,
+            psk_file,
+            v0_derivation,
+        }) = &cli.command
+        else {
             panic!("{cli:?}")
         };
         assert_eq!(
@@ -582,6 +588,35 @@ mod tests {
                 std::path::Path::new("h.psk")
             )
         );
+        assert_eq!(*v0_derivation, DerivationArg::Spec, "the default");
+        let with = |d: &str| {
+            parse(&[
+                "subsystem",
+                "set-tls-key",
+                "vol",
+                "nqn.h",
+                "--psk-file",
+                "h.psk",
+                "--v0-derivation",
+                d,
+            ])
+        };
+        let cli = with("compat").unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Subsystem(SubsystemCmd::SetTlsKey {
+                v0_derivation: DerivationArg::Compat,
+                ..
+            })
+        ));
+        assert!(matches!(
+            with("spec").unwrap().command,
+            Command::Subsystem(SubsystemCmd::SetTlsKey {
+                v0_derivation: DerivationArg::Spec,
+                ..
+            })
+        ));
+        assert!(with("legacy").is_err());
         let cli = parse(&["subsystem", "clear-tls-key", "vol", "nqn.h"]).unwrap();
         assert!(matches!(
             cli.command,

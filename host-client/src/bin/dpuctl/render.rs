@@ -309,7 +309,8 @@ fn auth(s: &pb::Subsystem) -> String {
 
 /// A subsystem's secure channel: who must use TLS, then each host with
 /// a key as `host=psk:HH` (the hash indicator; keys themselves never
-/// reach the client).
+/// reach the client), `host=psk:HH/compat` for one whose version 0
+/// identities derive as libnvme did.
 fn tls(s: &pb::Subsystem) -> String {
     let who = match pb::TlsRequirement::try_from(s.tls_requirement) {
         Ok(pb::TlsRequirement::Required) => "required",
@@ -319,6 +320,9 @@ fn tls(s: &pb::Subsystem) -> String {
     let mut out = who.to_string();
     for k in &s.host_tls {
         out.push_str(&format!(" {}=psk:{:02}", k.host_nqn, k.psk_hash));
+        if k.v0_derivation == pb::TlsDerivation::Compat as i32 {
+            out.push_str("/compat");
+        }
     }
     out
 }
@@ -762,15 +766,27 @@ mod tests {
         let s = pb::Subsystem {
             name: "subsystems/vol".into(),
             tls_requirement: pb::TlsRequirement::Required as i32,
-            host_tls: vec![pb::HostTls {
-                host_nqn: "nqn.h1".into(),
-                psk: "NVMeTLSkey-1:01:c2VjcmV0:".into(),
-                psk_hash: 1,
-            }],
+            host_tls: vec![
+                pb::HostTls {
+                    host_nqn: "nqn.h1".into(),
+                    psk: "NVMeTLSkey-1:01:c2VjcmV0:".into(),
+                    psk_hash: 1,
+                    v0_derivation: pb::TlsDerivation::Spec as i32,
+                },
+                pb::HostTls {
+                    host_nqn: "nqn.h2".into(),
+                    psk: String::new(),
+                    psk_hash: 2,
+                    v0_derivation: pb::TlsDerivation::Compat as i32,
+                },
+            ],
             ..Default::default()
         };
         let out = subsystems(&[s]);
-        assert!(out.contains("required nqn.h1=psk:01"), "{out}");
+        assert!(
+            out.contains("required nqn.h1=psk:01 nqn.h2=psk:02/compat"),
+            "{out}"
+        );
         assert!(!out.contains("c2VjcmV0"), "{out}");
         assert!(subsystems(&[pb::Subsystem::default()]).contains("hosts-with-key"));
         let l = |c: pb::SecureChannel| pb::Listener {

@@ -152,6 +152,12 @@ pub enum SubsystemCmd {
         /// gen-tls-key` prints it.
         #[arg(long)]
         psk_file: PathBuf,
+        /// How the host derives the TLS PSK when its identity is version
+        /// 0 (`nvme connect --tls`'s default, which carries no digest to
+        /// tell): spec, or compat for libnvme's earlier derivation (Debian
+        /// 13's nvme-cli 2.13).
+        #[arg(long, value_enum, default_value_t = DerivationArg::Spec)]
+        v0_derivation: DerivationArg,
     },
     /// Removes the TLS pre-shared key of a host.
     ClearTlsKey {
@@ -217,6 +223,25 @@ impl TlsArg {
             TlsArg::Disabled => pb::TlsRequirement::Disabled,
         };
         r as i32
+    }
+}
+
+/// How a host derives the TLS PSK of a version 0 identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DerivationArg {
+    /// As the NVMe specification says (the default).
+    Spec,
+    /// As libnvme long did (Debian 13's nvme-cli 2.13).
+    Compat,
+}
+
+impl DerivationArg {
+    fn proto(self) -> i32 {
+        let d = match self {
+            DerivationArg::Spec => pb::TlsDerivation::Spec,
+            DerivationArg::Compat => pb::TlsDerivation::Compat,
+        };
+        d as i32
     }
 }
 
@@ -407,11 +432,17 @@ pub async fn execute(c: &DpuClient, cmd: &SubsystemCmd) -> Result<Shown, Failure
                 host_nqn: nqn.clone(),
             })
             .await?),
-        SubsystemCmd::SetTlsKey { id, nqn, psk_file } => {
+        SubsystemCmd::SetTlsKey {
+            id,
+            nqn,
+            psk_file,
+            v0_derivation,
+        } => {
             let tls = pb::HostTls {
                 host_nqn: nqn.clone(),
                 psk: secret(None, Some(psk_file))?,
                 psk_hash: 0,
+                v0_derivation: v0_derivation.proto(),
             };
             one(c
                 .set_host_tls_key(pb::SetHostTlsKeyRequest {
