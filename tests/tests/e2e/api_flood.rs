@@ -107,6 +107,7 @@ fn silent_and_half_preface_floods_leave_every_plane_answering() -> Result<()> {
         .build()?;
     let (grpc, metrics) = (svc.grpc, svc.metrics);
     let (mut held, mut failed, mut at_metrics) = (Vec::new(), 0, 0);
+    let flood_start = std::time::Instant::now();
     rt.block_on(async {
         // Forty sources of 200 silent connections and 50 half prefaces
         // each; 1,000 silent ones from dpuctl's own address; 2,000 at the
@@ -201,14 +202,24 @@ fn silent_and_half_preface_floods_leave_every_plane_answering() -> Result<()> {
         )? >= 200,
         "silent connections closed at the handshake timeout"
     );
-    ensure!(
-        svc.log_text()
-            .matches("connection closed: displaced")
-            .count()
-            <= 3,
-        "displacements logged at most every 10 s:\n{}",
-        svc.log_text()
-    );
+    // Each listener logs its displacements at most once every 10 s, so
+    // while the flood lasted at most 1 + secs/10 lines each (on a busy
+    // machine the flood takes longer than the 10 s of one line).
+    let most = 1 + flood_start.elapsed().as_secs() as usize / 10;
+    let log = svc.log_text();
+    for listener in ["grpc", "metrics"] {
+        let lines = log
+            .lines()
+            .filter(|l| {
+                l.contains("connection closed: displaced")
+                    && l.contains(&format!("listener=\"{listener}\""))
+            })
+            .count();
+        ensure!(
+            lines <= most,
+            "{listener}: {lines} displacement lines, over {most}, when they are logged at most every 10 s:\n{log}"
+        );
+    }
     drop(held);
     Ok(())
 }
