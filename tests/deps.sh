@@ -20,6 +20,9 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # DPDK development files (dpdk-sys binds them) and libclang (bindgen).
 pkg-config --exists libdpdk 2>/dev/null || need_apt+=(libdpdk-dev)
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
+# OpenSSL's development files (openssl-sys links libssl: the NVMe/TCP
+# secure channel, dpu-tls).
+pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
 # Ceph's block device client (rbd-sys binds it; RBD namespaces), and a
 # real single-node cluster for their tests (shared/tools/ceph/ceph-up.sh):
 # monitor, OSD and the `rbd` tool.
@@ -34,6 +37,8 @@ if [ -x "${KERNEL_NVME_RUN:-../shared/tools/kernel-nvme/run.sh}" ] ||
   [ -x /work/shared/tools/kernel-nvme/run.sh ]; then
   have qemu-system-x86_64 || need_apt+=(qemu-system-x86)
   have cpio || need_apt+=(cpio)
+  # tests/kernel-tls-share.sh unpacks the guest kernel's TLS modules.
+  have xz || need_apt+=(xz-utils)
   have busybox || need_apt+=(busybox-static)
   have nvme || [ -x /usr/sbin/nvme ] || need_apt+=(nvme-cli)
   have fio || need_apt+=(fio)
