@@ -434,21 +434,9 @@ mod tests {
         let q = crate::validate::qos("qos", Some(&given)).unwrap();
         assert_eq!(qos(&q), given);
         let s = Subsystem {
-            id: "s".into(),
-            nqn: "nqn.2024-01.io.example:s".into(),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: true,
-            allowed_hosts: Default::default(),
-            max_namespaces: 1,
-            create_time: Timestamp::default(),
-            namespaces: Default::default(),
-            listeners: Default::default(),
-            auth_requirement: AuthRequirement::HostsWithSecret,
-            host_auth: Default::default(),
             host_qos: [("nqn.b".to_string(), q), ("nqn.a".to_string(), q)].into(),
             tls_requirement: TlsRequirement::Required,
-            host_tls: Default::default(),
+            ..crate::state::tests::subsystem("s", "nqn.2024-01.io.example:s", true, 1)
         };
         let out = subsystem(&s);
         assert_eq!(
@@ -468,19 +456,6 @@ mod tests {
         const PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
         let (k, _) = PskText::parse(PSK).unwrap();
         let s = Subsystem {
-            id: "s".into(),
-            nqn: "nqn.2024-01.io.example:s".into(),
-            serial_number: "s".into(),
-            model_number: "m".into(),
-            allow_any_host: true,
-            allowed_hosts: Default::default(),
-            max_namespaces: 1,
-            create_time: Timestamp::default(),
-            namespaces: Default::default(),
-            listeners: Default::default(),
-            auth_requirement: AuthRequirement::HostsWithSecret,
-            host_auth: Default::default(),
-            host_qos: Default::default(),
             tls_requirement: TlsRequirement::HostsWithKey,
             host_tls: [
                 (
@@ -490,6 +465,7 @@ mod tests {
                 ("nqn.a".to_string(), k),
             ]
             .into(),
+            ..crate::state::tests::subsystem("s", "nqn.2024-01.io.example:s", true, 1)
         };
         let out = subsystem(&s);
         assert_eq!(

@@ -189,13 +189,13 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A subsystem `id` (`nqn`) with nothing in it: no namespaces,
     /// listeners, allowed hosts, secrets or limits; the fixture of every
-    /// state module's tests.
-    pub(super) fn subsystem(
+    /// state module's tests, and of the conversions'.
+    pub(crate) fn subsystem(
         id: &str,
         nqn: &str,
         allow_any_host: bool,
