@@ -252,7 +252,7 @@ impl Loop {
                 State::Sniff(stream) => {
                     let mut first = [0u8; 1];
                     match stream.peek(&mut first) {
-                        Ok(0) => return self.end(token, p.peer, &stream),
+                        Ok(0) => return self.end(p.peer, &stream),
                         Ok(_) if first[0] == 0x16 => match self.target.tls_acceptor() {
                             Ok(acceptor) => match acceptor.start(stream) {
                                 Ok(h) => p.state = State::Shake(Box::new(h)),
@@ -264,7 +264,7 @@ impl Loop {
                             },
                             Err(e) => {
                                 tracing::error!(error = %e, "no TLS: closing the connection");
-                                return self.end(token, p.peer, &stream);
+                                return self.end(p.peer, &stream);
                             }
                         },
                         Ok(_) if p.channel == SecureChannel::Required => {
@@ -274,11 +274,11 @@ impl Loop {
                                 p.peer,
                                 "a clear-text connection on a listener that requires TLS; closing it",
                             );
-                            return self.end(token, p.peer, &stream);
+                            return self.end(p.peer, &stream);
                         }
                         Ok(_) => {
                             let (local, peer) = (p.local, p.peer);
-                            self.unwatch(token, &stream, peer);
+                            self.unwatch(&stream, peer);
                             let conn = self.connection(local, peer);
                             self.admin.hand(Slot::new(
                                 Link::Plain(stream),
@@ -293,7 +293,7 @@ impl Loop {
                             self.pending.insert(token, p);
                             return;
                         }
-                        Err(_) => return self.end(token, p.peer, &stream),
+                        Err(_) => return self.end(p.peer, &stream),
                     }
                 }
                 State::Shake(mut h) => match h.step() {
@@ -301,7 +301,7 @@ impl Loop {
                         let session = h.finish();
                         TlsStats::count(&self.target.stats().tls.handshakes);
                         let (local, peer) = (p.local, p.peer);
-                        self.unwatch(token, session.get_ref(), peer);
+                        self.unwatch(session.get_ref(), peer);
                         let mut conn = self.connection(local, peer);
                         let Some(identity) = session.identity().cloned() else {
                             // A session without the callback's identity
@@ -346,7 +346,7 @@ impl Loop {
                             }
                         };
                         self.log(kind, p.peer, &format!("TLS handshake refused: {e}"));
-                        return self.end(token, p.peer, h.get_ref());
+                        return self.end(p.peer, h.get_ref());
                     }
                 },
             }
@@ -384,14 +384,14 @@ impl Loop {
     }
 
     /// Stops watching a socket that leaves for a poll group.
-    fn unwatch(&mut self, _token: u64, s: &TcpStream, peer: SocketAddr) {
+    fn unwatch(&mut self, s: &TcpStream, peer: SocketAddr) {
         let _ = epoll::delete(&self.epoll, s);
         self.left(peer);
     }
 
     /// Closes a connection that will not be served.
-    fn end(&mut self, token: u64, peer: SocketAddr, s: &TcpStream) {
-        self.unwatch(token, s, peer);
+    fn end(&mut self, peer: SocketAddr, s: &TcpStream) {
+        self.unwatch(s, peer);
         let _ = s.shutdown(Shutdown::Both);
     }
 
