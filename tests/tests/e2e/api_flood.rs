@@ -41,7 +41,7 @@ fn metric_of(svc: &Service, sample: &str) -> Result<u64> {
 }
 
 /// The daemon's open descriptors and resident memory (KiB).
-fn fds_and_rss(svc: &Service) -> Result<(usize, u64)> {
+pub(crate) fn fds_and_rss(svc: &Service) -> Result<(usize, u64)> {
     let pid = svc.pid().context("the service runs")?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
     Ok((fds, dpu_e2e::rss_kib(pid)?.1))
@@ -50,7 +50,7 @@ fn fds_and_rss(svc: &Service) -> Result<(usize, u64)> {
 /// `count` connections to `to` from `from`, each sending `first` (maybe
 /// nothing) and then nothing more; those that could not connect are
 /// counted, not failed on (the listen backlog may overflow).
-async fn flood(
+pub(crate) async fn flood(
     to: SocketAddr,
     from: Ipv4Addr,
     count: usize,

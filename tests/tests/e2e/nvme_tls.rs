@@ -399,3 +399,77 @@ secure_channel = "required"
     ensure!(n >= 1, "{n} clear-text refusals");
     Ok(())
 }
+
+/// Hostile hosts through the real binary: 800 connections from two
+/// addresses that start a TLS hello and stop (half a record header's
+/// promise, then nothing). At most 64 a source address are held in
+/// handshake, the rest closed at once and counted `busy`; a host with its
+/// key keeps doing its I/O over TLS meanwhile; the service's descriptors
+/// and memory grow by a bounded amount; the held ones are closed at the
+/// handshake timeout.
+#[test]
+fn a_flood_of_stalled_hellos_leaves_a_host_its_tls_io() -> Result<()> {
+    let _one = crate::floods();
+    dpu_os::limits::raise_open_files()?;
+    let dir = tempfile::tempdir()?;
+    let key = write_key(dir.path(), "key", KEY)?;
+    let port = free_port();
+    let svc = Service::start_config(&config(port, "required", &key), &[])?;
+    let tls_io = || {
+        nvmf_perf_iops(
+            port,
+            NQN,
+            &["--tls-key", &key, "--job", "randread:4k:4", "--time", "0.5"],
+        )
+    };
+    let before = tls_io()?;
+    let (fds0, rss0) = crate::api_flood::fds_and_rss(&svc)?;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let hello: &'static [u8] = &[0x16, 3, 1, 0, 200, 1];
+    let held = rt.block_on(async {
+        let mut held = Vec::new();
+        for i in 1..=2u8 {
+            let from = std::net::Ipv4Addr::new(127, 0, 3, i);
+            held.extend(crate::api_flood::flood(addr, from, 400, hello).await.0);
+        }
+        held
+    });
+    ensure!(held.len() >= 700, "{} flood connections made", held.len());
+    let busy = |svc: &Service| tls_metric(svc, "dpu_nvmf_tls_refused_total{reason=\"busy\"}");
+    let t0 = std::time::Instant::now();
+    while busy(&svc)? < 800 - 2 * 64 {
+        ensure!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{} refused as busy",
+            busy(&svc)?
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let during = tls_io()?;
+    let (fds1, rss1) = crate::api_flood::fds_and_rss(&svc)?;
+    println!(
+        "TLS hello flood: {} held by the flood, {} refused busy; TLS I/O {before:.0} -> {during:.0} IOPS; descriptors {fds0} -> {fds1}, RSS {rss0} -> {rss1} KiB",
+        held.len(),
+        busy(&svc)?
+    );
+    ensure!(during > 100.0, "{during:.0} IOPS over TLS during the flood");
+    ensure!(fds1 <= fds0 + 2 * 64 + 16, "descriptors {fds0} -> {fds1}");
+    ensure!(
+        rss1.saturating_sub(rss0) < 32 << 10,
+        "RSS {rss0} -> {rss1} KiB"
+    );
+    // The handshake timeout (10 s) closes the 128 held.
+    let t0 = std::time::Instant::now();
+    while tls_metric(&svc, "dpu_nvmf_tls_refused_total{reason=\"timeout\"}")? < 2 * 64 {
+        ensure!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "held hellos not closed at the handshake timeout"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(held);
+    Ok(())
+}
