@@ -37,6 +37,10 @@ pub use psk::{ConfiguredPsk, Derivation, Identity, PskError, PskHash, TlsPsk};
 /// Most plaintext bytes a write gathers into one record (TLS's largest).
 pub const RECORD: usize = 16 * 1024;
 
+/// Longest a host's handshake ([`Connector::connect`]) waits for one read
+/// or write of its socket.
+pub const HANDSHAKE_STEP: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Finds the configured PSK of host `hostnqn` (second argument) on
 /// subsystem `subnqn` (first), if it has one.
 pub type KeyLookup = dyn Fn(&str, &str) -> Option<ConfiguredPsk> + Send + Sync;
@@ -157,21 +161,30 @@ impl Connector {
         Self::new(identity, psk)
     }
 
-    /// Makes the handshake on a blocking `stream`.
+    /// Makes the handshake on a blocking `stream`, each read and write of
+    /// it within [`HANDSHAKE_STEP`] unless the stream has timeouts of its
+    /// own (which it keeps).
     ///
     /// # Errors
-    /// The handshake failed.
+    /// The handshake failed or the peer did not answer in time.
     pub fn connect(&self, stream: TcpStream) -> Result<Session, HandshakeError> {
+        let timeouts = (stream.read_timeout()?, stream.write_timeout()?);
+        stream.set_read_timeout(timeouts.0.or(Some(HANDSHAKE_STEP)))?;
+        stream.set_write_timeout(timeouts.1.or(Some(HANDSHAKE_STEP)))?;
         let ssl = Ssl::new(&self.ctx).map_err(|e| HandshakeError::Tls(e.to_string()))?;
         let mut h = Handshake {
             stream: SslStream::new(ssl, Wire::new(stream))
                 .map_err(|e| HandshakeError::Tls(e.to_string()))?,
             server: false,
         };
-        loop {
-            if let Step::Done = h.step()? {
-                return Ok(h.finish());
+        // A blocking stream that wants more has timed out.
+        match h.step()? {
+            Step::Done => {
+                h.get_ref().set_read_timeout(timeouts.0)?;
+                h.get_ref().set_write_timeout(timeouts.1)?;
+                Ok(h.finish())
             }
+            Step::Read | Step::Write => Err(io::Error::from(io::ErrorKind::TimedOut).into()),
         }
     }
 }
@@ -457,6 +470,31 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Gives back the session's buffers that hold nothing (the
+    /// ciphertext read and to send, the plaintext gathered): a connection
+    /// that went quiet keeps no more than OpenSSL's own state. The next
+    /// read or write makes them again.
+    pub fn release_idle_buffers(&mut self) {
+        let w = self.stream.get_mut();
+        if !w.has_rx() {
+            w.rx = Vec::new();
+            (w.rx_at, w.rx_len) = (0, 0);
+        }
+        if !w.has_tx() {
+            w.tx = Vec::new();
+            w.tx_at = 0;
+        }
+        if self.out.is_empty() {
+            self.out = Vec::new();
+        }
+    }
+
+    /// Bytes the session's own buffers hold allocated (not OpenSSL's).
+    pub fn buffer_capacity(&self) -> usize {
+        let w = self.stream.get_ref();
+        w.rx.capacity() + w.tx.capacity() + self.out.capacity()
     }
 
     /// Sends a TLS close_notify (best effort: a socket that does not take

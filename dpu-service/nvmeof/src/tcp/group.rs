@@ -831,11 +831,13 @@ impl Loop {
                     slot.conn.close("write timed out");
                 }
             }
-            if !std::mem::take(&mut slot.active)
-                && slot.rx.is_empty()
-                && slot.rx.capacity() > RX_KEEP
-            {
-                slot.rx = Vec::new();
+            // A connection quiet for a tick keeps no buffer it does not
+            // need: its partial PDU's, its TLS session's.
+            if !std::mem::take(&mut slot.active) {
+                if slot.rx.is_empty() && slot.rx.capacity() > RX_KEEP {
+                    slot.rx = Vec::new();
+                }
+                slot.stream.release_idle_buffers();
             }
             slot.pump(now);
             self.settle(idx);

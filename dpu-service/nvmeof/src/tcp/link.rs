@@ -75,6 +75,14 @@ impl Link {
         }
     }
 
+    /// Gives back buffers that hold nothing: the group calls it for
+    /// connections quiet for a tick.
+    pub(super) fn release_idle_buffers(&mut self) {
+        if let Self::Tls(s) = self {
+            s.release_idle_buffers();
+        }
+    }
+
     /// Ends the stream: TLS's close_notify where the socket takes it,
     /// then the socket both ways.
     pub(super) fn shutdown(&mut self) {
