@@ -61,8 +61,8 @@ fn present_index() -> Index<SslContext, (Vec<u8>, TlsPsk)> {
 
 /// What a server session's callback decided: the identity accepted, or
 /// why none was.
-fn outcome_index() -> Index<Ssl, Result<Identity, String>> {
-    static I: OnceLock<Index<Ssl, Result<Identity, String>>> = OnceLock::new();
+fn outcome_index() -> Index<Ssl, Result<Identity, Refusal>> {
+    static I: OnceLock<Index<Ssl, Result<Identity, Refusal>>> = OnceLock::new();
     *I.get_or_init(|| Ssl::new_ex_index().expect("an OpenSSL ex data index"))
 }
 
@@ -90,8 +90,24 @@ pub(crate) fn present_psk(
     Ok(())
 }
 
+/// Why the server's callback offered no key.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal {
+    /// The identity was NVMe's, but no key is set for its host and
+    /// subsystem.
+    pub(crate) unknown_key: bool,
+    /// What to log.
+    pub(crate) why: String,
+}
+
+impl Refusal {
+    fn new(unknown_key: bool, why: String) -> Self {
+        Self { unknown_key, why }
+    }
+}
+
 /// Why the server's callback offered no key, if it did not.
-pub(crate) fn refusal(ssl: &SslRef) -> Option<String> {
+pub(crate) fn refusal(ssl: &SslRef) -> Option<Refusal> {
     match ssl.ex_data(outcome_index()) {
         Some(Err(why)) => Some(why.clone()),
         _ => None,
@@ -158,21 +174,21 @@ unsafe extern "C" fn find_session(
         };
         let lookup = ssl_ref.ssl_context().ex_data(lookup_index()).cloned();
         let outcome = match (Identity::parse(id), lookup) {
-            (Err(e), _) => Err(format!(
-                "{e}: {:?}",
-                String::from_utf8_lossy(&id[..id.len().min(80)])
+            (Err(e), _) => Err(Refusal::new(
+                false,
+                format!("{e}: {:?}", String::from_utf8_lossy(&id[..id.len().min(80)])),
             )),
-            (Ok(_), None) => Err("no key lookup".into()),
+            (Ok(_), None) => Err(Refusal::new(false, "no key lookup".into())),
             (Ok(id), Some(lookup)) => match lookup(&id.subnqn, &id.hostnqn) {
-                None => Err(format!(
-                    "no TLS key for host {} on subsystem {}",
-                    id.hostnqn, id.subnqn
+                None => Err(Refusal::new(
+                    true,
+                    format!("no TLS key for host {} on subsystem {}", id.hostnqn, id.subnqn),
                 )),
                 Some(key) => match id.tls_psk(&key) {
-                    None => Err(format!(
+                    None => Err(Refusal::new(false, format!(
                         "TLS identity {id} does not match the key of host {} on subsystem {} (another hash or digest)",
                         id.hostnqn, id.subnqn
-                    )),
+                    ))),
                     Some(psk) => Ok((id, psk)),
                 },
             },
@@ -184,7 +200,7 @@ unsafe extern "C" fn find_session(
                 if s.is_null() {
                     ssl_ref.set_ex_data(
                         outcome_index(),
-                        Err("OpenSSL lacks the cipher suite".into()),
+                        Err(Refusal::new(false, "OpenSSL lacks the cipher suite".into())),
                     );
                 } else {
                     ssl_ref.set_ex_data(outcome_index(), Ok(id));

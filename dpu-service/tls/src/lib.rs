@@ -48,7 +48,12 @@ pub type KeyLookup = dyn Fn(&str, &str) -> Option<ConfiguredPsk> + Send + Sync;
 /// Why a handshake did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
-    /// The host offered no identity this side could use.
+    /// The host named no key this side has: its identity was NVMe's, for
+    /// a host and subsystem without one.
+    #[error("{0}")]
+    UnknownKey(String),
+    /// The host offered an identity this side cannot use: not NVMe's, or
+    /// not made by the key of its host (another hash, another digest).
     #[error("{0}")]
     Refused(String),
     /// TLS failed (wrong key, protocol error, the peer closed).
@@ -63,7 +68,7 @@ impl HandshakeError {
     /// A short reason for counters and logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Refused(r) if r.starts_with("no TLS key") => "unknown_key",
+            Self::UnknownKey(_) => "unknown_key",
             Self::Refused(_) => "bad_identity",
             Self::Tls(_) => "handshake_failed",
             Self::Io(_) => "io",
@@ -330,8 +335,12 @@ impl Handshake {
             Err(e) if e.code() == ErrorCode::WANT_READ => Ok(Step::Read),
             Err(e) if e.code() == ErrorCode::WANT_WRITE => Ok(Step::Write),
             Err(e) => {
-                if let Some(refusal) = ffi::refusal(self.stream.ssl()) {
-                    return Err(HandshakeError::Refused(refusal));
+                if let Some(r) = ffi::refusal(self.stream.ssl()) {
+                    return Err(if r.unknown_key {
+                        HandshakeError::UnknownKey(r.why)
+                    } else {
+                        HandshakeError::Refused(r.why)
+                    });
                 }
                 match e.into_io_error() {
                     Ok(io) => Err(HandshakeError::Io(io)),

@@ -336,7 +336,7 @@ impl Loop {
                     Err(e) => {
                         let stats = &self.target.stats().tls;
                         let kind = match &e {
-                            HandshakeError::Refused(_) => {
+                            HandshakeError::Refused(_) | HandshakeError::UnknownKey(_) => {
                                 TlsStats::count(&stats.refused_unknown_key);
                                 "unknown_key"
                             }
