@@ -511,7 +511,11 @@ impl Loop {
             }
             self.run_timers(now);
             if !events.is_empty() {
-                last_busy = now;
+                // The busy-poll window runs from when the events were
+                // served, not from before: a host at QD 1 sends its next
+                // command one round trip after our answer, and serving a
+                // TLS batch can take most of the window.
+                last_busy = Instant::now();
             }
             if now.duration_since(last_tick) >= TICK {
                 last_tick = now;
