@@ -247,6 +247,40 @@ fn our_target_without_digests() {
     round(addr, Digests::default());
 }
 
+/// One command at a time (`Queue::call`, what the admin path and the
+/// remote namespaces' slow paths use): a write larger than the in-capsule
+/// size goes out as the controller asks for it (R2T, H2CData) before the
+/// call waits for its completion, then reads back.
+#[test]
+fn one_call_writes_more_than_fits_in_the_capsule() {
+    let (_transport, addr) = serve();
+    let me = HostIdentity::new(HOST, [6; 16]);
+    let c = Controller::connect(
+        TcpStream::connect(addr).unwrap(),
+        &me,
+        NQN,
+        &options(Digests::default()),
+    )
+    .unwrap();
+    let mut q = c.io_queue(TcpStream::connect(addr).unwrap(), 1, 8).unwrap();
+    for blocks in [64u16, 256] {
+        let data: Vec<u8> = (0..usize::from(blocks) * 512)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        q.call(host::write(1, 8, blocks - 1), Transfer::Write(data.clone()))
+            .unwrap();
+        let back = q
+            .call(
+                host::read(1, 8, blocks - 1),
+                Transfer::Read(vec![0; data.len()]),
+            )
+            .unwrap();
+        assert!(back.data == data, "{blocks} blocks read back differently");
+    }
+    q.disconnect().unwrap();
+    c.shutdown().unwrap();
+}
+
 #[test]
 fn our_target_with_digests() {
     let (_transport, addr) = serve();

@@ -306,10 +306,12 @@ impl<W: Wire> Queue<W> {
         }
         let deadline = self.deadline();
         loop {
-            self.flush()?;
             if let Some(c) = self.pair.poll_completion()? {
                 return Ok(c);
             }
+            // After the poll: what it read may have been R2Ts, whose
+            // H2CData must go out before anything more can come in.
+            self.flush()?;
             expired(deadline)?;
             self.read_some()?;
         }
@@ -334,13 +336,14 @@ impl<W: Wire> Queue<W> {
         }
         let deadline = self.deadline();
         loop {
-            self.flush()?;
             while let Some(c) = self.pair.poll_completion()? {
                 if c.cid() == cid {
                     return Ok(c);
                 }
                 self.early.push_back(c);
             }
+            // As in `wait`: answers to R2Ts out before reading on.
+            self.flush()?;
             expired(deadline)?;
             self.read_some()?;
         }
