@@ -28,5 +28,21 @@ for t in ../shared/tools/spdk/build.sh /work/shared/tools/spdk/build.sh; do
 done
 [ -n "$build" ] || { echo "spdk: no SPDK_DIR, and no shared tools/spdk/build.sh to build SPDK with" >&2; exit 1; }
 # --dir always: the tool stops at once without it unless given --with-rbd.
-flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" "$build" \
-  "${rbd[@]}" --dir "$cache" | tail -n 1
+# SPDK v23.05 derives its TLS keys (HKDF) with a NULL salt, which
+# OpenSSL 3.0.17 and later refuse (Debian 12 has 3.0.19): no key could be
+# loaded and no TLS connection made. An empty salt is what it meant (HKDF
+# with no salt uses a string of zeros either way); the two calls are
+# changed and the objects that include them rebuilt, once per tree.
+fix_tls_salt() {
+  local h=$1/include/spdk_internal/nvme_tcp.h
+  grep -q 'set1_hkdf_salt(ctx, NULL, 0)' "$h" || return 0
+  echo "spdk: $1: HKDF with an empty salt instead of NULL (OpenSSL >= 3.0.17), rebuilding" >&2
+  sed -i 's/set1_hkdf_salt(ctx, NULL, 0)/set1_hkdf_salt(ctx, (const unsigned char *)"", 0)/' "$h"
+  make -C "$1" -j"$(nproc)" >&2
+}
+# shellcheck disable=SC2016
+flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" bash -c "$(declare -f fix_tls_salt)"'
+  set -euo pipefail
+  tree=$("$@" | tail -n 1)
+  fix_tls_salt "$tree"
+  echo "$tree"' _ "$build" "${rbd[@]}" --dir "$cache"

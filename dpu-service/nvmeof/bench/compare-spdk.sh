@@ -10,7 +10,7 @@
 #
 # Usage: dpu-service/nvmeof/bench/compare-spdk.sh [--spdk DIR] [--rounds N]
 #            [--time SECONDS] [--job PATTERN:BS:QD[xCONNS]]... [--spdk-perf]
-#            [--perf NVMF_PERF]
+#            [--perf NVMF_PERF] [--tls]
 #   DIR: an SPDK tree built with its TCP transport (build/bin/nvmf_tgt and
 #   scripts/rpc.py); by default what tests/spdk.sh gives: $SPDK_DIR,
 #   else the tree the shared tool tools/spdk/build.sh builds (once per
@@ -22,6 +22,10 @@
 #   marked "(spdk_nvme_perf)".
 #   --perf: the nvmf-perf binary to drive the jobs with (default: the one
 #   this tree builds), e.g. an older build to compare generators.
+#   --tls: every target's listener requires TLS 1.3 and the one host has
+#   the specification's example key (SHA-256, TLS_AES_128_GCM_SHA256);
+#   both generators connect with a version 0 identity (NVMe0R01), the only
+#   one SPDK v23.05 knows (its derivations are the specification's).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
@@ -31,6 +35,7 @@ secs=3
 jobs=()
 spdk_perf=0
 perf=""
+tls=0
 while (($#)); do
   case "$1" in
     --spdk) shift; spdk=$(realpath "$1") ;;
@@ -39,6 +44,7 @@ while (($#)); do
     --job) shift; jobs+=("$1") ;;
     --spdk-perf) spdk_perf=1 ;;
     --perf) shift; perf=$(realpath "$1") ;;
+    --tls) tls=1 ;;
     *) echo "compare-spdk: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -63,6 +69,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# With --tls: the host's key file and NQN, what each target is given and
+# what each generator connects with.
+host=nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000a1
+key=$work/host.psk
+perf_args=() spdk_args=() spdk_host=""
+if ((tls)); then
+  (umask 077; printf 'NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:' >"$key")
+  perf_args=(--hostnqn "$host" --tls-key "$key" --tls-identity 0)
+  spdk_args=(-S ssl --psk-path "$key")
+  spdk_host=" hostnqn:$host"
+fi
+
 # SPDK wants hugepages: 1 GiB for the bdev and its own pools.
 # shellcheck source=dpu-service/nvmeof/bench/spdk-env.sh
 . dpu-service/nvmeof/bench/spdk-env.sh
@@ -78,14 +96,24 @@ start_spdk() {
   # and as many queue pairs per controller as ours grants.
   "${rpc[@]}" nvmf_create_transport -t TCP -q 256 -m 65 >/dev/null
   "${rpc[@]}" bdev_malloc_create -b Malloc0 1024 512 >/dev/null
-  "${rpc[@]}" nvmf_create_subsystem "$nqn" -a -s SPDK0001 >/dev/null
-  "${rpc[@]}" nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null
-  "${rpc[@]}" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" >/dev/null
+  if ((tls)); then
+    # SPDK refuses a secure channel on a subsystem that allows any host.
+    "${rpc[@]}" nvmf_create_subsystem "$nqn" -s SPDK0001 >/dev/null
+    "${rpc[@]}" nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null
+    "${rpc[@]}" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" -k >/dev/null
+    "${rpc[@]}" nvmf_subsystem_add_host "$nqn" "$host" --psk "$key" >/dev/null
+  else
+    "${rpc[@]}" nvmf_create_subsystem "$nqn" -a -s SPDK0001 >/dev/null
+    "${rpc[@]}" nvmf_subsystem_add_ns "$nqn" Malloc0 >/dev/null
+    "${rpc[@]}" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" >/dev/null
+  fi
 }
 
 start_ours() {
+  local args=()
+  ((tls)) && args=(--tls-key "$host=$key" --secure-channel required)
   taskset -c 0 "$tdir/release/examples/nvmf-target" --listen "127.0.0.1:$port" --ram 1G --nqn "$nqn" \
-    >"$work/ours.log" 2>&1 &
+    "${args[@]}" >"$work/ours.log" 2>&1 &
   pid=$!
   pids+=("$pid")
 }
@@ -104,11 +132,13 @@ ram_limit = "2GiB"
 id = "bench"
 nqn = "$nqn"
 allow_any_host = true
+$( ((tls)) && printf 'host_tls = { "%s" = { psk_file = "%s" } }' "$host" "$key")
 [[storage.subsystems.namespaces]]
 ram = "1GiB"
 [[storage.subsystems.listeners]]
 address = "127.0.0.1"
 port = $port
+$( ((tls)) && echo 'secure_channel = "required"')
 TOML
   rm -rf "$work/state"
   taskset -c 0 "$tdir/release/dpu-service" --config "$work/daemon.toml" --state-dir "$work/state" >"$work/daemon.log" 2>&1 &
@@ -122,7 +152,7 @@ spdk_generator() {
   local target=$1 round=$2 job=$3 conns=$4 rw bs qd
   IFS=: read -r rw bs qd <<<"$job"
   "$spdk/build/bin/spdk_nvme_perf" -c 0x2 -s 256 -L \
-    -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn" \
+    -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn$spdk_host" "${spdk_args[@]}" \
     -o "$(( ${bs%k} * 1024 ))" -w "$rw" -q "$qd" -P "$conns" -t "$secs" >"$work/spdk-perf.out" 2>&1 || {
       echo "spdk_nvme_perf failed against $target:" >&2; tail -20 "$work/spdk-perf.out" >&2; return 0; }
   python3 - "$work/spdk-perf.out" "$target" "$round" "$rw ${bs} QD${qd}x${conns} (spdk_nvme_perf)" >>"$results" <<'PY'
@@ -145,11 +175,11 @@ for round in $(seq 1 "$rounds"); do
     nqn="nqn.2016-06.io.dpu-service:bench-$target"
     "start_$target"
     wait_port "$port" || { cat "$work/$target.log" >&2; exit 1; }
-    taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --job write:128k:16 --time 2 >/dev/null
+    taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" "${perf_args[@]}" --job write:128k:16 --time 2 >/dev/null
     for j in "${jobs[@]}"; do
       conns=1 job=$j
       case "$j" in *x*) conns=${j##*x}; job=${j%x*} ;; esac
-      taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" --time "$secs" --job "$job" --conns "$conns" \
+      taskset -c 1 "$perf" --addr "127.0.0.1:$port" --nqn "$nqn" "${perf_args[@]}" --time "$secs" --job "$job" --conns "$conns" \
         | awk -v t="$target" -v r="$round" '$3 ~ /^QD/ { print t "\t" r "\t" $1 " " $2 " " $3 "\t" $4 "\t" $5 "\t" $6 "\t" $7 }' >>"$results"
       if ((spdk_perf)) && ((conns <= 64)); then
         spdk_generator "$target" "$round" "$job" "$conns"
@@ -161,7 +191,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$results" "$rounds" <<'PY'
+python3 - "$results" "$rounds" "$tls" <<'PY'
 import statistics, sys
 from collections import defaultdict
 rows = defaultdict(list)
@@ -172,7 +202,8 @@ for line in open(sys.argv[1]):
         order.append(job)
     rows[(t, job)].append((float(iops), float(mbs), float(p50), float(p99)))
 med = lambda xs: statistics.median(xs)
-print(f"median of {sys.argv[2]} rounds; target on CPU 0, nvmf-perf on CPU 1\n")
+over = ", every connection over TLS 1.3 (PSK)" if sys.argv[3] == "1" else ""
+print(f"median of {sys.argv[2]} rounds; target on CPU 0, nvmf-perf on CPU 1{over}\n")
 print("| job | SPDK nvmf_tgt IOPS | ours (bare) IOPS | dpu-service IOPS | bare/SPDK | daemon/SPDK | p50 µs SPDK/bare/daemon | p99 µs SPDK/bare/daemon |")
 print("|---|---|---|---|---|---|---|---|")
 for job in order:

@@ -2,7 +2,8 @@
 //! `spdk_nvme_identify` reads the controller and namespace, and
 //! `spdk_nvme_perf` runs I/O through to the end of its time and detaches
 //! (the detach reuses the CIDs of its Asynchronous Event Requests, which
-//! once ended the connection and left perf spinning).
+//! once ended the connection and left perf spinning). `spdk_nvme_perf -S
+//! ssl` also runs over TLS 1.3 against a listener that requires it.
 //!
 //! SPDK is `SPDK_DIR` when set, else the tree the shared
 //! `tools/spdk/build.sh` builds or has built ([`dpu_e2e::tools::spdk_dir`]);
@@ -14,7 +15,8 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use dpu_e2e::net::metric;
 use dpu_e2e::{bin_dir, free_port, Service};
 
 const NQN: &str = "nqn.2024-01.io.dpu-service.test:spdk";
@@ -157,6 +159,105 @@ port = {port}
     // It detached cleanly: no termination request, nothing left open.
     let log = svc.log_text();
     assert!(!log.contains("protocol error"), "{log}");
+    Ok(())
+}
+
+/// SPDK's initiator over TLS 1.3: `spdk_nvme_perf -S ssl` with the
+/// specification's example key, against a daemon whose listener requires
+/// TLS. SPDK v23.05 knows version 0 identities only (`NVMe0R01 host sub`)
+/// and derives their PSK as the specification says. The same tool without
+/// TLS, and with a wrong key, gets no I/O done and is counted.
+#[test]
+fn spdk_initiator_over_tls_against_the_daemon() -> Result<()> {
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000b1";
+    let spdk = dpu_e2e::tools::spdk_dir()?;
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("host.psk");
+    std::fs::write(
+        &key,
+        "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:",
+    )?;
+    let wrong = dir.path().join("wrong.psk");
+    std::fs::write(
+        &wrong,
+        "NVMeTLSkey-1:01:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:",
+    )?;
+    let port = free_port();
+    let config = format!(
+        r#"
+[storage]
+ram_limit = "128MiB"
+[[storage.subsystems]]
+id = "spdk"
+nqn = "{NQN}"
+allowed_hosts = ["{HOST}"]
+host_tls = {{ "{HOST}" = {{ psk_file = "{}" }} }}
+[[storage.subsystems.namespaces]]
+ram = "64MiB"
+[[storage.subsystems.listeners]]
+address = "127.0.0.1"
+port = {port}
+secure_channel = "required"
+"#,
+        key.display()
+    );
+    let svc = Service::start_config(&config, &[])?;
+    hugepages()?;
+    let trid = format!(
+        "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}"
+    );
+    let perf = |tls: &[&str]| -> Result<(bool, f64, String)> {
+        let mut args = vec![
+            "-r", &trid, "-o", "4096", "-w", "randrw", "-M", "50", "-q", "32", "-P", "2", "-t",
+            "2", "-s", "256",
+        ];
+        args.extend_from_slice(tls);
+        let out = run_tool(&spdk, "spdk_nvme_perf", &args, Duration::from_secs(60))?;
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let iops = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("Total"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Ok((out.status.success(), iops, text))
+    };
+    let key = key.to_str().context("a UTF-8 path")?;
+    let (ok, iops, text) = perf(&["-S", "ssl", "--psk-path", key])?;
+    ensure!(
+        ok && iops > 100.0,
+        "spdk_nvme_perf over TLS: {iops} IOPS:\n{text}\n{}",
+        svc.log_text()
+    );
+    eprintln!("spdk_nvme_perf over TLS: {iops:.0} IOPS");
+    let m = svc.http_get("/metrics")?.1;
+    let handshakes = metric(&m, "dpu_nvmf_tls_handshakes_total");
+    // The admin queue and two I/O queues.
+    ensure!(handshakes >= 3, "{handshakes} handshakes counted");
+
+    for (what, tls, reason) in [
+        ("clear text", &[][..], "clear_text"),
+        (
+            "a wrong key",
+            &[
+                "-S",
+                "ssl",
+                "--psk-path",
+                wrong.to_str().context("a UTF-8 path")?,
+            ][..],
+            "failed",
+        ),
+    ] {
+        let (_, iops, text) = perf(tls)?;
+        ensure!(iops == 0.0, "{what}: {iops} IOPS:\n{text}");
+        let name = format!("dpu_nvmf_tls_refused_total{{reason=\"{reason}\"}}");
+        let refused = metric(&svc.http_get("/metrics")?.1, &name);
+        ensure!(refused >= 1, "{what}: {name} is {refused}");
+    }
     Ok(())
 }
 
