@@ -135,26 +135,33 @@ fn exercise(spdk: &Path, port: u16) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn spdk_initiator_against_the_daemon() -> Result<()> {
-    let spdk = dpu_e2e::tools::spdk_dir()?;
-    let port = free_port();
-    let config = format!(
+/// The daemon's configuration: subsystem NQN with a 64 MiB RAM namespace
+/// and a listener on `port`; `hosts` and `listener` are added to the
+/// subsystem's and the listener's tables.
+fn config(port: u16, hosts: &str, listener: &str) -> String {
+    format!(
         r#"
 [storage]
 ram_limit = "128MiB"
 [[storage.subsystems]]
 id = "spdk"
 nqn = "{NQN}"
-allow_any_host = true
+{hosts}
 [[storage.subsystems.namespaces]]
 ram = "64MiB"
 [[storage.subsystems.listeners]]
 address = "127.0.0.1"
 port = {port}
+{listener}
 "#
-    );
-    let svc = Service::start_config(&config, &[])?;
+    )
+}
+
+#[test]
+fn spdk_initiator_against_the_daemon() -> Result<()> {
+    let spdk = dpu_e2e::tools::spdk_dir()?;
+    let port = free_port();
+    let svc = Service::start_config(&config(port, "allow_any_host = true", ""), &[])?;
     exercise(&spdk, port).with_context(|| svc.log_text())?;
     // It detached cleanly: no termination request, nothing left open.
     let log = svc.log_text();
@@ -183,25 +190,11 @@ fn spdk_initiator_over_tls_against_the_daemon() -> Result<()> {
         "NVMeTLSkey-1:01:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:",
     )?;
     let port = free_port();
-    let config = format!(
-        r#"
-[storage]
-ram_limit = "128MiB"
-[[storage.subsystems]]
-id = "spdk"
-nqn = "{NQN}"
-allowed_hosts = ["{HOST}"]
-host_tls = {{ "{HOST}" = {{ psk_file = "{}" }} }}
-[[storage.subsystems.namespaces]]
-ram = "64MiB"
-[[storage.subsystems.listeners]]
-address = "127.0.0.1"
-port = {port}
-secure_channel = "required"
-"#,
+    let hosts = format!(
+        "allowed_hosts = [\"{HOST}\"]\nhost_tls = {{ \"{HOST}\" = {{ psk_file = \"{}\" }} }}",
         key.display()
     );
-    let svc = Service::start_config(&config, &[])?;
+    let svc = Service::start_config(&config(port, &hosts, "secure_channel = \"required\""), &[])?;
     hugepages()?;
     let trid = format!(
         "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN} hostnqn:{HOST}"
