@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes manifests offline: the static pod
-# (images/k8s/dpu-service.yaml) and the Helm chart (images/helm/dpu-service).
+# (images/k8s/dpu-service.yaml), the Helm chart (images/helm/dpu-service)
+# and the DOCA Platform Framework (DPF) objects (images/dpf).
 #
 #  - yamllint on the hand-written YAML;
 #  - the chart rendered as `helm template` would (images/render-chart: Go's
 #    text/template with sprig and Helm's own functions, built from Debian's
 #    Go packages, since helm is in none of the registries this machine
-#    reaches): under two release names, with a changed configuration, and
-#    with TLS off;
+#    reaches): under two release names, with a changed configuration, with
+#    TLS off, with DPF's values (images/dpf/values-dpf.yaml: serviceID and
+#    every serviceDaemonSet field) and with the values DPF hands it for
+#    images/dpf's DPUServiceTemplate and DPUServiceConfiguration;
 #  - kubernetes-validate --strict against Kubernetes 1.30's schemas for the
 #    static pod and every rendered document;
 #  - the properties a DPU deployment needs (images/check_manifests.py, then
@@ -16,10 +19,20 @@
 #    port, exactly five capabilities, one DaemonSet on arm64 nodes, names
 #    from the release, checksum/config = sha256 of the rendered ConfigMap,
 #    a configuration that parses as TOML;
+#  - DPF (images/dpf/check_dpf.py): images/dpf's objects against JSON
+#    schemas derived from DPF's CRDs (images/dpf/schemas, python
+#    jsonschema); the template's chart, values and resources and the
+#    configuration's values and ports consistent with the chart and the
+#    DPUServiceInterfaces; each DPF value landed in the rendered DaemonSet
+#    (svc.dpu.nvidia.com/service label, node affinity beside the arm64
+#    nodeSelector, labels, annotations, updateStrategy), and none of it
+#    with the chart's own values;
 #  - with DPU_SERVICE_BIN set to a dpu-service binary: the chart's
-#    configuration passes that binary's --check-config.
+#    configuration, and the one DPF deploys, pass that binary's
+#    --check-config.
 # Installs what it needs (Debian's golang and sprig, a Python venv with
-# kubernetes-validate and yamllint under target/) and is re-runnable.
+# kubernetes-validate, jsonschema and yamllint under target/) and is
+# re-runnable.
 # Run from anywhere; paths are relative to the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,12 +60,12 @@ if ((${#need[@]})); then
 fi
 
 venv="$tdir/manifest-venv"
-if ! "$venv/bin/python" -c 'import kubernetes_validate, yamllint, yaml' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import kubernetes_validate, yamllint, yaml, jsonschema' >/dev/null 2>&1; then
   step "making the Python venv $venv"
   rm -rf "$venv"
   python3 -m venv "$venv" || fail "python3 -m venv $venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate yamllint pyyaml >"$work/pip.log" 2>&1 ||
-    { cat "$work/pip.log" >&2; rm -rf "$venv"; fail "pip install kubernetes-validate yamllint pyyaml"; }
+  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate yamllint pyyaml jsonschema >"$work/pip.log" 2>&1 ||
+    { cat "$work/pip.log" >&2; rm -rf "$venv"; fail "pip install kubernetes-validate yamllint pyyaml jsonschema"; }
 fi
 
 # The renderer: GOPATH mode over Debian's Go sources, no module downloads.
@@ -72,19 +85,30 @@ printf 'tls:\n  enabled: false\n' >"$work/no-tls.yaml"
   fail "rendering the chart with another config"
 "$render" -name dpu -values "$work/no-tls.yaml" "$chart" >"$work/dpu-no-tls.yaml" ||
   fail "rendering the chart with tls.enabled=false"
+dpf=images/dpf
+step "rendering $chart with DPF's values"
+"$render" -name dpu -values "$dpf/values-dpf.yaml" "$chart" >"$work/dpu-dpf.yaml" ||
+  fail "rendering the chart with $dpf/values-dpf.yaml"
+# The values DPF passes for the DPUServiceTemplate and DPUServiceConfiguration
+# (merged as a DPUDeployment does), under the template's release name.
+dpf_release=$("$venv/bin/python" "$dpf/check_dpf.py" values "$work/dpf-deploy-values.yaml") ||
+  fail "merging $dpf's template and configuration values"
+"$render" -name "$dpf_release" -namespace dpf-operator-system -values "$work/dpf-deploy-values.yaml" "$chart" \
+  >"$work/dpf-deploy.yaml" || fail "rendering the chart with the DPUServiceTemplate's and DPUServiceConfiguration's values"
 
 step "yamllint"
 "$venv/bin/yamllint" -s -d '{extends: default, rules: {line-length: {max: 140}, document-start: disable, comments: {min-spaces-from-content: 1}}}' \
-  images/k8s/dpu-service.yaml "$chart/values.yaml" "$chart/Chart.yaml" || fail "yamllint"
+  images/k8s/dpu-service.yaml "$chart/values.yaml" "$chart/Chart.yaml" "$dpf"/*.yaml || fail "yamllint"
 # The rendered stream: only what templating can break unnoticed by the
 # schemas (a key given twice, the last one winning).
 "$venv/bin/yamllint" -s -d '{rules: {key-duplicates: enable}}' \
-  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" ||
-  fail "yamllint on the rendered chart"
+  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" \
+  "$work/dpu-dpf.yaml" "$work/dpf-deploy.yaml" || fail "yamllint on the rendered chart"
 
 step "kubernetes-validate --strict (Kubernetes 1.30)"
 "$venv/bin/kubernetes-validate" --strict --quiet -k 1.30.0 images/k8s/dpu-service.yaml \
-  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" ||
+  "$work/dpu.yaml" "$work/edge.yaml" "$work/dpu-other-config.yaml" "$work/dpu-no-tls.yaml" \
+  "$work/dpu-dpf.yaml" "$work/dpf-deploy.yaml" ||
   fail "kubernetes-validate: a manifest does not match the Kubernetes 1.30 schemas"
 
 step "DPU properties"
@@ -186,15 +210,25 @@ for f in failures:
 sys.exit(1 if failures else 0)
 PY
 
-if [ -n "${DPU_SERVICE_BIN:-}" ]; then
-  step "$DPU_SERVICE_BIN --check-config on the chart's configuration ($work/config.toml)"
+step "DPF objects and contract ($dpf)"
+"$venv/bin/python" "$dpf/check_dpf.py" check "$work/dpu.yaml" "$work/dpu-dpf.yaml" "$work/dpf-deploy.yaml" \
+  "$work/dpf-config.toml" || fail "DPF ($dpf/check_dpf.py, messages above)"
+
+# check_config FILE WHAT: FILE passes $DPU_SERVICE_BIN --check-config.
+check_config() {
+  step "$DPU_SERVICE_BIN --check-config on $2 ($1)"
+  local state
   state=$(mktemp -d)
   # The state directory of the configuration (/var/lib/dpu-service) is the
   # DPU's; --check-config opens a scratch one instead.
-  if ! "$DPU_SERVICE_BIN" --config "$work/config.toml" --state-dir "$state" --check-config; then
+  if ! "$DPU_SERVICE_BIN" --config "$1" --state-dir "$state" --check-config; then
     rm -rf "$state"
-    fail "the chart's configuration (values.yaml \`config\`, written to $work/config.toml) is refused by $DPU_SERVICE_BIN --check-config (error above)"
+    fail "$2 (written to $1) is refused by $DPU_SERVICE_BIN --check-config (error above)"
   fi
   rm -rf "$state"
+}
+if [ -n "${DPU_SERVICE_BIN:-}" ]; then
+  check_config "$work/config.toml" "the chart's configuration (values.yaml \`config\`)"
+  check_config "$work/dpf-config.toml" "the configuration DPF deploys ($dpf/dpuserviceconfiguration.yaml)"
 fi
-echo "check-manifests: static pod and Helm chart valid"
+echo "check-manifests: static pod, Helm chart and DPF objects valid"

@@ -4,7 +4,8 @@ pod and in the Helm chart rendered under two release names.
 Usage: check_manifests.py STATIC_POD RENDERED_A RENDERED_B RENDERED_A_OTHER_CONFIG PRODUCTION_TOML CONFIG_OUT
 RENDERED_A_OTHER_CONFIG is release A rendered with a changed `config`.
 Writes the chart's configuration (from RENDERED_A) to CONFIG_OUT so the
-caller can give it to dpu-service --check-config.
+caller can give it to dpu-service --check-config. images/dpf/check_dpf.py
+imports it for the same properties in the chart rendered with DPF's values.
 """
 
 import hashlib
@@ -115,4 +116,5 @@ def main():
         sys.exit(1)
 
 
-main()
+if __name__ == "__main__":
+    main()
