@@ -1,6 +1,8 @@
 //! Compiles `dpu/v1/*.proto` into tonic/prost code, the encoded file
 //! descriptor set (for gRPC server reflection) and pbjson serde impls (the
-//! canonical proto3 JSON mapping used by `dpuctl --output json`).
+//! canonical proto3 JSON mapping used by `dpuctl --output json`); and
+//! `opi_api/storage/v1/*.proto`, the OPI storage contract, into tonic/prost
+//! code and a descriptor set of its own.
 
 use std::path::PathBuf;
 
@@ -11,6 +13,17 @@ const PROTOS: &[&str] = &[
     "dpu/v1/filter.proto",
     "dpu/v1/storage.proto",
     "dpu/v1/telemetry.proto",
+];
+
+/// The OPI storage contract (`opi_api.storage.v1`), kept wire-compatible
+/// with OPI's published API by `tests/python/opi_wire.py`.
+const OPI_STORAGE_PROTOS: &[&str] = &[
+    "opi_api/storage/v1/opicommon.proto",
+    "opi_api/storage/v1/frontend_nvme.proto",
+    "opi_api/storage/v1/backend_malloc.proto",
+    "opi_api/storage/v1/backend_aio.proto",
+    "opi_api/storage/v1/backend_null.proto",
+    "opi_api/storage/v1/backend_nvme.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,7 +51,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .emit_fields()
         .build(&[".dpu.v1"])?;
 
-    for p in PROTOS {
+    // OPI: its own descriptor set; the well-known types are pbjson_types',
+    // like dpu.v1's, so both modules share them. No serde impls.
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("opi_storage_descriptor.bin"))
+        .compile_well_known_types(true)
+        .extern_path(".google.protobuf", "::pbjson_types")
+        .compile_protos(OPI_STORAGE_PROTOS, &includes)?;
+
+    for p in PROTOS.iter().chain(OPI_STORAGE_PROTOS) {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

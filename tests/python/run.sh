@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the foreign Python gRPC client in its own virtual environment
-# (tests/python/.venv, created on first use). Arguments go to the client.
+# (tests/python/.venv, created on first use). Arguments go to the client;
+# `run.sh opi-wire ARGS` runs the OPI wire-compatibility check
+# (opi_wire.py) instead.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
@@ -10,4 +12,9 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$venv/.requ
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
   cp "$here/requirements.txt" "$venv/.requirements"
 fi
-exec "$venv/bin/python" "$here/foreign_client.py" "$@"
+script=foreign_client.py
+if [ "${1:-}" = opi-wire ]; then
+  script=opi_wire.py
+  shift
+fi
+exec "$venv/bin/python" "$here/$script" "$@"
