@@ -10,8 +10,8 @@
 //! It also holds ([`opi::storage::v1`]) the Open Programmable
 //! Infrastructure project's storage API, `opi_api.storage.v1`, written
 //! here wire-compatible with OPI's published protos (`opi_api/storage/v1/`,
-//! checked against pydpu's by `tests/python/opi_wire.py`). Nothing serves
-//! it yet.
+//! checked against pydpu's by `tests/python/opi_wire.py`). The daemon
+//! serves its NVMe subsystem calls (`docs/opi.md`).
 //!
 //! Compatibility: `dpu.v1` only grows. Fields and RPCs are added, never
 //! renumbered, retyped or removed; a breaking change means a new package.

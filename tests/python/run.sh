@@ -2,7 +2,8 @@
 # Runs the foreign Python gRPC client in its own virtual environment
 # (tests/python/.venv, created on first use). Arguments go to the client;
 # `run.sh opi-wire ARGS` runs the OPI wire-compatibility check
-# (opi_wire.py) instead.
+# (opi_wire.py) instead, `run.sh opi-client ARGS` the OPI client
+# (opi_client.py).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
@@ -13,8 +14,7 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$venv/.requ
   cp "$here/requirements.txt" "$venv/.requirements"
 fi
 script=foreign_client.py
-if [ "${1:-}" = opi-wire ]; then
-  script=opi_wire.py
-  shift
-fi
+case "${1:-}" in
+  opi-wire | opi-client) script=${1//-/_}.py; shift ;;
+esac
 exec "$venv/bin/python" "$here/$script" "$@"

@@ -40,6 +40,7 @@ use dpu_control::service::authz::AuthzLayer;
 use dpu_control::service::{request_bytes, Api, Bounded, Control, ServiceFacts};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
+use dpu_proto::opi::storage::v1::frontend_nvme_service_server::FrontendNvmeServiceServer;
 use dpu_proto::v1::filter_service_server::FilterServiceServer;
 use dpu_proto::v1::info_service_server::InfoServiceServer;
 use dpu_proto::v1::port_service_server::PortServiceServer;
@@ -411,13 +412,16 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     health.set_serving::<FilterServiceServer<Api>>().await;
     health.set_serving::<StorageServiceServer<Api>>().await;
     health.set_serving::<TelemetryServiceServer<Api>>().await;
+    health.set_serving::<FrontendNvmeServiceServer<Api>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .context("building the reflection service")?;
@@ -491,8 +495,14 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
             ctl.telemetry.clone(),
         ))
         .add_service(
-            TelemetryServiceServer::new(api).max_decoding_message_size(size(
+            TelemetryServiceServer::new(api.clone()).max_decoding_message_size(size(
                 <TelemetryServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        // OPI's NVMe front end over the same state (docs/opi.md).
+        .add_service(
+            FrontendNvmeServiceServer::new(api).max_decoding_message_size(size(
+                <FrontendNvmeServiceServer<Api> as NamedService>::NAME,
             )),
         );
     let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);

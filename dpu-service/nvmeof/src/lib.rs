@@ -45,6 +45,9 @@ pub mod target;
 pub mod tcp;
 
 pub use conn::{BlockCompletion, BlockOp, BlockRequest, Connection};
+/// The firmware revision Identify Controller reports ("dpu" and the
+/// crate's major and minor version), for APIs that show it.
+pub const FIRMWARE_REVISION: &str = conn::admin::FIRMWARE;
 /// The secure channel's keys and sessions.
 pub use dpu_tls;
 pub use target::{

@@ -26,6 +26,7 @@ mod nvme_rbd;
 mod nvme_remote;
 mod nvme_restart;
 mod nvme_tls;
+mod opi;
 mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;

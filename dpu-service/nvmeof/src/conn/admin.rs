@@ -21,7 +21,7 @@ use super::command::{Outcome, IN_CAPSULE_DATA, IO_CMDS, IO_CTRL_ADMIN, IO_WRITES
 /// PCI vendor ID reported (none: a software controller).
 const VENDOR_ID: u16 = 0;
 /// Firmware revision reported.
-const FIRMWARE: &str = concat!(
+pub(crate) const FIRMWARE: &str = concat!(
     "dpu",
     env!("CARGO_PKG_VERSION_MAJOR"),
     ".",

@@ -44,7 +44,7 @@
 //! - `command`: what a command comes to, the limits advertised and the
 //!   command sets served; `timeouts`: the timers ([`Timeouts`]).
 
-mod admin;
+pub(crate) mod admin;
 mod auth;
 mod block;
 pub(crate) mod budget;

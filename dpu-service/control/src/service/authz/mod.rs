@@ -111,7 +111,85 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/DeleteCluster", Permission::Admin),
     ("/dpu.v1.TelemetryService/GetCounters", Permission::Read),
     ("/dpu.v1.TelemetryService/WatchCounters", Permission::Read),
+    // OPI's NVMe front end: views of the same subsystems, so the same
+    // permissions as dpu.v1's storage calls.
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeSubsystem",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeSubsystem",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeSubsystem",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/ListNvmeSubsystems",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/GetNvmeSubsystem",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeSubsystem",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/ListNvmeControllers",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/GetNvmeController",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeController",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeNamespace",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeNamespace",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeNamespace",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/ListNvmeNamespaces",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/GetNvmeNamespace",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeNamespace",
+        Permission::Read,
+    ),
 ];
+
+/// The OPI services the API listener serves, whose methods [`METHODS`]
+/// lists too.
+pub const OPI_SERVICES: &[&str] = &["opi_api.storage.v1.FrontendNvmeService"];
 
 /// Services every method of which only reads: health checking and
 /// reflection, by path prefix.
@@ -339,6 +417,17 @@ mod tests {
             }
         }
         assert!(in_proto.len() >= 30, "{in_proto:?}");
+        let opi = prost_types::FileDescriptorSet::decode(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
+            .expect("OPI's descriptor set decodes");
+        for file in &opi.file {
+            for s in &file.service {
+                if OPI_SERVICES.contains(&format!("{}.{}", file.package(), s.name()).as_str()) {
+                    for m in &s.method {
+                        in_proto.insert(format!("/{}.{}/{}", file.package(), s.name(), m.name()));
+                    }
+                }
+            }
+        }
         let table: BTreeSet<String> = METHODS.iter().map(|(m, _)| m.to_string()).collect();
         assert_eq!(table.len(), METHODS.len(), "a method is listed twice");
         let missing: Vec<_> = in_proto.difference(&table).collect();

@@ -1,0 +1,244 @@
+"""OPI's NVMe front end through pydpu (PyPI), a client generated from
+OPI's protos and not from ours, against a running dpu-service.
+
+    opi_client.py --target HOST:PORT --keep ID     # an admin caller
+    opi_client.py --target HOST:PORT --reader      # a caller with the reader role
+
+As an admin: pydpu's own `storage subsystem` CLI sequence (create, list,
+get, stats, delete) must run without an RPC error; then pydpu's
+NvmeSubsystem objects and its stubs drive create, get, list with paging,
+stats, update (the model number and the one allowed host), delete and
+delete with allow_missing, and the refusals name OPI's fields. The
+subsystem ID given with --keep is created and left in place, with host
+NQN H1 allowed, for the caller to find through dpu.v1.
+
+As a reader: lists and gets answer, every change is PERMISSION_DENIED.
+Exits non-zero, saying what failed, on any difference.
+"""
+
+import argparse
+import subprocess
+import sys
+
+import grpc
+from google.protobuf import field_mask_pb2
+from pydpu.proto.v1 import frontend_nvme_pb2 as fe
+from pydpu.proto.v1 import frontend_nvme_pb2_grpc as fe_grpc
+from pydpu.storage import NvmeSubsystem
+
+H1 = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1"
+H2 = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d2"
+
+
+def fail(msg):
+    sys.exit(f"opi_client: {msg}")
+
+
+def expect_error(call, code, field=None):
+    try:
+        call()
+    except grpc.RpcError as e:
+        if e.code() != code:
+            fail(f"expected {code}, got {e.code()}: {e.details()}")
+        if field and field not in e.details():
+            fail(f"the {code} error does not name {field}: {e.details()}")
+        return e
+    fail(f"expected {code}, the call succeeded")
+
+
+def admin(target, keep):
+    # pydpu's CLI: it prints an RPC error instead of failing, so its output
+    # is read.
+    out = subprocess.run(
+        [sys.executable, "-m", "pydpu", "--address", target, "storage", "subsystem"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    text = out.stdout + out.stderr
+    if out.returncode != 0 or "StatusCode" in text or "status =" in text:
+        fail(f"pydpu's storage subsystem sequence failed:\n{text}")
+    if "nvmeSubsystems/opi-" not in text or "firmware_revision" not in text:
+        fail(f"pydpu's sequence printed no subsystem:\n{text}")
+
+    # pydpu's objects: create, get, list, stats, delete.
+    s = NvmeSubsystem(nqn="nqn.2022-09.io.spdk:opi-objects", model="OPI Model", serial="OPI SN", ns=10)
+    made = s.create(target)
+    if made.name != s.name or made.spec.nqn != s.nqn or made.spec.max_namespaces != 10:
+        fail(f"create answered {made}")
+    if made.spec.model_number != "OPI Model" or made.spec.serial_number != "OPI SN":
+        fail(f"create lost the model or serial: {made}")
+    if not made.status.firmware_revision.startswith("dpu"):
+        fail(f"no firmware revision: {made}")
+    if s.get(target) != made:
+        fail(f"get differs from create: {s.get(target)}")
+    if s.name not in [x.name for x in s.list(target).nvme_subsystems]:
+        fail("list lacks the subsystem made")
+    st = s.stats(target).stats
+    if st.read_ops_count != 0 or st.write_ops_count != 0:
+        fail(f"a new subsystem has I/O counted: {st}")
+    s.delete(target)
+    expect_error(lambda: s.get(target), grpc.StatusCode.NOT_FOUND)
+
+    with grpc.insecure_channel(target) as ch:
+        stub = fe_grpc.FrontendNvmeServiceStub(ch)
+
+        def create(id_, nqn, **spec):
+            return stub.CreateNvmeSubsystem(
+                fe.CreateNvmeSubsystemRequest(
+                    nvme_subsystem_id=id_,
+                    nvme_subsystem=fe.NvmeSubsystem(spec=fe.NvmeSubsystemSpec(nqn=nqn, **spec)),
+                )
+            )
+
+        # The one kept for dpu.v1 to see, allowing H1 only.
+        kept = create(keep, "nqn.2022-09.io.spdk:opi-kept", hostnqn=H1, model_number="OPI Model")
+        if kept.name != f"nvmeSubsystems/{keep}" or kept.spec.hostnqn != H1:
+            fail(f"create with a host answered {kept}")
+        # A server-chosen ID.
+        anon = create("", "nqn.2022-09.io.spdk:opi-anon")
+        if not anon.name.startswith("nvmeSubsystems/opi-"):
+            fail(f"a server-chosen name looks like {anon.name}")
+
+        # Paging: five more, read two at a time.
+        for i in range(5):
+            create(f"page-{i}", f"nqn.2022-09.io.spdk:opi-page{i}")
+        seen, token, pages = [], "", 0
+        while True:
+            r = stub.ListNvmeSubsystems(fe.ListNvmeSubsystemsRequest(page_size=2, page_token=token))
+            if len(r.nvme_subsystems) > 2:
+                fail(f"a page of 2 held {len(r.nvme_subsystems)}")
+            seen += [x.name for x in r.nvme_subsystems]
+            pages += 1
+            token = r.next_page_token
+            if not token:
+                break
+        want = {f"nvmeSubsystems/page-{i}" for i in range(5)} | {kept.name, anon.name}
+        if not want <= set(seen) or len(seen) != len(set(seen)) or pages < 4:
+            fail(f"paging saw {seen} in {pages} pages")
+
+        # Update: the model number, then the allowed host; what cannot
+        # change is refused naming the field.
+        up = stub.UpdateNvmeSubsystem(
+            fe.UpdateNvmeSubsystemRequest(
+                nvme_subsystem=fe.NvmeSubsystem(
+                    name="nvmeSubsystems/page-0",
+                    spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:opi-page0", model_number="Model 2"),
+                ),
+                update_mask=field_mask_pb2.FieldMask(paths=["spec.model_number"]),
+            )
+        )
+        if up.spec.model_number != "Model 2":
+            fail(f"update answered {up}")
+        up = stub.UpdateNvmeSubsystem(
+            fe.UpdateNvmeSubsystemRequest(
+                nvme_subsystem=fe.NvmeSubsystem(
+                    name="nvmeSubsystems/page-0",
+                    spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:opi-page0", hostnqn=H2),
+                ),
+                update_mask=field_mask_pb2.FieldMask(paths=["spec.hostnqn"]),
+            )
+        )
+        got = stub.GetNvmeSubsystem(fe.GetNvmeSubsystemRequest(name="nvmeSubsystems/page-0"))
+        if got.spec.hostnqn != H2 or got.spec.model_number != "Model 2":
+            fail(f"after the updates: {got}")
+        expect_error(
+            lambda: stub.UpdateNvmeSubsystem(
+                fe.UpdateNvmeSubsystemRequest(
+                    nvme_subsystem=fe.NvmeSubsystem(
+                        name="nvmeSubsystems/page-0",
+                        spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:other"),
+                    ),
+                    update_mask=field_mask_pb2.FieldMask(paths=["*"]),
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_subsystem.spec.nqn",
+        )
+        # allow_missing: an update creates, a delete of nothing succeeds.
+        made = stub.UpdateNvmeSubsystem(
+            fe.UpdateNvmeSubsystemRequest(
+                nvme_subsystem=fe.NvmeSubsystem(
+                    name="nvmeSubsystems/upserted", spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:opi-up")
+                ),
+                allow_missing=True,
+            )
+        )
+        if made.name != "nvmeSubsystems/upserted":
+            fail(f"update with allow_missing answered {made}")
+
+        # Refusals name OPI's fields.
+        expect_error(lambda: create("bad", "not-an-nqn"), grpc.StatusCode.INVALID_ARGUMENT, "nvme_subsystem.spec.nqn")
+        expect_error(
+            lambda: create("bad", "nqn.2022-09.io.spdk:x", max_namespaces=-1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_subsystem.spec.max_namespaces",
+        )
+        expect_error(
+            lambda: create("bad", "nqn.2022-09.io.spdk:x", psk=b"NVMeTLSkey-1:01:x:", hostnqn=H1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_subsystem.spec.psk",
+        )
+        expect_error(lambda: create("Bad_ID", "nqn.2022-09.io.spdk:x"), grpc.StatusCode.INVALID_ARGUMENT, "nvme_subsystem_id")
+        expect_error(lambda: create(keep, "nqn.2022-09.io.spdk:again"), grpc.StatusCode.ALREADY_EXISTS)
+        expect_error(
+            lambda: stub.GetNvmeSubsystem(fe.GetNvmeSubsystemRequest(name="subsystems/x")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "name",
+        )
+        expect_error(
+            lambda: stub.CreateNvmeController(fe.CreateNvmeControllerRequest()),
+            grpc.StatusCode.UNIMPLEMENTED,
+            "CreateListener",
+        )
+
+        # Delete all but the kept one; a second delete is NOT_FOUND unless
+        # allowed to miss.
+        for name in [anon.name, "nvmeSubsystems/upserted"] + [f"nvmeSubsystems/page-{i}" for i in range(5)]:
+            stub.DeleteNvmeSubsystem(fe.DeleteNvmeSubsystemRequest(name=name))
+        expect_error(
+            lambda: stub.DeleteNvmeSubsystem(fe.DeleteNvmeSubsystemRequest(name=anon.name)),
+            grpc.StatusCode.NOT_FOUND,
+        )
+        stub.DeleteNvmeSubsystem(fe.DeleteNvmeSubsystemRequest(name=anon.name, allow_missing=True))
+    print("opi_client: admin sequence OK")
+
+
+def reader(target):
+    with grpc.insecure_channel(target) as ch:
+        stub = fe_grpc.FrontendNvmeServiceStub(ch)
+        names = [x.name for x in stub.ListNvmeSubsystems(fe.ListNvmeSubsystemsRequest()).nvme_subsystems]
+        for name in names:
+            stub.GetNvmeSubsystem(fe.GetNvmeSubsystemRequest(name=name))
+            stub.StatsNvmeSubsystem(fe.StatsNvmeSubsystemRequest(name=name))
+        expect_error(
+            lambda: stub.CreateNvmeSubsystem(
+                fe.CreateNvmeSubsystemRequest(
+                    nvme_subsystem_id="by-reader",
+                    nvme_subsystem=fe.NvmeSubsystem(spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:r")),
+                )
+            ),
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+        for name in names:
+            expect_error(
+                lambda: stub.DeleteNvmeSubsystem(fe.DeleteNvmeSubsystemRequest(name=name)),
+                grpc.StatusCode.PERMISSION_DENIED,
+            )
+    print(f"opi_client: reader sequence OK ({len(names)} subsystems read, changes refused)")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", required=True)
+    p.add_argument("--keep", default="opi-kept")
+    p.add_argument("--reader", action="store_true")
+    a = p.parse_args()
+    if a.reader:
+        reader(a.target)
+    else:
+        admin(a.target, a.keep)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+//! OPI's NVMe front end (`opi_api.storage.v1.FrontendNvmeService`) through
+//! the real binary, driven by pydpu from PyPI (`tests/python/opi_client.py`:
+//! a client generated from OPI's protos, not ours): pydpu's own CLI
+//! sequence, create/get/list with paging/stats/update/delete, the
+//! refusals naming OPI's fields. What OPI made is a `dpu.v1` subsystem
+//! that `dpuctl` shows and changes, and OPI sees the change; it survives
+//! a restart; a caller with the reader role reads through OPI and is
+//! refused every change, as through `dpu.v1`.
+
+use std::process::Command;
+
+use anyhow::{ensure, Context, Result};
+use dpu_e2e::{Service, TEST_CONFIG};
+use dpu_proto::opi::storage::v1 as opi;
+
+const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1";
+const H3: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d3";
+
+/// `tests/python/opi_client.py` with `args` against `svc`.
+fn opi_client(svc: &Service, args: &[&str]) -> Result<String> {
+    let script = dpu_e2e::repo_root().join("tests/python/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("opi-client")
+        .args(["--target", &svc.grpc.to_string()])
+        .args(args)
+        .output()
+        .context("running tests/python/run.sh opi-client")?;
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "the OPI client failed:\n{text}\n{}",
+        svc.log_text()
+    );
+    Ok(text)
+}
+
+/// The subsystem `name` as OPI's `GetNvmeSubsystem` shows it.
+fn opi_get(svc: &Service, name: &str) -> Result<opi::NvmeSubsystem> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut c =
+            opi::frontend_nvme_service_client::FrontendNvmeServiceClient::connect(svc.endpoint())
+                .await?;
+        Ok(
+            c.get_nvme_subsystem(opi::GetNvmeSubsystemRequest { name: name.into() })
+                .await?
+                .into_inner(),
+        )
+    })
+}
+
+#[test]
+fn pydpu_drives_subsystems_that_dpu_v1_shares() -> Result<()> {
+    let mut svc = Service::start()?;
+    let out = opi_client(&svc, &["--keep", "opi-kept"])?;
+    ensure!(out.contains("admin sequence OK"), "{out}");
+
+    // dpu.v1 sees what OPI made: its NQN, model and its one host.
+    let s = svc.dpuctl_json(&["subsystem", "get", "opi-kept"])?;
+    ensure!(
+        s["nqn"] == "nqn.2022-09.io.spdk:opi-kept" && s["modelNumber"] == "OPI Model",
+        "{s}"
+    );
+    ensure!(s["allowedHosts"] == serde_json::json!([H1]), "{s}");
+    // Only it is left of what the client made.
+    let list = svc.dpuctl_json(&["subsystem", "list"])?;
+    ensure!(list.as_array().map(Vec::len) == Some(1), "{list}");
+
+    // A change through dpu.v1 shows through OPI.
+    svc.dpuctl_ok(&["subsystem", "update", "opi-kept", "--model", "Changed"])?;
+    let o = opi_get(&svc, "nvmeSubsystems/opi-kept")?;
+    let spec = o.spec.context("no spec")?;
+    ensure!(
+        spec.model_number == "Changed" && spec.hostnqn == H1,
+        "{spec:?}"
+    );
+    // Two hosts are no longer OPI's one host: hostnqn is empty then.
+    svc.dpuctl_ok(&["subsystem", "add-host", "opi-kept", H3])?;
+    let spec = opi_get(&svc, "nvmeSubsystems/opi-kept")?
+        .spec
+        .context("no spec")?;
+    ensure!(spec.hostnqn.is_empty(), "{spec:?}");
+
+    // Stored once: after a restart both APIs still have it.
+    svc.restart()?;
+    let o = opi_get(&svc, "nvmeSubsystems/opi-kept")?;
+    ensure!(
+        o.spec.map(|s| s.model_number) == Some("Changed".into()),
+        "after restart"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_reader_reads_through_opi_and_changes_nothing() -> Result<()> {
+    let config = format!("{TEST_CONFIG}\n[grpc]\nanonymous_role = \"reader\"\n");
+    let svc = Service::start_config(&config, &[])?;
+    let out = opi_client(&svc, &["--reader"])?;
+    ensure!(out.contains("reader sequence OK"), "{out}");
+    // The refusals are counted as dpu.v1's are.
+    let m = svc.http_get("/metrics")?.1;
+    ensure!(
+        m.contains("opi_api.storage.v1.FrontendNvmeService/CreateNvmeSubsystem"),
+        "the refused OPI call is not counted:\n{m}"
+    );
+    Ok(())
+}
