@@ -1,7 +1,7 @@
 """OPI's NVMe front end through pydpu (PyPI), a client generated from
 OPI's protos and not from ours, against a running dpu-service.
 
-    opi_client.py --target HOST:PORT --keep ID     # an admin caller
+    opi_client.py --target HOST:PORT --keep ID --port P   # an admin caller
     opi_client.py --target HOST:PORT --reader      # a caller with the reader role
 
 As an admin: pydpu's own `storage subsystem` CLI sequence (create, list,
@@ -10,7 +10,10 @@ NvmeSubsystem objects and its stubs drive create, get, list with paging,
 stats, update (the model number and the one allowed host), delete and
 delete with allow_missing, and the refusals name OPI's fields. The
 subsystem ID given with --keep is created and left in place, with host
-NQN H1 allowed, for the caller to find through dpu.v1.
+NQN H1 allowed and an NVMe/TCP controller `tcp0` on 127.0.0.1:--port,
+for the caller to find through dpu.v1 and connect to. Controllers: create,
+get, list, an update that changes nothing, and the refusals (a moved
+address, QoS, queue sizes, a CNTLID, a PCIe function, stats).
 
 As a reader: lists and gets answer, every change is PERMISSION_DENIED.
 Exits non-zero, saying what failed, on any difference.
@@ -25,6 +28,11 @@ from google.protobuf import field_mask_pb2
 from pydpu.proto.v1 import frontend_nvme_pb2 as fe
 from pydpu.proto.v1 import frontend_nvme_pb2_grpc as fe_grpc
 from pydpu.storage import NvmeSubsystem
+
+# pydpu's stubs import their common types as a top-level module (its
+# proto directory is on sys.path once pydpu.proto.v1 is imported): the
+# same module, so the same message classes.
+import opicommon_pb2 as opicommon  # noqa: E402
 
 H1 = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1"
 H2 = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d2"
@@ -46,7 +54,7 @@ def expect_error(call, code, field=None):
     fail(f"expected {code}, the call succeeded")
 
 
-def admin(target, keep):
+def admin(target, keep, port):
     # pydpu's CLI: it prints an RPC error instead of failing, so its output
     # is read.
     out = subprocess.run(
@@ -187,9 +195,81 @@ def admin(target, keep):
             "name",
         )
         expect_error(
-            lambda: stub.CreateNvmeController(fe.CreateNvmeControllerRequest()),
+            lambda: stub.CreateNvmeNamespace(fe.CreateNvmeNamespaceRequest()),
             grpc.StatusCode.UNIMPLEMENTED,
-            "CreateListener",
+            "CreateNamespace",
+        )
+
+        # Controllers of the kept subsystem: an NVMe/TCP one on --port,
+        # left in place for the caller to connect to.
+        def ctrl(**spec):
+            return fe.NvmeController(
+                spec=fe.NvmeControllerSpec(
+                    trtype=opicommon.NVME_TRANSPORT_TYPE_TCP,
+                    fabrics_id=opicommon.FabricsEndpoint(
+                        traddr="127.0.0.1", trsvcid=str(port), adrfam=opicommon.NVME_ADDRESS_FAMILY_IPV4
+                    ),
+                    **spec,
+                )
+            )
+
+        c = stub.CreateNvmeController(
+            fe.CreateNvmeControllerRequest(parent=kept.name, nvme_controller_id="tcp0", nvme_controller=ctrl())
+        )
+        want = f"{kept.name}/nvmeControllers/tcp0"
+        if c.name != want or c.spec.fabrics_id.trsvcid != str(port) or not c.status.active:
+            fail(f"create controller answered {c}")
+        if stub.GetNvmeController(fe.GetNvmeControllerRequest(name=want)) != c:
+            fail("get controller differs from create")
+        listed = stub.ListNvmeControllers(fe.ListNvmeControllersRequest(parent=kept.name)).nvme_controllers
+        if [x.name for x in listed] != [want]:
+            fail(f"list controllers: {listed}")
+        same = ctrl()
+        same.name = want
+        if stub.UpdateNvmeController(fe.UpdateNvmeControllerRequest(nvme_controller=same)) != c:
+            fail("an update that changes nothing changed something")
+        moved = ctrl()
+        moved.name = want
+        moved.spec.fabrics_id.trsvcid = str(port + 1)
+        expect_error(
+            lambda: stub.UpdateNvmeController(fe.UpdateNvmeControllerRequest(nvme_controller=moved)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_controller.spec.fabrics_id",
+        )
+        for spec, field in [
+            (dict(max_limit=opicommon.QosLimit(rw_iops_kiops=5)), "nvme_controller.spec.max_limit"),
+            (dict(max_nsq=8), "nvme_controller.spec.max_nsq"),
+            (dict(nvme_controller_id=7), "nvme_controller.spec.nvme_controller_id"),
+        ]:
+            expect_error(
+                lambda: stub.CreateNvmeController(
+                    fe.CreateNvmeControllerRequest(parent=kept.name, nvme_controller_id="bad", nvme_controller=ctrl(**spec))
+                ),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                field,
+            )
+        pcie = fe.NvmeController(spec=fe.NvmeControllerSpec(pcie_id=opicommon.PciEndpoint()))
+        expect_error(
+            lambda: stub.CreateNvmeController(
+                fe.CreateNvmeControllerRequest(parent=kept.name, nvme_controller_id="pf0", nvme_controller=pcie)
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_controller.spec.pcie_id",
+        )
+        expect_error(
+            lambda: stub.StatsNvmeController(fe.StatsNvmeControllerRequest(name=want)),
+            grpc.StatusCode.UNIMPLEMENTED,
+            "StatsNvmeSubsystem",
+        )
+        # A second controller, deleted again (and again, allowed to miss).
+        other = ctrl()
+        other.spec.fabrics_id.trsvcid = str(port + 1)
+        stub.CreateNvmeController(
+            fe.CreateNvmeControllerRequest(parent=kept.name, nvme_controller_id="tcp1", nvme_controller=other)
+        )
+        stub.DeleteNvmeController(fe.DeleteNvmeControllerRequest(name=f"{kept.name}/nvmeControllers/tcp1"))
+        stub.DeleteNvmeController(
+            fe.DeleteNvmeControllerRequest(name=f"{kept.name}/nvmeControllers/tcp1", allow_missing=True)
         )
 
         # Delete all but the kept one; a second delete is NOT_FOUND unless
@@ -232,12 +312,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--target", required=True)
     p.add_argument("--keep", default="opi-kept")
+    p.add_argument("--port", type=int, default=24420, help="the TCP port of the kept subsystem's controller")
     p.add_argument("--reader", action="store_true")
     a = p.parse_args()
     if a.reader:
         reader(a.target)
     else:
-        admin(a.target, a.keep)
+        admin(a.target, a.keep, a.port)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 //! the real binary, driven by pydpu from PyPI (`tests/python/opi_client.py`:
 //! a client generated from OPI's protos, not ours): pydpu's own CLI
 //! sequence, create/get/list with paging/stats/update/delete, the
-//! refusals naming OPI's fields. What OPI made is a `dpu.v1` subsystem
+//! refusals naming OPI's fields, an NVMe/TCP controller that a host then
+//! discovers and does I/O through (counted in OPI's stats). What OPI made is a `dpu.v1` subsystem
 //! that `dpuctl` shows and changes, and OPI sees the change; it survives
 //! a restart; a caller with the reader role reads through OPI and is
 //! refused every change, as through `dpu.v1`.
@@ -10,7 +11,7 @@
 use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::{Service, TEST_CONFIG};
+use dpu_e2e::{binary, free_port, nvmf_perf_iops, Service, TEST_CONFIG};
 use dpu_proto::opi::storage::v1 as opi;
 
 const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1";
@@ -56,11 +57,69 @@ fn opi_get(svc: &Service, name: &str) -> Result<opi::NvmeSubsystem> {
     })
 }
 
+/// The counters OPI's `StatsNvmeSubsystem` gives for `name`.
+fn opi_stats(svc: &Service, name: &str) -> Result<opi::VolumeStats> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut c =
+            opi::frontend_nvme_service_client::FrontendNvmeServiceClient::connect(svc.endpoint())
+                .await?;
+        c.stats_nvme_subsystem(opi::StatsNvmeSubsystemRequest { name: name.into() })
+            .await?
+            .into_inner()
+            .stats
+            .context("no stats")
+    })
+}
+
 #[test]
 fn pydpu_drives_subsystems_that_dpu_v1_shares() -> Result<()> {
     let mut svc = Service::start()?;
-    let out = opi_client(&svc, &["--keep", "opi-kept"])?;
+    let port = free_port();
+    let out = opi_client(&svc, &["--keep", "opi-kept", "--port", &port.to_string()])?;
     ensure!(out.contains("admin sequence OK"), "{out}");
+
+    // The controller OPI made listens: the discovery log names the
+    // subsystem there, and its allowed host does I/O once dpu.v1 gave it
+    // a namespace.
+    let perf = Command::new(binary("nvmf-perf")?)
+        .args([
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--hostnqn",
+            H1,
+            "--discover",
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&perf.stdout);
+    ensure!(
+        perf.status.success() && text.contains(&format!("{port} nqn.2022-09.io.spdk:opi-kept")),
+        "discovery through the OPI controller:\n{text}\n{}",
+        String::from_utf8_lossy(&perf.stderr)
+    );
+    svc.dpuctl_ok(&["namespace", "create", "opi-kept", "--ram", "16M"])?;
+    let iops = nvmf_perf_iops(
+        port,
+        "nqn.2022-09.io.spdk:opi-kept",
+        &[
+            "--hostnqn",
+            H1,
+            "--job",
+            "randwrite:4k:8",
+            "--job",
+            "randread:4k:8",
+            "--time",
+            "1",
+        ],
+    )?;
+    ensure!(iops > 100.0, "{iops:.0} IOPS through the OPI controller");
+    let stats = opi_stats(&svc, "nvmeSubsystems/opi-kept")?;
+    ensure!(
+        stats.write_ops_count > 100 && stats.read_ops_count > 100,
+        "OPI's stats do not show the I/O: {stats:?}"
+    );
 
     // dpu.v1 sees what OPI made: its NQN, model and its one host.
     let s = svc.dpuctl_json(&["subsystem", "get", "opi-kept"])?;

@@ -10,9 +10,13 @@
 //! the one host OPI lets connect, is the allow list (empty: any host);
 //! `spec.psk`, that host's TLS key in the interchange format, is its TLS
 //! key (never returned); `status.firmware_revision` is what Identify
-//! Controller reports. Controllers and namespaces are not mapped yet:
-//! their calls answer `UNIMPLEMENTED` naming the `dpu.v1` calls that do
-//! the same.
+//! Controller reports. An NVMe/TCP `NvmeController`
+//! (`nvmeSubsystems/{id}/nvmeControllers/{c}`) is the listener
+//! `subsystems/{id}/listeners/{c}`, its `fabrics_id` the listener's address
+//! and port; what a listener cannot be (a PCIe function, a fixed CNTLID,
+//! queue sizes, per-controller QoS) is refused naming the field.
+//! Namespaces are not mapped yet: their calls answer `UNIMPLEMENTED`
+//! naming the `dpu.v1` calls that do the same.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -174,6 +178,144 @@ impl Spec {
     }
 }
 
+/// OPI's collection of controllers under a subsystem.
+pub const CONTROLLERS: &str = "nvmeControllers";
+
+/// Our subsystem and listener IDs in an OPI controller name.
+fn controller_ids<'a>(
+    field: &str,
+    name: &'a str,
+) -> std::result::Result<(&'a str, &'a str), Status> {
+    let (sid, cid) = validate::child_name(field, name, SUBSYSTEMS, CONTROLLERS)?;
+    validate::id(field, sid)?;
+    validate::id(field, cid)?;
+    Ok((sid, cid))
+}
+
+/// The OPI view of one of our listeners: an NVMe/TCP controller.
+fn controller_to_opi(l: pb::Listener) -> opi::NvmeController {
+    // "subsystems/{s}/listeners/{l}"
+    let mut parts = l.name.split('/');
+    let (sid, lid) = (
+        parts.nth(1).unwrap_or_default(),
+        parts.nth(1).unwrap_or_default(),
+    );
+    let adrfam = if l.address.contains(':') {
+        opi::NvmeAddressFamily::Ipv6
+    } else {
+        opi::NvmeAddressFamily::Ipv4
+    };
+    opi::NvmeController {
+        name: format!("{SUBSYSTEMS}/{sid}/{CONTROLLERS}/{lid}"),
+        spec: Some(opi::NvmeControllerSpec {
+            trtype: opi::NvmeTransportType::Tcp as i32,
+            endpoint: Some(opi::nvme_controller_spec::Endpoint::FabricsId(
+                opi::FabricsEndpoint {
+                    traddr: l.address,
+                    trsvcid: l.port.to_string(),
+                    adrfam: adrfam as i32,
+                },
+            )),
+            ..Default::default()
+        }),
+        // It exists: its socket listens (or its storage endpoint serves).
+        status: Some(opi::NvmeControllerStatus { active: true }),
+    }
+}
+
+/// An OPI controller spec, checked, as the `dpu.v1` listener it stands for.
+fn controller_spec(field: &str, s: opi::NvmeControllerSpec) -> Result<pb::Listener> {
+    let bad = |f: &str, why: &str| ControlError::invalid(format!("{field}.{f}"), why.to_string());
+    match opi::NvmeTransportType::try_from(s.trtype) {
+        Ok(opi::NvmeTransportType::Tcp | opi::NvmeTransportType::Unspecified) => {}
+        _ => {
+            return Err(bad(
+                "trtype",
+                "only NVME_TRANSPORT_TYPE_TCP is served: the target is NVMe/TCP",
+            ))
+        }
+    }
+    if s.nvme_controller_id.is_some_and(|c| c != 0) {
+        return Err(bad(
+            "nvme_controller_id",
+            "leave it unset: the target gives each host connection its own controller \
+             and CNTLID (the dynamic controller model)",
+        ));
+    }
+    for (f, v) in [
+        ("max_nsq", s.max_nsq),
+        ("max_ncq", s.max_ncq),
+        ("sqes", s.sqes),
+        ("cqes", s.cqes),
+        ("max_namespaces", s.max_namespaces),
+    ] {
+        if v != 0 {
+            return Err(bad(
+                f,
+                "not settable per controller: the target grants queues as hosts ask \
+                 (max_namespaces is the subsystem's)",
+            ));
+        }
+    }
+    for (f, q) in [("min_limit", &s.min_limit), ("max_limit", &s.max_limit)] {
+        if q.as_ref().is_some_and(|q| *q != opi::QosLimit::default()) {
+            return Err(bad(
+                f,
+                "QoS limits are per namespace, per host of a subsystem and per tenant \
+                 here (dpu.v1 SetNamespaceQos, SetHostQos, SetTenantStorageQos), not per \
+                 controller",
+            ));
+        }
+    }
+    let fabrics = match s.endpoint {
+        Some(opi::nvme_controller_spec::Endpoint::FabricsId(f)) => f,
+        Some(opi::nvme_controller_spec::Endpoint::PcieId(_)) => {
+            return Err(bad(
+                "pcie_id",
+                "this service presents no PCIe functions to the host; give fabrics_id \
+                 (NVMe/TCP)",
+            ))
+        }
+        None => return Err(bad("fabrics_id", "required: where the controller listens")),
+    };
+    let addr: std::net::IpAddr = fabrics.traddr.parse().map_err(|_| {
+        bad(
+            "fabrics_id.traddr",
+            &format!("{:?} is not an IPv4 or IPv6 address", fabrics.traddr),
+        )
+    })?;
+    match (opi::NvmeAddressFamily::try_from(fabrics.adrfam), addr) {
+        (Ok(opi::NvmeAddressFamily::Unspecified), _)
+        | (Ok(opi::NvmeAddressFamily::Ipv4), std::net::IpAddr::V4(_))
+        | (Ok(opi::NvmeAddressFamily::Ipv6), std::net::IpAddr::V6(_)) => {}
+        _ => {
+            return Err(bad(
+                "fabrics_id.adrfam",
+                "must be IPV4 or IPV6, as traddr is",
+            ))
+        }
+    }
+    let port = if fabrics.trsvcid.is_empty() {
+        0
+    } else {
+        match fabrics.trsvcid.parse::<u16>() {
+            Ok(p) if p > 0 => u32::from(p),
+            _ => {
+                return Err(bad(
+                    "fabrics_id.trsvcid",
+                    &format!("{:?} is not a TCP port (1..65535)", fabrics.trsvcid),
+                ))
+            }
+        }
+    };
+    Ok(pb::Listener {
+        transport: pb::Transport::Tcp as i32,
+        address: fabrics.traddr,
+        port,
+        ..Default::default()
+    })
+}
+
 /// What the calls not mapped yet answer.
 fn not_mapped(what: &str, instead: &str) -> Status {
     Status::unimplemented(format!(
@@ -239,6 +381,40 @@ impl Api {
                 Err(e)
             }
         }
+    }
+
+    async fn opi_create_controller<T>(
+        &self,
+        outer: &Request<T>,
+        sid: &str,
+        cid: String,
+        listener: pb::Listener,
+    ) -> std::result::Result<opi::NvmeController, Status> {
+        Ok(controller_to_opi(
+            StorageService::create_listener(
+                self,
+                inner(
+                    outer,
+                    pb::CreateListenerRequest {
+                        parent: format!("subsystems/{sid}"),
+                        listener_id: cid,
+                        listener: Some(listener),
+                    },
+                ),
+            )
+            .await?
+            .into_inner(),
+        ))
+    }
+
+    /// Listener `cid` of subsystem `sid`, as `dpu.v1` shows it.
+    fn listener(&self, sid: &str, cid: &str) -> std::result::Result<pb::Listener, Status> {
+        let state = self.ctl.state.snapshot();
+        let l =
+            state.subsystem(sid)?.listeners.get(cid).ok_or_else(|| {
+                ControlError::NotFound(format!("listener {cid} of subsystem {sid}"))
+            })?;
+        Ok(crate::convert::listener(sid, l))
     }
 
     async fn opi_get<T>(
@@ -482,47 +658,134 @@ impl FrontendNvmeService for Api {
 
     async fn create_nvme_controller(
         &self,
-        _: Request<opi::CreateNvmeControllerRequest>,
+        req: Request<opi::CreateNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        Err(not_mapped("controllers", "CreateListener"))
+        let r = req.get_ref().clone();
+        let sid = subsystem_id("parent", &r.parent)?.to_string();
+        if !r.nvme_controller_id.is_empty() {
+            validate::id("nvme_controller_id", &r.nvme_controller_id)?;
+        }
+        let c = required("nvme_controller", r.nvme_controller)?;
+        let listener = controller_spec(
+            "nvme_controller.spec",
+            required("nvme_controller.spec", c.spec)?,
+        )?;
+        Ok(Response::new(
+            self.opi_create_controller(&req, &sid, r.nvme_controller_id, listener)
+                .await?,
+        ))
     }
 
     async fn delete_nvme_controller(
         &self,
-        _: Request<opi::DeleteNvmeControllerRequest>,
+        req: Request<opi::DeleteNvmeControllerRequest>,
     ) -> std::result::Result<Response<Empty>, Status> {
-        Err(not_mapped("controllers", "DeleteListener"))
+        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+        let deleted = StorageService::delete_listener(
+            self,
+            inner(
+                &req,
+                pb::DeleteListenerRequest {
+                    name: format!("subsystems/{sid}/listeners/{cid}"),
+                },
+            ),
+        )
+        .await;
+        match deleted {
+            Ok(_) => Ok(Response::new(Empty {})),
+            Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
+                Ok(Response::new(Empty {}))
+            }
+            Err(e) => Err(e),
+        }
     }
 
+    /// A listener cannot change: an update that changes nothing answers
+    /// the controller, one that would is refused naming the field;
+    /// `allow_missing` creates.
     async fn update_nvme_controller(
         &self,
-        _: Request<opi::UpdateNvmeControllerRequest>,
+        req: Request<opi::UpdateNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        Err(not_mapped(
-            "controllers",
-            "CreateListener and DeleteListener",
-        ))
+        let r = req.get_ref().clone();
+        let c = required("nvme_controller", r.nvme_controller)?;
+        let (sid, cid) = controller_ids("nvme_controller.name", &c.name)?;
+        let wanted = controller_spec(
+            "nvme_controller.spec",
+            required("nvme_controller.spec", c.spec)?,
+        )?;
+        let current = match self.listener(sid, cid) {
+            Ok(l) => l,
+            Err(e) if e.code() == Code::NotFound && r.allow_missing => {
+                let (sid, cid) = (sid.to_string(), cid.to_string());
+                return Ok(Response::new(
+                    self.opi_create_controller(&req, &sid, cid, wanted).await?,
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        let port = if wanted.port == 0 { 4420 } else { wanted.port };
+        let same_addr = wanted.address.parse::<std::net::IpAddr>().ok()
+            == current.address.parse::<std::net::IpAddr>().ok();
+        if !same_addr || port != current.port {
+            return Err(ControlError::invalid(
+                "nvme_controller.spec.fabrics_id",
+                format!(
+                    "a controller's address cannot change (it is {}:{}): delete it and create \
+                     another",
+                    current.address, current.port
+                ),
+            )
+            .into());
+        }
+        Ok(Response::new(controller_to_opi(current)))
     }
 
     async fn list_nvme_controllers(
         &self,
-        _: Request<opi::ListNvmeControllersRequest>,
+        req: Request<opi::ListNvmeControllersRequest>,
     ) -> std::result::Result<Response<opi::ListNvmeControllersResponse>, Status> {
-        Err(not_mapped("controllers", "ListListeners"))
+        let r = req.get_ref();
+        let sid = subsystem_id("parent", &r.parent)?.to_string();
+        let page = StorageService::list_listeners(
+            self,
+            inner(
+                &req,
+                pb::ListListenersRequest {
+                    parent: format!("subsystems/{sid}"),
+                    page_size: r.page_size,
+                    page_token: r.page_token.clone(),
+                },
+            ),
+        )
+        .await?
+        .into_inner();
+        Ok(Response::new(opi::ListNvmeControllersResponse {
+            nvme_controllers: page.listeners.into_iter().map(controller_to_opi).collect(),
+            next_page_token: page.next_page_token,
+        }))
     }
 
     async fn get_nvme_controller(
         &self,
-        _: Request<opi::GetNvmeControllerRequest>,
+        req: Request<opi::GetNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        Err(not_mapped("controllers", "ListListeners"))
+        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+        Ok(Response::new(controller_to_opi(self.listener(sid, cid)?)))
     }
 
+    /// The target counts I/O per subsystem and namespace, not per
+    /// listener: refused, saying where the counts are.
     async fn stats_nvme_controller(
         &self,
-        _: Request<opi::StatsNvmeControllerRequest>,
+        req: Request<opi::StatsNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::StatsNvmeControllerResponse>, Status> {
-        Err(not_mapped("controllers", "TelemetryService.GetCounters"))
+        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+        self.listener(sid, cid)?;
+        Err(Status::unimplemented(
+            "the target counts I/O per subsystem, not per listener: StatsNvmeSubsystem gives \
+             the subsystem's",
+        ))
     }
 
     async fn create_nvme_namespace(
@@ -643,6 +906,89 @@ mod tests {
             }),
             None
         );
+    }
+
+    #[test]
+    fn a_controller_is_a_tcp_listener_and_the_rest_is_refused_by_name() {
+        let tcp =
+            |traddr: &str, trsvcid: &str, adrfam: opi::NvmeAddressFamily| opi::NvmeControllerSpec {
+                trtype: opi::NvmeTransportType::Tcp as i32,
+                endpoint: Some(opi::nvme_controller_spec::Endpoint::FabricsId(
+                    opi::FabricsEndpoint {
+                        traddr: traddr.into(),
+                        trsvcid: trsvcid.into(),
+                        adrfam: adrfam as i32,
+                    },
+                )),
+                ..Default::default()
+            };
+        let l =
+            controller_spec("c", tcp("127.0.0.1", "4420", opi::NvmeAddressFamily::Ipv4)).unwrap();
+        assert_eq!((l.address.as_str(), l.port), ("127.0.0.1", 4420));
+        let l = controller_spec("c", tcp("::1", "", opi::NvmeAddressFamily::Unspecified)).unwrap();
+        assert_eq!((l.address.as_str(), l.port), ("::1", 0));
+        let refused = |s: opi::NvmeControllerSpec, field: &str| {
+            let e = controller_spec("c", s).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("c.{field}:")), "{field}: {e}");
+        };
+        let ok = || tcp("10.0.0.1", "4420", opi::NvmeAddressFamily::Ipv4);
+        refused(
+            tcp("10.0.0.1", "4420", opi::NvmeAddressFamily::Ipv6),
+            "fabrics_id.adrfam",
+        );
+        refused(
+            tcp("host", "4420", opi::NvmeAddressFamily::Ipv4),
+            "fabrics_id.traddr",
+        );
+        refused(
+            tcp("10.0.0.1", "0", opi::NvmeAddressFamily::Ipv4),
+            "fabrics_id.trsvcid",
+        );
+        refused(
+            tcp("10.0.0.1", "x", opi::NvmeAddressFamily::Ipv4),
+            "fabrics_id.trsvcid",
+        );
+        let mut s = ok();
+        s.trtype = opi::NvmeTransportType::Rdma as i32;
+        refused(s, "trtype");
+        let mut s = ok();
+        s.nvme_controller_id = Some(3);
+        refused(s, "nvme_controller_id");
+        let mut s = ok();
+        s.max_nsq = 8;
+        refused(s, "max_nsq");
+        let mut s = ok();
+        s.max_limit = Some(opi::QosLimit {
+            rw_iops_kiops: 1,
+            ..Default::default()
+        });
+        refused(s, "max_limit");
+        let mut s = ok();
+        s.min_limit = Some(opi::QosLimit::default());
+        controller_spec("c", s).unwrap();
+        let mut s = ok();
+        s.endpoint = Some(opi::nvme_controller_spec::Endpoint::PcieId(
+            opi::PciEndpoint::default(),
+        ));
+        refused(s, "pcie_id");
+        let mut s = ok();
+        s.endpoint = None;
+        refused(s, "fabrics_id");
+
+        let c = controller_to_opi(pb::Listener {
+            name: "subsystems/s1/listeners/tcp0".into(),
+            address: "::1".into(),
+            port: 4420,
+            ..Default::default()
+        });
+        assert_eq!(c.name, "nvmeSubsystems/s1/nvmeControllers/tcp0");
+        match c.spec.and_then(|s| s.endpoint) {
+            Some(opi::nvme_controller_spec::Endpoint::FabricsId(f)) => {
+                assert_eq!((f.traddr.as_str(), f.trsvcid.as_str()), ("::1", "4420"));
+                assert_eq!(f.adrfam, opi::NvmeAddressFamily::Ipv6 as i32);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
