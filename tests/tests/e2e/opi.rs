@@ -147,6 +147,16 @@ fn pydpu_drives_subsystems_that_dpu_v1_shares() -> Result<()> {
         .context("no spec")?;
     ensure!(spec.hostnqn.is_empty(), "{spec:?}");
 
+    // OPI's calls are counted by method and code, as dpu.v1's are.
+    let m = svc.http_get("/metrics")?.1;
+    for want in [
+        "dpu_grpc_requests_total{method=\"/opi_api.storage.v1.FrontendNvmeService/CreateNvmeController\",code=\"Ok\"}",
+        "dpu_grpc_requests_total{method=\"/opi_api.storage.v1.FrontendNvmeService/CreateNvmeController\",code=\"InvalidArgument\"}",
+        "dpu_grpc_requests_total{method=\"/opi_api.storage.v1.FrontendNvmeService/StatsNvmeSubsystem\",code=\"Ok\"}",
+    ] {
+        ensure!(m.contains(want), "{want} is not on /metrics");
+    }
+
     // Stored once: after a restart both APIs still have it.
     svc.restart()?;
     let o = opi_get(&svc, "nvmeSubsystems/opi-kept")?;

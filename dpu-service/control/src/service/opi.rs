@@ -325,6 +325,19 @@ fn not_mapped(what: &str, instead: &str) -> Status {
 }
 
 impl Api {
+    /// Runs an OPI call and counts it by method and code on `/metrics`,
+    /// as `dpu.v1`'s calls are (the `dpu.v1` calls it makes count too).
+    async fn opi_call<T>(
+        &self,
+        method: &'static str,
+        f: impl std::future::Future<Output = std::result::Result<Response<T>, Status>>,
+    ) -> std::result::Result<Response<T>, Status> {
+        let r = f.await;
+        let code = r.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        self.ctl.telemetry.observe_request(method, code);
+        r
+    }
+
     /// Creates subsystem `id` from a checked OPI spec, then sets its
     /// host's TLS key if the spec has one (undoing the creation if that
     /// fails).
@@ -465,165 +478,198 @@ impl FrontendNvmeService for Api {
         &self,
         req: Request<opi::CreateNvmeSubsystemRequest>,
     ) -> std::result::Result<Response<opi::NvmeSubsystem>, Status> {
-        let r = req.get_ref().clone();
-        let id = if r.nvme_subsystem_id.is_empty() {
-            generated_id()
-        } else {
-            validate::id("nvme_subsystem_id", &r.nvme_subsystem_id)?;
-            r.nvme_subsystem_id
-        };
-        let s = required("nvme_subsystem", r.nvme_subsystem)?;
-        let spec = Spec::check(
-            "nvme_subsystem.spec",
-            required("nvme_subsystem.spec", s.spec)?,
-        )?;
-        Ok(Response::new(self.opi_create(&req, id, spec).await?))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeSubsystem",
+            async {
+                let r = req.get_ref().clone();
+                let id = if r.nvme_subsystem_id.is_empty() {
+                    generated_id()
+                } else {
+                    validate::id("nvme_subsystem_id", &r.nvme_subsystem_id)?;
+                    r.nvme_subsystem_id
+                };
+                let s = required("nvme_subsystem", r.nvme_subsystem)?;
+                let spec = Spec::check(
+                    "nvme_subsystem.spec",
+                    required("nvme_subsystem.spec", s.spec)?,
+                )?;
+                Ok(Response::new(self.opi_create(&req, id, spec).await?))
+            },
+        )
+        .await
     }
 
     async fn delete_nvme_subsystem(
         &self,
         req: Request<opi::DeleteNvmeSubsystemRequest>,
     ) -> std::result::Result<Response<Empty>, Status> {
-        let id = subsystem_id("name", &req.get_ref().name)?.to_string();
-        let deleted = StorageService::delete_subsystem(
-            self,
-            inner(
-                &req,
-                pb::DeleteSubsystemRequest {
-                    name: format!("subsystems/{id}"),
-                    force: false,
-                },
-            ),
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeSubsystem",
+            async {
+                let id = subsystem_id("name", &req.get_ref().name)?.to_string();
+                let deleted = StorageService::delete_subsystem(
+                    self,
+                    inner(
+                        &req,
+                        pb::DeleteSubsystemRequest {
+                            name: format!("subsystems/{id}"),
+                            force: false,
+                        },
+                    ),
+                )
+                .await;
+                match deleted {
+                    Ok(_) => Ok(Response::new(Empty {})),
+                    Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
+                        Ok(Response::new(Empty {}))
+                    }
+                    Err(e) => Err(e),
+                }
+            },
         )
-        .await;
-        match deleted {
-            Ok(_) => Ok(Response::new(Empty {})),
-            Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
-                Ok(Response::new(Empty {}))
-            }
-            Err(e) => Err(e),
-        }
+        .await
     }
 
     async fn update_nvme_subsystem(
         &self,
         req: Request<opi::UpdateNvmeSubsystemRequest>,
     ) -> std::result::Result<Response<opi::NvmeSubsystem>, Status> {
-        let r = req.get_ref().clone();
-        let s = required("nvme_subsystem", r.nvme_subsystem)?;
-        let id = subsystem_id("nvme_subsystem.name", &s.name)?.to_string();
-        let paths = update_paths(r.update_mask.as_ref())?;
-        let spec = Spec::check(
-            "nvme_subsystem.spec",
-            required("nvme_subsystem.spec", s.spec)?,
-        )?;
-        let current = match self.opi_get(&req, &id).await {
-            Ok(c) => c,
-            Err(e) if e.code() == Code::NotFound && r.allow_missing => {
-                return Ok(Response::new(self.opi_create(&req, id, spec).await?));
-            }
-            Err(e) => return Err(e),
-        };
-        let now = to_opi(current.clone()).spec.unwrap_or_default();
-        // What our subsystems cannot change: refused unless unchanged.
-        for (path, same) in [
-            ("spec.nqn", spec.nqn == now.nqn),
-            (
-                "spec.serial_number",
-                spec.serial_number.is_empty() || spec.serial_number == now.serial_number,
-            ),
-            (
-                "spec.max_namespaces",
-                spec.max_namespaces == 0 || i64::from(spec.max_namespaces) == now.max_namespaces,
-            ),
-        ] {
-            if paths.contains(&path) && !same {
-                return Err(ControlError::invalid(
-                    format!("nvme_subsystem.{path}"),
-                    "cannot change once the subsystem exists",
-                )
-                .into());
-            }
-        }
-        let mut mask = Vec::new();
-        let mut next = current;
-        if paths.contains(&"spec.model_number") && !spec.model_number.is_empty() {
-            mask.push("model_number".to_string());
-            next.model_number.clone_from(&spec.model_number);
-        }
-        if paths.contains(&"spec.hostnqn") {
-            mask.extend(["allow_any_host".to_string(), "allowed_hosts".to_string()]);
-            let wanted = spec.subsystem();
-            next.allow_any_host = wanted.allow_any_host;
-            next.allowed_hosts = wanted.allowed_hosts;
-        }
-        let mut out = if mask.is_empty() {
-            next
-        } else {
-            next.name = format!("subsystems/{id}");
-            StorageService::update_subsystem(
-                self,
-                inner(
-                    &req,
-                    pb::UpdateSubsystemRequest {
-                        subsystem: Some(next),
-                        update_mask: Some(dpu_proto::pbjson_types::FieldMask { paths: mask }),
-                    },
-                ),
-            )
-            .await?
-            .into_inner()
-        };
-        if let (true, Some(psk)) = (paths.contains(&"spec.psk"), spec.psk) {
-            out = StorageService::set_host_tls_key(
-                self,
-                inner(
-                    &req,
-                    pb::SetHostTlsKeyRequest {
-                        subsystem: format!("subsystems/{id}"),
-                        tls: Some(pb::HostTls {
-                            host_nqn: spec.hostnqn,
-                            psk,
-                            ..Default::default()
-                        }),
-                    },
-                ),
-            )
-            .await?
-            .into_inner();
-        }
-        Ok(Response::new(to_opi(out)))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeSubsystem",
+            async {
+                let r = req.get_ref().clone();
+                let s = required("nvme_subsystem", r.nvme_subsystem)?;
+                let id = subsystem_id("nvme_subsystem.name", &s.name)?.to_string();
+                let paths = update_paths(r.update_mask.as_ref())?;
+                let spec = Spec::check(
+                    "nvme_subsystem.spec",
+                    required("nvme_subsystem.spec", s.spec)?,
+                )?;
+                let current = match self.opi_get(&req, &id).await {
+                    Ok(c) => c,
+                    Err(e) if e.code() == Code::NotFound && r.allow_missing => {
+                        return Ok(Response::new(self.opi_create(&req, id, spec).await?));
+                    }
+                    Err(e) => return Err(e),
+                };
+                let now = to_opi(current.clone()).spec.unwrap_or_default();
+                // What our subsystems cannot change: refused unless unchanged.
+                for (path, same) in [
+                    ("spec.nqn", spec.nqn == now.nqn),
+                    (
+                        "spec.serial_number",
+                        spec.serial_number.is_empty() || spec.serial_number == now.serial_number,
+                    ),
+                    (
+                        "spec.max_namespaces",
+                        spec.max_namespaces == 0
+                            || i64::from(spec.max_namespaces) == now.max_namespaces,
+                    ),
+                ] {
+                    if paths.contains(&path) && !same {
+                        return Err(ControlError::invalid(
+                            format!("nvme_subsystem.{path}"),
+                            "cannot change once the subsystem exists",
+                        )
+                        .into());
+                    }
+                }
+                let mut mask = Vec::new();
+                let mut next = current;
+                if paths.contains(&"spec.model_number") && !spec.model_number.is_empty() {
+                    mask.push("model_number".to_string());
+                    next.model_number.clone_from(&spec.model_number);
+                }
+                if paths.contains(&"spec.hostnqn") {
+                    mask.extend(["allow_any_host".to_string(), "allowed_hosts".to_string()]);
+                    let wanted = spec.subsystem();
+                    next.allow_any_host = wanted.allow_any_host;
+                    next.allowed_hosts = wanted.allowed_hosts;
+                }
+                let mut out = if mask.is_empty() {
+                    next
+                } else {
+                    next.name = format!("subsystems/{id}");
+                    StorageService::update_subsystem(
+                        self,
+                        inner(
+                            &req,
+                            pb::UpdateSubsystemRequest {
+                                subsystem: Some(next),
+                                update_mask: Some(dpu_proto::pbjson_types::FieldMask {
+                                    paths: mask,
+                                }),
+                            },
+                        ),
+                    )
+                    .await?
+                    .into_inner()
+                };
+                if let (true, Some(psk)) = (paths.contains(&"spec.psk"), spec.psk) {
+                    out = StorageService::set_host_tls_key(
+                        self,
+                        inner(
+                            &req,
+                            pb::SetHostTlsKeyRequest {
+                                subsystem: format!("subsystems/{id}"),
+                                tls: Some(pb::HostTls {
+                                    host_nqn: spec.hostnqn,
+                                    psk,
+                                    ..Default::default()
+                                }),
+                            },
+                        ),
+                    )
+                    .await?
+                    .into_inner();
+                }
+                Ok(Response::new(to_opi(out)))
+            },
+        )
+        .await
     }
 
     async fn list_nvme_subsystems(
         &self,
         req: Request<opi::ListNvmeSubsystemsRequest>,
     ) -> std::result::Result<Response<opi::ListNvmeSubsystemsResponse>, Status> {
-        let r = req.get_ref();
-        let page = StorageService::list_subsystems(
-            self,
-            inner(
-                &req,
-                pb::ListSubsystemsRequest {
-                    page_size: r.page_size,
-                    page_token: r.page_token.clone(),
-                },
-            ),
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/ListNvmeSubsystems",
+            async {
+                let r = req.get_ref();
+                let page = StorageService::list_subsystems(
+                    self,
+                    inner(
+                        &req,
+                        pb::ListSubsystemsRequest {
+                            page_size: r.page_size,
+                            page_token: r.page_token.clone(),
+                        },
+                    ),
+                )
+                .await?
+                .into_inner();
+                Ok(Response::new(opi::ListNvmeSubsystemsResponse {
+                    nvme_subsystems: page.subsystems.into_iter().map(to_opi).collect(),
+                    next_page_token: page.next_page_token,
+                }))
+            },
         )
-        .await?
-        .into_inner();
-        Ok(Response::new(opi::ListNvmeSubsystemsResponse {
-            nvme_subsystems: page.subsystems.into_iter().map(to_opi).collect(),
-            next_page_token: page.next_page_token,
-        }))
+        .await
     }
 
     async fn get_nvme_subsystem(
         &self,
         req: Request<opi::GetNvmeSubsystemRequest>,
     ) -> std::result::Result<Response<opi::NvmeSubsystem>, Status> {
-        let id = subsystem_id("name", &req.get_ref().name)?.to_string();
-        Ok(Response::new(to_opi(self.opi_get(&req, &id).await?)))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/GetNvmeSubsystem",
+            async {
+                let id = subsystem_id("name", &req.get_ref().name)?.to_string();
+                Ok(Response::new(to_opi(self.opi_get(&req, &id).await?)))
+            },
+        )
+        .await
     }
 
     /// The subsystem's I/O counters (all its namespaces and hosts) in
@@ -633,71 +679,89 @@ impl FrontendNvmeService for Api {
         &self,
         req: Request<opi::StatsNvmeSubsystemRequest>,
     ) -> std::result::Result<Response<opi::StatsNvmeSubsystemResponse>, Status> {
-        let id = subsystem_id("name", &req.get_ref().name)?.to_string();
-        self.opi_get(&req, &id).await?;
-        let name = format!("subsystems/{id}");
-        let c = self
-            .ctl
-            .telemetry
-            .snapshot(&self.ctl.state.snapshot(), &self.ctl.ports, None)
-            .subsystems
-            .into_iter()
-            .find(|c| c.subsystem == name)
-            .unwrap_or_default();
-        let n = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
-        Ok(Response::new(opi::StatsNvmeSubsystemResponse {
-            stats: Some(opi::VolumeStats {
-                read_bytes_count: n(c.read_bytes),
-                read_ops_count: n(c.read_ops),
-                write_bytes_count: n(c.write_bytes),
-                write_ops_count: n(c.write_ops),
-                ..Default::default()
-            }),
-        }))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeSubsystem",
+            async {
+                let id = subsystem_id("name", &req.get_ref().name)?.to_string();
+                self.opi_get(&req, &id).await?;
+                let name = format!("subsystems/{id}");
+                let c = self
+                    .ctl
+                    .telemetry
+                    .snapshot(&self.ctl.state.snapshot(), &self.ctl.ports, None)
+                    .subsystems
+                    .into_iter()
+                    .find(|c| c.subsystem == name)
+                    .unwrap_or_default();
+                let n = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
+                Ok(Response::new(opi::StatsNvmeSubsystemResponse {
+                    stats: Some(opi::VolumeStats {
+                        read_bytes_count: n(c.read_bytes),
+                        read_ops_count: n(c.read_ops),
+                        write_bytes_count: n(c.write_bytes),
+                        write_ops_count: n(c.write_ops),
+                        ..Default::default()
+                    }),
+                }))
+            },
+        )
+        .await
     }
 
     async fn create_nvme_controller(
         &self,
         req: Request<opi::CreateNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        let r = req.get_ref().clone();
-        let sid = subsystem_id("parent", &r.parent)?.to_string();
-        if !r.nvme_controller_id.is_empty() {
-            validate::id("nvme_controller_id", &r.nvme_controller_id)?;
-        }
-        let c = required("nvme_controller", r.nvme_controller)?;
-        let listener = controller_spec(
-            "nvme_controller.spec",
-            required("nvme_controller.spec", c.spec)?,
-        )?;
-        Ok(Response::new(
-            self.opi_create_controller(&req, &sid, r.nvme_controller_id, listener)
-                .await?,
-        ))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeController",
+            async {
+                let r = req.get_ref().clone();
+                let sid = subsystem_id("parent", &r.parent)?.to_string();
+                if !r.nvme_controller_id.is_empty() {
+                    validate::id("nvme_controller_id", &r.nvme_controller_id)?;
+                }
+                let c = required("nvme_controller", r.nvme_controller)?;
+                let listener = controller_spec(
+                    "nvme_controller.spec",
+                    required("nvme_controller.spec", c.spec)?,
+                )?;
+                Ok(Response::new(
+                    self.opi_create_controller(&req, &sid, r.nvme_controller_id, listener)
+                        .await?,
+                ))
+            },
+        )
+        .await
     }
 
     async fn delete_nvme_controller(
         &self,
         req: Request<opi::DeleteNvmeControllerRequest>,
     ) -> std::result::Result<Response<Empty>, Status> {
-        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
-        let deleted = StorageService::delete_listener(
-            self,
-            inner(
-                &req,
-                pb::DeleteListenerRequest {
-                    name: format!("subsystems/{sid}/listeners/{cid}"),
-                },
-            ),
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeController",
+            async {
+                let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+                let deleted = StorageService::delete_listener(
+                    self,
+                    inner(
+                        &req,
+                        pb::DeleteListenerRequest {
+                            name: format!("subsystems/{sid}/listeners/{cid}"),
+                        },
+                    ),
+                )
+                .await;
+                match deleted {
+                    Ok(_) => Ok(Response::new(Empty {})),
+                    Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
+                        Ok(Response::new(Empty {}))
+                    }
+                    Err(e) => Err(e),
+                }
+            },
         )
-        .await;
-        match deleted {
-            Ok(_) => Ok(Response::new(Empty {})),
-            Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
-                Ok(Response::new(Empty {}))
-            }
-            Err(e) => Err(e),
-        }
+        .await
     }
 
     /// A listener cannot change: an update that changes nothing answers
@@ -707,71 +771,89 @@ impl FrontendNvmeService for Api {
         &self,
         req: Request<opi::UpdateNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        let r = req.get_ref().clone();
-        let c = required("nvme_controller", r.nvme_controller)?;
-        let (sid, cid) = controller_ids("nvme_controller.name", &c.name)?;
-        let wanted = controller_spec(
-            "nvme_controller.spec",
-            required("nvme_controller.spec", c.spec)?,
-        )?;
-        let current = match self.listener(sid, cid) {
-            Ok(l) => l,
-            Err(e) if e.code() == Code::NotFound && r.allow_missing => {
-                let (sid, cid) = (sid.to_string(), cid.to_string());
-                return Ok(Response::new(
-                    self.opi_create_controller(&req, &sid, cid, wanted).await?,
-                ));
-            }
-            Err(e) => return Err(e),
-        };
-        let port = if wanted.port == 0 { 4420 } else { wanted.port };
-        let same_addr = wanted.address.parse::<std::net::IpAddr>().ok()
-            == current.address.parse::<std::net::IpAddr>().ok();
-        if !same_addr || port != current.port {
-            return Err(ControlError::invalid(
-                "nvme_controller.spec.fabrics_id",
-                format!(
-                    "a controller's address cannot change (it is {}:{}): delete it and create \
-                     another",
-                    current.address, current.port
-                ),
-            )
-            .into());
-        }
-        Ok(Response::new(controller_to_opi(current)))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeController",
+            async {
+                let r = req.get_ref().clone();
+                let c = required("nvme_controller", r.nvme_controller)?;
+                let (sid, cid) = controller_ids("nvme_controller.name", &c.name)?;
+                let wanted = controller_spec(
+                    "nvme_controller.spec",
+                    required("nvme_controller.spec", c.spec)?,
+                )?;
+                let current = match self.listener(sid, cid) {
+                    Ok(l) => l,
+                    Err(e) if e.code() == Code::NotFound && r.allow_missing => {
+                        let (sid, cid) = (sid.to_string(), cid.to_string());
+                        return Ok(Response::new(
+                            self.opi_create_controller(&req, &sid, cid, wanted).await?,
+                        ));
+                    }
+                    Err(e) => return Err(e),
+                };
+                let port = if wanted.port == 0 { 4420 } else { wanted.port };
+                let same_addr = wanted.address.parse::<std::net::IpAddr>().ok()
+                    == current.address.parse::<std::net::IpAddr>().ok();
+                if !same_addr || port != current.port {
+                    return Err(ControlError::invalid(
+                        "nvme_controller.spec.fabrics_id",
+                        format!(
+                        "a controller's address cannot change (it is {}:{}): delete it and create \
+                         another",
+                        current.address, current.port
+                    ),
+                    )
+                    .into());
+                }
+                Ok(Response::new(controller_to_opi(current)))
+            },
+        )
+        .await
     }
 
     async fn list_nvme_controllers(
         &self,
         req: Request<opi::ListNvmeControllersRequest>,
     ) -> std::result::Result<Response<opi::ListNvmeControllersResponse>, Status> {
-        let r = req.get_ref();
-        let sid = subsystem_id("parent", &r.parent)?.to_string();
-        let page = StorageService::list_listeners(
-            self,
-            inner(
-                &req,
-                pb::ListListenersRequest {
-                    parent: format!("subsystems/{sid}"),
-                    page_size: r.page_size,
-                    page_token: r.page_token.clone(),
-                },
-            ),
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/ListNvmeControllers",
+            async {
+                let r = req.get_ref();
+                let sid = subsystem_id("parent", &r.parent)?.to_string();
+                let page = StorageService::list_listeners(
+                    self,
+                    inner(
+                        &req,
+                        pb::ListListenersRequest {
+                            parent: format!("subsystems/{sid}"),
+                            page_size: r.page_size,
+                            page_token: r.page_token.clone(),
+                        },
+                    ),
+                )
+                .await?
+                .into_inner();
+                Ok(Response::new(opi::ListNvmeControllersResponse {
+                    nvme_controllers: page.listeners.into_iter().map(controller_to_opi).collect(),
+                    next_page_token: page.next_page_token,
+                }))
+            },
         )
-        .await?
-        .into_inner();
-        Ok(Response::new(opi::ListNvmeControllersResponse {
-            nvme_controllers: page.listeners.into_iter().map(controller_to_opi).collect(),
-            next_page_token: page.next_page_token,
-        }))
+        .await
     }
 
     async fn get_nvme_controller(
         &self,
         req: Request<opi::GetNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::NvmeController>, Status> {
-        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
-        Ok(Response::new(controller_to_opi(self.listener(sid, cid)?)))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/GetNvmeController",
+            async {
+                let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+                Ok(Response::new(controller_to_opi(self.listener(sid, cid)?)))
+            },
+        )
+        .await
     }
 
     /// The target counts I/O per subsystem and namespace, not per
@@ -780,57 +862,89 @@ impl FrontendNvmeService for Api {
         &self,
         req: Request<opi::StatsNvmeControllerRequest>,
     ) -> std::result::Result<Response<opi::StatsNvmeControllerResponse>, Status> {
-        let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
-        self.listener(sid, cid)?;
-        Err(Status::unimplemented(
-            "the target counts I/O per subsystem, not per listener: StatsNvmeSubsystem gives \
-             the subsystem's",
-        ))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeController",
+            async {
+                let (sid, cid) = controller_ids("name", &req.get_ref().name)?;
+                self.listener(sid, cid)?;
+                Err(Status::unimplemented(
+                "the target counts I/O per subsystem, not per listener: StatsNvmeSubsystem gives \
+                 the subsystem's",
+            ))
+            },
+        )
+        .await
     }
 
     async fn create_nvme_namespace(
         &self,
         _: Request<opi::CreateNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
-        Err(not_mapped("namespaces", "CreateNamespace"))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeNamespace",
+            async { Err(not_mapped("namespaces", "CreateNamespace")) },
+        )
+        .await
     }
 
     async fn delete_nvme_namespace(
         &self,
         _: Request<opi::DeleteNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<Empty>, Status> {
-        Err(not_mapped("namespaces", "DeleteNamespace"))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeNamespace",
+            async { Err(not_mapped("namespaces", "DeleteNamespace")) },
+        )
+        .await
     }
 
     async fn update_nvme_namespace(
         &self,
         _: Request<opi::UpdateNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
-        Err(not_mapped(
-            "namespaces",
-            "ResizeNamespace and SetNamespaceQos",
-        ))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeNamespace",
+            async {
+                Err(not_mapped(
+                    "namespaces",
+                    "ResizeNamespace and SetNamespaceQos",
+                ))
+            },
+        )
+        .await
     }
 
     async fn list_nvme_namespaces(
         &self,
         _: Request<opi::ListNvmeNamespacesRequest>,
     ) -> std::result::Result<Response<opi::ListNvmeNamespacesResponse>, Status> {
-        Err(not_mapped("namespaces", "ListNamespaces"))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/ListNvmeNamespaces",
+            async { Err(not_mapped("namespaces", "ListNamespaces")) },
+        )
+        .await
     }
 
     async fn get_nvme_namespace(
         &self,
         _: Request<opi::GetNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
-        Err(not_mapped("namespaces", "GetNamespace"))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/GetNvmeNamespace",
+            async { Err(not_mapped("namespaces", "GetNamespace")) },
+        )
+        .await
     }
 
     async fn stats_nvme_namespace(
         &self,
         _: Request<opi::StatsNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::StatsNvmeNamespaceResponse>, Status> {
-        Err(not_mapped("namespaces", "TelemetryService.GetCounters"))
+        self.opi_call(
+            "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeNamespace",
+            async { Err(not_mapped("namespaces", "TelemetryService.GetCounters")) },
+        )
+        .await
     }
 }
 
