@@ -1,8 +1,9 @@
 //! Compiles `dpu/v1/*.proto` into tonic/prost code, the encoded file
 //! descriptor set (for gRPC server reflection) and pbjson serde impls (the
 //! canonical proto3 JSON mapping used by `dpuctl --output json`); and
-//! `opi_api/storage/v1/*.proto`, the OPI storage contract, into tonic/prost
-//! code and a descriptor set of its own.
+//! `opi_api/storage/v1/*.proto`, the OPI storage contract, and
+//! `opi_api/network/.../*.proto`, OPI's EVPN gateway contract, into
+//! tonic/prost code and a descriptor set of their own each.
 
 use std::path::PathBuf;
 
@@ -24,6 +25,17 @@ const OPI_STORAGE_PROTOS: &[&str] = &[
     "opi_api/storage/v1/backend_aio.proto",
     "opi_api/storage/v1/backend_null.proto",
     "opi_api/storage/v1/backend_nvme.proto",
+];
+
+/// OPI's EVPN gateway contract (`opi_api.network.evpn_gw.v1alpha1`) and
+/// the common network types it imports
+/// (`opi_api.network.opinetcommon.v1alpha1`), kept wire-compatible with
+/// OPI's published API by `tests/python/opi_wire.py --package network`.
+const OPI_NETWORK_PROTOS: &[&str] = &[
+    "opi_api/network/opinetcommon/v1alpha1/networktypes.proto",
+    "opi_api/network/evpn_gw/v1alpha1/component.proto",
+    "opi_api/network/evpn_gw/v1alpha1/l2_xpu_infra_mgr.proto",
+    "opi_api/network/evpn_gw/v1alpha1/l3_xpu_infra_mgr.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -59,7 +71,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_protos(OPI_STORAGE_PROTOS, &includes)?;
 
-    for p in PROTOS.iter().chain(OPI_STORAGE_PROTOS) {
+    // OPI network: a third pass, a third descriptor set, the same
+    // well-known types.
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("opi_network_descriptor.bin"))
+        .compile_well_known_types(true)
+        .extern_path(".google.protobuf", "::pbjson_types")
+        .compile_protos(OPI_NETWORK_PROTOS, &includes)?;
+
+    for p in PROTOS
+        .iter()
+        .chain(OPI_STORAGE_PROTOS)
+        .chain(OPI_NETWORK_PROTOS)
+    {
         println!("cargo:rerun-if-changed={p}");
     }
     Ok(())

@@ -13,6 +13,12 @@
 //! checked against pydpu's by `tests/python/opi_wire.py`). The daemon
 //! serves its NVMe subsystem calls (`docs/opi.md`).
 //!
+//! And ([`opi::network::evpn_gw::v1alpha1`]) OPI's EVPN gateway API,
+//! `opi_api.network.evpn_gw.v1alpha1` (logical bridges, bridge ports, VRFs
+//! and SVIs), with the common network types it uses
+//! ([`opi::network::opinetcommon::v1alpha1`]), written and checked the
+//! same way (`opi_api/network/`). Not served yet.
+//!
 //! Compatibility: `dpu.v1` only grows. Fields and RPCs are added, never
 //! renumbered, retyped or removed; a breaking change means a new package.
 
@@ -39,6 +45,34 @@ pub mod opi {
             tonic::include_proto!("opi_api.storage.v1");
         }
     }
+
+    /// OPI's network APIs. The generated code of one package names the
+    /// other's types by relative paths (`super::super::opinetcommon::..`),
+    /// so both sit here, as their packages nest.
+    pub mod network {
+        /// Messages, enums, clients and servers of package
+        /// `opi_api.network.evpn_gw.v1alpha1`, OPI's EVPN gateway: logical
+        /// bridges and bridge ports (layer 2), VRFs and SVIs (layer 3);
+        /// see `docs/opi.md`.
+        pub mod evpn_gw {
+            /// Version `v1alpha1` of the EVPN gateway API.
+            #[allow(missing_docs, clippy::all, clippy::pedantic)]
+            pub mod v1alpha1 {
+                tonic::include_proto!("opi_api.network.evpn_gw.v1alpha1");
+            }
+        }
+
+        /// OPI's types shared by its network APIs.
+        pub mod opinetcommon {
+            /// Messages and enums of package
+            /// `opi_api.network.opinetcommon.v1alpha1` (`networktypes.proto`):
+            /// addresses, prefixes, encapsulations, match rules.
+            #[allow(missing_docs, clippy::all, clippy::pedantic)]
+            pub mod v1alpha1 {
+                tonic::include_proto!("opi_api.network.opinetcommon.v1alpha1");
+            }
+        }
+    }
 }
 
 /// The encoded `FileDescriptorSet` of `dpu.v1` and its imports, for gRPC
@@ -51,6 +85,13 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// contract with OPI's published descriptors.
 pub const OPI_STORAGE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/opi_storage_descriptor.bin"));
+
+/// The encoded `FileDescriptorSet` of `opi_api.network.evpn_gw.v1alpha1`
+/// and its imports (`opi_api.network.opinetcommon.v1alpha1`'s
+/// `networktypes.proto` and the well-known types it uses), for reflection
+/// and for comparing the contract with OPI's published descriptors.
+pub const OPI_NETWORK_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/opi_network_descriptor.bin"));
 
 /// The API package this crate implements.
 pub const API_VERSION: &str = "dpu.v1";

@@ -1,8 +1,12 @@
-//! The OPI storage contract (`proto/opi_api/storage/v1/*.proto`) against
-//! OPI's own: writes [`dpu_proto::OPI_STORAGE_DESCRIPTOR_SET`] to a file
-//! and runs `tests/python/run.sh opi-wire` on it, which compares every
-//! message, field, enum and method with the descriptors of the OPI stubs
-//! pydpu (PyPI, pinned in `tests/python/requirements.txt`) ships. Needs
+//! The OPI contracts against OPI's own: the storage one
+//! (`proto/opi_api/storage/v1/*.proto`) and the network one
+//! (`proto/opi_api/network/*/v1alpha1/*.proto`, the EVPN gateway and the
+//! common types it imports). Each test writes a descriptor set
+//! ([`dpu_proto::OPI_STORAGE_DESCRIPTOR_SET`],
+//! [`dpu_proto::OPI_NETWORK_DESCRIPTOR_SET`]) to a file and runs
+//! `tests/python/run.sh opi-wire` on it, which compares every message,
+//! field, enum and method with the descriptors of the OPI stubs pydpu
+//! (PyPI, pinned in `tests/python/requirements.txt`) ships. Needs
 //! `python3` with `venv`, and PyPI the first time (`tests/deps.sh`
 //! installs the former).
 
@@ -10,17 +14,24 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 
-#[test]
-fn opi_storage_contract_matches_pydpu() {
-    let set = Path::new(env!("CARGO_TARGET_TMPDIR")).join("opi_storage_descriptor.bin");
-    std::fs::write(&set, dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
-        .unwrap_or_else(|e| panic!("writing {}: {e}", set.display()));
+/// One `run.sh` at a time: the first creates the virtual environment, and
+/// two would race doing so.
+static VENV: Mutex<()> = Mutex::new(());
+
+/// Writes `set` to `file` under the test's temporary directory and runs
+/// the wire check on it with `args`; fails unless it says OK.
+fn check_wire(set: &[u8], file: &str, args: &[&str], package: &str) {
+    let _venv = VENV.lock().unwrap_or_else(|e| e.into_inner());
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
+    std::fs::write(&path, set).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/run.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg("opi-wire")
-        .arg(&set)
+        .arg(&path)
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -28,12 +39,32 @@ fn opi_storage_contract_matches_pydpu() {
     println!("{stdout}");
     assert!(
         out.status.success(),
-        "our opi_api.storage.v1 differs from pydpu's ({}):\n{stdout}\n{stderr}",
+        "our {package} differs from pydpu's ({}):\n{stdout}\n{stderr}",
         out.status
     );
     assert!(
         stdout.contains("opi_wire: OK"),
         "no verdict:\n{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn opi_storage_contract_matches_pydpu() {
+    check_wire(
+        dpu_proto::OPI_STORAGE_DESCRIPTOR_SET,
+        "opi_storage_descriptor.bin",
+        &[],
+        "opi_api.storage.v1",
+    );
+}
+
+#[test]
+fn opi_network_contract_matches_pydpu() {
+    check_wire(
+        dpu_proto::OPI_NETWORK_DESCRIPTOR_SET,
+        "opi_network_descriptor.bin",
+        &["--package", "network"],
+        "opi_api.network.evpn_gw.v1alpha1 (or opinetcommon.v1alpha1)",
     );
 }
 
@@ -74,6 +105,60 @@ fn opi_storage_code_is_generated() {
         ]
     );
     let _connect = opi::frontend_nvme_service_client::FrontendNvmeServiceClient::<
+        tonic::transport::Channel,
+    >::new;
+}
+
+/// The same for the EVPN gateway: its four services under OPI's names,
+/// `optional` fields, and the common types reached from the `evpn_gw`
+/// module, where prost's `super::super::opinetcommon` paths lead.
+#[test]
+fn opi_network_code_is_generated() {
+    use dpu_proto::opi::network::evpn_gw::v1alpha1 as evpn;
+    use dpu_proto::opi::network::opinetcommon::v1alpha1 as common;
+
+    let bridge = evpn::LogicalBridge {
+        name: "logicalBridges/lb10".into(),
+        spec: Some(evpn::LogicalBridgeSpec {
+            vlan_id: 10,
+            vni: Some(1010),
+            vtep_ip_prefix: Some(common::IpPrefix {
+                addr: Some(common::IpAddress {
+                    af: common::IpAf::Inet.into(),
+                    v4_or_v6: Some(common::ip_address::V4OrV6::V4Addr(0x0a00_0001)),
+                }),
+                len: 32,
+            }),
+        }),
+        status: None,
+    };
+    assert_eq!(bridge.spec.as_ref().and_then(|s| s.vni), Some(1010));
+    assert_eq!(evpn::BridgePortType::Trunk as i32, 2);
+    assert_eq!(common::WildcardMatch::Any as i32, 256);
+    let status = evpn::VrfStatus {
+        oper_status: evpn::VrfOperStatus::Up.into(),
+        components: vec![evpn::Component {
+            name: "frr".into(),
+            status: evpn::CompStatus::Success.into(),
+            details: String::new(),
+        }],
+    };
+    assert_eq!(status.components.len(), 1);
+    assert_eq!(
+        [
+            evpn::logical_bridge_service_server::SERVICE_NAME,
+            evpn::bridge_port_service_server::SERVICE_NAME,
+            evpn::vrf_service_server::SERVICE_NAME,
+            evpn::svi_service_server::SERVICE_NAME,
+        ],
+        [
+            "opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService",
+            "opi_api.network.evpn_gw.v1alpha1.BridgePortService",
+            "opi_api.network.evpn_gw.v1alpha1.VrfService",
+            "opi_api.network.evpn_gw.v1alpha1.SviService",
+        ]
+    );
+    let _connect = evpn::logical_bridge_service_client::LogicalBridgeServiceClient::<
         tonic::transport::Channel,
     >::new;
 }

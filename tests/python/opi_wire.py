@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Checks that our OPI storage contract is wire-compatible with OPI's.
+"""Checks that our OPI storage (or network) contract is wire-compatible with OPI's.
 
-    tests/python/run.sh opi-wire DESCRIPTOR_SET [--reference-dir DIR]
+    tests/python/run.sh opi-wire DESCRIPTOR_SET [--package storage|network]
+        [--reference-dir DIR]...
 
 DESCRIPTOR_SET is an encoded FileDescriptorSet of our
-proto/opi_api/storage/v1/*.proto (dpu_proto::OPI_STORAGE_DESCRIPTOR_SET;
-proto/tests/opi_descriptor.rs writes it and runs this). The reference is
-the generated OPI stubs pydpu (PyPI, pinned in requirements.txt) ships in
-pydpu/proto/v1/, imported as they are (so they must load), or the
-*_pb2.py modules in DIR.
+proto/opi_api/storage/v1/*.proto (dpu_proto::OPI_STORAGE_DESCRIPTOR_SET),
+or with --package network of our proto/opi_api/network/*/v1alpha1/*.proto
+(dpu_proto::OPI_NETWORK_DESCRIPTOR_SET: the EVPN gateway and the common
+network types it imports); proto/tests/opi_descriptor.rs writes each and
+runs this. The reference is the generated OPI stubs pydpu (PyPI, pinned
+in requirements.txt) ships in pydpu/proto/v1/, imported as they are (so
+they must load), or the *_pb2.py modules in DIR (repeat it where the
+stubs are spread over several directories, as opi-api's network ones
+are).
 
-For every message, enum and service of the reference's storage files it
-compares, by fully-qualified name: fields (name, number, type, label,
+For every message, enum and service of the reference's files of the
+chosen contract (CONTRACTS below) it compares, by fully-qualified name: fields (name, number, type, label,
 proto3 `optional`, type name, oneof, packed), nested types, enum values
 (names and numbers), methods (input and output types, streaming). Every
 difference is printed. Exit status 1 when there is one, when a symbol
@@ -27,17 +32,27 @@ import sys
 
 from google.protobuf import descriptor_pb2
 
-PACKAGE = "opi_api.storage.v1"
-# pydpu's module names (their .proto files' names) of the storage files
-# we implement.
-MODULES = [
-    "opicommon",
-    "frontend_nvme",
-    "backend_malloc",
-    "backend_aio",
-    "backend_null",
-    "backend_nvme",
-]
+# Per contract (--package), pydpu's module names (their .proto files'
+# names) of the files we implement, each with the package it must declare.
+CONTRACTS = {
+    "storage": {
+        "opicommon": "opi_api.storage.v1",
+        "frontend_nvme": "opi_api.storage.v1",
+        "backend_malloc": "opi_api.storage.v1",
+        "backend_aio": "opi_api.storage.v1",
+        "backend_null": "opi_api.storage.v1",
+        "backend_nvme": "opi_api.storage.v1",
+    },
+    # The EVPN gateway and the one common network file it imports.
+    "network": {
+        "networktypes": "opi_api.network.opinetcommon.v1alpha1",
+        "component": "opi_api.network.evpn_gw.v1alpha1",
+        "l2_xpu_infra_mgr": "opi_api.network.evpn_gw.v1alpha1",
+        "l3_xpu_infra_mgr": "opi_api.network.evpn_gw.v1alpha1",
+    },
+}
+# The chosen contract's modules (--package; storage by default).
+MODULES = CONTRACTS["storage"]
 # Symbols (fully qualified, no leading dot) ours may declare that the
 # reference lacks, each with the reason. Empty: ours matches pydpu 0.2.1.
 ALLOWED = {}
@@ -49,30 +64,31 @@ TYPES = {v: k[len("TYPE_"):].lower() for k, v in F.Type.items()}
 LABELS = {v: k[len("LABEL_"):].lower() for k, v in F.Label.items()}
 
 
-def reference_files(ref_dir):
+def reference_files(ref_dirs):
     """The reference's FileDescriptorProtos of MODULES, by module name."""
-    if ref_dir is None:
+    if not ref_dirs:
         spec = importlib.util.find_spec("pydpu")
         if spec is None or not spec.submodule_search_locations:
             sys.exit("opi_wire: pydpu is not installed (tests/python/requirements.txt)")
-        ref_dir = os.path.join(list(spec.submodule_search_locations)[0], "proto", "v1")
+        ref_dirs = [os.path.join(list(spec.submodule_search_locations)[0], "proto", "v1")]
     # The stubs import each other as top-level modules (import opicommon_pb2).
-    sys.path.insert(0, ref_dir)
+    sys.path[0:0] = ref_dirs
     files = {}
-    for name in MODULES:
+    for name, package in MODULES.items():
         module = importlib.import_module(name + "_pb2")
         fd = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(fd)
-        if fd.package != PACKAGE:
-            sys.exit(f"opi_wire: {ref_dir}/{name}_pb2.py is package {fd.package!r}, not {PACKAGE}")
+        if fd.package != package:
+            sys.exit(f"opi_wire: {module.__file__} is package {fd.package!r}, not {package}")
         files[name] = fd
-    return ref_dir, files
+    return ", ".join(ref_dirs), files
 
 
 def our_files(path):
+    packages = set(MODULES.values())
     with open(path, "rb") as f:
         fds = descriptor_pb2.FileDescriptorSet.FromString(f.read())
-    return [fd for fd in fds.file if fd.package == PACKAGE]
+    return [fd for fd in fds.file if fd.package in packages]
 
 
 def symbols(files):
@@ -163,10 +179,22 @@ def compare(name, kind, ref, ours, problems):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("descriptor_set", help="encoded FileDescriptorSet of our OPI storage protos")
-    parser.add_argument("--reference-dir", help="directory of *_pb2.py to compare with, instead of pydpu's")
+    parser.add_argument("descriptor_set", help="encoded FileDescriptorSet of our OPI storage (or network) protos")
+    parser.add_argument(
+        "--package",
+        choices=sorted(CONTRACTS),
+        default="storage",
+        help="which contract: storage (opi_api.storage.v1, the default) or network "
+        "(opi_api.network.evpn_gw.v1alpha1 and opi_api.network.opinetcommon.v1alpha1)",
+    )
+    parser.add_argument(
+        "--reference-dir",
+        action="append",
+        help="directory of *_pb2.py to compare with, instead of pydpu's (repeatable)",
+    )
     args = parser.parse_args()
-    global REF
+    global REF, MODULES
+    MODULES = CONTRACTS[args.package]
     if args.reference_dir:
         REF = "the reference"
 
