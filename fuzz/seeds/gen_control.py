@@ -92,8 +92,71 @@ def rule_proto_seeds():
     }
 
 
+def opi_subsystem_spec(nqn, serial="", model="", max_ns=0, hostnqn="", psk=b""):
+    m = pb_str(1, nqn)
+    if serial:
+        m += pb_str(2, serial)
+    if model:
+        m += pb_str(3, model)
+    if max_ns:
+        m += pb_field(4, 0, max_ns & (2**64 - 1))
+    if hostnqn:
+        m += pb_str(5, hostnqn)
+    if psk:
+        m += pb_str(6, psk)
+    return m
+
+
+def opi_controller_spec(traddr, trsvcid, adrfam=1, trtype=4, cntlid=None, max_nsq=0, max_limit=None, pcie=False):
+    m = b""
+    if cntlid is not None:
+        m += pb_field(1, 0, cntlid)
+    m += pb_field(2, 0, trtype)
+    if pcie:
+        m += pb_field(3, 2, b"")
+    else:
+        m += pb_field(4, 2, pb_str(1, traddr) + pb_str(2, trsvcid) + pb_field(3, 0, adrfam))
+    if max_nsq:
+        m += pb_field(5, 0, max_nsq)
+    if max_limit:
+        m += pb_field(11, 2, pb_field(3, 0, max_limit))
+    return m
+
+
+def opi_proto_seeds():
+    """First byte: 0 CreateNvmeSubsystemRequest, 1 UpdateNvmeSubsystemRequest,
+    2 CreateNvmeControllerRequest; the rest is the message."""
+    host = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1"
+    key = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
+
+    def create(spec, id_="opi-1"):
+        return b"\x00" + pb_field(1, 2, pb_field(2, 2, spec)) + pb_str(2, id_)
+
+    def update(spec, paths, allow_missing=False):
+        mask = b"".join(pb_str(1, p) for p in paths)
+        m = pb_field(1, 2, pb_str(1, "nvmeSubsystems/opi-1") + pb_field(2, 2, spec)) + pb_field(2, 2, mask)
+        if allow_missing:
+            m += pb_field(3, 0, 1)
+        return b"\x01" + m
+
+    def controller(spec, parent="nvmeSubsystems/opi-1", id_="tcp0"):
+        return b"\x02" + pb_str(1, parent) + pb_field(2, 2, pb_field(2, 2, spec)) + pb_str(3, id_)
+
+    return {
+        "subsystem": create(opi_subsystem_spec("nqn.2022-09.io.spdk:opi1", "OPI SN", "OPI Model", 10)),
+        "subsystem_host_key": create(opi_subsystem_spec("nqn.2022-09.io.spdk:opi2", hostnqn=host, psk=key)),
+        "subsystem_bad": create(opi_subsystem_spec("nope", "x" * 21, max_ns=-1, psk=b"\xff"), "Bad_ID"),
+        "update_all": update(opi_subsystem_spec("nqn.2022-09.io.spdk:opi1", model="Model 2"), ["*"]),
+        "update_fields": update(opi_subsystem_spec("nqn.2022-09.io.spdk:opi1", hostnqn=host), ["spec.hostnqn", "model_number", "colour"], True),
+        "controller_v4": controller(opi_controller_spec("127.0.0.1", "4420")),
+        "controller_v6": controller(opi_controller_spec("::1", "", adrfam=0)),
+        "controller_bad": controller(opi_controller_spec("10.0.0.1", "70000", adrfam=2, trtype=3, cntlid=5, max_nsq=8, max_limit=9)),
+        "controller_pcie": controller(opi_controller_spec("", "", pcie=True)),
+    }
+
+
 def main():
-    for target, seeds in [("rule_proto", rule_proto_seeds())]:
+    for target, seeds in [("rule_proto", rule_proto_seeds()), ("opi_proto", opi_proto_seeds())]:
         d = os.path.join(HERE, target)
         os.makedirs(d, exist_ok=True)
         for name, data in seeds.items():

@@ -16,7 +16,8 @@
 //! - the data plane (`dpu-dataplane`, without DPDK): [`parse`],
 //!   [`switch`], [`isolation`], [`rules`], and the switch's tables saved
 //!   across a restart, [`saved_tables`];
-//! - the control plane (`dpu-control`): [`rule_proto`];
+//! - the control plane (`dpu-control`): [`rule_proto`], and the checks
+//!   of OPI's NVMe front end, [`opi_proto`];
 //! - storage endpoints (`dpu-endpoint`): [`frames`].
 
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@ pub mod frames;
 pub mod handshake;
 pub mod host;
 pub mod isolation;
+pub mod opi_proto;
 pub mod parse;
 pub mod pdu;
 pub mod rule_proto;

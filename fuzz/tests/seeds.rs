@@ -89,6 +89,7 @@ targets!(
     rules,
     saved_tables,
     rule_proto,
+    opi_proto,
     frames,
     tls
 );

@@ -10,7 +10,7 @@ mod bounds;
 mod cluster;
 mod filter;
 mod info;
-mod opi;
+pub mod opi;
 mod port;
 mod remote;
 mod storage;
@@ -21,7 +21,6 @@ pub use bounds::{
     count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
 };
 pub use cluster::{ServedNamespaces, StoreProbe};
-pub use opi::SUBSYSTEMS as OPI_SUBSYSTEMS;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -73,7 +73,7 @@ fn generated_id() -> String {
 }
 
 /// The OPI view of one of our subsystems.
-fn to_opi(s: pb::Subsystem) -> opi::NvmeSubsystem {
+pub fn subsystem_to_opi(s: pb::Subsystem) -> opi::NvmeSubsystem {
     let id = s.name.strip_prefix("subsystems/").unwrap_or(&s.name);
     let hostnqn = match (s.allow_any_host, s.allowed_hosts.as_slice()) {
         (false, [one]) => one.clone(),
@@ -193,7 +193,7 @@ fn controller_ids<'a>(
 }
 
 /// The OPI view of one of our listeners: an NVMe/TCP controller.
-fn controller_to_opi(l: pb::Listener) -> opi::NvmeController {
+pub fn controller_to_opi(l: pb::Listener) -> opi::NvmeController {
     // "subsystems/{s}/listeners/{l}"
     let mut parts = l.name.split('/');
     let (sid, lid) = (
@@ -223,8 +223,9 @@ fn controller_to_opi(l: pb::Listener) -> opi::NvmeController {
     }
 }
 
-/// An OPI controller spec, checked, as the `dpu.v1` listener it stands for.
-fn controller_spec(field: &str, s: opi::NvmeControllerSpec) -> Result<pb::Listener> {
+/// An OPI controller spec, checked (errors name `field`'s members), as
+/// the `dpu.v1` listener it stands for.
+pub fn controller_spec(field: &str, s: opi::NvmeControllerSpec) -> Result<pb::Listener> {
     let bad = |f: &str, why: &str| ControlError::invalid(format!("{field}.{f}"), why.to_string());
     match opi::NvmeTransportType::try_from(s.trtype) {
         Ok(opi::NvmeTransportType::Tcp | opi::NvmeTransportType::Unspecified) => {}
@@ -316,6 +317,16 @@ fn controller_spec(field: &str, s: opi::NvmeControllerSpec) -> Result<pb::Listen
     })
 }
 
+/// An OPI subsystem spec, checked (errors name `field`'s members), as the
+/// `dpu.v1` subsystem it stands for and its host's TLS key, if it has one.
+pub fn subsystem_spec(
+    field: &str,
+    spec: opi::NvmeSubsystemSpec,
+) -> Result<(pb::Subsystem, Option<String>)> {
+    let s = Spec::check(field, spec)?;
+    Ok((s.subsystem(), s.psk))
+}
+
 /// What the calls not mapped yet answer.
 fn not_mapped(what: &str, instead: &str) -> Status {
     Status::unimplemented(format!(
@@ -360,7 +371,7 @@ impl Api {
         .await?
         .into_inner();
         let Some(psk) = spec.psk else {
-            return Ok(to_opi(created));
+            return Ok(subsystem_to_opi(created));
         };
         let keyed = StorageService::set_host_tls_key(
             self,
@@ -378,7 +389,7 @@ impl Api {
         )
         .await;
         match keyed {
-            Ok(s) => Ok(to_opi(s.into_inner())),
+            Ok(s) => Ok(subsystem_to_opi(s.into_inner())),
             Err(e) => {
                 let _ = StorageService::delete_subsystem(
                     self,
@@ -449,8 +460,11 @@ impl Api {
     }
 }
 
-/// The update-mask paths of a request, `*` (or none) meaning every field.
-fn update_paths(mask: Option<&dpu_proto::pbjson_types::FieldMask>) -> Result<Vec<&'static str>> {
+/// The update-mask paths of an `UpdateNvmeSubsystem` request, `*` (or
+/// none) meaning every field; a path that is no settable field is refused.
+pub fn update_paths(
+    mask: Option<&dpu_proto::pbjson_types::FieldMask>,
+) -> Result<Vec<&'static str>> {
     let paths = mask.map(|m| m.paths.as_slice()).unwrap_or_default();
     if paths.is_empty() || paths.iter().any(|p| p == "*") {
         return Ok(SPEC_FIELDS.to_vec());
@@ -552,7 +566,7 @@ impl FrontendNvmeService for Api {
                     }
                     Err(e) => return Err(e),
                 };
-                let now = to_opi(current.clone()).spec.unwrap_or_default();
+                let now = subsystem_to_opi(current.clone()).spec.unwrap_or_default();
                 // What our subsystems cannot change: refused unless unchanged.
                 for (path, same) in [
                     ("spec.nqn", spec.nqn == now.nqn),
@@ -623,7 +637,7 @@ impl FrontendNvmeService for Api {
                     .await?
                     .into_inner();
                 }
-                Ok(Response::new(to_opi(out)))
+                Ok(Response::new(subsystem_to_opi(out)))
             },
         )
         .await
@@ -650,7 +664,7 @@ impl FrontendNvmeService for Api {
                 .await?
                 .into_inner();
                 Ok(Response::new(opi::ListNvmeSubsystemsResponse {
-                    nvme_subsystems: page.subsystems.into_iter().map(to_opi).collect(),
+                    nvme_subsystems: page.subsystems.into_iter().map(subsystem_to_opi).collect(),
                     next_page_token: page.next_page_token,
                 }))
             },
@@ -666,7 +680,9 @@ impl FrontendNvmeService for Api {
             "/opi_api.storage.v1.FrontendNvmeService/GetNvmeSubsystem",
             async {
                 let id = subsystem_id("name", &req.get_ref().name)?.to_string();
-                Ok(Response::new(to_opi(self.opi_get(&req, &id).await?)))
+                Ok(Response::new(subsystem_to_opi(
+                    self.opi_get(&req, &id).await?,
+                )))
             },
         )
         .await
@@ -1107,7 +1123,7 @@ mod tests {
 
     #[test]
     fn the_view_names_opis_collection_and_its_one_host() {
-        let s = to_opi(pb::Subsystem {
+        let s = subsystem_to_opi(pb::Subsystem {
             name: "subsystems/opi-1".into(),
             nqn: "nqn.2022-09.io.spdk:opi1".into(),
             allowed_hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:1".into()],
