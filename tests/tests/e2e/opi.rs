@@ -40,33 +40,34 @@ fn opi_client(svc: &Service, args: &[&str]) -> Result<String> {
     Ok(text)
 }
 
-/// The subsystem `name` as OPI's `GetNvmeSubsystem` shows it.
-fn opi_get(svc: &Service, name: &str) -> Result<opi::NvmeSubsystem> {
+/// OPI's front-end client on `svc`, for one call.
+type Client =
+    opi::frontend_nvme_service_client::FrontendNvmeServiceClient<tonic::transport::Channel>;
+
+/// Runs `call` with a client of OPI's front end connected to `svc`.
+fn with_client<T, F>(svc: &Service, call: impl FnOnce(Client) -> F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
-        let mut c =
-            opi::frontend_nvme_service_client::FrontendNvmeServiceClient::connect(svc.endpoint())
-                .await?;
-        Ok(
-            c.get_nvme_subsystem(opi::GetNvmeSubsystemRequest { name: name.into() })
-                .await?
-                .into_inner(),
-        )
+    rt.block_on(async { call(Client::connect(svc.endpoint()).await?).await })
+}
+
+/// The subsystem `name` as OPI's `GetNvmeSubsystem` shows it.
+fn opi_get(svc: &Service, name: &str) -> Result<opi::NvmeSubsystem> {
+    let req = opi::GetNvmeSubsystemRequest { name: name.into() };
+    with_client(svc, |mut c| async move {
+        Ok(c.get_nvme_subsystem(req).await?.into_inner())
     })
 }
 
 /// The counters OPI's `StatsNvmeSubsystem` gives for `name`.
 fn opi_stats(svc: &Service, name: &str) -> Result<opi::VolumeStats> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let mut c =
-            opi::frontend_nvme_service_client::FrontendNvmeServiceClient::connect(svc.endpoint())
-                .await?;
-        c.stats_nvme_subsystem(opi::StatsNvmeSubsystemRequest { name: name.into() })
+    let req = opi::StatsNvmeSubsystemRequest { name: name.into() };
+    with_client(svc, |mut c| async move {
+        c.stats_nvme_subsystem(req)
             .await?
             .into_inner()
             .stats

@@ -327,6 +327,19 @@ pub fn subsystem_spec(
     Ok((s.subsystem(), s.psk))
 }
 
+/// What a delete answers: done, or done already when the caller allows
+/// the resource to be missing.
+fn gone<T>(
+    deleted: std::result::Result<T, Status>,
+    allow_missing: bool,
+) -> std::result::Result<Response<Empty>, Status> {
+    match deleted {
+        Ok(_) => Ok(Response::new(Empty {})),
+        Err(e) if e.code() == Code::NotFound && allow_missing => Ok(Response::new(Empty {})),
+        Err(e) => Err(e),
+    }
+}
+
 /// What the calls not mapped yet answer.
 fn not_mapped(what: &str, instead: &str) -> Status {
     Status::unimplemented(format!(
@@ -532,13 +545,7 @@ impl FrontendNvmeService for Api {
                     ),
                 )
                 .await;
-                match deleted {
-                    Ok(_) => Ok(Response::new(Empty {})),
-                    Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
-                        Ok(Response::new(Empty {}))
-                    }
-                    Err(e) => Err(e),
-                }
+                gone(deleted, req.get_ref().allow_missing)
             },
         )
         .await
@@ -768,13 +775,7 @@ impl FrontendNvmeService for Api {
                     ),
                 )
                 .await;
-                match deleted {
-                    Ok(_) => Ok(Response::new(Empty {})),
-                    Err(e) if e.code() == Code::NotFound && req.get_ref().allow_missing => {
-                        Ok(Response::new(Empty {}))
-                    }
-                    Err(e) => Err(e),
-                }
+                gone(deleted, req.get_ref().allow_missing)
             },
         )
         .await
