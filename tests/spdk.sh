@@ -40,9 +40,9 @@ fix_tls_salt() {
   sed -i 's/set1_hkdf_salt(ctx, NULL, 0)/set1_hkdf_salt(ctx, (const unsigned char *)"", 0)/' "$h"
   make -C "$1" -j"$(nproc)" >&2
 }
-# shellcheck disable=SC2016
-flock "${TMPDIR:-/tmp}/dpu-service-spdk-build.lock" bash -c "$(declare -f fix_tls_salt)"'
-  set -euo pipefail
-  tree=$("$@" | tail -n 1)
-  fix_tls_salt "$tree"
-  echo "$tree"' _ "$build" "${rbd[@]}" --dir "$cache"
+# One build (and fix) at a time: the lock is held until this script ends.
+exec 9>"${TMPDIR:-/tmp}/dpu-service-spdk-build.lock"
+flock 9
+tree=$("$build" "${rbd[@]}" --dir "$cache" | tail -n 1)
+fix_tls_salt "$tree"
+echo "$tree"

@@ -14,16 +14,10 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
-
-/// One `run.sh` at a time: the first creates the virtual environment, and
-/// two would race doing so.
-static VENV: Mutex<()> = Mutex::new(());
 
 /// Writes `set` to `file` under the test's temporary directory and runs
 /// the wire check on it with `args`; fails unless it says OK.
 fn check_wire(set: &[u8], file: &str, args: &[&str], package: &str) {
-    let _venv = VENV.lock().unwrap_or_else(|e| e.into_inner());
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
     std::fs::write(&path, set).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/run.sh");

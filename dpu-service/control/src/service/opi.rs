@@ -707,14 +707,13 @@ impl FrontendNvmeService for Api {
             async {
                 let id = subsystem_id("name", &req.get_ref().name)?.to_string();
                 self.opi_get(&req, &id).await?;
-                let name = format!("subsystems/{id}");
+                // This subsystem's counters only: no snapshot of everything.
                 let c = self
                     .ctl
                     .telemetry
-                    .snapshot(&self.ctl.state.snapshot(), &self.ctl.ports, None)
+                    .collect()
                     .subsystems
-                    .into_iter()
-                    .find(|c| c.subsystem == name)
+                    .remove(&id)
                     .unwrap_or_default();
                 let n = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
                 Ok(Response::new(opi::StatsNvmeSubsystemResponse {
