@@ -6,7 +6,8 @@
 //! discovers and does I/O through (counted in OPI's stats). What OPI made is a `dpu.v1` subsystem
 //! that `dpuctl` shows and changes, and OPI sees the change; it survives
 //! a restart; a caller with the reader role reads through OPI and is
-//! refused every change, as through `dpu.v1`.
+//! refused every change, as through `dpu.v1`; many callers at once and
+//! oversized requests are held to the service's limits.
 
 use std::process::Command;
 
@@ -180,5 +181,154 @@ fn a_reader_reads_through_opi_and_changes_nothing() -> Result<()> {
         m.contains("opi_api.storage.v1.FrontendNvmeService/CreateNvmeSubsystem"),
         "the refused OPI call is not counted:\n{m}"
     );
+    Ok(())
+}
+
+/// Numerous and hostile OPI callers are held to the same bounds as
+/// `dpu.v1`'s: 64 connections racing to create subsystems past
+/// `limits.max_subsystems` get exactly that many and
+/// `RESOURCE_EXHAUSTED` naming the key for the rest; controllers past
+/// `limits.max_listeners` likewise; a request over the size the service
+/// decodes is refused before it is decoded; a huge page size is capped
+/// and a negative one refused by name; and the service answers throughout.
+#[test]
+fn opi_callers_are_held_to_the_service_limits() -> Result<()> {
+    let config = format!("{TEST_CONFIG}\n[limits]\nmax_subsystems = 4\nmax_listeners = 2\n");
+    let svc = Service::start_config(&config, &[])?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let endpoint = svc.endpoint();
+    let codes = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let endpoint = endpoint.clone();
+            tasks.push(tokio::spawn(async move {
+                // A connection of its own each.
+                let mut c = Client::connect(endpoint).await?;
+                let r = c
+                    .create_nvme_subsystem(opi::CreateNvmeSubsystemRequest {
+                        nvme_subsystem_id: format!("race-{i}"),
+                        nvme_subsystem: Some(opi::NvmeSubsystem {
+                            spec: Some(opi::NvmeSubsystemSpec {
+                                nqn: format!("nqn.2022-09.io.spdk:race{i}"),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                    })
+                    .await;
+                anyhow::Ok(
+                    r.map(|_| ())
+                        .map_err(|e| (e.code(), e.message().to_string())),
+                )
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await??);
+        }
+        anyhow::Ok(out)
+    })?;
+    let made = codes.iter().filter(|r| r.is_ok()).count();
+    ensure!(
+        made == 4,
+        "{made} subsystems made past a cap of 4: {codes:?}"
+    );
+    for r in codes.iter().filter_map(|r| r.as_ref().err()) {
+        ensure!(
+            r.0 == tonic::Code::ResourceExhausted && r.1.contains("limits.max_subsystems"),
+            "{r:?}"
+        );
+    }
+    let list = svc.dpuctl_json(&["subsystem", "list"])?;
+    ensure!(list.as_array().map(Vec::len) == Some(4), "{list}");
+
+    rt.block_on(async {
+        let mut c = Client::connect(endpoint.clone()).await?;
+        // Controllers past max_listeners.
+        let mut refused = None;
+        for i in 0..3 {
+            let r = c
+                .create_nvme_controller(opi::CreateNvmeControllerRequest {
+                    parent: "nvmeSubsystems/race-0".into(),
+                    nvme_controller_id: format!("tcp{i}"),
+                    nvme_controller: Some(opi::NvmeController {
+                        spec: Some(opi::NvmeControllerSpec {
+                            endpoint: Some(opi::nvme_controller_spec::Endpoint::FabricsId(
+                                opi::FabricsEndpoint {
+                                    traddr: "127.0.0.1".into(),
+                                    trsvcid: free_port().to_string(),
+                                    ..Default::default()
+                                },
+                            )),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                })
+                .await;
+            if let Err(e) = r {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        let (i, e) = refused.context("a third listener was made past a cap of 2")?;
+        ensure!(
+            i == 2
+                && e.code() == tonic::Code::ResourceExhausted
+                && e.message().contains("limits.max_listeners"),
+            "controller {i}: {e:?}"
+        );
+        // A request larger than the service decodes: refused undecoded.
+        let e = c
+            .create_nvme_subsystem(opi::CreateNvmeSubsystemRequest {
+                nvme_subsystem_id: "big".into(),
+                nvme_subsystem: Some(opi::NvmeSubsystem {
+                    spec: Some(opi::NvmeSubsystemSpec {
+                        nqn: "nqn.2022-09.io.spdk:big".into(),
+                        psk: vec![b'A'; 4 << 20],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect_err("a 4 MiB request was decoded");
+        ensure!(
+            matches!(
+                e.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            ),
+            "{e:?}"
+        );
+        // Page sizes: capped, and a negative one refused by name.
+        let page = c
+            .list_nvme_subsystems(opi::ListNvmeSubsystemsRequest {
+                page_size: i32::MAX,
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        ensure!(page.nvme_subsystems.len() == 4, "{page:?}");
+        let e = c
+            .list_nvme_subsystems(opi::ListNvmeSubsystemsRequest {
+                page_size: -1,
+                ..Default::default()
+            })
+            .await
+            .expect_err("a negative page size");
+        ensure!(
+            e.code() == tonic::Code::InvalidArgument && e.message().contains("page_size"),
+            "{e:?}"
+        );
+        // Still answering.
+        c.get_nvme_subsystem(opi::GetNvmeSubsystemRequest {
+            name: "nvmeSubsystems/race-0".into(),
+        })
+        .await?;
+        anyhow::Ok(())
+    })?;
     Ok(())
 }
