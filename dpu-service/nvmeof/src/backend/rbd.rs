@@ -146,21 +146,54 @@ impl Drop for ClosedMark {
 /// Whether an image's cluster answers, as its operations found it. Held
 /// apart from [`Shared`] so that a completion never holds the image: the
 /// last handle to an image must not drop on librados' thread.
+///
+/// A failure counts only if the operation was started after the cluster
+/// last answered: an operation sent into an outage can time out after the
+/// cluster is back (librados' timeout runs from when it was sent), and
+/// that says nothing about now.
 #[derive(Debug)]
 struct Reach {
-    /// The last operation found the cluster out of reach.
+    /// The last operation that counted found the cluster out of reach.
     unreachable: AtomicBool,
+    /// Operations started, numbering them from 1.
+    started: AtomicU64,
+    /// The number of the last operation started before the latest answer:
+    /// failures of it and of those before it are stale.
+    answered_through: AtomicU64,
     /// `cluster:pool/image`.
     what: String,
 }
 
 impl Reach {
-    /// Notes whether `r` found the cluster reachable; logs the changes.
-    fn note<T>(&self, r: &Result<T, dpu_rbd::Error>) {
+    fn new(what: String) -> Reach {
+        Reach {
+            unreachable: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+            answered_through: AtomicU64::new(0),
+            what,
+        }
+    }
+
+    /// Numbers an operation being started.
+    fn start(&self) -> u64 {
+        self.started.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Notes whether operation `op` found the cluster reachable (`r`);
+    /// logs the changes.
+    fn note<T>(&self, op: u64, r: &Result<T, dpu_rbd::Error>) {
         let lost = match r {
             Err(e) => is_unavailable(&io::Error::from(e.clone())),
             Ok(_) => false,
         };
+        if lost {
+            if op <= self.answered_through.load(Ordering::Acquire) {
+                return;
+            }
+        } else {
+            self.answered_through
+                .fetch_max(self.started.load(Ordering::Acquire), Ordering::AcqRel);
+        }
         if self.unreachable.swap(lost, Ordering::AcqRel) != lost {
             match r {
                 Err(e) => {
@@ -209,10 +242,7 @@ impl RbdBackend {
             len: AtomicU64::new(len),
             sizing: Mutex::new(()),
             on_resize: Mutex::new(None),
-            reach: Arc::new(Reach {
-                unreachable: AtomicBool::new(false),
-                what: what.clone(),
-            }),
+            reach: Arc::new(Reach::new(what.clone())),
             in_flight: link.in_flight.clone(),
             closed: ClosedMark::default(),
         });
@@ -422,12 +452,13 @@ impl Backend for RbdBackend {
             _ => 0,
         };
         let in_flight = s.in_flight.clone();
+        let op = reach.start();
         in_flight.ops.fetch_add(1, Ordering::AcqRel);
         in_flight.bytes.fetch_add(bytes, Ordering::AcqRel);
         let done: dpu_rbd::Done = Box::new(move |r| {
             in_flight.ops.fetch_sub(1, Ordering::AcqRel);
             in_flight.bytes.fetch_sub(bytes, Ordering::AcqRel);
-            reach.note(&r);
+            reach.note(op, &r);
             done(r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", reach.what))))
         });
         match io {
@@ -454,6 +485,32 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(30), "{what}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    #[test]
+    fn a_timeout_of_an_operation_sent_before_the_cluster_answered_is_stale() {
+        let reach = Reach::new("c:p/i".into());
+        let timed_out = || -> Result<(), dpu_rbd::Error> {
+            Err(dpu_rbd::Error {
+                what: "rbd write".into(),
+                errno: 110,
+            })
+        };
+        // Sent into an outage: the first timeout counts.
+        let (a, b) = (reach.start(), reach.start());
+        reach.note(a, &timed_out());
+        assert!(reach.unreachable.load(Ordering::Acquire));
+        // Back: one started later answers.
+        let c = reach.start();
+        reach.note(c, &Ok(()));
+        assert!(!reach.unreachable.load(Ordering::Acquire));
+        // An operation sent before that answer times out late: stale.
+        reach.note(b, &timed_out());
+        assert!(!reach.unreachable.load(Ordering::Acquire));
+        // One sent after the answer that times out counts again.
+        let d = reach.start();
+        reach.note(d, &timed_out());
+        assert!(reach.unreachable.load(Ordering::Acquire));
     }
 
     #[test]
