@@ -4,9 +4,10 @@ use dpu_proto::pbjson_types::Timestamp as PbTimestamp;
 use dpu_proto::v1 as pb;
 
 use crate::model::{
-    cluster_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth, Listener,
-    Namespace, PortRole, PortSpec, PskText, QosLimits, RemoteNamespace, Rule, SecureChannel, State,
-    Subsystem, Tenant, Timestamp, TlsDerivation, TlsRequirement, Transport,
+    cluster_name, volume_name, Action, Attachment, AuthRequirement, Backend, Cluster, HostAuth,
+    Listener, Namespace, PortRole, PortSpec, PskText, QosLimits, RemoteNamespace, Rule,
+    SecureChannel, State, Subsystem, Tenant, Timestamp, TlsDerivation, TlsRequirement, Transport,
+    Volume,
 };
 
 /// A timestamp as a protobuf `Timestamp`.
@@ -276,6 +277,41 @@ pub fn remote(r: &RemoteNamespace) -> pb::RemoteBackend {
     }
 }
 
+/// Volume `v` as a protobuf message, with the namespace made on it
+/// (`user`, a resource name) if any. A block device's size is 0 here, as
+/// a namespace's is in [`namespace`].
+pub fn volume(v: &Volume, user: Option<&str>) -> pb::Volume {
+    let backend = match &v.backend {
+        Backend::Ram { size_bytes } => Some(pb::volume::Backend::Ram(pb::RamBackend {
+            size_bytes: *size_bytes,
+        })),
+        Backend::Null { size_bytes } => Some(pb::volume::Backend::Null(pb::NullBackend {
+            size_bytes: *size_bytes,
+        })),
+        Backend::File {
+            path, size_bytes, ..
+        } => Some(pb::volume::Backend::File(pb::FileBackend {
+            path: path.clone(),
+            size_bytes: *size_bytes,
+        })),
+        Backend::BlockDevice { path } => {
+            Some(pb::volume::Backend::BlockDevice(pb::BlockDeviceBackend {
+                path: path.clone(),
+            }))
+        }
+        // The state holds no volume of another kind.
+        Backend::Rbd { .. } | Backend::Remote(_) | Backend::Volume { .. } => None,
+    };
+    pb::Volume {
+        name: volume_name(&v.id),
+        backend,
+        block_size: v.block_size,
+        uuid: uuid_text(&v.uuid),
+        size_bytes: v.configured_size().unwrap_or(0),
+        namespace: user.unwrap_or_default().to_string(),
+    }
+}
+
 /// A namespace of subsystem `sid` as a protobuf message. A block device's,
 /// RBD image's or remote namespace's size is 0 here: only what serves it
 /// knows it (the service asks, [`crate::service::ServedNamespaces`]).
@@ -313,6 +349,13 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
             0,
         ),
         Backend::Remote(r) => (pb::namespace::Backend::Remote(remote(r)), 0),
+        Backend::Null { size_bytes } => (
+            pb::namespace::Backend::Null(pb::NullBackend {
+                size_bytes: *size_bytes,
+            }),
+            *size_bytes,
+        ),
+        Backend::Volume { id } => (pb::namespace::Backend::Volume(id.clone()), 0),
     };
     pb::Namespace {
         name: namespace_name(sid, n.nsid),

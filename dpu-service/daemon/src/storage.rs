@@ -28,12 +28,12 @@ use std::sync::{Arc, Mutex};
 use crate::config::TargetLimits;
 use dpu_control::apply::{self, Applied, Problem};
 use dpu_control::convert::{listener_name, namespace_name};
-use dpu_control::model::{Backend, Cluster, State, Transport};
+use dpu_control::model::{volume_name, Backend, Cluster, State, Transport};
 use dpu_control::service::ServedNamespaces;
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::{CounterSource, Counters, QosCounters, QosScope};
 use dpu_nvmeof::{
-    BackendSpec, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig, TcpConfig,
+    BackendSpec, HeldStore, NamespaceConfig, RbdCluster, SubsystemConfig, TargetConfig, TcpConfig,
     TcpConfigError,
 };
 use dpu_os::backing::BackingPolicy;
@@ -53,6 +53,9 @@ pub struct Storage {
     backing: BackingPolicy,
     /// The target of each tenant with storage endpoints.
     tenant_targets: Mutex<BTreeMap<String, dpu_nvmeof::Target>>,
+    /// The memory of the RAM volumes, by volume ID, with the UUID of the
+    /// volume it is for ([`Storage::held_volumes`]).
+    held: Mutex<BTreeMap<String, ([u8; 16], HeldStore)>>,
     /// What the storage endpoints serve, for their thread.
     plan: Arc<EndpointPlan>,
 }
@@ -162,6 +165,7 @@ impl Storage {
             limits,
             backing,
             tenant_targets: Mutex::default(),
+            held: Mutex::default(),
             plan: Arc::new(EndpointPlan::new(limits.endpoint_buffer_memory)),
         });
         s.apply(state);
@@ -175,8 +179,9 @@ impl Storage {
     /// resource names of the namespaces and listeners concerned, and
     /// retried at the next change.
     pub fn apply(&self, state: &State) -> Vec<Problem> {
-        let cfg = target_config(state, self.discovery);
-        let tenants = tenant_configs(state);
+        let held = self.held_volumes(state);
+        let cfg = target_config(state, &held, self.discovery);
+        let tenants = tenant_configs(state, &held);
         // The tenants' targets this state needs, made before the keys are
         // given out.
         let targets: Vec<(String, dpu_nvmeof::Target)> = {
@@ -200,7 +205,7 @@ impl Storage {
         for p in &problems {
             tracing::error!(resource = %p.resource, reason = %p.reason, "listener not served");
         }
-        for p in unservable(state) {
+        for p in unservable(state, &held) {
             tracing::error!(resource = %p.resource, reason = %p.reason, "namespace not served");
             problems.push(p);
         }
@@ -571,10 +576,61 @@ fn new_target(backing: &BackingPolicy, limits: TargetLimits) -> dpu_nvmeof::Targ
     target
 }
 
+/// The memory of the RAM volumes of a state, by volume ID: held by the
+/// daemon, not by the namespaces made on them, so that a volume keeps
+/// its contents from one namespace to the next.
+pub type HeldVolumes = BTreeMap<String, HeldStore>;
+
+impl Storage {
+    /// The memory of `state`'s RAM volumes: kept for a volume the last
+    /// state had (the same ID and UUID), made for a new one, let go for
+    /// one deleted.
+    fn held_volumes(&self, state: &State) -> HeldVolumes {
+        let mut all = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|id, (uuid, _)| {
+            state
+                .volumes
+                .get(id)
+                .is_some_and(|v| v.uuid == *uuid && matches!(v.backend, Backend::Ram { .. }))
+        });
+        for v in state.volumes.values() {
+            if let Backend::Ram { size_bytes } = v.backend {
+                all.entry(v.id.clone())
+                    .or_insert_with(|| (v.uuid, HeldStore::ram(volume_name(&v.id), size_bytes)));
+            }
+        }
+        all.iter()
+            .map(|(id, (_, store))| (id.clone(), store.clone()))
+            .collect()
+    }
+}
+
 /// How the target opens the store of backend `b` of a namespace in
-/// `state`, or why it cannot.
-fn backend_spec(state: &State, b: &Backend) -> Result<BackendSpec, String> {
+/// `state`, with the RAM volumes' memory in `held`, or why it cannot.
+fn backend_spec(state: &State, held: &HeldVolumes, b: &Backend) -> Result<BackendSpec, String> {
     Ok(match b {
+        Backend::Null { size_bytes } => BackendSpec::Null { size: *size_bytes },
+        Backend::Volume { id } => {
+            // The state keeps a volume while a namespace is made on it;
+            // only a state file edited by hand lacks it.
+            let v = state
+                .volumes
+                .get(id)
+                .ok_or_else(|| format!("{} is not in the state", volume_name(id)))?;
+            match &v.backend {
+                Backend::Ram { size_bytes } => BackendSpec::Held {
+                    store: held
+                        .get(id)
+                        .cloned()
+                        .ok_or_else(|| format!("{} holds no memory", volume_name(id)))?,
+                    size: *size_bytes,
+                },
+                Backend::Volume { .. } => {
+                    return Err(format!("{} names another volume", volume_name(id)))
+                }
+                other => backend_spec(state, held, other)?,
+            }
+        }
         Backend::Ram { size_bytes } => BackendSpec::Ram { size: *size_bytes },
         Backend::File {
             path,
@@ -623,11 +679,11 @@ fn rbd_cluster(c: &Cluster) -> RbdCluster {
 
 /// The namespaces of `state` the target cannot be told to serve (see
 /// [`backend_spec`]), each with why.
-fn unservable(state: &State) -> Vec<Problem> {
+fn unservable(state: &State, held: &HeldVolumes) -> Vec<Problem> {
     let mut out = Vec::new();
     for s in state.subsystems.values() {
         for n in s.namespaces.values() {
-            if let Err(reason) = backend_spec(state, &n.backend) {
+            if let Err(reason) = backend_spec(state, held, &n.backend) {
                 out.push(Problem {
                     resource: namespace_name(&s.id, n.nsid),
                     reason,
@@ -642,6 +698,7 @@ fn unservable(state: &State) -> Vec<Problem> {
 /// the namespaces of it the target can be told to serve.
 fn subsystem_config(
     state: &State,
+    held: &HeldVolumes,
     s: &dpu_control::model::Subsystem,
     listeners: Vec<SocketAddr>,
 ) -> SubsystemConfig {
@@ -663,7 +720,7 @@ fn subsystem_config(
                     block_size: n.block_size,
                     uuid: n.uuid,
                     nguid: n.nguid,
-                    backend: backend_spec(state, &n.backend).ok()?,
+                    backend: backend_spec(state, held, &n.backend).ok()?,
                 })
             })
             .collect(),
@@ -673,7 +730,11 @@ fn subsystem_config(
 
 /// What the target behind the kernel sockets serves for `state`: every
 /// subsystem but those served in a tenant's network.
-pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConfig {
+pub fn target_config(
+    state: &State,
+    held: &HeldVolumes,
+    discovery: Option<SocketAddr>,
+) -> TargetConfig {
     let subsystems = state
         .subsystems
         .values()
@@ -685,7 +746,7 @@ pub fn target_config(state: &State, discovery: Option<SocketAddr>) -> TargetConf
                 .filter(|l| l.transport == Transport::Tcp)
                 .map(|l| SocketAddr::new(l.address, l.port))
                 .collect();
-            subsystem_config(state, s, listeners)
+            subsystem_config(state, held, s, listeners)
         })
         .collect();
     TargetConfig {
@@ -708,7 +769,7 @@ pub struct TenantConfigs {
 }
 
 /// The tenants' targets for `state`.
-pub fn tenant_configs(state: &State) -> TenantConfigs {
+pub fn tenant_configs(state: &State, held: &HeldVolumes) -> TenantConfigs {
     let mut out = TenantConfigs::default();
     for s in state.subsystems.values() {
         let Some(tenant) = s.serving_tenant() else {
@@ -730,7 +791,7 @@ pub fn tenant_configs(state: &State) -> TenantConfigs {
             .entry(tenant.to_string())
             .or_default()
             .subsystems
-            .push(subsystem_config(state, s, listeners));
+            .push(subsystem_config(state, held, s, listeners));
     }
     out
 }
@@ -842,7 +903,7 @@ mod tests {
         ] {
             state.subsystems.insert(s.id.clone(), s);
         }
-        let kernel = target_config(&state, None);
+        let kernel = target_config(&state, &HeldVolumes::new(), None);
         assert_eq!(
             kernel
                 .subsystems
@@ -851,7 +912,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["nqn.2024-01.io.example:kernel"]
         );
-        let t = tenant_configs(&state);
+        let t = tenant_configs(&state, &HeldVolumes::new());
         let nqns = |tenant: &str| -> Vec<(String, Vec<SocketAddr>)> {
             t.configs[tenant]
                 .subsystems
@@ -923,7 +984,7 @@ mod tests {
             },
         );
         state.subsystems.insert(s.id.clone(), s);
-        let cfg = target_config(&state, None);
+        let cfg = target_config(&state, &HeldVolumes::new(), None);
         let namespaces = &cfg.subsystems[0].namespaces;
         assert_eq!(namespaces[0].block_size, 4096);
         let BackendSpec::Remote(spec) = &namespaces[0].backend else {
@@ -935,7 +996,7 @@ mod tests {
         assert_eq!(spec.io_timeout, std::time::Duration::from_millis(1_500));
         assert_eq!(spec.queue_depth, 16);
         assert!(!format!("{cfg:?}").contains(&SECRET[10..40]));
-        assert!(unservable(&state).is_empty());
+        assert!(unservable(&state, &HeldVolumes::new()).is_empty());
     }
 
     /// An RBD namespace reaches the target with its cluster's settings
@@ -979,7 +1040,7 @@ mod tests {
                 create_time: Timestamp::now(),
             },
         );
-        let cfg = target_config(&state, None);
+        let cfg = target_config(&state, &HeldVolumes::new(), None);
         let namespaces = &cfg.subsystems[0].namespaces;
         assert_eq!(
             namespaces.len(),
@@ -1010,7 +1071,7 @@ mod tests {
         );
         assert!(!format!("{cfg:?}").contains(&KEY[..20]), "no key in Debug");
         assert_eq!(
-            unservable(&state),
+            unservable(&state, &HeldVolumes::new()),
             [Problem {
                 resource: "subsystems/vol/namespaces/2".into(),
                 reason: "clusters/gone is not in the state".into(),

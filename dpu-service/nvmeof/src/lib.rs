@@ -51,6 +51,7 @@ pub const FIRMWARE_REVISION: &str = conn::admin::FIRMWARE;
 /// The secure channel's keys and sessions.
 pub use dpu_tls;
 pub use target::{
-    BackendSpec, NamespaceConfig, RbdCluster, SecureChannel, SubsystemConfig, Target, TargetConfig,
+    BackendSpec, HeldStore, NamespaceConfig, RbdCluster, SecureChannel, SubsystemConfig, Target,
+    TargetConfig,
 };
 pub use tcp::{TcpConfig, TcpConfigError, TcpTransport};

@@ -6,16 +6,20 @@
 //! It holds who claims which traffic on each port (for the attachment
 //! overlap check), running totals for the caps of [`crate::state::Limits`] and
 //! the RAM limit, the NQNs, UUIDs, NGUIDs, backing paths, RBD images and
-//! remote namespaces that must be unique across subsystems, and which
-//! namespaces use each storage cluster. It is derived data: never stored,
-//! rebuilt from the tenants and subsystems when a state is read back
+//! remote namespaces that must be unique across subsystems and volumes,
+//! which namespaces use each storage cluster, and which namespace is made
+//! on each volume. It is derived data: never stored, rebuilt from the
+//! tenants, subsystems and volumes when a state is read back
 //! ([`State::reindex`]), and updated by the transitions in `network` and
 //! `storage`, each of which removes what it changes from the index and
 //! adds it back as it is afterwards. [`State::index_drift`] compares it
 //! with one built from scratch; the tests run it after random sequences
 //! of changes.
 
-use super::{Attachment, Backend, Map, Namespace, Set, State, Subsystem, Tenant};
+use super::{
+    namespace_name, volume_name, Attachment, Backend, Map, Namespace, Set, State, Subsystem,
+    Tenant, Volume,
+};
 
 /// Who claims what on one port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,8 +51,13 @@ pub struct Index {
     ram_bytes: u64,
     uuids: Map<[u8; 16], usize>,
     nguids: Map<[u8; 16], usize>,
-    /// Backing path, subsystem ID, NSID.
-    paths: Set<(String, String, u32)>,
+    /// Backing path and the resource name of the namespace or volume
+    /// it backs.
+    paths: Set<(String, String)>,
+    /// Volumes.
+    volumes: usize,
+    /// Volume ID to the resource name of the namespace made on it.
+    volume_users: Map<String, String>,
     /// RBD images backing namespaces: cluster, pool, image, subsystem
     /// ID, NSID (ordered by cluster, so the users of a cluster are one
     /// range).
@@ -89,7 +98,11 @@ fn image_of(sid: &str, ns: &Namespace) -> Option<(String, String, String, String
 fn backing_path(b: &Backend) -> Option<&str> {
     match b {
         Backend::File { path, .. } | Backend::BlockDevice { path } => Some(path),
-        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => None,
+        Backend::Ram { .. }
+        | Backend::Rbd { .. }
+        | Backend::Remote(_)
+        | Backend::Null { .. }
+        | Backend::Volume { .. } => None,
     }
 }
 
@@ -122,6 +135,9 @@ impl Index {
         }
         for sub in s.subsystems.values() {
             ix.add_subsystem(sub);
+        }
+        for v in s.volumes.values() {
+            ix.add_volume(v);
         }
         ix
     }
@@ -183,7 +199,7 @@ impl Index {
         self.listeners
     }
 
-    /// Bytes of all RAM-backed namespaces.
+    /// Bytes of all RAM-backed namespaces and RAM volumes.
     pub fn ram_bytes(&self) -> u64 {
         self.ram_bytes
     }
@@ -198,13 +214,41 @@ impl Index {
         self.nguids.contains_key(nguid)
     }
 
-    /// The subsystem and NSID of a namespace backed by `path`.
-    pub fn path_user(&self, path: &str) -> Option<(&str, u32)> {
+    /// The resource name of the namespace or volume backed by `path`.
+    pub fn path_user(&self, path: &str) -> Option<&str> {
         self.paths
-            .range((path.to_string(), String::new(), 0)..)
+            .range((path.to_string(), String::new())..)
             .next()
-            .filter(|(p, _, _)| p == path)
-            .map(|(_, sid, nsid)| (sid.as_str(), *nsid))
+            .filter(|(p, _)| p == path)
+            .map(|(_, owner)| owner.as_str())
+    }
+
+    /// Volumes.
+    pub fn volumes(&self) -> usize {
+        self.volumes
+    }
+
+    /// The resource name of the namespace made on volume `id`.
+    pub fn volume_user(&self, id: &str) -> Option<&str> {
+        self.volume_users.get(id).map(String::as_str)
+    }
+
+    /// Adds a volume.
+    pub fn add_volume(&mut self, v: &Volume) {
+        self.volumes += 1;
+        self.ram_bytes = self.ram_bytes.saturating_add(ram_of(&v.backend));
+        if let Some(p) = backing_path(&v.backend) {
+            self.paths.insert((p.to_string(), volume_name(&v.id)));
+        }
+    }
+
+    /// Removes a volume.
+    pub fn remove_volume(&mut self, v: &Volume) {
+        self.volumes = self.volumes.saturating_sub(1);
+        self.ram_bytes = self.ram_bytes.saturating_sub(ram_of(&v.backend));
+        if let Some(p) = backing_path(&v.backend) {
+            self.paths.remove(&(p.to_string(), volume_name(&v.id)));
+        }
     }
 
     /// The subsystem and NSID of a namespace backed by `image` of
@@ -351,7 +395,12 @@ impl Index {
         bump(&mut self.uuids, ns.uuid);
         bump(&mut self.nguids, ns.nguid);
         if let Some(p) = backing_path(&ns.backend) {
-            self.paths.insert((p.to_string(), sid.to_string(), ns.nsid));
+            self.paths
+                .insert((p.to_string(), namespace_name(sid, ns.nsid)));
+        }
+        if let Backend::Volume { id } = &ns.backend {
+            self.volume_users
+                .insert(id.clone(), namespace_name(sid, ns.nsid));
         }
         if let Some(i) = image_of(sid, ns) {
             self.images.insert(i);
@@ -369,7 +418,12 @@ impl Index {
         drop_one(&mut self.nguids, &ns.nguid);
         if let Some(p) = backing_path(&ns.backend) {
             self.paths
-                .remove(&(p.to_string(), sid.to_string(), ns.nsid));
+                .remove(&(p.to_string(), namespace_name(sid, ns.nsid)));
+        }
+        if let Backend::Volume { id } = &ns.backend {
+            if self.volume_users.get(id) == Some(&namespace_name(sid, ns.nsid)) {
+                self.volume_users.remove(id);
+            }
         }
         if let Some(i) = image_of(sid, ns) {
             self.images.remove(&i);

@@ -13,7 +13,7 @@ use dpu_rand::Rng;
 use super::Index;
 use crate::model::{
     Action, Attachment, Backend, Claims, Listener, Namespace, PortRole, PortSpec, QosLimits, Rule,
-    RuleSet, State, Subsystem, Tenant, Timestamp, Transport,
+    RuleSet, State, Subsystem, Tenant, Timestamp, Transport, Volume,
 };
 use crate::state::{Limits, Part, PortRegistry, SubsystemUpdate, TenantUpdate};
 
@@ -131,7 +131,10 @@ fn subsystem(rng: &mut Rng, id: &str) -> Subsystem {
 }
 
 fn namespace(rng: &mut Rng) -> (Namespace, bool) {
-    let backend = match rng.below(3) {
+    let backend = match rng.below(4) {
+        3 => Backend::Volume {
+            id: format!("v{}", rng.below(3)),
+        },
         0 => Backend::File {
             path: format!("/srv/f{}", rng.below(3)),
             size_bytes: 4096,
@@ -155,6 +158,26 @@ fn namespace(rng: &mut Rng) -> (Namespace, bool) {
         qos: Default::default(),
     };
     (ns, given)
+}
+
+/// A volume v0..v2: RAM, or a file some namespace may also name.
+fn volume(rng: &mut Rng) -> Volume {
+    let backend = match rng.below(2) {
+        0 => Backend::File {
+            path: format!("/srv/f{}", rng.below(3)),
+            size_bytes: 4096,
+            created: true,
+        },
+        _ => Backend::Ram {
+            size_bytes: 512 * (1 + rng.below(8)),
+        },
+    };
+    Volume {
+        id: format!("v{}", rng.below(3)),
+        backend,
+        block_size: 512,
+        uuid: [9; 16],
+    }
 }
 
 /// QoS limits, now and then none (which clears).
@@ -191,6 +214,7 @@ const LIMITS: Limits = Limits {
     namespaces: 4,
     hosts: 5,
     listeners: 4,
+    volumes: 3,
 };
 
 /// One random transition; answers the part it touched, for a later
@@ -199,7 +223,7 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
     let t = *rng.pick(&TENANTS);
     let sid = *rng.pick(&SUBSYSTEMS);
     let tp = Part::Tenant(t.into());
-    let (part, ok) = match rng.below(22) {
+    let (part, ok) = match rng.below(24) {
         0 | 1 => (tp, s.create_tenant(LIMITS, p, tenant(rng, t)).is_ok()),
         2 => {
             let u = TenantUpdate {
@@ -292,7 +316,18 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
             };
             (part, s.set_namespace_qos(sid, nsid, qos(rng)).is_ok())
         }
-        _ => (tp, s.set_host_qos(sid, &host(rng), qos(rng)).is_ok()),
+        21 => (tp, s.set_host_qos(sid, &host(rng), qos(rng)).is_ok()),
+        22 => (tp, s.create_volume(LIMITS, volume(rng), false).is_ok()),
+        _ => {
+            let id = format!("v{}", rng.below(3));
+            let ok = if rng.below(2) == 0 {
+                s.resize_volume(LIMITS, &id, 512 * (1 + rng.below(8)))
+                    .is_ok()
+            } else {
+                s.delete_volume(&id).is_ok()
+            };
+            (tp, ok)
+        }
     };
     (part, ok)
 }

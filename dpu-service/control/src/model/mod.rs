@@ -12,7 +12,8 @@
 //! `storage`, the storage clusters RBD namespaces live on in `cluster`,
 //! the remote NVMe/TCP namespaces that back namespaces in `remote`, the
 //! QoS limits of namespaces, hosts and tenants' storage in `qos`, the
-//! secure channel's settings and keys in `tls`; all are re-exported
+//! secure channel's settings and keys in `tls`, the volumes namespaces
+//! are made on in `volume`; all are re-exported
 //! here, so every type is `model::...`.
 
 mod claims;
@@ -23,6 +24,7 @@ mod qos;
 mod remote;
 mod storage;
 mod tls;
+mod volume;
 
 pub use claims::Claims;
 pub use cluster::{cluster_name, CephKey, Cluster};
@@ -41,6 +43,7 @@ pub use storage::{
     HostAuth, Listener, Namespace, SecretText, Subsystem, Transport,
 };
 pub use tls::{PskText, SecureChannel, TlsDerivation, TlsRequirement};
+pub use volume::{volume_name, Volume};
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +96,9 @@ pub struct State {
     /// Storage clusters by ID (absent from states written before them).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub clusters: Map<String, Cluster>,
+    /// Volumes by ID (absent from states written before them).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub volumes: Map<String, Volume>,
     /// Counter for service-assigned IDs; never reused.
     pub id_seq: u64,
     /// Derived from the above; never stored.
@@ -105,6 +111,7 @@ impl PartialEq for State {
         self.tenants == other.tenants
             && self.subsystems == other.subsystems
             && self.clusters == other.clusters
+            && self.volumes == other.volumes
             && self.id_seq == other.id_seq
     }
 }
@@ -118,6 +125,8 @@ struct Stored {
     subsystems: Map<String, Subsystem>,
     #[serde(default)]
     clusters: Map<String, Cluster>,
+    #[serde(default)]
+    volumes: Map<String, Volume>,
     id_seq: u64,
 }
 
@@ -127,6 +136,7 @@ impl From<Stored> for State {
             tenants: s.tenants,
             subsystems: s.subsystems,
             clusters: s.clusters,
+            volumes: s.volumes,
             id_seq: s.id_seq,
             index: Default::default(),
         };

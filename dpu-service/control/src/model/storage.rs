@@ -50,16 +50,31 @@ pub enum Backend {
     },
     /// A namespace of a remote NVMe/TCP target, size taken from it.
     Remote(RemoteNamespace),
+    /// A null store of the given size: reads return zeros, writes are
+    /// dropped.
+    Null {
+        /// Size in bytes.
+        size_bytes: u64,
+    },
+    /// A volume of the state ([`super::Volume`]), which no other
+    /// namespace is made on; only a namespace's backend is one.
+    Volume {
+        /// The volume's ID.
+        id: String,
+    },
 }
 
 impl Backend {
     /// Whether the namespace's size is its store's own, known only to
-    /// what opens it (a block device, an RBD image, a remote namespace),
-    /// not the state.
+    /// what opens it (a block device, an RBD image, a remote namespace,
+    /// a volume's store), not the state.
     pub fn sized_by_store(&self) -> bool {
         matches!(
             self,
-            Backend::BlockDevice { .. } | Backend::Rbd { .. } | Backend::Remote(_)
+            Backend::BlockDevice { .. }
+                | Backend::Rbd { .. }
+                | Backend::Remote(_)
+                | Backend::Volume { .. }
         )
     }
 }

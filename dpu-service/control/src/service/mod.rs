@@ -16,6 +16,7 @@ mod remote;
 mod storage;
 mod telemetry;
 mod tenant;
+mod volume;
 
 pub use bounds::{
     count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,

@@ -46,7 +46,7 @@ fn hosts(field: &str, list: &[String]) -> Result<BTreeSet<String>> {
 }
 
 /// Runs `check`, which looks at the filesystem, on a blocking thread.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     check: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(check)
@@ -547,8 +547,9 @@ impl StorageService for Api {
                 .namespaces
                 .get(&nsid)
             {
-                let (policy, ns, size) = (self.ctl.backing.clone(), ns.clone(), req.size_bytes);
-                blocking(move || validate::backing_resize(&policy, &ns, size)).await?;
+                let (policy, b, size) =
+                    (self.ctl.backing.clone(), ns.backend.clone(), req.size_bytes);
+                blocking(move || validate::backing_resize(&policy, &b, size)).await?;
             }
             let limits = self.ctl.limits;
             let out = self
@@ -682,6 +683,59 @@ impl StorageService for Api {
         self.write("/dpu.v1.StorageService/DeleteCluster", async {
             self.cluster_delete(req.get_ref()).await?;
             Ok(pb::DeleteClusterResponse {})
+        })
+        .await
+    }
+
+    async fn create_volume(
+        &self,
+        req: Request<pb::CreateVolumeRequest>,
+    ) -> Result<Response<pb::Volume>, Status> {
+        self.write(
+            "/dpu.v1.StorageService/CreateVolume",
+            self.volume_create(req.into_inner()),
+        )
+        .await
+    }
+
+    async fn get_volume(
+        &self,
+        req: Request<pb::GetVolumeRequest>,
+    ) -> Result<Response<pb::Volume>, Status> {
+        self.read("/dpu.v1.StorageService/GetVolume", async {
+            self.volume_get(req.get_ref())
+        })
+        .await
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<pb::ListVolumesRequest>,
+    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        self.read("/dpu.v1.StorageService/ListVolumes", async {
+            self.volume_list(req.get_ref())
+        })
+        .await
+    }
+
+    async fn resize_volume(
+        &self,
+        req: Request<pb::ResizeVolumeRequest>,
+    ) -> Result<Response<pb::Volume>, Status> {
+        self.write(
+            "/dpu.v1.StorageService/ResizeVolume",
+            self.volume_resize(req.into_inner()),
+        )
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<pb::DeleteVolumeRequest>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        self.write("/dpu.v1.StorageService/DeleteVolume", async {
+            self.volume_delete(req.get_ref()).await?;
+            Ok(pb::DeleteVolumeResponse {})
         })
         .await
     }

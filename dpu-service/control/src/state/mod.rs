@@ -15,7 +15,7 @@
 //! hosts, namespaces, listeners) in `storage`, the storage clusters in
 //! `cluster`, the checks of remote namespaces in `remote`, the QoS limits
 //! of namespaces and hosts in `qos`, the hosts' TLS keys and the
-//! listeners' secure channels in `tls`.
+//! listeners' secure channels in `tls`, volumes in `volume`.
 
 mod cluster;
 mod endpoint;
@@ -24,6 +24,7 @@ mod qos;
 mod remote;
 mod storage;
 mod tls;
+mod volume;
 
 pub use crate::model::Index;
 pub use cluster::ClusterUpdate;
@@ -72,6 +73,8 @@ pub struct Limits {
     pub hosts: usize,
     /// Most listeners of all subsystems together (`limits.max_listeners`).
     pub listeners: usize,
+    /// Most volumes (`limits.max_volumes`).
+    pub volumes: usize,
 }
 
 impl Limits {
@@ -88,6 +91,7 @@ impl Limits {
             namespaces: 16_384,
             hosts: 65_536,
             listeners: 1_024,
+            volumes: 16_384,
         }
     }
 }

@@ -252,13 +252,15 @@ impl State {
         self.index.ram_bytes().saturating_sub(held)
     }
 
-    fn check_ram(&self, limits: Limits, except: Option<(&str, u32)>, extra: u64) -> Result<()> {
+    pub(super) fn check_ram(
+        &self,
+        limits: Limits,
+        except: Option<(&str, u32)>,
+        extra: u64,
+    ) -> Result<()> {
         let total = self.ram_in_use(except).saturating_add(extra);
         if total > limits.ram_bytes {
-            return Err(ControlError::FailedPrecondition(format!(
-                "RAM namespaces would use {total} bytes; the service allows {} (storage.ram_limit)",
-                limits.ram_bytes
-            )));
+            return Err(super::volume::ram_refusal(total, limits));
         }
         Ok(())
     }
@@ -304,6 +306,7 @@ impl State {
         if let Backend::Ram { size_bytes } = ns.backend {
             self.check_ram(limits, None, size_bytes)?;
         }
+        self.check_volume(&mut ns)?;
         if given_uuid && self.index.uuid_taken(&ns.uuid) {
             return Err(ControlError::AlreadyExists(
                 "namespace.uuid is used by another namespace".into(),
@@ -315,9 +318,9 @@ impl State {
             ));
         }
         if let Backend::File { path, .. } | Backend::BlockDevice { path } = &ns.backend {
-            if let Some((sid, nsid)) = self.index.path_user(path) {
+            if let Some(user) = self.index.path_user(path) {
                 return Err(ControlError::AlreadyExists(format!(
-                    "{path} already backs subsystems/{sid}/namespaces/{nsid}"
+                    "{path} already backs {user}"
                 )));
             }
         }
@@ -390,11 +393,22 @@ impl State {
                         .into(),
                 ))
             }
+            Backend::Null { .. } => {}
+            Backend::Volume { ref id } => {
+                return Err(ControlError::FailedPrecondition(format!(
+                    "the namespace takes its size from volumes/{id}: resize the volume (ResizeVolume)"
+                )))
+            }
         }
         let mut ns = ns.clone();
         match &mut ns.backend {
-            Backend::Ram { size_bytes } | Backend::File { size_bytes, .. } => *size_bytes = size,
-            Backend::BlockDevice { .. } | Backend::Rbd { .. } | Backend::Remote(_) => {}
+            Backend::Ram { size_bytes }
+            | Backend::File { size_bytes, .. }
+            | Backend::Null { size_bytes } => *size_bytes = size,
+            Backend::BlockDevice { .. }
+            | Backend::Rbd { .. }
+            | Backend::Remote(_)
+            | Backend::Volume { .. } => {}
         }
         self.put_namespace(id, ns)
     }
@@ -610,7 +624,7 @@ fn random_bytes() -> [u8; 16] {
 }
 
 /// A random (version 4, RFC 4122 variant) UUID.
-fn random_uuid() -> [u8; 16] {
+pub(super) fn random_uuid() -> [u8; 16] {
     let mut b = random_bytes();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;

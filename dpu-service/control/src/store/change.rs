@@ -7,7 +7,8 @@
 //! the last `keep_back`, put `middle` between them), so adding or deleting
 //! one rule among 10,000 records one rule or none. A tenant's other fields,
 //! a whole subsystem (namespaces, listeners and hosts, bounded by their
-//! limits) and a storage cluster are recorded whole when they change.
+//! limits), a storage cluster and a volume are recorded whole when they
+//! change.
 //!
 //! Finding the ops costs a walk down the paths of the tenant and subsystem
 //! maps that the change copied (the rest the two states share, and the
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{
     stored_qos, Action, Attachment, Cluster, QosLimits, Rule, RuleSet, State, Subsystem, Tenant,
-    Timestamp,
+    Timestamp, Volume,
 };
 
 /// One step of a recorded change.
@@ -99,6 +100,16 @@ pub(crate) enum Op {
         /// The cluster's ID.
         id: String,
     },
+    /// A volume created or changed, whole.
+    PutVolume {
+        /// The volume.
+        volume: Volume,
+    },
+    /// A volume deleted.
+    DeleteVolume {
+        /// The volume's ID.
+        id: String,
+    },
     /// The counter for service-assigned IDs.
     IdSeq {
         /// Its new value.
@@ -139,6 +150,14 @@ pub(crate) fn diff(before: &State, after: &State) -> Vec<Op> {
                 ops.push(Op::PutCluster { cluster: c.clone() })
             }
             DiffItem::Remove(id, _) => ops.push(Op::DeleteCluster { id: id.clone() }),
+        }
+    }
+    for d in before.volumes.diff(&after.volumes) {
+        match d {
+            DiffItem::Add(_, v) | DiffItem::Update { new: (_, v), .. } => {
+                ops.push(Op::PutVolume { volume: v.clone() })
+            }
+            DiffItem::Remove(id, _) => ops.push(Op::DeleteVolume { id: id.clone() }),
         }
     }
     if before.id_seq != after.id_seq {
@@ -281,6 +300,14 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
                     return Err(format!("clusters/{id} deleted but does not exist"));
                 }
             }
+            Op::PutVolume { volume } => {
+                state.volumes.insert(volume.id.clone(), volume);
+            }
+            Op::DeleteVolume { id } => {
+                if state.volumes.remove(&id).is_none() {
+                    return Err(format!("volumes/{id} deleted but does not exist"));
+                }
+            }
             Op::IdSeq { value } => state.id_seq = value,
         }
     }
@@ -411,6 +438,34 @@ mod tests {
         let mut cleared = after.clone();
         apply(&mut cleared, diff(&after, &before)).unwrap();
         assert_eq!(cleared, before);
+    }
+
+    /// Volumes are recorded whole, and replay.
+    #[test]
+    fn volumes_are_recorded_and_replayed() {
+        let before = state(vec![]);
+        let mut after = before.clone();
+        let v = Volume {
+            id: "v1".into(),
+            backend: crate::model::Backend::Ram { size_bytes: 4096 },
+            block_size: 512,
+            uuid: [3; 16],
+        };
+        after.volumes.insert("v1".into(), v);
+        let ops = diff(&before, &after);
+        assert!(matches!(&ops[..], [Op::PutVolume { .. }]), "{ops:?}");
+        let json = serde_json::to_string(&ops).unwrap();
+        let mut replayed = before.clone();
+        apply(&mut replayed, serde_json::from_str(&json).unwrap()).unwrap();
+        assert_eq!(replayed, after);
+        let back = diff(&after, &before);
+        assert!(matches!(&back[..], [Op::DeleteVolume { id }] if id == "v1"));
+        apply(&mut replayed, back).unwrap();
+        assert_eq!(replayed, before);
+        let gone = vec![Op::DeleteVolume { id: "v1".into() }];
+        assert!(apply(&mut replayed, gone)
+            .unwrap_err()
+            .contains("volumes/v1"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::Path;
 use dpu_os::backing::{BackingError, BackingPolicy, Identity};
 
 use crate::error::{ControlError, Result};
-use crate::model::{Backend, Namespace, State};
+use crate::model::{namespace_name, volume_name, Backend, Namespace, State};
 
 /// The error for `field` (a path) that `policy` refused.
 fn refusal(field: &str, e: BackingError) -> ControlError {
@@ -38,13 +38,17 @@ fn identity(policy: &BackingPolicy, b: &Backend) -> Option<Identity> {
             .flatten()
             .map(|f| f.identity),
         Backend::BlockDevice { path } => policy.inspect_block_device(Path::new(path)).ok(),
-        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => None,
+        Backend::Ram { .. }
+        | Backend::Rbd { .. }
+        | Backend::Remote(_)
+        | Backend::Null { .. }
+        | Backend::Volume { .. } => None,
     }
 }
 
 /// Checks the file or block device of `ns`, a namespace to create
 /// (`field` names it in the request), against `policy` and against the
-/// namespaces of `state`, and answers it with
+/// namespaces and volumes of `state`, and answers it with
 /// [`Backend::File::created`](Backend::File) set: true when the file does
 /// not exist yet (then a size is required to create it).
 ///
@@ -53,17 +57,27 @@ fn identity(policy: &BackingPolicy, b: &Backend) -> Option<Identity> {
 /// take; `PERMISSION_DENIED` naming the rule for a path the policy does
 /// not allow (outside `storage.file_dirs`, through a symbolic link, not a
 /// device of `storage.block_devices`, a mounted device);
-/// `ALREADY_EXISTS` when the file or device backs another namespace,
-/// under whatever path; `FAILED_PRECONDITION` when the path cannot be
-/// looked at.
+/// `ALREADY_EXISTS` when the file or device backs another namespace or
+/// volume, under whatever path; `FAILED_PRECONDITION` when the path
+/// cannot be looked at.
 pub fn backing(
     field: &str,
     policy: &BackingPolicy,
     state: &State,
     mut ns: Namespace,
 ) -> Result<Namespace> {
-    let (found, path_field, path) = match &mut ns.backend {
-        Backend::Ram { .. } | Backend::Rbd { .. } | Backend::Remote(_) => return Ok(ns),
+    store(field, policy, state, &mut ns.backend)?;
+    Ok(ns)
+}
+
+/// [`backing`] for the store of a volume or namespace, `b`.
+pub fn store(field: &str, policy: &BackingPolicy, state: &State, b: &mut Backend) -> Result<()> {
+    let (found, path_field, path) = match b {
+        Backend::Ram { .. }
+        | Backend::Rbd { .. }
+        | Backend::Remote(_)
+        | Backend::Null { .. }
+        | Backend::Volume { .. } => return Ok(()),
         Backend::File {
             path,
             size_bytes,
@@ -107,19 +121,26 @@ pub fn backing(
         }
     };
     let Some(id) = found else {
-        return Ok(ns);
+        return Ok(());
+    };
+    let taken = |user: String| {
+        ControlError::AlreadyExists(format!(
+            "{path_field}: {path} is the file or device that backs {user}"
+        ))
     };
     for (sid, s) in &state.subsystems {
         for o in s.namespaces.values() {
             if identity(policy, &o.backend) == Some(id) {
-                return Err(ControlError::AlreadyExists(format!(
-                    "{path_field}: {path} is the file or device that backs subsystems/{sid}/namespaces/{}",
-                    o.nsid
-                )));
+                return Err(taken(namespace_name(sid, o.nsid)));
             }
         }
     }
-    Ok(ns)
+    for v in state.volumes.values() {
+        if identity(policy, &v.backend) == Some(id) {
+            return Err(taken(volume_name(&v.id)));
+        }
+    }
+    Ok(())
 }
 
 /// Checks that a resize to `size` bytes does not make a file that the
@@ -129,12 +150,12 @@ pub fn backing(
 /// # Errors
 /// `FAILED_PRECONDITION` when it would; as [`backing`] when the file
 /// cannot be looked at.
-pub fn resize(policy: &BackingPolicy, ns: &Namespace, size: u64) -> Result<()> {
+pub fn resize(policy: &BackingPolicy, b: &Backend, size: u64) -> Result<()> {
     let Backend::File {
         path,
         created: false,
         ..
-    } = &ns.backend
+    } = b
     else {
         return Ok(());
     };
@@ -254,8 +275,8 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
         assert!(e.to_string().contains("subsystems/a/namespaces/1"), "{e}");
         // Never made smaller than it is.
-        resize(&policy, &file(&new, 0), 16384).unwrap();
-        let e = resize(&policy, &file(&new, 0), 4096).unwrap_err();
+        resize(&policy, &file(&new, 0).backend, 16384).unwrap();
+        let e = resize(&policy, &file(&new, 0).backend, 4096).unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
     }
 

@@ -9,7 +9,7 @@
 //!
 //! What both halves share lives here: IDs, resource names and free text.
 //! The network side (tenants, attachments, filter rules) is in `network`,
-//! the storage side (subsystems, namespaces, listeners) in `storage`, the
+//! the storage side (subsystems, namespaces, volumes, listeners) in `storage`, the
 //! storage clusters (monitors, cephx users and keys, pool and image names)
 //! in `cluster`, the remote namespaces that back namespaces (paths, NQNs,
 //! secrets, bounds) in `remote`, the QoS limits of namespaces and hosts
@@ -22,7 +22,7 @@ mod qos;
 mod remote;
 mod storage;
 
-pub use backing::{backing, resize as backing_resize};
+pub use backing::{backing, resize as backing_resize, store as backing_store};
 pub use cluster::{
     ceph_user, cephx_key, cluster, cluster_name, mon_host, rbd_name, timeout,
     DEFAULT_CONNECT_TIMEOUT_SECS, DEFAULT_OP_TIMEOUT_SECS, MAX_CLUSTERS, MAX_MONITORS,
@@ -41,8 +41,8 @@ pub use remote::{
 pub use storage::{
     ascii_id, auth_requirement, hex16, host_auth, host_tls, listener, listener_name,
     max_namespaces, namespace, namespace_name, nqn, nsid, secure_channel, tls_requirement, uuid,
-    DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT, DISCOVERY_NQN, MAX_HOSTS_PER_SUBSYSTEM,
-    MAX_NAMESPACES, MAX_NQN_LEN,
+    volume, volume_ref, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT, DISCOVERY_NQN,
+    MAX_HOSTS_PER_SUBSYSTEM, MAX_NAMESPACES, MAX_NQN_LEN,
 };
 
 use crate::error::{ControlError, Result};

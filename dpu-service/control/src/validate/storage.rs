@@ -10,7 +10,7 @@ use super::{child_name, id, qos, rbd_name, remote};
 use crate::error::{ControlError, Result};
 use crate::model::{
     dh_group_by_name, hash_by_name, AuthRequirement, Backend, HostAuth, Listener, Namespace,
-    PskText, SecretText, SecureChannel, TlsDerivation, TlsRequirement, Transport,
+    PskText, SecretText, SecureChannel, TlsDerivation, TlsRequirement, Transport, Volume,
 };
 
 /// Longest NQN, in bytes (NVMe base specification).
@@ -336,21 +336,26 @@ pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
     Ok(out)
 }
 
-/// Converts a namespace to create. `uuid`/`nguid` come back as given or
-/// `None` when the caller left them empty (the state generates them). A
-/// remote backend without a host NQN takes `default_host_nqn`, the
-/// service's.
-pub fn namespace(
+/// The store of a namespace or volume (`field` names it in the request)
+/// in blocks of `block_size` bytes. A remote backend without a host NQN
+/// takes `default_host_nqn`, the service's.
+fn store(
     field: &str,
-    n: &pb::Namespace,
+    b: Option<&pb::namespace::Backend>,
+    block_size: u32,
     default_host_nqn: &str,
-) -> Result<(Namespace, bool, bool)> {
+) -> Result<Backend> {
     let f = |s: &str| format!("{field}.{s}");
-    let block_size = block_size(&f("block_size"), n.block_size)?;
-    let backend = match &n.backend {
+    Ok(match b {
         Some(pb::namespace::Backend::Ram(r)) => {
             size(&f("ram.size_bytes"), r.size_bytes, block_size)?;
             Backend::Ram {
+                size_bytes: r.size_bytes,
+            }
+        }
+        Some(pb::namespace::Backend::Null(r)) => {
+            size(&f("null.size_bytes"), r.size_bytes, block_size)?;
+            Backend::Null {
                 size_bytes: r.size_bytes,
             }
         }
@@ -385,11 +390,90 @@ pub fn namespace(
         Some(pb::namespace::Backend::Remote(r)) => {
             Backend::Remote(remote(&f("remote"), r, default_host_nqn)?)
         }
+        Some(pb::namespace::Backend::Volume(v)) => Backend::Volume {
+            id: volume_ref(&f("volume"), v)?,
+        },
         None => {
             return Err(ControlError::invalid(
                 f("backend"),
-                "one of ram, file, block_device, rbd, remote is required",
+                "one of ram, file, block_device, rbd, remote, null, volume is required",
             ))
+        }
+    })
+}
+
+/// The ID of the volume `s` names: its ID (`v1`) or its resource name
+/// (`volumes/v1`).
+pub fn volume_ref(field: &str, s: &str) -> Result<String> {
+    let id_str = s.strip_prefix("volumes/").unwrap_or(s);
+    id(field, id_str)?;
+    Ok(id_str.to_string())
+}
+
+/// Converts a volume to create, with the ID given (checked) or, when
+/// empty, `None` for the service to assign. Its UUID comes back as given,
+/// or with `false` when the caller left it empty (the state generates
+/// it).
+pub fn volume(field: &str, volume_id: &str, v: &pb::Volume) -> Result<(Volume, bool)> {
+    let f = |s: &str| format!("{field}.{s}");
+    if !volume_id.is_empty() {
+        id("volume_id", volume_id)?;
+    }
+    let block_size = block_size(&f("block_size"), v.block_size)?;
+    let b = v.backend.as_ref().map(|b| match b {
+        pb::volume::Backend::Ram(r) => pb::namespace::Backend::Ram(*r),
+        pb::volume::Backend::File(fb) => pb::namespace::Backend::File(fb.clone()),
+        pb::volume::Backend::BlockDevice(d) => pb::namespace::Backend::BlockDevice(d.clone()),
+        pb::volume::Backend::Null(n) => pb::namespace::Backend::Null(*n),
+    });
+    if b.is_none() {
+        return Err(ControlError::invalid(
+            f("backend"),
+            "one of ram, file, block_device, null is required",
+        ));
+    }
+    let backend = store(field, b.as_ref(), block_size, "")?;
+    let (uuid, has_uuid) = if v.uuid.is_empty() {
+        ([0; 16], false)
+    } else {
+        (uuid(&f("uuid"), &v.uuid)?, true)
+    };
+    Ok((
+        Volume {
+            id: volume_id.to_string(),
+            backend,
+            block_size,
+            uuid,
+        },
+        has_uuid,
+    ))
+}
+
+/// Converts a namespace to create. `uuid`/`nguid` come back as given or
+/// `None` when the caller left them empty (the state generates them). A
+/// remote backend without a host NQN takes `default_host_nqn`, the
+/// service's.
+pub fn namespace(
+    field: &str,
+    n: &pb::Namespace,
+    default_host_nqn: &str,
+) -> Result<(Namespace, bool, bool)> {
+    let f = |s: &str| format!("{field}.{s}");
+    let volume = match &n.backend {
+        Some(pb::namespace::Backend::Volume(v)) => Some(volume_ref(&f("volume"), v)?),
+        _ => None,
+    };
+    let (block_size, backend) = match volume {
+        // The state gives a namespace on a volume the volume's block
+        // size when it asks for none.
+        Some(id) => match n.block_size {
+            0 => (0, Backend::Volume { id }),
+            b => (block_size(&f("block_size"), b)?, Backend::Volume { id }),
+        },
+        None => {
+            let block_size = block_size(&f("block_size"), n.block_size)?;
+            let backend = store(field, n.backend.as_ref(), block_size, default_host_nqn)?;
+            (block_size, backend)
         }
     };
     if n.nsid > MAX_NAMESPACES {

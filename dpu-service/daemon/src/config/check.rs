@@ -1587,7 +1587,7 @@ mod tests {
                     "[storage]\nram_limit = \"1M\"\n{}",
                     declared("", &format!("{ns}\nram = \"1M\"\n{ns}\nram = \"4K\"\n"))
                 ),
-                "storage.subsystems[0].namespaces[1]: RAM namespaces would use 1052672 bytes; the service allows 1048576 (storage.ram_limit)",
+                "storage.subsystems[0].namespaces[1]: RAM namespaces and volumes would use 1052672 bytes; the service allows 1048576 (storage.ram_limit)",
             ),
             (
                 declared("", &format!("{ls}\nid = \"Data\"\naddress = \"127.0.0.1\"\nport = 4420\n")),

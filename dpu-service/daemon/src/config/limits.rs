@@ -1,5 +1,5 @@
 //! `[limits]`: how many tenants, attachments, rules, subsystems,
-//! namespaces, allowed hosts and listeners the state may hold. A change
+//! namespaces, allowed hosts, listeners and volumes the state may hold. A change
 //! past one is refused with `RESOURCE_EXHAUSTED` naming its key; the
 //! per-tenant caps also size the largest gRPC message the tenant and
 //! filter services take (see [`dpu_control::service::request_bytes`]).
@@ -33,6 +33,8 @@ pub struct LimitsConfig {
     pub max_hosts: usize,
     /// Most listeners of all subsystems together.
     pub max_listeners: usize,
+    /// Most volumes.
+    pub max_volumes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -48,6 +50,7 @@ impl Default for LimitsConfig {
             max_namespaces: l.namespaces,
             max_hosts: l.hosts,
             max_listeners: l.listeners,
+            max_volumes: l.volumes,
         }
     }
 }
@@ -78,6 +81,7 @@ impl LimitsConfig {
             ("max_namespaces", l.max_namespaces, usize::MAX),
             ("max_hosts", l.max_hosts, usize::MAX),
             ("max_listeners", l.max_listeners, usize::MAX),
+            ("max_volumes", l.max_volumes, usize::MAX),
         ] {
             if v == 0 || v > max {
                 if max == usize::MAX {
@@ -105,6 +109,7 @@ impl Config {
             namespaces: l.max_namespaces,
             hosts: l.max_hosts,
             listeners: l.max_listeners,
+            volumes: l.max_volumes,
         }
     }
 }

@@ -471,6 +471,52 @@ mod tests {
     }
 
     #[test]
+    fn a_held_store_outlives_the_namespaces_made_on_it() {
+        let store = crate::target::HeldStore::ram("volumes/v1", 8192);
+        let on = |nsid: u32, size| NamespaceConfig {
+            nsid,
+            block_size: 512,
+            // Each namespace made on the store is another namespace.
+            uuid: [nsid as u8; 16],
+            nguid: [nsid as u8; 16],
+            backend: BackendSpec::Held {
+                store: store.clone(),
+                size,
+            },
+            qos: Default::default(),
+        };
+        let t = Target::new();
+        assert!(t
+            .apply(&config(vec![subsystem("nqn.a", vec![on(1, 8192)])]))
+            .is_empty());
+        let served = t.subsystem("nqn.a").unwrap().namespaces[&1].backend.clone();
+        served.write_at(4096, b"kept", false).unwrap();
+        // The namespace goes; the memory stays with its holder.
+        assert!(t
+            .apply(&config(vec![subsystem("nqn.a", vec![])]))
+            .is_empty());
+        drop(served);
+        assert_eq!(store.len(), 8192);
+        // Another namespace, in another subsystem, finds what was written,
+        // and a new size given with the store resizes it for its hosts.
+        assert!(t
+            .apply(&config(vec![subsystem("nqn.b", vec![on(2, 8192)])]))
+            .is_empty());
+        assert!(t
+            .apply(&config(vec![subsystem("nqn.b", vec![on(2, 16384)])]))
+            .is_empty());
+        assert_eq!(served_len(&t, "nqn.b", 2), Some(16384));
+        assert_eq!(store.len(), 16384);
+        let mut back = [0u8; 4];
+        let served = t.subsystem("nqn.b").unwrap().namespaces[&2].backend.clone();
+        served.read_at(4096, &mut back).unwrap();
+        assert_eq!(&back, b"kept");
+        // Another store of the same size is not the same store.
+        let other = crate::target::HeldStore::ram("volumes/v1", 16384);
+        assert_ne!(other, store);
+    }
+
+    #[test]
     fn two_namespaces_never_share_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.img");

@@ -241,6 +241,74 @@ pub enum BackendSpec {
     /// remote namespace's, and follows it. The namespace's block size must
     /// be a multiple of the remote's.
     Remote(RemoteNamespace),
+    /// Memory that the target's user holds ([`HeldStore`]), resized to
+    /// `size` bytes: it outlives the namespaces made on it one after
+    /// another, as a RAM volume's contents do.
+    Held {
+        /// The store.
+        store: HeldStore,
+        /// Size in bytes.
+        size: u64,
+    },
+}
+
+/// Memory that the target's user opens and keeps, not a namespace: a
+/// namespace made on it serves it, and a later namespace on the same
+/// store finds what the earlier one wrote. Clones share the memory; two
+/// stores are the same when they share it.
+#[derive(Clone)]
+pub struct HeldStore {
+    name: String,
+    store: Arc<RamBackend>,
+}
+
+impl HeldStore {
+    /// `size` bytes of memory, allocated as written, known in logs and
+    /// errors as `name`.
+    pub fn ram(name: impl Into<String>, size: u64) -> HeldStore {
+        HeldStore {
+            name: name.into(),
+            store: Arc::new(RamBackend::new(size)),
+        }
+    }
+
+    /// What the store is known as.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its size in bytes now.
+    pub fn len(&self) -> u64 {
+        self.store.len()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Makes it `size` bytes long (a namespace serving it tells its hosts
+    /// when the target is next given the new size).
+    pub fn resize(&self, size: u64) -> io::Result<()> {
+        self.store.resize(size)
+    }
+}
+
+impl PartialEq for HeldStore {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.store, &other.store)
+    }
+}
+
+impl Eq for HeldStore {}
+
+impl std::fmt::Debug for HeldStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldStore")
+            .field("name", &self.name)
+            .field("len", &self.len())
+            .finish()
+    }
 }
 
 impl BackendSpec {
@@ -265,6 +333,7 @@ impl BackendSpec {
             // Other paths, another identity or other bounds: another
             // connection, so another backend.
             (Self::Remote(a), Self::Remote(b)) => a == b,
+            (Self::Held { store: a, .. }, Self::Held { store: b, .. }) => a == b,
             _ => false,
         }
     }
@@ -274,7 +343,7 @@ impl BackendSpec {
     /// is never made smaller.
     pub(super) fn resize_to(&self, cur: u64) -> Option<u64> {
         match *self {
-            Self::Ram { size } | Self::Null { size } => Some(size),
+            Self::Ram { size } | Self::Null { size } | Self::Held { size, .. } => Some(size),
             Self::File { size, created, .. } if size != 0 && (created || size > cur) => Some(size),
             Self::File { .. } | Self::BlockDevice { .. } | Self::Rbd { .. } | Self::Remote(_) => {
                 None
@@ -335,6 +404,12 @@ impl BackendSpec {
                 (Arc::new(b), None)
             }
             Self::Remote(r) => (Arc::new(crate::backend::RemoteBackend::open(r)?), None),
+            Self::Held { store, size } => {
+                if store.len() != *size {
+                    store.resize(*size)?;
+                }
+                (store.store.clone() as Arc<dyn Backend>, None)
+            }
             #[cfg(not(feature = "rbd"))]
             Self::Rbd { cluster, .. } => {
                 let _ = clusters;

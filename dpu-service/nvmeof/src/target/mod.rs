@@ -36,8 +36,8 @@ pub(crate) use admission::HostAdmission;
 pub use admission::DEFAULT_MAX_CONNECTIONS_PER_HOST;
 pub use apply::ApplyError;
 pub use config::{
-    host_id_of, BackendSpec, NamespaceConfig, RbdCluster, RemoteNamespace, SubsystemConfig,
-    TargetConfig, MAX_REMOTE_PATHS,
+    host_id_of, BackendSpec, HeldStore, NamespaceConfig, RbdCluster, RemoteNamespace,
+    SubsystemConfig, TargetConfig, MAX_REMOTE_PATHS,
 };
 pub use subsystems::{is_namespace_removed, Namespace, NamespaceRemoved, Subsystem};
 pub use tls::{SecureChannel, TlsStats};

@@ -364,6 +364,8 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
             Some(pb::namespace::Backend::Remote(r)) => {
                 format!("remote {} {} nsid {}", r.paths.join(","), r.subnqn, r.nsid)
             }
+            Some(pb::namespace::Backend::Null(_)) => "null".to_string(),
+            Some(pb::namespace::Backend::Volume(v)) => format!("volume:{v}"),
             None => "?".into(),
         };
         t.row(vec![

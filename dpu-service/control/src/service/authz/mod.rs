@@ -109,6 +109,11 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/dpu.v1.StorageService/ListClusters", Permission::Read),
     ("/dpu.v1.StorageService/UpdateCluster", Permission::Admin),
     ("/dpu.v1.StorageService/DeleteCluster", Permission::Admin),
+    ("/dpu.v1.StorageService/CreateVolume", Permission::Admin),
+    ("/dpu.v1.StorageService/GetVolume", Permission::Read),
+    ("/dpu.v1.StorageService/ListVolumes", Permission::Read),
+    ("/dpu.v1.StorageService/ResizeVolume", Permission::Admin),
+    ("/dpu.v1.StorageService/DeleteVolume", Permission::Admin),
     ("/dpu.v1.TelemetryService/GetCounters", Permission::Read),
     ("/dpu.v1.TelemetryService/WatchCounters", Permission::Read),
     // OPI's NVMe front end: views of the same subsystems, so the same
