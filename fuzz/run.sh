@@ -9,7 +9,7 @@
 # The targets are the binaries of the crate dpu-fuzz (fuzz/, a member of
 # the workspace; `cargo fuzz list`): pdu, connection, handshake and auth
 # (NVMe/TCP), host (its host side against a hostile controller), parse,
-# switch, isolation, rules and saved_tables (the data plane), rule_proto and opi_proto (the control plane) and frames (storage endpoints). Each
+# switch, isolation, rules and saved_tables (the data plane), rule_proto, opi_proto and storage_proto (the control plane) and frames (storage endpoints). Each
 # target's logic is `dpu_fuzz::<target>::run` (fuzz/src/<target>.rs). Each
 # target runs on:
 #   fuzz/corpus/<target>       the growing corpus (gitignored, kept

@@ -123,9 +123,25 @@ def opi_controller_spec(traddr, trsvcid, adrfam=1, trtype=4, cntlid=None, max_ns
     return m
 
 
+def opi_namespace_spec(volume="", host_nsid=0, nguid="", eui64=0, uuid=""):
+    m = b""
+    if host_nsid:
+        m += pb_field(2, 0, host_nsid & (2**64 - 1))
+    if nguid:
+        m += pb_str(3, nguid)
+    if eui64:
+        m += pb_field(4, 0, eui64 & (2**64 - 1))
+    if uuid:
+        m += pb_str(5, uuid)
+    if volume:
+        m += pb_str(6, volume)
+    return m
+
+
 def opi_proto_seeds():
     """First byte: 0 CreateNvmeSubsystemRequest, 1 UpdateNvmeSubsystemRequest,
-    2 CreateNvmeControllerRequest; the rest is the message."""
+    2 CreateNvmeControllerRequest, 3 UpdateNvmeNamespaceRequest; the rest
+    is the message."""
     host = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1"
     key = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:"
 
@@ -142,7 +158,32 @@ def opi_proto_seeds():
     def controller(spec, parent="nvmeSubsystems/opi-1", id_="tcp0"):
         return b"\x02" + pb_str(1, parent) + pb_field(2, 2, pb_field(2, 2, spec)) + pb_str(3, id_)
 
+    def namespace(name, spec, paths=(), allow_missing=False):
+        m = pb_field(1, 2, pb_str(1, name) + pb_field(2, 2, spec))
+        if paths:
+            m += pb_field(2, 2, b"".join(pb_str(1, p) for p in paths))
+        if allow_missing:
+            m += pb_field(3, 0, 1)
+        return b"\x03" + m
+
+    pydpu_uuid = "1b4e28ba-2fa1-11d2-883f-b9a761bde3fb"
     return {
+        "namespace_pydpu": namespace(
+            "nvmeSubsystems/opi-1/nvmeNamespaces/opi-1b4e28ba-2fa1-11d2-883f-b9a761bde3fb",
+            opi_namespace_spec("Malloc1", 1, pydpu_uuid, 1967554867335598546, pydpu_uuid),
+            ["*"],
+        ),
+        "namespace_by_nsid": namespace(
+            "nvmeSubsystems/opi-1/nvmeNamespaces/3",
+            opi_namespace_spec("mallocVolumes/Malloc1", 3, pydpu_uuid.replace("-", ""), -1),
+            ["spec.eui64", "name", "uuid"],
+            True,
+        ),
+        "namespace_bad": namespace(
+            "nvmeSubsystems/opi-1/nvmeNamespaces/0",
+            opi_namespace_spec("aioVolumes/", -1, "1b4e28ba", 0, "nope"),
+            ["colour"],
+        ),
         "subsystem": create(opi_subsystem_spec("nqn.2022-09.io.spdk:opi1", "OPI SN", "OPI Model", 10)),
         "subsystem_host_key": create(opi_subsystem_spec("nqn.2022-09.io.spdk:opi2", hostnqn=host, psk=key)),
         "subsystem_bad": create(opi_subsystem_spec("nope", "x" * 21, max_ns=-1, psk=b"\xff"), "Bad_ID"),
@@ -155,8 +196,38 @@ def opi_proto_seeds():
     }
 
 
+def storage_proto_seeds():
+    def volume(id_, backend_num, backend, block_size=0, uuid=""):
+        v = pb_field(backend_num, 2, backend)
+        if block_size:
+            v += pb_field(6, 0, block_size)
+        if uuid:
+            v += pb_str(7, uuid)
+        return b"\x00" + pb_str(1, id_) + pb_field(2, 2, v)
+
+    def namespace(backend_num, backend, block_size=0):
+        n = pb_field(backend_num, 2, backend)
+        if block_size:
+            n += pb_field(6, 0, block_size)
+        return b"\x01" + pb_str(1, "subsystems/s") + pb_field(2, 2, n)
+
+    size = lambda n: pb_field(1, 0, n)
+    return {
+        "volume_ram": volume("Malloc1", 2, size(1 << 20), 512, "1b4e28ba-2fa1-11d2-883f-b9a761bde3fb"),
+        "volume_file": volume("aio.disk_1", 3, pb_str(1, "/srv/vol/a.img") + pb_field(2, 0, 8192), 4096),
+        "volume_bdev": volume("nvme0n1", 4, pb_str(1, "/dev/nvme0n1")),
+        "volume_null": volume("", 5, size(1 << 40), 4096),
+        "volume_bad": volume("0bad/id", 2, size(1000), 1024, "not-a-uuid"),
+        "namespace_on_volume": namespace(15, b"volumes/Malloc1"),
+        "namespace_on_volume_bs": namespace(15, b"Malloc1", 4096),
+        "namespace_null": namespace(14, size(4096), 512),
+        "namespace_bad_volume": namespace(15, b"volumes/a/b", 7),
+    }
+
+
 def main():
-    for target, seeds in [("rule_proto", rule_proto_seeds()), ("opi_proto", opi_proto_seeds())]:
+    for target, seeds in [("rule_proto", rule_proto_seeds()), ("opi_proto", opi_proto_seeds()),
+                          ("storage_proto", storage_proto_seeds())]:
         d = os.path.join(HERE, target)
         os.makedirs(d, exist_ok=True)
         for name, data in seeds.items():

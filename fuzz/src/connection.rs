@@ -65,6 +65,7 @@ pub fn run(data: &[u8]) {
             allowed_hosts: Default::default(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

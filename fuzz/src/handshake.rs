@@ -81,6 +81,7 @@ fn target() -> Target {
             allowed_hosts: [HOST.to_string()].into_iter().collect(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

@@ -17,7 +17,8 @@
 //!   [`switch`], [`isolation`], [`rules`], and the switch's tables saved
 //!   across a restart, [`saved_tables`];
 //! - the control plane (`dpu-control`): [`rule_proto`], and the checks
-//!   of OPI's NVMe front end, [`opi_proto`];
+//!   of OPI's NVMe front end, [`opi_proto`], and of volumes and the
+//!   namespaces made on them, [`storage_proto`];
 //! - storage endpoints (`dpu-endpoint`): [`frames`].
 
 #![forbid(unsafe_code)]
@@ -34,5 +35,6 @@ pub mod pdu;
 pub mod rule_proto;
 pub mod rules;
 pub mod saved_tables;
+pub mod storage_proto;
 pub mod switch;
 pub mod tls;

@@ -90,6 +90,7 @@ targets!(
     saved_tables,
     rule_proto,
     opi_proto,
+    storage_proto,
     frames,
     tls
 );

@@ -3,6 +3,7 @@ OPI's protos and not from ours, against a running dpu-service.
 
     opi_client.py --target HOST:PORT --keep ID --port P   # an admin caller
     opi_client.py --target HOST:PORT --reader      # a caller with the reader role
+    opi_client.py --target HOST:PORT --namespaces  # namespaces on volume Malloc1
 
 As an admin: pydpu's own `storage subsystem` CLI sequence (create, list,
 get, stats, delete) must run without an RPC error; then pydpu's
@@ -14,6 +15,16 @@ NQN H1 allowed and an NVMe/TCP controller `tcp0` on 127.0.0.1:--port,
 for the caller to find through dpu.v1 and connect to. Controllers: create,
 get, list, an update that changes nothing, and the refusals (a moved
 address, QoS, queue sizes, a CNTLID, a PCIe function, stats).
+
+With --namespaces (volume Malloc1 must exist, a RAM volume with no
+namespace): pydpu's NvmeNamespace objects on Malloc1 drive create, get,
+list, stats, an update repeating the spec and delete, the refusals name
+OPI's fields (a second namespace on the volume, a taken ID, a changed
+field, no volume); then pydpu's own `storage namespace` CLI sequence,
+whose subsystem pydpu names `opi-` and a fresh uuid1: the client fixes
+the two uuid1 values pydpu draws (its subsystem's, its namespace's) and
+creates that subsystem through OPI first, as pydpu's CLI does not. It
+leaves nothing behind.
 
 As a reader: lists and gets answer, every change is PERMISSION_DENIED.
 Exits non-zero, saying what failed, on any difference.
@@ -27,7 +38,7 @@ import grpc
 from google.protobuf import field_mask_pb2
 from pydpu.proto.v1 import frontend_nvme_pb2 as fe
 from pydpu.proto.v1 import frontend_nvme_pb2_grpc as fe_grpc
-from pydpu.storage import NvmeSubsystem
+from pydpu.storage import NvmeNamespace, NvmeSubsystem
 
 # pydpu's stubs import their common types as a top-level module (its
 # proto directory is on sys.path once pydpu.proto.v1 is imported): the
@@ -195,9 +206,9 @@ def admin(target, keep, port):
             "name",
         )
         expect_error(
-            lambda: stub.CreateNvmeNamespace(fe.CreateNvmeNamespaceRequest()),
-            grpc.StatusCode.UNIMPLEMENTED,
-            "CreateNamespace",
+            lambda: stub.CreateNvmeNamespace(fe.CreateNvmeNamespaceRequest(parent=kept.name)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_namespace",
         )
 
         # Controllers of the kept subsystem: an NVMe/TCP one on --port,
@@ -284,6 +295,130 @@ def admin(target, keep, port):
     print("opi_client: admin sequence OK")
 
 
+# What pydpu's NvmeNamespace sends: its UUID and NGUID (in UUID text
+# form), its EUI-64 as an integer, NSID 1.
+PYDPU_UUID = "1b4e28ba-2fa1-11d2-883f-b9a761bde3fb"
+PYDPU_EUI64 = 1967554867335598546
+# The uuid1 values the CLI sequence is given: its subsystem's, its
+# namespace's.
+CLI_UUIDS = ["0e7a1e5c-8f2b-11ef-9a2d-0242ac120002", "0e7a1e5c-8f2b-11ef-9a2d-0242ac120003"]
+CLI = """
+import sys, uuid
+ids = iter(uuid.UUID(u) for u in sys.argv[2:4])
+uuid.uuid1 = lambda *a, **k: next(ids)
+sys.argv = ["pydpu", "--address", sys.argv[1], "storage", "namespace"]
+from pydpu.cli import main
+main()
+"""
+
+
+def check_namespace(n, name, nsid=1):
+    """n is pydpu's namespace on Malloc1 as created, named name, served."""
+    if n.name != name:
+        fail(f"namespace named {n.name}, not {name}")
+    sp = n.spec
+    if sp.volume_name_ref != "Malloc1" or sp.host_nsid != nsid or sp.eui64 != PYDPU_EUI64:
+        fail(f"namespace spec {sp}")
+    if sp.uuid != PYDPU_UUID or sp.nguid != PYDPU_UUID.replace("-", ""):
+        fail(f"namespace UUID or NGUID {sp}")
+    if n.status.state != fe.NvmeNamespaceStatus.STATE_ENABLED or n.status.oper_state != fe.NvmeNamespaceStatus.OPER_STATE_ONLINE:
+        fail(f"namespace not served: {n.status}")
+
+
+def namespaces(target):
+    s = NvmeSubsystem(nqn="nqn.2022-09.io.spdk:opi-ns", model="OPI Model", serial="OPI SN", ns=10)
+    s.create(target)
+    n = NvmeNamespace(subsystem=s, volume="Malloc1")
+    made = n.create(target)
+    check_namespace(made, n.name)
+    if n.get(target) != made:
+        fail(f"get differs from create: {n.get(target)}")
+    if [x.name for x in n.list(target).nvme_namespaces] != [n.name]:
+        fail(f"list: {n.list(target)}")
+    st = n.stats(target).stats
+    if st.read_ops_count != 0 or st.write_ops_count != 0:
+        fail(f"a new namespace has I/O counted: {st}")
+    # pydpu's update sends its spec again, mask "*": nothing changes.
+    if n.update(target) != made:
+        fail(f"an update repeating the spec answered {n.update(target)}")
+
+    with grpc.insecure_channel(target) as ch:
+        stub = fe_grpc.FrontendNvmeServiceStub(ch)
+
+        def create(id_, **spec):
+            return stub.CreateNvmeNamespace(
+                fe.CreateNvmeNamespaceRequest(
+                    parent=s.name,
+                    nvme_namespace_id=id_,
+                    nvme_namespace=fe.NvmeNamespace(spec=fe.NvmeNamespaceSpec(**spec)),
+                )
+            )
+
+        # The NSID names it too.
+        if stub.GetNvmeNamespace(fe.GetNvmeNamespaceRequest(name=f"{s.name}/nvmeNamespaces/1")) != made:
+            fail("the namespace is not found by its NSID")
+        # One namespace per volume, per ID; a change refused by field; a
+        # volume required.
+        expect_error(
+            lambda: create("second", volume_name_ref="mallocVolumes/Malloc1"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "nvme_namespace.spec.volume_name_ref",
+        )
+        expect_error(
+            lambda: create(n.id, volume_name_ref="volumes/Malloc1"),
+            grpc.StatusCode.ALREADY_EXISTS,
+            "nvme_namespace_id",
+        )
+        expect_error(lambda: create("novol"), grpc.StatusCode.INVALID_ARGUMENT, "nvme_namespace.spec.volume_name_ref")
+        expect_error(
+            lambda: create("badnguid", volume_name_ref="Malloc1", nguid="1b4e28ba"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_namespace.spec.nguid",
+        )
+        expect_error(lambda: create("Bad_ID", volume_name_ref="Malloc1"), grpc.StatusCode.INVALID_ARGUMENT, "nvme_namespace_id")
+        moved = fe.NvmeNamespace(name=n.name, spec=fe.NvmeNamespaceSpec(volume_name_ref="Malloc1", eui64=7))
+        expect_error(
+            lambda: stub.UpdateNvmeNamespace(
+                fe.UpdateNvmeNamespaceRequest(nvme_namespace=moved, update_mask=field_mask_pb2.FieldMask(paths=["*"]))
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "nvme_namespace.spec.eui64",
+        )
+
+        n.delete(target)
+        expect_error(lambda: n.get(target), grpc.StatusCode.NOT_FOUND)
+        expect_error(lambda: n.delete(target), grpc.StatusCode.NOT_FOUND)
+        stub.DeleteNvmeNamespace(fe.DeleteNvmeNamespaceRequest(name=n.name, allow_missing=True))
+        s.delete(target)
+
+        # pydpu's CLI, on the subsystem it names, made here first.
+        sub = f"opi-{CLI_UUIDS[0]}"
+        stub.CreateNvmeSubsystem(
+            fe.CreateNvmeSubsystemRequest(
+                nvme_subsystem_id=sub,
+                nvme_subsystem=fe.NvmeSubsystem(spec=fe.NvmeSubsystemSpec(nqn="nqn.2022-09.io.spdk:opi1")),
+            )
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", CLI, target] + CLI_UUIDS,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        text = out.stdout + out.stderr
+        if out.returncode != 0 or "StatusCode" in text or "status =" in text:
+            fail(f"pydpu's storage namespace sequence failed:\n{text}")
+        want = f"nvmeSubsystems/{sub}/nvmeNamespaces/opi-{CLI_UUIDS[1]}"
+        if want not in text or 'volume_name_ref: "Malloc1"' not in text:
+            fail(f"pydpu's sequence printed no namespace {want}:\n{text}")
+        # It deleted its namespace; the subsystem goes now.
+        left = stub.ListNvmeNamespaces(fe.ListNvmeNamespacesRequest(parent=f"nvmeSubsystems/{sub}"))
+        if left.nvme_namespaces:
+            fail(f"pydpu's sequence left {left}")
+        stub.DeleteNvmeSubsystem(fe.DeleteNvmeSubsystemRequest(name=f"nvmeSubsystems/{sub}"))
+    print("opi_client: namespace sequence OK")
+
+
 def reader(target):
     with grpc.insecure_channel(target) as ch:
         stub = fe_grpc.FrontendNvmeServiceStub(ch)
@@ -314,9 +449,12 @@ def main():
     p.add_argument("--keep", default="opi-kept")
     p.add_argument("--port", type=int, default=24420, help="the TCP port of the kept subsystem's controller")
     p.add_argument("--reader", action="store_true")
+    p.add_argument("--namespaces", action="store_true")
     a = p.parse_args()
     if a.reader:
         reader(a.target)
+    elif a.namespaces:
+        namespaces(a.target)
     else:
         admin(a.target, a.keep, a.port)
 

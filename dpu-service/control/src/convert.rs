@@ -368,6 +368,8 @@ pub fn namespace(sid: &str, n: &Namespace) -> pb::Namespace {
         // The target's to say (service::cluster's namespace_out).
         state: pb::NamespaceState::Unspecified.into(),
         qos: (!n.qos.is_none()).then(|| qos(&n.qos)),
+        namespace_id: n.namespace_id.clone(),
+        eui64: n.eui64.map(|e| hex(&e)).unwrap_or_default(),
     }
 }
 
@@ -442,6 +444,8 @@ mod tests {
         };
         assert_eq!(crate::validate::remote("r", &again, "").unwrap(), r);
         let n = Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 1,
             backend: Backend::Remote(r),
             block_size: 4096,
@@ -460,6 +464,47 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    /// A namespace's ID and EUI-64 go out as they came in, through
+    /// validation; a namespace without them has neither.
+    #[test]
+    fn namespace_id_and_eui64_round_trip_through_validation() {
+        let given = pb::Namespace {
+            nsid: 2,
+            backend: Some(pb::namespace::Backend::Volume("Malloc1".into())),
+            uuid: "1b4e28ba-2fa1-11d2-883f-b9a761bde3fb".into(),
+            nguid: "1b4e28ba2fa111d2883fb9a761bde3fb".into(),
+            namespace_id: "opi-ns1".into(),
+            eui64: "1b4e28ba2fa111d2".into(),
+            ..Default::default()
+        };
+        let (n, ..) = crate::validate::namespace("namespace", &given, "").unwrap();
+        assert_eq!(n.eui64, Some(0x1b4e_28ba_2fa1_11d2_u64.to_be_bytes()));
+        let out = namespace("s", &n);
+        assert_eq!(out.name, "subsystems/s/namespaces/2");
+        assert_eq!(
+            (out.namespace_id.as_str(), out.eui64.as_str()),
+            ("opi-ns1", "1b4e28ba2fa111d2")
+        );
+        assert_eq!(
+            (out.uuid.as_str(), out.nguid.as_str()),
+            (given.uuid.as_str(), given.nguid.as_str())
+        );
+        let again = crate::validate::namespace("namespace", &out, "").unwrap().0;
+        assert_eq!(again, n);
+        let bare = pb::Namespace {
+            namespace_id: String::new(),
+            eui64: String::new(),
+            ..given
+        };
+        let out = namespace(
+            "s",
+            &crate::validate::namespace("namespace", &bare, "")
+                .unwrap()
+                .0,
+        );
+        assert_eq!((out.namespace_id.as_str(), out.eui64.as_str()), ("", ""));
     }
 
     /// Limits go out as they came in, through validation; a

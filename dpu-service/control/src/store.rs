@@ -682,6 +682,8 @@ mod tests {
             namespaces: (1..=hosts % 3)
                 .map(|nsid| {
                     let ns = crate::model::Namespace {
+                        namespace_id: String::new(),
+                        eui64: None,
                         nsid,
                         backend: crate::model::Backend::Ram { size_bytes: 4096 },
                         block_size: 512,

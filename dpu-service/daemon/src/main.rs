@@ -40,7 +40,10 @@ use dpu_control::service::authz::AuthzLayer;
 use dpu_control::service::{request_bytes, Api, Bounded, Control, ServiceFacts};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
+use dpu_proto::opi::storage::v1::aio_volume_service_server::AioVolumeServiceServer;
 use dpu_proto::opi::storage::v1::frontend_nvme_service_server::FrontendNvmeServiceServer;
+use dpu_proto::opi::storage::v1::malloc_volume_service_server::MallocVolumeServiceServer;
+use dpu_proto::opi::storage::v1::null_volume_service_server::NullVolumeServiceServer;
 use dpu_proto::v1::filter_service_server::FilterServiceServer;
 use dpu_proto::v1::info_service_server::InfoServiceServer;
 use dpu_proto::v1::port_service_server::PortServiceServer;
@@ -413,6 +416,9 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     health.set_serving::<StorageServiceServer<Api>>().await;
     health.set_serving::<TelemetryServiceServer<Api>>().await;
     health.set_serving::<FrontendNvmeServiceServer<Api>>().await;
+    health.set_serving::<MallocVolumeServiceServer<Api>>().await;
+    health.set_serving::<AioVolumeServiceServer<Api>>().await;
+    health.set_serving::<NullVolumeServiceServer<Api>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
@@ -501,8 +507,24 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
         )
         // OPI's NVMe front end over the same state (docs/opi.md).
         .add_service(
-            FrontendNvmeServiceServer::new(api).max_decoding_message_size(size(
+            FrontendNvmeServiceServer::new(api.clone()).max_decoding_message_size(size(
                 <FrontendNvmeServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        // OPI's volumes: views of the dpu.v1 volumes.
+        .add_service(
+            MallocVolumeServiceServer::new(api.clone()).max_decoding_message_size(size(
+                <MallocVolumeServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        .add_service(
+            AioVolumeServiceServer::new(api.clone()).max_decoding_message_size(size(
+                <AioVolumeServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        .add_service(
+            NullVolumeServiceServer::new(api).max_decoding_message_size(size(
+                <NullVolumeServiceServer<Api> as NamedService>::NAME,
             )),
         );
     let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);

@@ -720,6 +720,7 @@ fn subsystem_config(
                     block_size: n.block_size,
                     uuid: n.uuid,
                     nguid: n.nguid,
+                    eui64: n.eui64,
                     backend: backend_spec(state, held, &n.backend).ok()?,
                 })
             })
@@ -975,6 +976,8 @@ mod tests {
         s.namespaces.insert(
             1,
             Namespace {
+                namespace_id: "far".into(),
+                eui64: Some([9, 8, 7, 6, 5, 4, 3, 2]),
                 nsid: 1,
                 backend: Backend::Remote(r.clone()),
                 block_size: 4096,
@@ -987,6 +990,8 @@ mod tests {
         let cfg = target_config(&state, &HeldVolumes::new(), None);
         let namespaces = &cfg.subsystems[0].namespaces;
         assert_eq!(namespaces[0].block_size, 4096);
+        // The EUI-64 goes to the target, for Identify to report.
+        assert_eq!(namespaces[0].eui64, Some([9, 8, 7, 6, 5, 4, 3, 2]));
         let BackendSpec::Remote(spec) = &namespaces[0].backend else {
             panic!("{:?}", namespaces[0].backend)
         };
@@ -1014,6 +1019,8 @@ mod tests {
             s.namespaces.insert(
                 nsid,
                 Namespace {
+                    namespace_id: String::new(),
+                    eui64: None,
                     nsid,
                     backend: Backend::Rbd {
                         cluster: cluster.into(),

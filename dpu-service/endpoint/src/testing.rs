@@ -60,6 +60,7 @@ pub fn target_at(size: u64, address: IpAddr) -> Target {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

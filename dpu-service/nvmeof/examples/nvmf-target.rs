@@ -222,6 +222,7 @@ fn main() {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: BLOCK_SIZE,
                 uuid: [1; 16],

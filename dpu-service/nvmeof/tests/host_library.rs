@@ -52,6 +52,7 @@ fn serve_target(target: &Target) -> (TcpTransport, SocketAddr) {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: BLOCK as u32,
                 uuid: [1; 16],

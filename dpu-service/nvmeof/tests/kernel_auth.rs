@@ -40,6 +40,7 @@ fn serve(target: &Target) -> (TcpTransport, SocketAddr) {
             allowed_hosts: [HOST.to_string()].into_iter().collect::<BTreeSet<_>>(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

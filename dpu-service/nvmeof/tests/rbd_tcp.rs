@@ -159,6 +159,7 @@ fn serve(c: &TestCluster, op_timeout: Duration) -> (TcpTransport, SocketAddr, Ta
         connect_timeout: Duration::from_secs(5),
     };
     let ns = |nsid: u32, backend| NamespaceConfig {
+        eui64: None,
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],

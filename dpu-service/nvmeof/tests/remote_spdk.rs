@@ -250,6 +250,7 @@ fn remote(addr: SocketAddr, nsid: u32) -> RemoteNamespace {
 /// Our namespace `nsid` of `block_size`-byte blocks on `remote`.
 fn namespace(nsid: u32, block_size: u32, remote: RemoteNamespace) -> NamespaceConfig {
     NamespaceConfig {
+        eui64: None,
         nsid,
         block_size,
         uuid: [nsid as u8; 16],

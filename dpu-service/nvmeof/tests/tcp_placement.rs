@@ -36,6 +36,7 @@ fn serve(
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 32,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size: 512,
                 uuid: [1; 16],

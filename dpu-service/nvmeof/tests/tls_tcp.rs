@@ -30,6 +30,7 @@ fn subsystem(nqn: &str, listeners: Vec<SocketAddr>) -> SubsystemConfig {
         allowed_hosts: BTreeSet::new(),
         max_namespaces: 4,
         namespaces: vec![NamespaceConfig {
+            eui64: None,
             nsid: 1,
             block_size: 512,
             uuid: [1; 16],

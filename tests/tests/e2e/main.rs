@@ -27,6 +27,7 @@ mod nvme_remote;
 mod nvme_restart;
 mod nvme_tls;
 mod opi;
+mod opi_volume;
 mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;
@@ -35,6 +36,7 @@ mod storage_endpoint;
 mod storage_seed;
 mod switch;
 mod switch_restart;
+mod volumes;
 
 /// Tests that hold thousands of sockets run one at a time: this process's
 /// descriptors, and the machine's, are shared by the tests running at once.

@@ -7,13 +7,21 @@
 //! that `dpuctl` shows and changes, and OPI sees the change; it survives
 //! a restart; a caller with the reader role reads through OPI and is
 //! refused every change, as through `dpu.v1`; many callers at once and
-//! oversized requests are held to the service's limits.
+//! oversized requests are held to the service's limits. OPI's namespaces
+//! are `dpu.v1` namespaces on volumes: pydpu's objects and CLI sequence
+//! on volume `Malloc1`, each API seeing what the other made, a host doing
+//! I/O on a namespace OPI made and reading its EUI-64, one namespace per
+//! volume, and a restart keeping them.
 
+use std::net::TcpStream;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use dpu_e2e::{binary, free_port, nvmf_perf_iops, Service, TEST_CONFIG};
+use dpu_nvmeof::host::{self, Controller, ControllerOptions, HostIdentity, QueueOptions, Transfer};
 use dpu_proto::opi::storage::v1 as opi;
+use dpu_proto::v1 as pb;
 
 const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d1";
 const H3: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000d3";
@@ -335,5 +343,272 @@ fn opi_callers_are_held_to_the_service_limits() -> Result<()> {
         .await?;
         anyhow::Ok(())
     })?;
+    Ok(())
+}
+
+/// A `dpu.v1` storage client on `svc`, for one call.
+type Storage = pb::storage_service_client::StorageServiceClient<tonic::transport::Channel>;
+
+/// Runs `call` with a `dpu.v1` storage client connected to `svc`.
+fn with_storage<T, F>(svc: &Service, call: impl FnOnce(Storage) -> F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async { call(Storage::connect(svc.endpoint()).await?).await })
+}
+
+/// The EUI-64 OPI's client gives a namespace (pydpu's).
+const EUI64: i64 = 1_967_554_867_335_598_546;
+
+/// Namespace `name` as OPI's `GetNvmeNamespace` shows it.
+fn opi_namespace(svc: &Service, name: &str) -> Result<opi::NvmeNamespace> {
+    let req = opi::GetNvmeNamespaceRequest { name: name.into() };
+    with_client(svc, |mut c| async move {
+        Ok(c.get_nvme_namespace(req).await?.into_inner())
+    })
+}
+
+/// Namespace `name` as `dpu.v1`'s `GetNamespace` shows it.
+fn dpu_namespace(svc: &Service, name: &str) -> Result<pb::Namespace> {
+    let req = pb::GetNamespaceRequest { name: name.into() };
+    with_storage(svc, |mut c| async move {
+        Ok(c.get_namespace(req).await?.into_inner())
+    })
+}
+
+/// A namespace OPI's way: on volume `volume`, with pydpu's EUI-64.
+fn opi_create_namespace(parent: &str, id: &str, volume: &str) -> opi::CreateNvmeNamespaceRequest {
+    opi::CreateNvmeNamespaceRequest {
+        parent: parent.into(),
+        nvme_namespace_id: id.into(),
+        nvme_namespace: Some(opi::NvmeNamespace {
+            spec: Some(opi::NvmeNamespaceSpec {
+                volume_name_ref: volume.into(),
+                eui64: EUI64,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Host H1 on subsystem `nqn` at 127.0.0.1:`port`: namespace 1's EUI-64
+/// from Identify Namespace and from the Namespace Identification
+/// Descriptor list, after writing a block pattern to it and reading it
+/// back.
+fn host_io(port: u16, nqn: &str) -> Result<([u8; 8], [u8; 8])> {
+    let opts = ControllerOptions {
+        kato: Duration::from_secs(10),
+        queue: QueueOptions {
+            timeout: Some(Duration::from_secs(20)),
+            ..QueueOptions::default()
+        },
+    };
+    let me = HostIdentity::new(H1, [0xd1; 16]);
+    let addr = ("127.0.0.1", port);
+    let mut ctrl = Controller::connect(TcpStream::connect(addr)?, &me, nqn, &opts)?;
+    ensure!(ctrl.set_io_queues(1)? >= 1);
+    let mut io = ctrl.io_queue(TcpStream::connect(addr)?, 1, 16)?;
+    let block = ctrl.identify_namespace(1)?.block_size as usize;
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let nlb = (data.len() / block - 1) as u16;
+    let w = io.call(host::write(1, 8, nlb), Transfer::Write(data.clone()))?;
+    ensure!(w.is_success(), "write: {:?}", w.status());
+    let r = io.call(host::read(1, 8, nlb), Transfer::Read(vec![0; data.len()]))?;
+    ensure!(
+        r.is_success() && r.data == data,
+        "read back: {:?}",
+        r.status()
+    );
+    let mut eui = |cns: u8, at: usize| -> Result<[u8; 8]> {
+        let d = ctrl
+            .admin()
+            .call(host::identify(cns, 1), Transfer::Read(vec![0; 4096]))?;
+        ensure!(d.is_success(), "identify {cns}: {:?}", d.status());
+        Ok(d.data[at..at + 8].try_into()?)
+    };
+    // EUI64 is bytes 120..128 of Identify Namespace; an EUI-64 descriptor
+    // (NIDT 1, NIDL 8) comes first in the list, its identifier at 4.
+    let from_ns = eui(0x00, 120)?;
+    let list = eui(0x03, 0)?;
+    ensure!(list[..2] == [1, 8], "no EUI-64 descriptor first: {list:?}");
+    let from_list = eui(0x03, 4)?;
+    Ok((from_ns, from_list))
+}
+
+#[test]
+fn opi_namespaces_are_dpu_v1_namespaces_on_volumes() -> Result<()> {
+    let mut svc = Service::start()?;
+    // The volume pydpu's namespaces are made on, through dpu.v1.
+    with_storage(&svc, |mut c| async move {
+        c.create_volume(pb::CreateVolumeRequest {
+            volume_id: "Malloc1".into(),
+            volume: Some(pb::Volume {
+                backend: Some(pb::volume::Backend::Ram(pb::RamBackend {
+                    size_bytes: 16 << 20,
+                })),
+                ..Default::default()
+            }),
+        })
+        .await?;
+        Ok(())
+    })?;
+    let out = opi_client(&svc, &["--namespaces"])?;
+    ensure!(out.contains("namespace sequence OK"), "{out}");
+
+    // A subsystem for H1 with a controller, and a namespace on Malloc1 by
+    // its OPI name; a second namespace on the volume is refused.
+    let port = free_port();
+    const NQN: &str = "nqn.2022-09.io.spdk:opi-io";
+    const NAME: &str = "nvmeSubsystems/opi-io/nvmeNamespaces/opi-ns";
+    let made = with_client(&svc, |mut c| async move {
+        c.create_nvme_subsystem(opi::CreateNvmeSubsystemRequest {
+            nvme_subsystem_id: "opi-io".into(),
+            nvme_subsystem: Some(opi::NvmeSubsystem {
+                spec: Some(opi::NvmeSubsystemSpec {
+                    nqn: NQN.into(),
+                    hostnqn: H1.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await?;
+        c.create_nvme_controller(opi::CreateNvmeControllerRequest {
+            parent: "nvmeSubsystems/opi-io".into(),
+            nvme_controller_id: "tcp0".into(),
+            nvme_controller: Some(opi::NvmeController {
+                spec: Some(opi::NvmeControllerSpec {
+                    endpoint: Some(opi::nvme_controller_spec::Endpoint::FabricsId(
+                        opi::FabricsEndpoint {
+                            traddr: "127.0.0.1".into(),
+                            trsvcid: port.to_string(),
+                            ..Default::default()
+                        },
+                    )),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await?;
+        let made = c
+            .create_nvme_namespace(opi_create_namespace(
+                "nvmeSubsystems/opi-io",
+                "opi-ns",
+                "mallocVolumes/Malloc1",
+            ))
+            .await?
+            .into_inner();
+        let e = c
+            .create_nvme_namespace(opi_create_namespace(
+                "nvmeSubsystems/opi-io",
+                "opi-ns2",
+                "Malloc1",
+            ))
+            .await
+            .expect_err("a second namespace on Malloc1");
+        ensure!(
+            e.code() == tonic::Code::FailedPrecondition
+                && e.message().contains("nvme_namespace.spec.volume_name_ref"),
+            "{e:?}"
+        );
+        anyhow::Ok(made)
+    })?;
+    ensure!(made.name == NAME, "{made:?}");
+    let spec = made.spec.clone().context("no spec")?;
+    ensure!(
+        spec.host_nsid == 1 && spec.eui64 == EUI64 && spec.volume_name_ref == "Malloc1",
+        "{spec:?}"
+    );
+
+    // dpu.v1 sees it: its volume, ID and EUI-64.
+    let ours = dpu_namespace(&svc, "subsystems/opi-io/namespaces/1")?;
+    ensure!(
+        ours.backend == Some(pb::namespace::Backend::Volume("Malloc1".into()))
+            && ours.namespace_id == "opi-ns"
+            && ours.eui64 == format!("{EUI64:016x}")
+            && ours.state == pb::NamespaceState::Serving as i32,
+        "{ours:?}"
+    );
+
+    // One made through dpu.v1 shows through OPI by its NSID.
+    with_storage(&svc, |mut c| async move {
+        c.create_namespace(pb::CreateNamespaceRequest {
+            parent: "subsystems/opi-io".into(),
+            namespace: Some(pb::Namespace {
+                backend: Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                    size_bytes: 1 << 20,
+                })),
+                ..Default::default()
+            }),
+        })
+        .await?;
+        Ok(())
+    })?;
+    let second = opi_namespace(&svc, "nvmeSubsystems/opi-io/nvmeNamespaces/2")?;
+    let s2 = second.spec.context("no spec")?;
+    ensure!(
+        s2.host_nsid == 2 && s2.volume_name_ref.is_empty() && s2.eui64 == 0,
+        "{s2:?}"
+    );
+    let listed = with_client(&svc, |mut c| async move {
+        let r = c
+            .list_nvme_namespaces(opi::ListNvmeNamespacesRequest {
+                parent: "nvmeSubsystems/opi-io".into(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        anyhow::Ok(
+            r.nvme_namespaces
+                .into_iter()
+                .map(|n| n.name)
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    ensure!(
+        listed == [NAME, "nvmeSubsystems/opi-io/nvmeNamespaces/2"],
+        "{listed:?}"
+    );
+
+    // A host does I/O on the namespace OPI made and reads its EUI-64.
+    let (from_ns, from_list) = host_io(port, NQN)?;
+    ensure!(
+        from_ns == EUI64.to_be_bytes() && from_list == EUI64.to_be_bytes(),
+        "the host reads EUI-64 {from_ns:02x?} and {from_list:02x?}"
+    );
+    let stats = with_client(&svc, |mut c| async move {
+        c.stats_nvme_namespace(opi::StatsNvmeNamespaceRequest { name: NAME.into() })
+            .await?
+            .into_inner()
+            .stats
+            .context("no stats")
+    })?;
+    ensure!(
+        stats.write_ops_count >= 1 && stats.read_ops_count >= 1,
+        "{stats:?}"
+    );
+
+    // Stored once: after a restart both APIs still have it, and the
+    // target serves it with its EUI-64 again.
+    svc.restart()?;
+    ensure!(
+        opi_namespace(&svc, NAME)?.spec == Some(spec),
+        "after restart"
+    );
+    let ours = dpu_namespace(&svc, "subsystems/opi-io/namespaces/1")?;
+    ensure!(
+        ours.namespace_id == "opi-ns" && ours.eui64 == format!("{EUI64:016x}"),
+        "after restart: {ours:?}"
+    );
+    let (from_ns, _) = host_io(port, NQN)?;
+    ensure!(
+        from_ns == EUI64.to_be_bytes(),
+        "after restart: {from_ns:02x?}"
+    );
     Ok(())
 }

@@ -229,6 +229,7 @@ impl Front {
                 allowed_hosts: BTreeSet::new(),
                 max_namespaces: 4,
                 namespaces: vec![NamespaceConfig {
+                    eui64: None,
                     nsid: 1,
                     block_size,
                     uuid: [0x31; 16],

@@ -150,6 +150,8 @@ fn namespace(rng: &mut Rng) -> (Namespace, bool) {
     let given = rng.below(2) == 0;
     let id = [rng.below(4) as u8; 16];
     let ns = Namespace {
+        namespace_id: String::new(),
+        eui64: None,
         nsid: rng.below(4) as u32,
         backend,
         block_size: 512,

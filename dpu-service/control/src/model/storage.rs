@@ -92,6 +92,14 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     /// Namespace globally unique identifier.
     pub nguid: [u8; 16],
+    /// An ID besides the NSID (the syntax of a tenant ID), unique within
+    /// the subsystem; empty for none (and in a state written before it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace_id: String,
+    /// IEEE Extended Unique Identifier, if it has one (none in a state
+    /// written before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eui64: Option<[u8; 8]>,
     /// Limits on the namespace's I/O, all hosts together (none in a
     /// state written before them).
     #[serde(
@@ -394,4 +402,31 @@ pub fn namespace_name(sid: &str, nsid: u32) -> String {
 /// The resource name of listener `lid` of subsystem `sid`.
 pub fn listener_name(sid: &str, lid: &str) -> String {
     format!("subsystems/{sid}/listeners/{lid}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace stored before it had an ID or an EUI-64 reads with
+    /// neither, and one without them is stored as it was.
+    #[test]
+    fn a_namespace_without_id_or_eui64_reads_and_writes_as_before() {
+        let old = r#"{"nsid":3,"backend":{"kind":"ram","size_bytes":4096},"block_size":512,
+            "uuid":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],"nguid":[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2]}"#;
+        let n: Namespace = serde_json::from_str(old).unwrap();
+        assert_eq!((n.nsid, n.namespace_id.as_str(), n.eui64), (3, "", None));
+        let text = serde_json::to_string(&n).unwrap();
+        assert!(
+            !text.contains("namespace_id") && !text.contains("eui64"),
+            "{text}"
+        );
+        let named = Namespace {
+            namespace_id: "opi-ns".into(),
+            eui64: Some([0x1b, 0x4e, 0x28, 0xba, 0x2f, 0xa1, 0x11, 0xd2]),
+            ..n
+        };
+        let text = serde_json::to_string(&named).unwrap();
+        assert_eq!(serde_json::from_str::<Namespace>(&text).unwrap(), named);
+    }
 }

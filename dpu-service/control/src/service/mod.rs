@@ -11,6 +11,8 @@ mod cluster;
 mod filter;
 mod info;
 pub mod opi;
+pub mod opi_namespace;
+pub mod opi_volume;
 mod port;
 mod remote;
 mod storage;

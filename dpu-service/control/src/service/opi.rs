@@ -15,8 +15,10 @@
 //! `subsystems/{id}/listeners/{c}`, its `fabrics_id` the listener's address
 //! and port; what a listener cannot be (a PCIe function, a fixed CNTLID,
 //! queue sizes, per-controller QoS) is refused naming the field.
-//! Namespaces are not mapped yet: their calls answer `UNIMPLEMENTED`
-//! naming the `dpu.v1` calls that do the same.
+//! An `NvmeNamespace` (`nvmeSubsystems/{id}/nvmeNamespaces/{n}`) is a
+//! namespace of the subsystem made on a volume, named by its `dpu.v1`
+//! `namespace_id` or, without one, its NSID: [`super::opi_namespace`]
+//! maps it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,7 +48,7 @@ const SPEC_FIELDS: &[&str] = &[
 
 /// A `dpu.v1` request carrying the OPI request's metadata and extensions
 /// (the caller the authorization layer found).
-fn inner<T, U>(outer: &Request<T>, message: U) -> Request<U> {
+pub(super) fn inner<T, U>(outer: &Request<T>, message: U) -> Request<U> {
     let mut r = Request::new(message);
     *r.metadata_mut() = outer.metadata().clone();
     *r.extensions_mut() = outer.extensions().clone();
@@ -60,7 +62,7 @@ fn subsystem_id<'a>(field: &str, name: &'a str) -> std::result::Result<&'a str, 
 
 /// An ID for a subsystem created without one: "opi-" and 16 hex digits,
 /// unique in this process (the state refuses a taken one all the same).
-fn generated_id() -> String {
+pub(super) fn generated_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -329,7 +331,7 @@ pub fn subsystem_spec(
 
 /// What a delete answers: done, or done already when the caller allows
 /// the resource to be missing.
-fn gone<T>(
+pub(super) fn gone<T>(
     deleted: std::result::Result<T, Status>,
     allow_missing: bool,
 ) -> std::result::Result<Response<Empty>, Status> {
@@ -340,18 +342,10 @@ fn gone<T>(
     }
 }
 
-/// What the calls not mapped yet answer.
-fn not_mapped(what: &str, instead: &str) -> Status {
-    Status::unimplemented(format!(
-        "OPI {what} are not mapped onto this service yet; dpu.v1.StorageService {instead} \
-         does the same"
-    ))
-}
-
 impl Api {
     /// Runs an OPI call and counts it by method and code on `/metrics`,
     /// as `dpu.v1`'s calls are (the `dpu.v1` calls it makes count too).
-    async fn opi_call<T>(
+    pub(super) async fn opi_call<T>(
         &self,
         method: &'static str,
         f: impl std::future::Future<Output = std::result::Result<Response<T>, Status>>,
@@ -894,71 +888,68 @@ impl FrontendNvmeService for Api {
 
     async fn create_nvme_namespace(
         &self,
-        _: Request<opi::CreateNvmeNamespaceRequest>,
+        req: Request<opi::CreateNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/CreateNvmeNamespace",
-            async { Err(not_mapped("namespaces", "CreateNamespace")) },
+            self.opi_ns_create(req),
         )
         .await
     }
 
     async fn delete_nvme_namespace(
         &self,
-        _: Request<opi::DeleteNvmeNamespaceRequest>,
+        req: Request<opi::DeleteNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<Empty>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/DeleteNvmeNamespace",
-            async { Err(not_mapped("namespaces", "DeleteNamespace")) },
+            self.opi_ns_delete(req),
         )
         .await
     }
 
     async fn update_nvme_namespace(
         &self,
-        _: Request<opi::UpdateNvmeNamespaceRequest>,
+        req: Request<opi::UpdateNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/UpdateNvmeNamespace",
-            async {
-                Err(not_mapped(
-                    "namespaces",
-                    "ResizeNamespace and SetNamespaceQos",
-                ))
-            },
+            self.opi_ns_update(req),
         )
         .await
     }
 
     async fn list_nvme_namespaces(
         &self,
-        _: Request<opi::ListNvmeNamespacesRequest>,
+        req: Request<opi::ListNvmeNamespacesRequest>,
     ) -> std::result::Result<Response<opi::ListNvmeNamespacesResponse>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/ListNvmeNamespaces",
-            async { Err(not_mapped("namespaces", "ListNamespaces")) },
+            self.opi_ns_list(req),
         )
         .await
     }
 
     async fn get_nvme_namespace(
         &self,
-        _: Request<opi::GetNvmeNamespaceRequest>,
+        req: Request<opi::GetNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/GetNvmeNamespace",
-            async { Err(not_mapped("namespaces", "GetNamespace")) },
+            self.opi_ns_get(req),
         )
         .await
     }
 
+    /// The counters of the namespace's subsystem (see
+    /// [`super::opi_namespace`]).
     async fn stats_nvme_namespace(
         &self,
-        _: Request<opi::StatsNvmeNamespaceRequest>,
+        req: Request<opi::StatsNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::StatsNvmeNamespaceResponse>, Status> {
         self.opi_call(
             "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeNamespace",
-            async { Err(not_mapped("namespaces", "TelemetryService.GetCounters")) },
+            self.opi_ns_stats(req),
         )
         .await
     }

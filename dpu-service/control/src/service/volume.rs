@@ -67,7 +67,7 @@ impl Api {
 
     /// `GetVolume`.
     pub(crate) fn volume_get(&self, req: &pb::GetVolumeRequest) -> Result<pb::Volume> {
-        let id = validate::name("name", &req.name, "volumes")?;
+        let id = validate::volume_name("name", &req.name)?;
         let state = self.ctl.state.snapshot();
         Ok(self.volume_out(&state, state.volume(id)?))
     }
@@ -92,7 +92,7 @@ impl Api {
     /// `ResizeVolume`: the namespace made on the volume follows, and the
     /// call returns once the target serves the new size.
     pub(crate) async fn volume_resize(&self, req: pb::ResizeVolumeRequest) -> Result<pb::Volume> {
-        let id = validate::name("name", &req.name, "volumes")?.to_string();
+        let id = validate::volume_name("name", &req.name)?.to_string();
         let size = req.size_bytes;
         let backend = self.ctl.state.snapshot().volume(&id)?.backend.clone();
         let policy = self.ctl.backing.clone();
@@ -109,7 +109,7 @@ impl Api {
 
     /// `DeleteVolume`.
     pub(crate) async fn volume_delete(&self, req: &pb::DeleteVolumeRequest) -> Result<()> {
-        let id = validate::name("name", &req.name, "volumes")?.to_string();
+        let id = validate::volume_name("name", &req.name)?.to_string();
         self.change_storage(move |st| st.delete_volume(&id).map(|()| ((), None)))
             .await
     }

@@ -157,6 +157,8 @@ mod tests {
 
     fn rbd(cluster: &str, image: &str) -> Namespace {
         Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 0,
             backend: Backend::Rbd {
                 cluster: cluster.into(),

@@ -105,6 +105,15 @@ fn cap(limit: &'static str, max: usize, count: usize, what: impl FnOnce() -> Str
     }
 }
 
+/// The refusal of a change that would take RAM namespaces and volumes
+/// to `total` bytes.
+fn ram_refusal(total: u64, limits: Limits) -> ControlError {
+    ControlError::FailedPrecondition(format!(
+        "RAM namespaces and volumes would use {total} bytes; the service allows {} (storage.ram_limit)",
+        limits.ram_bytes
+    ))
+}
+
 /// One part of the state that a single call changes, and that undoing the
 /// call puts back: what [`State::revert`] works on.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -134,6 +134,8 @@ mod tests {
             Err(ControlError::NotFound(m)) if m == "subsystems/b"
         ));
         let ns = Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 1,
             backend: Backend::Ram { size_bytes: 4096 },
             block_size: 512,

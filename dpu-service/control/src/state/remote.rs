@@ -48,6 +48,8 @@ mod tests {
 
     fn remote(subnqn: &str, nsid: u32) -> Namespace {
         Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 0,
             backend: Backend::Remote(RemoteNamespace {
                 paths: vec!["10.0.0.1:4420".parse().unwrap()],

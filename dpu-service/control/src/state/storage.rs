@@ -260,7 +260,7 @@ impl State {
     ) -> Result<()> {
         let total = self.ram_in_use(except).saturating_add(extra);
         if total > limits.ram_bytes {
-            return Err(super::volume::ram_refusal(total, limits));
+            return Err(super::ram_refusal(total, limits));
         }
         Ok(())
     }
@@ -302,6 +302,18 @@ impl State {
                 "subsystems/{id}/namespaces/{} already exists",
                 ns.nsid
             )));
+        }
+        if !ns.namespace_id.is_empty() {
+            if let Some(other) = s
+                .namespaces
+                .values()
+                .find(|n| n.namespace_id == ns.namespace_id)
+            {
+                return Err(ControlError::AlreadyExists(format!(
+                    "namespace.namespace_id: subsystems/{id}/namespaces/{} has ID {:?} already",
+                    other.nsid, ns.namespace_id
+                )));
+            }
         }
         if let Backend::Ram { size_bytes } = ns.backend {
             self.check_ram(limits, None, size_bytes)?;
@@ -649,8 +661,49 @@ mod tests {
             block_size: 512,
             uuid: [0; 16],
             nguid: [0; 16],
+            namespace_id: String::new(),
+            eui64: None,
             qos: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_namespace_id_is_unique_within_its_subsystem() {
+        let lim = Limits::with_ram(1 << 20);
+        let mut s = State::default();
+        for (id, nqn) in [
+            ("a", "nqn.2024-01.io.example:a"),
+            ("b", "nqn.2024-01.io.example:b"),
+        ] {
+            s.create_subsystem(Limits::with_ram(0), subsystem(id, nqn))
+                .unwrap();
+        }
+        let named = |id: &str| Namespace {
+            namespace_id: id.into(),
+            eui64: Some([1, 2, 3, 4, 5, 6, 7, 8]),
+            ..ram(4096)
+        };
+        let n = s
+            .create_namespace(lim, "a", named("ns1"), false, false)
+            .unwrap();
+        assert_eq!((n.nsid, n.namespace_id.as_str()), (1, "ns1"));
+        assert_eq!(n.eui64, Some([1, 2, 3, 4, 5, 6, 7, 8]));
+        let taken = s.create_namespace(lim, "a", named("ns1"), false, false);
+        assert!(
+            matches!(&taken, Err(ControlError::AlreadyExists(m)) if m.starts_with("namespace.namespace_id")),
+            "{taken:?}"
+        );
+        // Another subsystem may use it; none is no ID, so not unique.
+        s.create_namespace(lim, "b", named("ns1"), false, false)
+            .unwrap();
+        s.create_namespace(lim, "a", ram(4096), false, false)
+            .unwrap();
+        s.delete_namespace("b", 1).unwrap();
+        s.create_namespace(lim, "b", ram(4096), false, false)
+            .unwrap();
+        s.create_namespace(lim, "b", ram(4096), false, false)
+            .unwrap();
+        assert_eq!(s.subsystems["b"].namespaces[&2].namespace_id, "");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Volume transitions: making, resizing and deleting the volumes that
 //! namespaces are made on, and the checks a namespace on a volume makes.
 
-use super::{cap, Limits};
+use super::{cap, ram_refusal, Limits};
 use crate::error::{ControlError, Result};
 use crate::model::{volume_name, Backend, Namespace, State, Volume};
 
@@ -170,15 +170,6 @@ impl State {
     }
 }
 
-/// The refusal of a change that would take RAM namespaces and volumes
-/// to `total` bytes.
-pub(super) fn ram_refusal(total: u64, limits: Limits) -> ControlError {
-    ControlError::FailedPrecondition(format!(
-        "RAM namespaces and volumes would use {total} bytes; the service allows {} (storage.ram_limit)",
-        limits.ram_bytes
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +186,8 @@ mod tests {
 
     fn on(volume: &str, block_size: u32) -> Namespace {
         Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 0,
             backend: Backend::Volume { id: volume.into() },
             block_size,

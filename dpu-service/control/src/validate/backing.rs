@@ -180,6 +180,8 @@ mod tests {
 
     fn file(path: &Path, size_bytes: u64) -> Namespace {
         Namespace {
+            namespace_id: String::new(),
+            eui64: None,
             nsid: 1,
             backend: Backend::File {
                 path: path.display().to_string(),

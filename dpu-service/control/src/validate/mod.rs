@@ -39,10 +39,10 @@ pub use remote::{
     remote, remote_nqn, MAX_REMOTE_QUEUE_DEPTH, MAX_REMOTE_TIMEOUT_MS, MIN_REMOTE_QUEUE_DEPTH,
 };
 pub use storage::{
-    ascii_id, auth_requirement, hex16, host_auth, host_tls, listener, listener_name,
+    ascii_id, auth_requirement, eui64, hex16, host_auth, host_tls, listener, listener_name,
     max_namespaces, namespace, namespace_name, nqn, nsid, secure_channel, tls_requirement, uuid,
-    volume, volume_ref, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT, DISCOVERY_NQN,
-    MAX_HOSTS_PER_SUBSYSTEM, MAX_NAMESPACES, MAX_NQN_LEN,
+    volume, volume_id, volume_name, volume_ref, DEFAULT_MAX_NAMESPACES, DEFAULT_NVME_TCP_PORT,
+    DISCOVERY_NQN, MAX_HOSTS_PER_SUBSYSTEM, MAX_NAMESPACES, MAX_NQN_LEN,
 };
 
 use crate::error::{ControlError, Result};

@@ -317,6 +317,27 @@ pub fn uuid(field: &str, s: &str) -> Result<[u8; 16]> {
     hex16(field, &hex)
 }
 
+/// Parses an EUI-64: 16 hex digits, not all zero (which NVMe reads as
+/// none).
+pub fn eui64(field: &str, s: &str) -> Result<[u8; 8]> {
+    if s.len() != 16 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not 16 hex digits"),
+        ));
+    }
+    let out = u64::from_str_radix(s, 16)
+        .map_err(|_| ControlError::invalid(field, format!("{s:?} is not 16 hex digits")))?
+        .to_be_bytes();
+    if out == [0; 8] {
+        return Err(ControlError::invalid(
+            field,
+            "all zeros means none: leave it empty",
+        ));
+    }
+    Ok(out)
+}
+
 /// Parses 32 hex digits into 16 bytes.
 pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
     let bytes = s.as_bytes();
@@ -402,11 +423,48 @@ fn store(
     })
 }
 
+/// Checks a volume ID: 1..=63 characters of `[A-Za-z0-9_.-]`, starting
+/// with a letter. Wider than other IDs (upper case, `_`, `.`): volumes
+/// carry the names storage stacks give their block devices, such as
+/// SPDK's `Malloc0`, which OPI's clients name volumes by.
+pub fn volume_id(field: &str, v: &str) -> Result<()> {
+    let ok = !v.is_empty()
+        && v.len() <= 63
+        && v.starts_with(|c: char| c.is_ascii_alphabetic())
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ControlError::invalid(
+            field,
+            format!(
+                "{v:?} is not a valid volume ID: use 1 to 63 characters of A-Z, a-z, 0-9, \
+                 '-', '_' and '.', starting with a letter"
+            ),
+        ))
+    }
+}
+
+/// The ID of the volume that resource name `name` (`volumes/{id}`) names.
+pub fn volume_name<'a>(field: &str, name: &'a str) -> Result<&'a str> {
+    match name.strip_prefix("volumes/") {
+        Some(v) => {
+            volume_id(field, v)?;
+            Ok(v)
+        }
+        None => Err(ControlError::invalid(
+            field,
+            format!("expected \"volumes/{{id}}\", got {name:?}"),
+        )),
+    }
+}
+
 /// The ID of the volume `s` names: its ID (`v1`) or its resource name
 /// (`volumes/v1`).
 pub fn volume_ref(field: &str, s: &str) -> Result<String> {
     let id_str = s.strip_prefix("volumes/").unwrap_or(s);
-    id(field, id_str)?;
+    volume_id(field, id_str)?;
     Ok(id_str.to_string())
 }
 
@@ -417,7 +475,7 @@ pub fn volume_ref(field: &str, s: &str) -> Result<String> {
 pub fn volume(field: &str, volume_id: &str, v: &pb::Volume) -> Result<(Volume, bool)> {
     let f = |s: &str| format!("{field}.{s}");
     if !volume_id.is_empty() {
-        id("volume_id", volume_id)?;
+        self::volume_id("volume_id", volume_id)?;
     }
     let block_size = block_size(&f("block_size"), v.block_size)?;
     let b = v.backend.as_ref().map(|b| match b {
@@ -493,6 +551,14 @@ pub fn namespace(
         (hex16(&f("nguid"), &n.nguid)?, true)
     };
     let qos = qos(&f("qos"), n.qos.as_ref())?;
+    if !n.namespace_id.is_empty() {
+        super::id(&f("namespace_id"), &n.namespace_id)?;
+    }
+    let eui64 = if n.eui64.is_empty() {
+        None
+    } else {
+        Some(eui64(&f("eui64"), &n.eui64)?)
+    };
     Ok((
         Namespace {
             nsid: n.nsid,
@@ -500,6 +566,8 @@ pub fn namespace(
             block_size,
             uuid,
             nguid,
+            namespace_id: n.namespace_id.clone(),
+            eui64,
             qos,
         },
         has_uuid,
@@ -717,6 +785,43 @@ mod tests {
             field_of(namespace("namespace", &n, HOST).unwrap_err()),
             "namespace.block_size"
         );
+    }
+
+    #[test]
+    fn a_namespace_id_and_eui64_are_checked_and_kept() {
+        let mut n = pb::Namespace {
+            backend: Some(pb::namespace::Backend::Ram(pb::RamBackend {
+                size_bytes: 4096,
+            })),
+            ..Default::default()
+        };
+        let (ns, ..) = namespace("namespace", &n, HOST).unwrap();
+        assert_eq!((ns.namespace_id.as_str(), ns.eui64), ("", None));
+        n.namespace_id = "opi-1b4e28ba-2fa1-11d2-883f-b9a761bde3fb".into();
+        n.eui64 = "1B4E28BA2FA111D2".into();
+        let (ns, ..) = namespace("namespace", &n, HOST).unwrap();
+        assert_eq!(ns.namespace_id, n.namespace_id);
+        assert_eq!(
+            ns.eui64,
+            Some([0x1b, 0x4e, 0x28, 0xba, 0x2f, 0xa1, 0x11, 0xd2])
+        );
+        for (id, eui, field) in [
+            ("3", "", "namespace.namespace_id"),
+            ("Ns", "", "namespace.namespace_id"),
+            ("ns-", "", "namespace.namespace_id"),
+            ("ns", "1b4e28ba2fa111d", "namespace.eui64"),
+            ("ns", "1b4e28ba2fa111d2ff", "namespace.eui64"),
+            ("ns", "1b4e28ba2fa111zz", "namespace.eui64"),
+            ("ns", "0000000000000000", "namespace.eui64"),
+        ] {
+            n.namespace_id = id.into();
+            n.eui64 = eui.into();
+            assert_eq!(
+                field_of(namespace("namespace", &n, HOST).unwrap_err()),
+                field,
+                "{id:?} {eui:?}"
+            );
+        }
     }
 
     #[test]
@@ -950,5 +1055,101 @@ mod tests {
         assert!(json.contains(RAW32), "the state file keeps the secret");
         let back: HostAuth = serde_json::from_str(&json).unwrap();
         assert_eq!(back, a);
+    }
+
+    /// Volumes take the names storage stacks give block devices; a
+    /// volume's store is one of four kinds, sized in its blocks.
+    #[test]
+    fn volumes_are_checked_field_by_field() {
+        for ok in ["Malloc0", "v1", "aio.disk_2", "Z"] {
+            assert!(volume_id("volume_id", ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "0v", "-v", "a/b", "a b", &"v".repeat(64)] {
+            assert_eq!(
+                field_of(volume_id("volume_id", bad).unwrap_err()),
+                "volume_id"
+            );
+        }
+        assert_eq!(volume_ref("volume", "volumes/Malloc1").unwrap(), "Malloc1");
+        assert_eq!(volume_ref("volume", "Malloc1").unwrap(), "Malloc1");
+        assert_eq!(volume_name("name", "volumes/Malloc1").unwrap(), "Malloc1");
+        assert_eq!(
+            field_of(volume_name("name", "Malloc1").unwrap_err()),
+            "name"
+        );
+
+        let ram = |size_bytes| pb::Volume {
+            backend: Some(pb::volume::Backend::Ram(pb::RamBackend { size_bytes })),
+            ..Default::default()
+        };
+        let (v, given) = volume("volume", "Malloc1", &ram(8192)).unwrap();
+        assert_eq!(
+            (v.id.as_str(), v.block_size, given),
+            ("Malloc1", 512, false)
+        );
+        assert_eq!(v.backend, Backend::Ram { size_bytes: 8192 });
+        assert_eq!(
+            field_of(volume("volume", "", &ram(1000)).unwrap_err()),
+            "volume.ram.size_bytes"
+        );
+        let mut big = ram(8192);
+        big.block_size = 4096;
+        big.uuid = "1b4e28ba-2fa1-11d2-883f-b9a761bde3fb".into();
+        let (v, given) = volume("volume", "", &big).unwrap();
+        assert!(given && v.id.is_empty() && v.block_size == 4096);
+        big.block_size = 1024;
+        assert_eq!(
+            field_of(volume("volume", "", &big).unwrap_err()),
+            "volume.block_size"
+        );
+        let none = pb::Volume::default();
+        assert_eq!(
+            field_of(volume("volume", "", &none).unwrap_err()),
+            "volume.backend"
+        );
+        let rel = pb::Volume {
+            backend: Some(pb::volume::Backend::File(pb::FileBackend {
+                path: "rel.img".into(),
+                size_bytes: 0,
+            })),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(volume("volume", "", &rel).unwrap_err()),
+            "volume.file.path"
+        );
+        let null = pb::Volume {
+            backend: Some(pb::volume::Backend::Null(pb::NullBackend {
+                size_bytes: 512,
+            })),
+            ..Default::default()
+        };
+        assert_eq!(
+            volume("volume", "n", &null).unwrap().0.backend,
+            Backend::Null { size_bytes: 512 }
+        );
+
+        // A namespace on a volume keeps a block size of 0 for the state
+        // to fill from the volume.
+        let on = pb::Namespace {
+            backend: Some(pb::namespace::Backend::Volume("volumes/Malloc1".into())),
+            ..Default::default()
+        };
+        let (ns, _, _) = namespace("namespace", &on, "nqn.h").unwrap();
+        assert_eq!(
+            ns.backend,
+            Backend::Volume {
+                id: "Malloc1".into()
+            }
+        );
+        assert_eq!(ns.block_size, 0);
+        let bad = pb::Namespace {
+            backend: Some(pb::namespace::Backend::Volume("volumes/a/b".into())),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(namespace("namespace", &bad, "nqn.h").unwrap_err()),
+            "namespace.volume"
+        );
     }
 }

@@ -181,7 +181,7 @@ impl AdminQueue<'_> {
                             blocks: ns.blocks(),
                             lba_shift: ns.lba_shift,
                             nguid: ns.nguid,
-                            eui64: None,
+                            eui64: ns.eui64,
                             shared: true,
                             deallocate_reads_zero: true,
                             volatile_write_cache: ns.backend.volatile_write_cache(),
@@ -232,7 +232,7 @@ impl AdminQueue<'_> {
             0x03 => match sub.namespaces.get(&nsid) {
                 Some(ns) => Outcome::data(
                     sqe,
-                    identify::namespace_descriptors(None, ns.nguid, ns.uuid),
+                    identify::namespace_descriptors(ns.eui64, ns.nguid, ns.uuid),
                 ),
                 None => Outcome::status(sqe, Status::INVALID_NS),
             },
@@ -449,6 +449,69 @@ mod tests {
             Outcome::Done(c, _) => c.status,
             other => panic!("expected a completion, got {other:?}"),
         }
+    }
+
+    /// Identify of namespace `nsid` (CNS `cns`) on an I/O controller of a
+    /// subsystem whose namespace 1 has `eui64`; answers the data.
+    fn identify_ns(eui64: Option<[u8; 8]>, cns: u32, nsid: u32) -> Vec<u8> {
+        const NQN: &str = "nqn.2024-01.io.example:eui";
+        let target = Target::new();
+        let mut cfg = crate::target::ram_subsystem(NQN, 1 << 20, Vec::new());
+        cfg.namespaces[0].eui64 = eui64;
+        let errors = target.apply(&crate::target::TargetConfig {
+            subsystems: vec![cfg],
+            discovery: None,
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        let t0 = Instant::now();
+        let ctrl = Controller::new(
+            1,
+            ControllerKind::Io,
+            NQN.into(),
+            "nqn.2024-01.io.example:host".into(),
+            [0; 16],
+            "127.0.0.1:4420".parse().unwrap(),
+            Duration::ZERO,
+            32,
+            Arc::default(),
+            t0,
+        );
+        ctrl.with(|s| s.csts |= csts::RDY);
+        let mut cmd = sqe(admin::IDENTIFY, cns, 0);
+        cmd.0[4..8].copy_from_slice(&nsid.to_le_bytes());
+        let mut aers = Vec::new();
+        let mut q = AdminQueue {
+            ctrl: &ctrl,
+            target: &target,
+            local: ([127, 0, 0, 1], 4420).into(),
+            aers: &mut aers,
+        };
+        match q.admin(&cmd, &[], t0) {
+            Outcome::Done(c, Some(data)) if c.status == 0 => data,
+            other => panic!("expected data, got {other:?}"),
+        }
+    }
+
+    /// A namespace's configured EUI-64 is what Identify Namespace (EUI64,
+    /// bytes 120..128) and the Namespace Identification Descriptor list
+    /// report; without one, EUI64 is zero and the list has no such
+    /// descriptor.
+    #[test]
+    fn identify_reports_a_configured_eui64() {
+        const EUI: [u8; 8] = [0x1b, 0x4e, 0x28, 0xba, 0x2f, 0xa1, 0x11, 0xd2];
+        let ns = identify_ns(Some(EUI), 0x00, 1);
+        assert_eq!(ns[120..128], EUI);
+        assert_eq!(ns[104..120], [2; 16], "the NGUID is still there");
+        let list = identify_ns(Some(EUI), 0x03, 1);
+        // EUI-64 (NIDT 1, NIDL 8) first, then the NGUID and the UUID.
+        assert_eq!(list[..4], [identify::NIDT_EUI64, 8, 0, 0]);
+        assert_eq!(list[4..12], EUI);
+        assert_eq!(list[12..16], [identify::NIDT_NGUID, 16, 0, 0]);
+
+        let ns = identify_ns(None, 0x00, 1);
+        assert_eq!(ns[120..128], [0; 8]);
+        let list = identify_ns(None, 0x03, 1);
+        assert_eq!(list[..4], [identify::NIDT_NGUID, 16, 0, 0]);
     }
 
     /// Keep Alive restarts the timer at the time the command is handled at,

@@ -352,7 +352,7 @@ impl Target {
                     None => false,
                 };
                 let differs = resized || p.lba_shift != lba_shift;
-                if !differs && p.spec == nc.backend {
+                if !differs && p.spec == nc.backend && p.eui64 == nc.eui64 {
                     return Ok(Built::kept(p));
                 }
                 let b = p.backend.clone();
@@ -379,6 +379,7 @@ impl Target {
             lba_shift,
             uuid: nc.uuid,
             nguid: nc.nguid,
+            eui64: nc.eui64,
             backend,
             spec: nc.backend.clone(),
             identity,
@@ -420,6 +421,7 @@ mod tests {
             block_size: 512,
             uuid: [nsid as u8; 16],
             nguid: [nsid as u8; 16],
+            eui64: None,
             backend: BackendSpec::File {
                 path: path.to_path_buf(),
                 size,
@@ -479,6 +481,7 @@ mod tests {
             // Each namespace made on the store is another namespace.
             uuid: [nsid as u8; 16],
             nguid: [nsid as u8; 16],
+            eui64: None,
             backend: BackendSpec::Held {
                 store: store.clone(),
                 size,

@@ -436,6 +436,9 @@ pub struct NamespaceConfig {
     pub uuid: [u8; 16],
     /// Namespace globally unique identifier.
     pub nguid: [u8; 16],
+    /// IEEE Extended Unique Identifier, if it has one: Identify Namespace
+    /// and the Namespace Identification Descriptor list report it.
+    pub eui64: Option<[u8; 8]>,
     /// Backing store.
     pub backend: BackendSpec,
     /// Limits on the namespace's I/O, all hosts together.
@@ -503,6 +506,7 @@ pub(crate) fn ram_subsystem(nqn: &str, size: u64, listeners: Vec<SocketAddr>) ->
             block_size: 512,
             uuid: [1; 16],
             nguid: [2; 16],
+            eui64: None,
             backend: BackendSpec::Ram { size },
             qos: Default::default(),
         }],

@@ -57,6 +57,8 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     /// Namespace globally unique identifier.
     pub nguid: [u8; 16],
+    /// IEEE Extended Unique Identifier, if it has one.
+    pub eui64: Option<[u8; 8]>,
     /// The backend.
     pub backend: Arc<dyn Backend>,
     pub(super) spec: BackendSpec,

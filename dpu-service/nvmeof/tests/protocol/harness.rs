@@ -21,6 +21,7 @@ pub fn listen() -> SocketAddr {
 
 pub fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
     NamespaceConfig {
+        eui64: None,
         nsid,
         block_size: 512,
         uuid: [nsid as u8; 16],

@@ -190,11 +190,90 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/opi_api.storage.v1.FrontendNvmeService/StatsNvmeNamespace",
         Permission::Read,
     ),
+    // OPI's volumes: views of the same volumes, so the same permissions
+    // as dpu.v1's volume calls.
+    (
+        "/opi_api.storage.v1.MallocVolumeService/CreateMallocVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.MallocVolumeService/DeleteMallocVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.MallocVolumeService/UpdateMallocVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.MallocVolumeService/ListMallocVolumes",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.MallocVolumeService/GetMallocVolume",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.MallocVolumeService/StatsMallocVolume",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/CreateAioVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/DeleteAioVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/UpdateAioVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/ListAioVolumes",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/GetAioVolume",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.AioVolumeService/StatsAioVolume",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/CreateNullVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/DeleteNullVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/UpdateNullVolume",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/ListNullVolumes",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/GetNullVolume",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NullVolumeService/StatsNullVolume",
+        Permission::Read,
+    ),
 ];
 
 /// The OPI services the API listener serves, whose methods [`METHODS`]
 /// lists too.
-pub const OPI_SERVICES: &[&str] = &["opi_api.storage.v1.FrontendNvmeService"];
+pub const OPI_SERVICES: &[&str] = &[
+    "opi_api.storage.v1.FrontendNvmeService",
+    "opi_api.storage.v1.MallocVolumeService",
+    "opi_api.storage.v1.AioVolumeService",
+    "opi_api.storage.v1.NullVolumeService",
+];
 
 /// Services every method of which only reads: health checking and
 /// reflection, by path prefix.

@@ -40,6 +40,7 @@ impl Remote {
                 allowed_hosts: BTreeSet::new(),
                 max_namespaces: 4,
                 namespaces: vec![NamespaceConfig {
+                    eui64: None,
                     nsid: 1,
                     block_size: block,
                     uuid: [3; 16],
@@ -532,6 +533,7 @@ fn a_namespace_uses_a_multiple_of_the_remote_block_size() {
             allowed_hosts: BTreeSet::new(),
             max_namespaces: 4,
             namespaces: vec![NamespaceConfig {
+                eui64: None,
                 nsid: 1,
                 block_size,
                 uuid: [5; 16],
