@@ -411,6 +411,17 @@ impl DpuClient {
         update_cluster(StorageServiceClient, UpdateClusterRequest) -> Cluster, WRITE;
         /// Deletes a storage cluster.
         delete_cluster(StorageServiceClient, DeleteClusterRequest) -> DeleteClusterResponse, WRITE;
+        /// Creates a volume: a named store that a namespace is made on by
+        /// naming it (`Namespace.backend = volume`).
+        create_volume(StorageServiceClient, CreateVolumeRequest) -> Volume, WRITE;
+        /// Returns one volume, with the namespace made on it if any.
+        get_volume(StorageServiceClient, GetVolumeRequest) -> Volume, READ;
+        /// Lists one page of volumes.
+        list_volumes(StorageServiceClient, ListVolumesRequest) -> ListVolumesResponse, READ;
+        /// Resizes a RAM, null or file volume; the namespace made on it follows.
+        resize_volume(StorageServiceClient, ResizeVolumeRequest) -> Volume, WRITE;
+        /// Deletes a volume no namespace is made on.
+        delete_volume(StorageServiceClient, DeleteVolumeRequest) -> DeleteVolumeResponse, WRITE;
         /// A snapshot of all counters.
         get_counters(TelemetryServiceClient, GetCountersRequest) -> CounterSnapshot, READ;
     }
@@ -504,6 +515,11 @@ pub fn cluster_name(id: &str) -> String {
     named("clusters", id)
 }
 
+/// `"v1"` → `"volumes/v1"`; a full name passes through.
+pub fn volume_name(id: &str) -> String {
+    named("volumes", id)
+}
+
 /// Rule `rule` of tenant `tenant`; a full rule name in `rule` passes through.
 pub fn rule_name(tenant: &str, rule: &str) -> String {
     if rule.starts_with("tenants/") {
@@ -547,6 +563,8 @@ mod tests {
             "subsystems/s/listeners/l"
         );
         assert_eq!(port_name("p0"), "ports/p0");
+        assert_eq!(volume_name("v1"), "volumes/v1");
+        assert_eq!(volume_name("volumes/v1"), "volumes/v1");
     }
 
     #[test]

@@ -505,3 +505,193 @@ fn refuses_plain_text_on_a_remote_address() -> Result<()> {
     assert!(err.contains("refusing plain-text gRPC"), "{err}");
     Ok(())
 }
+
+/// The cells of each line of a table `dpuctl` printed, header first.
+fn table(svc: &Service, args: &[&str]) -> Result<Vec<Vec<String>>> {
+    let text = svc.dpuctl_ok(args)?;
+    Ok(text
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect())
+}
+
+#[test]
+fn volumes_carry_namespaces() -> Result<()> {
+    let svc = Service::start()?;
+    let uuid = "6f1c2a4e-8d3b-4c5a-9e7f-0a1b2c3d4e5f";
+    let v1 = svc.dpuctl_json(&[
+        "volume",
+        "create",
+        "v1",
+        "--ram",
+        "64M",
+        "--block-size",
+        "4096",
+    ])?;
+    assert_eq!(v1["name"], "volumes/v1");
+    assert_eq!(v1["ram"]["sizeBytes"], (64u64 << 20).to_string());
+    assert_eq!(v1["sizeBytes"], (64u64 << 20).to_string());
+    assert_eq!(v1["blockSize"], 4096);
+    assert!(!v1["uuid"].as_str().unwrap_or_default().is_empty(), "{v1}");
+    // Named by its resource name, with a UUID of the caller's.
+    let v2 = svc.dpuctl_json(&[
+        "volume",
+        "create",
+        "volumes/v2",
+        "--null",
+        "16G",
+        "--uuid",
+        uuid,
+    ])?;
+    assert_eq!(v2["name"], "volumes/v2");
+    assert_eq!(v2["null"]["sizeBytes"], (16u64 << 30).to_string());
+    assert_eq!(v2["blockSize"], 512);
+    assert_eq!(v2["uuid"], uuid);
+    let (c, err) = code(&svc, &["volume", "create", "v2", "--ram", "1M"]);
+    assert_eq!(c, 4, "{err}");
+    assert!(err.contains("volumes/v2 already exists"), "{err}");
+
+    let listed = svc.dpuctl_json(&["volume", "list", "--page-size", "1"])?;
+    assert_eq!(
+        listed,
+        serde_json::json!([v1, v2]),
+        "every page, in ID order"
+    );
+    assert_eq!(svc.dpuctl_json(&["volume", "get", "v1"])?, v1);
+    assert_eq!(svc.dpuctl_json(&["volume", "get", "volumes/v2"])?, v2);
+    let v1_uuid = v1["uuid"].as_str().unwrap_or_default();
+    assert_eq!(
+        table(&svc, &["volume", "list"])?,
+        [
+            vec!["VOLUME", "BACKEND", "SIZE", "BLOCK", "NAMESPACE", "UUID"],
+            vec!["v1", "ram", "64", "MiB", "4096", "-", v1_uuid],
+            vec!["v2", "null", "16", "GiB", "512", "-", uuid],
+        ]
+    );
+
+    // A namespace made on v1 has its size and block size; v1 names it.
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol",
+        "--nqn",
+        "nqn.2024-01.io.example:vol",
+    ])?;
+    let ns = svc.dpuctl_json(&["namespace", "create", "vol", "--volume", "volumes/v1"])?;
+    assert_eq!(ns["name"], "subsystems/vol/namespaces/1");
+    assert_eq!(ns["volume"], "v1");
+    assert_eq!(ns["blockSize"], 4096);
+    assert_eq!(ns["sizeBytes"], (64u64 << 20).to_string());
+    let ns2 = svc.dpuctl_json(&["namespace", "create", "vol", "--null", "1G"])?;
+    assert_eq!(ns2["null"]["sizeBytes"], (1u64 << 30).to_string());
+    let rows = table(&svc, &["namespace", "list", "vol"])?;
+    let backends: Vec<&str> = rows[1..].iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(backends, ["volume:v1", "null"], "{rows:?}");
+    let v1_used = svc.dpuctl_json(&["volume", "get", "v1"])?;
+    assert_eq!(v1_used["namespace"], "subsystems/vol/namespaces/1");
+    let rows = table(&svc, &["volume", "list"])?;
+    assert_eq!(rows[1][5], "subsystems/vol/namespaces/1", "{rows:?}");
+    assert_eq!(rows[2][5], "-", "{rows:?}");
+
+    // One namespace per volume; none beyond it.
+    let (c, err) = code(&svc, &["namespace", "create", "vol", "--volume", "v1"]);
+    assert_eq!(c, 6, "{err}");
+    assert!(err.contains("is made on volumes/v1 already"), "{err}");
+    // The volume stays while the namespace is made on it.
+    let (c, err) = code(&svc, &["volume", "delete", "v1"]);
+    assert_eq!(c, 6, "{err}");
+    assert!(
+        err.starts_with("dpuctl: error: FAILED_PRECONDITION: ")
+            && err.contains("subsystems/vol/namespaces/1 is made on volumes/v1"),
+        "{err}"
+    );
+
+    // The namespace follows a resize of its volume.
+    let resized = svc.dpuctl_json(&["volume", "resize", "v1", "128M"])?;
+    assert_eq!(resized["sizeBytes"], (128u64 << 20).to_string());
+    let ns = svc.dpuctl_json(&["namespace", "get", "vol", "1"])?;
+    assert_eq!(ns["sizeBytes"], (128u64 << 20).to_string(), "{ns}");
+    let out = svc.dpuctl_ok(&["volume", "resize", "volumes/v2", "32G"])?;
+    assert!(
+        out.lines().nth(1).unwrap_or_default().contains("32 GiB"),
+        "{out}"
+    );
+
+    svc.dpuctl_json(&["namespace", "delete", "vol", "1"])?;
+    let free = svc.dpuctl_json(&["volume", "get", "v1"])?;
+    assert_eq!(free["namespace"].as_str(), Some(""), "free again: {free}");
+    assert_eq!(
+        svc.dpuctl_ok(&["volume", "delete", "v1"])?,
+        "deleted volumes/v1\n"
+    );
+    let (c, err) = code(&svc, &["volume", "get", "v1"]);
+    assert_eq!(c, 3, "{err}");
+    assert!(err.contains("volumes/v1"), "{err}");
+    let left = svc.dpuctl_json(&["volume", "list"])?;
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "{left}");
+    assert_eq!(left[0]["name"], "volumes/v2");
+    Ok(())
+}
+
+#[test]
+fn bad_volumes_get_clear_errors() -> Result<()> {
+    let svc = Service::start()?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "vol",
+        "--nqn",
+        "nqn.2024-01.io.example:vol",
+    ])?;
+    let (c, err) = code(&svc, &["volume", "create", "v1", "--ram", "0"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(
+        err.starts_with("dpuctl: error: INVALID_ARGUMENT: ")
+            && err.contains("volume.ram.size_bytes"),
+        "{err}"
+    );
+    let (c, err) = code(&svc, &["namespace", "create", "vol", "--volume", "nope"]);
+    assert_eq!(c, 6, "{err}");
+    assert!(err.contains("volumes/nope does not exist"), "{err}");
+    // Refused by dpuctl itself: a block size the service has not, no
+    // store, two stores.
+    let (c, err) = code(
+        &svc,
+        &[
+            "volume",
+            "create",
+            "v1",
+            "--ram",
+            "1M",
+            "--block-size",
+            "1024",
+        ],
+    );
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("512 or 4096"), "{err}");
+    let (c, err) = code(&svc, &["volume", "create", "v1"]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("--null <SIZE>"), "{err}");
+    let (c, err) = code(
+        &svc,
+        &[
+            "namespace",
+            "create",
+            "vol",
+            "--volume",
+            "v1",
+            "--ram",
+            "1M",
+        ],
+    );
+    assert_eq!(c, 2, "{err}");
+    let (c, err) = code(&svc, &["volume", "resize", "v1", "1M"]);
+    assert_eq!(c, 3, "{err}");
+    // Nothing was made.
+    assert_eq!(svc.dpuctl_json(&["volume", "list"])?, serde_json::json!([]));
+    assert_eq!(
+        svc.dpuctl_json(&["namespace", "list", "vol"])?,
+        serde_json::json!([])
+    );
+    Ok(())
+}

@@ -20,6 +20,7 @@ mod rule;
 mod subsystem;
 mod table;
 mod tenant;
+mod volume;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -121,6 +122,11 @@ enum Command {
     /// Namespaces of a subsystem.
     #[command(subcommand)]
     Namespace(namespace::NamespaceCmd),
+    /// Volumes: named stores (RAM, a file, a block device, a null store)
+    /// that a namespace is made on by naming them (`namespace create
+    /// --volume`).
+    #[command(subcommand)]
+    Volume(volume::VolumeCmd),
     /// Storage clusters (Ceph) whose RBD images back namespaces; their
     /// cephx keys come from keyring files (`--keyring-file`).
     #[command(subcommand)]
@@ -280,6 +286,7 @@ async fn execute(c: &DpuClient, cmd: &Command) -> Result<Shown, Failure> {
         Command::Rule(r) => rule::execute(c, r).await?,
         Command::Subsystem(s) => subsystem::execute(c, s).await?,
         Command::Namespace(n) => namespace::execute(c, n).await?,
+        Command::Volume(v) => volume::execute(c, v).await?,
         Command::Cluster(k) => cluster::execute(c, k).await?,
         Command::Listener(l) => listener::execute(c, l).await?,
     })
@@ -555,6 +562,100 @@ mod tests {
         }
     }
 
+    /// Volumes: each store a flag, sizes parsed; a namespace is made on a
+    /// volume or a null store as on any other backend.
+    #[test]
+    fn volume_command_lines() {
+        use crate::volume::VolumeCmd;
+        let cli = parse(&[
+            "volume",
+            "create",
+            "v1",
+            "--ram",
+            "64M",
+            "--block-size",
+            "4096",
+            "--uuid",
+            "6f1c2a4e-8d3b-4c5a-9e7f-0a1b2c3d4e5f",
+        ])
+        .unwrap();
+        let Command::Volume(VolumeCmd::Create {
+            id,
+            ram: Some(ram),
+            file: None,
+            block_device: None,
+            null: None,
+            block_size: Some(4096),
+            uuid: Some(uuid),
+            ..
+        }) = &cli.command
+        else {
+            panic!("{cli:?}")
+        };
+        assert_eq!(
+            (id.as_str(), *ram, uuid.as_str()),
+            ("v1", 64 << 20, "6f1c2a4e-8d3b-4c5a-9e7f-0a1b2c3d4e5f")
+        );
+        let cli = parse(&["volume", "create", "volumes/v2", "--null", "1T"]).unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Volume(VolumeCmd::Create { id, null: Some(n), ram: None, block_size: None, .. })
+                if id == "volumes/v2" && *n == 1 << 40
+        ));
+        let cli = parse(&[
+            "volume",
+            "create",
+            "v3",
+            "--file",
+            "/srv/v3.img",
+            "--size",
+            "4K",
+        ])
+        .unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Volume(VolumeCmd::Create { file: Some(f), size: Some(4096), .. })
+                if f == "/srv/v3.img"
+        ));
+        let cli = parse(&["volume", "create", "v4", "--block-device", "/dev/nvme0n1"]).unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Volume(VolumeCmd::Create { block_device: Some(d), size: None, .. })
+                if d == "/dev/nvme0n1"
+        ));
+        let cli = parse(&["volume", "resize", "v1", "1G"]).unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Volume(VolumeCmd::Resize { id, size }) if id == "v1" && *size == 1 << 30
+        ));
+        let cli = parse(&["-o", "json", "volume", "list", "--page-size", "3"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCmd::List(Paging { page_size: 3 }))
+        ));
+        assert!(matches!(
+            parse(&["volume", "get", "v1"]).unwrap().command,
+            Command::Volume(VolumeCmd::Get { .. })
+        ));
+        assert!(matches!(
+            parse(&["volume", "delete", "volumes/v1"]).unwrap().command,
+            Command::Volume(VolumeCmd::Delete { .. })
+        ));
+
+        let cli = parse(&["namespace", "create", "vol", "--volume", "v1"]).unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Namespace(NamespaceCmd::Create { volume: Some(v), ram: None, null: None, .. })
+                if v == "v1"
+        ));
+        let cli = parse(&["namespace", "create", "vol", "--null", "16G"]).unwrap();
+        assert!(matches!(
+            &cli.command,
+            Command::Namespace(NamespaceCmd::Create { null: Some(n), volume: None, .. })
+                if *n == 16 << 30
+        ));
+    }
+
     /// The secure channel's flags: a host's key from a file, the TLS
     /// requirement where the authentication requirement is set, a
     /// listener's secure channel.
@@ -694,6 +795,20 @@ mod tests {
                 "fast",
             ],
             &["namespace", "resize", "vol", "1", "lots"],
+            &["namespace", "create", "vol", "--null", "big"],
+            &["volume", "create", "v", "--ram", "12X"],
+            &["volume", "create", "v", "--null=-1"],
+            &[
+                "volume",
+                "create",
+                "v",
+                "--ram",
+                "1M",
+                "--block-size",
+                "1024",
+            ],
+            &["volume", "resize", "v", "lots"],
+            &["volume", "list", "--page-size=-1"],
             &[
                 "rule",
                 "add",
@@ -789,6 +904,61 @@ mod tests {
             &["tenant", "frobnicate"][..],
             &["namespace", "create", "vol"],
             &["namespace", "create", "vol", "--ram", "1M", "--file", "/x"],
+            // One backend each, a volume or a null store included.
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--volume",
+                "v1",
+                "--ram",
+                "1M",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--null",
+                "1M",
+                "--volume",
+                "v1",
+            ],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--null",
+                "1M",
+                "--rbd",
+                "rbd/i",
+                "--cluster",
+                "c",
+            ],
+            &["volume", "create", "v"],
+            &["volume", "create", "v", "--ram", "1M", "--null", "1M"],
+            &[
+                "volume",
+                "create",
+                "v",
+                "--null",
+                "1M",
+                "--block-device",
+                "/dev/x",
+            ],
+            &["volume", "create", "v", "--ram", "1M", "--size", "2M"],
+            &[
+                "namespace",
+                "create",
+                "vol",
+                "--volume",
+                "v1",
+                "--size",
+                "2M",
+            ],
+            &["namespace", "create", "vol", "--ram", "1M", "--size", "2M"],
+            &["volume", "create", "--ram", "1M"],
+            &["volume", "resize", "v"],
+            &["volume", "get"],
             &["tenant", "update", "t"],
             &["subsystem", "update", "s"],
             &["--cert", "c.pem", "info"],

@@ -12,9 +12,10 @@ use crate::{render, Failure};
 
 #[derive(Debug, Subcommand)]
 pub enum NamespaceCmd {
-    /// Creates a namespace backed by RAM, a file, a block device, an RBD
-    /// image of a storage cluster (`dpuctl cluster create`) or a namespace
-    /// of a remote NVMe/TCP target.
+    /// Creates a namespace backed by RAM, a file, a block device, a null
+    /// store, a volume (`dpuctl volume create`), an RBD image of a storage
+    /// cluster (`dpuctl cluster create`) or a namespace of a remote
+    /// NVMe/TCP target.
     #[command(group(ArgGroup::new("backend").required(true)))]
     Create {
         /// Subsystem ID.
@@ -29,7 +30,13 @@ pub enum NamespaceCmd {
         #[arg(long, group = "backend", value_name = "PATH")]
         file: Option<String>,
         /// Size of a file backend (default: the existing file's size).
-        #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "file")]
+        #[arg(
+            long,
+            value_name = "SIZE",
+            value_parser = parse_size,
+            requires = "file",
+            conflicts_with_all = ["ram", "block_device", "rbd", "remote", "null", "volume"]
+        )]
         size: Option<u64>,
         /// Block-device-backed, at this path.
         #[arg(long, group = "backend", value_name = "PATH")]
@@ -49,7 +56,15 @@ pub enum NamespaceCmd {
         cluster: Option<String>,
         #[command(flatten)]
         remote: Box<RemoteArgs>,
-        /// Logical block size, 512 or 4096.
+        /// A null store of this size: reads return zeros, writes are
+        /// dropped (benchmarks).
+        #[arg(long, group = "backend", value_name = "SIZE", value_parser = parse_size)]
+        null: Option<u64>,
+        /// Made on this volume (ID or volumes/ID), which no other
+        /// namespace is made on; its size and block size are the volume's.
+        #[arg(long, group = "backend", value_name = "VOLUME")]
+        volume: Option<String>,
+        /// Logical block size, 512 or 4096 (on a volume: the volume's).
         #[arg(long)]
         block_size: Option<u32>,
         /// Namespace UUID (generated if absent).
@@ -58,7 +73,7 @@ pub enum NamespaceCmd {
         /// QoS limits on the namespace's I/O, all hosts together (none
         /// if absent).
         #[command(flatten)]
-        qos: QosArgs,
+        qos: Box<QosArgs>,
     },
     /// Shows a namespace.
     Get {
@@ -74,7 +89,8 @@ pub enum NamespaceCmd {
         #[command(flatten)]
         paging: Paging,
     },
-    /// Resizes a RAM- or file-backed namespace.
+    /// Resizes a RAM-, file- or null-backed namespace (one made on a
+    /// volume follows `dpuctl volume resize`).
     Resize {
         /// Subsystem ID.
         subsystem: String,
@@ -192,6 +208,8 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
             rbd,
             cluster,
             remote,
+            null,
+            volume,
             block_size,
             uuid,
             qos,
@@ -201,36 +219,41 @@ pub async fn execute(c: &DpuClient, cmd: &NamespaceCmd) -> Result<Shown, Failure
                     "--cluster names the storage cluster of an --rbd POOL/IMAGE".into(),
                 ));
             }
-            let backend = match (ram, file, block_device, rbd, remote.backend()?) {
-                (.., Some(r)) => pb::namespace::Backend::Remote(r),
-                (Some(size_bytes), ..) => pb::namespace::Backend::Ram(pb::RamBackend {
+            let backend = if let Some(r) = remote.backend()? {
+                pb::namespace::Backend::Remote(r)
+            } else if let Some(size_bytes) = ram {
+                pb::namespace::Backend::Ram(pb::RamBackend {
                     size_bytes: *size_bytes,
-                }),
-                (_, Some(path), ..) => pb::namespace::Backend::File(pb::FileBackend {
+                })
+            } else if let Some(path) = file {
+                pb::namespace::Backend::File(pb::FileBackend {
                     path: path.clone(),
                     size_bytes: size.unwrap_or(0),
-                }),
-                (_, _, Some(path), ..) => {
-                    pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend {
-                        path: path.clone(),
-                    })
-                }
-                (_, _, _, Some((pool, image)), _) => pb::namespace::Backend::Rbd(pb::RbdBackend {
+                })
+            } else if let Some(path) = block_device {
+                pb::namespace::Backend::BlockDevice(pb::BlockDeviceBackend { path: path.clone() })
+            } else if let Some((pool, image)) = rbd {
+                pb::namespace::Backend::Rbd(pb::RbdBackend {
                     cluster_id: cluster
                         .as_deref()
                         .map(|c| c.strip_prefix("clusters/").unwrap_or(c).to_string())
                         .unwrap_or_default(),
                     pool: pool.clone(),
                     image: image.clone(),
-                }),
-                _ => {
-                    return Err(Failure::Input(
-                        "give one of --ram SIZE, --file PATH, --block-device PATH, \
-                         --rbd POOL/IMAGE --cluster CLUSTER, \
-                         --remote ADDR:PORT --remote-nqn NQN --remote-nsid N"
-                            .into(),
-                    ))
-                }
+                })
+            } else if let Some(size_bytes) = null {
+                pb::namespace::Backend::Null(pb::NullBackend {
+                    size_bytes: *size_bytes,
+                })
+            } else if let Some(v) = volume {
+                pb::namespace::Backend::Volume(v.clone())
+            } else {
+                return Err(Failure::Input(
+                    "give one of --ram SIZE, --file PATH, --block-device PATH, --null SIZE, \
+                     --volume VOLUME, --rbd POOL/IMAGE --cluster CLUSTER, \
+                     --remote ADDR:PORT --remote-nqn NQN --remote-nsid N"
+                        .into(),
+                ));
             };
             let n = pb::Namespace {
                 nsid: nsid.unwrap_or(0),

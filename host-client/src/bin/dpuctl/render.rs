@@ -387,6 +387,34 @@ pub fn namespaces(list: &[pb::Namespace]) -> String {
     t.render()
 }
 
+/// Volumes, one row each, with the namespace made on each (`-` for
+/// none). A block device's size is `-` while no namespace serves it.
+pub fn volumes(list: &[pb::Volume]) -> String {
+    let mut t = Table::new(&["VOLUME", "BACKEND", "SIZE", "BLOCK", "NAMESPACE", "UUID"]);
+    for v in list {
+        let backend = match &v.backend {
+            Some(pb::volume::Backend::Ram(_)) => "ram".to_string(),
+            Some(pb::volume::Backend::File(f)) => format!("file:{}", f.path),
+            Some(pb::volume::Backend::BlockDevice(b)) => format!("bdev:{}", b.path),
+            Some(pb::volume::Backend::Null(_)) => "null".to_string(),
+            None => "?".into(),
+        };
+        let size = match (&v.backend, v.size_bytes) {
+            (Some(pb::volume::Backend::BlockDevice(_)), 0) => "-".to_string(),
+            (_, n) => bytes(n),
+        };
+        t.row(vec![
+            id(&v.name).into(),
+            backend,
+            size,
+            v.block_size.to_string(),
+            or_dash(&v.namespace),
+            v.uuid.clone(),
+        ]);
+    }
+    t.render()
+}
+
 /// Storage clusters, one row each: whether a key is set, never a key.
 pub fn clusters(list: &[pb::Cluster]) -> String {
     let mut t = Table::new(&[
@@ -684,6 +712,99 @@ mod tests {
                 && out.contains("unreachable"),
             "{out}"
         );
+    }
+
+    /// Volumes show their store, size, block size and the namespace made
+    /// on them; namespaces on a volume or a null store say so.
+    #[test]
+    fn volumes_and_what_is_made_on_them() {
+        let v = |name: &str, backend, size_bytes, namespace: &str| pb::Volume {
+            name: name.into(),
+            backend: Some(backend),
+            block_size: 4096,
+            uuid: format!("uuid-{}", id(name)),
+            size_bytes,
+            namespace: namespace.into(),
+        };
+        let out = volumes(&[
+            v(
+                "volumes/v1",
+                pb::volume::Backend::Ram(pb::RamBackend {
+                    size_bytes: 64 << 20,
+                }),
+                64 << 20,
+                "subsystems/vol/namespaces/2",
+            ),
+            v(
+                "volumes/v2",
+                pb::volume::Backend::Null(pb::NullBackend {
+                    size_bytes: 1 << 40,
+                }),
+                1 << 40,
+                "",
+            ),
+            v(
+                "volumes/v3",
+                pb::volume::Backend::BlockDevice(pb::BlockDeviceBackend {
+                    path: "/dev/nvme0n1".into(),
+                }),
+                0,
+                "",
+            ),
+            v(
+                "volumes/v4",
+                pb::volume::Backend::File(pb::FileBackend {
+                    path: "/srv/v4.img".into(),
+                    size_bytes: 4096,
+                }),
+                4096,
+                "",
+            ),
+        ]);
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["VOLUME", "BACKEND", "SIZE", "BLOCK", "NAMESPACE", "UUID"],
+                vec![
+                    "v1",
+                    "ram",
+                    "64",
+                    "MiB",
+                    "4096",
+                    "subsystems/vol/namespaces/2",
+                    "uuid-v1"
+                ],
+                vec!["v2", "null", "1", "TiB", "4096", "-", "uuid-v2"],
+                vec!["v3", "bdev:/dev/nvme0n1", "-", "4096", "-", "uuid-v3"],
+                vec!["v4", "file:/srv/v4.img", "4", "KiB", "4096", "-", "uuid-v4"],
+            ],
+            "{out}"
+        );
+        let n = |nsid, backend| pb::Namespace {
+            nsid,
+            backend: Some(backend),
+            size_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let out = namespaces(&[
+            n(1, pb::namespace::Backend::Volume("v1".into())),
+            n(
+                2,
+                pb::namespace::Backend::Null(pb::NullBackend {
+                    size_bytes: 1 << 20,
+                }),
+            ),
+        ]);
+        let backends: Vec<&str> = out
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().nth(1).unwrap())
+            .collect();
+        assert_eq!(backends, ["volume:v1", "null"], "{out}");
     }
 
     /// A remote namespace shows its paths, its subsystem and NSID, and
