@@ -4,7 +4,8 @@
 //! namespace is seen by the host at its new size; a null volume reads
 //! zeros; one namespace per volume, no volume deleted under its
 //! namespace, RAM volumes and namespaces within one RAM limit; volumes
-//! and the namespaces on them survive a restart.
+//! and the namespaces on them survive a restart; volumes declared in the
+//! configuration are made at the first start and kept as stored after.
 
 use std::net::TcpStream;
 use std::time::Duration;
@@ -346,5 +347,44 @@ fn null_volumes_and_the_ram_limit() -> Result<()> {
     assert_eq!(h.block, 4096, "the volume's block size");
     h.write(8, vec![0xab; 8192])?;
     assert_eq!(h.read(8, 8192)?, vec![0; 8192]);
+    Ok(())
+}
+
+#[test]
+fn declared_volumes_are_made_at_the_first_start_and_kept() -> Result<()> {
+    let port = free_port();
+    let nqn = "nqn.2024-01.io.dpu-service.test:vol-declared";
+    let config = format!(
+        "{}\n[[storage.volumes]]\nid = \"Malloc0\"\nram = \"4MiB\"\n\
+         [[storage.subsystems]]\nid = \"declared\"\nnqn = \"{nqn}\"\nallow_any_host = true\n\
+         [[storage.subsystems.namespaces]]\nvolume = \"Malloc0\"\n\
+         [[storage.subsystems.listeners]]\naddress = \"127.0.0.1\"\nport = {port}\n",
+        dpu_e2e::TEST_CONFIG
+    );
+    let mut svc = Service::start_config(&config, &[])?;
+    let mut h = Host::connect(port, nqn)?;
+    assert_eq!(h.size()?, 4 << 20);
+    h.write(0, vec![0x5a; 512])?;
+    drop(h);
+    // Changed over gRPC: the stored volume is kept at the next start.
+    with_client(&svc, |mut c| async move {
+        c.resize_volume(pb::ResizeVolumeRequest {
+            name: "volumes/Malloc0".into(),
+            size_bytes: 8 << 20,
+        })
+        .await?;
+        Ok(())
+    })?;
+    svc.restart()?;
+    let mut h = Host::connect(port, nqn)?;
+    assert_eq!(h.size()?, 8 << 20, "the stored size, not the declared one");
+    let v = with_client(&svc, |mut c| async move {
+        Ok(c.get_volume(pb::GetVolumeRequest {
+            name: "volumes/Malloc0".into(),
+        })
+        .await?
+        .into_inner())
+    })?;
+    assert_eq!(v.namespace, "subsystems/declared/namespaces/1");
     Ok(())
 }

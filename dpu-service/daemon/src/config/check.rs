@@ -379,6 +379,15 @@ impl Config {
             }
         }
         let mut ids = BTreeSet::new();
+        for (i, v) in self.storage.volumes.iter().enumerate() {
+            if !ids.insert(v.id.as_str()) {
+                bail!(
+                    "storage.volumes[{i}].id: volume {:?} is declared twice",
+                    v.id
+                );
+            }
+        }
+        let mut ids = BTreeSet::new();
         for (i, s) in self.storage.subsystems.iter().enumerate() {
             if !ids.insert(s.id.as_str()) {
                 bail!(
@@ -419,6 +428,22 @@ impl Config {
                     );
                 }
             }
+        }
+        for (i, v) in self.storage.volumes.iter().enumerate() {
+            let at = format!("storage.volumes[{i}]");
+            // An empty ID would reach the API as "assign one".
+            validate::volume_id(&format!("{at}.id"), &v.id).map_err(|e| anyhow!("{e}"))?;
+            if v.block_size == Some(0) {
+                bail!("{at}.block_size: 0 is not 512 or 4096");
+            }
+            if let Some(size) = &v.size {
+                if parse_size(size).is_ok_and(|b| b == 0) {
+                    bail!("{at}.size: {size} is not a non-zero multiple of the block size");
+                }
+            }
+            text(&format!("{at}.uuid"), &v.uuid, &|k, v| {
+                validate::uuid(k, v).map(drop)
+            })?;
         }
         for (i, s) in self.storage.subsystems.iter().enumerate() {
             let at = format!("storage.subsystems[{i}]");
@@ -512,6 +537,7 @@ impl Config {
     fn dry_run(&self) -> Result<()> {
         if self.storage.subsystems.is_empty()
             && self.storage.clusters.is_empty()
+            && self.storage.volumes.is_empty()
             && self.tenants.is_empty()
         {
             return Ok(());
@@ -1667,6 +1693,79 @@ mod tests {
             let e = format!("{:#}", c.validate().unwrap_err());
             assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
             assert!(!e.contains("partly created"), "a check undoes nothing: {e}");
+        }
+    }
+
+    /// Declared volumes go through the API's checks, and namespaces made
+    /// on them through the state's; what a request would read as unset
+    /// is refused by key.
+    #[test]
+    fn declared_volumes_are_checked() {
+        let vol = "[[storage.volumes]]";
+        let ns = "[[storage.subsystems.namespaces]]";
+        let ok = format!(
+            "{vol}\nid = \"Malloc0\"\nram = \"1M\"\n{vol}\nid = \"n0\"\nnull = \"1G\"\nblock_size = 4096\n{}",
+            declared("", &format!("{ns}\nvolume = \"Malloc0\"\n{ns}\nvolume = \"volumes/n0\"\n{ns}\nnull = \"16M\"\n"))
+        );
+        let c: Config = toml::from_str(&ok).unwrap();
+        c.validate().unwrap_or_else(|e| panic!("{ok}\n{e:#}"));
+        let v = &c.storage.volumes[1];
+        assert_eq!(
+            v.to_proto().unwrap().backend,
+            Some(dpu_proto::v1::volume::Backend::Null(
+                dpu_proto::v1::NullBackend {
+                    size_bytes: 1 << 30
+                }
+            ))
+        );
+        for (text, want) in [
+            (
+                format!("{vol}\nid = \"v\"\nram = \"1M\"\n{vol}\nid = \"v\"\nnull = \"1M\"\n"),
+                "storage.volumes[1].id: volume \"v\" is declared twice",
+            ),
+            (
+                format!("{vol}\nid = \"\"\nram = \"1M\"\n"),
+                "storage.volumes[0].id: \"\" is not a valid volume ID",
+            ),
+            (
+                format!("{vol}\nid = \"v\"\nram = \"1M\"\nblock_size = 0\n"),
+                "storage.volumes[0].block_size: 0 is not 512 or 4096",
+            ),
+            (
+                format!("{vol}\nid = \"v\"\nram = \"1M\"\nnull = \"1M\"\n"),
+                "storage.volumes[0] (\"v\"): give exactly one of ram, file, block_device, null",
+            ),
+            (
+                format!("{vol}\nid = \"v\"\nram = \"1M\"\nsize = \"1M\"\n"),
+                "storage.volumes[0] (\"v\"): size goes with file",
+            ),
+            (
+                format!("{vol}\nid = \"v\"\nram = \"1000\"\n"),
+                "storage.volumes[0] (\"v\"): volume.ram.size_bytes: 1000 is not a non-zero multiple",
+            ),
+            (
+                format!("{vol}\nid = \"v\"\nfile = \"/etc/v.img\"\nsize = \"1M\"\n"),
+                "storage.volumes[0] (\"v\"): volume.file.path: /etc/v.img is not beneath",
+            ),
+            (
+                declared("", &format!("{ns}\nvolume = \"nope\"\n")),
+                "storage.subsystems[0].namespaces[0]: namespace.volume: volumes/nope does not exist",
+            ),
+            (
+                format!(
+                    "{vol}\nid = \"v\"\nram = \"1M\"\n{}",
+                    declared("", &format!("{ns}\nvolume = \"v\"\n{ns}\nvolume = \"v\"\n"))
+                ),
+                "storage.subsystems[0].namespaces[1]: namespace.volume: subsystems/a/namespaces/1 is made on volumes/v already",
+            ),
+            (
+                declared("", &format!("{ns}\nvolume = \"v\"\nram = \"1M\"\n")),
+                "storage.subsystems[0].namespaces[0]: give exactly one of ram, file, block_device, rbd, remote, null, volume",
+            ),
+        ] {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.starts_with(want), "{text}\nwant: {want}\ngot:  {e}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! The declarations of the configuration (`[[storage.clusters]]`,
-//! `[[storage.subsystems]]`, `[[tenants]]` and their rules) as the API's
+//! `[[storage.volumes]]`, `[[storage.subsystems]]`, `[[tenants]]` and
+//! their rules) as the API's
 //! messages, and the configuration key of a field the API names in an
 //! error.
 
@@ -11,7 +12,7 @@ use dpu_proto::v1 as pb;
 use super::{
     parse_size, SeedAction, SeedCluster, SeedHostTls, SeedListener, SeedNamespace, SeedQos,
     SeedRemote, SeedRule, SeedSubsystem, SeedTenant, SeedTlsRequirement, SeedTransport,
-    TextOrNumber,
+    SeedVolume, TextOrNumber,
 };
 
 /// Longest keyring file read: one holding many users' keys is a few KiB.
@@ -132,12 +133,35 @@ impl SeedNamespace {
         if self.cluster.is_some() && self.rbd.is_none() {
             bail!("cluster goes with rbd = \"POOL/IMAGE\"");
         }
+        const ONE_OF: &str = "give exactly one of ram, file, block_device, rbd, remote, null, volume";
+        let others = [self.null.is_some(), self.volume.is_some()];
         let given = (&self.ram, &self.file, &self.block_device, &self.rbd);
+        if others.iter().any(|o| *o) {
+            let all = [
+                self.ram.is_some(),
+                self.file.is_some(),
+                self.block_device.is_some(),
+                self.rbd.is_some(),
+                self.remote.is_some(),
+            ];
+            if all.iter().chain(&others).filter(|g| **g).count() != 1 {
+                bail!("{ONE_OF}");
+            }
+            if self.size.is_some() {
+                bail!("size goes with file");
+            }
+        }
         let backend = match (given, &self.remote) {
+            _ if self.volume.is_some() => {
+                pb::namespace::Backend::Volume(self.volume.clone().unwrap_or_default())
+            }
+            _ if self.null.is_some() => pb::namespace::Backend::Null(pb::NullBackend {
+                size_bytes: size("null", self.null.as_deref().unwrap_or_default())?,
+            }),
             ((None, None, None, None), Some(r)) => {
                 pb::namespace::Backend::Remote(r.to_proto().context("remote")?)
             }
-            (_, Some(_)) => bail!("give exactly one of ram, file, block_device, rbd, remote"),
+            (_, Some(_)) => bail!("{ONE_OF}"),
             ((Some(r), None, None, None), None) => pb::namespace::Backend::Ram(pb::RamBackend {
                 size_bytes: size("ram", r)?,
             }),
@@ -164,7 +188,7 @@ impl SeedNamespace {
                     image,
                 })
             }
-            _ => bail!("give exactly one of ram, file, block_device, rbd, remote"),
+            _ => bail!("{ONE_OF}"),
         };
         Ok(pb::Namespace {
             nsid: self.nsid.unwrap_or(0),
@@ -173,6 +197,44 @@ impl SeedNamespace {
             uuid: self.uuid.clone().unwrap_or_default(),
             nguid: self.nguid.clone().unwrap_or_default(),
             qos: self.qos.as_ref().map(|q| q.to_proto("qos")).transpose()?,
+            ..Default::default()
+        })
+    }
+}
+
+impl SeedVolume {
+    /// The volume as a `CreateVolume` request carries it.
+    ///
+    /// # Errors
+    /// If not exactly one store is given, or a size does not parse.
+    pub fn to_proto(&self) -> Result<pb::Volume> {
+        let size = |key: &str, v: &str| parse_size(v).with_context(|| key.to_string());
+        if self.size.is_some() && self.file.is_none() {
+            bail!("size goes with file");
+        }
+        let backend = match (&self.ram, &self.file, &self.block_device, &self.null) {
+            (Some(r), None, None, None) => pb::volume::Backend::Ram(pb::RamBackend {
+                size_bytes: size("ram", r)?,
+            }),
+            (None, Some(f), None, None) => pb::volume::Backend::File(pb::FileBackend {
+                path: f.clone(),
+                size_bytes: match &self.size {
+                    Some(v) => size("size", v)?,
+                    None => 0,
+                },
+            }),
+            (None, None, Some(b), None) => {
+                pb::volume::Backend::BlockDevice(pb::BlockDeviceBackend { path: b.clone() })
+            }
+            (None, None, None, Some(n)) => pb::volume::Backend::Null(pb::NullBackend {
+                size_bytes: size("null", n)?,
+            }),
+            _ => bail!("give exactly one of ram, file, block_device, null"),
+        };
+        Ok(pb::Volume {
+            backend: Some(backend),
+            block_size: self.block_size.unwrap_or(0),
+            uuid: self.uuid.clone().unwrap_or_default(),
             ..Default::default()
         })
     }

@@ -454,6 +454,12 @@ pub struct StorageConfig {
     /// whose RBD namespaces name them. Once registered they live in the
     /// state: the stored one is kept at later starts.
     pub clusters: Vec<SeedCluster>,
+    /// Volumes created at startup when the state has none with their ID
+    /// (`[[storage.volumes]]`), after the clusters and before the
+    /// subsystems, whose namespaces name them (`volume = "ID"`). Once
+    /// created they live in the state: the stored one is kept at later
+    /// starts.
+    pub volumes: Vec<SeedVolume>,
     /// Subsystems created at startup when the state has none with their ID
     /// (`[[storage.subsystems]]`). Once created they live in the state like
     /// any other: the stored one is kept at later starts, and changes made
@@ -485,6 +491,41 @@ pub struct SeedCluster {
     /// 1..=300 (10 if unset).
     #[serde(default)]
     pub connect_timeout_secs: Option<u32>,
+}
+
+/// `[[storage.volumes]]`: a volume to create at startup, a store that a
+/// namespace is made on by naming it. Exactly one of `ram`, `file`,
+/// `block_device`, `null`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedVolume {
+    /// Volume ID, as in the resource name "volumes/{id}" (upper case,
+    /// `_` and `.` allowed: "Malloc0").
+    pub id: String,
+    /// RAM of this size, e.g. "1GiB": kept from one namespace made on the
+    /// volume to the next.
+    #[serde(default)]
+    pub ram: Option<String>,
+    /// A file at this absolute path beneath `storage.file_dirs`, created
+    /// with `size` if missing.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Size of a `file` volume (the existing file's if unset).
+    #[serde(default)]
+    pub size: Option<String>,
+    /// A block device at this path matching `storage.block_devices`.
+    #[serde(default)]
+    pub block_device: Option<String>,
+    /// A null store of this size: reads return zeros, writes are dropped.
+    #[serde(default)]
+    pub null: Option<String>,
+    /// Logical block size, 512 or 4096 (512 if unset); a namespace made
+    /// on the volume has it.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// Volume UUID in RFC 4122 text form (generated if unset).
+    #[serde(default)]
+    pub uuid: Option<String>,
 }
 
 /// `[[storage.subsystems]]`: a subsystem to create at startup, with its
@@ -599,6 +640,13 @@ pub struct SeedNamespace {
     /// nqn = "...", nsid = 1 }`.
     #[serde(default)]
     pub remote: Option<SeedRemote>,
+    /// A null store of this size: reads return zeros, writes are dropped.
+    #[serde(default)]
+    pub null: Option<String>,
+    /// Made on this volume (its ID), which no other namespace is made on;
+    /// the namespace has the volume's block size.
+    #[serde(default)]
+    pub volume: Option<String>,
     /// Logical block size, 512 or 4096 (512 if unset).
     #[serde(default)]
     pub block_size: Option<u32>,

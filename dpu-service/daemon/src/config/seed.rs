@@ -1,5 +1,5 @@
 //! Storage objects declared in the configuration (`[[storage.clusters]]`,
-//! `[[storage.subsystems]]`), created at startup through the same
+//! `[[storage.volumes]]`, `[[storage.subsystems]]`), created at startup through the same
 //! `StorageService` calls a gRPC client makes, so every validation, ID
 //! assignment and persistence rule applies (and a storage cluster is
 //! connected to before it is stored, as over gRPC).
@@ -21,8 +21,9 @@ use tonic::{Code, Request};
 use crate::config::{SeedSubsystem, StorageConfig};
 
 /// Registers the declared storage clusters the state does not have yet,
-/// then creates the declared subsystems it does not have yet, each with
-/// its namespaces and listeners, in declaration order.
+/// then creates the declared volumes and subsystems it does not have yet,
+/// each subsystem with its namespaces and listeners, in declaration
+/// order.
 ///
 /// # Errors
 /// The first refusal, naming the configuration entry and the API's message.
@@ -52,6 +53,25 @@ pub async fn seed_storage(api: &Api, config: &StorageConfig) -> Result<()> {
             mon_host = %c.mon_host,
             "storage cluster registered from the configuration"
         );
+    }
+    for (i, v) in config.volumes.iter().enumerate() {
+        let at = format!("storage.volumes[{i}]");
+        let stored = api.get_volume(Request::new(pb::GetVolumeRequest {
+            name: format!("volumes/{}", v.id),
+        }));
+        if already_stored(&at, "volume", &v.id, stored.await)? {
+            continue;
+        }
+        let volume = v
+            .to_proto()
+            .map_err(|e| anyhow!("{at} ({:?}): {e:#}", v.id))?;
+        api.create_volume(Request::new(pb::CreateVolumeRequest {
+            volume_id: v.id.clone(),
+            volume: Some(volume),
+        }))
+        .await
+        .map_err(|e| anyhow!("{at} ({:?}): {}", v.id, e.message()))?;
+        tracing::info!(volume = %v.id, "volume created from the configuration");
     }
     for (i, s) in config.subsystems.iter().enumerate() {
         let at = format!("storage.subsystems[{i}]");
