@@ -27,6 +27,7 @@ mod nvme_remote;
 mod nvme_restart;
 mod nvme_tls;
 mod opi;
+mod opi_kernel;
 mod opi_volume;
 mod remote_kernel;
 mod spdk_interop;

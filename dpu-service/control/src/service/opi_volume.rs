@@ -252,9 +252,20 @@ impl From<OpiVolume> for opi::NullVolume {
 /// device, any other a file.
 const DEVICES: &str = "/dev/";
 
-/// Our volume ID in an OPI volume name of `kind`.
+/// Our volume ID in an OPI volume name of `kind`
+/// (`mallocVolumes/Malloc1`): a volume ID, which takes upper case.
 fn volume_id<'a>(kind: Kind, field: &str, name: &'a str) -> Result<&'a str> {
-    validate::name(field, name, kind.collection())
+    let id = name
+        .strip_prefix(kind.collection())
+        .and_then(|rest| rest.strip_prefix('/'))
+        .ok_or_else(|| {
+            ControlError::invalid(
+                field,
+                format!("expected \"{}/{{id}}\", got {name:?}", kind.collection()),
+            )
+        })?;
+    validate::volume_id(field, id)?;
+    Ok(id)
 }
 
 /// A block size as OPI gives it, checked: 512 or 4096.
@@ -536,7 +547,7 @@ impl Api {
         let id = if id.is_empty() {
             generated_id()
         } else {
-            validate::id(&format!("{}_id", kind.field()), id)?;
+            validate::volume_id(&format!("{}_id", kind.field()), id)?;
             id.to_string()
         };
         let volume = volume_spec(kind, v)?;

@@ -11,8 +11,8 @@ use dpu_proto::v1 as pb;
 
 use super::{
     parse_size, SeedAction, SeedCluster, SeedHostTls, SeedListener, SeedNamespace, SeedQos,
-    SeedRemote, SeedRule, SeedSubsystem, SeedTenant, SeedTlsRequirement, SeedTransport,
-    SeedVolume, TextOrNumber,
+    SeedRemote, SeedRule, SeedSubsystem, SeedTenant, SeedTlsRequirement, SeedTransport, SeedVolume,
+    TextOrNumber,
 };
 
 /// Longest keyring file read: one holding many users' keys is a few KiB.
@@ -133,7 +133,8 @@ impl SeedNamespace {
         if self.cluster.is_some() && self.rbd.is_none() {
             bail!("cluster goes with rbd = \"POOL/IMAGE\"");
         }
-        const ONE_OF: &str = "give exactly one of ram, file, block_device, rbd, remote, null, volume";
+        const ONE_OF: &str =
+            "give exactly one of ram, file, block_device, rbd, remote, null, volume";
         let others = [self.null.is_some(), self.volume.is_some()];
         let given = (&self.ram, &self.file, &self.block_device, &self.rbd);
         if others.iter().any(|o| *o) {
