@@ -55,6 +55,7 @@ pub fn run(data: &[u8]) {
             create_time: Timestamp::default(),
             rules: RuleSet::default(),
             storage_qos: Default::default(),
+            vlan_id: 0,
         },
     );
     let before = state.clone();

@@ -102,6 +102,7 @@ fn tenant(id: &str, vni: u32) -> Tenant {
             rules: std::sync::Arc::new(vec![rule("r0", 100)]),
         },
         storage_qos: Default::default(),
+        vlan_id: 0,
     }
 }
 

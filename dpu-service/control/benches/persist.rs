@@ -69,6 +69,7 @@ fn fill(h: &StateHandle) {
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
             storage_qos: Default::default(),
+            vlan_id: 0,
         };
         h.mutate_blocking(|s| s.create_tenant(LIMITS, &Default::default(), tenant))
             .expect("tenant");

@@ -641,6 +641,7 @@ mod tests {
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
             storage_qos: Default::default(),
+            vlan_id: 0,
         }
     }
 

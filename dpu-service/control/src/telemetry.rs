@@ -1016,6 +1016,7 @@ mod tests {
                     create_time: Timestamp::now(),
                     rules: RuleSet::default(),
                     storage_qos: Default::default(),
+                    vlan_id: 0,
                 },
             );
         }

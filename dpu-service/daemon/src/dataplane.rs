@@ -1012,6 +1012,7 @@ mod tests {
                         rules: Arc::new(vec![rule(3), rule(9)]),
                     },
                     storage_qos: Default::default(),
+                    vlan_id: 0,
                 },
             );
         }
@@ -1108,6 +1109,7 @@ mod tests {
                     rules: Arc::new(vec![rule(3)]),
                 },
                 storage_qos: Default::default(),
+                vlan_id: 0,
             },
         );
         let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
@@ -1178,6 +1180,7 @@ mod tests {
                     create_time: Timestamp::now(),
                     rules: RuleSet::default(),
                     storage_qos: Default::default(),
+                    vlan_id: 0,
                 },
             );
         }

@@ -1500,6 +1500,7 @@ mod tests {
                         create_time: Timestamp::now(),
                         rules: RuleSet::default(),
                         storage_qos: Default::default(),
+                        vlan_id: 0,
                     },
                 );
                 let sub = subsystem("blue1", &[("e", Some("blue"), 4420)]);

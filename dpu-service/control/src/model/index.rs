@@ -42,6 +42,8 @@ struct PortClaims {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Index {
     ports: Map<String, PortClaims>,
+    /// Tenants' network VLAN IDs ([`Tenant::vlan_id`]) to their tenant.
+    vlan_ids: Map<u16, String>,
     attachments: usize,
     rules: usize,
     nqns: Map<String, String>,
@@ -177,6 +179,11 @@ impl Index {
     /// Rules of all tenants.
     pub fn rules(&self) -> usize {
         self.rules
+    }
+
+    /// The tenant whose network's VLAN ID is `vlan` ([`Tenant::vlan_id`]).
+    pub fn vlan_id_holder(&self, vlan: u16) -> Option<&str> {
+        self.vlan_ids.get(&vlan).map(String::as_str)
     }
 
     /// The subsystem using `nqn`.
@@ -368,12 +375,28 @@ impl Index {
 
     /// Adds a tenant, with its attachments and rules.
     pub fn add_tenant(&mut self, t: &Tenant) {
+        if t.vlan_id != 0 {
+            self.vlan_ids.insert(t.vlan_id, t.id.clone());
+        }
         self.add_attachments(&t.id, &t.attachments);
         self.rules += t.rules.rules.len();
     }
 
+    /// Moves tenant `id`'s network VLAN ID from `old` to `new` (0: none).
+    pub fn vlan_ids_changed(&mut self, old: u16, new: u16, id: &str) {
+        if old != 0 && self.vlan_ids.get(&old).map(String::as_str) == Some(id) {
+            self.vlan_ids.remove(&old);
+        }
+        if new != 0 {
+            self.vlan_ids.insert(new, id.to_string());
+        }
+    }
+
     /// Removes a tenant, with its attachments and rules.
     pub fn remove_tenant(&mut self, t: &Tenant) {
+        if self.vlan_ids.get(&t.vlan_id) == Some(&t.id) {
+            self.vlan_ids.remove(&t.vlan_id);
+        }
         self.remove_attachments(&t.id, &t.attachments);
         self.rules = self.rules.saturating_sub(t.rules.rules.len());
     }

@@ -99,6 +99,8 @@ fn tenant(rng: &mut Rng, id: &str) -> Tenant {
             rules: Arc::new(rules),
         },
         storage_qos: Default::default(),
+        // Two VLAN IDs among four tenants: some creates collide.
+        vlan_id: rng.below(3) as u16,
     }
 }
 
@@ -230,6 +232,7 @@ fn random_change(s: &mut State, rng: &mut Rng, p: &PortRegistry, n: u32) -> (Par
         2 => {
             let u = TenantUpdate {
                 attachments: Some(attachments(rng)),
+                vlan_id: (rng.below(2) == 0).then(|| rng.below(3) as u16),
                 ..Default::default()
             };
             (tp, s.update_tenant(LIMITS, p, t, u).is_ok())

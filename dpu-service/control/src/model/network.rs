@@ -413,6 +413,16 @@ pub struct Tenant {
         with = "qos::limits"
     )]
     pub storage_qos: QosLimits,
+    /// The VLAN ID of the tenant's network on trunk ports (OPI's logical
+    /// bridge), 1..=4094, unique among tenants; 0 for none (and in a
+    /// state written before it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub vlan_id: u16,
+}
+
+/// Whether a VLAN ID is 0 (none), for `skip_serializing_if`.
+fn is_zero(v: &u16) -> bool {
+    *v == 0
 }
 
 /// What a data-plane port is connected to.

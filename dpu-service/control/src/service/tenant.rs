@@ -40,6 +40,7 @@ impl TenantService for Api {
                 create_time: Timestamp::now(),
                 rules: RuleSet::default(),
                 storage_qos: Default::default(),
+                vlan_id: validate::vlan("tenant.vlan_id", t.vlan_id)?,
             };
             let ctl = self.ctl.clone();
             let out = convert::tenant(&tenant);
@@ -101,7 +102,7 @@ impl TenantService for Api {
             self.may_change_tenant(who.as_deref(), METHOD, &id)?;
             let paths = mask_paths(
                 req.update_mask.as_ref(),
-                &["display_name", "default_policy", "attachments"],
+                &["display_name", "default_policy", "attachments", "vlan_id"],
             )?;
             let mut u = TenantUpdate::default();
             for p in &paths {
@@ -116,6 +117,7 @@ impl TenantService for Api {
                             t.default_policy,
                         )?);
                     }
+                    "vlan_id" => u.vlan_id = Some(validate::vlan("tenant.vlan_id", t.vlan_id)?),
                     _ => {
                         u.attachments =
                             Some(validate::attachments("tenant.attachments", &t.attachments)?)

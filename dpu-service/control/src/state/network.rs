@@ -20,6 +20,8 @@ pub struct TenantUpdate {
     pub default_policy: Option<Action>,
     /// New attachment list (replaces the old one).
     pub attachments: Option<Vec<Attachment>>,
+    /// New network VLAN ID (0: none).
+    pub vlan_id: Option<u16>,
 }
 
 fn check_version(tenant: &Tenant, expected: Option<u64>) -> Result<()> {
@@ -142,6 +144,7 @@ impl State {
         })?;
         let (atts, rules) = (tenant.attachments.len(), tenant.rules.rules.len());
         self.check_tenant_caps(limits, &tenant.id, atts, rules)?;
+        self.check_vlan_id(&tenant.id, tenant.vlan_id)?;
         self.check_attachments(ports, &tenant.id, &tenant.attachments)?;
         self.index.add_tenant(&tenant);
         self.tenants.insert(tenant.id.clone(), tenant);
@@ -161,6 +164,11 @@ impl State {
             self.check_tenant_caps(limits, id, atts.len(), t.rules.rules.len())?;
             self.check_attachments(ports, id, atts)?;
         }
+        if let Some(v) = u.vlan_id {
+            self.check_vlan_id(id, v)?;
+            let was = self.tenant(id)?.vlan_id;
+            self.index.vlan_ids_changed(was, v, id);
+        }
         if let Some(a) = &u.attachments {
             let old = std::mem::take(&mut self.tenant_mut(id)?.attachments);
             self.index.remove_attachments(id, &old);
@@ -176,7 +184,21 @@ impl State {
         if let Some(a) = u.attachments {
             t.attachments = a;
         }
+        if let Some(v) = u.vlan_id {
+            t.vlan_id = v;
+        }
         Ok(t)
+    }
+
+    /// Refuses VLAN ID `v` for tenant `id` when another tenant's network
+    /// has it (0, none, is never refused).
+    fn check_vlan_id(&self, id: &str, v: u16) -> Result<()> {
+        match self.index.vlan_id_holder(v) {
+            Some(other) if v != 0 && other != id => Err(ControlError::AlreadyExists(format!(
+                "tenant.vlan_id: VLAN {v} is the network of tenants/{other}"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Deletes a tenant; without `force` it must hold no rules or
@@ -375,8 +397,10 @@ impl State {
             (None, None) => {}
             (None, Some(_)) => self.delete_tenant(id, true)?,
             (Some(was), made) => {
-                // Attachments it gave up may have been taken since.
+                // Attachments it gave up may have been taken since, and
+                // its VLAN ID.
                 self.check_claims(id, &was.attachments)?;
+                self.check_vlan_id(id, was.vlan_id)?;
                 let mut t = was.clone();
                 // Undoing a rule change is a rule change: versions
                 // only grow, so no client takes the undone rules
@@ -434,6 +458,7 @@ mod tests {
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
             storage_qos: Default::default(),
+            vlan_id: 0,
         }
     }
 
@@ -561,6 +586,55 @@ mod tests {
         );
         s.delete_tenant("a", true).unwrap();
         assert!(s.tenants.is_empty());
+    }
+
+    /// A tenant's network VLAN ID is its own: another tenant cannot take
+    /// it, on create, on update or when a change is undone; deleting or
+    /// changing it frees it.
+    #[test]
+    fn network_vlan_ids_are_unique() {
+        let p = ports();
+        let mut s = State::default();
+        let with = |id: &str, v| Tenant {
+            vlan_id: v,
+            ..tenant(id, vec![])
+        };
+        s.create_tenant(L, &p, with("red", 10)).unwrap();
+        let e = s.create_tenant(L, &p, with("blue", 10)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("VLAN 10 is the network of tenants/red"),
+            "{e}"
+        );
+        s.create_tenant(L, &p, with("blue", 0)).unwrap();
+        s.create_tenant(L, &p, with("green", 0)).unwrap();
+        let to = |v| TenantUpdate {
+            vlan_id: Some(v),
+            ..Default::default()
+        };
+        assert!(s.update_tenant(L, &p, "blue", to(10)).is_err());
+        // A tenant keeps its own on an update; red moves, freeing 10.
+        s.update_tenant(L, &p, "red", to(10)).unwrap();
+        s.update_tenant(L, &p, "red", to(11)).unwrap();
+        s.update_tenant(L, &p, "blue", to(10)).unwrap();
+        assert_eq!(s.index.vlan_id_holder(10), Some("blue"));
+        // Red moves to 12 and green takes the 11 it left: undoing red's
+        // move fails until green lets 11 go.
+        let (before, after) = committed(&mut s, |s| {
+            s.update_tenant(L, &p, "red", to(12)).unwrap();
+        });
+        s.update_tenant(L, &p, "green", to(11)).unwrap();
+        let red = Part::Tenant("red".into());
+        assert!(s.revert(L, &red, &before, &after).is_err());
+        assert_eq!(s.tenants["red"].vlan_id, 12, "nothing changed");
+        s.update_tenant(L, &p, "green", to(0)).unwrap();
+        assert_eq!(
+            s.revert(L, &red, &before, &after),
+            Ok(crate::state::Reverted::Done)
+        );
+        assert_eq!(s.tenants["red"].vlan_id, 11);
+        assert_eq!(s.index.vlan_id_holder(12), None);
+        assert!(s.index_drift().is_none());
     }
 
     #[test]

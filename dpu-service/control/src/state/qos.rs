@@ -240,6 +240,7 @@ mod tests {
             create_time: Timestamp::now(),
             rules: RuleSet::default(),
             storage_qos: QosLimits::default(),
+            vlan_id: 0,
         };
         s.tenants.insert("red".into(), red.clone());
         let t = s.set_tenant_storage_qos("red", iops(10)).unwrap();

@@ -52,6 +52,10 @@ pub(crate) enum Op {
         default_policy: Action,
         /// Creation time (changes only when a tenant is deleted and made again).
         create_time: Timestamp,
+        /// New network VLAN ID (absent from journals written before it:
+        /// none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        vlan_id: u16,
     },
     /// The limits on a tenant's storage (none: all zero).
     TenantStorageQos {
@@ -173,6 +177,7 @@ fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
         || was.attachments != now.attachments
         || was.default_policy != now.default_policy
         || was.create_time != now.create_time
+        || was.vlan_id != now.vlan_id
     {
         ops.push(Op::TenantFields {
             id: now.id.clone(),
@@ -180,6 +185,7 @@ fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
             attachments: now.attachments.clone(),
             default_policy: now.default_policy,
             create_time: now.create_time,
+            vlan_id: now.vlan_id,
         });
     }
     if was.storage_qos != now.storage_qos {
@@ -244,12 +250,14 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
                 attachments,
                 default_policy,
                 create_time,
+                vlan_id,
             } => {
                 let t = tenant(state, &id)?;
                 t.display_name = display_name;
                 t.attachments = attachments;
                 t.default_policy = default_policy;
                 t.create_time = create_time;
+                t.vlan_id = vlan_id;
             }
             Op::TenantStorageQos { id, qos } => tenant(state, &id)?.storage_qos = qos,
             Op::Rules {
@@ -314,6 +322,11 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a VLAN ID is 0 (none), for `skip_serializing_if`.
+fn is_zero(v: &u16) -> bool {
+    *v == 0
+}
+
 fn tenant<'a>(state: &'a mut State, id: &str) -> Result<&'a mut Tenant, String> {
     state
         .tenants
@@ -358,6 +371,7 @@ mod tests {
                     rules: Arc::new(rules),
                 },
                 storage_qos: Default::default(),
+                vlan_id: 0,
             },
         );
         s
@@ -438,6 +452,30 @@ mod tests {
         let mut cleared = after.clone();
         apply(&mut cleared, diff(&after, &before)).unwrap();
         assert_eq!(cleared, before);
+    }
+
+    /// A tenant's network VLAN ID is one of its fields, and replays; a
+    /// journal written before it reads as none.
+    #[test]
+    fn a_tenants_vlan_id_is_recorded() {
+        let before = state(vec![rule(1)]);
+        let mut after = before.clone();
+        after.tenants.get_mut("a").unwrap().vlan_id = 10;
+        let ops = diff(&before, &after);
+        assert!(
+            matches!(&ops[..], [Op::TenantFields { vlan_id: 10, .. }]),
+            "{ops:?}"
+        );
+        let mut replayed = before.clone();
+        apply(
+            &mut replayed,
+            serde_json::from_str(&serde_json::to_string(&ops).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(replayed, after);
+        let old = r#"[{"tenant_fields":{"id":"a","display_name":"","attachments":[],"default_policy":"deny","create_time":{"secs":0,"nanos":0}}}]"#;
+        let read: Vec<Op> = serde_json::from_str(old).unwrap();
+        assert!(matches!(&read[..], [Op::TenantFields { vlan_id: 0, .. }]));
     }
 
     /// Volumes are recorded whole, and replay.
