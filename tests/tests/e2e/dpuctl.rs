@@ -695,3 +695,31 @@ fn bad_volumes_get_clear_errors() -> Result<()> {
     );
     Ok(())
 }
+
+/// A tenant's network VLAN ID: set on create and by update, shown in the
+/// table and JSON, one tenant's only (ALREADY_EXISTS, exit 4), freed by
+/// setting it to 0.
+#[test]
+fn tenant_vlan_ids() -> Result<()> {
+    let svc = Service::start()?;
+    let t = svc.dpuctl_json(&["tenant", "create", "red", "--vlan-id", "10"])?;
+    assert_eq!(t["vlanId"], 10, "{t}");
+    let (c, err) = code(&svc, &["tenant", "create", "blue", "--vlan-id", "10"]);
+    assert_eq!(c, 4, "{err}");
+    assert!(
+        err.contains("VLAN 10 is the network of tenants/red"),
+        "{err}"
+    );
+    let rows = table(&svc, &["tenant", "list"])?;
+    assert_eq!(rows[0][..3], ["TENANT", "POLICY", "VLAN"]);
+    assert_eq!(rows[1][..3], ["red", "deny", "10"]);
+    let (c, err) = code(&svc, &["tenant", "update", "red", "--vlan-id", "4095"]);
+    assert_eq!(c, 5, "{err}");
+    assert!(err.contains("tenant.vlan_id"), "{err}");
+    svc.dpuctl_ok(&["tenant", "update", "red", "--vlan-id", "0"])?;
+    let t = svc.dpuctl_json(&["tenant", "create", "blue", "--vlan-id", "10"])?;
+    assert_eq!(t["vlanId"], 10, "{t}");
+    let t = svc.dpuctl_json(&["tenant", "get", "red"])?;
+    assert!(t.get("vlanId").is_none_or(|v| v == 0), "{t}");
+    Ok(())
+}

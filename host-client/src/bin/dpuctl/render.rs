@@ -100,6 +100,7 @@ pub fn tenants(list: &[pb::Tenant]) -> String {
     let mut t = Table::new(&[
         "TENANT",
         "POLICY",
+        "VLAN",
         "RULES",
         "VERSION",
         "ATTACHMENTS",
@@ -114,6 +115,10 @@ pub fn tenants(list: &[pb::Tenant]) -> String {
         t.row(vec![
             id(&x.name).into(),
             policy,
+            match x.vlan_id {
+                0 => "-".into(),
+                v => v.to_string(),
+            },
             x.rule_count.to_string(),
             x.rule_set_version.to_string(),
             if atts.is_empty() {
@@ -1019,6 +1024,7 @@ mod tests {
             &[
                 "TENANT",
                 "POLICY",
+                "VLAN",
                 "RULES",
                 "VERSION",
                 "ATTACHMENTS",
@@ -1033,6 +1039,7 @@ mod tests {
             &[
                 "blue",
                 "deny",
+                "-",
                 "0",
                 "0",
                 "-",
@@ -1043,7 +1050,7 @@ mod tests {
         );
         col(
             lines[2],
-            &["red", "deny", "0", "0", "-", "-", "Blue", "team"],
+            &["red", "deny", "-", "0", "0", "-", "-", "Blue", "team"],
         );
         assert!(subsystems(&[pb::Subsystem::default()])
             .lines()

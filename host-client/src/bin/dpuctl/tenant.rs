@@ -40,6 +40,10 @@ pub struct TenantFields {
     /// other address is dropped (repeatable).
     #[arg(long = "vxlan", value_name = "UPLINK:VNI[:VTEPS]", value_parser = vxlan_attachment)]
     pub vxlans: Vec<pb::Attachment>,
+    /// The VLAN ID of the tenant's network on trunk ports, 1..4094,
+    /// unique among tenants (OPI's logical bridge); 0 for none.
+    #[arg(long, value_name = "VLAN")]
+    pub vlan_id: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,7 +67,7 @@ pub enum TenantCmd {
         ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments"])
+            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments", "vlan_id"])
     ))]
     Update {
         /// Tenant ID.
@@ -144,6 +148,7 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 display_name: fields.display_name.clone().unwrap_or_default(),
                 attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
+                vlan_id: fields.vlan_id.unwrap_or(0),
                 ..Default::default()
             };
             one(c
@@ -189,9 +194,12 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
             if *clear_attachments || !fields.ports.is_empty() || !fields.vxlans.is_empty() {
                 paths.push("attachments");
             }
+            if fields.vlan_id.is_some() {
+                paths.push("vlan_id");
+            }
             if paths.is_empty() {
                 return Err(Failure::Input(
-                    "nothing to update: give --display-name, --default-policy, --port, --vxlan or --clear-attachments".into(),
+                    "nothing to update: give --display-name, --default-policy, --port, --vxlan, --vlan-id or --clear-attachments".into(),
                 ));
             }
             let t = pb::Tenant {
@@ -199,6 +207,7 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 display_name: fields.display_name.clone().unwrap_or_default(),
                 attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
+                vlan_id: fields.vlan_id.unwrap_or(0),
                 ..Default::default()
             };
             one(c
