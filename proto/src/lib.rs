@@ -17,7 +17,9 @@
 //! `opi_api.network.evpn_gw.v1alpha1` (logical bridges, bridge ports, VRFs
 //! and SVIs), with the common network types it uses
 //! ([`opi::network::opinetcommon::v1alpha1`]), written and checked the
-//! same way (`opi_api/network/`). Not served yet.
+//! same way (`opi_api/network/`). The daemon serves its logical bridges
+//! and bridge ports as views of its tenants, and answers its VRF and SVI
+//! calls `UNIMPLEMENTED`.
 //!
 //! Compatibility: `dpu.v1` only grows. Fields and RPCs are added, never
 //! renumbered, retyped or removed; a breaking change means a new package.

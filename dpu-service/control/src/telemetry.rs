@@ -1027,6 +1027,7 @@ mod tests {
                 driver: "x".into(),
                 device: String::new(),
                 role: PortRole::Uplink,
+                vtep_address: None,
             },
         )]
         .into_iter()

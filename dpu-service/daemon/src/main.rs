@@ -40,10 +40,15 @@ use dpu_control::service::authz::AuthzLayer;
 use dpu_control::service::{request_bytes, Api, Bounded, Control, ServiceFacts};
 use dpu_control::store::StateHandle;
 use dpu_control::telemetry::Telemetry;
+use dpu_proto::opi::network::evpn_gw::v1alpha1::bridge_port_service_server::BridgePortServiceServer;
+use dpu_proto::opi::network::evpn_gw::v1alpha1::logical_bridge_service_server::LogicalBridgeServiceServer;
+use dpu_proto::opi::network::evpn_gw::v1alpha1::svi_service_server::SviServiceServer;
+use dpu_proto::opi::network::evpn_gw::v1alpha1::vrf_service_server::VrfServiceServer;
 use dpu_proto::opi::storage::v1::aio_volume_service_server::AioVolumeServiceServer;
 use dpu_proto::opi::storage::v1::frontend_nvme_service_server::FrontendNvmeServiceServer;
 use dpu_proto::opi::storage::v1::malloc_volume_service_server::MallocVolumeServiceServer;
 use dpu_proto::opi::storage::v1::null_volume_service_server::NullVolumeServiceServer;
+use dpu_proto::opi::storage::v1::nvme_remote_controller_service_server::NvmeRemoteControllerServiceServer;
 use dpu_proto::v1::filter_service_server::FilterServiceServer;
 use dpu_proto::v1::info_service_server::InfoServiceServer;
 use dpu_proto::v1::port_service_server::PortServiceServer;
@@ -417,17 +422,28 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
     health.set_serving::<TelemetryServiceServer<Api>>().await;
     health.set_serving::<FrontendNvmeServiceServer<Api>>().await;
     health.set_serving::<MallocVolumeServiceServer<Api>>().await;
+    health
+        .set_serving::<NvmeRemoteControllerServiceServer<Api>>()
+        .await;
     health.set_serving::<AioVolumeServiceServer<Api>>().await;
     health.set_serving::<NullVolumeServiceServer<Api>>().await;
+    health
+        .set_serving::<LogicalBridgeServiceServer<Api>>()
+        .await;
+    health.set_serving::<BridgePortServiceServer<Api>>().await;
+    health.set_serving::<VrfServiceServer<Api>>().await;
+    health.set_serving::<SviServiceServer<Api>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(dpu_proto::OPI_NETWORK_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(dpu_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(dpu_proto::OPI_NETWORK_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .context("building the reflection service")?;
@@ -517,15 +533,43 @@ async fn run(config: Config, all: Option<Vec<usize>>) -> Result<()> {
                 <MallocVolumeServiceServer<Api> as NamedService>::NAME,
             )),
         )
+        // OPI's remote NVMe controllers: remote subsystems namespaces are
+        // made from.
+        .add_service(
+            NvmeRemoteControllerServiceServer::new(api.clone()).max_decoding_message_size(size(
+                <NvmeRemoteControllerServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
         .add_service(
             AioVolumeServiceServer::new(api.clone()).max_decoding_message_size(size(
                 <AioVolumeServiceServer<Api> as NamedService>::NAME,
             )),
         )
         .add_service(
-            NullVolumeServiceServer::new(api).max_decoding_message_size(size(
+            NullVolumeServiceServer::new(api.clone()).max_decoding_message_size(size(
                 <NullVolumeServiceServer<Api> as NamedService>::NAME,
             )),
+        )
+        // OPI's EVPN gateway: logical bridges and bridge ports are views
+        // of tenants and their port attachments; VRFs and SVIs are
+        // answered UNIMPLEMENTED.
+        .add_service(
+            LogicalBridgeServiceServer::new(api.clone()).max_decoding_message_size(size(
+                <LogicalBridgeServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        .add_service(
+            BridgePortServiceServer::new(api.clone()).max_decoding_message_size(size(
+                <BridgePortServiceServer<Api> as NamedService>::NAME,
+            )),
+        )
+        .add_service(
+            VrfServiceServer::new(api.clone())
+                .max_decoding_message_size(size(<VrfServiceServer<Api> as NamedService>::NAME)),
+        )
+        .add_service(
+            SviServiceServer::new(api)
+                .max_decoding_message_size(size(<SviServiceServer<Api> as NamedService>::NAME)),
         );
     let bound: SocketAddr = grpc_listener.local_addr().unwrap_or(grpc_addr);
     let incoming = listen::incoming::Incoming::new(grpc_listener, gate);

@@ -9,8 +9,11 @@
 
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use dpu_control::model::{Cluster, RemoteNamespace};
-use dpu_control::service::StoreProbe;
+use dpu_control::service::{RemoteNamespaceInfo, StoreProbe};
 
 /// Why a build without the `rbd` feature refuses clusters and RBD
 /// namespaces.
@@ -75,6 +78,16 @@ impl StoreProbe for Librados {
     fn probe_remote(&self, r: &RemoteNamespace, block_size: u32) -> Result<(), String> {
         crate::remote::probe(r, block_size)
     }
+
+    fn probe_remote_namespaces(
+        &self,
+        paths: &[SocketAddr],
+        subnqn: &str,
+        host_nqn: &str,
+        bound: Duration,
+    ) -> Result<Vec<RemoteNamespaceInfo>, String> {
+        crate::remote::list_namespaces(paths, subnqn, host_nqn, bound)
+    }
 }
 
 /// Refuses every cluster: this build has no RBD support. Opens remote
@@ -100,6 +113,19 @@ impl StoreProbe for NoRbd {
             return Ok(());
         }
         crate::remote::probe(r, block_size)
+    }
+
+    fn probe_remote_namespaces(
+        &self,
+        paths: &[SocketAddr],
+        subnqn: &str,
+        host_nqn: &str,
+        bound: Duration,
+    ) -> Result<Vec<RemoteNamespaceInfo>, String> {
+        if self.offline {
+            return Err("a configuration check connects to no remote".into());
+        }
+        crate::remote::list_namespaces(paths, subnqn, host_nqn, bound)
     }
 }
 

@@ -2,14 +2,20 @@
 //! is concerned: the host NQN the service connects to remote targets with
 //! when a namespace names none ([`default_host_nqn`]), and the probe that
 //! opens a remote namespace before the control plane stores it
-//! ([`probe`], behind [`dpu_control::service::StoreProbe::probe_remote`]).
+//! ([`probe`], behind [`dpu_control::service::StoreProbe::probe_remote`]),
+//! and the listing of a remote subsystem's namespaces ([`list_namespaces`],
+//! behind [`dpu_control::service::StoreProbe::probe_remote_namespaces`]).
 
 use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use dpu_control::model::RemoteNamespace;
+use dpu_control::service::{RemoteNamespaceInfo, MAX_LISTED_REMOTE_NAMESPACES};
 use dpu_nvmeof::backend::{Backend, RemoteBackend};
+use dpu_nvmeof::host::{self, Controller, ControllerOptions, HostIdentity, QueueOptions, Transfer};
 
 /// Where the machine's ID is read from.
 pub const MACHINE_ID: &str = "/etc/machine-id";
@@ -162,6 +168,148 @@ pub fn probe(r: &RemoteNamespace, block_size: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest wait for one path's connection, and for each command on it,
+/// while listing a remote subsystem's namespaces (less when the bound
+/// leaves less).
+const LIST_STEP: Duration = Duration::from_secs(3);
+/// Bytes of Identify data.
+const IDENTIFY_LEN: usize = 4096;
+/// Identify CNS values: namespace, active namespace list, namespace
+/// identification descriptors.
+const CNS_NAMESPACE: u8 = 0x00;
+const CNS_ACTIVE_LIST: u8 = 0x02;
+const CNS_DESCRIPTORS: u8 = 0x03;
+/// Identify Namespace offsets of the NGUID and the EUI-64.
+const NGUID_AT: usize = 104;
+const EUI64_AT: usize = 120;
+/// Namespace identifier type of a UUID descriptor.
+const NIDT_UUID: u8 = 3;
+
+/// Connects to the remote subsystem `subnqn` as `host_nqn` through the
+/// first of `paths` that answers and answers its active namespaces in
+/// NSID order (at most [`MAX_LISTED_REMOTE_NAMESPACES`]), each with its
+/// NGUID and EUI-64 (Identify Namespace), its UUID (the identification
+/// descriptors, when the remote answers them) and its size. Each step
+/// waits at most [`LIST_STEP`], and the whole at most `bound`. The
+/// connection is dropped afterwards (no shutdown is awaited).
+///
+/// # Errors
+/// No path answered (naming each and what it answered), or `bound`
+/// passed.
+pub fn list_namespaces(
+    paths: &[SocketAddr],
+    subnqn: &str,
+    host_nqn: &str,
+    bound: Duration,
+) -> Result<Vec<RemoteNamespaceInfo>, String> {
+    let deadline = Instant::now() + bound;
+    let host = HostIdentity::new(host_nqn, dpu_nvmeof::target::host_id_of(host_nqn));
+    let mut why = Vec::with_capacity(paths.len());
+    for addr in paths {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            why.push(format!("{addr}: not tried, out of time"));
+            continue;
+        }
+        match list_on(*addr, &host, subnqn, left.min(LIST_STEP), deadline) {
+            Ok(v) => return Ok(v),
+            Err(e) => why.push(format!("{addr}: {e}")),
+        }
+    }
+    if paths.is_empty() {
+        return Err("no path to connect through".into());
+    }
+    Err(format!("no path answered ({})", why.join("; ")))
+}
+
+/// [`list_namespaces`] on one path, each step within `step`.
+fn list_on(
+    addr: SocketAddr,
+    host: &HostIdentity,
+    subnqn: &str,
+    step: Duration,
+    deadline: Instant,
+) -> Result<Vec<RemoteNamespaceInfo>, String> {
+    let text = |e: host::Error| e.to_string();
+    let stream = TcpStream::connect_timeout(&addr, step).map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let opts = ControllerOptions {
+        kato: Duration::ZERO,
+        queue: QueueOptions {
+            entries: 4,
+            timeout: Some(step),
+            ..QueueOptions::default()
+        },
+    };
+    let mut c = Controller::connect(stream, host, subnqn, &opts).map_err(text)?;
+    let identify = |c: &mut Controller<TcpStream>, cns: u8, nsid: u32| {
+        if Instant::now() >= deadline {
+            return Err("out of time".to_string());
+        }
+        c.admin()
+            .call(
+                host::identify(cns, nsid),
+                Transfer::Read(vec![0; IDENTIFY_LEN]),
+            )
+            .map(|done| done.data)
+            .map_err(text)
+    };
+    let list = identify(&mut c, CNS_ACTIVE_LIST, 0)?;
+    let nsids: Vec<u32> = list
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .take_while(|&n| n != 0)
+        .take(MAX_LISTED_REMOTE_NAMESPACES)
+        .collect();
+    let mut out = Vec::with_capacity(nsids.len());
+    for nsid in nsids {
+        let id = identify(&mut c, CNS_NAMESPACE, nsid)?;
+        let size = match host::NamespaceSize::parse(&id, nsid) {
+            Ok(s) => s,
+            // Gone since the list was read.
+            Err(host::Error::InactiveNamespace { .. }) => continue,
+            Err(e) => return Err(format!("namespace {nsid}: {e}")),
+        };
+        let mut info = RemoteNamespaceInfo {
+            nsid,
+            block_size: size.block_size,
+            blocks: size.blocks,
+            ..Default::default()
+        };
+        if let Some(b) = id.get(NGUID_AT..NGUID_AT + 16) {
+            info.nguid.copy_from_slice(b);
+        }
+        if let Some(b) = id.get(EUI64_AT..EUI64_AT + 8) {
+            info.eui64.copy_from_slice(b);
+        }
+        // A remote without the descriptors gives no UUID.
+        if let Ok(d) = identify(&mut c, CNS_DESCRIPTORS, nsid) {
+            info.uuid = descriptor_uuid(&d).unwrap_or_default();
+        }
+        out.push(info);
+    }
+    Ok(out)
+}
+
+/// The UUID in a Namespace Identification Descriptor list, if any.
+fn descriptor_uuid(d: &[u8]) -> Option<[u8; 16]> {
+    let mut at = 0;
+    while let Some(&[nidt, nidl, _, _]) = d.get(at..at + 4) {
+        if nidt == 0 {
+            return None;
+        }
+        let len = usize::from(nidl);
+        let id = d.get(at + 4..at + 4 + len)?;
+        if nidt == NIDT_UUID && len == 16 {
+            let mut u = [0u8; 16];
+            u.copy_from_slice(id);
+            return Some(u);
+        }
+        at += 4 + len;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +404,44 @@ mod tests {
             !e.starts_with("remote namespace"),
             "named once, by the caller: {e}"
         );
+    }
+
+    /// The UUID descriptor is found after the others; a list without one,
+    /// or cut short, has none.
+    #[test]
+    fn the_uuid_descriptor_is_read() {
+        let d = dpu_nvmeof::identify::namespace_descriptors(Some([1; 8]), [2; 16], [3; 16]);
+        assert_eq!(descriptor_uuid(&d), Some([3; 16]));
+        let d = dpu_nvmeof::identify::namespace_descriptors(None, [2; 16], [0; 16]);
+        assert_eq!(descriptor_uuid(&d), None);
+        let mut cut = dpu_nvmeof::identify::namespace_descriptors(None, [2; 16], [3; 16]);
+        cut.truncate(30);
+        assert_eq!(descriptor_uuid(&cut), None);
+    }
+
+    /// A subsystem that answers on none of its paths is refused within
+    /// the bound, naming each path.
+    #[test]
+    fn listing_a_remote_that_does_not_answer_names_each_path() {
+        let closed = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .unwrap()
+        };
+        let (a, b) = (closed(), closed());
+        let t = Instant::now();
+        let e = list_namespaces(
+            &[a, b],
+            "nqn.2024-01.io.example:far",
+            "nqn.2024-01.io.example:me",
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        for p in [a, b] {
+            assert!(e.contains(&p.to_string()), "{p}: {e}");
+        }
+        let e = list_namespaces(&[a], "n", "h", Duration::ZERO).unwrap_err();
+        assert!(e.contains("out of time"), "{e}");
     }
 }

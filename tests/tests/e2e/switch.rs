@@ -539,7 +539,7 @@ fn allow_tenant(svc: &Service, name: &str, ports: &[&str]) -> Result<serde_json:
 }
 
 /// The MAC address of the host's interface in its namespace.
-fn host_mac(h: &Host) -> Result<String> {
+pub(crate) fn host_mac(h: &Host) -> Result<String> {
     let out = Command::new("ip")
         .args([
             "-n",

@@ -285,6 +285,16 @@ impl Index {
             .map(|(_, _, sid, nsid)| (sid.as_str(), *nsid))
     }
 
+    /// The subsystem and NSID of a namespace backed by any namespace of
+    /// the remote subsystem `subnqn` (the one of the lowest remote NSID).
+    pub fn remote_subsystem_user(&self, subnqn: &str) -> Option<(&str, u32)> {
+        self.remotes
+            .range((subnqn.to_string(), 0, String::new(), 0)..)
+            .next()
+            .filter(|(n, _, _, _)| n == subnqn)
+            .map(|(_, _, sid, nsid)| (sid.as_str(), *nsid))
+    }
+
     /// The subsystem and NSID of a namespace backed by an image of
     /// `cluster` (the one of the first pool and image by name).
     pub fn cluster_user(&self, cluster: &str) -> Option<(&str, u32)> {

@@ -32,6 +32,7 @@ fn ports() -> PortRegistry {
                     driver: "none".into(),
                     device: String::new(),
                     role: PortRole::Software,
+                    vtep_address: None,
                 },
             )
         })

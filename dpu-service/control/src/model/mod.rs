@@ -13,7 +13,8 @@
 //! the remote NVMe/TCP namespaces that back namespaces in `remote`, the
 //! QoS limits of namespaces, hosts and tenants' storage in `qos`, the
 //! secure channel's settings and keys in `tls`, the volumes namespaces
-//! are made on in `volume`; all are re-exported
+//! are made on in `volume`, the remote NVMe/TCP subsystems namespaces
+//! are made from by name in `remote_controller`; all are re-exported
 //! here, so every type is `model::...`.
 
 mod claims;
@@ -22,6 +23,7 @@ mod index;
 mod network;
 mod qos;
 mod remote;
+mod remote_controller;
 mod storage;
 mod tls;
 mod volume;
@@ -33,6 +35,10 @@ pub use index::Index;
 pub(crate) use qos::limits as stored_qos;
 pub use qos::QosLimits;
 pub use remote::RemoteNamespace;
+pub use remote_controller::{
+    remote_controller_name, RemoteController, RemotePath, MAX_CONTROLLER_PATHS,
+    MAX_REMOTE_CONTROLLERS,
+};
 
 pub use network::{
     Action, Attachment, IpPrefix, MacAddr, PortRange, PortRole, PortSpec, PrefixError, RateLimit,
@@ -99,6 +105,9 @@ pub struct State {
     /// Volumes by ID (absent from states written before them).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub volumes: Map<String, Volume>,
+    /// Remote controllers by ID (absent from states written before them).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub remote_controllers: Map<String, RemoteController>,
     /// Counter for service-assigned IDs; never reused.
     pub id_seq: u64,
     /// Derived from the above; never stored.
@@ -112,6 +121,7 @@ impl PartialEq for State {
             && self.subsystems == other.subsystems
             && self.clusters == other.clusters
             && self.volumes == other.volumes
+            && self.remote_controllers == other.remote_controllers
             && self.id_seq == other.id_seq
     }
 }
@@ -127,6 +137,8 @@ struct Stored {
     clusters: Map<String, Cluster>,
     #[serde(default)]
     volumes: Map<String, Volume>,
+    #[serde(default)]
+    remote_controllers: Map<String, RemoteController>,
     id_seq: u64,
 }
 
@@ -137,6 +149,7 @@ impl From<Stored> for State {
             subsystems: s.subsystems,
             clusters: s.clusters,
             volumes: s.volumes,
+            remote_controllers: s.remote_controllers,
             id_seq: s.id_seq,
             index: Default::default(),
         };

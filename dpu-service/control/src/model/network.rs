@@ -455,6 +455,10 @@ pub struct PortSpec {
     pub device: String,
     /// What the port is connected to.
     pub role: PortRole,
+    /// The IPv4 address of the VXLAN tunnel endpoint the port serves
+    /// (`vtep_address` of the port's configuration), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vtep_address: Option<std::net::Ipv4Addr>,
 }
 
 #[cfg(test)]

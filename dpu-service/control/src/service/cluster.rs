@@ -13,6 +13,7 @@
 //! thread, and the call waits for it at most a bound derived from the
 //! cluster's own timeouts.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use dpu_proto::v1 as pb;
@@ -53,6 +54,45 @@ pub trait StoreProbe: Send + Sync + std::fmt::Debug {
     /// secret.
     fn probe_remote(&self, r: &RemoteNamespace, block_size: u32)
         -> std::result::Result<(), String>;
+
+    /// Connects to the remote subsystem `subnqn` as `host_nqn` through
+    /// the first of `paths` that answers and answers its active
+    /// namespaces (Identify's active namespace list, then each one's
+    /// Identify Namespace and identification descriptors), in NSID order,
+    /// at most [`MAX_LISTED_REMOTE_NAMESPACES`]. Gives up once `bound`
+    /// has passed.
+    ///
+    /// # Errors
+    /// What failed and why, naming the addresses tried.
+    fn probe_remote_namespaces(
+        &self,
+        paths: &[SocketAddr],
+        subnqn: &str,
+        host_nqn: &str,
+        bound: Duration,
+    ) -> std::result::Result<Vec<RemoteNamespaceInfo>, String>;
+}
+
+/// Most namespaces of a remote subsystem
+/// [`StoreProbe::probe_remote_namespaces`] answers: one Identify active
+/// namespace list.
+pub const MAX_LISTED_REMOTE_NAMESPACES: usize = 1024;
+
+/// A namespace of a remote subsystem, as its controller identifies it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteNamespaceInfo {
+    /// Its NSID there.
+    pub nsid: u32,
+    /// Its NGUID (all zero: none).
+    pub nguid: [u8; 16],
+    /// Its EUI-64 (all zero: none).
+    pub eui64: [u8; 8],
+    /// Its UUID (all zero: none).
+    pub uuid: [u8; 16],
+    /// Bytes of one of its logical blocks.
+    pub block_size: u32,
+    /// Its size in logical blocks.
+    pub blocks: u64,
 }
 
 /// What the NVMe-oF target knows of the namespaces it serves and the
@@ -389,6 +429,16 @@ mod tests {
 
         fn probe_remote(&self, r: &RemoteNamespace, _: u32) -> std::result::Result<(), String> {
             Err(format!("{}: not a remote target", r.addresses()))
+        }
+
+        fn probe_remote_namespaces(
+            &self,
+            paths: &[SocketAddr],
+            _: &str,
+            _: &str,
+            _: Duration,
+        ) -> std::result::Result<Vec<RemoteNamespaceInfo>, String> {
+            Err(format!("{paths:?}: not a remote target"))
         }
     }
 

@@ -11,7 +11,9 @@ mod cluster;
 mod filter;
 mod info;
 pub mod opi;
+pub mod opi_bridge;
 pub mod opi_namespace;
+pub mod opi_remote;
 pub mod opi_volume;
 mod port;
 mod remote;
@@ -23,7 +25,9 @@ mod volume;
 pub use bounds::{
     count, request_bytes, Bounded, Malformed, ATTACHMENT_BYTES, RULE_BYTES, SMALL_REQUEST,
 };
-pub use cluster::{ServedNamespaces, StoreProbe};
+pub use cluster::{
+    RemoteNamespaceInfo, ServedNamespaces, StoreProbe, MAX_LISTED_REMOTE_NAMESPACES,
+};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -155,8 +159,8 @@ impl Api {
         let Some(consumer) = consumer else {
             return Ok(out);
         };
-        let resource = part.as_ref().map(Part::resource);
-        let resources: Vec<&str> = resource.iter().map(String::as_str).collect();
+        let names = part.as_ref().map(Part::resources).unwrap_or_default();
+        let resources: Vec<&str> = names.iter().map(String::as_str).collect();
         let (why, undone): (_, fn(String) -> ControlError) =
             match consumer.wait(committed.generation, &resources).await {
                 Ok(()) => return Ok(out),
@@ -201,6 +205,7 @@ impl Api {
     ) -> ControlError {
         let limits = self.ctl.limits;
         let resource = part.resource();
+        let names = part.resources();
         let reverted = self
             .ctl
             .state
@@ -210,7 +215,8 @@ impl Api {
             Ok((Reverted::Done, c)) => {
                 // Naming the part, so that a consumer which still cannot
                 // apply it (or refuses the state for it) answers at once.
-                if let Err(e) = consumer.wait(c.generation, &[resource.as_str()]).await {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                if let Err(e) = consumer.wait(c.generation, &names).await {
                     tracing::warn!(%resource, error = %e, "the state without an undone change is not applied");
                 }
                 undone(format!("{why}; the change was undone"))

@@ -19,8 +19,15 @@
 //!   (`dpu.v1` backend `volume`), required on create: a volume ID
 //!   (`Malloc1`) or a resource name, `volumes/{id}` or OPI's
 //!   `mallocVolumes/{id}`, `aioVolumes/{id}` or `nullVolumes/{id}` (then
-//!   the volume must be of that kind). Responses give the volume ID, and
-//!   nothing for a namespace with a store of its own (made through
+//!   the volume must be of that kind). `{c}n{nsid}` (`nvme0n1`), when
+//!   no volume has that ID and remote controller `{c}` exists, names
+//!   namespace `{nsid}` of that controller's remote subsystem: the
+//!   namespace is backed by it (`dpu.v1` backend `remote`, with the
+//!   controller's paths, host NQN and queue depth as they are when it is
+//!   made, and the remote namespace's block size; see
+//!   [`super::opi_remote`]). Responses give the volume ID, `{c}n{nsid}`
+//!   for a remote namespace while a controller of its subsystem exists,
+//!   and nothing for a namespace with a store of its own (made through
 //!   `dpu.v1`).
 //! - `spec.uuid` is the UUID; `spec.nguid` the NGUID, given as 32 hex
 //!   digits or in UUID text form and answered as 32 hex digits (both
@@ -47,6 +54,7 @@ use dpu_proto::v1::storage_service_server::StorageService;
 use tonic::{Code, Request, Response, Status};
 
 use super::opi::{generated_id, gone, inner, SUBSYSTEMS};
+use super::opi_remote;
 use super::opi_volume::Kind;
 use super::{required, Api};
 use crate::error::{ControlError, Result};
@@ -338,6 +346,14 @@ fn opi_fields(status: Status) -> Status {
         ("namespace.namespace_id", "nvme_namespace_id"),
     ];
     let m = status.message();
+    // A remote backend comes from the remote controller the volume
+    // reference names.
+    if let Some(rest) = m.strip_prefix("namespace.remote.") {
+        return Status::new(
+            status.code(),
+            format!("nvme_namespace.spec.volume_name_ref: remote.{rest}"),
+        );
+    }
     for (ours, theirs) in RENAMED {
         if let Some(rest) = m.strip_prefix(ours) {
             if rest.starts_with([':', ' ']) {
@@ -349,6 +365,36 @@ fn opi_fields(status: Status) -> Status {
 }
 
 impl Api {
+    /// The OPI view of `n`: [`namespace_to_opi`], with `volume_name_ref`
+    /// `{c}n{nsid}` for a namespace backed by a remote namespace of
+    /// controller `{c}`'s subsystem.
+    fn opi_ns_view(&self, n: pb::Namespace) -> opi::NvmeNamespace {
+        let remote = self.opi_remote_ref(&n);
+        let mut o = namespace_to_opi(n);
+        if let (Some(r), Some(spec)) = (remote, o.spec.as_mut()) {
+            spec.volume_name_ref = r;
+        }
+        o
+    }
+
+    /// The `volume_name_ref` OPI shows for `n` when a remote namespace
+    /// backs it and a controller of its subsystem exists.
+    fn opi_remote_ref(&self, n: &pb::Namespace) -> Option<String> {
+        let Some(pb::namespace::Backend::Remote(r)) = &n.backend else {
+            return None;
+        };
+        opi_remote::remote_ref_of(&self.ctl.state.snapshot(), &r.subnqn, r.nsid)
+    }
+
+    /// `n` as an update compares with what OPI gives: a remote backend
+    /// shown as `{c}n{nsid}` is that volume reference.
+    fn opi_ns_comparable(&self, mut n: pb::Namespace) -> pb::Namespace {
+        if let Some(r) = self.opi_remote_ref(&n) {
+            n.backend = Some(pb::namespace::Backend::Volume(r));
+        }
+        n
+    }
+
     /// Namespace `key` of subsystem `sid`, as `dpu.v1` shows it.
     fn opi_namespace(&self, sid: &str, key: &Key) -> std::result::Result<pb::Namespace, Status> {
         let state = self.ctl.state.snapshot();
@@ -394,19 +440,28 @@ impl Api {
                 .into());
             }
         }
+        let mut namespace = spec.namespace(id);
+        let is_volume = self.ctl.state.snapshot().volumes.contains_key(volume);
+        if let (None, false, Some((cid, nsid))) = (kind, is_volume, opi_remote::remote_ref(volume))
+        {
+            if let Some((remote, block_size)) = self.opi_remote_backend(field, cid, nsid).await? {
+                namespace.backend = Some(pb::namespace::Backend::Remote(remote));
+                namespace.block_size = block_size.unwrap_or(0);
+            }
+        }
         let created = StorageService::create_namespace(
             self,
             inner(
                 outer,
                 pb::CreateNamespaceRequest {
                     parent: format!("subsystems/{sid}"),
-                    namespace: Some(spec.namespace(id)),
+                    namespace: Some(namespace),
                 },
             ),
         )
         .await
         .map_err(opi_fields)?;
-        Ok(namespace_to_opi(created.into_inner()))
+        Ok(self.opi_ns_view(created.into_inner()))
     }
 
     /// `CreateNvmeNamespace`.
@@ -486,14 +541,14 @@ impl Api {
             }
             Err(e) => return Err(e),
         };
-        if let Some(path) = changed_field(&paths, &spec, &current) {
+        if let Some(path) = changed_field(&paths, &spec, &self.opi_ns_comparable(current.clone())) {
             return Err(ControlError::invalid(
                 format!("nvme_namespace.{path}"),
                 "cannot change once the namespace exists: delete it and create another",
             )
             .into());
         }
-        Ok(Response::new(namespace_to_opi(current)))
+        Ok(Response::new(self.opi_ns_view(current)))
     }
 
     /// `ListNvmeNamespaces`: a page of `dpu.v1` `ListNamespaces`.
@@ -517,7 +572,11 @@ impl Api {
         .await?
         .into_inner();
         Ok(Response::new(opi::ListNvmeNamespacesResponse {
-            nvme_namespaces: page.namespaces.into_iter().map(namespace_to_opi).collect(),
+            nvme_namespaces: page
+                .namespaces
+                .into_iter()
+                .map(|n| self.opi_ns_view(n))
+                .collect(),
             next_page_token: page.next_page_token,
         }))
     }
@@ -528,9 +587,9 @@ impl Api {
         req: Request<opi::GetNvmeNamespaceRequest>,
     ) -> std::result::Result<Response<opi::NvmeNamespace>, Status> {
         let (sid, key) = namespace_key("name", &req.get_ref().name)?;
-        Ok(Response::new(namespace_to_opi(
-            self.opi_namespace(&sid, &key)?,
-        )))
+        Ok(Response::new(
+            self.opi_ns_view(self.opi_namespace(&sid, &key)?),
+        ))
     }
 
     /// `StatsNvmeNamespace`: the I/O counters of the namespace's

@@ -130,6 +130,16 @@ mod tests {
             }
             Ok(())
         }
+
+        fn probe_remote_namespaces(
+            &self,
+            paths: &[std::net::SocketAddr],
+            _: &str,
+            _: &str,
+            _: Duration,
+        ) -> std::result::Result<Vec<crate::service::RemoteNamespaceInfo>, String> {
+            Err(format!("{paths:?}: not listed here"))
+        }
     }
 
     /// What the target serves: every namespace at 7 MiB; namespace 1's

@@ -203,6 +203,7 @@ mod tests {
             driver: "none".into(),
             device: String::new(),
             role: PortRole::Software,
+            vtep_address: None,
         };
         [("p0".to_string(), p)].into()
     }

@@ -213,6 +213,7 @@ mod tests {
                     driver: "none".into(),
                     device: String::new(),
                     role: PortRole::Software,
+                    vtep_address: None,
                 };
                 (id.to_string(), spec)
             })

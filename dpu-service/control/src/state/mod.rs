@@ -120,6 +120,9 @@ fn ram_refusal(total: u64, limits: Limits) -> ControlError {
 pub enum Part {
     /// A tenant, with its attachments and rules.
     Tenant(String),
+    /// Several tenants changed together (one call attaching a port to
+    /// the networks of several tenants): undoing the call puts back each.
+    Tenants(Vec<String>),
     /// A namespace of a subsystem.
     Namespace {
         /// The subsystem's ID.
@@ -137,10 +140,25 @@ pub enum Part {
 }
 
 impl Part {
-    /// The part's resource name, as the API spells it.
+    /// The resource names of the part, as the API spells them: one, or
+    /// each tenant of [`Part::Tenants`].
+    pub fn resources(&self) -> Vec<String> {
+        match self {
+            Part::Tenants(ids) => ids.iter().map(|id| format!("tenants/{id}")).collect(),
+            other => vec![other.resource()],
+        }
+    }
+
+    /// The part's resource name, as the API spells it (the names of
+    /// [`Part::Tenants`]' tenants, joined by ", ").
     pub fn resource(&self) -> String {
         match self {
             Part::Tenant(id) => format!("tenants/{id}"),
+            Part::Tenants(ids) => ids
+                .iter()
+                .map(|id| format!("tenants/{id}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             Part::Namespace { subsystem, nsid } => namespace_name(subsystem, *nsid),
             Part::Listener { subsystem, id } => listener_name(subsystem, id),
         }
@@ -189,6 +207,38 @@ impl State {
     ) -> Result<Reverted> {
         match part {
             Part::Tenant(id) => self.revert_tenant(id, before, after),
+            Part::Tenants(ids) => {
+                // All or none: a tenant changed since stands, and so do
+                // the others.
+                if ids
+                    .iter()
+                    .any(|id| self.tenants.get(id) != after.tenants.get(id))
+                {
+                    return Ok(Reverted::Superseded);
+                }
+                // One tenant's attachments may be free only once another
+                // has given them back: put back those that can be, until
+                // all are, or none of the rest can be (its error; the
+                // store then keeps nothing of this).
+                let mut rest: Vec<&String> = ids.iter().collect();
+                while !rest.is_empty() {
+                    let mut failed = None;
+                    let mut kept = Vec::new();
+                    for id in rest.iter().copied() {
+                        if let Err(e) = self.revert_tenant(id, before, after) {
+                            failed = Some(e);
+                            kept.push(id);
+                        }
+                    }
+                    if kept.len() == rest.len() {
+                        return Err(failed.unwrap_or_else(|| {
+                            ControlError::FailedPrecondition("nothing to put back".into())
+                        }));
+                    }
+                    rest = kept;
+                }
+                Ok(Reverted::Done)
+            }
             Part::Namespace {
                 subsystem: id,
                 nsid,

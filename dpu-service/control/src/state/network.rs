@@ -443,6 +443,7 @@ mod tests {
                         driver: "none".into(),
                         device: String::new(),
                         role: PortRole::Software,
+                        vtep_address: None,
                     },
                 )
             })

@@ -7,8 +7,8 @@
 //! the last `keep_back`, put `middle` between them), so adding or deleting
 //! one rule among 10,000 records one rule or none. A tenant's other fields,
 //! a whole subsystem (namespaces, listeners and hosts, bounded by their
-//! limits), a storage cluster and a volume are recorded whole when they
-//! change.
+//! limits), a storage cluster, a volume and a remote controller are
+//! recorded whole when they change.
 //!
 //! Finding the ops costs a walk down the paths of the tenant and subsystem
 //! maps that the change copied (the rest the two states share, and the
@@ -23,8 +23,8 @@ use imbl::ordmap::{DiffItem, Entry};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    stored_qos, Action, Attachment, Cluster, QosLimits, Rule, RuleSet, State, Subsystem, Tenant,
-    Timestamp, Volume,
+    stored_qos, Action, Attachment, Cluster, QosLimits, RemoteController, Rule, RuleSet, State,
+    Subsystem, Tenant, Timestamp, Volume,
 };
 
 /// One step of a recorded change.
@@ -114,6 +114,16 @@ pub(crate) enum Op {
         /// The volume's ID.
         id: String,
     },
+    /// A remote controller created or changed, whole.
+    PutRemoteController {
+        /// The controller.
+        controller: RemoteController,
+    },
+    /// A remote controller deleted.
+    DeleteRemoteController {
+        /// The controller's ID.
+        id: String,
+    },
     /// The counter for service-assigned IDs.
     IdSeq {
         /// Its new value.
@@ -162,6 +172,16 @@ pub(crate) fn diff(before: &State, after: &State) -> Vec<Op> {
                 ops.push(Op::PutVolume { volume: v.clone() })
             }
             DiffItem::Remove(id, _) => ops.push(Op::DeleteVolume { id: id.clone() }),
+        }
+    }
+    for d in before.remote_controllers.diff(&after.remote_controllers) {
+        match d {
+            DiffItem::Add(_, c) | DiffItem::Update { new: (_, c), .. } => {
+                ops.push(Op::PutRemoteController {
+                    controller: c.clone(),
+                })
+            }
+            DiffItem::Remove(id, _) => ops.push(Op::DeleteRemoteController { id: id.clone() }),
         }
     }
     if before.id_seq != after.id_seq {
@@ -314,6 +334,18 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
             Op::DeleteVolume { id } => {
                 if state.volumes.remove(&id).is_none() {
                     return Err(format!("volumes/{id} deleted but does not exist"));
+                }
+            }
+            Op::PutRemoteController { controller } => {
+                state
+                    .remote_controllers
+                    .insert(controller.id.clone(), controller);
+            }
+            Op::DeleteRemoteController { id } => {
+                if state.remote_controllers.remove(&id).is_none() {
+                    return Err(format!(
+                        "nvmeRemoteControllers/{id} deleted but does not exist"
+                    ));
                 }
             }
             Op::IdSeq { value } => state.id_seq = value,
@@ -504,6 +536,62 @@ mod tests {
         assert!(apply(&mut replayed, gone)
             .unwrap_err()
             .contains("volumes/v1"));
+    }
+
+    /// Remote controllers are recorded whole, and replay; a state
+    /// written before them reads as having none.
+    #[test]
+    fn remote_controllers_are_recorded_and_replayed() {
+        let before = state(vec![]);
+        let mut after = before.clone();
+        let mut c = RemoteController {
+            id: "nvme0".into(),
+            queue_depth: 64,
+            paths: Default::default(),
+        };
+        c.paths.insert(
+            "p1".into(),
+            crate::model::RemotePath {
+                addr: "[fd00::1]:4420".parse().unwrap(),
+                subnqn: "nqn.2024-01.io.example:far".into(),
+                host_nqn: "nqn.2024-01.io.example:me".into(),
+            },
+        );
+        after.remote_controllers.insert("nvme0".into(), c.clone());
+        let ops = diff(&before, &after);
+        assert!(
+            matches!(&ops[..], [Op::PutRemoteController { controller }] if *controller == c),
+            "{ops:?}"
+        );
+        let json = serde_json::to_string(&ops).unwrap();
+        let mut replayed = before.clone();
+        apply(&mut replayed, serde_json::from_str(&json).unwrap()).unwrap();
+        assert_eq!(replayed, after);
+        // A change of one path is the controller again.
+        let mut changed = after.clone();
+        changed
+            .remote_controllers
+            .get_mut("nvme0")
+            .unwrap()
+            .queue_depth = 8;
+        let ops = diff(&after, &changed);
+        apply(&mut replayed, ops).unwrap();
+        assert_eq!(replayed, changed);
+        assert_ne!(replayed, after);
+        let back = diff(&changed, &before);
+        assert!(matches!(&back[..], [Op::DeleteRemoteController { id }] if id == "nvme0"));
+        apply(&mut replayed, back).unwrap();
+        assert_eq!(replayed, before);
+        let gone = vec![Op::DeleteRemoteController { id: "nvme0".into() }];
+        assert!(apply(&mut replayed, gone)
+            .unwrap_err()
+            .contains("nvmeRemoteControllers/nvme0"));
+        // The state file: kept, and absent when there are none.
+        let text = serde_json::to_string(&changed).unwrap();
+        assert!(text.contains("\"remote_controllers\""), "{text}");
+        assert_eq!(serde_json::from_str::<State>(&text).unwrap(), changed);
+        let none = serde_json::to_string(&before).unwrap();
+        assert!(!none.contains("remote_controllers"), "{none}");
     }
 
     #[test]

@@ -260,6 +260,7 @@ impl Config {
                 driver: p.driver.clone(),
                 device: p.device.clone(),
                 role: p.role,
+                vtep_address: p.vtep_address,
             })
             .collect()
     }

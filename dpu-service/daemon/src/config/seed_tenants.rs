@@ -149,6 +149,7 @@ mod tests {
                         } else {
                             PortRole::Vf
                         },
+                        vtep_address: None,
                     },
                 )
             })

@@ -24,6 +24,7 @@ fn ports() -> PortRegistry {
         driver: "none".into(),
         device: String::new(),
         role: PortRole::Software,
+        vtep_address: None,
     };
     [("p0".to_string(), p)].into()
 }

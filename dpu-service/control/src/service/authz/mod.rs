@@ -216,6 +216,68 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/opi_api.storage.v1.MallocVolumeService/StatsMallocVolume",
         Permission::Read,
     ),
+    // OPI's remote NVMe controllers: the remote subsystems namespaces
+    // are made from, so the permissions of dpu.v1's storage calls.
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/CreateNvmeRemoteController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/DeleteNvmeRemoteController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/UpdateNvmeRemoteController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/ListNvmeRemoteControllers",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/GetNvmeRemoteController",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/ResetNvmeRemoteController",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/StatsNvmeRemoteController",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/ListNvmeRemoteNamespaces",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/GetNvmeRemoteNamespace",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/CreateNvmePath",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/DeleteNvmePath",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/UpdateNvmePath",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/ListNvmePaths",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/GetNvmePath",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.storage.v1.NvmeRemoteControllerService/StatsNvmePath",
+        Permission::Read,
+    ),
     (
         "/opi_api.storage.v1.AioVolumeService/CreateAioVolume",
         Permission::Admin,
@@ -264,6 +326,90 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/opi_api.storage.v1.NullVolumeService/StatsNullVolume",
         Permission::Read,
     ),
+    // OPI's EVPN gateway: logical bridges and bridge ports are views of
+    // tenants and their port attachments, changed by admins as tenants
+    // are; VRFs and SVIs are answered UNIMPLEMENTED, with the same
+    // permissions.
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService/CreateLogicalBridge",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService/DeleteLogicalBridge",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService/UpdateLogicalBridge",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService/ListLogicalBridges",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService/GetLogicalBridge",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.BridgePortService/CreateBridgePort",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.BridgePortService/DeleteBridgePort",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.BridgePortService/UpdateBridgePort",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.BridgePortService/ListBridgePorts",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.BridgePortService/GetBridgePort",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.VrfService/CreateVrf",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.VrfService/DeleteVrf",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.VrfService/UpdateVrf",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.VrfService/ListVrfs",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.VrfService/GetVrf",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.SviService/CreateSvi",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.SviService/DeleteSvi",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.SviService/UpdateSvi",
+        Permission::Admin,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.SviService/ListSvis",
+        Permission::Read,
+    ),
+    (
+        "/opi_api.network.evpn_gw.v1alpha1.SviService/GetSvi",
+        Permission::Read,
+    ),
 ];
 
 /// The OPI services the API listener serves, whose methods [`METHODS`]
@@ -273,6 +419,11 @@ pub const OPI_SERVICES: &[&str] = &[
     "opi_api.storage.v1.MallocVolumeService",
     "opi_api.storage.v1.AioVolumeService",
     "opi_api.storage.v1.NullVolumeService",
+    "opi_api.storage.v1.NvmeRemoteControllerService",
+    "opi_api.network.evpn_gw.v1alpha1.LogicalBridgeService",
+    "opi_api.network.evpn_gw.v1alpha1.BridgePortService",
+    "opi_api.network.evpn_gw.v1alpha1.VrfService",
+    "opi_api.network.evpn_gw.v1alpha1.SviService",
 ];
 
 /// Services every method of which only reads: health checking and
@@ -501,17 +652,28 @@ mod tests {
             }
         }
         assert!(in_proto.len() >= 30, "{in_proto:?}");
-        let opi = prost_types::FileDescriptorSet::decode(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
+        let mut opi = prost_types::FileDescriptorSet::decode(dpu_proto::OPI_STORAGE_DESCRIPTOR_SET)
             .expect("OPI's descriptor set decodes");
+        let network = prost_types::FileDescriptorSet::decode(dpu_proto::OPI_NETWORK_DESCRIPTOR_SET)
+            .expect("OPI's network descriptor set decodes");
+        opi.file.extend(network.file);
+        let mut served = BTreeSet::new();
         for file in &opi.file {
             for s in &file.service {
-                if OPI_SERVICES.contains(&format!("{}.{}", file.package(), s.name()).as_str()) {
+                let name = format!("{}.{}", file.package(), s.name());
+                if OPI_SERVICES.contains(&name.as_str()) {
+                    served.insert(name);
                     for m in &s.method {
                         in_proto.insert(format!("/{}.{}/{}", file.package(), s.name(), m.name()));
                     }
                 }
             }
         }
+        assert_eq!(
+            served.len(),
+            OPI_SERVICES.len(),
+            "an OPI service listed is in no descriptor set: {served:?}"
+        );
         let table: BTreeSet<String> = METHODS.iter().map(|(m, _)| m.to_string()).collect();
         assert_eq!(table.len(), METHODS.len(), "a method is listed twice");
         let missing: Vec<_> = in_proto.difference(&table).collect();
