@@ -666,12 +666,12 @@ impl Api {
         let id = volume_id(kind, "name", name)?;
         self.opi_volume(outer, kind, id).await?;
         let state = self.ctl.state.snapshot();
-        let subsystem = state.subsystems.iter().find_map(|(sid, s)| {
-            s.namespaces
-                .values()
-                .any(|n| matches!(&n.backend, Backend::Volume { id: v } if v == id))
-                .then_some(sid.clone())
-        });
+        // The index names the namespace made on the volume.
+        let subsystem = state
+            .index
+            .volume_user(id)
+            .and_then(|user| validate::namespace_name("namespace", user).ok())
+            .map(|(sid, _)| sid.to_string());
         let Some(sid) = subsystem else {
             return Ok(opi::VolumeStats::default());
         };

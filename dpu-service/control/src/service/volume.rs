@@ -28,14 +28,12 @@ impl Api {
     /// made on it; `None` while none serves it.
     pub(crate) fn volume_served_size(&self, state: &State, id: &str) -> Option<u64> {
         let served = self.ctl.served.as_ref()?;
-        for s in state.subsystems.values() {
-            for n in s.namespaces.values() {
-                if matches!(&n.backend, Backend::Volume { id: v } if v == id) {
-                    return served.namespace_size(&s.nqn, n.nsid);
-                }
-            }
-        }
-        None
+        // The index names the namespace: a lookup, not a walk over every
+        // namespace for each volume of a page.
+        let user = state.index.volume_user(id)?;
+        let (sid, nsid) = validate::namespace_name("namespace", user).ok()?;
+        let sub = state.subsystems.get(sid)?;
+        served.namespace_size(&sub.nqn, nsid)
     }
 
     /// `CreateVolume`: a file or device is checked against the backing
