@@ -693,302 +693,148 @@ impl Api {
     }
 }
 
-#[tonic::async_trait]
-impl MallocVolumeService for Api {
-    async fn create_malloc_volume(
-        &self,
-        req: Request<opi::CreateMallocVolumeRequest>,
-    ) -> std::result::Result<Response<opi::MallocVolume>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::Create), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.malloc_volume.clone())?;
-            let out = self
-                .opi_volume_create(&req, kind, &r.malloc_volume_id, &v.into())
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
-
-    async fn delete_malloc_volume(
-        &self,
-        req: Request<opi::DeleteMallocVolumeRequest>,
-    ) -> std::result::Result<Response<Empty>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::Delete), async {
-            let r = req.get_ref();
-            self.opi_volume_delete(&req, kind, &r.name, r.allow_missing)
+/// One of OPI's three volume services, each call checked and run by the
+/// kind-generic methods above; they differ only in their messages'
+/// names.
+macro_rules! volume_service {
+    (
+        $service:ident, $kind:expr, $msg:ident, $field:ident, $id:ident, $list:ident,
+        $create:ident($create_req:ident),
+        $delete:ident($delete_req:ident),
+        $update:ident($update_req:ident),
+        $list_fn:ident($list_req:ident) -> $list_resp:ident,
+        $get:ident($get_req:ident),
+        $stats:ident($stats_req:ident) -> $stats_resp:ident $(,)?
+    ) => {
+        #[tonic::async_trait]
+        impl $service for Api {
+            async fn $create(
+                &self,
+                req: Request<opi::$create_req>,
+            ) -> std::result::Result<Response<opi::$msg>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::Create), async {
+                    let r = req.get_ref();
+                    let v = required(kind.field(), r.$field.clone())?;
+                    let out = self
+                        .opi_volume_create(&req, kind, &r.$id, &v.into())
+                        .await?;
+                    Ok(Response::new(out.into()))
+                })
                 .await
-        })
-        .await
-    }
+            }
 
-    async fn update_malloc_volume(
-        &self,
-        req: Request<opi::UpdateMallocVolumeRequest>,
-    ) -> std::result::Result<Response<opi::MallocVolume>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::Update), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.malloc_volume.clone())?;
-            let out = self
-                .opi_volume_update(
-                    &req,
-                    kind,
-                    &v.into(),
-                    r.update_mask.as_ref(),
-                    r.allow_missing,
-                )
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
+            async fn $delete(
+                &self,
+                req: Request<opi::$delete_req>,
+            ) -> std::result::Result<Response<Empty>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::Delete), async {
+                    let r = req.get_ref();
+                    self.opi_volume_delete(&req, kind, &r.name, r.allow_missing)
+                        .await
+                })
+                .await
+            }
 
-    async fn list_malloc_volumes(
-        &self,
-        req: Request<opi::ListMallocVolumesRequest>,
-    ) -> std::result::Result<Response<opi::ListMallocVolumesResponse>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::List), async {
-            let r = req.get_ref();
-            let (page, next_page_token) = self.opi_volume_list(kind, r.page_size, &r.page_token)?;
-            Ok(Response::new(opi::ListMallocVolumesResponse {
-                malloc_volumes: page.into_iter().map(Into::into).collect(),
-                next_page_token,
-            }))
-        })
-        .await
-    }
+            async fn $update(
+                &self,
+                req: Request<opi::$update_req>,
+            ) -> std::result::Result<Response<opi::$msg>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::Update), async {
+                    let r = req.get_ref();
+                    let v = required(kind.field(), r.$field.clone())?;
+                    let out = self
+                        .opi_volume_update(
+                            &req,
+                            kind,
+                            &v.into(),
+                            r.update_mask.as_ref(),
+                            r.allow_missing,
+                        )
+                        .await?;
+                    Ok(Response::new(out.into()))
+                })
+                .await
+            }
 
-    async fn get_malloc_volume(
-        &self,
-        req: Request<opi::GetMallocVolumeRequest>,
-    ) -> std::result::Result<Response<opi::MallocVolume>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::Get), async {
-            let id = volume_id(kind, "name", &req.get_ref().name)?;
-            let v = self.opi_volume(&req, kind, id).await?;
-            Ok(Response::new(volume_to_opi(kind, &v).into()))
-        })
-        .await
-    }
+            async fn $list_fn(
+                &self,
+                req: Request<opi::$list_req>,
+            ) -> std::result::Result<Response<opi::$list_resp>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::List), async {
+                    let r = req.get_ref();
+                    let (page, next_page_token) =
+                        self.opi_volume_list(kind, r.page_size, &r.page_token)?;
+                    Ok(Response::new(opi::$list_resp {
+                        $list: page.into_iter().map(Into::into).collect(),
+                        next_page_token,
+                    }))
+                })
+                .await
+            }
 
-    async fn stats_malloc_volume(
-        &self,
-        req: Request<opi::StatsMallocVolumeRequest>,
-    ) -> std::result::Result<Response<opi::StatsMallocVolumeResponse>, Status> {
-        let kind = Kind::Malloc;
-        self.opi_call(kind.method(Method::Stats), async {
-            let stats = self
-                .opi_volume_stats(&req, kind, &req.get_ref().name)
-                .await?;
-            Ok(Response::new(opi::StatsMallocVolumeResponse {
-                stats: Some(stats),
-            }))
-        })
-        .await
-    }
+            async fn $get(
+                &self,
+                req: Request<opi::$get_req>,
+            ) -> std::result::Result<Response<opi::$msg>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::Get), async {
+                    let id = volume_id(kind, "name", &req.get_ref().name)?;
+                    let v = self.opi_volume(&req, kind, id).await?;
+                    Ok(Response::new(volume_to_opi(kind, &v).into()))
+                })
+                .await
+            }
+
+            async fn $stats(
+                &self,
+                req: Request<opi::$stats_req>,
+            ) -> std::result::Result<Response<opi::$stats_resp>, Status> {
+                let kind = $kind;
+                self.opi_call(kind.method(Method::Stats), async {
+                    let stats = self
+                        .opi_volume_stats(&req, kind, &req.get_ref().name)
+                        .await?;
+                    Ok(Response::new(opi::$stats_resp { stats: Some(stats) }))
+                })
+                .await
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl AioVolumeService for Api {
-    async fn create_aio_volume(
-        &self,
-        req: Request<opi::CreateAioVolumeRequest>,
-    ) -> std::result::Result<Response<opi::AioVolume>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::Create), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.aio_volume.clone())?;
-            let out = self
-                .opi_volume_create(&req, kind, &r.aio_volume_id, &v.into())
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
+volume_service!(
+    MallocVolumeService, Kind::Malloc, MallocVolume, malloc_volume, malloc_volume_id, malloc_volumes,
+    create_malloc_volume(CreateMallocVolumeRequest),
+    delete_malloc_volume(DeleteMallocVolumeRequest),
+    update_malloc_volume(UpdateMallocVolumeRequest),
+    list_malloc_volumes(ListMallocVolumesRequest) -> ListMallocVolumesResponse,
+    get_malloc_volume(GetMallocVolumeRequest),
+    stats_malloc_volume(StatsMallocVolumeRequest) -> StatsMallocVolumeResponse,
+);
 
-    async fn delete_aio_volume(
-        &self,
-        req: Request<opi::DeleteAioVolumeRequest>,
-    ) -> std::result::Result<Response<Empty>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::Delete), async {
-            let r = req.get_ref();
-            self.opi_volume_delete(&req, kind, &r.name, r.allow_missing)
-                .await
-        })
-        .await
-    }
+volume_service!(
+    AioVolumeService, Kind::Aio, AioVolume, aio_volume, aio_volume_id, aio_volumes,
+    create_aio_volume(CreateAioVolumeRequest),
+    delete_aio_volume(DeleteAioVolumeRequest),
+    update_aio_volume(UpdateAioVolumeRequest),
+    list_aio_volumes(ListAioVolumesRequest) -> ListAioVolumesResponse,
+    get_aio_volume(GetAioVolumeRequest),
+    stats_aio_volume(StatsAioVolumeRequest) -> StatsAioVolumeResponse,
+);
 
-    async fn update_aio_volume(
-        &self,
-        req: Request<opi::UpdateAioVolumeRequest>,
-    ) -> std::result::Result<Response<opi::AioVolume>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::Update), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.aio_volume.clone())?;
-            let out = self
-                .opi_volume_update(
-                    &req,
-                    kind,
-                    &v.into(),
-                    r.update_mask.as_ref(),
-                    r.allow_missing,
-                )
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
-
-    async fn list_aio_volumes(
-        &self,
-        req: Request<opi::ListAioVolumesRequest>,
-    ) -> std::result::Result<Response<opi::ListAioVolumesResponse>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::List), async {
-            let r = req.get_ref();
-            let (page, next_page_token) = self.opi_volume_list(kind, r.page_size, &r.page_token)?;
-            Ok(Response::new(opi::ListAioVolumesResponse {
-                aio_volumes: page.into_iter().map(Into::into).collect(),
-                next_page_token,
-            }))
-        })
-        .await
-    }
-
-    async fn get_aio_volume(
-        &self,
-        req: Request<opi::GetAioVolumeRequest>,
-    ) -> std::result::Result<Response<opi::AioVolume>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::Get), async {
-            let id = volume_id(kind, "name", &req.get_ref().name)?;
-            let v = self.opi_volume(&req, kind, id).await?;
-            Ok(Response::new(volume_to_opi(kind, &v).into()))
-        })
-        .await
-    }
-
-    async fn stats_aio_volume(
-        &self,
-        req: Request<opi::StatsAioVolumeRequest>,
-    ) -> std::result::Result<Response<opi::StatsAioVolumeResponse>, Status> {
-        let kind = Kind::Aio;
-        self.opi_call(kind.method(Method::Stats), async {
-            let stats = self
-                .opi_volume_stats(&req, kind, &req.get_ref().name)
-                .await?;
-            Ok(Response::new(opi::StatsAioVolumeResponse {
-                stats: Some(stats),
-            }))
-        })
-        .await
-    }
-}
-
-#[tonic::async_trait]
-impl NullVolumeService for Api {
-    async fn create_null_volume(
-        &self,
-        req: Request<opi::CreateNullVolumeRequest>,
-    ) -> std::result::Result<Response<opi::NullVolume>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::Create), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.null_volume.clone())?;
-            let out = self
-                .opi_volume_create(&req, kind, &r.null_volume_id, &v.into())
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
-
-    async fn delete_null_volume(
-        &self,
-        req: Request<opi::DeleteNullVolumeRequest>,
-    ) -> std::result::Result<Response<Empty>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::Delete), async {
-            let r = req.get_ref();
-            self.opi_volume_delete(&req, kind, &r.name, r.allow_missing)
-                .await
-        })
-        .await
-    }
-
-    async fn update_null_volume(
-        &self,
-        req: Request<opi::UpdateNullVolumeRequest>,
-    ) -> std::result::Result<Response<opi::NullVolume>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::Update), async {
-            let r = req.get_ref();
-            let v = required(kind.field(), r.null_volume.clone())?;
-            let out = self
-                .opi_volume_update(
-                    &req,
-                    kind,
-                    &v.into(),
-                    r.update_mask.as_ref(),
-                    r.allow_missing,
-                )
-                .await?;
-            Ok(Response::new(out.into()))
-        })
-        .await
-    }
-
-    async fn list_null_volumes(
-        &self,
-        req: Request<opi::ListNullVolumesRequest>,
-    ) -> std::result::Result<Response<opi::ListNullVolumesResponse>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::List), async {
-            let r = req.get_ref();
-            let (page, next_page_token) = self.opi_volume_list(kind, r.page_size, &r.page_token)?;
-            Ok(Response::new(opi::ListNullVolumesResponse {
-                null_volumes: page.into_iter().map(Into::into).collect(),
-                next_page_token,
-            }))
-        })
-        .await
-    }
-
-    async fn get_null_volume(
-        &self,
-        req: Request<opi::GetNullVolumeRequest>,
-    ) -> std::result::Result<Response<opi::NullVolume>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::Get), async {
-            let id = volume_id(kind, "name", &req.get_ref().name)?;
-            let v = self.opi_volume(&req, kind, id).await?;
-            Ok(Response::new(volume_to_opi(kind, &v).into()))
-        })
-        .await
-    }
-
-    async fn stats_null_volume(
-        &self,
-        req: Request<opi::StatsNullVolumeRequest>,
-    ) -> std::result::Result<Response<opi::StatsNullVolumeResponse>, Status> {
-        let kind = Kind::Null;
-        self.opi_call(kind.method(Method::Stats), async {
-            let stats = self
-                .opi_volume_stats(&req, kind, &req.get_ref().name)
-                .await?;
-            Ok(Response::new(opi::StatsNullVolumeResponse {
-                stats: Some(stats),
-            }))
-        })
-        .await
-    }
-}
+volume_service!(
+    NullVolumeService, Kind::Null, NullVolume, null_volume, null_volume_id, null_volumes,
+    create_null_volume(CreateNullVolumeRequest),
+    delete_null_volume(DeleteNullVolumeRequest),
+    update_null_volume(UpdateNullVolumeRequest),
+    list_null_volumes(ListNullVolumesRequest) -> ListNullVolumesResponse,
+    get_null_volume(GetNullVolumeRequest),
+    stats_null_volume(StatsNullVolumeRequest) -> StatsNullVolumeResponse,
+);
 
 #[cfg(test)]
 mod tests {
