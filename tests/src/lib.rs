@@ -75,6 +75,34 @@ pub fn rss_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmHWM:")?, field("VmRSS:")?))
 }
 
+/// Runs `fut` to its end on a runtime of its own, for a test that calls
+/// the service with async gRPC clients from synchronous code.
+///
+/// # Errors
+/// If the runtime cannot be made, or as `fut`.
+pub fn block_on<T>(fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
+}
+
+/// Checks that a call failed with `code` and a message containing
+/// `text`.
+///
+/// # Errors
+/// Saying what was wanted and what came, if it did not.
+pub fn refused<T: std::fmt::Debug>(
+    r: std::result::Result<T, tonic::Status>,
+    code: tonic::Code,
+    text: &str,
+) -> Result<()> {
+    match r {
+        Err(e) if e.code() == code && e.message().contains(text) => Ok(()),
+        other => bail!("wanted {code:?} naming {text:?}, got {other:?}"),
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

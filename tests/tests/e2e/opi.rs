@@ -58,10 +58,7 @@ fn with_client<T, F>(svc: &Service, call: impl FnOnce(Client) -> F) -> Result<T>
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async { call(Client::connect(svc.endpoint()).await?).await })
+    dpu_e2e::block_on(async { call(Client::connect(svc.endpoint()).await?).await })
 }
 
 /// The subsystem `name` as OPI's `GetNvmeSubsystem` shows it.
@@ -354,10 +351,7 @@ fn with_storage<T, F>(svc: &Service, call: impl FnOnce(Storage) -> F) -> Result<
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async { call(Storage::connect(svc.endpoint()).await?).await })
+    dpu_e2e::block_on(async { call(Storage::connect(svc.endpoint()).await?).await })
 }
 
 /// The EUI-64 OPI's client gives a namespace (pydpu's).

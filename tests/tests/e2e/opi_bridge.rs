@@ -14,7 +14,7 @@
 
 use anyhow::{ensure, Context, Result};
 use dpu_e2e::net::{eventually, ip, metric, Host};
-use dpu_e2e::{Service, TEST_CONFIG};
+use dpu_e2e::{refused, Service, TEST_CONFIG};
 use dpu_proto::opi::network::evpn_gw::v1alpha1 as evpn;
 use dpu_proto::opi::network::opinetcommon::v1alpha1 as net;
 use dpu_proto::pbjson_types::FieldMask;
@@ -60,22 +60,7 @@ fn with_clients<T, F>(svc: &Service, call: impl FnOnce(Clients) -> F) -> Result<
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async { call(Clients::connect(svc).await?).await })
-}
-
-/// Checks that `r` failed with `code` and a message containing `text`.
-fn refused<T: std::fmt::Debug>(
-    r: std::result::Result<T, tonic::Status>,
-    code: Code,
-    text: &str,
-) -> Result<()> {
-    match r {
-        Err(e) if e.code() == code && e.message().contains(text) => Ok(()),
-        other => anyhow::bail!("wanted {code:?} naming {text:?}, got {other:?}"),
-    }
+    dpu_e2e::block_on(async { call(Clients::connect(svc).await?).await })
 }
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0x0b, 0x0a];

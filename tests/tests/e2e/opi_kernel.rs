@@ -43,10 +43,7 @@ fn with_opi<T, F>(svc: &Service, call: impl FnOnce(Clients) -> F) -> Result<T>
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    dpu_e2e::block_on(async {
         let ch = Channel::from_shared(svc.endpoint())?.connect().await?;
         call(Clients {
             malloc: MallocVolumeServiceClient::new(ch.clone()),

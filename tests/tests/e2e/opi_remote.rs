@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use dpu_e2e::{free_port, Service};
+use dpu_e2e::{free_port, refused, Service};
 use dpu_nvmeof::host::{self, Controller, ControllerOptions, HostIdentity, QueueOptions, Transfer};
 use dpu_proto::opi::storage::v1 as opi;
 use dpu_proto::v1 as pb;
@@ -72,18 +72,6 @@ impl Host {
             .call(host::read(nsid, slba, nlb), Transfer::Read(vec![0; len]))?;
         ensure!(done.is_success(), "read: {:?}", done.status());
         Ok(done.data)
-    }
-}
-
-/// Checks that `r` failed with `code` and a message containing `text`.
-fn refused<T: std::fmt::Debug>(
-    r: std::result::Result<T, tonic::Status>,
-    code: Code,
-    text: &str,
-) -> Result<()> {
-    match r {
-        Err(e) if e.code() == code && e.message().contains(text) => Ok(()),
-        other => anyhow::bail!("wanted {code:?} naming {text:?}, got {other:?}"),
     }
 }
 

@@ -8,6 +8,7 @@
 //! survives a restart.
 
 use anyhow::{ensure, Context, Result};
+use dpu_e2e::refused;
 use dpu_e2e::Service;
 use dpu_proto::opi::storage::v1 as opi;
 use dpu_proto::pbjson_types::FieldMask;
@@ -46,22 +47,7 @@ fn with_clients<T, F>(svc: &Service, call: impl FnOnce(Clients) -> F) -> Result<
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async { call(Clients::connect(svc).await?).await })
-}
-
-/// Checks that `r` failed with `code` and a message containing `text`.
-fn refused<T: std::fmt::Debug>(
-    r: std::result::Result<T, tonic::Status>,
-    code: Code,
-    text: &str,
-) -> Result<()> {
-    match r {
-        Err(e) if e.code() == code && e.message().contains(text) => Ok(()),
-        other => anyhow::bail!("wanted {code:?} naming {text:?}, got {other:?}"),
-    }
+    dpu_e2e::block_on(async { call(Clients::connect(svc).await?).await })
 }
 
 fn malloc(block_size: i64, blocks_count: i64) -> opi::MallocVolume {

@@ -25,10 +25,7 @@ fn with_client<T, F>(svc: &Service, call: impl FnOnce(Client) -> F) -> Result<T>
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async { call(Client::connect(svc.endpoint()).await?).await })
+    dpu_e2e::block_on(async { call(Client::connect(svc.endpoint()).await?).await })
 }
 
 /// Subsystem `id` (`nqn`, any host) listening on 127.0.0.1:`port`, with
