@@ -348,6 +348,13 @@ pub fn hex16(field: &str, s: &str) -> Result<[u8; 16]> {
             format!("{s:?} is not 32 hex digits"),
         ));
     }
+    // `from_str_radix` takes a sign: "+f" would read as one digit.
+    if !bytes.iter().all(u8::is_ascii_hexdigit) {
+        return Err(ControlError::invalid(
+            field,
+            format!("{s:?} is not hexadecimal"),
+        ));
+    }
     for (i, pair) in bytes.chunks_exact(2).enumerate() {
         let digits = std::str::from_utf8(pair).ok();
         out[i] = digits
@@ -1151,5 +1158,19 @@ mod tests {
             field_of(namespace("namespace", &bad, "nqn.h").unwrap_err()),
             "namespace.volume"
         );
+    }
+
+    /// A sign is not a hex digit: `from_str_radix` alone would take "+f".
+    #[test]
+    fn hex_takes_digits_only() {
+        let ok = "0123456789abcdefABCDEF0123456789";
+        assert_eq!(hex16("nguid", ok).unwrap()[..2], [0x01, 0x23]);
+        for bad in [
+            "+f23456789abcdef0123456789abcdef",
+            "-123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(field_of(hex16("nguid", bad).unwrap_err()), "nguid", "{bad}");
+        }
+        assert!(uuid("uuid", "+b4e28ba-2fa1-11d2-883f-b9a761bde3fb").is_err());
     }
 }
