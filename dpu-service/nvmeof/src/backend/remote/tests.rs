@@ -473,14 +473,13 @@ fn the_first_path_takes_over_again_once_it_answers() {
 
 #[test]
 fn opening_names_every_path_that_did_not_answer() {
-    let closed: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
+    // Both bound at once, so the kernel cannot hand out the same port
+    // twice; closed before the backend tries them.
+    let held: Vec<TcpListener> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
+    let closed: Vec<SocketAddr> = held.iter().map(|l| l.local_addr().unwrap()).collect();
+    drop(held);
     let e = RemoteBackend::open(&spec(closed.clone())).unwrap_err();
     let msg = e.to_string();
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{msg}");
