@@ -115,6 +115,12 @@ fio --name=outage --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --b
 cat /tmp/fio.out
 grep -q "err= 0" /tmp/fio.out
 echo CRASH-PLEASE
+# A killed OSD is back when it has restarted, 7 s on an idle machine and
+# over 20 s on a loaded one; each command answers Namespace Not Ready
+# after the 4 s operation timeout, and the kernel retries a command 5
+# times by default, about 24 s. A host that must ride out such outages
+# allows more retries (or queues in dm-multipath).
+echo 20 > /sys/module/nvme_core/parameters/max_retries
 fio --name=crash --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=4k \
     --iodepth=8 --size=8M --verify=crc32c --verify_fatal=1 --eta=never \
     --rate_iops=300 --output=/tmp/fio2.out
