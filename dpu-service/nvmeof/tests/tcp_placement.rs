@@ -127,7 +127,8 @@ fn cpus_of(name: &str) -> Vec<Vec<usize>> {
     dpu_os::affinity::thread_cpus_by_name(name).expect("thread CPU lists")
 }
 
-/// The one thread named `name`'s CPUs.
+/// The one thread named `name`'s CPUs. Every group's thread is named
+/// and placed before the transport's start returns.
 fn cpus_of_one(name: &str) -> Vec<usize> {
     let mut all = cpus_of(name);
     assert_eq!(all.len(), 1, "one thread named {name}: {all:?}");
@@ -139,7 +140,7 @@ fn cpus_of_one(name: &str) -> Vec<usize> {
 fn stop(transport: TcpTransport) {
     transport.shutdown();
     let start = std::time::Instant::now();
-    while ["nvmf-admin", "nvmf-pg0"]
+    while ["nvmf-admin", "nvmf-pg0", "nvmf-pg1", "nvmf-pg2"]
         .iter()
         .any(|n| !cpus_of(n).is_empty())
     {

@@ -350,13 +350,19 @@ fn start_group(
         dh: dh.clone(),
         write_timeout,
     };
+    // The thread is placed before this returns, so that a started
+    // transport's threads already run where they will (and a group that
+    // never gets a connection is placed all the same).
+    let (placed, wait) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name(name)
         .spawn(move || {
             place();
+            let _ = placed.send(());
             group.run();
         })
         .expect("a poll group's thread");
+    let _ = wait.recv();
     (handle, thread)
 }
 
