@@ -31,6 +31,7 @@ pub mod rbd;
 mod remote;
 #[cfg(test)]
 mod suite;
+pub(crate) mod watch;
 
 pub use file::FileBackend;
 pub use null::NullBackend;

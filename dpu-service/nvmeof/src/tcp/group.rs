@@ -24,8 +24,10 @@
 //! After activity the group polls (`epoll_wait` without a timeout) for
 //! [`POLL`] before it sleeps until the next event or tick: the group busy
 //! polls, not each socket. Not while a connection waits for an
-//! asynchronous backend: the group then sleeps until the completion wakes
-//! it, leaving the core to the thread that completes it. Every [`TICK`] it ticks each connection
+//! asynchronous backend that another thread completes: the group then
+//! sleeps until the completion wakes it, leaving the core to that thread
+//! (it does poll when it watches a backend, below, whose completions it
+//! reads itself). Every [`TICK`] it ticks each connection
 //! (handshake, PDU and keep-alive timers, asynchronous events).
 //!
 //! A connection whose block requests a QoS limit holds back
@@ -43,6 +45,12 @@
 //! group, with whatever it has buffered (not while a DH job of its
 //! authentication is out: the result comes back to the group that sent
 //! it).
+//!
+//! An asynchronous backend that answers on a socket (a remote target's
+//! I/O queue) is watched from the group's epoll once the group starts an
+//! operation on it ([`crate::backend::watch`]): when its completions
+//! arrive the group reads them itself and serves their connections in the
+//! same turn, with no other thread and no wake-up in between.
 //!
 //! DH jobs go to the transport's [`DhPool`]; a job's result comes back
 //! through the group's inbox, tagged with the slot's token, and wakes the
@@ -65,6 +73,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 use crate::auth::dh::DhError;
 use crate::auth::pool::{DhPool, DhResult};
+use crate::backend::watch::{self, Ready};
 use crate::conn::{BlockCompletion, Completer, Connection, TURN};
 use crate::target::Target;
 
@@ -105,6 +114,20 @@ const CONTENDED: Duration = Duration::from_millis(1);
 
 /// The token of the group's wake-up eventfd.
 const WAKE: u64 = u64::MAX;
+
+/// Tokens of watched backends: this in the upper half, the watch's index
+/// in the lower (a slot's generation never has all 32 upper bits set).
+const WATCH: u64 = 0xffff_ffff << 32;
+
+/// Most backends one group watches; past it, the backends' own threads
+/// read their completions.
+const MAX_WATCHES: usize = 1 << 16;
+
+thread_local! {
+    /// The handle of the group this thread runs, if it runs one: a
+    /// completion made on the group's own thread needs no wake-up.
+    static ON_GROUP: std::cell::Cell<*const GroupHandle> = const { std::cell::Cell::new(std::ptr::null()) };
+}
 
 /// A slot's receive buffer larger than this is given back once the
 /// connection has been idle for a tick.
@@ -347,16 +370,27 @@ impl GroupHandle {
     }
 
     /// Hands the completion of a block request to the group; wakes it
-    /// when the list was empty (it takes the whole list once woken).
+    /// when the list was empty (it takes the whole list once woken),
+    /// unless this is the group's own thread, which looks at the list at
+    /// the end of each turn.
     fn io_result(&self, token: u64, c: BlockCompletion) {
         let first = {
             let mut done = self.io_done.lock().unwrap_or_else(PoisonError::into_inner);
             done.push((token, c));
             done.len() == 1
         };
-        if first {
+        if first && !ON_GROUP.with(|g| std::ptr::eq(g.get(), self)) {
             self.wake();
         }
+    }
+
+    /// True when completions wait in the list.
+    fn has_io_results(&self) -> bool {
+        !self
+            .io_done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     /// Wakes the group's thread.
@@ -404,9 +438,11 @@ struct Loop {
     /// for an event.
     ready: Vec<u64>,
     /// Connections waiting for completions of an asynchronous backend
-    /// (a cluster, a remote target): while there are any, the group does
-    /// not busy poll, which would keep the thread that completes them
-    /// (an initiator thread on the same core) from running.
+    /// (a cluster, a remote target): while there are any and the group
+    /// watches no backend, it does not busy poll, which would keep the
+    /// thread that completes them (librbd's, on the same core) from
+    /// running. A group that watches a backend reads its completions
+    /// itself, and polls for them.
     awaiting: usize,
     /// When to serve connections whose block requests a QoS limit holds
     /// back, earliest first (an entry whose slot has since changed its
@@ -416,6 +452,10 @@ struct Loop {
     /// shares the group with a busy one when the other sent within
     /// [`CONTENDED`], and then takes turns of [`TURN`] requests.
     inputs: [(u64, Instant); 2],
+    /// Backends whose completions this group reads, by the index in
+    /// their token; `None` where one was forgotten.
+    watches: Vec<Option<Arc<dyn Ready>>>,
+    free_watches: Vec<usize>,
 }
 
 impl Group {
@@ -437,6 +477,8 @@ impl Group {
             tracing::error!(error = %e, "cannot watch a poll group's eventfd; it serves nothing");
             return;
         }
+        watch::serve_here();
+        ON_GROUP.with(|g| g.set(Arc::as_ptr(&self.handle)));
         let mut l = Loop {
             group: self,
             epoll,
@@ -447,8 +489,13 @@ impl Group {
             awaiting: 0,
             timers: BinaryHeap::new(),
             inputs: [(WAKE, Instant::now()); 2],
+            watches: Vec::new(),
+            free_watches: Vec::new(),
         };
         l.run();
+        for r in l.watches.drain(..).flatten() {
+            r.unwatched();
+        }
     }
 }
 
@@ -463,7 +510,10 @@ impl Loop {
                 return;
             }
             let now = Instant::now();
-            let polling = self.awaiting == 0 && now.duration_since(last_busy) < POLL;
+            // A group that reads its backends' completions itself polls
+            // for them too; one that waits for another thread's does not.
+            let polling = (self.awaiting == 0 || !self.watches.is_empty())
+                && now.duration_since(last_busy) < POLL;
             let timeout = if !self.ready.is_empty() || polling {
                 Duration::ZERO
             } else {
@@ -494,6 +544,8 @@ impl Loop {
                     self.take_inbox(now);
                     self.take_dh_results(now);
                     self.take_io_results(now);
+                } else if token & WATCH == WATCH {
+                    self.watched_ready(token);
                 } else {
                     self.service(token, ev.flags, now);
                 }
@@ -510,6 +562,17 @@ impl Loop {
                 self.service(token, flags, now);
             }
             self.run_timers(now);
+            // Completions made on this thread (by watched backends, or
+            // at once by a backend that refused an operation), then the
+            // backends that asked to be watched meanwhile.
+            if self.group.handle.has_io_results() {
+                self.take_io_results(now);
+                if self.group.handle.has_io_results() {
+                    // More came while serving: next turn, without sleeping.
+                    self.group.handle.wake();
+                }
+            }
+            self.add_watches();
             if !events.is_empty() {
                 // The busy-poll window runs from when the events were
                 // served, not from before: a host at QD 1 sends its next
@@ -521,6 +584,64 @@ impl Loop {
                 last_tick = now;
                 self.tick(now);
             }
+        }
+    }
+
+    /// A watched backend may have completions: it reads them here (they
+    /// come back through the group's list); a backend gone is forgotten.
+    fn watched_ready(&mut self, token: u64) {
+        let idx = (token & u64::from(u32::MAX)) as usize;
+        let Some(r) = self.watches.get(idx).and_then(Option::as_ref) else {
+            return;
+        };
+        if r.gone() {
+            self.forget_watch(idx);
+        } else {
+            r.on_ready();
+        }
+    }
+
+    /// Watches the backends started on this thread since the last turn.
+    fn add_watches(&mut self) {
+        for r in watch::take_new() {
+            if self.watches.len() >= MAX_WATCHES && self.free_watches.is_empty() {
+                watch::forget_here(r.watch_id());
+                r.unwatched();
+                continue;
+            }
+            let idx = self.free_watches.pop().unwrap_or_else(|| {
+                self.watches.push(None);
+                self.watches.len() - 1
+            });
+            // Level-triggered: what one read leaves wakes the group again.
+            // Not EPOLLEXCLUSIVE: on a nested epoll it lost wake-ups
+            // (completions then waited for the initiator thread's nap), so
+            // every group watching a backend wakes, and those that find
+            // nothing left cost one read each.
+            let added = epoll::add(
+                &self.epoll,
+                r.ready_fd(),
+                epoll::EventData::new_u64(WATCH | idx as u64),
+                epoll::EventFlags::IN,
+            );
+            if let Err(e) = added {
+                tracing::warn!(error = %e, "cannot watch a backend from a poll group; its own thread reads it");
+                watch::forget_here(r.watch_id());
+                r.unwatched();
+                self.free_watches.push(idx);
+                continue;
+            }
+            self.watches[idx] = Some(r);
+        }
+    }
+
+    /// Stops watching backend `idx`.
+    fn forget_watch(&mut self, idx: usize) {
+        if let Some(r) = self.watches.get_mut(idx).and_then(Option::take) {
+            let _ = epoll::delete(&self.epoll, r.ready_fd());
+            watch::forget_here(r.watch_id());
+            r.unwatched();
+            self.free_watches.push(idx);
         }
     }
 
@@ -560,7 +681,8 @@ impl Loop {
                 self.entries.len() - 1
             });
             let e = &mut self.entries[idx];
-            e.generation = e.generation.wrapping_add(1);
+            // Never all ones: those tokens are the watches'.
+            e.generation = e.generation.wrapping_add(1) % u32::MAX;
             let token = (u64::from(e.generation) << 32) | idx as u64;
             slot.interest = epoll::EventFlags::IN | epoll::EventFlags::ET;
             if let Err(err) = epoll::add(
@@ -812,8 +934,13 @@ impl Loop {
     }
 
     /// Timers of every connection; closes those whose host took no byte
-    /// for the write timeout.
+    /// for the write timeout. Forgets the watched backends that are gone.
     fn tick(&mut self, now: Instant) {
+        for idx in 0..self.watches.len() {
+            if self.watches[idx].as_ref().is_some_and(|r| r.gone()) {
+                self.forget_watch(idx);
+            }
+        }
         for idx in 0..self.entries.len() {
             let Some(slot) = self.entries[idx].slot.as_mut() else {
                 continue;

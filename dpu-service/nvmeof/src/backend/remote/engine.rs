@@ -2,15 +2,18 @@
 //! under one lock: the I/O queue of the connection up, the operations in
 //! flight and the commands not yet sent. A poll group starts an operation
 //! by making and sending its commands itself, with no hand-over to
-//! another thread; the initiator thread reads the completions (its
-//! `poll` wakes when the socket has bytes), times commands out, and takes
-//! the queue down and puts it up again.
+//! another thread; the poll groups watching the socket read the
+//! completions and send what waited for them (the initiator thread does
+//! when none watches), and the initiator thread times commands out, and
+//! takes the queue down and puts it up again.
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+use rustix::event::epoll;
 
 use super::ops::{self, Dest, Geometry, Op, Todo};
 use super::{out_of_range, Job, Shared};
@@ -57,8 +60,18 @@ impl Engine {
         self.io.is_some() && self.failed.is_none()
     }
 
-    /// Serves from now on over `io`, its commands made by `g`.
-    pub fn install(&mut self, io: Queue<TcpStream>, g: Geometry) {
+    /// Serves from now on over `io`, its commands made by `g`; its socket
+    /// goes into the poller the poll groups watch.
+    pub fn install(&mut self, s: &Shared, io: Queue<TcpStream>, g: Geometry) {
+        if let Err(e) = epoll::add(
+            &s.poller,
+            io.wire(),
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        ) {
+            // The initiator thread's sweeps read it all the same.
+            tracing::warn!(namespace = %s.what, error = %e, "cannot watch a remote I/O queue from the poll groups");
+        }
         let entries = usize::from(io.pair().entries());
         self.cmds = (0..entries).map(|_| None).collect();
         self.io = Some((io, g));
@@ -83,10 +96,20 @@ impl Engine {
         match sent {
             Ok(all) => !all,
             Err(e) => {
-                self.failed = Some(e);
+                self.fail(s, e);
                 true
             }
         }
+    }
+
+    /// Notes that the connection failed with `e`, for the initiator
+    /// thread to take down; the poll groups stop watching its socket
+    /// (level-triggered, a broken one would wake them until then).
+    pub fn fail(&mut self, s: &Shared, e: Error) {
+        if let Some((q, _)) = &self.io {
+            let _ = epoll::delete(&s.poller, q.wire());
+        }
+        self.failed.get_or_insert(e);
     }
 
     /// Takes a job: its operation made, its commands queued.
@@ -261,7 +284,9 @@ impl Engine {
     /// Takes the connection down (its socket closes with the queue) and
     /// fails every operation in flight or queued on it with `err()`.
     pub fn take_down(&mut self, s: &Shared, err: &dyn Fn() -> io::Error) {
-        self.io = None;
+        if let Some((q, _)) = self.io.take() {
+            let _ = epoll::delete(&s.poller, q.wire());
+        }
         self.todo.clear();
         self.cmds.iter_mut().for_each(|c| *c = None);
         for idx in 0..self.ops.len() {

@@ -1,7 +1,8 @@
 //! The initiator thread of one remote namespace: it brings up a
 //! controller on one of the namespace's paths and hands its I/O queue to
-//! the [engine](super::engine), reads the completions, sends what poll
-//! groups left queued, times commands out, keeps the controller alive,
+//! the [engine](super::engine), reads the completions while no poll group
+//! watches its socket (and on its deadline sweeps when one does), sends
+//! what poll groups left queued, times commands out, keeps the controller alive,
 //! and when the connection fails, fails what was on it and connects
 //! again; operations started meanwhile wait here for the next one.
 
@@ -302,7 +303,7 @@ impl Link {
         self.admin_readable = true;
         if let Some(io) = c.io.take() {
             let mut e = lock(&self.s.engine);
-            e.install(io, c.geometry.clone());
+            e.install(&self.s, io, c.geometry.clone());
             while let Some(job) = self.parked.pop_front() {
                 e.accept(&self.s, job);
             }
@@ -450,11 +451,20 @@ impl Link {
                 PollFlags::IN
             }
         };
+        // While poll groups watch the I/O queue, they read its
+        // completions: this thread wakes for it only to send, or when it
+        // breaks (HUP and ERR always wake), and reads it on its sweeps.
+        let watched = self.s.watchers.load(Ordering::Acquire) > 0;
+        let io_flags = match (watched, io_out) {
+            (false, out) => flags(out),
+            (true, true) => PollFlags::OUT,
+            (true, false) => PollFlags::empty(),
+        };
         let admin_flags = flags(c.ctrl.admin().pair().has_output());
         let admin_fd = c.ctrl.admin().wire().as_fd();
         let mut fds = [
             PollFd::new(&self.s.wake, PollFlags::IN),
-            PollFd::new(&c.io_fd, flags(io_out)),
+            PollFd::new(&c.io_fd, io_flags),
             PollFd::new(&admin_fd, admin_flags),
         ];
         let t = Timespec {
@@ -476,7 +486,7 @@ impl Link {
             fds[2].revents().intersects(bytes),
         );
         self.admin_readable |= admin_ready;
-        if io_ready {
+        if io_ready || (watched && busy) {
             lock(&self.s.engine).readable = true;
         }
         Ok(())

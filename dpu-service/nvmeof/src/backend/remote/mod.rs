@@ -6,9 +6,12 @@
 //! Alive, and Identify Namespace to follow the size) and one I/O queue of
 //! the configured depth. The I/O queue is shared under one lock
 //! ([`engine`]): a poll group makes an operation's commands and sends
-//! them itself ([`Backend::start`]); the initiator thread reads the
-//! completions and hands them back through their [`IoDone`]. Nothing on a
-//! poll group waits on the network.
+//! them itself ([`Backend::start`]), and watches the queue's socket from
+//! its own epoll ([`super::watch`]): when completions arrive, the group
+//! that wakes reads them and hands them back through their [`IoDone`] on
+//! its own thread. The initiator thread reads them only when no poll
+//! group watches (operations started elsewhere), and as a fallback on its
+//! deadline sweeps. Nothing on a poll group waits on the network.
 //!
 //! Faults are answers: a command the remote does not complete within the
 //! I/O timeout, or a connection that breaks, takes the connection down;
@@ -25,13 +28,14 @@
 //! bounded as what is in flight is ([`Backend::has_room`]).
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustix::event::{eventfd, EventfdFlags};
+use rustix::event::{epoll, eventfd, EventfdFlags};
 
+use super::watch::{self, Ready};
 use super::{check, lock, Backend, Io, IoDone, OutOfRange};
 use crate::target::RemoteNamespace;
 
@@ -42,6 +46,9 @@ mod ops;
 /// Most bytes of reads and writes in flight to one remote namespace: also
 /// the most memory its data holds at once.
 pub const MAX_IN_FLIGHT_BYTES: u64 = 64 << 20;
+
+/// The next remote backend's [`Ready::watch_id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Initiator threads still running (their backends may be gone).
 static LINKS: AtomicUsize = AtomicUsize::new(0);
@@ -95,6 +102,14 @@ struct Shared {
     inbox: Mutex<Vec<Job>>,
     /// Wakes the thread.
     wake: OwnedFd,
+    /// Its [`Ready::watch_id`].
+    id: u64,
+    /// An epoll holding the socket of the I/O queue up (none while
+    /// down): what poll groups watch, stable across connections.
+    poller: OwnedFd,
+    /// Poll groups watching [`Self::poller`]: while there are any, the
+    /// initiator thread leaves reading completions to them.
+    watchers: AtomicUsize,
     /// Operations and bytes in flight (started, not yet completed).
     ops: AtomicUsize,
     bytes: AtomicU64,
@@ -163,6 +178,7 @@ impl RemoteBackend {
         let (conn, size) = link::connect_any(spec, 0)
             .map_err(|e| io::Error::new(e.kind(), format!("remote namespace {what}: {e}")))?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let poller = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let shared = Arc::new(Shared {
             spec: spec.clone(),
             what,
@@ -175,6 +191,9 @@ impl RemoteBackend {
             engine: Mutex::default(),
             inbox: Mutex::new(Vec::new()),
             wake,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            poller,
+            watchers: AtomicUsize::new(0),
             ops: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
             on_resize: Mutex::new(None),
@@ -347,6 +366,11 @@ impl Backend for RemoteBackend {
             bytes,
             since: Instant::now(),
         };
+        // A poll group starting this watches the I/O queue from now on.
+        watch::watch_here(s.id, || {
+            s.watchers.fetch_add(1, Ordering::AcqRel);
+            s.clone()
+        });
         // While a connection is up, this thread makes and sends the
         // commands itself; otherwise the initiator thread takes the job.
         let job = {
@@ -368,6 +392,49 @@ impl Backend for RemoteBackend {
         if first {
             s.wake();
         }
+    }
+}
+
+impl Ready for Shared {
+    fn watch_id(&self) -> u64 {
+        self.id
+    }
+
+    fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.poller.as_fd()
+    }
+
+    /// Reads the completions that came, then sends the commands that
+    /// waited for them, as the initiator thread would.
+    fn on_ready(&self) {
+        let mut e = lock(&self.engine);
+        if !e.is_up() {
+            return;
+        }
+        e.readable = true;
+        let r = e
+            .receive(self)
+            .and_then(|_| e.submit(self))
+            .and_then(|_| e.send());
+        let wake = match r {
+            Ok(all_sent) => !all_sent,
+            Err(err) => {
+                e.fail(self, err);
+                true
+            }
+        };
+        drop(e);
+        if wake {
+            self.wake();
+        }
+    }
+
+    fn gone(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn unwatched(&self) {
+        self.watchers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

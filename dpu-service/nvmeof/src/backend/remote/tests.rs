@@ -10,6 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::backend::watch;
 use crate::backend::{is_out_of_range, is_unavailable};
 use crate::target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
 use crate::tcp::{TcpConfig, TcpTransport};
@@ -289,6 +290,84 @@ fn many_operations_at_once_complete_in_any_order() {
         ),
         (0, 0)
     );
+}
+
+/// A poll group's thread that starts operations is lent the I/O queue's
+/// socket (through the backend's poller) and completes them itself when
+/// it is readable; the initiator thread stops reading it meanwhile, and
+/// reads it again once the group has forgotten the backend.
+#[test]
+fn a_poll_group_that_starts_operations_reads_their_completions_itself() {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let remote = Remote::start(8 * MIB, 512);
+    let b = RemoteBackend::open(&spec(vec![remote.addr])).unwrap();
+    std::thread::spawn(move || {
+        let me = std::thread::current().id();
+        watch::serve_here();
+        let n = 40;
+        let (tx, rx) = mpsc::channel();
+        let mut on_me = 0;
+        let mut watched = None;
+        for i in 0..n {
+            let tx = tx.clone();
+            b.start(
+                Io::Write {
+                    offset: i * 4096,
+                    data: pattern(i as u8, 4096),
+                    fua: false,
+                },
+                Box::new(move |r| tx.send((std::thread::current().id(), r)).unwrap()),
+            );
+            if let Some(r) = watch::take_new().pop() {
+                assert_eq!(b.shared.watchers.load(Ordering::Acquire), 1);
+                watched = Some(r);
+            }
+            let r = watched.as_ref().expect("the backend asked to be watched");
+            // What a poll group does: wait for the poller, then read
+            // (the initiator thread may have read what came first).
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let (thread, result) = loop {
+                if let Ok(got) = rx.try_recv() {
+                    break got;
+                }
+                assert!(Instant::now() < deadline, "completion {i} in time");
+                let fd = r.ready_fd();
+                let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                let t = Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 10_000_000,
+                };
+                if poll(&mut fds, Some(&t)).unwrap() == 1 {
+                    r.on_ready();
+                }
+            };
+            result.unwrap();
+            on_me += usize::from(thread == me);
+        }
+        // The initiator thread sweeps too (every 50 ms while commands are
+        // out); a group that answers the poller at once finds nearly all.
+        assert!(
+            on_me >= n as usize / 2,
+            "{on_me} of {n} on the group's thread"
+        );
+        assert!(watch::take_new().is_empty(), "watched once");
+
+        // Forgotten: the initiator thread reads the queue again, at once.
+        let r = watched.take().unwrap();
+        watch::forget_here(r.watch_id());
+        r.unwatched();
+        drop(r);
+        assert_eq!(b.shared.watchers.load(Ordering::Acquire), 0);
+        std::thread::spawn(move || {
+            for i in 0..n {
+                assert_eq!(read(&b, i * 4096, 4096).unwrap(), pattern(i as u8, 4096));
+            }
+        })
+        .join()
+        .unwrap();
+    })
+    .join()
+    .unwrap();
 }
 
 #[test]
