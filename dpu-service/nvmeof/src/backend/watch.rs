@@ -1,7 +1,8 @@
 //! Completions read where the work is. An asynchronous backend whose
 //! answers arrive on a file descriptor (a remote target's socket) lends
-//! that descriptor to each poll group that starts an operation on it; the
-//! group watches it in its own epoll and, when it is readable, reads and
+//! that descriptor to a poll group that starts an operation on it (the
+//! backend chooses which: a remote namespace, the first); the group
+//! watches it in its own epoll and, when it is readable, reads and
 //! completes what came on its own thread. The hand-over to another thread
 //! that would read the completions and wake the group (an eventfd and two
 //! context switches per batch) is gone from the I/O path.
@@ -52,6 +53,11 @@ pub(crate) fn serve_here() {
             new: Vec::new(),
         });
     });
+}
+
+/// True on a poll group's thread.
+pub(crate) fn serving_here() -> bool {
+    HERE.with(|h| h.borrow().is_some())
 }
 
 /// Asks the calling poll group to watch the backend `id`, made by `make`
@@ -127,9 +133,11 @@ mod tests {
     #[test]
     fn only_a_poll_group_watches_and_each_backend_once_until_forgotten() {
         std::thread::spawn(|| {
+            assert!(!serving_here());
             assert!(!watch_here(7, fake), "not a poll group");
             assert!(take_new().is_empty());
             serve_here();
+            assert!(serving_here());
             assert!(watch_here(7, fake));
             assert!(!watch_here(7, || unreachable!("made twice")));
             assert!(watch_here(8, fake));

@@ -48,9 +48,10 @@
 //!
 //! An asynchronous backend that answers on a socket (a remote target's
 //! I/O queue) is watched from the group's epoll once the group starts an
-//! operation on it ([`crate::backend::watch`]): when its completions
-//! arrive the group reads them itself and serves their connections in the
-//! same turn, with no other thread and no wake-up in between.
+//! operation on it, if the backend lends it ([`crate::backend::watch`]):
+//! when its completions arrive the group reads them itself and serves its
+//! connections in the same turn, with no other thread and no wake-up in
+//! between.
 //!
 //! DH jobs go to the transport's [`DhPool`]; a job's result comes back
 //! through the group's inbox, tagged with the slot's token, and wakes the
@@ -614,10 +615,9 @@ impl Loop {
                 self.watches.len() - 1
             });
             // Level-triggered: what one read leaves wakes the group again.
-            // Not EPOLLEXCLUSIVE: on a nested epoll it lost wake-ups
-            // (completions then waited for the initiator thread's nap), so
-            // every group watching a backend wakes, and those that find
-            // nothing left cost one read each.
+            // (EPOLLEXCLUSIVE, for several groups on one backend, lost
+            // wake-ups on a nested epoll: a backend lends its poller to
+            // one group at a time instead.)
             let added = epoll::add(
                 &self.epoll,
                 r.ready_fd(),

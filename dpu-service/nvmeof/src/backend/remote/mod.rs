@@ -6,12 +6,13 @@
 //! Alive, and Identify Namespace to follow the size) and one I/O queue of
 //! the configured depth. The I/O queue is shared under one lock
 //! ([`engine`]): a poll group makes an operation's commands and sends
-//! them itself ([`Backend::start`]), and watches the queue's socket from
-//! its own epoll ([`super::watch`]): when completions arrive, the group
-//! that wakes reads them and hands them back through their [`IoDone`] on
-//! its own thread. The initiator thread reads them only when no poll
-//! group watches (operations started elsewhere), and as a fallback on its
-//! deadline sweeps. Nothing on a poll group waits on the network.
+//! them itself ([`Backend::start`]). The first poll group to do so
+//! watches the queue's socket from its own epoll ([`super::watch`]):
+//! when completions arrive it reads them and hands them back through
+//! their [`IoDone`], its own on its own thread, other groups' through
+//! their wake-ups. The initiator thread reads them only while no poll
+//! group watches (operations started elsewhere), and as a fallback on
+//! its deadline sweeps. Nothing on a poll group waits on the network.
 //!
 //! Faults are answers: a command the remote does not complete within the
 //! I/O timeout, or a connection that breaks, takes the connection down;
@@ -107,8 +108,8 @@ struct Shared {
     /// An epoll holding the socket of the I/O queue up (none while
     /// down): what poll groups watch, stable across connections.
     poller: OwnedFd,
-    /// Poll groups watching [`Self::poller`]: while there are any, the
-    /// initiator thread leaves reading completions to them.
+    /// Poll groups watching [`Self::poller`] (0 or 1): while one does,
+    /// the initiator thread leaves reading completions to it.
     watchers: AtomicUsize,
     /// Operations and bytes in flight (started, not yet completed).
     ops: AtomicUsize,
@@ -366,11 +367,18 @@ impl Backend for RemoteBackend {
             bytes,
             since: Instant::now(),
         };
-        // A poll group starting this watches the I/O queue from now on.
-        watch::watch_here(s.id, || {
-            s.watchers.fetch_add(1, Ordering::AcqRel);
-            s.clone()
-        });
+        // The first poll group to start an operation here reads the I/O
+        // queue's completions from then on, for every group: one reader,
+        // so that no group wakes for a batch another one has read. The
+        // others are handed theirs as from any other thread.
+        if watch::serving_here()
+            && s.watchers
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            && !watch::watch_here(s.id, || s.clone())
+        {
+            s.watchers.fetch_sub(1, Ordering::AcqRel);
+        }
         // While a connection is up, this thread makes and sends the
         // commands itself; otherwise the initiator thread takes the job.
         let job = {

@@ -352,6 +352,27 @@ fn a_poll_group_that_starts_operations_reads_their_completions_itself() {
         );
         assert!(watch::take_new().is_empty(), "watched once");
 
+        // Another poll group starting operations is not lent the queue
+        // while this one reads it (its completions are handed to it).
+        let b = Arc::new(b);
+        let other = b.clone();
+        std::thread::spawn(move || {
+            watch::serve_here();
+            let data = run(
+                &other,
+                Io::Read {
+                    offset: 0,
+                    buf: vec![0; 4096],
+                },
+            )
+            .unwrap();
+            assert_eq!(data, pattern(0, 4096));
+            assert!(watch::take_new().is_empty(), "one group reads the queue");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(b.shared.watchers.load(Ordering::Acquire), 1);
+
         // Forgotten: the initiator thread reads the queue again, at once.
         let r = watched.take().unwrap();
         watch::forget_here(r.watch_id());
