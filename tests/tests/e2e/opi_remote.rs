@@ -24,6 +24,8 @@ use opi::nvme_remote_controller_service_client::NvmeRemoteControllerServiceClien
 use pb::storage_service_client::StorageServiceClient;
 
 const FAR_NQN: &str = "nqn.2024-01.io.dpu-service.test:opi-far";
+/// A subsystem no namespace here is backed by.
+const OTHER_NQN: &str = "nqn.2024-01.io.dpu-service.test:other";
 const NEAR_NQN: &str = "nqn.2024-01.io.dpu-service.test:opi-near";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-0000000000e2";
 
@@ -297,36 +299,65 @@ fn a_remote_controllers_namespace_serves_through_an_opi_namespace() -> Result<()
 
     rt.block_on(async {
         let mut rc = NvmeRemoteControllerServiceClient::new(channel(&near).await?);
-        // Four paths at most; one subsystem a controller; no deleting
-        // the controller under its namespace.
-        for (id, addr) in [("b", "127.0.0.2"), ("c", "127.0.0.3"), ("d", "127.0.0.4")] {
-            rc.create_nvme_path(path(id, addr, far_port, FAR_NQN))
-                .await?;
-        }
+        // No path comes, changes or goes under its namespace (which
+        // would not follow), and the controller stays.
         refused(
-            rc.create_nvme_path(path("e", "127.0.0.5", far_port, FAR_NQN))
+            rc.create_nvme_path(path("b", "127.0.0.2", far_port, FAR_NQN))
                 .await,
-            Code::ResourceExhausted,
-            "paths of a remote controller",
+            Code::FailedPrecondition,
+            "paths it was made with",
         )?;
-        for id in ["b", "c", "d"] {
+        refused(
             rc.delete_nvme_path(opi::DeleteNvmePathRequest {
-                name: format!("nvmeRemoteControllers/nvme0/nvmePaths/{id}"),
+                name: "nvmeRemoteControllers/nvme0/nvmePaths/a".into(),
                 allow_missing: false,
             })
+            .await,
+            Code::FailedPrecondition,
+            "subsystems/near/namespaces/1",
+        )?;
+        // Four paths at most; one subsystem a controller (on a
+        // controller of a subsystem nothing is backed by).
+        rc.create_nvme_remote_controller(controller("spare", opi::TcpController::default()))
             .await?;
-        }
+        let spare = |id: &str, addr: &str, nqn: &str| {
+            let mut p = path(id, addr, far_port, nqn);
+            p.parent = "nvmeRemoteControllers/spare".into();
+            p
+        };
+        rc.create_nvme_path(spare("a", "127.0.0.1", OTHER_NQN))
+            .await?;
         refused(
-            rc.create_nvme_path(path(
+            rc.create_nvme_path(spare(
                 "b",
                 "127.0.0.2",
-                far_port,
-                "nqn.2024-01.io.dpu-service.test:other",
+                "nqn.2024-01.io.dpu-service.test:third",
             ))
             .await,
             Code::FailedPrecondition,
             "nvme_path.fabrics.subnqn",
         )?;
+        for (id, addr) in [("b", "127.0.0.2"), ("c", "127.0.0.3"), ("d", "127.0.0.4")] {
+            rc.create_nvme_path(spare(id, addr, OTHER_NQN)).await?;
+        }
+        refused(
+            rc.create_nvme_path(spare("e", "127.0.0.5", OTHER_NQN))
+                .await,
+            Code::ResourceExhausted,
+            "paths of a remote controller",
+        )?;
+        for id in ["a", "b", "c", "d"] {
+            rc.delete_nvme_path(opi::DeleteNvmePathRequest {
+                name: format!("nvmeRemoteControllers/spare/nvmePaths/{id}"),
+                allow_missing: false,
+            })
+            .await?;
+        }
+        rc.delete_nvme_remote_controller(opi::DeleteNvmeRemoteControllerRequest {
+            name: "nvmeRemoteControllers/spare".into(),
+            allow_missing: false,
+        })
+        .await?;
         refused(
             rc.delete_nvme_remote_controller(opi::DeleteNvmeRemoteControllerRequest {
                 name: "nvmeRemoteControllers/nvme0".into(),

@@ -161,9 +161,10 @@ impl State {
     /// ALREADY_EXISTS for a path ID taken (when `create`);
     /// RESOURCE_EXHAUSTED past [`MAX_CONTROLLER_PATHS`];
     /// FAILED_PRECONDITION for a subsystem or host NQN other than the
-    /// controller's other paths have, an address another path has, or a
-    /// subsystem or host NQN changed while a namespace is backed by the
-    /// controller's subsystem.
+    /// controller's other paths have, an address another path has, or
+    /// any path put while a namespace is backed by the controller's
+    /// subsystem (it connects through the paths it was made with, which
+    /// would no longer be the controller's: see [`backed_paths_fixed`]).
     pub fn put_remote_path(
         &mut self,
         cid: &str,
@@ -193,21 +194,14 @@ impl State {
                 ),
             ));
         }
+        if let Some(was) = c.subnqn() {
+            if let Some(user) = self.remote_subsystem_user(was) {
+                return Err(backed_paths_fixed(&name, &user, was));
+            }
+        }
         let mut next = c.clone();
         next.paths.insert(pid.to_string(), path);
         check_paths(&next)?;
-        if let Some(was) = c.subnqn() {
-            let now = next.subnqn().unwrap_or_default();
-            let changed = was != now || c.host_nqn() != next.host_nqn();
-            if changed {
-                if let Some(user) = self.remote_subsystem_user(was) {
-                    return Err(ControlError::FailedPrecondition(format!(
-                        "nvme_path.fabrics: {user} is backed by a namespace of {was}: the \
-                         controller's subsystem and host NQN cannot change under it"
-                    )));
-                }
-            }
-        }
         self.remote_controllers.insert(cid.to_string(), next);
         self.remote_controllers
             .get(cid)
@@ -218,28 +212,36 @@ impl State {
     /// Deletes path `pid` of remote controller `cid`.
     ///
     /// # Errors
-    /// NOT_FOUND; FAILED_PRECONDITION for the last path while a namespace
-    /// is backed by a namespace of the controller's subsystem.
+    /// NOT_FOUND; FAILED_PRECONDITION while a namespace is backed by a
+    /// namespace of the controller's subsystem ([`backed_paths_fixed`]).
     pub fn delete_remote_path(&mut self, cid: &str, pid: &str) -> Result<()> {
         let c = self.remote_controller(cid)?;
         let name = format!("{}/nvmePaths/{pid}", remote_controller_name(cid));
         let Some(p) = c.paths.get(pid) else {
             return Err(ControlError::NotFound(name));
         };
-        if c.paths.len() == 1 {
-            if let Some(user) = self.remote_subsystem_user(&p.subnqn) {
-                return Err(ControlError::FailedPrecondition(format!(
-                    "{name} is the last path of its controller and {user} is backed by a \
-                     namespace of {}; delete it first",
-                    p.subnqn
-                )));
-            }
+        if let Some(user) = self.remote_subsystem_user(&p.subnqn) {
+            return Err(backed_paths_fixed(&name, &user, &p.subnqn));
         }
         let mut next = c.clone();
         next.paths.remove(pid);
         self.remote_controllers.insert(cid.to_string(), next);
         Ok(())
     }
+}
+
+/// The refusal of a change to path `name` while namespace `user` is
+/// backed by a namespace of `subnqn`. A namespace made from a controller
+/// connects through the paths the controller had then; a path added,
+/// moved or deleted afterwards would be shown as the controller's but not
+/// used by the namespace, so no path changes under it: the namespace is
+/// deleted first (and made again from the controller's new paths).
+fn backed_paths_fixed(name: &str, user: &str, subnqn: &str) -> ControlError {
+    ControlError::FailedPrecondition(format!(
+        "{name}: {user} is backed by a namespace of {subnqn} and connects through the paths \
+         it was made with; the controller's paths cannot change under it (delete the \
+         namespace first)"
+    ))
 }
 
 /// Checks that `c`'s paths name one subsystem, as one host, at distinct
@@ -419,7 +421,7 @@ mod tests {
     }
 
     /// While a namespace is backed by the controller's subsystem, neither
-    /// the controller nor its last path go, and its NQNs stay.
+    /// the controller nor any of its paths change.
     #[test]
     fn a_used_controller_stays() {
         let mut s = State::default();
@@ -459,25 +461,41 @@ mod tests {
         let e = s.delete_remote_controller("nvme0").unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
         assert!(e.to_string().contains("subsystems/s/namespaces/1"), "{e}");
-        s.delete_remote_path("nvme0", "a").unwrap();
-        let e = s.delete_remote_path("nvme0", "b").unwrap_err();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert!(e.to_string().contains("subsystems/s/namespaces/1"), "{e}");
-        let e = s
-            .put_remote_path(
-                "nvme0",
+        // No path goes, comes or changes under it: the namespace would
+        // not follow.
+        for pid in ["a", "b"] {
+            let e = s.delete_remote_path("nvme0", pid).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+            assert!(e.to_string().contains("subsystems/s/namespaces/1"), "{e}");
+        }
+        for (pid, p, create) in [
+            (
                 "b",
                 path("10.0.0.2:4420", "nqn.2024-01.io.example:b"),
                 false,
-            )
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
-        // The address may change.
-        s.put_remote_path("nvme0", "b", path("10.0.0.3:4420", FAR), false)
-            .unwrap();
+            ),
+            ("b", path("10.0.0.3:4420", FAR), false),
+            ("c", path("10.0.0.4:4420", FAR), true),
+        ] {
+            let e = s.put_remote_path("nvme0", pid, p, create).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+            assert!(e.to_string().contains("paths it was made with"), "{e}");
+        }
+        assert_eq!(s.remote_controller("nvme0").unwrap().paths.len(), 2);
+        // A controller of another subsystem changes freely meanwhile.
+        s.create_remote_controller(controller("nvme1")).unwrap();
+        s.put_remote_path(
+            "nvme1",
+            "a",
+            path("10.0.0.5:4420", "nqn.2024-01.io.example:b"),
+            true,
+        )
+        .unwrap();
+        s.delete_remote_path("nvme1", "a").unwrap();
         s.set_remote_queue_depth("nvme0", 16).unwrap();
         assert_eq!(s.remote_controller("nvme0").unwrap().queue_depth, 16);
         s.delete_namespace("s", 1).unwrap();
+        s.delete_remote_path("nvme0", "a").unwrap();
         s.delete_remote_controller("nvme0").unwrap();
         assert_eq!(
             code(s.delete_remote_controller("nvme0").unwrap_err()),

@@ -42,8 +42,10 @@
 //!   of its subsystem exists (the first by ID), else empty.
 //!
 //! While a namespace is backed by a controller's subsystem, the
-//! controller cannot be deleted, nor its last path, nor its subsystem or
-//! host NQN changed (FAILED_PRECONDITION naming the namespace). Reset
+//! controller cannot be deleted and none of its paths created, changed
+//! or deleted (FAILED_PRECONDITION naming the namespace): the namespace
+//! connects through the paths the controller had when it was made, and
+//! would not follow. Reset
 //! connects through the controller's paths and answers once one answers
 //! (FAILED_PRECONDITION when none does): the namespaces' own connections
 //! recover by themselves. Stats of a controller and of each of its paths
@@ -1548,11 +1550,12 @@ mod tests {
                 allow_missing: false,
             })
         };
-        api.delete_nvme_path(delete_path("p1")).await.unwrap();
-        let e = api.delete_nvme_path(delete_path("p2")).await.unwrap_err();
-        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-        // A path update that moves the address is taken; one changing
-        // the subsystem is not.
+        for p in ["p1", "p2"] {
+            let e = api.delete_nvme_path(delete_path(p)).await.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert!(e.message().contains("subsystems/s1/namespaces/1"), "{e:?}");
+        }
+        // Nor does a path change under it: the namespace would not follow.
         let update_path = |p: opi::NvmePath, mask: &[&str]| {
             Request::new(opi::UpdateNvmePathRequest {
                 nvme_path: Some(opi::NvmePath {
@@ -1565,20 +1568,21 @@ mod tests {
                 allow_missing: false,
             })
         };
-        let moved = api
-            .update_nvme_path(update_path(path("10.0.0.7", 0, ""), &["traddr"]))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(
-            (moved.traddr.as_str(), moved.fabrics.unwrap().trsvcid),
-            ("10.0.0.7", 4420)
-        );
-        let e = api
-            .update_nvme_path(update_path(
+        for (p, mask) in [
+            (path("10.0.0.7", 0, ""), &["traddr"][..]),
+            (
                 path("10.0.0.7", 4420, "nqn.2024-01.io.example:b"),
-                &["fabrics.subnqn"],
-            ))
+                &["fabrics.subnqn"][..],
+            ),
+        ] {
+            let e = api
+                .update_nvme_path(update_path(p, mask))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert!(e.message().contains("paths it was made with"), "{e:?}");
+        }
+        let e = create_path(&api, "p3", path("10.0.0.3", 4420, FAR))
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
