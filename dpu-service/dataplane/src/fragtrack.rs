@@ -300,7 +300,7 @@ impl FragTable {
     /// is live at `now`: a later fragment of it may pass. An expired
     /// entry is removed.
     ///
-    /// A datagram carried over from a previous process ([`FragTable::carry`])
+    /// A datagram carried over from a previous process (`FragTable::carry`)
     /// joins the table on its first miss here, if its tenant has room.
     pub fn passes(&mut self, key: &FragKey, now: u64) -> bool {
         let (i, found) = self.probe(key);

@@ -23,7 +23,7 @@
 //! - [`flowcache`]: an exact-match cache of classifications, per worker.
 //! - [`fragtrack`]: the fragmented datagrams whose first fragment passed,
 //!   per worker, so that their later fragments pass and no others do.
-//! - [`shares`]: fair shares of a bounded table among tenants (reserved
+//! - [`fair_share`]: fair shares of a bounded table among tenants (reserved
 //!   minimum plus a shared pool), for the connection and fragment tables.
 //! - `l2memo`: decisions remembered by link-layer header, per worker,
 //!   for tenants that switch without looking past it.

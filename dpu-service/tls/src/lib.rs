@@ -535,7 +535,7 @@ impl Write for Session {
         self.write_vectored(&[IoSlice::new(buf)])
     }
 
-    /// Takes up to [`TX_BATCH`] bytes of `bufs` into records of up to
+    /// Takes up to `TX_BATCH` bytes of `bufs` into records of up to
     /// [`RECORD`] bytes and sends what the socket takes; what it does not
     /// take is sent first by the next write or [`Session::flush_pending`].
     /// `WouldBlock` only while earlier records are still waiting.

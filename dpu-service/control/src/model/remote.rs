@@ -57,7 +57,7 @@ impl RemoteNamespace {
         r
     }
 
-    /// Its paths as text, "ADDR:PORT" each ("[ADDR]:PORT" for IPv6),
+    /// Its paths as text, "ADDR:PORT" each ("\[ADDR\]:PORT" for IPv6),
     /// joined by ", ": how errors name the remote.
     pub fn addresses(&self) -> String {
         self.paths

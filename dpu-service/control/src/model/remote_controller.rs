@@ -164,7 +164,7 @@ impl State {
     /// controller's other paths have, an address another path has, or
     /// any path put while a namespace is backed by the controller's
     /// subsystem (it connects through the paths it was made with, which
-    /// would no longer be the controller's: see [`backed_paths_fixed`]).
+    /// would no longer be the controller's).
     pub fn put_remote_path(
         &mut self,
         cid: &str,
@@ -213,7 +213,8 @@ impl State {
     ///
     /// # Errors
     /// NOT_FOUND; FAILED_PRECONDITION while a namespace is backed by a
-    /// namespace of the controller's subsystem ([`backed_paths_fixed`]).
+    /// namespace of the controller's subsystem (as for
+    /// [`State::put_remote_path`]).
     pub fn delete_remote_path(&mut self, cid: &str, pid: &str) -> Result<()> {
         let c = self.remote_controller(cid)?;
         let name = format!("{}/nvmePaths/{pid}", remote_controller_name(cid));

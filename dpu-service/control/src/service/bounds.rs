@@ -425,8 +425,8 @@ pub const LARGE_REQUESTS_AT_ONCE: usize = 2;
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A gRPC service (a tonic server) whose requests are held to
-/// [`request_bytes`], at most [`LARGE_REQUESTS_AT_ONCE`] of them larger
-/// than [`SMALL_REQUEST`] at once, read within [`REQUEST_READ_TIMEOUT`],
+/// [`request_bytes`], at most `LARGE_REQUESTS_AT_ONCE` of them larger
+/// than [`SMALL_REQUEST`] at once, read within `REQUEST_READ_TIMEOUT`,
 /// and, for the methods with counted lists, counted before the service
 /// decodes them. Wrap the generated server built with the same
 /// `max_decoding_message_size`. Refusals of the counted methods are

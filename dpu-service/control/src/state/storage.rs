@@ -460,7 +460,7 @@ impl State {
 
     /// Creates a listener in subsystem `id`.
     /// A listener that names a tenant is a storage endpoint of it
-    /// ([`State::place_endpoint`]): the tenant must exist, the address
+    /// (`State::place_endpoint`): the tenant must exist, the address
     /// be none of its hosts', and the listener gets its endpoint's MAC.
     /// A subsystem is served in one place
     /// ([`Subsystem::serving_conflict`](crate::model::Subsystem::serving_conflict)):

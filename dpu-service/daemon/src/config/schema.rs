@@ -697,7 +697,7 @@ pub struct SeedQos {
 #[serde(deny_unknown_fields)]
 pub struct SeedRemote {
     /// Transport addresses of the remote subsystem, "ADDR:PORT" (IPv6 as
-    /// "[ADDR]:PORT"), 1 to 4 in order of preference.
+    /// "\[ADDR\]:PORT"), 1 to 4 in order of preference.
     pub paths: Vec<String>,
     /// The remote subsystem's NQN.
     pub nqn: String,

@@ -174,7 +174,7 @@ impl SavedTables {
 
     /// The file's bytes: a header (magic, version, time, counts), the
     /// tenant names, the connections, the datagrams, and a CRC-32C of
-    /// everything before it. Tenant names longer than [`NAME_MAX`] are
+    /// everything before it. Tenant names longer than `NAME_MAX` bytes are
     /// cut (their entries then belong to no tenant on restore).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(

@@ -27,7 +27,7 @@ pub const PDU_TIMEOUT: Duration = Duration::from_secs(10);
 /// discovery controllers a 120 s keep-alive when the host asks for none.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The timers a connection enforces; a [`Target`]'s connections take
+/// The timers a connection enforces; a [`Target`](crate::Target)'s connections take
 /// [`Target::timeouts`](crate::target::Target::timeouts) when they are
 /// made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -249,7 +249,7 @@ pub fn write(nsid: u32, slba: u64, nlb: u16) -> Sqe {
     rw(nvm::WRITE, nsid, slba, nlb)
 }
 
-/// A Write as [`write`], durable on completion when `fua` (Force Unit
+/// A Write as [`write()`], durable on completion when `fua` (Force Unit
 /// Access).
 pub fn write_fua(nsid: u32, slba: u64, nlb: u16, fua: bool) -> Sqe {
     let mut s = rw(nvm::WRITE, nsid, slba, nlb);

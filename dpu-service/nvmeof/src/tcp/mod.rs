@@ -1,6 +1,6 @@
 //! The kernel TCP transport: listeners, and poll groups that serve many
 //! connections each from one event loop, each connection driving a
-//! sans-IO [`Connection`](crate::conn::Connection).
+//! sans-IO [`Connection`].
 //!
 //! A listener thread accepts connections under the connection limits
 //! ([`TcpConfig::max_connections`], in total and per source address) and
@@ -9,7 +9,7 @@
 //! names an I/O queue it moves, with whatever it has buffered, to the I/O
 //! poll group serving the fewest I/O queues (ties go to group
 //! `(qid - 1) % groups`, so one controller's queues spread over the
-//! groups in order). See [`group`] for the event loop: non-blocking
+//! groups in order). See `group.rs` for the event loop: non-blocking
 //! sockets, output queued per connection and bounded, timers.
 //!
 //! Placement ([`TcpConfig`]): with I/O CPUs configured there is one I/O

@@ -124,7 +124,7 @@ pub enum NamespaceCmd {
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
     /// Backed by a namespace of the remote NVMe/TCP target at this
-    /// address (IPv6 as [ADDR]:PORT); repeat for up to 4 paths, in order
+    /// address (an IPv6 address in brackets before the port); repeat for up to 4 paths, in order
     /// of preference. Its size is the remote namespace's.
     #[arg(
         long = "remote",
