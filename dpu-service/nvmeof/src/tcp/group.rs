@@ -563,9 +563,13 @@ impl Loop {
                 self.service(token, flags, now);
             }
             self.run_timers(now);
-            // Completions made on this thread (by watched backends, or
-            // at once by a backend that refused an operation), then the
-            // backends that asked to be watched meanwhile.
+            if now.duration_since(last_tick) >= TICK {
+                last_tick = now;
+                self.tick(now);
+            }
+            // Completions made on this thread this turn (by watched
+            // backends, or at once by a backend that refused an
+            // operation), then the backends that asked to be watched.
             if self.group.handle.has_io_results() {
                 self.take_io_results(now);
                 if self.group.handle.has_io_results() {
@@ -580,10 +584,6 @@ impl Loop {
                 // command one round trip after our answer, and serving a
                 // TLS batch can take most of the window.
                 last_busy = Instant::now();
-            }
-            if now.duration_since(last_tick) >= TICK {
-                last_tick = now;
-                self.tick(now);
             }
         }
     }
