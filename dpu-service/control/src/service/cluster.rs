@@ -365,10 +365,7 @@ mod tests {
     use tonic::{Code, Request};
 
     use super::*;
-    use crate::service::testing::LIMITS;
-    use crate::service::{Control, ServiceFacts};
     use crate::store::StateHandle;
-    use crate::telemetry::Telemetry;
 
     const KEY: &str = "AQCAmWZmQOIBABAAEBESExQVFhcYGRobHB0eHw==";
     const NEW_KEY: &str = "AQCAmWZmQOIBABAAICEiIyQlJicoKSorLC0uLw==";
@@ -469,19 +466,11 @@ mod tests {
             seen: Mutex::default(),
         });
         let state = StateHandle::open(None).unwrap();
-        let api = Api::new(Arc::new(Control {
-            state: state.clone(),
-            ports: Default::default(),
-            telemetry: Arc::new(Telemetry::default()),
-            limits: LIMITS,
-            backing: Arc::new(crate::service::testing::backing()),
-            facts: ServiceFacts::default(),
-            storage_applied: None,
-            switch_applied: None,
-            store_probe: Some(ceph.clone()),
-            served: served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
-            host_nqn: crate::service::testing::HOST_NQN.into(),
-        }));
+        let api = Api::with_probe_for_tests(
+            state.clone(),
+            ceph.clone(),
+            served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
+        );
         (api, ceph, state)
     }
 

@@ -319,6 +319,29 @@ impl Api {
             host_nqn: testing::HOST_NQN.into(),
         }))
     }
+
+    /// An API over `state` with the test limits, whose storage is checked
+    /// against `probe` (a stand-in for clusters and remote targets) and
+    /// whose namespaces' serving state is `served`'s.
+    pub(crate) fn with_probe_for_tests(
+        state: StateHandle,
+        probe: Arc<dyn StoreProbe>,
+        served: Option<Arc<dyn ServedNamespaces>>,
+    ) -> Api {
+        Api::new(Arc::new(Control {
+            state,
+            ports: Default::default(),
+            telemetry: Arc::new(Telemetry::default()),
+            limits: testing::LIMITS,
+            backing: Arc::new(testing::backing()),
+            facts: ServiceFacts::default(),
+            storage_applied: None,
+            switch_applied: None,
+            store_probe: Some(probe),
+            served,
+            host_nqn: testing::HOST_NQN.into(),
+        }))
+    }
 }
 
 /// Stand-ins for the consumers of the state, for the services' tests.

@@ -1000,10 +1000,9 @@ mod tests {
 
     use super::*;
     use crate::model::{Cluster, RemoteNamespace};
-    use crate::service::testing::{HOST_NQN, LIMITS};
-    use crate::service::{Control, ServiceFacts, StoreProbe};
+    use crate::service::testing::HOST_NQN;
+    use crate::service::StoreProbe;
     use crate::store::StateHandle;
-    use crate::telemetry::Telemetry;
 
     const FAR: &str = "nqn.2024-01.io.example:far";
 
@@ -1069,19 +1068,7 @@ mod tests {
     fn api() -> (Api, Arc<Far>, StateHandle) {
         let state = StateHandle::open(None).unwrap();
         let far = Arc::new(Far::default());
-        let api = Api::new(Arc::new(Control {
-            state: state.clone(),
-            ports: Default::default(),
-            telemetry: Arc::new(Telemetry::default()),
-            limits: LIMITS,
-            backing: Arc::new(crate::service::testing::backing()),
-            facts: ServiceFacts::default(),
-            storage_applied: None,
-            switch_applied: None,
-            store_probe: Some(far.clone()),
-            served: None,
-            host_nqn: HOST_NQN.into(),
-        }));
+        let api = Api::with_probe_for_tests(state.clone(), far.clone(), None);
         (api, far, state)
     }
 

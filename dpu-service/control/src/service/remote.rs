@@ -78,10 +78,9 @@ mod tests {
     use super::*;
     use crate::model::Cluster;
     use crate::service::cluster::PROBES_AT_ONCE;
-    use crate::service::testing::{HOST_NQN, LIMITS};
-    use crate::service::{Control, ServedNamespaces, ServiceFacts};
+    use crate::service::testing::HOST_NQN;
+    use crate::service::ServedNamespaces;
     use crate::store::StateHandle;
-    use crate::telemetry::Telemetry;
 
     const SECRET: &str = "DHHC-1:00:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQHMnzFi:";
     const FAR: &str = "nqn.2024-01.io.example:far";
@@ -158,19 +157,11 @@ mod tests {
 
     fn api_over(state: &StateHandle, served: bool) -> (Api, Arc<Far>) {
         let far = Arc::new(Far::default());
-        let api = Api::new(Arc::new(Control {
-            state: state.clone(),
-            ports: Default::default(),
-            telemetry: Arc::new(Telemetry::default()),
-            limits: LIMITS,
-            backing: Arc::new(crate::service::testing::backing()),
-            facts: ServiceFacts::default(),
-            storage_applied: None,
-            switch_applied: None,
-            store_probe: Some(far.clone()),
-            served: served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
-            host_nqn: HOST_NQN.into(),
-        }));
+        let api = Api::with_probe_for_tests(
+            state.clone(),
+            far.clone(),
+            served.then(|| Arc::new(Served) as Arc<dyn ServedNamespaces>),
+        );
         (api, far)
     }
 
