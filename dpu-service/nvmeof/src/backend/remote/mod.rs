@@ -371,7 +371,8 @@ impl Backend for RemoteBackend {
         // queue's completions from then on, for every group: one reader,
         // so that no group wakes for a batch another one has read. The
         // others are handed theirs as from any other thread.
-        if watch::serving_here()
+        if s.watchers.load(Ordering::Acquire) == 0
+            && watch::serving_here()
             && s.watchers
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
