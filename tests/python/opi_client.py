@@ -1,7 +1,7 @@
 """OPI's NVMe front end through pydpu (PyPI), a client generated from
 OPI's protos and not from ours, against a running dpu-service.
 
-    opi_client.py --target HOST:PORT --keep ID --port P   # an admin caller
+    opi_client.py --target HOST:PORT --keep ID --port P --other-port Q   # an admin caller
     opi_client.py --target HOST:PORT --reader      # a caller with the reader role
     opi_client.py --target HOST:PORT --namespaces  # namespaces on volume Malloc1
 
@@ -14,7 +14,8 @@ subsystem ID given with --keep is created and left in place, with host
 NQN H1 allowed and an NVMe/TCP controller `tcp0` on 127.0.0.1:--port,
 for the caller to find through dpu.v1 and connect to. Controllers: create,
 get, list, an update that changes nothing, and the refusals (a moved
-address, QoS, queue sizes, a CNTLID, a PCIe function, stats).
+address, QoS, queue sizes, a CNTLID, a PCIe function, stats); a second
+controller on 127.0.0.1:--other-port is created and deleted.
 
 With --namespaces (volume Malloc1 must exist, a RAM volume with no
 namespace): pydpu's NvmeNamespace objects on Malloc1 drive create, get,
@@ -65,7 +66,7 @@ def expect_error(call, code, field=None):
     fail(f"expected {code}, the call succeeded")
 
 
-def admin(target, keep, port):
+def admin(target, keep, port, other_port):
     # pydpu's CLI: it prints an RPC error instead of failing, so its output
     # is read.
     out = subprocess.run(
@@ -241,7 +242,7 @@ def admin(target, keep, port):
             fail("an update that changes nothing changed something")
         moved = ctrl()
         moved.name = want
-        moved.spec.fabrics_id.trsvcid = str(port + 1)
+        moved.spec.fabrics_id.trsvcid = str(other_port)
         expect_error(
             lambda: stub.UpdateNvmeController(fe.UpdateNvmeControllerRequest(nvme_controller=moved)),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -274,7 +275,7 @@ def admin(target, keep, port):
         )
         # A second controller, deleted again (and again, allowed to miss).
         other = ctrl()
-        other.spec.fabrics_id.trsvcid = str(port + 1)
+        other.spec.fabrics_id.trsvcid = str(other_port)
         stub.CreateNvmeController(
             fe.CreateNvmeControllerRequest(parent=kept.name, nvme_controller_id="tcp1", nvme_controller=other)
         )
@@ -448,6 +449,9 @@ def main():
     p.add_argument("--target", required=True)
     p.add_argument("--keep", default="opi-kept")
     p.add_argument("--port", type=int, default=24420, help="the TCP port of the kept subsystem's controller")
+    p.add_argument(
+        "--other-port", type=int, default=24421, help="a free TCP port for a second controller, created and deleted"
+    )
     p.add_argument("--reader", action="store_true")
     p.add_argument("--namespaces", action="store_true")
     a = p.parse_args()
@@ -456,7 +460,7 @@ def main():
     elif a.namespaces:
         namespaces(a.target)
     else:
-        admin(a.target, a.keep, a.port)
+        admin(a.target, a.keep, a.port, a.other_port)
 
 
 if __name__ == "__main__":

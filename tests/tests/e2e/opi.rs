@@ -84,8 +84,24 @@ fn opi_stats(svc: &Service, name: &str) -> Result<opi::VolumeStats> {
 #[test]
 fn pydpu_drives_subsystems_that_dpu_v1_shares() -> Result<()> {
     let mut svc = Service::start()?;
+    // Two ports bound and released by this process: the one next to a
+    // free port is often an outgoing connection's (Linux gives bind and
+    // connect ports of opposite parity).
     let port = free_port();
-    let out = opi_client(&svc, &["--keep", "opi-kept", "--port", &port.to_string()])?;
+    let other = std::iter::repeat_with(free_port)
+        .find(|&p| p != port)
+        .context("no second free port")?;
+    let out = opi_client(
+        &svc,
+        &[
+            "--keep",
+            "opi-kept",
+            "--port",
+            &port.to_string(),
+            "--other-port",
+            &other.to_string(),
+        ],
+    )?;
     ensure!(out.contains("admin sequence OK"), "{out}");
 
     // The controller OPI made listens: the discovery log names the
