@@ -29,6 +29,9 @@
 //!   for tenants that switch without looking past it.
 //! - `carry`: connection and fragment entries carried over from a
 //!   previous process, adopted by each worker on a miss.
+//! - [`offload`]: flows handed to the switch in front of the cores (an
+//!   eSwitch), through a provider and an offload thread, with a model
+//!   provider that carries their traffic in-process.
 //! - [`switch`]: the per-tenant switch pipeline: tenant by port and VLAN,
 //!   filtering, MAC learning and flooding only within the tenant.
 
@@ -51,6 +54,7 @@ pub mod io;
 mod l2memo;
 mod linear_probe;
 mod mactable;
+pub mod offload;
 pub mod switch;
 pub mod wire;
 pub mod worker;
