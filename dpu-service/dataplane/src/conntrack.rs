@@ -342,9 +342,48 @@ struct Bucket {
     /// The opening packet's ports (ICMP type and code), as classified.
     orig_ports: (u16, u16),
     state: ConnState,
-    /// The opening packet came from the `lo` end.
-    orig_lo: bool,
     used: bool,
+    /// [`ORIG_LO`], and which directions are offered to flow hardware
+    /// ([`OFFLOADED_ORIG`], [`OFFLOADED_REPLY`]): while any is, the
+    /// connection does not expire here (its packets go by in hardware;
+    /// its age there decides).
+    flags: u8,
+}
+
+/// [`Bucket::flags`]: the opening packet came from the `lo` end.
+const ORIG_LO: u8 = 0x80;
+/// [`Bucket::flags`]: the directions offered to flow hardware.
+const OFFLOADED: u8 = OFFLOADED_ORIG | OFFLOADED_REPLY;
+
+impl Bucket {
+    fn orig_lo(&self) -> bool {
+        self.flags & ORIG_LO != 0
+    }
+
+    fn offloaded(&self) -> u8 {
+        self.flags & OFFLOADED
+    }
+}
+
+fn orig_flag(orig_lo: bool) -> u8 {
+    if orig_lo {
+        ORIG_LO
+    } else {
+        0
+    }
+}
+
+/// [`ConnTable::offloaded`]: the opening direction is in hardware.
+pub const OFFLOADED_ORIG: u8 = 1;
+/// [`ConnTable::offloaded`]: the reply direction is in hardware.
+pub const OFFLOADED_REPLY: u8 = 2;
+
+/// The [`ConnTable::offloaded`] bit of direction `dir`.
+pub fn offload_bit(dir: Dir) -> u8 {
+    match dir {
+        Dir::Orig => OFFLOADED_ORIG,
+        Dir::Reply => OFFLOADED_REPLY,
+    }
 }
 
 const EMPTY: Bucket = Bucket {
@@ -362,8 +401,8 @@ const EMPTY: Bucket = Bucket {
     generation: 0,
     orig_ports: (0, 0),
     state: ConnState::Datagram { replied: false },
-    orig_lo: false,
     used: false,
+    flags: 0,
 };
 
 impl Probed for Bucket {
@@ -473,7 +512,7 @@ impl ConnTable {
                 hi_port: b.key.hi_port,
                 proto: b.key.proto,
                 v6: b.key.v6,
-                orig_lo: b.orig_lo,
+                orig_lo: b.orig_lo(),
                 orig_ports: b.orig_ports,
                 state: b.state,
                 ttl,
@@ -546,11 +585,11 @@ impl ConnTable {
         if !found {
             return None;
         }
-        if u64::from(self.buckets[i].expires) <= now {
+        if u64::from(self.buckets[i].expires) <= now && self.buckets[i].offloaded() == 0 {
             self.remove(i as u32);
             return None;
         }
-        let dir = if key.from_lo == self.buckets[i].orig_lo {
+        let dir = if key.from_lo == self.buckets[i].orig_lo() {
             Dir::Orig
         } else {
             Dir::Reply
@@ -591,8 +630,8 @@ impl ConnTable {
             generation: (generation as u32).wrapping_sub(1),
             orig_ports: parked.orig_ports,
             state: parked.state,
-            orig_lo: parked.orig_lo,
             used: true,
+            flags: orig_flag(parked.orig_lo),
         };
         let dir = if key.from_lo == parked.orig_lo {
             Dir::Orig
@@ -613,7 +652,7 @@ impl ConnTable {
     /// The classification key of the packet that opened connection `slot`.
     pub fn orig(&self, slot: u32) -> FlowKey {
         let b = &self.buckets[slot as usize];
-        let (src, dst) = if b.orig_lo {
+        let (src, dst) = if b.orig_lo() {
             (b.key.lo, b.key.hi)
         } else {
             (b.key.hi, b.key.lo)
@@ -636,6 +675,21 @@ impl ConnTable {
     /// Records that connection `slot` was checked against generation `g`.
     pub fn set_generation(&mut self, slot: u32, g: u64) {
         self.buckets[slot as usize].generation = g as u32;
+    }
+
+    /// Which directions of connection `slot` are offered to flow
+    /// hardware ([`OFFLOADED_ORIG`], [`OFFLOADED_REPLY`]).
+    #[inline]
+    pub fn offloaded(&self, slot: u32) -> u8 {
+        self.buckets[slot as usize].offloaded()
+    }
+
+    /// Sets which directions of connection `slot` are offered to flow
+    /// hardware.
+    #[inline]
+    pub fn set_offloaded(&mut self, slot: u32, bits: u8) {
+        let b = &mut self.buckets[slot as usize];
+        b.flags = (b.flags & !OFFLOADED) | (bits & OFFLOADED);
     }
 
     /// The state of connection `slot`.
@@ -707,8 +761,8 @@ impl ConnTable {
             generation: generation as u32,
             orig_ports: (orig.src_port, orig.dst_port),
             state,
-            orig_lo: key.from_lo,
             used: true,
+            flags: orig_flag(key.from_lo),
         };
         self.shares.take(tenant);
         Ok(i as u32)
@@ -733,7 +787,8 @@ impl ConnTable {
         let mut passed = 0;
         while passed < budget && removed < budget {
             let b = &self.buckets[self.cursor];
-            if b.used && (u64::from(b.expires) <= now || !keep(b.key.tenant)) {
+            let expired = u64::from(b.expires) <= now && b.offloaded() == 0;
+            if b.used && (expired || !keep(b.key.tenant)) {
                 // Look at this bucket again: a later entry may move in
                 // (backward shift only ever fills the hole being looked
                 // at, never a bucket already passed). Ends: every removal
@@ -833,6 +888,11 @@ mod tests {
             );
         }
         (t, k)
+    }
+
+    #[test]
+    fn a_bucket_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Bucket>(), 64);
     }
 
     #[test]

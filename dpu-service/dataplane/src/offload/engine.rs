@@ -35,6 +35,7 @@ use hashbrown::HashMap;
 
 use super::{lane_of, FlowCounts, FlowId, FlowRule, Provider, Refusal};
 use crate::fair_share::{ShareLimits, Shares};
+use crate::wire::FlowKey;
 
 /// Offers the thread takes from all lanes in one round, at most.
 const ROUND: usize = 256;
@@ -113,6 +114,10 @@ pub enum ReturnReason {
 pub struct Returned {
     /// The flow.
     pub id: FlowId,
+    /// Its tenant.
+    pub tenant: u32,
+    /// The 5-tuple of its direction.
+    pub key: FlowKey,
     /// What it carried since its counters were last read.
     pub counts: FlowCounts,
     /// Why.
@@ -163,6 +168,10 @@ pub struct OffloadStatus {
     pub stale: u64,
     /// Removals the provider failed.
     pub remove_failed: u64,
+    /// Commits that did not take effect in time.
+    pub commit_failed: u64,
+    /// The provider's last error message.
+    pub last_error: Option<String>,
     /// Per tenant that has held a flow, by ID.
     pub tenants: Vec<TenantOffload>,
 }
@@ -173,9 +182,23 @@ struct Offer {
     rule: FlowRule,
 }
 
+/// A connection, as withdrawals name it: its tenant and its 5-tuple with
+/// the lower address (and port) first.
+type ConnRef = (u32, FlowKey);
+
+/// The connection of a flow of `tenant` with 5-tuple `key`, whichever
+/// direction.
+fn conn_ref(tenant: u32, key: &FlowKey) -> ConnRef {
+    if (key.src, key.src_port) <= (key.dst, key.dst_port) {
+        (tenant, *key)
+    } else {
+        (tenant, key.reversed())
+    }
+}
+
 struct LaneCells {
     offers: ArrayQueue<Offer>,
-    withdrawals: ArrayQueue<FlowId>,
+    withdrawals: ArrayQueue<ConnRef>,
     returned: ArrayQueue<Returned>,
     /// Offers the lane refused (written by its worker only).
     full: AtomicU64,
@@ -236,14 +259,16 @@ impl Lane {
         }
     }
 
-    /// Asks for flow `id` (offered through this lane) to leave hardware.
+    /// Asks for the flows of `tenant`'s connection with 5-tuple `key`
+    /// (either direction's), offered through this lane, to leave
+    /// hardware. Never waits.
     ///
     /// # Errors
     /// [`Withdraw`] if the queue is full; ask again later.
-    pub fn withdraw(&mut self, id: FlowId) -> Result<(), Withdraw> {
+    pub fn withdraw(&mut self, tenant: u32, key: &FlowKey) -> Result<(), Withdraw> {
         self.shared.lanes[self.index]
             .withdrawals
-            .push(id)
+            .push(conn_ref(tenant, key))
             .map_err(|_| Withdraw)
     }
 
@@ -304,6 +329,7 @@ impl Offloader {
             config,
             capacity,
             flows: HashMap::new(),
+            conns: HashMap::new(),
             floors: HashMap::new(),
             tokens: f64::from(config.insert_rate.min(ROUND as u32)),
             refilled: Instant::now(),
@@ -407,6 +433,8 @@ impl Drop for Offloader {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     tenant: u32,
+    /// Its direction's 5-tuple.
+    key: FlowKey,
     /// Counts as last read.
     read: FlowCounts,
 }
@@ -416,6 +444,8 @@ struct Thread {
     capacity: usize,
     shares: Shares,
     flows: HashMap<FlowId, Held>,
+    /// The flows of each connection (per lane: a flow's ID names its lane).
+    conns: HashMap<ConnRef, Vec<FlowId>>,
     /// Per tenant: the oldest configuration generation an offer may have
     /// been decided under.
     floors: HashMap<u32, u64>,
@@ -438,7 +468,10 @@ impl Thread {
             let mut work = self.withdrawals(p);
             work += self.offers(p);
             if work > 0 {
-                p.commit();
+                if let Err(e) = p.commit() {
+                    self.status.commit_failed += 1;
+                    self.status.last_error = Some(e);
+                }
             }
             if self.polled.elapsed() >= self.config.poll {
                 self.polled = Instant::now();
@@ -455,7 +488,7 @@ impl Thread {
         for id in all {
             let _ = p.remove(id);
         }
-        p.commit();
+        let _ = p.commit();
     }
 
     fn command<P: Provider>(&mut self, p: &mut P, c: Command) {
@@ -483,7 +516,16 @@ impl Thread {
                     .map(|(&id, _)| id)
                     .collect();
                 let r = self.remove(p, &ids, ReturnReason::Invalidated);
-                p.commit();
+                let r = match (r, p.commit()) {
+                    (Ok(n), Ok(())) => Ok(n),
+                    (Err(e), _) => Err(e),
+                    (Ok(n), Err(message)) => {
+                        self.status.commit_failed += 1;
+                        self.status.last_error = Some(message.clone());
+                        Err(OffloadError::Remove { failed: n, message })
+                    }
+                };
+                self.hand_back();
                 self.publish();
                 let _ = reply.send(r);
             }
@@ -517,12 +559,12 @@ impl Thread {
             let now = p.counts(id).unwrap_or(h.read);
             if let Err(e) = p.remove(id) {
                 failed += 1;
-                message = e;
                 self.status.remove_failed += 1;
+                self.status.last_error = Some(e.clone());
+                message = e;
                 continue;
             }
-            self.flows.remove(&id);
-            self.shares.give(h.tenant);
+            self.forget(id, &h);
             let counts = self.fold(h.tenant, h.read, now);
             removed += 1;
             match why {
@@ -532,6 +574,8 @@ impl Thread {
             if let Some(b) = self.backlog.get_mut(lane_of(id)) {
                 b.push(Returned {
                     id,
+                    tenant: h.tenant,
+                    key: h.key,
                     counts,
                     reason: why,
                 });
@@ -541,6 +585,19 @@ impl Thread {
             return Err(OffloadError::Remove { failed, message });
         }
         Ok(removed)
+    }
+
+    /// Drops flow `id` from the thread's books once it left hardware.
+    fn forget(&mut self, id: FlowId, h: &Held) {
+        self.flows.remove(&id);
+        self.shares.give(h.tenant);
+        let c = conn_ref(h.tenant, &h.key);
+        if let Some(ids) = self.conns.get_mut(&c) {
+            ids.retain(|&x| x != id);
+            if ids.is_empty() {
+                self.conns.remove(&c);
+            }
+        }
     }
 
     /// Adds what a flow carried between `then` and `now` to its tenant.
@@ -579,21 +636,30 @@ impl Thread {
     fn withdrawals<P: Provider>(&mut self, p: &mut P) -> usize {
         let shared = self.shared.clone();
         let mut n = 0;
-        for lane in shared.lanes.iter() {
-            while let Some(id) = lane.withdrawals.pop() {
+        for (index, lane) in shared.lanes.iter().enumerate() {
+            while let Some(c) = lane.withdrawals.pop() {
                 n += 1;
-                let Some(h) = self.flows.get(&id).copied() else {
+                let Some(ids) = self.conns.get(&c) else {
                     continue;
                 };
-                let now = p.counts(id).unwrap_or(h.read);
-                if p.remove(id).is_err() {
-                    self.status.remove_failed += 1;
-                    continue;
+                let ids: Vec<FlowId> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| lane_of(id) == index)
+                    .collect();
+                for id in ids {
+                    let Some(h) = self.flows.get(&id).copied() else {
+                        continue;
+                    };
+                    let now = p.counts(id).unwrap_or(h.read);
+                    if p.remove(id).is_err() {
+                        self.status.remove_failed += 1;
+                        continue;
+                    }
+                    self.forget(id, &h);
+                    self.fold(h.tenant, h.read, now);
+                    self.status.withdrawn += 1;
                 }
-                self.flows.remove(&id);
-                self.shares.give(h.tenant);
-                self.fold(h.tenant, h.read, now);
-                self.status.withdrawn += 1;
             }
         }
         n
@@ -648,13 +714,19 @@ impl Thread {
             Ok(()) => {
                 self.shares.take(tenant);
                 self.tenant(tenant);
+                let key = o.rule.matches.key;
                 self.flows.insert(
                     o.id,
                     Held {
                         tenant,
+                        key,
                         read: FlowCounts::default(),
                     },
                 );
+                self.conns
+                    .entry(conn_ref(tenant, &key))
+                    .or_default()
+                    .push(o.id);
                 self.status.offloaded += 1;
             }
             Err(Refusal::Unsupported(_)) => self.status.unsupported += 1,
@@ -682,7 +754,10 @@ impl Thread {
         p.aged(Instant::now(), &mut aged);
         if !aged.is_empty() {
             let _ = self.remove(p, &aged, ReturnReason::Aged);
-            p.commit();
+            if let Err(e) = p.commit() {
+                self.status.commit_failed += 1;
+                self.status.last_error = Some(e);
+            }
         }
         self.scratch = aged;
     }
@@ -953,12 +1028,14 @@ mod tests {
         cfg.per_tenant = 2;
         cfg.reserved = 0;
         let (o, mut l) = Offloader::start(nic, cfg, 1).unwrap();
-        let a = l[0].offer(rule(1, 1), 1).unwrap();
+        l[0].offer(rule(1, 1), 1).unwrap();
         l[0].offer(rule(1, 2), 1).unwrap();
         l[0].offer(rule(1, 3), 1).unwrap();
         let s = until(&o, |s| s.offloaded == 2 && s.over_quota == 1);
         assert_eq!((s.offloaded, s.over_quota), (2, 1));
-        l[0].withdraw(a).unwrap();
+        // Named by the other direction's 5-tuple: the same connection.
+        l[0].withdraw(1, &rule(1, 1).matches.key.reversed())
+            .unwrap();
         l[0].offer(rule(1, 3), 1).unwrap();
         let s = until(&o, |s| s.offloaded == 3);
         assert_eq!((s.withdrawn, s.in_use), (1, 2));

@@ -46,6 +46,19 @@ use crate::worker::Egress;
 /// (its lane in the top 16 bits), unique for the offloader's life.
 pub type FlowId = u64;
 
+/// What one worker's switch holds of the offloader: its lane, the model
+/// NIC's lane when the provider is the model, and the age the flows it
+/// offers get.
+#[derive(Debug)]
+pub struct OffloadLink {
+    /// The worker's lane to the offload thread.
+    pub lane: Lane,
+    /// The part of the model NIC in front of the worker's queues.
+    pub model: Option<model::ModelLane>,
+    /// How long an offered flow may go without a packet in hardware.
+    pub idle: Duration,
+}
+
 /// The worker lane a flow ID came from.
 pub fn lane_of(id: FlowId) -> usize {
     (id >> 48) as usize
@@ -154,5 +167,10 @@ pub trait Provider: Send + 'static {
     /// Makes the insertions and removals so far take effect where they
     /// are batched or asynchronous (called after each round of changes of
     /// the offload thread, and before a removal is acknowledged).
-    fn commit(&mut self) {}
+    ///
+    /// # Errors
+    /// The changes have not all taken effect (the driver's message).
+    fn commit(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }

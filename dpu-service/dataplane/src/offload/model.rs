@@ -314,14 +314,19 @@ impl Provider for ModelNic {
     }
 
     /// Waits, at most [`COMMIT_WAIT`], until every lane has taken the
-    /// changes sent to it. A lane that does not (its worker stopped) keeps
-    /// them queued.
-    fn commit(&mut self) {
+    /// changes sent to it. A lane that does not (its worker stopped or
+    /// stuck) keeps them queued, and the commit fails.
+    fn commit(&mut self) -> Result<(), String> {
         let until = Instant::now() + COMMIT_WAIT;
         loop {
             self.flush();
-            if self.settled() || Instant::now() >= until {
-                return;
+            if self.settled() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(format!(
+                    "a worker did not take the model's changes within {COMMIT_WAIT:?}"
+                ));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -462,7 +467,7 @@ mod tests {
         nic.flush();
         assert_eq!(lanes[0].turn(), 0, "lane 1's flow is not lane 0's");
         assert_eq!(lanes[1].turn(), 1);
-        nic.commit();
+        nic.commit().unwrap();
         let ack = frame(0x10);
         let now = Instant::now();
         assert_eq!(lanes[0].carry(0, &ack, now), None);
@@ -484,7 +489,7 @@ mod tests {
         nic.remove(id).unwrap();
         nic.flush();
         lanes[1].turn();
-        nic.commit();
+        nic.commit().unwrap();
         assert_eq!(lanes[1].carry(0, &ack, now), None);
         assert_eq!(nic.counts(id), None);
     }
@@ -534,7 +539,7 @@ mod tests {
         quiet.matches.key.src_port = 1;
         nic.insert(2, &quiet).unwrap();
         lanes[0].turn();
-        nic.commit();
+        nic.commit().unwrap();
         let t0 = Instant::now();
         let mut out = Vec::new();
         nic.aged(t0 + Duration::from_secs(5), &mut out);

@@ -167,6 +167,8 @@ impl SwitchPipeline {
             bump(&cells.dropped, 1);
             return Verdict::Drop(DropReason::MacLimit);
         }
+        // The connection the packet passed as part of, if any.
+        let mut tracked = None;
         let passed = match *l3 {
             L3::Ip {
                 key,
@@ -215,6 +217,7 @@ impl SwitchPipeline {
                     bump(&rc.bytes, len);
                     rc.last_hit.store(self.unix_now, Ordering::Relaxed);
                 }
+                let passed = passed.map(|c| tracked = c);
                 match fragment {
                     // A first fragment that passed: its later ones may.
                     Some(f) if passed.is_ok() && !(t.default_allow && t.order.is_empty()) => self
@@ -254,6 +257,29 @@ impl SwitchPipeline {
                 .map(|(a, vtep)| (a as usize, vtep))
         };
         let start = flood.len();
+        if let (Some((slot, dir)), Some(link)) = (tracked, self.offload.as_deref_mut()) {
+            // A connection's packet, with flow hardware in front: offered
+            // or withdrawn there.
+            let out = match to {
+                Some((o, _)) if o != ai && t.attachments[o].vni == 0 => Some(o),
+                None if t.attachments.len() == 2 && t.attachments[1 - ai].vni == 0 => Some(1 - ai),
+                _ => None,
+            };
+            let egress = out
+                .filter(|_| decap == 0 && remote == 0)
+                .map(|o| plain_egress(from, t.attachments[o], 0));
+            let seen = super::offload::Passed {
+                tenant: t.uid,
+                port,
+                vlan: from.vlan,
+                src_mac,
+                dst_mac,
+                l3: *l3,
+                slot,
+                dir,
+            };
+            super::offload::offload_step(link, &mut self.conns, self.generation, &seen, egress);
+        }
         match to {
             Some((o, _)) if o == ai => {} // same segment: filtered
             Some((o, _)) if t.attachments[o].vni == 0 => {

@@ -23,6 +23,8 @@ pub(super) struct Shared {
     /// What each pipeline publishes of itself, and what dropped ones
     /// left behind.
     pub(super) pipelines: Mutex<Pipelines>,
+    /// Each worker's link to the offloader, until its pipeline is made.
+    pub(super) offload: Mutex<Vec<Option<crate::offload::OffloadLink>>>,
 }
 
 /// The pipelines a handle made.

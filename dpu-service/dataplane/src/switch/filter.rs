@@ -2,7 +2,7 @@
 //! worker's flow cache) and rate limits decide whether an IP packet
 //! passes.
 
-use crate::conntrack::{ConnKey, ConnTable, Refused};
+use crate::conntrack::{ConnKey, ConnTable, Dir, Refused};
 use crate::flowcache::FlowCache;
 use crate::wire::FlowKey;
 use crate::worker::DropReason;
@@ -62,9 +62,14 @@ pub(super) struct IpPacket<'k> {
     pub(super) len: u64,
 }
 
+/// What [`filter_ip`] decided: the rule's tag, and the drop or the
+/// connection the packet passed on.
+pub(super) type Filtered = (Option<u32>, Result<Option<(u32, Dir)>, DropReason>);
+
 /// The filter's decision on IP packet `p` of tenant `t` at `clock`: the
 /// tag of the rule that matched, if one was looked up and matched, and
-/// whether the packet passes. A matching rule's rate limit is taken from
+/// whether the packet passes, with the connection (slot and direction)
+/// it passed as part of, if it did on a known connection's state. A matching rule's rate limit is taken from
 /// `rules` (the worker's cells of the tenant's rules).
 #[inline(always)]
 pub(super) fn filter_ip(
@@ -74,7 +79,7 @@ pub(super) fn filter_ip(
     cache: &mut FlowCache,
     clock: Clock,
     p: IpPacket<'_>,
-) -> (Option<u32>, Result<(), DropReason>) {
+) -> Filtered {
     let Clock {
         secs: now,
         generation,
@@ -99,7 +104,11 @@ pub(super) fn filter_ip(
             if current {
                 conns.set_generation(slot, generation);
                 let fits = conns.track(slot, dir, tcp_flags, now);
-                return (None, fits.then_some(()).ok_or(DropReason::ConntrackInvalid));
+                return (
+                    None,
+                    fits.then_some(Some((slot, dir)))
+                        .ok_or(DropReason::ConntrackInvalid),
+                );
             }
             // The rules that let it open no longer do.
             conns.remove(slot);
@@ -112,7 +121,7 @@ pub(super) fn filter_ip(
     let Some(tag) = found else {
         return (
             None,
-            t.default_allow.then_some(()).ok_or(DropReason::AclDeny),
+            t.default_allow.then_some(None).ok_or(DropReason::AclDeny),
         );
     };
     let actions = t.actions[tag as usize];
@@ -128,11 +137,11 @@ pub(super) fn filter_ip(
     }
     let passed = match conn {
         Some(ck) if opens(tag) => match conns.open(ck, *key, tcp_flags, now, generation) {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(None),
             Err(Refused::Invalid) => Err(DropReason::ConntrackInvalid),
             Err(Refused::TenantFull | Refused::TableFull) => Err(DropReason::TableFull),
         },
-        _ => Ok(()),
+        _ => Ok(None),
     };
     (Some(tag), passed)
 }

@@ -48,8 +48,23 @@ impl SwitchHandle {
                 current: Mutex::new(Arc::new(first)),
                 history: Mutex::new(History::default()),
                 pipelines: Mutex::new(Pipelines::default()),
+                offload: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// Gives each worker's pipeline, made from now on by
+    /// [`SwitchHandle::pipeline_for`], its link to the offloader (in
+    /// worker order): its switch then offers established connections to
+    /// flow hardware and, with the model provider, runs the model in
+    /// front of itself.
+    pub fn attach_offload(&self, links: Vec<crate::offload::OffloadLink>) {
+        let mut o = self
+            .shared
+            .offload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *o = links.into_iter().map(Some).collect();
     }
 
     /// Compiles `config` on the calling thread and publishes it; workers
@@ -259,6 +274,14 @@ impl SwitchHandle {
             last_sweep: 0,
             stage: Vec::with_capacity(BURST),
             conn_keys: [None; BURST],
+            offload: self
+                .shared
+                .offload
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(worker)
+                .and_then(Option::take)
+                .map(Box::new),
         };
         if let Some(set) = carried {
             pipeline.carry(&set);

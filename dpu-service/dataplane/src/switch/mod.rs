@@ -47,6 +47,8 @@
 //!   frame carries from stage to stage;
 //! - `pipeline`: the worker's turn and the burst loop;
 //! - `inspect`, `recall`, `filter`, `decide`: the stages of a frame;
+//! - `offload`: connections offered to flow hardware, and the model NIC
+//!   in front of the pipeline;
 //! - `saved`: the connection and fragment tables across a restart, and
 //!   their file; `restart`: saving and restoring them.
 //!
@@ -68,6 +70,9 @@ mod fragment_tests;
 mod frame;
 mod handle;
 mod inspect;
+mod offload;
+#[cfg(test)]
+mod offload_tests;
 mod pipeline;
 mod police;
 mod recall;

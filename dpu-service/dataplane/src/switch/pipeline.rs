@@ -307,6 +307,7 @@ impl Pipeline for SwitchPipeline {
             self.store_gauges();
             self.cells.store_cache(self.cache.stats());
         }
+        self.offload_turn();
     }
 
     fn process(&mut self, in_port: usize, packet: &mut [u8], flood: &mut Vec<Egress>) -> Verdict {
@@ -322,6 +323,11 @@ impl Pipeline for SwitchPipeline {
         flood: &mut Vec<Egress>,
         mut sink: impl FnMut(P, &Verdict, &[Egress]),
     ) {
+        // Flow hardware (the model NIC) comes first: what it carries
+        // never reaches the switch.
+        if self.offload.is_some() {
+            self.model_carry(in_port, burst, &mut sink);
+        }
         // Frames are decided at once while none waits for the rules;
         // from the first that needs them on, they wait, and are decided
         // in order once their keys have been classified together.

@@ -60,6 +60,8 @@ pub struct SwitchPipeline {
     /// Their connection keys, when a tenant tracks connections: made
     /// (and hashed) once a frame.
     pub(super) conn_keys: [Option<ConnKey>; BURST],
+    /// The link to the offloader, if flows are offloaded.
+    pub(super) offload: Option<Box<crate::offload::OffloadLink>>,
 }
 
 impl Drop for SwitchPipeline {

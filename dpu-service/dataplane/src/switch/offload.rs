@@ -1,0 +1,154 @@
+//! The switch's side of flow offload ([`crate::offload`]): which
+//! connections it offers to flow hardware, when it withdraws them, what
+//! it does with the flows hardware hands back, and the model NIC run in
+//! front of the pipeline.
+//!
+//! A direction of a TCP connection is offered once the connection is
+//! established (both FINs unseen) and a segment without SYN, FIN or RST
+//! of that direction has passed here on the connection's state, to a
+//! single, plain way out (a learned destination or the tenant's only
+//! other attachment, neither in a VXLAN tunnel): the rule is what this
+//! packet was given. Its connection then does not expire here while a
+//! direction is in hardware. A FIN or RST seen here (hardware does not
+//! match them) withdraws the connection's flows; a flow hardware hands
+//! back (aged, or removed by a configuration change) is taken back by its
+//! connection, which may offer it again at its next packet.
+
+use std::time::Duration;
+
+use crate::conntrack::{offload_bit, ConnKey, ConnState, ConnTable, Dir, TcpState, FIN, RST};
+use crate::io::Packet;
+use crate::offload::{FlowAction, FlowMatch, FlowRule, OffloadLink};
+use crate::wire::{proto, L3};
+use crate::worker::{Egress, Verdict};
+
+use super::state::SwitchPipeline;
+
+/// Flows handed back that one turn takes, at most.
+const RETURNED_PER_TURN: usize = 256;
+
+/// A packet that passed on a connection's state, as offload needs it.
+pub(super) struct Passed {
+    /// Its tenant's stable ID.
+    pub(super) tenant: u32,
+    /// The port it came in on.
+    pub(super) port: usize,
+    /// Its attachment's VLAN ID (0: the whole port).
+    pub(super) vlan: u16,
+    pub(super) src_mac: [u8; 6],
+    pub(super) dst_mac: [u8; 6],
+    pub(super) l3: L3,
+    /// Its connection's slot.
+    pub(super) slot: u32,
+    /// Its direction in the connection.
+    pub(super) dir: Dir,
+}
+
+/// Offers `p`'s direction to flow hardware through `link` with `egress`
+/// as its way out (decided under configuration `generation`), or
+/// withdraws its connection on a FIN or RST.
+#[inline(never)]
+pub(super) fn offload_step(
+    link: &mut OffloadLink,
+    conns: &mut ConnTable,
+    generation: u64,
+    p: &Passed,
+    egress: Option<Egress>,
+) {
+    let L3::Ip { key, tcp_flags, .. } = p.l3 else {
+        return;
+    };
+    let bits = conns.offloaded(p.slot);
+    if key.proto != proto::TCP {
+        return;
+    }
+    if tcp_flags & (FIN | RST) != 0 {
+        if bits != 0 && link.lane.withdraw(p.tenant, &key).is_ok() {
+            conns.set_offloaded(p.slot, 0);
+        }
+        return;
+    }
+    let bit = offload_bit(p.dir);
+    let established = conns.state(p.slot) == ConnState::Tcp(TcpState::Established, 0);
+    let (Some(e), true, 0) = (egress, established, bits & bit) else {
+        return;
+    };
+    let Ok(in_port) = u16::try_from(p.port) else {
+        return;
+    };
+    let rule = FlowRule {
+        tenant: p.tenant,
+        matches: FlowMatch {
+            in_port,
+            vni: None,
+            vlan: (p.vlan != 0).then_some(p.vlan),
+            src_mac: p.src_mac,
+            dst_mac: p.dst_mac,
+            key,
+        },
+        action: FlowAction::Forward(e),
+        idle: link.idle,
+    };
+    if link.lane.offer(rule, generation).is_some() {
+        conns.set_offloaded(p.slot, bits | bit);
+    }
+}
+
+impl SwitchPipeline {
+    /// Between bursts: the model NIC takes its changes, and connections
+    /// take back (a bounded number of) the flows hardware handed back.
+    pub(super) fn offload_turn(&mut self) {
+        let Some(link) = self.offload.as_deref_mut() else {
+            return;
+        };
+        if let Some(m) = &mut link.model {
+            m.turn();
+        }
+        for _ in 0..RETURNED_PER_TURN {
+            let Some(r) = link.lane.returned() else {
+                break;
+            };
+            let Some(ck) = ConnKey::of(r.tenant, &r.key, 0) else {
+                continue;
+            };
+            if let Some((slot, dir)) = self.conns.find(&ck, self.now) {
+                let bits = self.conns.offloaded(slot) & !offload_bit(dir);
+                self.conns.set_offloaded(slot, bits);
+            }
+        }
+    }
+
+    /// Hands each packet of `burst` (received on `in_port`) that the model
+    /// NIC carries to `sink` with its verdict, leaving the rest in order.
+    #[inline]
+    pub(super) fn model_carry<P: Packet>(
+        &mut self,
+        in_port: usize,
+        burst: &mut Vec<P>,
+        sink: &mut impl FnMut(P, &Verdict, &[crate::worker::Egress]),
+    ) {
+        let Some(model) = self
+            .offload
+            .as_deref()
+            .and_then(|l| l.model.as_ref())
+            .filter(|m| !m.is_empty())
+        else {
+            return;
+        };
+        let now = self.epoch + Duration::from_micros(self.now_us);
+        let mut i = 0;
+        while i < burst.len() {
+            match model.carry(in_port, burst[i].data(), now) {
+                Some(action) => {
+                    let pkt = burst.remove(i);
+                    let v = match action {
+                        FlowAction::Forward(e) => Verdict::Forward(e),
+                        FlowAction::Drop => Verdict::Drop(crate::worker::DropReason::AclDeny),
+                    };
+                    sink(pkt, &v, &[]);
+                }
+                None => i += 1,
+            }
+        }
+    }
+}

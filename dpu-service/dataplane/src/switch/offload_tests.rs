@@ -1,0 +1,184 @@
+//! The switch with flow hardware in front of it: the model NIC carries an
+//! established connection, and loses it to a FIN, a rule change and age.
+
+use std::time::Instant;
+
+use crate::offload::model::{ModelLimits, ModelNic};
+use crate::offload::{OffloadConfig, OffloadLink, OffloadStatus, Offloader};
+
+use super::testing::*;
+
+/// Tenant "t" on ports 0 and 1; stations 1 (10.0.0.1, port 0) and 2
+/// (10.0.0.2, port 1); TCP from 1 to 2's port 80 allowed statefully,
+/// everything else denied.
+fn config(allow_web: bool) -> SwitchConfig {
+    let mut t = tenant("t", &[(0, 0), (1, 0)], false);
+    let mut web = AclRule::any(10, 0, Family::V4);
+    web.proto = (proto::TCP, proto::TCP);
+    web.dst_port = (80, 80);
+    t.rules = vec![SwitchRule {
+        id: "web".into(),
+        matches: web,
+        allow: allow_web,
+        stateful: true,
+        rate_limit: None,
+    }]
+    .into();
+    SwitchConfig {
+        ports: 2,
+        tenants: vec![t],
+        ..SwitchConfig::default()
+    }
+}
+
+fn seg(from: u8, flags: u8) -> Vec<u8> {
+    let (src, dst, sport, dport) = if from == 1 {
+        (1, 2, 40000, 80)
+    } else {
+        (2, 1, 80, 40000)
+    };
+    let mut f = build::eth(mac(dst), mac(src), None, crate::wire::ETH_IPV4);
+    f.extend(build::ipv4(
+        [10, 0, 0, src],
+        [10, 0, 0, dst],
+        proto::TCP,
+        &build::tcp(sport, dport, flags),
+    ));
+    f
+}
+
+/// Runs `frame` in on `port` as a burst of one: its verdict, and whether
+/// the model NIC carried it (the switch's tenant counters did not move).
+fn send(p: &mut SwitchPipeline, h: &SwitchHandle, port: usize, frame: Vec<u8>) -> (Verdict, bool) {
+    let rx = |h: &SwitchHandle| h.traffic().tenants["t"].rx_packets;
+    let before = rx(h);
+    let mut burst = vec![crate::io::memory::MemPacket(frame)];
+    let mut flood = Vec::new();
+    let mut out = None;
+    p.process_burst(port, &mut burst, &mut flood, |_, v, _| out = Some(*v));
+    let after = rx(h);
+    (out.unwrap(), after == before)
+}
+
+/// Turns `p` until `f` holds of the offloader's status (bounded).
+fn settle(
+    p: &mut SwitchPipeline,
+    o: &Offloader,
+    f: impl Fn(&OffloadStatus) -> bool,
+) -> OffloadStatus {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        p.turn();
+        let s = o.status();
+        if f(&s) || Instant::now() > end {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+const ACK: u8 = 0x10;
+const PSH_ACK: u8 = 0x18;
+
+#[test]
+fn an_established_connection_goes_to_the_model_and_comes_back() {
+    let h = SwitchHandle::new(&config(true)).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let cfg = OffloadConfig {
+        poll: Duration::from_millis(5),
+        ..OffloadConfig::default()
+    };
+    let (o, mut links) = Offloader::start(nic, cfg, 1).unwrap();
+    let links = links
+        .drain(..)
+        .zip(lanes)
+        .map(|(lane, model)| OffloadLink {
+            lane,
+            model: Some(model),
+            idle: Duration::from_secs(30),
+        })
+        .collect();
+    h.attach_offload(links);
+    let mut p = h.pipeline();
+    p.turn();
+    let fwd = |port| Verdict::Forward(Egress::to(port));
+    // The handshake, in software; nothing offered before it completes.
+    assert_eq!(send(&mut p, &h, 0, seg(1, 0x02)), (fwd(1), false));
+    assert_eq!(send(&mut p, &h, 1, seg(2, 0x12)), (fwd(0), false));
+    assert_eq!(o.status().offloaded, 0);
+    // The opener's ACK: established, and its direction is offered.
+    assert_eq!(send(&mut p, &h, 0, seg(1, ACK)), (fwd(1), false));
+    let s = settle(&mut p, &o, |s| s.offloaded == 1);
+    assert_eq!(s.offloaded, 1, "{s:?}");
+    // The reply direction is offered at its first segment.
+    assert_eq!(send(&mut p, &h, 1, seg(2, ACK)), (fwd(0), false));
+    settle(&mut p, &o, |s| s.offloaded == 2);
+    p.turn();
+    // Both directions now go by in the model, as the switch sent them.
+    for _ in 0..5 {
+        assert_eq!(send(&mut p, &h, 0, seg(1, PSH_ACK)), (fwd(1), true));
+        assert_eq!(send(&mut p, &h, 1, seg(2, ACK)), (fwd(0), true));
+    }
+    let s = settle(&mut p, &o, |s| {
+        s.tenants.first().is_some_and(|t| t.carried.packets == 10)
+    });
+    assert_eq!(s.tenants[0].carried.packets, 10, "{s:?}");
+    assert_eq!(s.tenants[0].flows, 2);
+
+    // A FIN reaches software, which withdraws both directions.
+    assert_eq!(send(&mut p, &h, 0, seg(1, 0x11)), (fwd(1), false));
+    let s = settle(&mut p, &o, |s| s.withdrawn == 2);
+    assert_eq!((s.withdrawn, s.in_use), (2, 0), "{s:?}");
+    p.turn();
+    assert_eq!(send(&mut p, &h, 1, seg(2, ACK)), (fwd(0), false));
+    assert_eq!(
+        o.status().offloaded,
+        2,
+        "a closing connection is not offered again"
+    );
+}
+
+#[test]
+fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
+    let h = SwitchHandle::new(&config(true)).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
+    let lane = links.remove(0);
+    h.attach_offload(vec![OffloadLink {
+        lane,
+        model: lanes.into_iter().next(),
+        idle: Duration::from_secs(30),
+    }]);
+    let mut p = h.pipeline();
+    p.turn();
+    send(&mut p, &h, 0, seg(1, 0x02));
+    send(&mut p, &h, 1, seg(2, 0x12));
+    send(&mut p, &h, 0, seg(1, ACK));
+    settle(&mut p, &o, |s| s.offloaded == 1);
+    p.turn();
+    assert!(
+        send(&mut p, &h, 0, seg(1, PSH_ACK)).1,
+        "carried by the model"
+    );
+
+    // The rule now denies: published, taken by the worker, then the
+    // flows leave hardware; only then is the change acknowledged.
+    let g = h.publish(&config(false)).unwrap().generation;
+    p.turn();
+    assert!(h.taken(g));
+    let removed = std::thread::scope(|s| {
+        let j = s.spawn(|| o.invalidate(None, g));
+        // The worker turns meanwhile, as a real one does.
+        while !j.is_finished() {
+            p.turn();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        j.join().unwrap()
+    });
+    assert_eq!(removed, Ok(1));
+    let (v, carried) = send(&mut p, &h, 0, seg(1, PSH_ACK));
+    assert!(!carried);
+    assert_eq!(v, Verdict::Drop(DropReason::AclDeny));
+    p.turn();
+    assert_eq!(o.status().invalidated, 1);
+}
