@@ -63,6 +63,11 @@ pub struct TenantCounters {
     pub dropped_packets: u64,
     /// Connection-tracking entries in use.
     pub conntrack_entries: u64,
+    /// Of the packets received and forwarded: those flow hardware
+    /// forwarded.
+    pub offloaded_packets: u64,
+    /// Their bytes.
+    pub offloaded_bytes: u64,
 }
 
 /// Counters of one rule.
@@ -134,6 +139,9 @@ pub struct Counters {
     /// What this process restored of the switch's tables the process
     /// before it saved.
     pub restored: RestoredCounters,
+    /// Flow offload, when it is on (tenants named by ID, not yet as
+    /// resources).
+    pub offload: Option<pb::OffloadCounters>,
 }
 
 /// What a start did with the switch's tables saved by the process before
@@ -166,6 +174,87 @@ fn render_restored(m: &mut Metrics, r: &RestoredCounters) {
         "Saved switch-table files refused as a whole (another version, damaged, too large).",
     );
     m.sample(name, &[], r.refused_files);
+}
+
+/// The flow offload's families, `dpu_offload_*`.
+fn render_offload(m: &mut Metrics, o: &pb::OffloadCounters) {
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "dpu_offload_capacity",
+            "Flows the hardware table may hold.",
+            o.capacity,
+        ),
+        ("dpu_offload_flows", "Flows in hardware now.", o.in_use),
+    ];
+    for (name, help, v) in gauges {
+        m.family(name, "gauge", help);
+        m.sample(name, &[("provider", &o.provider)], v);
+    }
+    let name = "dpu_offload_flows_total";
+    m.family(
+        name,
+        "counter",
+        "Flows installed in hardware, and how they left it.",
+    );
+    for (event, v) in [
+        ("installed", o.offloaded),
+        ("withdrawn", o.withdrawn),
+        ("aged", o.aged),
+        ("invalidated", o.invalidated),
+    ] {
+        m.sample(name, &[("event", event)], v);
+    }
+    let name = "dpu_offload_refused_total";
+    m.family(
+        name,
+        "counter",
+        "Offers of flows that stayed in software, by reason.",
+    );
+    for (reason, v) in [
+        ("unsupported", o.unsupported),
+        ("table_full", o.table_full),
+        ("insert_failed", o.insert_failed),
+        ("over_quota", o.over_quota),
+        ("rate_limited", o.rate_limited),
+        ("queue_full", o.queue_full),
+        ("stale", o.stale),
+    ] {
+        m.sample(name, &[("reason", reason)], v);
+    }
+    let name = "dpu_offload_errors_total";
+    m.family(
+        name,
+        "counter",
+        "Removals and batches of changes the provider failed.",
+    );
+    m.sample(name, &[("op", "remove")], o.remove_failed);
+    m.sample(name, &[("op", "commit")], o.commit_failed);
+    let tenants: Vec<_> = o
+        .tenants
+        .iter()
+        .map(|t| (t.tenant.strip_prefix("tenants/").unwrap_or(&t.tenant), t))
+        .collect();
+    let fields: [Field<pb::OffloadTenant>; 3] = [
+        (
+            "dpu_offload_tenant_flows",
+            "gauge",
+            "The tenant's flows in hardware now.",
+            |t| t.flows,
+        ),
+        (
+            "dpu_offload_tenant_packets_total",
+            "counter",
+            "Packets the tenant's offloaded flows carried.",
+            |t| t.packets,
+        ),
+        (
+            "dpu_offload_tenant_bytes_total",
+            "counter",
+            "Bytes the tenant's offloaded flows carried.",
+            |t| t.bytes,
+        ),
+    ];
+    m.fields(&fields, "tenant", &tenants);
 }
 
 /// Counters of one of the service's own TCP listeners: what its bounds
@@ -635,6 +724,9 @@ impl Telemetry {
 
         render_listeners(&mut m, &c.listeners);
         render_restored(&mut m, &c.restored);
+        if let Some(o) = &snap.offload {
+            render_offload(&mut m, o);
+        }
 
         m.family(
             "dpu_grpc_requests_total",
@@ -699,6 +791,8 @@ fn snapshot_of(
                     forwarded_packets: t.forwarded_packets,
                     dropped_packets: t.dropped_packets,
                     conntrack_entries: t.conntrack_entries,
+                    offloaded_packets: t.offloaded_packets,
+                    offloaded_bytes: t.offloaded_bytes,
                 }
             })
             .collect(),
@@ -754,6 +848,13 @@ fn snapshot_of(
             rests: c.flow_cache.rests,
         }),
         nvmf_target: Some(c.nvmf_target.clone()),
+        offload: c.offload.clone().map(|mut o| {
+            o.tenants.retain(|t| keep(&t.tenant));
+            for t in &mut o.tenants {
+                t.tenant = format!("tenants/{}", t.tenant);
+            }
+            o
+        }),
     }
 }
 

@@ -32,6 +32,7 @@ use dpu_proto::v1 as pb;
 
 use crate::config::{Config, IdleMode, PortConfig};
 use crate::endpoint_stacks::{InlineEndpoints, InlineSlot};
+use crate::offload::Offload;
 
 /// Ethernet header bytes in front of an endpoint's IP packets.
 const ETHERNET_HEADER: usize = 14;
@@ -52,6 +53,8 @@ pub struct Dataplane {
     inline: Arc<InlineSlot>,
     /// Where the switch's tables are kept across a restart.
     state_dir: Option<std::path::PathBuf>,
+    /// Flow offload, when it is on.
+    offload: Option<Arc<Offload>>,
 }
 
 /// Starts EAL with the DPDK ports and opens them, in order.
@@ -108,7 +111,13 @@ impl Dataplane {
             state,
             inline: &inline,
         };
-        let (workers, counters, switch, base) = match driver {
+        let Started {
+            workers,
+            counters,
+            switch,
+            base,
+            offload,
+        } = match driver {
             #[cfg(feature = "dpdk")]
             "dpdk" => start.run(open_dpdk(config, &ports)?)?,
             _ => {
@@ -135,6 +144,7 @@ impl Dataplane {
             idle: idle_mode(d.idle),
             inline,
             state_dir: config.state.dir.clone(),
+            offload,
         })
     }
 
@@ -156,6 +166,8 @@ impl Dataplane {
             ids: self.ids.clone(),
             base: self.base.clone(),
             rules: Default::default(),
+            offload: self.offload.clone(),
+            last: Default::default(),
         }
     }
 
@@ -192,10 +204,25 @@ impl Dataplane {
     /// their connection and fragment tables hold for the next process;
     /// ports (and EAL) close when the last handle drops.
     pub fn stop(mut self) {
+        // Hardware must not go on forwarding for a switch that stopped:
+        // the flows leave it while the workers still take the changes.
+        if let Some(o) = &self.offload {
+            o.stop();
+        }
         self.workers.stop();
         tracing::info!("data plane stopped");
         crate::switch_tables::save(&self.switch, self.state_dir.as_deref());
     }
+}
+
+/// What [`Start::run`] started.
+struct Started {
+    workers: Workers,
+    counters: Arc<dyn CounterSource>,
+    switch: SwitchHandle,
+    /// The base configuration, with the VTEPs.
+    base: SwitchConfig,
+    offload: Option<Arc<Offload>>,
 }
 
 /// What starting the switch on a driver needs.
@@ -214,10 +241,7 @@ impl Start<'_> {
     /// Compiles the switch for `driver`'s ports (VTEPs take their port's
     /// MAC address) and starts one worker per queue running it; returns
     /// the base configuration with the VTEPs.
-    fn run<D: Driver>(
-        self,
-        driver: D,
-    ) -> Result<(Workers, Arc<dyn CounterSource>, SwitchHandle, SwitchConfig)> {
+    fn run<D: Driver>(self, driver: D) -> Result<Started> {
         let Start {
             config,
             ports,
@@ -262,8 +286,17 @@ impl Start<'_> {
             config.state.dir.as_deref(),
             usize::from(config.dataplane.workers),
         );
-        let (workers, counters) = run(driver, config, ids, &switch, inline)?;
-        Ok((workers, counters, switch, base))
+        // Before the workers start: their pipelines take their links.
+        let workers_n = usize::from(config.dataplane.workers);
+        let offload = Offload::start(&config.dataplane.offload, workers_n, &switch, &first)?;
+        let (workers, counters) = run(driver, config, ids, &switch, inline, offload.clone())?;
+        Ok(Started {
+            workers,
+            counters,
+            switch,
+            base,
+            offload,
+        })
     }
 }
 
@@ -285,6 +318,7 @@ fn run<D: Driver>(
     ids: &Arc<Vec<String>>,
     switch: &SwitchHandle,
     inline: &Arc<InlineSlot>,
+    offload: Option<Arc<Offload>>,
 ) -> Result<(Workers, Arc<dyn CounterSource>)> {
     let d = &config.dataplane;
     let idle = idle_mode(d.idle);
@@ -307,6 +341,7 @@ fn run<D: Driver>(
         ids: ids.clone(),
         reader: workers.reader(),
         switch: switch.clone(),
+        offload,
     });
     Ok((workers, counters))
 }
@@ -365,6 +400,10 @@ pub struct Feed {
     base: SwitchConfig,
     /// The switch rules of the last state published.
     rules: std::sync::Mutex<RuleCache>,
+    /// Flow offload, when it is on.
+    offload: Option<Arc<Offload>>,
+    /// The configuration last published.
+    last: std::sync::Mutex<Option<SwitchConfig>>,
 }
 
 /// How long the feed waits on a blocking thread for the workers to take a
@@ -387,7 +426,11 @@ impl Feed {
             cfg
         };
         let t = std::time::Instant::now();
-        match self.switch.publish(&cfg) {
+        let published = self.switch.publish(&cfg);
+        if published.is_ok() && self.offload.is_some() {
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(cfg.clone());
+        }
+        match published {
             Ok(p) => {
                 tracing::info!(
                     generation = p.generation,
@@ -457,10 +500,40 @@ impl Feed {
                         .await
                         .unwrap_or(false);
                 }
+                // Every worker switches by the change: the flows it
+                // covers leave hardware before it is acknowledged.
+                let f = feed.clone();
+                let invalidated = tokio::task::spawn_blocking(move || f.invalidate(g))
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::anyhow!("{e}")));
+                if let Err(e) = invalidated {
+                    tracing::error!(generation = g, error = %e, "offloaded flows of a change were not all removed");
+                    reporter.refuse(
+                        p.generation,
+                        format!("the switch took the change, but its offloaded flows were not all removed: {e:#}"),
+                        Vec::new(),
+                    );
+                    continue;
+                }
                 reporter.report(p.generation, Vec::new());
             }
         });
         (task, waiters)
+    }
+}
+
+impl Feed {
+    /// Takes out of hardware the offloaded flows of the tenants the
+    /// configuration published as `generation` changed (a no-op without
+    /// offload).
+    fn invalidate(&self, generation: u64) -> Result<usize> {
+        let Some(o) = &self.offload else {
+            return Ok(0);
+        };
+        let Some(cfg) = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return Ok(0);
+        };
+        o.invalidate(&self.switch, &cfg, generation)
     }
 }
 
@@ -691,6 +764,7 @@ struct PortSource<D> {
     ids: Arc<Vec<String>>,
     reader: CounterReader,
     switch: SwitchHandle,
+    offload: Option<Arc<Offload>>,
 }
 
 impl<D: Driver> CounterSource for PortSource<D> {
@@ -767,6 +841,9 @@ impl<D: Driver> CounterSource for PortSource<D> {
             c.forwarded_packets += t.forwarded_packets;
             c.dropped_packets += t.dropped_packets;
             c.conntrack_entries += t.conntrack_entries;
+        }
+        if let Some(o) = &self.offload {
+            o.collect(&self.switch, out);
         }
         for (key, r) in traffic.rules {
             let c = out.rules.entry(key).or_default();
@@ -848,7 +925,12 @@ mod tests {
             state: &first.state,
             inline: &Arc::new(InlineSlot::default()),
         };
-        let (mut workers, _counters, switch, base) = start.run(driver.clone()).unwrap();
+        let Started {
+            mut workers,
+            switch,
+            base,
+            ..
+        } = start.run(driver.clone()).unwrap();
         // A second worker, which turns only when the test says.
         let mut held = switch.pipeline_for(1);
         let feed = Feed {
@@ -856,6 +938,8 @@ mod tests {
             ids,
             base,
             rules: Default::default(),
+            offload: None,
+            last: Default::default(),
         };
         let (task, applied) = feed.follow(&state, first.generation);
         let registry = config

@@ -22,6 +22,7 @@ mod dataplane;
 mod endpoint_stacks;
 mod listen;
 mod metrics;
+mod offload;
 mod rbd;
 mod remote;
 mod runtime;

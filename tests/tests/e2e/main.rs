@@ -26,6 +26,7 @@ mod nvme_rbd;
 mod nvme_remote;
 mod nvme_restart;
 mod nvme_tls;
+mod offload;
 mod opi;
 mod opi_bridge;
 mod opi_kernel;

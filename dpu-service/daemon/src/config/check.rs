@@ -252,6 +252,7 @@ impl Config {
             };
             bail!("dataplane.{key} {}", e.rule);
         }
+        self.dataplane.offload.check()?;
         if !d.worker_cpus.is_empty() {
             if d.worker_cpus.len() != usize::from(d.workers) {
                 bail!(
@@ -1027,6 +1028,39 @@ mod tests {
             "[dataplane]\nfragment_timeout_secs = 0\n",
             "dataplane.fragment_timeout_secs",
         );
+        for (text, want) in [
+            ("provider = \"asic\"", "unknown variant"),
+            ("table_size = 0", "dataplane.offload.table_size"),
+            ("table_size = 2000000", "dataplane.offload.table_size"),
+            (
+                "table_size = 10\nper_tenant = 11",
+                "dataplane.offload.per_tenant",
+            ),
+            ("per_tenant = 0", "dataplane.offload.per_tenant"),
+            ("insert_rate = 0", "dataplane.offload.insert_rate"),
+            ("idle_secs = 0", "dataplane.offload.idle_secs"),
+            ("idle_secs = 7441", "dataplane.offload.idle_secs"),
+            ("queue = 0", "dataplane.offload.queue"),
+            ("queue = 100000", "dataplane.offload.queue"),
+            (
+                "[dataplane.offload.model]\nrefuse = [\"mpls\"]",
+                "dataplane.offload.model.refuse",
+            ),
+        ] {
+            let text = format!("[dataplane.offload]\n{text}\n");
+            match toml::from_str::<Config>(&text) {
+                Ok(c) => {
+                    let err = c.validate().unwrap_err().to_string();
+                    assert!(err.contains(want), "{text}: {err}");
+                }
+                Err(e) => assert!(e.to_string().contains(want), "{text}: {e}"),
+            }
+        }
+        let model: Config = toml::from_str(
+            "[dataplane.offload]\nprovider = \"model\"\ntable_size = 64\nper_tenant = 32\n[dataplane.offload.model]\nrefuse = [\"ipv6\", \"vlan_push\"]\n",
+        )
+        .unwrap();
+        assert!(model.validate().is_ok(), "{:?}", model.validate());
         // A reserve above the cap is cut to it, not refused: a small cap
         // needs no reserve of its own.
         let small: Config = toml::from_str(

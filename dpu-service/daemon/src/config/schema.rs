@@ -110,6 +110,78 @@ pub struct DataplaneConfig {
     pub flow_cache_entries: usize,
     /// Further EAL arguments, passed as they are (e.g. "-d", a PMD path).
     pub eal_args: Vec<String>,
+    /// Flow offload to the switch in front of the cores
+    /// (`[dataplane.offload]`).
+    pub offload: OffloadSettings,
+}
+
+/// Which flow hardware established connections are offloaded to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OffloadProvider {
+    /// None: every packet is switched on the cores.
+    #[default]
+    None,
+    /// The in-process model of a NIC with limits (tests, and machines
+    /// without an eSwitch): it carries its flows' packets before the
+    /// switch sees them.
+    Model,
+}
+
+/// `[dataplane.offload]`: established TCP connections handed to flow
+/// hardware after their handshake, each tenant within its share of the
+/// hardware table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OffloadSettings {
+    /// `"none"` (default) or `"model"`.
+    pub provider: OffloadProvider,
+    /// Flows in hardware at most (default 65,536; at most 1,048,576).
+    pub table_size: usize,
+    /// Flows one tenant may hold in hardware (default 16,384).
+    pub per_tenant: usize,
+    /// Flows kept for each tenant that no other tenant's can take (less
+    /// when the table cannot keep that many for every tenant; default
+    /// 1,024).
+    pub reserved_per_tenant: usize,
+    /// Insertions a second at most; offers past it stay in software
+    /// (default 20,000).
+    pub insert_rate: u32,
+    /// Seconds an offloaded flow may go without a packet in hardware
+    /// before it ages out (default 300; at most the established TCP
+    /// timeout, 7,440).
+    pub idle_secs: u64,
+    /// Offers one worker may have queued (default 1,024).
+    pub queue: usize,
+    /// The model provider's limits (`[dataplane.offload.model]`).
+    pub model: ModelOffloadSettings,
+}
+
+impl Default for OffloadSettings {
+    fn default() -> Self {
+        Self {
+            provider: OffloadProvider::None,
+            table_size: 65_536,
+            per_tenant: 16_384,
+            reserved_per_tenant: 1_024,
+            insert_rate: 20_000,
+            idle_secs: 300,
+            queue: 1_024,
+            model: ModelOffloadSettings::default(),
+        }
+    }
+}
+
+/// `[dataplane.offload.model]`: what the model NIC refuses, as hardware
+/// without those items and actions would.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelOffloadSettings {
+    /// Items and actions it refuses: `"ipv6"`, `"vlan_push"`,
+    /// `"vxlan_encap"`, `"vxlan_decap"`.
+    pub refuse: Vec<String>,
+    /// Every this many insertions, one fails (0: none).
+    pub fail_every: u32,
 }
 
 impl Default for DataplaneConfig {
@@ -137,6 +209,7 @@ impl Default for DataplaneConfig {
             fragment_timeout_secs: 10,
             flow_cache_entries: 262_144,
             eal_args: Vec::new(),
+            offload: OffloadSettings::default(),
         }
     }
 }
@@ -927,6 +1000,46 @@ pub struct PortConfig {
 
 pub(crate) fn default_driver() -> String {
     "none".into()
+}
+
+/// The items and actions `[dataplane.offload.model]` may refuse.
+pub const MODEL_REFUSALS: [&str; 4] = ["ipv6", "vlan_push", "vxlan_encap", "vxlan_decap"];
+
+impl OffloadSettings {
+    /// Checks the bounds, naming the key at fault.
+    ///
+    /// # Errors
+    /// The first value out of its bounds.
+    pub fn check(&self) -> anyhow::Result<()> {
+        use anyhow::bail;
+        if !(1..=1 << 20).contains(&self.table_size) {
+            bail!("dataplane.offload.table_size must be 1 to 1048576");
+        }
+        if self.per_tenant == 0 || self.per_tenant > self.table_size {
+            bail!("dataplane.offload.per_tenant must be 1 to table_size");
+        }
+        if self.insert_rate == 0 {
+            bail!("dataplane.offload.insert_rate must be at least 1");
+        }
+        if !(1..=7_440).contains(&self.idle_secs) {
+            bail!("dataplane.offload.idle_secs must be 1 to 7440 (the established TCP timeout)");
+        }
+        if !(1..=65_536).contains(&self.queue) {
+            bail!("dataplane.offload.queue must be 1 to 65536");
+        }
+        if let Some(r) = self
+            .model
+            .refuse
+            .iter()
+            .find(|r| !MODEL_REFUSALS.contains(&r.as_str()))
+        {
+            bail!(
+                "dataplane.offload.model.refuse: unknown item {r:?} (use {})",
+                MODEL_REFUSALS.join(", ")
+            );
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The offload thread and the workers' lanes to it.
 //!
-//! A worker offers a rule through its [`Lane`]: one push onto a bounded
-//! queue, never a wait. What the queue cannot take stays in software and
+//! A worker offers a rule, or withdraws a connection's, through its
+//! [`Lane`]: one push onto a bounded queue (one for both, so that they
+//! keep their order), never a wait. What the queue cannot take stays in software and
 //! is counted. The thread takes offers lane by lane (so one busy worker
 //! cannot starve the others), at most [`OffloadConfig::insert_rate`] a
 //! second (offers past the rate are dropped and counted: a flood of short
@@ -196,9 +197,15 @@ fn conn_ref(tenant: u32, key: &FlowKey) -> ConnRef {
     }
 }
 
+/// What a worker asks of the thread, in its lane's order (a withdrawal
+/// never overtakes the offer it follows).
+enum Request {
+    Offer(Offer),
+    Withdraw(ConnRef),
+}
+
 struct LaneCells {
-    offers: ArrayQueue<Offer>,
-    withdrawals: ArrayQueue<ConnRef>,
+    requests: ArrayQueue<Request>,
     returned: ArrayQueue<Returned>,
     /// Offers the lane refused (written by its worker only).
     full: AtomicU64,
@@ -242,11 +249,11 @@ impl Lane {
     pub fn offer(&mut self, rule: FlowRule, generation: u64) -> Option<FlowId> {
         let cells = &self.shared.lanes[self.index];
         let id = (self.index as u64) << 48 | (self.next & ((1 << 48) - 1));
-        match cells.offers.push(Offer {
+        match cells.requests.push(Request::Offer(Offer {
             id,
             generation,
             rule,
-        }) {
+        })) {
             Ok(()) => {
                 self.next += 1;
                 Some(id)
@@ -267,8 +274,8 @@ impl Lane {
     /// [`Withdraw`] if the queue is full; ask again later.
     pub fn withdraw(&mut self, tenant: u32, key: &FlowKey) -> Result<(), Withdraw> {
         self.shared.lanes[self.index]
-            .withdrawals
-            .push(conn_ref(tenant, key))
+            .requests
+            .push(Request::Withdraw(conn_ref(tenant, key)))
             .map_err(|_| Withdraw)
     }
 
@@ -282,7 +289,7 @@ impl Lane {
 pub struct Offloader {
     shared: Arc<Shared>,
     control: SyncSender<Command>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Offloader {
@@ -306,8 +313,7 @@ impl Offloader {
         let shared = Arc::new(Shared {
             lanes: (0..lanes)
                 .map(|_| LaneCells {
-                    offers: ArrayQueue::new(config.lane_queue.max(1)),
-                    withdrawals: ArrayQueue::new(config.lane_queue.max(1)),
+                    requests: ArrayQueue::new(config.lane_queue.max(1)),
                     returned: ArrayQueue::new(config.lane_queue.max(1)),
                     full: AtomicU64::new(0),
                 })
@@ -357,7 +363,7 @@ impl Offloader {
             Offloader {
                 shared,
                 control: tx,
-                thread: Some(thread),
+                thread: Mutex::new(Some(thread)),
             },
             out,
         ))
@@ -368,7 +374,12 @@ impl Offloader {
         self.control
             .send(make(reply))
             .map_err(|_| OffloadError::Stopped)?;
-        if let Some(t) = &self.thread {
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             t.thread().unpark();
         }
         answer.recv_timeout(CONTROL_WAIT).map_err(|e| match e {
@@ -419,14 +430,23 @@ impl Offloader {
     }
 }
 
-impl Drop for Offloader {
-    /// Stops the thread, which removes every flow it installed first.
-    fn drop(&mut self) {
+impl Offloader {
+    /// Stops the thread, which first removes every flow it installed
+    /// (while the workers still run: the model's lanes take the removals
+    /// between their bursts). Later calls answer [`OffloadError::Stopped`].
+    pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
             t.thread().unpark();
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Offloader {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -465,8 +485,7 @@ impl Thread {
             while let Ok(c) = control.try_recv() {
                 self.command(p, c);
             }
-            let mut work = self.withdrawals(p);
-            work += self.offers(p);
+            let work = self.requests(p);
             if work > 0 {
                 if let Err(e) = p.commit() {
                     self.status.commit_failed += 1;
@@ -633,39 +652,35 @@ impl Thread {
         &mut self.status.tenants[i]
     }
 
-    fn withdrawals<P: Provider>(&mut self, p: &mut P) -> usize {
-        let shared = self.shared.clone();
-        let mut n = 0;
-        for (index, lane) in shared.lanes.iter().enumerate() {
-            while let Some(c) = lane.withdrawals.pop() {
-                n += 1;
-                let Some(ids) = self.conns.get(&c) else {
-                    continue;
-                };
-                let ids: Vec<FlowId> = ids
-                    .iter()
-                    .copied()
-                    .filter(|&id| lane_of(id) == index)
-                    .collect();
-                for id in ids {
-                    let Some(h) = self.flows.get(&id).copied() else {
-                        continue;
-                    };
-                    let now = p.counts(id).unwrap_or(h.read);
-                    if p.remove(id).is_err() {
-                        self.status.remove_failed += 1;
-                        continue;
-                    }
-                    self.forget(id, &h);
-                    self.fold(h.tenant, h.read, now);
-                    self.status.withdrawn += 1;
-                }
+    /// Removes the flows of connection `c` offered through lane `index`.
+    fn withdraw<P: Provider>(&mut self, p: &mut P, index: usize, c: &ConnRef) {
+        let Some(ids) = self.conns.get(c) else {
+            return;
+        };
+        let ids: Vec<FlowId> = ids
+            .iter()
+            .copied()
+            .filter(|&id| lane_of(id) == index)
+            .collect();
+        for id in ids {
+            let Some(h) = self.flows.get(&id).copied() else {
+                continue;
+            };
+            let now = p.counts(id).unwrap_or(h.read);
+            if let Err(e) = p.remove(id) {
+                self.status.remove_failed += 1;
+                self.status.last_error = Some(e);
+                continue;
             }
+            self.forget(id, &h);
+            self.fold(h.tenant, h.read, now);
+            self.status.withdrawn += 1;
         }
-        n
     }
 
-    fn offers<P: Provider>(&mut self, p: &mut P) -> usize {
+    /// Takes at most a round's requests, one lane's at a time in turn so
+    /// that every worker gets turns. Returns how many.
+    fn requests<P: Provider>(&mut self, p: &mut P) -> usize {
         let now = Instant::now();
         let rate = f64::from(self.config.insert_rate);
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
@@ -674,19 +689,21 @@ impl Thread {
         self.tokens = (self.tokens + elapsed * rate).min(rate.max(ROUND as f64));
         let shared = self.shared.clone();
         let mut n = 0;
-        // Lane by lane, one offer each, so that every worker gets turns.
         loop {
             let mut any = false;
-            for lane in shared.lanes.iter() {
+            for (index, lane) in shared.lanes.iter().enumerate() {
                 if n >= ROUND {
                     return n;
                 }
-                let Some(o) = lane.offers.pop() else {
+                let Some(r) = lane.requests.pop() else {
                     continue;
                 };
                 any = true;
                 n += 1;
-                self.offer(p, o);
+                match r {
+                    Request::Offer(o) => self.offer(p, o),
+                    Request::Withdraw(c) => self.withdraw(p, index, &c),
+                }
             }
             if !any {
                 return n;

@@ -53,6 +53,19 @@ impl SwitchHandle {
         })
     }
 
+    /// The stable ID of the tenant named `name` (kept across
+    /// configurations), if it was ever configured.
+    pub fn tenant_id(&self, name: &str) -> Option<u32> {
+        let ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.get(name).copied()
+    }
+
+    /// Every tenant ever configured, by stable ID.
+    pub fn tenant_names(&self) -> std::collections::HashMap<u32, String> {
+        let ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
+        ids.iter().map(|(n, &id)| (id, n.clone())).collect()
+    }
+
     /// Gives each worker's pipeline, made from now on by
     /// [`SwitchHandle::pipeline_for`], its link to the offloader (in
     /// worker order): its switch then offers established connections to

@@ -182,3 +182,46 @@ fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
     p.turn();
     assert_eq!(o.status().invalidated, 1);
 }
+
+#[test]
+fn a_second_connection_is_offered_after_the_first_closed() {
+    let h = SwitchHandle::new(&config(true)).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
+    h.attach_offload(vec![OffloadLink {
+        lane: links.remove(0),
+        model: lanes.into_iter().next(),
+        idle: Duration::from_secs(30),
+    }]);
+    let mut p = h.pipeline();
+    p.turn();
+    let seg_p = |from: u8, sport: u16, flags: u8| {
+        let (src, dst, a, b) = if from == 1 {
+            (1, 2, sport, 80)
+        } else {
+            (2, 1, 80, sport)
+        };
+        let mut f = build::eth(mac(dst), mac(src), None, crate::wire::ETH_IPV4);
+        f.extend(build::ipv4(
+            [10, 0, 0, src],
+            [10, 0, 0, dst],
+            proto::TCP,
+            &build::tcp(a, b, flags),
+        ));
+        f
+    };
+    for (round, sport) in [40000u16, 40001].into_iter().enumerate() {
+        send(&mut p, &h, 0, seg_p(1, sport, 0x02));
+        send(&mut p, &h, 1, seg_p(2, sport, 0x12));
+        send(&mut p, &h, 0, seg_p(1, sport, ACK));
+        send(&mut p, &h, 1, seg_p(2, sport, PSH_ACK));
+        let want = 2 * (round as u64 + 1);
+        let s = settle(&mut p, &o, |s| s.offloaded == want);
+        assert_eq!(s.offloaded, want, "round {round}: {s:?}");
+        assert!(send(&mut p, &h, 0, seg_p(1, sport, PSH_ACK)).1);
+        send(&mut p, &h, 0, seg_p(1, sport, 0x11));
+        send(&mut p, &h, 1, seg_p(2, sport, 0x11));
+        send(&mut p, &h, 0, seg_p(1, sport, ACK));
+        settle(&mut p, &o, |s| s.withdrawn == want);
+    }
+}

@@ -28,6 +28,29 @@ pub struct WatchArgs {
     pub count: Option<u64>,
 }
 
+/// `dpuctl offload`.
+#[derive(Debug, clap::Subcommand)]
+pub enum OffloadCmd {
+    /// The provider, the hardware table's use, the flows offloaded and
+    /// refused, and each tenant's flows and what they carried.
+    Status,
+}
+
+/// `dpuctl offload status`: the offload part of the counters. Fails when
+/// the service runs without offload.
+pub async fn offload_status(c: &DpuClient) -> Result<Shown, Failure> {
+    let s = c.get_counters(pb::GetCountersRequest::default()).await?;
+    let Some(o) = s.offload else {
+        return Err(Failure::Other(
+            "flow offload is off (dataplane.offload.provider = \"none\")".into(),
+        ));
+    };
+    Ok(Shown {
+        json: json(&o),
+        text: render::offload(&o),
+    })
+}
+
 /// `dpuctl counters`.
 pub async fn counters(c: &DpuClient, args: &CountersArgs) -> Result<Shown, Failure> {
     let s = c

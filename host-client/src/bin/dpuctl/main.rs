@@ -138,6 +138,10 @@ enum Command {
     Counters(counters::CountersArgs),
     /// Streams counter snapshots.
     Watch(counters::WatchArgs),
+    /// Flow offload: established connections in the flow hardware in
+    /// front of the cores.
+    #[command(subcommand)]
+    Offload(counters::OffloadCmd),
 }
 
 /// A failure of the command: from the service, or from the user's input.
@@ -281,6 +285,7 @@ async fn execute(c: &DpuClient, cmd: &Command) -> Result<Shown, Failure> {
         Command::Health(args) => info::health(c, args).await?,
         Command::Counters(args) => counters::counters(c, args).await?,
         Command::Watch(_) => unreachable_watch(),
+        Command::Offload(counters::OffloadCmd::Status) => counters::offload_status(c).await?,
         Command::Tenant(t) => tenant::execute(c, t).await?,
         Command::Port(p) => port::execute(c, p).await?,
         Command::Rule(r) => rule::execute(c, r).await?,

@@ -475,6 +475,49 @@ pub fn listeners(list: &[pb::Listener]) -> String {
     t.render()
 }
 
+/// `dpuctl offload status`: the table's use, what happened to the flows
+/// offered, and each tenant's flows.
+pub fn offload(o: &pb::OffloadCounters) -> String {
+    let mut out = format!(
+        "provider {}: {} of {} flows in hardware\n\n",
+        o.provider, o.in_use, o.capacity
+    );
+    let mut f = Table::new(&["FLOWS", "COUNT"]);
+    for (what, n) in [
+        ("installed", o.offloaded),
+        ("withdrawn (closed)", o.withdrawn),
+        ("aged", o.aged),
+        ("invalidated (changes)", o.invalidated),
+        ("refused: unsupported", o.unsupported),
+        ("refused: table full", o.table_full),
+        ("refused: insert failed", o.insert_failed),
+        ("refused: over quota", o.over_quota),
+        ("refused: rate limited", o.rate_limited),
+        ("refused: queue full", o.queue_full),
+        ("refused: stale", o.stale),
+        ("errors: remove", o.remove_failed),
+        ("errors: commit", o.commit_failed),
+    ] {
+        f.row(vec![what.into(), n.to_string()]);
+    }
+    out.push_str(&f.render());
+    let mut t = Table::new(&["TENANT", "FLOWS", "PACKETS", "BYTES"]);
+    for x in &o.tenants {
+        t.row(vec![
+            id(&x.tenant).into(),
+            x.flows.to_string(),
+            x.packets.to_string(),
+            x.bytes.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render());
+    if !o.last_error.is_empty() {
+        out.push_str(&format!("\nlast error: {}\n", o.last_error));
+    }
+    out
+}
+
 /// A counter snapshot: one table per kind of object.
 pub fn counters(s: &pb::CounterSnapshot) -> String {
     let mut out = format!("counters at {}\n\n", time(s.time.as_ref()));
@@ -516,6 +559,7 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
         "FORWARDED",
         "DROPPED",
         "CONNTRACK",
+        "OFFLOADED",
     ]);
     for x in &s.tenants {
         t.row(vec![
@@ -525,6 +569,7 @@ pub fn counters(s: &pb::CounterSnapshot) -> String {
             x.forwarded_packets.to_string(),
             x.dropped_packets.to_string(),
             x.conntrack_entries.to_string(),
+            x.offloaded_packets.to_string(),
         ]);
     }
     out.push('\n');

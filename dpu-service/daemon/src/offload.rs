@@ -1,0 +1,211 @@
+//! Flow offload in the daemon (`[dataplane.offload]`): the provider and
+//! offload thread it configures, the workers' links to it, invalidation
+//! when the switch's configuration changes, and its counters.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dpu_control::telemetry::Counters;
+use dpu_dataplane::offload::model::{ModelLimits, ModelNic, Refuse};
+use dpu_dataplane::offload::{OffloadConfig, OffloadLink, OffloadStatus, Offloader};
+use dpu_dataplane::switch::{SwitchConfig, SwitchHandle, TenantConfig};
+use dpu_proto::v1 as pb;
+
+use crate::config::{OffloadProvider, OffloadSettings};
+
+/// Tenants changed in one publish past which every flow is invalidated
+/// at once rather than tenant by tenant.
+const INVALIDATE_EACH_MAX: usize = 64;
+
+/// The running offloader, and what the switch's configuration was when
+/// its flows were last invalidated.
+pub struct Offload {
+    offloader: Offloader,
+    /// The tenants as last published, by name.
+    last: Mutex<BTreeMap<String, TenantConfig>>,
+}
+
+impl Offload {
+    /// Starts the provider `s` names for `workers` workers and gives their
+    /// pipelines, made after this, their links (through `switch`).
+    /// `None` when offload is off.
+    ///
+    /// # Errors
+    /// The offload thread could not start.
+    pub fn start(
+        s: &OffloadSettings,
+        workers: usize,
+        switch: &SwitchHandle,
+        first: &SwitchConfig,
+    ) -> Result<Option<Arc<Offload>>> {
+        let cfg = OffloadConfig {
+            table: s.table_size,
+            per_tenant: s.per_tenant,
+            reserved: s.reserved_per_tenant.min(s.per_tenant),
+            insert_rate: s.insert_rate,
+            lane_queue: s.queue,
+            poll: Duration::from_millis(500),
+        };
+        let idle = Duration::from_secs(s.idle_secs);
+        let (offloader, links) = match s.provider {
+            OffloadProvider::None => return Ok(None),
+            OffloadProvider::Model => {
+                let has = |r: &str| s.model.refuse.iter().any(|x| x == r);
+                let limits = ModelLimits {
+                    table: s.table_size,
+                    refuse: Refuse {
+                        ipv6: has("ipv6"),
+                        vlan_push: has("vlan_push"),
+                        vxlan_encap: has("vxlan_encap"),
+                        vxlan_decap: has("vxlan_decap"),
+                    },
+                    fail_every: s.model.fail_every,
+                };
+                let (nic, models) = ModelNic::new(limits, workers);
+                let (o, lanes) =
+                    Offloader::start(nic, cfg, workers).context("starting the offload thread")?;
+                let links = lanes
+                    .into_iter()
+                    .zip(models)
+                    .map(|(lane, model)| OffloadLink {
+                        lane,
+                        model: Some(model),
+                        idle,
+                    })
+                    .collect();
+                (o, links)
+            }
+        };
+        switch.attach_offload(links);
+        let offload = Offload {
+            offloader,
+            last: Mutex::new(by_name(first)),
+        };
+        offload.set_tenants(first.tenants.len());
+        tracing::info!(
+            provider = ?s.provider,
+            table = s.table_size,
+            per_tenant = s.per_tenant,
+            insert_rate = s.insert_rate,
+            "flow offload on"
+        );
+        Ok(Some(Arc::new(offload)))
+    }
+
+    fn set_tenants(&self, n: usize) {
+        if let Err(e) = self.offloader.set_tenants(n) {
+            tracing::error!(error = %e, "flow offload: the table's shares were not updated");
+        }
+    }
+
+    /// Takes out of hardware the flows of every tenant whose
+    /// configuration differs between the last configuration and `now`
+    /// (published as `generation`, which every worker has taken), before
+    /// the change is acknowledged.
+    ///
+    /// # Errors
+    /// The offloader's, naming how many flows may still be in hardware.
+    pub fn invalidate(
+        &self,
+        switch: &SwitchHandle,
+        now: &SwitchConfig,
+        generation: u64,
+    ) -> Result<usize> {
+        let now = by_name(now);
+        let changed: Vec<String> = {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            let mut changed: Vec<String> = last
+                .iter()
+                .filter(|(name, t)| now.get(*name) != Some(*t))
+                .map(|(name, _)| name.clone())
+                .collect();
+            changed.extend(now.keys().filter(|n| !last.contains_key(*n)).cloned());
+            *last = now.clone();
+            changed
+        };
+        if changed.is_empty() {
+            return Ok(0);
+        }
+        self.set_tenants(now.len());
+        let ids: Option<Vec<u32>> = changed.iter().map(|n| switch.tenant_id(n)).collect();
+        let removed = match ids {
+            Some(ids) if ids.len() <= INVALIDATE_EACH_MAX => {
+                let mut n = 0;
+                for id in ids {
+                    n += self.offloader.invalidate(Some(id), generation)?;
+                }
+                n
+            }
+            _ => self.offloader.invalidate(None, generation)?,
+        };
+        if removed > 0 {
+            tracing::info!(
+                generation,
+                removed,
+                tenants = changed.len(),
+                "offloaded flows of changed tenants removed"
+            );
+        }
+        Ok(removed)
+    }
+
+    /// Stops the offload thread, which takes every flow out of hardware
+    /// first (call it while the workers still run).
+    pub fn stop(&self) {
+        self.offloader.stop();
+    }
+
+    /// Adds its counters to `out`: its own, and its tenants' offloaded
+    /// packets into their tenant counters (named through `switch`).
+    pub fn collect(&self, switch: &SwitchHandle, out: &mut Counters) {
+        let s: OffloadStatus = self.offloader.status();
+        let names = switch.tenant_names();
+        let mut tenants = Vec::new();
+        for t in &s.tenants {
+            let Some(name) = names.get(&t.tenant) else {
+                continue;
+            };
+            let c = out.tenants.entry(name.clone()).or_default();
+            c.rx_packets += t.carried.packets;
+            c.rx_bytes += t.carried.bytes;
+            c.forwarded_packets += t.carried.packets;
+            c.offloaded_packets += t.carried.packets;
+            c.offloaded_bytes += t.carried.bytes;
+            tenants.push(pb::OffloadTenant {
+                tenant: name.clone(),
+                flows: t.flows,
+                packets: t.carried.packets,
+                bytes: t.carried.bytes,
+            });
+        }
+        out.offload = Some(pb::OffloadCounters {
+            provider: s.provider.to_string(),
+            capacity: s.capacity as u64,
+            in_use: s.in_use as u64,
+            offloaded: s.offloaded,
+            withdrawn: s.withdrawn,
+            aged: s.aged,
+            invalidated: s.invalidated,
+            unsupported: s.unsupported,
+            table_full: s.table_full,
+            insert_failed: s.insert_failed,
+            over_quota: s.over_quota,
+            rate_limited: s.rate_limited,
+            queue_full: s.lane_full,
+            stale: s.stale,
+            remove_failed: s.remove_failed,
+            commit_failed: s.commit_failed,
+            tenants,
+            last_error: s.last_error.unwrap_or_default(),
+        });
+    }
+}
+
+fn by_name(c: &SwitchConfig) -> BTreeMap<String, TenantConfig> {
+    c.tenants
+        .iter()
+        .map(|t| (t.name.to_string(), t.clone()))
+        .collect()
+}

@@ -1,0 +1,335 @@
+//! Flow offload through the real binary, with the model provider in front
+//! of the switch (`[dataplane.offload] provider = "model"`): network
+//! namespaces play a tenant's stations on the kernel driver, TCP between
+//! them is offloaded after its handshake, and `dpuctl offload status`,
+//! `dpuctl counters` and `/metrics` show what the model carried.
+//! Needs root (namespaces); everything created is removed on exit.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use dpu_e2e::net::{eventually, metric, Host, Reaped};
+use dpu_e2e::Service;
+use serde_json::Value;
+
+/// ADDR PORT: answers each line received with as many bytes as the line
+/// says (a number), on every connection, with `select`.
+const SERVER: &str = r#"
+import select, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(512)
+conns = {}
+while True:
+    r, _, _ = select.select([s] + list(conns), [], [])
+    for c in r:
+        if c is s:
+            n, _ = s.accept()
+            conns[n] = b""
+            continue
+        try:
+            b = c.recv(4096)
+        except OSError:
+            b = b""
+        if not b:
+            conns.pop(c)
+            c.close()
+            continue
+        conns[c] += b
+        while b"\n" in conns[c]:
+            line, conns[c] = conns[c].split(b"\n", 1)
+            c.setblocking(True)
+            c.sendall(b"x" * max(1, int(line or b"1")))
+            c.setblocking(False)
+        c.setblocking(False)
+"#;
+
+/// ADDR PORT ROUNDS BYTES GAP PAUSE: one connection; ROUNDS times asks
+/// for BYTES and reads them back, GAP seconds apart, sleeping PAUSE
+/// seconds half way; prints "ok ROUNDS", or fails saying where it stopped
+/// (1 s for each answer).
+const CHAT: &str = r#"
+import socket, sys, time
+addr, port, rounds, size, gap, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+s = socket.create_connection((addr, port), timeout=3)
+s.settimeout(1)
+for i in range(rounds):
+    if i == rounds // 2:
+        time.sleep(pause)
+    s.sendall(b"%d\n" % size)
+    got = 0
+    try:
+        while got < size:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += len(b)
+    except OSError:
+        pass
+    if got < size:
+        print("stopped at round %d" % i, flush=True)
+        sys.exit(1)
+    time.sleep(gap)
+print("ok %d" % rounds, flush=True)
+s.close()
+"#;
+
+/// ADDR PORT N HOLD: opens N connections as fast as it can, has each
+/// answered once, holds them HOLD seconds; prints how many answered.
+const FLOOD: &str = r#"
+import socket, sys, time
+addr, port, n, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+socks = []
+for i in range(n):
+    try:
+        s = socket.create_connection((addr, port), timeout=2)
+        s.sendall(b"1\n")
+        socks.append(s)
+    except OSError:
+        pass
+ok = 0
+for s in socks:
+    try:
+        s.settimeout(2)
+        if s.recv(1):
+            ok += 1
+    except OSError:
+        pass
+print(ok, flush=True)
+time.sleep(hold)
+"#;
+
+/// A kernel-driver configuration with one port per host and the model
+/// provider, with `offload` appended to `[dataplane.offload]`.
+fn config(hosts: &[(&str, &Host)], offload: &str) -> String {
+    let mut c = format!(
+        "[log]\nlevel = \"info\"\n\n[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n\
+         [dataplane.offload]\nprovider = \"model\"\n{offload}\n"
+    );
+    for (id, h) in hosts {
+        c += &format!(
+            "\n[[ports]]\nid = \"{id}\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+            h.port_if
+        );
+    }
+    c
+}
+
+/// A tenant over `ports` whose `client` may open TCP to port 8080,
+/// statefully; nothing else passes.
+fn tenant(svc: &Service, name: &str, ports: [&str; 2], client: &str) -> Result<()> {
+    svc.dpuctl_json(&[
+        "tenant", "create", name, "--port", ports[0], "--port", ports[1],
+    ])?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        name,
+        "--id",
+        "web",
+        "--priority",
+        "10",
+        "--action",
+        "allow",
+        "--src",
+        &format!("{client}/32"),
+        "--proto",
+        "tcp",
+        "--dport",
+        "8080",
+        "--stateful",
+    ])?;
+    Ok(())
+}
+
+/// `dpuctl offload status` as JSON.
+fn status(svc: &Service) -> Result<Value> {
+    svc.dpuctl_json(&["offload", "status"])
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| v[key].as_u64())
+        .unwrap_or(0)
+}
+
+/// Tenant `name`'s entry of the status: flows, packets, bytes.
+fn tenant_of(s: &Value, name: &str) -> (u64, u64, u64) {
+    let want = format!("tenants/{name}");
+    s["tenants"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["tenant"] == want.as_str()))
+        .map_or((0, 0, 0), |t| {
+            (num(t, "flows"), num(t, "packets"), num(t, "bytes"))
+        })
+}
+
+/// Waits (bounded) until `f` holds of the offload status; returns it.
+fn status_until(svc: &Service, what: &str, f: impl Fn(&Value) -> bool) -> Result<Value> {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = status(svc)?;
+        if f(&s) {
+            return Ok(s);
+        }
+        if Instant::now() > end {
+            bail!("waiting for {what}: {s}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> Result<()> {
+    let client = Host::new("oa", "10.234.0.1/24")?;
+    let server = Host::new("ob", "10.234.0.2/24")?;
+    let svc = Service::start_config(
+        &config(
+            &[("pf0vf0", &client), ("pf0vf1", &server)],
+            "idle_secs = 60",
+        ),
+        &[],
+    )?;
+    tenant(&svc, "green", ["pf0vf0", "pf0vf1"], "10.234.0.1")?;
+    let _server = Reaped(server.spawn_python(SERVER, &["10.234.0.2", "8080"])?);
+
+    // A megabyte back over one connection: after the handshake both
+    // directions go by in the model; the server's close (a FIN, which
+    // hardware leaves to software) withdraws them.
+    let mut out = String::new();
+    eventually("a megabyte from the server", || {
+        let o = client.python(CHAT, &["10.234.0.2", "8080", "1", "1000000", "0", "0"]);
+        out = String::from_utf8_lossy(&o.stdout).to_string();
+        o.status.success()
+    })?;
+    ensure!(out.contains("ok 1"), "{out}");
+    let s = status_until(&svc, "the stream's packets to be counted", |s| {
+        tenant_of(s, "green").1 > 500 && num(s, "withdrawn") >= 2
+    })?;
+    let (_, carried, bytes) = tenant_of(&s, "green");
+    ensure!(num(&s, "offloaded") >= 2, "{s}");
+    ensure!(bytes > 900_000, "the model carried {bytes} bytes: {s}");
+    // What the switch itself saw of the tenant: the handshakes, the
+    // first segment of each direction, the closes.
+    let counters = svc.dpuctl_json(&["counters", "--tenant", "green"])?;
+    let t = &counters["tenants"][0];
+    let (rx, offloaded) = (num(t, "rxPackets"), num(t, "offloadedPackets"));
+    ensure!(offloaded >= carried, "{counters}");
+    ensure!(
+        rx >= offloaded && rx - offloaded < 80,
+        "the switch saw {} of the stream's {rx} packets: {counters}",
+        rx - offloaded
+    );
+    let (_, body) = svc.http_get("/metrics")?;
+    ensure!(
+        metric(&body, "dpu_offload_tenant_packets_total{tenant=\"green\"}") >= carried,
+        "{body}"
+    );
+    ensure!(metric(&body, "dpu_offload_flows_total{event=\"withdrawn\"}") >= 2);
+
+    // A conversation that stays open: offloaded, then the rule goes. The
+    // call returns once its flows are out of hardware, and the next
+    // exchange is dropped.
+    let before = num(&status(&svc)?, "offloaded");
+    // Each script ends by itself (its socket timeouts, its rounds).
+    let chat = client.spawn_python_out(CHAT, &["10.234.0.2", "8080", "400", "100", "0.05", "0"])?;
+    if let Err(e) = status_until(&svc, "the conversation to be offloaded", |s| {
+        num(s, "offloaded") >= before + 2 && tenant_of(s, "green").0 == 2
+    }) {
+        let out = chat.wait_with_output()?;
+        bail!(
+            "{e:#}\nchat: {} {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            svc.log_text()
+        );
+    }
+    svc.dpuctl_json(&["rule", "delete", "green", "web"])?;
+    let s = status(&svc)?;
+    ensure!(
+        num(&s, "inUse") == 0 && num(&s, "invalidated") >= 2,
+        "flows left in hardware after the change was acknowledged: {s}"
+    );
+    let done = chat.wait_with_output().context("the conversation")?;
+    let said = String::from_utf8_lossy(&done.stdout);
+    ensure!(
+        !done.status.success() && said.contains("stopped at round"),
+        "the conversation went on past the rule's removal: {said}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
+    let g1 = Host::new("oc", "10.235.0.1/24")?;
+    let g2 = Host::new("od", "10.235.0.2/24")?;
+    let r1 = Host::new("oe", "10.235.1.1/24")?;
+    let r2 = Host::new("of", "10.235.1.2/24")?;
+    // 64 flows: 16 kept for each of the two tenants, the 32 others
+    // shared, at most 40 for one tenant; flows age after 2 s idle.
+    let svc = Service::start_config(
+        &config(
+            &[
+                ("pf0vf0", &g1),
+                ("pf0vf1", &g2),
+                ("pf0vf2", &r1),
+                ("pf0vf3", &r2),
+            ],
+            "table_size = 64\nper_tenant = 40\nreserved_per_tenant = 16\nidle_secs = 2",
+        ),
+        &[],
+    )?;
+    tenant(&svc, "green", ["pf0vf0", "pf0vf1"], "10.235.0.1")?;
+    tenant(&svc, "red", ["pf0vf2", "pf0vf3"], "10.235.1.1")?;
+    let _gs = Reaped(g2.spawn_python(SERVER, &["10.235.0.2", "8080"])?);
+    let _rs = Reaped(r2.spawn_python(SERVER, &["10.235.1.2", "8080"])?);
+    eventually("green's server to answer", || {
+        g1.python(CHAT, &["10.235.0.2", "8080", "1", "10", "0", "0"])
+            .status
+            .success()
+    })?;
+
+    // Green talks for about 30 s with a 5 s silence half way.
+    let chat = g1.spawn_python_out(CHAT, &["10.235.0.2", "8080", "300", "100", "0.05", "5"])?;
+    status_until(&svc, "green's conversation in hardware", |s| {
+        tenant_of(s, "green").0 == 2
+    })?;
+    // Red opens 300 connections at once and holds them.
+    let flood = r1.spawn_python_out(FLOOD, &["10.235.1.2", "8080", "300", "8"])?;
+    let s = status_until(&svc, "red's flood to reach its share", |s| {
+        num(s, "overQuota") > 0
+    })?;
+    let (red, _, _) = tenant_of(&s, "red");
+    ensure!(red <= 40, "red holds {red} flows, past its 40: {s}");
+    let (green, green_pkts, _) = tenant_of(&s, "green");
+    ensure!(green == 2, "green lost flows to red's flood: {s}");
+    ensure!(num(&s, "inUse") <= 64);
+    // Green's flows still carry its packets.
+    status_until(&svc, "green's packets to go on in hardware", |s| {
+        tenant_of(s, "green").1 > green_pkts + 20
+    })?;
+    let answered: u64 = String::from_utf8_lossy(&flood.wait_with_output()?.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    ensure!(
+        answered >= 290,
+        "red's own connections were served: {answered} of 300"
+    );
+
+    // Green's silence outlasts the flows' age: they leave hardware, and
+    // the conversation goes on (offered again) when it speaks.
+    let s = status_until(&svc, "green's flows to age", |s| {
+        tenant_of(s, "green").0 == 0 && num(s, "aged") >= 2
+    })?;
+    let offloaded = num(&s, "offloaded");
+    let done = chat.wait_with_output()?;
+    let said = String::from_utf8_lossy(&done.stdout);
+    ensure!(done.status.success() && said.contains("ok 300"), "{said}");
+    let s = status(&svc)?;
+    ensure!(num(&s, "offloaded") > offloaded, "not offloaded again: {s}");
+    Ok(())
+}
