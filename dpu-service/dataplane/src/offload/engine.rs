@@ -204,8 +204,17 @@ enum Request {
     Withdraw(ConnRef),
 }
 
+/// Requests a batch holds: a worker fills one in its own cache and hands
+/// it over whole, so that offering costs it no cache line shared with
+/// the thread.
+const BATCH: usize = 64;
+
 struct LaneCells {
-    requests: ArrayQueue<Request>,
+    /// Batches handed over, in order.
+    batches: ArrayQueue<Vec<Request>>,
+    /// Empty batches for the worker to fill (allocated when the lane is
+    /// made; the thread gives each back once taken).
+    spare: ArrayQueue<Vec<Request>>,
     returned: ArrayQueue<Returned>,
     /// Offers the lane refused (written by its worker only).
     full: AtomicU64,
@@ -234,6 +243,8 @@ pub struct Lane {
     index: usize,
     next: u64,
     shared: Arc<Shared>,
+    /// The batch being filled (no capacity while no spare one was free).
+    batch: Vec<Request>,
 }
 
 impl std::fmt::Debug for Lane {
@@ -247,23 +258,49 @@ impl Lane {
     /// hardware. Returns its flow ID, or `None` if the lane is full (the
     /// flow stays in software). Never waits.
     pub fn offer(&mut self, rule: FlowRule, generation: u64) -> Option<FlowId> {
-        let cells = &self.shared.lanes[self.index];
+        if !self.room() {
+            let cells = &self.shared.lanes[self.index];
+            let n = cells.full.load(Ordering::Relaxed);
+            cells.full.store(n + 1, Ordering::Relaxed);
+            return None;
+        }
         let id = (self.index as u64) << 48 | (self.next & ((1 << 48) - 1));
-        match cells.requests.push(Request::Offer(Offer {
+        self.next += 1;
+        self.batch.push(Request::Offer(Offer {
             id,
             generation,
             rule,
-        })) {
-            Ok(()) => {
-                self.next += 1;
-                Some(id)
-            }
-            Err(_) => {
-                let n = cells.full.load(Ordering::Relaxed);
-                cells.full.store(n + 1, Ordering::Relaxed);
-                None
-            }
+        }));
+        Some(id)
+    }
+
+    /// Whether the batch being filled has room, handing it over first if
+    /// it is full.
+    #[inline]
+    fn room(&mut self) -> bool {
+        if self.batch.len() < self.batch.capacity() {
+            return true;
         }
+        self.flush();
+        self.batch.len() < self.batch.capacity()
+    }
+
+    /// Hands what was offered and withdrawn so far to the thread (a
+    /// worker calls it once a turn). Never waits.
+    pub fn flush(&mut self) {
+        if self.batch.is_empty() {
+            if self.batch.capacity() == 0 {
+                if let Some(b) = self.shared.lanes[self.index].spare.pop() {
+                    self.batch = b;
+                }
+            }
+            return;
+        }
+        let cells = &self.shared.lanes[self.index];
+        let next = cells.spare.pop().unwrap_or_default();
+        let full = std::mem::replace(&mut self.batch, next);
+        // Room for every batch there is: never refused.
+        let _ = cells.batches.push(full);
     }
 
     /// Asks for the flows of `tenant`'s connection with 5-tuple `key`
@@ -273,10 +310,11 @@ impl Lane {
     /// # Errors
     /// [`Withdraw`] if the queue is full; ask again later.
     pub fn withdraw(&mut self, tenant: u32, key: &FlowKey) -> Result<(), Withdraw> {
-        self.shared.lanes[self.index]
-            .requests
-            .push(Request::Withdraw(conn_ref(tenant, key)))
-            .map_err(|_| Withdraw)
+        if !self.room() {
+            return Err(Withdraw);
+        }
+        self.batch.push(Request::Withdraw(conn_ref(tenant, key)));
+        Ok(())
     }
 
     /// The next flow the offloader took out of hardware by itself.
@@ -312,10 +350,18 @@ impl Offloader {
         let capacity = config.table.min(provider.capacity());
         let shared = Arc::new(Shared {
             lanes: (0..lanes)
-                .map(|_| LaneCells {
-                    requests: ArrayQueue::new(config.lane_queue.max(1)),
-                    returned: ArrayQueue::new(config.lane_queue.max(1)),
-                    full: AtomicU64::new(0),
+                .map(|_| {
+                    let n = config.lane_queue.max(1).div_ceil(BATCH) + 1;
+                    let spare = ArrayQueue::new(n);
+                    for _ in 0..n {
+                        let _ = spare.push(Vec::with_capacity(BATCH));
+                    }
+                    LaneCells {
+                        batches: ArrayQueue::new(n),
+                        spare,
+                        returned: ArrayQueue::new(config.lane_queue.max(1)),
+                        full: AtomicU64::new(0),
+                    }
                 })
                 .collect(),
             stop: AtomicBool::new(false),
@@ -334,8 +380,9 @@ impl Offloader {
             }),
             config,
             capacity,
-            flows: HashMap::new(),
-            conns: HashMap::new(),
+            // Sized for a full table: inserting never grows them.
+            flows: HashMap::with_capacity(capacity),
+            conns: HashMap::with_capacity(capacity),
             floors: HashMap::new(),
             tokens: f64::from(config.insert_rate.min(ROUND as u32)),
             refilled: Instant::now(),
@@ -356,6 +403,7 @@ impl Offloader {
             .map(|index| Lane {
                 index,
                 next: 0,
+                batch: shared.lanes[index].spare.pop().unwrap_or_default(),
                 shared: shared.clone(),
             })
             .collect();
@@ -678,8 +726,9 @@ impl Thread {
         }
     }
 
-    /// Takes at most a round's requests, one lane's at a time in turn so
-    /// that every worker gets turns. Returns how many.
+    /// Takes at most about a round's requests, a lane's batch at a time
+    /// in turn so that every worker gets turns, and gives the batches
+    /// back empty. Returns how many.
     fn requests<P: Provider>(&mut self, p: &mut P) -> usize {
         let now = Instant::now();
         let rate = f64::from(self.config.insert_rate);
@@ -695,15 +744,18 @@ impl Thread {
                 if n >= ROUND {
                     return n;
                 }
-                let Some(r) = lane.requests.pop() else {
+                let Some(mut batch) = lane.batches.pop() else {
                     continue;
                 };
                 any = true;
-                n += 1;
-                match r {
-                    Request::Offer(o) => self.offer(p, o),
-                    Request::Withdraw(c) => self.withdraw(p, index, &c),
+                n += batch.len();
+                for r in batch.drain(..) {
+                    match r {
+                        Request::Offer(o) => self.offer(p, o),
+                        Request::Withdraw(c) => self.withdraw(p, index, &c),
+                    }
                 }
+                let _ = lane.spare.push(batch);
             }
             if !any {
                 return n;
@@ -899,12 +951,16 @@ mod tests {
         for i in 0..400u16 {
             offered += l[usize::from(i % 2)].offer(rule(1, i), 1).is_some() as u32;
         }
+        for lane in &mut l {
+            lane.flush();
+        }
         let s = until(&o, |s| s.over_quota + s.offloaded >= u64::from(offered));
         assert_eq!(s.offloaded, 32, "{s:?}");
         assert_eq!(s.over_quota as u32 + 32, offered);
         for i in 0..20 {
             l[0].offer(rule(2, i), 1).unwrap();
         }
+        l[0].flush();
         let s = until(&o, |s| s.offloaded >= 48);
         assert_eq!(s.offloaded, 48, "tenant 2 gets its whole reserve: {s:?}");
         let t1 = s.tenants.iter().find(|t| t.tenant == 1).unwrap();
@@ -926,6 +982,7 @@ mod tests {
         let (o, mut l) = Offloader::start(nic, config(), 1).unwrap();
         let a = l[0].offer(rule(1, 1), 5).unwrap();
         l[0].offer(rule(2, 2), 5).unwrap();
+        l[0].flush();
         until(&o, |s| s.offloaded == 2);
         assert_eq!(o.invalidate(Some(1), 6), Ok(1));
         let s = o.status();
@@ -935,10 +992,12 @@ mod tests {
         // Decided under generation 5, after the change to 6: stale.
         l[0].offer(rule(1, 3), 5).unwrap();
         l[0].offer(rule(1, 4), 6).unwrap();
+        l[0].flush();
         let s = until(&o, |s| s.offloaded == 3 && s.stale == 1);
         assert_eq!((s.offloaded, s.stale), (3, 1));
         assert_eq!(o.invalidate(None, 7), Ok(2));
         l[0].offer(rule(2, 9), 6).unwrap();
+        l[0].flush();
         let s = until(&o, |s| s.stale == 2);
         assert_eq!((s.in_use, s.stale), (0, 2));
         drop(o);
@@ -955,6 +1014,7 @@ mod tests {
         let mut r = rule(4, 1);
         r.idle = Duration::from_millis(300);
         let id = l[0].offer(r, 1).unwrap();
+        l[0].flush();
         // The lane takes the insertion as a worker would, at once.
         let end = Instant::now() + Duration::from_secs(5);
         while lanes[0].is_empty() && Instant::now() < end {
@@ -1018,9 +1078,11 @@ mod tests {
                 refused += 1;
             }
             if i % 64 == 0 {
+                l[0].flush();
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        l[0].flush();
         let took = start.elapsed().as_secs_f64();
         let s = until(&o, |s| s.offloaded + s.rate_limited + s.lane_full >= 20_000);
         assert_eq!(s.lane_full, refused);
@@ -1048,12 +1110,14 @@ mod tests {
         l[0].offer(rule(1, 1), 1).unwrap();
         l[0].offer(rule(1, 2), 1).unwrap();
         l[0].offer(rule(1, 3), 1).unwrap();
+        l[0].flush();
         let s = until(&o, |s| s.offloaded == 2 && s.over_quota == 1);
         assert_eq!((s.offloaded, s.over_quota), (2, 1));
         // Named by the other direction's 5-tuple: the same connection.
         l[0].withdraw(1, &rule(1, 1).matches.key.reversed())
             .unwrap();
         l[0].offer(rule(1, 3), 1).unwrap();
+        l[0].flush();
         let s = until(&o, |s| s.offloaded == 3);
         assert_eq!((s.withdrawn, s.in_use), (1, 2));
         assert!(l[0].returned().is_none(), "a withdrawal is not handed back");

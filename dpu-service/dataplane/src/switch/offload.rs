@@ -101,6 +101,8 @@ impl SwitchPipeline {
         let Some(link) = self.offload.as_deref_mut() else {
             return;
         };
+        // What the last turn's bursts offered and withdrew.
+        link.lane.flush();
         if let Some(m) = &mut link.model {
             m.turn();
         }
