@@ -98,7 +98,17 @@ pub(crate) struct MacTable {
     version: u64,
     learned: [LearnMemo; MEMO_SLOTS],
     looked: [LookMemo; MEMO_SLOTS],
+    /// Addresses that moved to another attachment since the last
+    /// [`MacTable::take_moves`], when moves are kept
+    /// ([`MacTable::keep_moves`]); at most [`MOVES_KEPT`], past which
+    /// `moves_lost` says some were not kept.
+    moves: Vec<(u32, [u8; 6])>,
+    moves_lost: bool,
+    keep_moves: bool,
 }
+
+/// Moves a table keeps between two [`MacTable::take_moves`].
+pub(crate) const MOVES_KEPT: usize = 256;
 
 impl MacTable {
     /// An empty table of at most `capacity` addresses.
@@ -113,7 +123,32 @@ impl MacTable {
             version: 1,
             learned: [LearnMemo::default(); MEMO_SLOTS],
             looked: [LookMemo::default(); MEMO_SLOTS],
+            moves: Vec::new(),
+            moves_lost: false,
+            keep_moves: false,
         }
+    }
+
+    /// Keeps the addresses that move from now on, for
+    /// [`MacTable::take_moves`] (what flow offload needs: a flow to a
+    /// station that moved forwards to its old port).
+    pub(crate) fn keep_moves(&mut self) {
+        self.keep_moves = true;
+        self.moves = Vec::with_capacity(MOVES_KEPT);
+    }
+
+    /// The (tenant, address) pairs that moved since the last call, and
+    /// whether more moved than were kept; clears them.
+    pub(crate) fn take_moves(&mut self, mut f: impl FnMut(u32, [u8; 6])) -> bool {
+        for (t, m) in self.moves.drain(..) {
+            f(t, m);
+        }
+        std::mem::take(&mut self.moves_lost)
+    }
+
+    /// Whether any address moved since the last [`MacTable::take_moves`].
+    pub(crate) fn moved(&self) -> bool {
+        !self.moves.is_empty() || self.moves_lost
     }
 
     /// Addresses learned.
@@ -283,6 +318,13 @@ impl MacTable {
                         }
                     }
                     *self.per_attachment.entry((tenant, attachment)).or_default() += 1;
+                    if self.keep_moves {
+                        if self.moves.len() < MOVES_KEPT {
+                            self.moves.push((tenant, mac));
+                        } else {
+                            self.moves_lost = true;
+                        }
+                    }
                 }
                 self.map.insert(key, entry);
                 self.version += 1;

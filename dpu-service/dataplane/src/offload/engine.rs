@@ -202,6 +202,10 @@ fn conn_ref(tenant: u32, key: &FlowKey) -> ConnRef {
 enum Request {
     Offer(Offer),
     Withdraw(ConnRef),
+    /// The flows of a tenant from or to a MAC address.
+    WithdrawMac(u32, [u8; 6]),
+    /// Every flow of the lane.
+    WithdrawAll,
 }
 
 /// Requests a batch holds: a worker fills one in its own cache and hands
@@ -317,6 +321,31 @@ impl Lane {
         Ok(())
     }
 
+    /// Asks for the flows of `tenant` from or to `mac` (a station that
+    /// moved), offered through this lane, to leave hardware.
+    ///
+    /// # Errors
+    /// [`Withdraw`] if the queue is full; ask again later.
+    pub fn withdraw_mac(&mut self, tenant: u32, mac: [u8; 6]) -> Result<(), Withdraw> {
+        if !self.room() {
+            return Err(Withdraw);
+        }
+        self.batch.push(Request::WithdrawMac(tenant, mac));
+        Ok(())
+    }
+
+    /// Asks for every flow offered through this lane to leave hardware.
+    ///
+    /// # Errors
+    /// [`Withdraw`] if the queue is full; ask again later.
+    pub fn withdraw_all(&mut self) -> Result<(), Withdraw> {
+        if !self.room() {
+            return Err(Withdraw);
+        }
+        self.batch.push(Request::WithdrawAll);
+        Ok(())
+    }
+
     /// The next flow the offloader took out of hardware by itself.
     pub fn returned(&mut self) -> Option<Returned> {
         self.shared.lanes[self.index].returned.pop()
@@ -383,6 +412,7 @@ impl Offloader {
             // Sized for a full table: inserting never grows them.
             flows: HashMap::with_capacity(capacity),
             conns: HashMap::with_capacity(capacity),
+            by_mac: HashMap::new(),
             floors: HashMap::new(),
             tokens: f64::from(config.insert_rate.min(ROUND as u32)),
             refilled: Instant::now(),
@@ -503,6 +533,8 @@ struct Held {
     tenant: u32,
     /// Its direction's 5-tuple.
     key: FlowKey,
+    /// Its source and destination MAC addresses.
+    macs: [[u8; 6]; 2],
     /// Counts as last read.
     read: FlowCounts,
 }
@@ -514,6 +546,8 @@ struct Thread {
     flows: HashMap<FlowId, Held>,
     /// The flows of each connection (per lane: a flow's ID names its lane).
     conns: HashMap<ConnRef, Vec<FlowId>>,
+    /// The flows from or to each (tenant, MAC address).
+    by_mac: HashMap<(u32, [u8; 6]), Vec<FlowId>>,
     /// Per tenant: the oldest configuration generation an offer may have
     /// been decided under.
     floors: HashMap<u32, u64>,
@@ -665,6 +699,15 @@ impl Thread {
                 self.conns.remove(&c);
             }
         }
+        for mac in h.macs {
+            let k = (h.tenant, mac);
+            if let Some(ids) = self.by_mac.get_mut(&k) {
+                ids.retain(|&x| x != id);
+                if ids.is_empty() {
+                    self.by_mac.remove(&k);
+                }
+            }
+        }
     }
 
     /// Adds what a flow carried between `then` and `now` to its tenant.
@@ -705,12 +748,13 @@ impl Thread {
         let Some(ids) = self.conns.get(c) else {
             return;
         };
-        let ids: Vec<FlowId> = ids
-            .iter()
-            .copied()
-            .filter(|&id| lane_of(id) == index)
-            .collect();
-        for id in ids {
+        let ids = ids.clone();
+        self.withdraw_ids(p, index, ids);
+    }
+
+    /// Removes those of flows `ids` offered through lane `index`.
+    fn withdraw_ids<P: Provider>(&mut self, p: &mut P, index: usize, ids: Vec<FlowId>) {
+        for id in ids.into_iter().filter(|&id| lane_of(id) == index) {
             let Some(h) = self.flows.get(&id).copied() else {
                 continue;
             };
@@ -753,6 +797,14 @@ impl Thread {
                     match r {
                         Request::Offer(o) => self.offer(p, o),
                         Request::Withdraw(c) => self.withdraw(p, index, &c),
+                        Request::WithdrawMac(t, mac) => {
+                            let ids = self.by_mac.get(&(t, mac)).cloned().unwrap_or_default();
+                            self.withdraw_ids(p, index, ids);
+                        }
+                        Request::WithdrawAll => {
+                            let ids: Vec<FlowId> = self.flows.keys().copied().collect();
+                            self.withdraw_ids(p, index, ids);
+                        }
                     }
                 }
                 let _ = lane.spare.push(batch);
@@ -784,11 +836,13 @@ impl Thread {
                 self.shares.take(tenant);
                 self.tenant(tenant);
                 let key = o.rule.matches.key;
+                let macs = [o.rule.matches.src_mac, o.rule.matches.dst_mac];
                 self.flows.insert(
                     o.id,
                     Held {
                         tenant,
                         key,
+                        macs,
                         read: FlowCounts::default(),
                     },
                 );
@@ -796,6 +850,9 @@ impl Thread {
                     .entry(conn_ref(tenant, &key))
                     .or_default()
                     .push(o.id);
+                for mac in macs {
+                    self.by_mac.entry((tenant, mac)).or_default().push(o.id);
+                }
                 self.status.offloaded += 1;
             }
             Err(Refusal::Unsupported(_)) => self.status.unsupported += 1,

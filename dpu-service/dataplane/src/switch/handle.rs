@@ -295,7 +295,11 @@ impl SwitchHandle {
                 .get_mut(worker)
                 .and_then(Option::take)
                 .map(Box::new),
+            withdraw_all_pending: false,
         };
+        if pipeline.offload.is_some() {
+            pipeline.macs.keep_moves();
+        }
         if let Some(set) = carried {
             pipeline.carry(&set);
         }

@@ -101,6 +101,26 @@ impl SwitchPipeline {
         let Some(link) = self.offload.as_deref_mut() else {
             return;
         };
+        // Stations that moved: the flows to and from them forward by
+        // their old place.
+        if self.macs.moved() {
+            let tenants = &self.compiled.tenants;
+            let lane = &mut link.lane;
+            let mut kept = true;
+            let lost = self.macs.take_moves(|ti, mac| {
+                if let Some(t) = tenants.get(ti as usize) {
+                    kept &= lane.withdraw_mac(t.uid, mac).is_ok();
+                }
+            });
+            if lost || !kept {
+                // Not every move could be named: every flow of the lane
+                // goes, asked for until there is room.
+                self.withdraw_all_pending = true;
+            }
+        }
+        if self.withdraw_all_pending && link.lane.withdraw_all().is_ok() {
+            self.withdraw_all_pending = false;
+        }
         // What the last turn's bursts offered and withdrew.
         link.lane.flush();
         if let Some(m) = &mut link.model {

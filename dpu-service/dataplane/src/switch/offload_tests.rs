@@ -225,3 +225,43 @@ fn a_second_connection_is_offered_after_the_first_closed() {
         settle(&mut p, &o, |s| s.withdrawn == want);
     }
 }
+
+#[test]
+fn a_station_that_moves_takes_its_flows_out_of_hardware() {
+    let mut cfg = config(true);
+    cfg.ports = 3;
+    cfg.tenants[0].attachments.push(Attach::port(2, 0));
+    let h = SwitchHandle::new(&cfg).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
+    h.attach_offload(vec![OffloadLink {
+        lane: links.remove(0),
+        model: lanes.into_iter().next(),
+        idle: Duration::from_secs(30),
+    }]);
+    let mut p = h.pipeline();
+    p.turn();
+    // Learn both stations, then the connection.
+    send(&mut p, &h, 1, seg(2, 0x04 | ACK));
+    send(&mut p, &h, 0, seg(1, 0x02));
+    send(&mut p, &h, 1, seg(2, 0x12));
+    send(&mut p, &h, 0, seg(1, ACK));
+    send(&mut p, &h, 1, seg(2, ACK));
+    settle(&mut p, &o, |s| s.offloaded == 2);
+    p.turn();
+    assert!(
+        send(&mut p, &h, 0, seg(1, PSH_ACK)).1,
+        "to station 2, in hardware"
+    );
+    // Station 2 shows up behind port 2: both flows naming it leave.
+    let (v, carried) = send(&mut p, &h, 2, seg(2, ACK));
+    assert!(!carried);
+    assert_eq!(v, Verdict::Forward(Egress::to(0)));
+    let s = settle(&mut p, &o, |s| s.withdrawn == 2);
+    assert_eq!((s.withdrawn, s.in_use), (2, 0), "{s:?}");
+    p.turn();
+    // The next segment to it is switched to its new port.
+    let (v, carried) = send(&mut p, &h, 0, seg(1, PSH_ACK));
+    assert!(!carried);
+    assert_eq!(v, Verdict::Forward(Egress::to(2)));
+}

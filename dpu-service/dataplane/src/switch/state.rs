@@ -62,6 +62,9 @@ pub struct SwitchPipeline {
     pub(super) conn_keys: [Option<ConnKey>; BURST],
     /// The link to the offloader, if flows are offloaded.
     pub(super) offload: Option<Box<crate::offload::OffloadLink>>,
+    /// Every flow of the offloader's lane is to be withdrawn (moves of
+    /// stations were more than could be named one by one).
+    pub(super) withdraw_all_pending: bool,
 }
 
 impl Drop for SwitchPipeline {
