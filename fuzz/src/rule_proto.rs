@@ -56,6 +56,7 @@ pub fn run(data: &[u8]) {
             rules: RuleSet::default(),
             storage_qos: Default::default(),
             vlan_id: 0,
+            no_offload: false,
         },
     );
     let before = state.clone();

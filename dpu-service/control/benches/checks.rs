@@ -104,6 +104,7 @@ fn tenant(id: &str, vni: u32) -> Tenant {
         },
         storage_qos: Default::default(),
         vlan_id: 0,
+        no_offload: false,
     }
 }
 

@@ -70,6 +70,7 @@ fn fill(h: &StateHandle) {
             rules: RuleSet::default(),
             storage_qos: Default::default(),
             vlan_id: 0,
+            no_offload: false,
         };
         h.mutate_blocking(|s| s.create_tenant(LIMITS, &Default::default(), tenant))
             .expect("tenant");

@@ -57,6 +57,7 @@ pub fn tenant(t: &Tenant) -> pb::Tenant {
         rule_count: u32::try_from(t.rules.rules.len()).unwrap_or(u32::MAX),
         storage_qos: (!t.storage_qos.is_none()).then(|| qos(&t.storage_qos)),
         vlan_id: u32::from(t.vlan_id),
+        no_offload: t.no_offload,
     }
 }
 

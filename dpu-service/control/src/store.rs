@@ -642,6 +642,7 @@ mod tests {
             rules: RuleSet::default(),
             storage_qos: Default::default(),
             vlan_id: 0,
+            no_offload: false,
         }
     }
 

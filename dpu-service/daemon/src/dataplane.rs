@@ -633,6 +633,7 @@ fn switch_config_with(
             let mut out = TenantConfig {
                 name: t.id.clone(),
                 default_allow: t.default_policy == Action::Allow,
+                no_offload: t.no_offload,
                 rules: rules.rules(&t.id, &t.rules.rules),
                 endpoints: endpoints.remove(t.id.as_str()).unwrap_or_default(),
                 ..TenantConfig::default()
@@ -1097,6 +1098,7 @@ mod tests {
                     },
                     storage_qos: Default::default(),
                     vlan_id: 0,
+                    no_offload: false,
                 },
             );
         }
@@ -1194,6 +1196,7 @@ mod tests {
                 },
                 storage_qos: Default::default(),
                 vlan_id: 0,
+                no_offload: false,
             },
         );
         let ids = vec!["p0".to_string(), "pf0vf1".to_string()];
@@ -1265,6 +1268,7 @@ mod tests {
                     rules: RuleSet::default(),
                     storage_qos: Default::default(),
                     vlan_id: 0,
+                    no_offload: false,
                 },
             );
         }

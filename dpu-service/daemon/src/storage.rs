@@ -1501,6 +1501,7 @@ mod tests {
                         rules: RuleSet::default(),
                         storage_qos: Default::default(),
                         vlan_id: 0,
+                        no_offload: false,
                     },
                 );
                 let sub = subsystem("blue1", &[("e", Some("blue"), 4420)]);

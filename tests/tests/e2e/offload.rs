@@ -230,6 +230,20 @@ fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> 
     );
     ensure!(metric(&body, "dpu_offload_flows_total{event=\"withdrawn\"}") >= 2);
 
+    // A tenant that opts out keeps every packet on the cores.
+    let t = svc.dpuctl_json(&["tenant", "update", "green", "--offload", "off"])?;
+    ensure!(t["noOffload"] == true, "{t}");
+    let before = num(&status(&svc)?, "offloaded");
+    let o = client.python(CHAT, &["10.234.0.2", "8080", "20", "100", "0.01", "0"]);
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    std::thread::sleep(Duration::from_millis(600));
+    let s = status(&svc)?;
+    ensure!(
+        num(&s, "offloaded") == before,
+        "offloaded while opted out: {s}"
+    );
+    svc.dpuctl_json(&["tenant", "update", "green", "--offload", "on"])?;
+
     // A conversation that stays open: offloaded, then the rule goes. The
     // call returns once its flows are out of hardware, and the next
     // exchange is dropped.

@@ -102,6 +102,7 @@ fn tenant(rng: &mut Rng, id: &str) -> Tenant {
         storage_qos: Default::default(),
         // Two VLAN IDs among four tenants: some creates collide.
         vlan_id: rng.below(3) as u16,
+        no_offload: false,
     }
 }
 

@@ -418,6 +418,10 @@ pub struct Tenant {
     /// state written before it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub vlan_id: u16,
+    /// The tenant's flows stay on the cores: none is offloaded to flow
+    /// hardware (false in a state written before it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_offload: bool,
 }
 
 /// Whether a VLAN ID is 0 (none), for `skip_serializing_if`.

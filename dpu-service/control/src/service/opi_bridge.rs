@@ -278,6 +278,7 @@ pub fn bridge_tenant(ports: &PortRegistry, id: &str, spec: &BridgeSpec) -> Resul
         rules: RuleSet::default(),
         storage_qos: Default::default(),
         vlan_id: spec.vlan_id,
+        no_offload: false,
     })
 }
 

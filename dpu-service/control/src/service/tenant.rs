@@ -41,6 +41,7 @@ impl TenantService for Api {
                 rules: RuleSet::default(),
                 storage_qos: Default::default(),
                 vlan_id: validate::vlan("tenant.vlan_id", t.vlan_id)?,
+                no_offload: t.no_offload,
             };
             let ctl = self.ctl.clone();
             let out = convert::tenant(&tenant);
@@ -102,7 +103,13 @@ impl TenantService for Api {
             self.may_change_tenant(who.as_deref(), METHOD, &id)?;
             let paths = mask_paths(
                 req.update_mask.as_ref(),
-                &["display_name", "default_policy", "attachments", "vlan_id"],
+                &[
+                    "display_name",
+                    "default_policy",
+                    "attachments",
+                    "vlan_id",
+                    "no_offload",
+                ],
             )?;
             let mut u = TenantUpdate::default();
             for p in &paths {
@@ -118,6 +125,7 @@ impl TenantService for Api {
                         )?);
                     }
                     "vlan_id" => u.vlan_id = Some(validate::vlan("tenant.vlan_id", t.vlan_id)?),
+                    "no_offload" => u.no_offload = Some(t.no_offload),
                     _ => {
                         u.attachments =
                             Some(validate::attachments("tenant.attachments", &t.attachments)?)

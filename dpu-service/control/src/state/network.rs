@@ -22,6 +22,8 @@ pub struct TenantUpdate {
     pub attachments: Option<Vec<Attachment>>,
     /// New network VLAN ID (0: none).
     pub vlan_id: Option<u16>,
+    /// Whether the tenant's flows stay on the cores.
+    pub no_offload: Option<bool>,
 }
 
 fn check_version(tenant: &Tenant, expected: Option<u64>) -> Result<()> {
@@ -186,6 +188,9 @@ impl State {
         }
         if let Some(v) = u.vlan_id {
             t.vlan_id = v;
+        }
+        if let Some(n) = u.no_offload {
+            t.no_offload = n;
         }
         Ok(t)
     }
@@ -460,6 +465,7 @@ mod tests {
             rules: RuleSet::default(),
             storage_qos: Default::default(),
             vlan_id: 0,
+            no_offload: false,
         }
     }
 

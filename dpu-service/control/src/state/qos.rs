@@ -241,6 +241,7 @@ mod tests {
             rules: RuleSet::default(),
             storage_qos: QosLimits::default(),
             vlan_id: 0,
+            no_offload: false,
         };
         s.tenants.insert("red".into(), red.clone());
         let t = s.set_tenant_storage_qos("red", iops(10)).unwrap();

@@ -56,6 +56,10 @@ pub(crate) enum Op {
         /// none).
         #[serde(default, skip_serializing_if = "is_zero")]
         vlan_id: u16,
+        /// Whether its flows stay on the cores (absent from journals
+        /// written before it: false).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_offload: bool,
     },
     /// The limits on a tenant's storage (none: all zero).
     TenantStorageQos {
@@ -198,6 +202,7 @@ fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
         || was.default_policy != now.default_policy
         || was.create_time != now.create_time
         || was.vlan_id != now.vlan_id
+        || was.no_offload != now.no_offload
     {
         ops.push(Op::TenantFields {
             id: now.id.clone(),
@@ -206,6 +211,7 @@ fn tenant_ops(was: &Tenant, now: &Tenant, ops: &mut Vec<Op>) {
             default_policy: now.default_policy,
             create_time: now.create_time,
             vlan_id: now.vlan_id,
+            no_offload: now.no_offload,
         });
     }
     if was.storage_qos != now.storage_qos {
@@ -271,6 +277,7 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
                 default_policy,
                 create_time,
                 vlan_id,
+                no_offload,
             } => {
                 let t = tenant(state, &id)?;
                 t.display_name = display_name;
@@ -278,6 +285,7 @@ pub(crate) fn apply(state: &mut State, ops: Vec<Op>) -> Result<(), String> {
                 t.default_policy = default_policy;
                 t.create_time = create_time;
                 t.vlan_id = vlan_id;
+                t.no_offload = no_offload;
             }
             Op::TenantStorageQos { id, qos } => tenant(state, &id)?.storage_qos = qos,
             Op::Rules {
@@ -404,6 +412,7 @@ mod tests {
                 },
                 storage_qos: Default::default(),
                 vlan_id: 0,
+                no_offload: false,
             },
         );
         s
@@ -507,7 +516,35 @@ mod tests {
         assert_eq!(replayed, after);
         let old = r#"[{"tenant_fields":{"id":"a","display_name":"","attachments":[],"default_policy":"deny","create_time":{"secs":0,"nanos":0}}}]"#;
         let read: Vec<Op> = serde_json::from_str(old).unwrap();
-        assert!(matches!(&read[..], [Op::TenantFields { vlan_id: 0, .. }]));
+        assert!(matches!(
+            &read[..],
+            [Op::TenantFields {
+                vlan_id: 0,
+                no_offload: false,
+                ..
+            }]
+        ));
+        // Opting out of offload is one of its fields too.
+        let mut out = after.clone();
+        out.tenants.get_mut("a").unwrap().no_offload = true;
+        let ops = diff(&after, &out);
+        assert!(
+            matches!(
+                &ops[..],
+                [Op::TenantFields {
+                    no_offload: true,
+                    ..
+                }]
+            ),
+            "{ops:?}"
+        );
+        let mut replayed = after.clone();
+        apply(
+            &mut replayed,
+            serde_json::from_str(&serde_json::to_string(&ops).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(replayed, out);
     }
 
     /// Volumes are recorded whole, and replay.

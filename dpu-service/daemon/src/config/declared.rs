@@ -409,6 +409,7 @@ impl SeedTenant {
                 .default_policy
                 .map_or(pb::DefaultPolicy::Unspecified, SeedAction::policy)
                 as i32,
+            no_offload: !self.offload,
             ..Default::default()
         })
     }

@@ -857,6 +857,15 @@ pub struct SeedTenant {
     /// if unset).
     #[serde(default)]
     pub storage_qos: Option<SeedQos>,
+    /// Whether the tenant's established connections may be handed to
+    /// flow hardware (`[dataplane.offload]`); `false` keeps every packet
+    /// of the tenant on the cores (default `true`).
+    #[serde(default = "yes")]
+    pub offload: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A verdict: a rule's action or a tenant's default policy.

@@ -82,6 +82,8 @@ pub(super) struct CompiledTenant {
     /// besides `remotes` (empty but for VXLAN attachments).
     pub(super) vtep_prefixes: Vec<Vec<(u32, u32)>>,
     pub(super) default_allow: bool,
+    /// Its flows stay on the cores.
+    pub(super) no_offload: bool,
     pub(super) classifier: Classifier,
     /// The rule list this was compiled from, held so that its allocation
     /// identifies it: a later configuration holding the same one has the
@@ -621,6 +623,7 @@ impl Compiled {
                     })
                     .collect(),
                 default_allow: t.default_allow,
+                no_offload: t.no_offload,
                 classifier,
                 source: t.rules.clone(),
                 endpoints: t

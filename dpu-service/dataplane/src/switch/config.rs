@@ -169,6 +169,9 @@ pub struct TenantConfig {
     /// itself, each compiled into an attachment on a virtual port (see
     /// [`Endpoint`](super::Endpoint)).
     pub endpoints: Vec<super::Endpoint>,
+    /// The tenant's flows stay on the cores: none is offered to flow
+    /// hardware ([`crate::offload`]).
+    pub no_offload: bool,
 }
 
 /// The whole switch configuration.

@@ -257,7 +257,9 @@ impl SwitchPipeline {
                 .map(|(a, vtep)| (a as usize, vtep))
         };
         let start = flood.len();
-        if let (Some((slot, dir)), Some(link)) = (tracked, self.offload.as_deref_mut()) {
+        if let (Some((slot, dir)), Some(link), false) =
+            (tracked, self.offload.as_deref_mut(), t.no_offload)
+        {
             // A connection's packet, with flow hardware in front: offered
             // or withdrawn there.
             let out = match to {

@@ -265,3 +265,33 @@ fn a_station_that_moves_takes_its_flows_out_of_hardware() {
     assert!(!carried);
     assert_eq!(v, Verdict::Forward(Egress::to(2)));
 }
+
+#[test]
+fn a_tenant_that_opts_out_offers_nothing() {
+    let mut cfg = config(true);
+    cfg.tenants[0].no_offload = true;
+    let h = SwitchHandle::new(&cfg).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
+    h.attach_offload(vec![OffloadLink {
+        lane: links.remove(0),
+        model: lanes.into_iter().next(),
+        idle: Duration::from_secs(30),
+    }]);
+    let mut p = h.pipeline();
+    p.turn();
+    send(&mut p, &h, 0, seg(1, 0x02));
+    send(&mut p, &h, 1, seg(2, 0x12));
+    for _ in 0..3 {
+        assert_eq!(
+            send(&mut p, &h, 0, seg(1, ACK)),
+            (Verdict::Forward(Egress::to(1)), false)
+        );
+        assert!(!send(&mut p, &h, 1, seg(2, ACK)).1);
+    }
+    for _ in 0..20 {
+        p.turn();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(o.status().offloaded, 0);
+}

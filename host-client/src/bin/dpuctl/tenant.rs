@@ -44,6 +44,11 @@ pub struct TenantFields {
     /// unique among tenants (OPI's logical bridge); 0 for none.
     #[arg(long, value_name = "VLAN")]
     pub vlan_id: Option<u32>,
+    /// Whether the tenant's established connections may be handed to flow
+    /// hardware (`dataplane.offload`): on (the default) or off, to keep
+    /// every packet of the tenant on the cores.
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub offload: Option<bool>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,7 +72,7 @@ pub enum TenantCmd {
         ArgGroup::new("change")
             .required(true)
             .multiple(true)
-            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments", "vlan_id"])
+            .args(["display_name", "default_policy", "ports", "vxlans", "clear_attachments", "vlan_id", "offload"])
     ))]
     Update {
         /// Tenant ID.
@@ -149,6 +154,7 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
                 vlan_id: fields.vlan_id.unwrap_or(0),
+                no_offload: fields.offload == Some(false),
                 ..Default::default()
             };
             one(c
@@ -197,9 +203,12 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
             if fields.vlan_id.is_some() {
                 paths.push("vlan_id");
             }
+            if fields.offload.is_some() {
+                paths.push("no_offload");
+            }
             if paths.is_empty() {
                 return Err(Failure::Input(
-                    "nothing to update: give --display-name, --default-policy, --port, --vxlan, --vlan-id or --clear-attachments".into(),
+                    "nothing to update: give --display-name, --default-policy, --port, --vxlan, --vlan-id, --offload or --clear-attachments".into(),
                 ));
             }
             let t = pb::Tenant {
@@ -208,6 +217,7 @@ pub async fn execute(c: &DpuClient, cmd: &TenantCmd) -> Result<Shown, Failure> {
                 attachments: attachments(fields),
                 default_policy: policy(fields.default_policy),
                 vlan_id: fields.vlan_id.unwrap_or(0),
+                no_offload: fields.offload == Some(false),
                 ..Default::default()
             };
             one(c
