@@ -354,6 +354,9 @@ struct Bucket {
 const ORIG_LO: u8 = 0x80;
 /// [`Bucket::flags`]: the directions offered to flow hardware.
 const OFFLOADED: u8 = OFFLOADED_ORIG | OFFLOADED_REPLY;
+/// [`Bucket::flags`]: hardware refused an offer of the connection; it
+/// stays in software for good.
+const OFFLOAD_REFUSED: u8 = 0x04;
 
 impl Bucket {
     fn orig_lo(&self) -> bool {
@@ -682,6 +685,19 @@ impl ConnTable {
     #[inline]
     pub fn offloaded(&self, slot: u32) -> u8 {
         self.buckets[slot as usize].offloaded()
+    }
+
+    /// Whether flow hardware refused an offer of connection `slot` (it is
+    /// not offered again).
+    #[inline]
+    pub fn offload_refused(&self, slot: u32) -> bool {
+        self.buckets[slot as usize].flags & OFFLOAD_REFUSED != 0
+    }
+
+    /// Records that flow hardware refused an offer of connection `slot`.
+    #[inline]
+    pub fn set_offload_refused(&mut self, slot: u32) {
+        self.buckets[slot as usize].flags |= OFFLOAD_REFUSED;
     }
 
     /// Sets which directions of connection `slot` are offered to flow

@@ -20,10 +20,10 @@
 //! Every [`OffloadConfig::poll`] the thread reads the counters of every
 //! installed flow, adds what they carried to their tenant's totals, and
 //! removes the flows the provider says aged. Every flow the thread
-//! removes by itself (aged, invalidated) is reported back to the lane
-//! that offered it, with what it carried since it was last read
-//! ([`Returned`]), so the worker can account for it and let software
-//! take the flow again.
+//! removes by itself (aged, invalidated), and every offer it does not
+//! install, is reported back to the lane that offered it, with what it
+//! carried since it was last read ([`Returned`]), so the worker knows
+//! the flow is its own again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
@@ -107,6 +107,9 @@ pub enum ReturnReason {
     Aged,
     /// A configuration change covered it.
     Invalidated,
+    /// It was offered and not installed (refused, past its tenant's
+    /// share or the rate, stale): it never reached hardware.
+    Refused,
 }
 
 /// A flow taken out of hardware by the offloader, reported to the lane
@@ -671,6 +674,7 @@ impl Thread {
             match why {
                 ReturnReason::Aged => self.status.aged += 1,
                 ReturnReason::Invalidated => self.status.invalidated += 1,
+                ReturnReason::Refused => {}
             }
             if let Some(b) = self.backlog.get_mut(lane_of(id)) {
                 b.push(Returned {
@@ -815,20 +819,37 @@ impl Thread {
         }
     }
 
+    /// Installs the flow `o` offers, or hands it back to its lane as
+    /// refused, counting why.
     fn offer<P: Provider>(&mut self, p: &mut P, o: Offer) {
+        if !self.install(p, &o) {
+            if let Some(b) = self.backlog.get_mut(lane_of(o.id)) {
+                b.push(Returned {
+                    id: o.id,
+                    tenant: o.rule.tenant,
+                    key: o.rule.matches.key,
+                    counts: FlowCounts::default(),
+                    reason: ReturnReason::Refused,
+                });
+            }
+        }
+    }
+
+    /// Installs the flow `o` offers; false, counting why, if it is not.
+    fn install<P: Provider>(&mut self, p: &mut P, o: &Offer) -> bool {
         let tenant = o.rule.tenant;
         if o.generation < self.floor(tenant) {
             self.status.stale += 1;
-            return;
+            return false;
         }
         if self.tokens < 1.0 {
             self.status.rate_limited += 1;
-            return;
+            return false;
         }
         self.shares.reserve_tenants(tenant as usize + 1);
         if self.flows.len() >= self.capacity || self.shares.check(tenant).is_err() {
             self.status.over_quota += 1;
-            return;
+            return false;
         }
         self.tokens -= 1.0;
         match p.insert(o.id, &o.rule) {
@@ -854,10 +875,19 @@ impl Thread {
                     self.by_mac.entry((tenant, mac)).or_default().push(o.id);
                 }
                 self.status.offloaded += 1;
+                true
             }
-            Err(Refusal::Unsupported(_)) => self.status.unsupported += 1,
-            Err(Refusal::TableFull) => self.status.table_full += 1,
-            Err(Refusal::Failed(_)) => self.status.insert_failed += 1,
+            Err(r) => {
+                match r {
+                    Refusal::Unsupported(_) => self.status.unsupported += 1,
+                    Refusal::TableFull => self.status.table_full += 1,
+                    Refusal::Failed(e) => {
+                        self.status.insert_failed += 1;
+                        self.status.last_error = Some(e);
+                    }
+                }
+                false
+            }
         }
     }
 
@@ -1177,6 +1207,10 @@ mod tests {
         l[0].flush();
         let s = until(&o, |s| s.offloaded == 3);
         assert_eq!((s.withdrawn, s.in_use), (1, 2));
+        // The offer past the share came back refused; the withdrawal
+        // is not handed back.
+        let r = l[0].returned().unwrap();
+        assert_eq!((r.reason, r.key.src_port), (ReturnReason::Refused, 3));
         assert!(l[0].returned().is_none(), "a withdrawal is not handed back");
         drop(o);
         w.stop();

@@ -12,13 +12,14 @@
 //! direction is in hardware. A FIN or RST seen here (hardware does not
 //! match them) withdraws the connection's flows; a flow hardware hands
 //! back (aged, or removed by a configuration change) is taken back by its
-//! connection, which may offer it again at its next packet.
+//! connection, which may offer it again at its next packet; one that was
+//! refused (no room, past the rate) is not offered again.
 
 use std::time::Duration;
 
 use crate::conntrack::{offload_bit, ConnKey, ConnState, ConnTable, Dir, TcpState, FIN, RST};
 use crate::io::Packet;
-use crate::offload::{FlowAction, FlowMatch, FlowRule, OffloadLink};
+use crate::offload::{FlowAction, FlowMatch, FlowRule, OffloadLink, ReturnReason};
 use crate::wire::{proto, L3};
 use crate::worker::{Egress, Verdict};
 
@@ -70,7 +71,8 @@ pub(super) fn offload_step(
     }
     let bit = offload_bit(p.dir);
     let established = conns.state(p.slot) == ConnState::Tcp(TcpState::Established, 0);
-    let (Some(e), true, 0) = (egress, established, bits & bit) else {
+    let refused = conns.offload_refused(p.slot);
+    let (Some(e), true, 0, false) = (egress, established, bits & bit, refused) else {
         return;
     };
     let Ok(in_port) = u16::try_from(p.port) else {
@@ -136,6 +138,11 @@ impl SwitchPipeline {
             if let Some((slot, dir)) = self.conns.find(&ck, self.now) {
                 let bits = self.conns.offloaded(slot) & !offload_bit(dir);
                 self.conns.set_offloaded(slot, bits);
+                if r.reason == ReturnReason::Refused {
+                    // Not offered again: a tenant past its share would
+                    // otherwise offer at every packet.
+                    self.conns.set_offload_refused(slot);
+                }
             }
         }
     }

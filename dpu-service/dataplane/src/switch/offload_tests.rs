@@ -295,3 +295,41 @@ fn a_tenant_that_opts_out_offers_nothing() {
     }
     assert_eq!(o.status().offloaded, 0);
 }
+
+#[test]
+fn a_refused_offer_leaves_its_connection_to_software() {
+    let h = SwitchHandle::new(&config(true)).unwrap();
+    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+    let cfg = OffloadConfig {
+        table: 1,
+        per_tenant: 1,
+        reserved: 0,
+        ..OffloadConfig::default()
+    };
+    let (o, mut links) = Offloader::start(nic, cfg, 1).unwrap();
+    h.attach_offload(vec![OffloadLink {
+        lane: links.remove(0),
+        model: lanes.into_iter().next(),
+        idle: Duration::from_secs(30),
+    }]);
+    let mut p = h.pipeline();
+    p.turn();
+    send(&mut p, &h, 0, seg(1, 0x02));
+    send(&mut p, &h, 1, seg(2, 0x12));
+    send(&mut p, &h, 0, seg(1, ACK));
+    settle(&mut p, &o, |s| s.offloaded == 1);
+    // The reply direction has no room: refused and handed back; the
+    // connection is not offered again at every segment.
+    assert!(!send(&mut p, &h, 1, seg(2, ACK)).1);
+    settle(&mut p, &o, |s| s.over_quota == 1);
+    for _ in 0..5 {
+        p.turn();
+    }
+    for _ in 0..10 {
+        assert!(!send(&mut p, &h, 1, seg(2, ACK)).1);
+        p.turn();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    p.turn();
+    assert_eq!(o.status().over_quota, 1, "offered again: {:?}", o.status());
+}
