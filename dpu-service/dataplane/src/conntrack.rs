@@ -504,7 +504,17 @@ impl ConnTable {
     /// has left: what a restart carries over.
     pub fn export(&self, now: u64, mut f: impl FnMut(SavedConn)) {
         for b in self.buckets.iter().filter(|b| b.used) {
-            let Some(ttl) = b.expires.checked_sub(secs(now)).filter(|&t| t > 0) else {
+            let left = b.expires.checked_sub(secs(now)).filter(|&t| t > 0);
+            // A connection in flow hardware had its packets there: it is
+            // as alive as a packet now would make it.
+            let ttl = match left {
+                _ if b.offloaded() != 0 => Some(
+                    left.unwrap_or(0)
+                        .max(secs(self.timeouts.of(b.key.proto, b.state))),
+                ),
+                left => left,
+            };
+            let Some(ttl) = ttl else {
                 continue;
             };
             f(SavedConn {
@@ -685,6 +695,17 @@ impl ConnTable {
     #[inline]
     pub fn offloaded(&self, slot: u32) -> u8 {
         self.buckets[slot as usize].offloaded()
+    }
+
+    /// Moves connection `slot`'s expiry to what a packet `ago` seconds
+    /// before `now` would have left it, if that is later: its packets went
+    /// by in flow hardware, which says when it last saw one.
+    pub fn seen_in_hardware(&mut self, slot: u32, now: u64, ago: u64) {
+        let b = &self.buckets[slot as usize];
+        let timeout = self.timeouts.of(b.key.proto, b.state);
+        let expires = secs((now + timeout).saturating_sub(ago));
+        let b = &mut self.buckets[slot as usize];
+        b.expires = b.expires.max(expires);
     }
 
     /// Whether flow hardware refused an offer of connection `slot` (it is
@@ -904,6 +925,38 @@ mod tests {
             );
         }
         (t, k)
+    }
+
+    /// A connection whose packets go by in flow hardware does not expire
+    /// here, is saved as alive across a restart, and when hardware hands
+    /// it back lives as long as its last packet there allows.
+    #[test]
+    fn an_offloaded_connection_lives_by_its_hardware() {
+        let (mut t, k) = tcp_script(&[(Dir::Reply, SYN | ACK, true), (Dir::Orig, ACK, true)]);
+        let (slot, _) = t.find(&k, 1).unwrap();
+        t.set_offloaded(slot, OFFLOADED_ORIG | OFFLOADED_REPLY);
+        let est = Timeouts::default().tcp_established;
+        let late = 1 + est + 100;
+        assert!(t.find(&k, late).is_some(), "expired while in hardware");
+        assert_eq!(t.sweep(late, 1 << 20, |_| true), 0);
+        let mut saved = Vec::new();
+        t.export(late, |c| saved.push(c));
+        assert_eq!(saved.len(), 1);
+        assert_eq!(u64::from(saved[0].ttl), est);
+        // Handed back after 300 s without packets in hardware: the
+        // connection has what a packet 300 s ago would have left it.
+        t.set_offloaded(slot, 0);
+        t.seen_in_hardware(slot, late, 300);
+        assert!(t.find(&k, late + est - 301).is_some());
+        assert!(t.find(&k, late + est - 300).is_none());
+        // Marked refused, a connection keeps its direction bits apart.
+        let (mut t, k) = tcp_script(&[]);
+        let (slot, _) = t.find(&k, 1).unwrap();
+        t.set_offload_refused(slot);
+        t.set_offloaded(slot, OFFLOADED_REPLY);
+        assert!(t.offload_refused(slot));
+        t.set_offloaded(slot, 0);
+        assert!(t.offload_refused(slot) && t.offloaded(slot) == 0);
     }
 
     #[test]

@@ -138,6 +138,13 @@ impl SwitchPipeline {
             if let Some((slot, dir)) = self.conns.find(&ck, self.now) {
                 let bits = self.conns.offloaded(slot) & !offload_bit(dir);
                 self.conns.set_offloaded(slot, bits);
+                // Its last packet went by in hardware: as long ago as the
+                // flow's age when it aged, maybe just now otherwise.
+                let ago = match r.reason {
+                    ReturnReason::Aged => link.idle.as_secs(),
+                    _ => 0,
+                };
+                self.conns.seen_in_hardware(slot, self.now, ago);
                 if r.reason == ReturnReason::Refused {
                     // Not offered again: a tenant past its share would
                     // otherwise offer at every packet.
