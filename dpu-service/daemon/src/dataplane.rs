@@ -336,6 +336,9 @@ fn run<D: Driver>(
         endpoints: None,
     })
     .context("starting the workers")?;
+    if let Some(o) = &offload {
+        o.watch_links(driver.clone(), ids.clone())?;
+    }
     let counters = Arc::new(PortSource {
         driver,
         ids: ids.clone(),

@@ -3,11 +3,13 @@
 //! when the switch's configuration changes, and its counters.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dpu_control::telemetry::Counters;
+use dpu_dataplane::io::Driver;
 use dpu_dataplane::offload::model::{ModelLimits, ModelNic, Refuse};
 use dpu_dataplane::offload::{OffloadConfig, OffloadLink, OffloadStatus, Offloader};
 use dpu_dataplane::switch::{SwitchConfig, SwitchHandle, TenantConfig};
@@ -25,7 +27,13 @@ pub struct Offload {
     offloader: Offloader,
     /// The tenants as last published, by name.
     last: Mutex<BTreeMap<String, TenantConfig>>,
+    /// The thread watching the ports' links, and what stops it.
+    links: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
 }
+
+/// How often the ports' links are looked at.
+const LINK_POLL: Duration = Duration::from_millis(500);
 
 impl Offload {
     /// Starts the provider `s` names for `workers` workers and gives their
@@ -82,6 +90,8 @@ impl Offload {
         let offload = Offload {
             offloader,
             last: Mutex::new(by_name(first)),
+            links: Mutex::new(None),
+            stop: Arc::new(AtomicBool::new(false)),
         };
         offload.set_tenants(first.tenants.len());
         tracing::info!(
@@ -151,9 +161,51 @@ impl Offload {
         Ok(removed)
     }
 
-    /// Stops the offload thread, which takes every flow out of hardware
-    /// first (call it while the workers still run).
+    /// Watches the links of `driver`'s ports (`ids` by index): when one
+    /// goes down, the flows in on or out of it leave hardware.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn watch_links<D: Driver>(
+        self: &Arc<Self>,
+        driver: D,
+        ids: Arc<Vec<String>>,
+    ) -> Result<()> {
+        let me = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let t = std::thread::Builder::new()
+            .name("dpu-offload-links".into())
+            .spawn(move || {
+                let mut up: Vec<Option<bool>> = vec![None; ids.len()];
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, was) in up.iter_mut().enumerate() {
+                        let now = driver.link(i).map(|l| l.up);
+                        if *was == Some(true) && now == Some(false) {
+                            let Some(o) = me.upgrade() else { return };
+                            match o.offloader.invalidate_port(i) {
+                                Ok(n) => tracing::info!(port = %ids[i], removed = n, "link down: its offloaded flows removed"),
+                                Err(e) => tracing::error!(port = %ids[i], error = %e, "link down: its offloaded flows were not all removed"),
+                            }
+                        }
+                        *was = now;
+                    }
+                    std::thread::park_timeout(LINK_POLL);
+                }
+            })
+            .context("starting the link watcher")?;
+        *self.links.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        Ok(())
+    }
+
+    /// Stops the link watcher and the offload thread, which takes every
+    /// flow out of hardware first (call it while the workers still run).
     pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let t = self.links.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            t.thread().unpark();
+            let _ = t.join();
+        }
         self.offloader.stop();
     }
 

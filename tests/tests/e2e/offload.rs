@@ -345,5 +345,17 @@ fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
     ensure!(done.status.success() && said.contains("ok 300"), "{said}");
     let s = status(&svc)?;
     ensure!(num(&s, "offloaded") > offloaded, "not offloaded again: {s}");
+
+    // A port whose link goes down takes the flows through it out.
+    let invalidated = num(&s, "invalidated");
+    let _chat = Reaped(g1.spawn_python(CHAT, &["10.235.0.2", "8080", "100", "100", "0.05", "0"])?);
+    status_until(&svc, "a conversation in hardware", |s| {
+        tenant_of(s, "green").0 == 2
+    })?;
+    dpu_e2e::net::ip(&["link", "set", &g2.port_if, "down"])?;
+    let s = status_until(&svc, "the down port's flows to leave", |s| {
+        tenant_of(s, "green").0 == 0
+    })?;
+    ensure!(num(&s, "invalidated") >= invalidated + 2, "{s}");
     Ok(())
 }

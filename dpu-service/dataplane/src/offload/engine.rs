@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::ArrayQueue;
 use hashbrown::HashMap;
 
-use super::{lane_of, FlowCounts, FlowId, FlowRule, Provider, Refusal};
+use super::{lane_of, FlowAction, FlowCounts, FlowId, FlowRule, Provider, Refusal};
 use crate::fair_share::{ShareLimits, Shares};
 use crate::wire::FlowKey;
 
@@ -242,6 +242,10 @@ enum Command {
     Tenants {
         count: usize,
         reply: SyncSender<()>,
+    },
+    Port {
+        port: usize,
+        reply: SyncSender<Result<usize, OffloadError>>,
     },
 }
 
@@ -485,6 +489,17 @@ impl Offloader {
         })?
     }
 
+    /// Removes from hardware every flow that comes in on or goes out of
+    /// port `port` (its link went down). Returns how many, once the
+    /// removal has taken effect.
+    ///
+    /// # Errors
+    /// [`OffloadError`] if the thread is gone, late, or the provider
+    /// failed to remove some.
+    pub fn invalidate_port(&self, port: usize) -> Result<usize, OffloadError> {
+        self.call(|reply| Command::Port { port, reply })?
+    }
+
     /// Divides the table among `count` tenants.
     ///
     /// # Errors
@@ -538,6 +553,8 @@ struct Held {
     key: FlowKey,
     /// Its source and destination MAC addresses.
     macs: [[u8; 6]; 2],
+    /// The ports it comes in on and goes out of (`usize::MAX`: none).
+    ports: [usize; 2],
     /// Counts as last read.
     read: FlowCounts,
 }
@@ -620,15 +637,7 @@ impl Thread {
                     .map(|(&id, _)| id)
                     .collect();
                 let r = self.remove(p, &ids, ReturnReason::Invalidated);
-                let r = match (r, p.commit()) {
-                    (Ok(n), Ok(())) => Ok(n),
-                    (Err(e), _) => Err(e),
-                    (Ok(n), Err(message)) => {
-                        self.status.commit_failed += 1;
-                        self.status.last_error = Some(message.clone());
-                        Err(OffloadError::Remove { failed: n, message })
-                    }
-                };
+                let r = self.committed(p, r);
                 self.hand_back();
                 self.publish();
                 let _ = reply.send(r);
@@ -636,6 +645,36 @@ impl Thread {
             Command::Tenants { count, reply } => {
                 self.shares.set_tenants(count);
                 let _ = reply.send(());
+            }
+            Command::Port { port, reply } => {
+                let ids: Vec<FlowId> = self
+                    .flows
+                    .iter()
+                    .filter(|(_, h)| h.ports.contains(&port))
+                    .map(|(&id, _)| id)
+                    .collect();
+                let r = self.remove(p, &ids, ReturnReason::Invalidated);
+                let r = self.committed(p, r);
+                self.hand_back();
+                self.publish();
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// `r`, the outcome of removals, once they are committed.
+    fn committed<P: Provider>(
+        &mut self,
+        p: &mut P,
+        r: Result<usize, OffloadError>,
+    ) -> Result<usize, OffloadError> {
+        match (r, p.commit()) {
+            (Ok(n), Ok(())) => Ok(n),
+            (Err(e), _) => Err(e),
+            (Ok(n), Err(message)) => {
+                self.status.commit_failed += 1;
+                self.status.last_error = Some(message.clone());
+                Err(OffloadError::Remove { failed: n, message })
             }
         }
     }
@@ -858,12 +897,17 @@ impl Thread {
                 self.tenant(tenant);
                 let key = o.rule.matches.key;
                 let macs = [o.rule.matches.src_mac, o.rule.matches.dst_mac];
+                let out = match o.rule.action {
+                    FlowAction::Forward(e) => e.port,
+                    FlowAction::Drop => usize::MAX,
+                };
                 self.flows.insert(
                     o.id,
                     Held {
                         tenant,
                         key,
                         macs,
+                        ports: [usize::from(o.rule.matches.in_port), out],
                         read: FlowCounts::default(),
                     },
                 );
@@ -1060,6 +1104,28 @@ mod tests {
             0,
             "a stopped offloader leaves no flow in hardware"
         );
+    }
+
+    #[test]
+    fn a_port_that_goes_down_takes_the_flows_through_it() {
+        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
+        let w = Workers::run(lanes);
+        let (o, mut l) = Offloader::start(nic, config(), 1).unwrap();
+        // In on 0, out of 1; in on 2, out of 3; in on 3, out of 0.
+        for (i, (inp, out)) in [(0u16, 1usize), (2, 3), (3, 0)].into_iter().enumerate() {
+            let mut r = rule(1, i as u16);
+            r.matches.in_port = inp;
+            r.action = FlowAction::Forward(Egress::to(out));
+            l[0].offer(r, 1).unwrap();
+        }
+        l[0].flush();
+        until(&o, |s| s.offloaded == 3);
+        assert_eq!(o.invalidate_port(0), Ok(2));
+        assert_eq!(o.invalidate_port(0), Ok(0));
+        assert_eq!(o.invalidate_port(2), Ok(1));
+        assert_eq!(o.status().in_use, 0);
+        drop(o);
+        w.stop();
     }
 
     #[test]
