@@ -74,16 +74,7 @@ impl Offload {
                 let (nic, models) = ModelNic::new(limits, workers);
                 let (o, lanes) =
                     Offloader::start(nic, cfg, workers).context("starting the offload thread")?;
-                let links = lanes
-                    .into_iter()
-                    .zip(models)
-                    .map(|(lane, model)| OffloadLink {
-                        lane,
-                        model: Some(model),
-                        idle,
-                    })
-                    .collect();
-                (o, links)
+                (o, OffloadLink::each(lanes, Some(models), idle))
             }
         };
         switch.attach_offload(links);

@@ -191,16 +191,7 @@ fn measure(flows: usize, packets: u64, mode: Mode) -> Figures {
         Mode::OffersOnly => {
             let (o, lanes) =
                 Offloader::start(Accepting(Default::default()), config, 1).expect("offload thread");
-            h.attach_offload(
-                lanes
-                    .into_iter()
-                    .map(|lane| OffloadLink {
-                        lane,
-                        model: None,
-                        idle,
-                    })
-                    .collect(),
-            );
+            h.attach_offload(OffloadLink::each(lanes, None, idle));
             Some(o)
         }
         Mode::Model => {
@@ -210,17 +201,7 @@ fn measure(flows: usize, packets: u64, mode: Mode) -> Figures {
             };
             let (nic, models) = ModelNic::new(limits, 1);
             let (o, lanes) = Offloader::start(nic, config, 1).expect("offload thread");
-            h.attach_offload(
-                lanes
-                    .into_iter()
-                    .zip(models)
-                    .map(|(lane, model)| OffloadLink {
-                        lane,
-                        model: Some(model),
-                        idle,
-                    })
-                    .collect(),
-            );
+            h.attach_offload(OffloadLink::each(lanes, Some(models), idle));
             Some(o)
         }
     };

@@ -59,6 +59,26 @@ pub struct OffloadLink {
     pub idle: Duration,
 }
 
+impl OffloadLink {
+    /// Each worker's link, in worker order: its lane, and its lane of the
+    /// model NIC when there is one (`models`, in the same order).
+    pub fn each(
+        lanes: Vec<Lane>,
+        models: Option<model::ModelLanes>,
+        idle: Duration,
+    ) -> Vec<OffloadLink> {
+        let mut models = models.map(Vec::into_iter);
+        lanes
+            .into_iter()
+            .map(|lane| OffloadLink {
+                lane,
+                model: models.as_mut().and_then(Iterator::next),
+                idle,
+            })
+            .collect()
+    }
+}
+
 /// The worker lane a flow ID came from.
 pub fn lane_of(id: FlowId) -> usize {
     (id >> 48) as usize

@@ -77,30 +77,35 @@ fn settle(
     }
 }
 
+/// A switch of `cfg` with the model NIC in front, its offloader run
+/// with `offload`, and worker 0's pipeline, turned once.
+fn offloaded(
+    cfg: &SwitchConfig,
+    offload: OffloadConfig,
+) -> (SwitchHandle, Offloader, SwitchPipeline) {
+    let h = SwitchHandle::new(cfg).unwrap();
+    let (nic, models) = ModelNic::new(ModelLimits::default(), 1);
+    let (o, lanes) = Offloader::start(nic, offload, 1).unwrap();
+    h.attach_offload(OffloadLink::each(
+        lanes,
+        Some(models),
+        Duration::from_secs(30),
+    ));
+    let mut p = h.pipeline();
+    p.turn();
+    (h, o, p)
+}
+
 const ACK: u8 = 0x10;
 const PSH_ACK: u8 = 0x18;
 
 #[test]
 fn an_established_connection_goes_to_the_model_and_comes_back() {
-    let h = SwitchHandle::new(&config(true)).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
     let cfg = OffloadConfig {
         poll: Duration::from_millis(5),
         ..OffloadConfig::default()
     };
-    let (o, mut links) = Offloader::start(nic, cfg, 1).unwrap();
-    let links = links
-        .drain(..)
-        .zip(lanes)
-        .map(|(lane, model)| OffloadLink {
-            lane,
-            model: Some(model),
-            idle: Duration::from_secs(30),
-        })
-        .collect();
-    h.attach_offload(links);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&config(true), cfg);
     let fwd = |port| Verdict::Forward(Egress::to(port));
     // The handshake, in software; nothing offered before it completes.
     assert_eq!(send(&mut p, &h, 0, seg(1, 0x02)), (fwd(1), false));
@@ -140,17 +145,7 @@ fn an_established_connection_goes_to_the_model_and_comes_back() {
 
 #[test]
 fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
-    let h = SwitchHandle::new(&config(true)).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
-    let lane = links.remove(0);
-    h.attach_offload(vec![OffloadLink {
-        lane,
-        model: lanes.into_iter().next(),
-        idle: Duration::from_secs(30),
-    }]);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&config(true), OffloadConfig::default());
     send(&mut p, &h, 0, seg(1, 0x02));
     send(&mut p, &h, 1, seg(2, 0x12));
     send(&mut p, &h, 0, seg(1, ACK));
@@ -185,16 +180,7 @@ fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
 
 #[test]
 fn a_second_connection_is_offered_after_the_first_closed() {
-    let h = SwitchHandle::new(&config(true)).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
-    h.attach_offload(vec![OffloadLink {
-        lane: links.remove(0),
-        model: lanes.into_iter().next(),
-        idle: Duration::from_secs(30),
-    }]);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&config(true), OffloadConfig::default());
     let seg_p = |from: u8, sport: u16, flags: u8| {
         let (src, dst, a, b) = if from == 1 {
             (1, 2, sport, 80)
@@ -231,16 +217,7 @@ fn a_station_that_moves_takes_its_flows_out_of_hardware() {
     let mut cfg = config(true);
     cfg.ports = 3;
     cfg.tenants[0].attachments.push(Attach::port(2, 0));
-    let h = SwitchHandle::new(&cfg).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
-    h.attach_offload(vec![OffloadLink {
-        lane: links.remove(0),
-        model: lanes.into_iter().next(),
-        idle: Duration::from_secs(30),
-    }]);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&cfg, OffloadConfig::default());
     // Learn both stations, then the connection.
     send(&mut p, &h, 1, seg(2, 0x04 | ACK));
     send(&mut p, &h, 0, seg(1, 0x02));
@@ -270,16 +247,7 @@ fn a_station_that_moves_takes_its_flows_out_of_hardware() {
 fn a_tenant_that_opts_out_offers_nothing() {
     let mut cfg = config(true);
     cfg.tenants[0].no_offload = true;
-    let h = SwitchHandle::new(&cfg).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-    let (o, mut links) = Offloader::start(nic, OffloadConfig::default(), 1).unwrap();
-    h.attach_offload(vec![OffloadLink {
-        lane: links.remove(0),
-        model: lanes.into_iter().next(),
-        idle: Duration::from_secs(30),
-    }]);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&cfg, OffloadConfig::default());
     send(&mut p, &h, 0, seg(1, 0x02));
     send(&mut p, &h, 1, seg(2, 0x12));
     for _ in 0..3 {
@@ -298,22 +266,13 @@ fn a_tenant_that_opts_out_offers_nothing() {
 
 #[test]
 fn a_refused_offer_leaves_its_connection_to_software() {
-    let h = SwitchHandle::new(&config(true)).unwrap();
-    let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
     let cfg = OffloadConfig {
         table: 1,
         per_tenant: 1,
         reserved: 0,
         ..OffloadConfig::default()
     };
-    let (o, mut links) = Offloader::start(nic, cfg, 1).unwrap();
-    h.attach_offload(vec![OffloadLink {
-        lane: links.remove(0),
-        model: lanes.into_iter().next(),
-        idle: Duration::from_secs(30),
-    }]);
-    let mut p = h.pipeline();
-    p.turn();
+    let (h, o, mut p) = offloaded(&config(true), cfg);
     send(&mut p, &h, 0, seg(1, 0x02));
     send(&mut p, &h, 1, seg(2, 0x12));
     send(&mut p, &h, 0, seg(1, ACK));
