@@ -116,33 +116,6 @@ fn config(hosts: &[(&str, &Host)], offload: &str) -> String {
     c
 }
 
-/// A tenant over `ports` whose `client` may open TCP to port 8080,
-/// statefully; nothing else passes.
-fn tenant(svc: &Service, name: &str, ports: [&str; 2], client: &str) -> Result<()> {
-    svc.dpuctl_json(&[
-        "tenant", "create", name, "--port", ports[0], "--port", ports[1],
-    ])?;
-    svc.dpuctl_json(&[
-        "rule",
-        "add",
-        name,
-        "--id",
-        "web",
-        "--priority",
-        "10",
-        "--action",
-        "allow",
-        "--src",
-        &format!("{client}/32"),
-        "--proto",
-        "tcp",
-        "--dport",
-        "8080",
-        "--stateful",
-    ])?;
-    Ok(())
-}
-
 /// `dpuctl offload status` as JSON.
 fn status(svc: &Service) -> Result<Value> {
     svc.dpuctl_json(&["offload", "status"])
@@ -193,7 +166,7 @@ fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> 
         ),
         &[],
     )?;
-    tenant(&svc, "green", ["pf0vf0", "pf0vf1"], "10.234.0.1")?;
+    svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.234.0.1/32")?;
     let _server = Reaped(server.spawn_python(SERVER, &["10.234.0.2", "8080"])?);
 
     // A megabyte back over one connection: after the handshake both
@@ -296,8 +269,8 @@ fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
         ),
         &[],
     )?;
-    tenant(&svc, "green", ["pf0vf0", "pf0vf1"], "10.235.0.1")?;
-    tenant(&svc, "red", ["pf0vf2", "pf0vf3"], "10.235.1.1")?;
+    svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.235.0.1/32")?;
+    svc.stateful_web_tenant("red", &["pf0vf2", "pf0vf3"], "10.235.1.1/32")?;
     let _gs = Reaped(g2.spawn_python(SERVER, &["10.235.0.2", "8080"])?);
     let _rs = Reaped(r2.spawn_python(SERVER, &["10.235.1.2", "8080"])?);
     eventually("green's server to answer", || {
