@@ -405,7 +405,8 @@ pub struct Feed {
     rules: std::sync::Mutex<RuleCache>,
     /// Flow offload, when it is on.
     offload: Option<Arc<Offload>>,
-    /// The configuration last published.
+    /// The configuration last published, until offload has compared it
+    /// with the one before.
     last: std::sync::Mutex<Option<SwitchConfig>>,
 }
 
@@ -533,10 +534,10 @@ impl Feed {
         let Some(o) = &self.offload else {
             return Ok(0);
         };
-        let Some(cfg) = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some(cfg) = self.last.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(0);
         };
-        o.invalidate(&self.switch, &cfg, generation)
+        o.invalidate(&self.switch, cfg, generation)
     }
 }
 

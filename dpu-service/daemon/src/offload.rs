@@ -80,7 +80,7 @@ impl Offload {
         switch.attach_offload(links);
         let offload = Offload {
             offloader,
-            last: Mutex::new(by_name(first)),
+            last: Mutex::new(by_name(first.clone())),
             links: Mutex::new(None),
             stop: Arc::new(AtomicBool::new(false)),
         };
@@ -111,10 +111,11 @@ impl Offload {
     pub fn invalidate(
         &self,
         switch: &SwitchHandle,
-        now: &SwitchConfig,
+        now: SwitchConfig,
         generation: u64,
     ) -> Result<usize> {
         let now = by_name(now);
+        let tenants = now.len();
         let changed: Vec<String> = {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
             let mut changed: Vec<String> = last
@@ -123,13 +124,13 @@ impl Offload {
                 .map(|(name, _)| name.clone())
                 .collect();
             changed.extend(now.keys().filter(|n| !last.contains_key(*n)).cloned());
-            *last = now.clone();
+            *last = now;
             changed
         };
         if changed.is_empty() {
             return Ok(0);
         }
-        self.set_tenants(now.len());
+        self.set_tenants(tenants);
         let ids: Option<Vec<u32>> = changed.iter().map(|n| switch.tenant_id(n)).collect();
         let removed = match ids {
             Some(ids) if ids.len() <= INVALIDATE_EACH_MAX => {
@@ -246,9 +247,6 @@ impl Offload {
     }
 }
 
-fn by_name(c: &SwitchConfig) -> BTreeMap<String, TenantConfig> {
-    c.tenants
-        .iter()
-        .map(|t| (t.name.to_string(), t.clone()))
-        .collect()
+fn by_name(c: SwitchConfig) -> BTreeMap<String, TenantConfig> {
+    c.tenants.into_iter().map(|t| (t.name.clone(), t)).collect()
 }

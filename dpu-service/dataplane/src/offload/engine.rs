@@ -594,12 +594,17 @@ impl Thread {
                     self.status.last_error = Some(e);
                 }
             }
-            if self.polled.elapsed() >= self.config.poll {
+            let poll = self.polled.elapsed() >= self.config.poll;
+            if poll {
                 self.polled = Instant::now();
                 self.poll(p);
             }
             self.hand_back();
-            self.publish();
+            // Status changes only with work or a poll: an idle thread
+            // copies nothing.
+            if work > 0 || poll {
+                self.publish();
+            }
             if work == 0 {
                 std::thread::park_timeout(Duration::from_millis(1));
             }
@@ -1070,11 +1075,18 @@ mod tests {
         }
     }
 
+    /// The offloader with `cfg` over a model NIC of `lanes` lanes, whose
+    /// changes a thread takes as workers would.
+    fn running(cfg: OffloadConfig, lanes: usize) -> (Offloader, Vec<Lane>, Workers) {
+        let (nic, models) = ModelNic::new(ModelLimits::default(), lanes);
+        let w = Workers::run(models);
+        let (o, l) = Offloader::start(nic, cfg, lanes).unwrap();
+        (o, l, w)
+    }
+
     #[test]
     fn a_flood_keeps_to_its_share_and_the_others_keep_their_reserve() {
-        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 2);
-        let w = Workers::run(lanes);
-        let (o, mut l) = Offloader::start(nic, config(), 2).unwrap();
+        let (o, mut l, w) = running(config(), 2);
         o.set_tenants(3).unwrap();
         // Tenant 1 floods from both workers: the pool (64 - 3 * 16 = 16)
         // plus its reserve, never tenant 2's or 3's reserve.
@@ -1108,9 +1120,7 @@ mod tests {
 
     #[test]
     fn a_port_that_goes_down_takes_the_flows_through_it() {
-        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-        let w = Workers::run(lanes);
-        let (o, mut l) = Offloader::start(nic, config(), 1).unwrap();
+        let (o, mut l, w) = running(config(), 1);
         // In on 0, out of 1; in on 2, out of 3; in on 3, out of 0.
         for (i, (inp, out)) in [(0u16, 1usize), (2, 3), (3, 0)].into_iter().enumerate() {
             let mut r = rule(1, i as u16);
@@ -1130,9 +1140,7 @@ mod tests {
 
     #[test]
     fn an_invalidation_removes_before_it_answers_and_drops_stale_offers() {
-        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-        let w = Workers::run(lanes);
-        let (o, mut l) = Offloader::start(nic, config(), 1).unwrap();
+        let (o, mut l, w) = running(config(), 1);
         let a = l[0].offer(rule(1, 1), 5).unwrap();
         l[0].offer(rule(2, 2), 5).unwrap();
         l[0].flush();
@@ -1216,14 +1224,12 @@ mod tests {
 
     #[test]
     fn the_insertion_rate_and_full_lanes_bound_a_flood() {
-        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-        let w = Workers::run(lanes);
         let mut cfg = config();
         cfg.table = 10_000;
         cfg.per_tenant = 10_000;
         cfg.insert_rate = 300;
         cfg.lane_queue = 64;
-        let (o, mut l) = Offloader::start(nic, cfg, 1).unwrap();
+        let (o, mut l, w) = running(cfg, 1);
         let start = Instant::now();
         let mut refused = 0;
         for i in 0..20_000u32 {
@@ -1253,13 +1259,11 @@ mod tests {
 
     #[test]
     fn withdrawn_flows_leave_hardware_and_give_their_share_back() {
-        let (nic, lanes) = ModelNic::new(ModelLimits::default(), 1);
-        let w = Workers::run(lanes);
         let mut cfg = config();
         cfg.table = 2;
         cfg.per_tenant = 2;
         cfg.reserved = 0;
-        let (o, mut l) = Offloader::start(nic, cfg, 1).unwrap();
+        let (o, mut l, w) = running(cfg, 1);
         l[0].offer(rule(1, 1), 1).unwrap();
         l[0].offer(rule(1, 2), 1).unwrap();
         l[0].offer(rule(1, 3), 1).unwrap();

@@ -32,17 +32,23 @@ fn config(allow_web: bool) -> SwitchConfig {
 }
 
 fn seg(from: u8, flags: u8) -> Vec<u8> {
-    let (src, dst, sport, dport) = if from == 1 {
-        (1, 2, 40000, 80)
+    seg_on(from, 40000, flags)
+}
+
+/// A segment of the connection from station 1's port `sport` to station
+/// 2's port 80, sent by station `from`.
+fn seg_on(from: u8, sport: u16, flags: u8) -> Vec<u8> {
+    let (src, dst, a, b) = if from == 1 {
+        (1, 2, sport, 80)
     } else {
-        (2, 1, 80, 40000)
+        (2, 1, 80, sport)
     };
     let mut f = build::eth(mac(dst), mac(src), None, crate::wire::ETH_IPV4);
     f.extend(build::ipv4(
         [10, 0, 0, src],
         [10, 0, 0, dst],
         proto::TCP,
-        &build::tcp(sport, dport, flags),
+        &build::tcp(a, b, flags),
     ));
     f
 }
@@ -181,33 +187,18 @@ fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
 #[test]
 fn a_second_connection_is_offered_after_the_first_closed() {
     let (h, o, mut p) = offloaded(&config(true), OffloadConfig::default());
-    let seg_p = |from: u8, sport: u16, flags: u8| {
-        let (src, dst, a, b) = if from == 1 {
-            (1, 2, sport, 80)
-        } else {
-            (2, 1, 80, sport)
-        };
-        let mut f = build::eth(mac(dst), mac(src), None, crate::wire::ETH_IPV4);
-        f.extend(build::ipv4(
-            [10, 0, 0, src],
-            [10, 0, 0, dst],
-            proto::TCP,
-            &build::tcp(a, b, flags),
-        ));
-        f
-    };
     for (round, sport) in [40000u16, 40001].into_iter().enumerate() {
-        send(&mut p, &h, 0, seg_p(1, sport, 0x02));
-        send(&mut p, &h, 1, seg_p(2, sport, 0x12));
-        send(&mut p, &h, 0, seg_p(1, sport, ACK));
-        send(&mut p, &h, 1, seg_p(2, sport, PSH_ACK));
+        send(&mut p, &h, 0, seg_on(1, sport, 0x02));
+        send(&mut p, &h, 1, seg_on(2, sport, 0x12));
+        send(&mut p, &h, 0, seg_on(1, sport, ACK));
+        send(&mut p, &h, 1, seg_on(2, sport, PSH_ACK));
         let want = 2 * (round as u64 + 1);
         let s = settle(&mut p, &o, |s| s.offloaded == want);
         assert_eq!(s.offloaded, want, "round {round}: {s:?}");
-        assert!(send(&mut p, &h, 0, seg_p(1, sport, PSH_ACK)).1);
-        send(&mut p, &h, 0, seg_p(1, sport, 0x11));
-        send(&mut p, &h, 1, seg_p(2, sport, 0x11));
-        send(&mut p, &h, 0, seg_p(1, sport, ACK));
+        assert!(send(&mut p, &h, 0, seg_on(1, sport, PSH_ACK)).1);
+        send(&mut p, &h, 0, seg_on(1, sport, 0x11));
+        send(&mut p, &h, 1, seg_on(2, sport, 0x11));
+        send(&mut p, &h, 0, seg_on(1, sport, ACK));
         settle(&mut p, &o, |s| s.withdrawn == want);
     }
 }
