@@ -635,16 +635,7 @@ impl Thread {
                         self.floors.insert(u32::MAX, generation);
                     }
                 }
-                let ids: Vec<FlowId> = self
-                    .flows
-                    .iter()
-                    .filter(|(_, h)| tenant.is_none_or(|t| h.tenant == t))
-                    .map(|(&id, _)| id)
-                    .collect();
-                let r = self.remove(p, &ids, ReturnReason::Invalidated);
-                let r = self.committed(p, r);
-                self.hand_back();
-                self.publish();
+                let r = self.invalidate(p, |h| tenant.is_none_or(|t| h.tenant == t));
                 let _ = reply.send(r);
             }
             Command::Tenants { count, reply } => {
@@ -652,19 +643,30 @@ impl Thread {
                 let _ = reply.send(());
             }
             Command::Port { port, reply } => {
-                let ids: Vec<FlowId> = self
-                    .flows
-                    .iter()
-                    .filter(|(_, h)| h.ports.contains(&port))
-                    .map(|(&id, _)| id)
-                    .collect();
-                let r = self.remove(p, &ids, ReturnReason::Invalidated);
-                let r = self.committed(p, r);
-                self.hand_back();
-                self.publish();
+                let r = self.invalidate(p, |h| h.ports.contains(&port));
                 let _ = reply.send(r);
             }
         }
+    }
+
+    /// Removes the flows `covers` says a change covers, commits, and hands
+    /// them back: what a control call answers.
+    fn invalidate<P: Provider>(
+        &mut self,
+        p: &mut P,
+        covers: impl Fn(&Held) -> bool,
+    ) -> Result<usize, OffloadError> {
+        let ids: Vec<FlowId> = self
+            .flows
+            .iter()
+            .filter(|(_, h)| covers(h))
+            .map(|(&id, _)| id)
+            .collect();
+        let r = self.remove(p, &ids, ReturnReason::Invalidated);
+        let r = self.committed(p, r);
+        self.hand_back();
+        self.publish();
+        r
     }
 
     /// `r`, the outcome of removals, once they are committed.
