@@ -137,12 +137,17 @@ impl MacTable {
         self.moves = Vec::with_capacity(MOVES_KEPT);
     }
 
-    /// The (tenant, address) pairs that moved since the last call, and
-    /// whether more moved than were kept; clears them.
-    pub(crate) fn take_moves(&mut self, mut f: impl FnMut(u32, [u8; 6])) -> bool {
-        for (t, m) in self.moves.drain(..) {
-            f(t, m);
-        }
+    /// Hands `f` the (tenant, address) pairs that moved, oldest first,
+    /// until it refuses one (returns false): that one and the later ones
+    /// are kept for the next call. Returns whether more moved than were
+    /// kept since the last call, and clears that.
+    pub(crate) fn take_moves(&mut self, mut f: impl FnMut(u32, [u8; 6]) -> bool) -> bool {
+        let taken = self
+            .moves
+            .iter()
+            .position(|&(t, m)| !f(t, m))
+            .unwrap_or(self.moves.len());
+        self.moves.drain(..taken);
         std::mem::take(&mut self.moves_lost)
     }
 
@@ -503,6 +508,38 @@ mod tests {
                 assert_eq!(t.len(), p.map.len(), "round {round} step {step}");
             }
         }
+    }
+
+    /// Moves are kept in order until taken; one refused stays, with those
+    /// after it, for the next call; past the limit the loss is said.
+    #[test]
+    fn moves_wait_to_be_taken() {
+        let mut t = MacTable::new(MOVES_KEPT * 2);
+        t.keep_moves();
+        let mac = |i: u8| [2, 0, 0, 0, 0, i];
+        for i in 1..=3 {
+            t.learn(1, mac(i), 0, 0, 1);
+            t.learn(1, mac(i), 1, 0, 2);
+        }
+        let mut seen = Vec::new();
+        let lost = t.take_moves(|_, m| {
+            seen.push(m[5]);
+            m[5] != 2
+        });
+        assert_eq!((seen, lost), (vec![1, 2], false));
+        let mut seen = Vec::new();
+        t.take_moves(|_, m| {
+            seen.push(m[5]);
+            true
+        });
+        assert_eq!(seen, vec![2, 3]);
+        assert!(!t.moved());
+        for i in 0..=MOVES_KEPT as u16 {
+            let m = [2, 1, 0, 0, (i >> 8) as u8, i as u8];
+            t.learn(2, m, 0, 0, 3);
+            t.learn(2, m, 1, 0, 4);
+        }
+        assert!(t.take_moves(|_, _| true), "one more than kept");
     }
 
     #[test]

@@ -108,14 +108,14 @@ impl SwitchPipeline {
         if self.macs.moved() {
             let tenants = &self.compiled.tenants;
             let lane = &mut link.lane;
-            let mut kept = true;
+            // What the lane has no room for waits for the next turn.
             let lost = self.macs.take_moves(|ti, mac| {
-                if let Some(t) = tenants.get(ti as usize) {
-                    kept &= lane.withdraw_mac(t.uid, mac).is_ok();
-                }
+                tenants
+                    .get(ti as usize)
+                    .is_none_or(|t| lane.withdraw_mac(t.uid, mac).is_ok())
             });
-            if lost || !kept {
-                // Not every move could be named: every flow of the lane
+            if lost {
+                // More moved than could be kept: every flow of the lane
                 // goes, asked for until there is room.
                 self.withdraw_all_pending = true;
             }
