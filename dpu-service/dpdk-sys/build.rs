@@ -47,6 +47,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_eth_xstats_get_names",
     "rte_eth_dev_rss_hash_update",
     "rte_eth_find_next",
+    "rte_flow_destroy",
+    "rte_flow_flush",
     "dpdk_shim_.*",
 ];
 
@@ -65,6 +67,8 @@ const TYPES: &[&str] = &[
     "rte_eth_xstat",
     "rte_eth_xstat_name",
     "rte_proc_type_t",
+    "rte_flow_error",
+    "dpdk_shim_flow",
 ];
 
 /// Constants bound explicitly.
@@ -81,12 +85,14 @@ const VARS: &[&str] = &[
     "RTE_ETH_MQ_RX_RSS",
     "RTE_ETH_MQ_RX_NONE",
     "RTE_ETH_RSS_.*",
+    "RTE_ETH_DEV_SWITCH_DOMAIN_ID_INVALID",
     "SOCKET_ID_ANY",
     // The release of the headers read (rte_build_config.h), for the tests
     // and check-versions.sh.
     "RTE_VER_YEAR",
     "RTE_VER_MONTH",
     "RTE_VER_MINOR",
+    "DPDK_SHIM_FLOW_.*",
 ];
 
 fn pkg_config_cflags() -> Vec<String> {
@@ -128,7 +134,13 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
-    for f in ["wrapper.h", "shim/shim.h", "shim/shim.c"] {
+    for f in [
+        "wrapper.h",
+        "shim/shim.h",
+        "shim/shim.c",
+        "shim/flow.h",
+        "shim/flow.c",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
 
@@ -142,7 +154,11 @@ fn main() {
     // 2. The shim, compiled with DPDK's own flags for this target.
     let release = release(&lib.version);
     let mut build = cc::Build::new();
-    build.file("shim/shim.c").warnings(true).opt_level(3);
+    build
+        .file("shim/shim.c")
+        .file("shim/flow.c")
+        .warnings(true)
+        .opt_level(3);
     // The shim refuses headers of another release than pkg-config's.
     build.define("DPDK_SYS_VER_YEAR", release.0.to_string().as_str());
     build.define("DPDK_SYS_VER_MONTH", release.1.to_string().as_str());

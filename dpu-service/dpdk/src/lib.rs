@@ -9,6 +9,8 @@
 //!   owns a burst of them. Packet bytes are borrowed as slices.
 //! - [`Port`]: an ethdev port configured with RX/TX queues (symmetric RSS
 //!   when there are several), and its [`RxQueue`]/[`TxQueue`] handles.
+//! - [`flow`]: flow rules in hardware (`rte_flow`), validated, created,
+//!   counted, aged and destroyed.
 //! - Without the `eal` feature (on by default) the crate is empty, so a
 //!   workspace built without DPDK still resolves it.
 //!
@@ -21,6 +23,8 @@
 mod eal;
 #[cfg(feature = "eal")]
 mod error;
+#[cfg(feature = "eal")]
+pub mod flow;
 #[cfg(feature = "eal")]
 mod mbuf;
 #[cfg(feature = "eal")]

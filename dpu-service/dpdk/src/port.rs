@@ -91,6 +91,8 @@ pub struct LinkStatus {
 struct PortInner {
     id: u16,
     name: String,
+    driver: String,
+    switch_domain: Option<u16>,
     rx_taken: Mutex<Vec<bool>>,
     tx_taken: Mutex<Vec<bool>>,
     /// The pool the port's RX queues receive into.
@@ -225,9 +227,22 @@ impl Port {
                 })?;
             }
         }
+        let driver = if info.driver_name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: dev_info_get filled driver_name with a pointer to the
+            // driver's static NUL-terminated name.
+            unsafe { CStr::from_ptr(info.driver_name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let domain = info.switch_info.domain_id;
         let inner = Arc::new(PortInner {
             id,
             name: name.to_string(),
+            driver,
+            switch_domain: (domain != sys::RTE_ETH_DEV_SWITCH_DOMAIN_ID_INVALID as u16)
+                .then_some(domain),
             rx_taken: Mutex::new(vec![false; usize::from(rxq)]),
             tx_taken: Mutex::new(vec![false; usize::from(txq)]),
             pool,
@@ -251,6 +266,18 @@ impl Port {
     /// Name the port was opened by.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The name of the driver behind the port (`net_mlx5`, `net_tap`).
+    pub fn driver(&self) -> &str {
+        &self.inner.driver
+    }
+
+    /// The embedded switch the port belongs to (a switch domain shared
+    /// by a NIC's physical port and its representors), if any: transfer
+    /// flow rules forward between the ports of one domain.
+    pub fn switch_domain(&self) -> Option<u16> {
+        self.inner.switch_domain
     }
 
     /// Counters of the port.

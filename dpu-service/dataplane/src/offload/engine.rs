@@ -176,6 +176,8 @@ pub struct OffloadStatus {
     pub commit_failed: u64,
     /// The provider's last error message.
     pub last_error: Option<String>,
+    /// Why the provider last refused an offer as unsupported.
+    pub last_unsupported: Option<String>,
     /// Per tenant that has held a flow, by ID.
     pub tenants: Vec<TenantOffload>,
 }
@@ -930,7 +932,12 @@ impl Thread {
             }
             Err(r) => {
                 match r {
-                    Refusal::Unsupported(_) => self.status.unsupported += 1,
+                    Refusal::Unsupported(why) => {
+                        self.status.unsupported += 1;
+                        if self.status.last_unsupported.as_deref() != Some(why.as_ref()) {
+                            self.status.last_unsupported = Some(why.into_owned());
+                        }
+                    }
                     Refusal::TableFull => self.status.table_full += 1,
                     Refusal::Failed(e) => {
                         self.status.insert_failed += 1;

@@ -19,6 +19,9 @@
 //!   that covers them is acknowledged, folds the counters of offloaded
 //!   flows back per tenant and reports aged flows to the worker that
 //!   offered them.
+//! - [`rte_flow::RteFlowNic`] installs rules through DPDK's `rte_flow`:
+//!   transfer rules of an embedded switch (a BlueField's eSwitch), or
+//!   drop rules of ports without one.
 //! - [`model::ModelNic`] is a provider that behaves like a NIC with
 //!   limits (a table size, shapes it refuses, insertions that fail) and
 //!   carries the traffic of its flows in-process, for tests and for
@@ -31,6 +34,8 @@
 
 mod engine;
 pub mod model;
+#[cfg(feature = "dpdk")]
+pub mod rte_flow;
 
 pub use engine::{
     Lane, OffloadConfig, OffloadError, OffloadStatus, Offloader, ReturnReason, Returned,
@@ -143,7 +148,7 @@ pub enum Refusal {
     /// The hardware cannot express the rule (an item or action it does
     /// not support, named).
     #[error("unsupported: {0}")]
-    Unsupported(&'static str),
+    Unsupported(std::borrow::Cow<'static, str>),
     /// The hardware table is full.
     #[error("table full")]
     TableFull,

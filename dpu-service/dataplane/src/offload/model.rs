@@ -240,7 +240,7 @@ impl Provider for ModelNic {
 
     fn insert(&mut self, id: FlowId, rule: &FlowRule) -> Result<(), Refusal> {
         if let Some(what) = self.unsupported(rule) {
-            return Err(Refusal::Unsupported(what));
+            return Err(Refusal::Unsupported(what.into()));
         }
         if lane_of(id) >= self.sent.len() {
             return Err(Refusal::Failed(format!("no lane {}", lane_of(id))));
@@ -508,7 +508,10 @@ mod tests {
         let (mut nic, _lanes) = ModelNic::new(limits, 1);
         let mut v6 = rule();
         v6.matches.key.v6 = true;
-        assert_eq!(nic.insert(10, &v6), Err(Refusal::Unsupported("IPv6 match")));
+        assert_eq!(
+            nic.insert(10, &v6),
+            Err(Refusal::Unsupported("IPv6 match".into()))
+        );
         let mut push = rule();
         push.action = FlowAction::Forward(Egress {
             vlan: VlanOp::Push(5),
@@ -516,7 +519,7 @@ mod tests {
         });
         assert_eq!(
             nic.insert(11, &push),
-            Err(Refusal::Unsupported("VLAN push"))
+            Err(Refusal::Unsupported("VLAN push".into()))
         );
         nic.insert(1, &rule()).unwrap();
         nic.insert(2, &rule()).unwrap();
