@@ -110,6 +110,7 @@ impl Dataplane {
             base,
             state,
             inline: &inline,
+            flow_ports: None,
         };
         let Started {
             workers,
@@ -119,7 +120,15 @@ impl Dataplane {
             offload,
         } = match driver {
             #[cfg(feature = "dpdk")]
-            "dpdk" => start.run(open_dpdk(config, &ports)?)?,
+            "dpdk" => {
+                let drv = open_dpdk(config, &ports)?;
+                let flow_ports = Some(drv.flow_ports(&ids));
+                Start {
+                    flow_ports,
+                    ..start
+                }
+                .run(drv)?
+            }
             _ => {
                 let ifaces: Vec<String> = ports.iter().map(|p| p.device.clone()).collect();
                 let buffers = usize::try_from(d.mbufs).unwrap_or(usize::MAX);
@@ -235,6 +244,8 @@ struct Start<'a> {
     state: &'a State,
     /// Handed to the first worker's pipeline.
     inline: &'a Arc<InlineSlot>,
+    /// The ports as the `rte_flow` provider needs them (DPDK only).
+    flow_ports: Option<Vec<dpu_dataplane::offload::FlowPort>>,
 }
 
 impl Start<'_> {
@@ -249,6 +260,7 @@ impl Start<'_> {
             mut base,
             state,
             inline,
+            flow_ports,
         } = self;
         base.vteps = vec![None; ids.len()];
         for (i, id) in ids.iter().enumerate() {
@@ -288,7 +300,13 @@ impl Start<'_> {
         );
         // Before the workers start: their pipelines take their links.
         let workers_n = usize::from(config.dataplane.workers);
-        let offload = Offload::start(&config.dataplane.offload, workers_n, &switch, &first)?;
+        let offload = Offload::start(
+            &config.dataplane.offload,
+            workers_n,
+            &switch,
+            &first,
+            flow_ports,
+        )?;
         let (workers, counters) = run(driver, config, ids, &switch, inline, offload.clone())?;
         Ok(Started {
             workers,
@@ -929,6 +947,7 @@ mod tests {
             },
             state: &first.state,
             inline: &Arc::new(InlineSlot::default()),
+            flow_ports: None,
         };
         let Started {
             mut workers,

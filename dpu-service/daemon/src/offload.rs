@@ -11,7 +11,9 @@ use anyhow::{Context, Result};
 use dpu_control::telemetry::Counters;
 use dpu_dataplane::io::Driver;
 use dpu_dataplane::offload::model::{ModelLimits, ModelNic, Refuse};
-use dpu_dataplane::offload::{OffloadConfig, OffloadLink, OffloadStatus, Offloader};
+use dpu_dataplane::offload::{
+    FlowPort, Lane, OffloadConfig, OffloadLink, OffloadStatus, Offloader,
+};
 use dpu_dataplane::switch::{SwitchConfig, SwitchHandle, TenantConfig};
 use dpu_proto::v1 as pb;
 
@@ -47,6 +49,7 @@ impl Offload {
         workers: usize,
         switch: &SwitchHandle,
         first: &SwitchConfig,
+        flow_ports: Option<Vec<FlowPort>>,
     ) -> Result<Option<Arc<Offload>>> {
         let cfg = OffloadConfig {
             table: s.table_size,
@@ -75,6 +78,13 @@ impl Offload {
                 let (o, lanes) =
                     Offloader::start(nic, cfg, workers).context("starting the offload thread")?;
                 (o, OffloadLink::each(lanes, Some(models), idle))
+            }
+            OffloadProvider::RteFlow => {
+                let ports = flow_ports.context(
+                    "dataplane.offload.provider = \"rte_flow\" needs the data plane's ports on the dpdk driver",
+                )?;
+                let (o, lanes) = start_rte_flow(ports, s.table_size, cfg, workers)?;
+                (o, OffloadLink::each(lanes, None, idle))
             }
         };
         switch.attach_offload(links);
@@ -243,8 +253,53 @@ impl Offload {
             commit_failed: s.commit_failed,
             tenants,
             last_error: s.last_error.unwrap_or_default(),
+            last_unsupported: s.last_unsupported.unwrap_or_default(),
         });
     }
+}
+
+/// The `rte_flow` provider over `ports` and its offload thread.
+#[cfg(feature = "dpdk")]
+fn start_rte_flow(
+    ports: Vec<FlowPort>,
+    table: usize,
+    cfg: OffloadConfig,
+    workers: usize,
+) -> Result<(Offloader, Vec<Lane>)> {
+    use dpu_dataplane::offload::rte_flow::{FlowMode, RteFlowNic};
+    let nic = RteFlowNic::new(ports.clone(), table)
+        .map_err(|e| anyhow::anyhow!("flow offload through rte_flow: {e}"))?;
+    match nic.mode() {
+        FlowMode::Transfer { proxy } => tracing::info!(
+            proxy,
+            "rte_flow: transfer rules on the ports' embedded switch"
+        ),
+        FlowMode::Ingress => {
+            for (i, p) in ports.iter().enumerate() {
+                let caps = nic.port_caps(i).unwrap_or_default();
+                tracing::warn!(
+                    port = %p.name,
+                    driver = %p.driver,
+                    counters = caps[0],
+                    ages = caps[1],
+                    untagged_match = caps[2],
+                    tcp_flags = caps[3],
+                    "rte_flow: the ports share no embedded switch; only drop rules go to hardware"
+                );
+            }
+        }
+    }
+    Offloader::start(nic, cfg, workers).context("starting the offload thread")
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn start_rte_flow(
+    _ports: Vec<FlowPort>,
+    _table: usize,
+    _cfg: OffloadConfig,
+    _workers: usize,
+) -> Result<(Offloader, Vec<Lane>)> {
+    anyhow::bail!("dataplane.offload.provider = \"rte_flow\": this build has no DPDK")
 }
 
 fn by_name(c: SwitchConfig) -> BTreeMap<String, TenantConfig> {

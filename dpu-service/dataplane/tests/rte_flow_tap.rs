@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use dpdk::flow::{self, FlowAttach, FlowFate, FlowSpec, FlowVlan, FlowVlanOp};
-use dpu_dataplane::offload::rte_flow::{FlowMode, FlowPort, RteFlowNic};
-use dpu_dataplane::offload::{FlowAction, FlowMatch, FlowRule, Provider, Refusal};
+use dpu_dataplane::offload::rte_flow::{FlowMode, RteFlowNic};
+use dpu_dataplane::offload::{FlowAction, FlowMatch, FlowPort, FlowRule, Provider, Refusal};
 use dpu_dataplane::wire::FlowKey;
 use dpu_dataplane::worker::{Egress, Tunnel, VlanOp};
 

@@ -332,3 +332,39 @@ fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
     ensure!(num(&s, "invalidated") >= invalidated + 2, "{s}");
     Ok(())
 }
+
+/// `provider = "rte_flow"` on DPDK ports that share no embedded switch
+/// (`net_af_packet`, which has no flow rules at all): the service starts,
+/// offers an established connection, is refused, says why in `dpuctl
+/// offload status`, and keeps switching the conversation on the cores
+/// without offering that connection again.
+#[test]
+fn rte_flow_without_an_embedded_switch_refuses_and_says_why() -> Result<()> {
+    let _one = crate::switch::one_at_a_time();
+    let client = Host::new("oe", "10.236.0.1/24")?;
+    let server = Host::new("of", "10.236.0.2/24")?;
+    let mut c = dpu_e2e::net::config("rteflow", &[("pf0vf0", &client), ("pf0vf1", &server)]);
+    c += "\n[dataplane.offload]\nprovider = \"rte_flow\"\n";
+    let svc = Service::start_config(&c, &[])?;
+    svc.stateful_web_tenant("teal", &["pf0vf0", "pf0vf1"], "10.236.0.1/32")?;
+    let _server = Reaped(server.spawn_python(SERVER, &["10.236.0.2", "8080"])?);
+    let mut out = String::new();
+    eventually("a conversation through the switch", || {
+        let o = client.python(CHAT, &["10.236.0.2", "8080", "30", "2000", "0.01", "0"]);
+        out = String::from_utf8_lossy(&o.stdout).to_string();
+        o.status.success()
+    })?;
+    ensure!(out.contains("ok 30"), "{out}");
+    let s = status_until(&svc, "the offer to be refused", |s| {
+        num(s, "unsupported") >= 1
+    })?;
+    ensure!(s["provider"] == "rte_flow", "{s}");
+    ensure!(num(&s, "inUse") == 0 && num(&s, "offloaded") == 0, "{s}");
+    let why = s["lastUnsupported"].as_str().unwrap_or_default();
+    ensure!(why.contains("no embedded switch"), "{s}");
+    // Each direction of each connection was offered once at most.
+    ensure!(num(&s, "unsupported") <= 4, "offered again and again: {s}");
+    let text = svc.dpuctl_ok(&["offload", "status"])?;
+    ensure!(text.contains("last unsupported: "), "{text}");
+    Ok(())
+}

@@ -253,6 +253,17 @@ impl Config {
             bail!("dataplane.{key} {}", e.rule);
         }
         self.dataplane.offload.check()?;
+        if d.offload.provider == super::OffloadProvider::RteFlow {
+            match dataplane_driver {
+                Some((_, "dpdk")) => {}
+                Some((i, other)) => bail!(
+                    "dataplane.offload.provider = \"rte_flow\" needs the dpdk driver; ports[{i}] uses {other:?}"
+                ),
+                None => bail!(
+                    "dataplane.offload.provider = \"rte_flow\" needs ports with the dpdk driver"
+                ),
+            }
+        }
         if !d.worker_cpus.is_empty() {
             if d.worker_cpus.len() != usize::from(d.workers) {
                 bail!(

@@ -126,6 +126,10 @@ pub enum OffloadProvider {
     /// without an eSwitch): it carries its flows' packets before the
     /// switch sees them.
     Model,
+    /// The NIC behind the DPDK ports, through `rte_flow`: transfer rules
+    /// of its embedded switch (a BlueField's eSwitch), or drop rules of
+    /// ports without one. Needs the DPDK driver.
+    RteFlow,
 }
 
 /// `[dataplane.offload]`: established TCP connections handed to flow
@@ -134,7 +138,7 @@ pub enum OffloadProvider {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OffloadSettings {
-    /// `"none"` (default) or `"model"`.
+    /// `"none"` (default), `"rte_flow"` or `"model"`.
     pub provider: OffloadProvider,
     /// Flows in hardware at most (default 65,536; at most 1,048,576).
     pub table_size: usize,

@@ -212,6 +212,21 @@ impl DpdkDriver {
     pub fn port(&self, index: usize) -> Option<&dpdk::Port> {
         self.ports.get(index)
     }
+
+    /// The ports as the `rte_flow` offload provider needs them, in
+    /// port-index order, named by `names`.
+    pub fn flow_ports(&self, names: &[String]) -> Vec<crate::offload::FlowPort> {
+        self.ports
+            .iter()
+            .zip(names)
+            .map(|(p, name)| crate::offload::FlowPort {
+                name: name.clone(),
+                id: p.id(),
+                driver: p.driver().to_string(),
+                switch_domain: p.switch_domain(),
+            })
+            .collect()
+    }
 }
 
 fn queue_err(port: usize, e: dpdk::DpdkError) -> IoError {

@@ -84,6 +84,19 @@ impl OffloadLink {
     }
 }
 
+/// One DPDK port of the data plane, as the provider needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowPort {
+    /// The port's name in the configuration.
+    pub name: String,
+    /// Its DPDK port ID.
+    pub id: u16,
+    /// Its driver (`net_mlx5`, `net_tap`).
+    pub driver: String,
+    /// The embedded switch it belongs to, if any.
+    pub switch_domain: Option<u16>,
+}
+
 /// The worker lane a flow ID came from.
 pub fn lane_of(id: FlowId) -> usize {
     (id >> 48) as usize

@@ -32,25 +32,14 @@ use dpdk::flow::{
     self, Flow, FlowAttach, FlowEncap, FlowError, FlowFate, FlowSpec, FlowVlan, FlowVlanOp,
 };
 
-use super::{FlowAction, FlowCounts, FlowId, FlowRule, Provider, Refusal, TCP_SOFTWARE_FLAGS};
+use super::{
+    FlowAction, FlowCounts, FlowId, FlowPort, FlowRule, Provider, Refusal, TCP_SOFTWARE_FLAGS,
+};
 use crate::wire::proto;
 use crate::worker::VlanOp;
 
 /// Shapes remembered as unsupported, at most.
 const SHAPES_MAX: usize = 256;
-
-/// One DPDK port of the data plane, as the provider needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlowPort {
-    /// The port's name in the configuration.
-    pub name: String,
-    /// Its DPDK port ID.
-    pub id: u16,
-    /// Its driver (`net_mlx5`, `net_tap`).
-    pub driver: String,
-    /// The embedded switch it belongs to, if any.
-    pub switch_domain: Option<u16>,
-}
 
 /// Where the provider's rules go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

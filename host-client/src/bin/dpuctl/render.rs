@@ -515,6 +515,9 @@ pub fn offload(o: &pb::OffloadCounters) -> String {
     if !o.last_error.is_empty() {
         out.push_str(&format!("\nlast error: {}\n", o.last_error));
     }
+    if !o.last_unsupported.is_empty() {
+        out.push_str(&format!("\nlast unsupported: {}\n", o.last_unsupported));
+    }
     out
 }
 
