@@ -234,7 +234,7 @@ fn render_offload(m: &mut Metrics, o: &pb::OffloadCounters) {
         .iter()
         .map(|t| (t.tenant.strip_prefix("tenants/").unwrap_or(&t.tenant), t))
         .collect();
-    let fields: [Field<pb::OffloadTenant>; 3] = [
+    let fields: [Field<pb::OffloadTenant>; 5] = [
         (
             "dpu_offload_tenant_flows",
             "gauge",
@@ -252,6 +252,18 @@ fn render_offload(m: &mut Metrics, o: &pb::OffloadCounters) {
             "counter",
             "Bytes the tenant's offloaded flows carried.",
             |t| t.bytes,
+        ),
+        (
+            "dpu_offload_tenant_dropped_packets_total",
+            "counter",
+            "Packets the tenant's drop rules dropped in hardware.",
+            |t| t.dropped_packets,
+        ),
+        (
+            "dpu_offload_tenant_dropped_bytes_total",
+            "counter",
+            "Bytes the tenant's drop rules dropped in hardware.",
+            |t| t.dropped_bytes,
         ),
     ];
     m.fields(&fields, "tenant", &tenants);

@@ -77,14 +77,17 @@ impl Offload {
                 let (nic, models) = ModelNic::new(limits, workers);
                 let (o, lanes) =
                     Offloader::start(nic, cfg, workers).context("starting the offload thread")?;
-                (o, OffloadLink::each(lanes, Some(models), idle))
+                (
+                    o,
+                    OffloadLink::each(lanes, Some(models), idle, s.deny_after),
+                )
             }
             OffloadProvider::RteFlow => {
                 let ports = flow_ports.context(
                     "dataplane.offload.provider = \"rte_flow\" needs the data plane's ports on the dpdk driver",
                 )?;
                 let (o, lanes) = start_rte_flow(ports, s.table_size, cfg, workers)?;
-                (o, OffloadLink::each(lanes, None, idle))
+                (o, OffloadLink::each(lanes, None, idle, s.deny_after))
             }
         };
         switch.attach_offload(links);
@@ -227,11 +230,19 @@ impl Offload {
             c.forwarded_packets += t.carried.packets;
             c.offloaded_packets += t.carried.packets;
             c.offloaded_bytes += t.carried.bytes;
+            // Dropped in hardware: received and dropped, as on the cores.
+            c.rx_packets += t.dropped.packets;
+            c.rx_bytes += t.dropped.bytes;
+            c.dropped_packets += t.dropped.packets;
+            c.offloaded_packets += t.dropped.packets;
+            c.offloaded_bytes += t.dropped.bytes;
             tenants.push(pb::OffloadTenant {
                 tenant: name.clone(),
                 flows: t.flows,
                 packets: t.carried.packets,
                 bytes: t.carried.bytes,
+                dropped_packets: t.dropped.packets,
+                dropped_bytes: t.dropped.bytes,
             });
         }
         out.offload = Some(pb::OffloadCounters {

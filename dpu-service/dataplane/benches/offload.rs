@@ -191,7 +191,7 @@ fn measure(flows: usize, packets: u64, mode: Mode) -> Figures {
         Mode::OffersOnly => {
             let (o, lanes) =
                 Offloader::start(Accepting(Default::default()), config, 1).expect("offload thread");
-            h.attach_offload(OffloadLink::each(lanes, None, idle));
+            h.attach_offload(OffloadLink::each(lanes, None, idle, 0));
             Some(o)
         }
         Mode::Model => {
@@ -201,7 +201,7 @@ fn measure(flows: usize, packets: u64, mode: Mode) -> Figures {
             };
             let (nic, models) = ModelNic::new(limits, 1);
             let (o, lanes) = Offloader::start(nic, config, 1).expect("offload thread");
-            h.attach_offload(OffloadLink::each(lanes, Some(models), idle));
+            h.attach_offload(OffloadLink::each(lanes, Some(models), idle, 0));
             Some(o)
         }
     };

@@ -341,8 +341,8 @@ fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
 #[test]
 fn rte_flow_without_an_embedded_switch_refuses_and_says_why() -> Result<()> {
     let _one = crate::switch::one_at_a_time();
-    let client = Host::new("oe", "10.236.0.1/24")?;
-    let server = Host::new("of", "10.236.0.2/24")?;
+    let client = Host::new("rfa", "10.236.0.1/24")?;
+    let server = Host::new("rfb", "10.236.0.2/24")?;
     let mut c = dpu_e2e::net::config("rteflow", &[("pf0vf0", &client), ("pf0vf1", &server)]);
     c += "\n[dataplane.offload]\nprovider = \"rte_flow\"\n";
     let svc = Service::start_config(&c, &[])?;
@@ -366,5 +366,72 @@ fn rte_flow_without_an_embedded_switch_refuses_and_says_why() -> Result<()> {
     ensure!(num(&s, "unsupported") <= 4, "offered again and again: {s}");
     let text = svc.dpuctl_ok(&["offload", "status"])?;
     ensure!(text.contains("last unsupported: "), "{text}");
+    Ok(())
+}
+
+/// ADDR PORT N: sends N datagrams to ADDR:PORT from one socket, ten at
+/// a time, 10 ms apart.
+const DATAGRAMS: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[3])):
+    s.sendto(b"x" * 32, (sys.argv[1], int(sys.argv[2])))
+    if i % 10 == 9:
+        time.sleep(0.01)
+"#;
+
+/// A flow the tenant's rules deny is dropped in the model after
+/// `deny_after` packets: the switch sees only those, the tenant's
+/// counters still count every datagram as received and dropped, and the
+/// status and `/metrics` say the model dropped the rest.
+#[test]
+fn a_denied_flood_is_dropped_in_the_model_after_a_few_packets() -> Result<()> {
+    let client = Host::new("og", "10.237.0.1/24")?;
+    let server = Host::new("oh", "10.237.0.2/24")?;
+    let svc = Service::start_config(
+        &config(
+            &[("pf0vf0", &client), ("pf0vf1", &server)],
+            "deny_after = 4\nidle_secs = 60",
+        ),
+        &[],
+    )?;
+    svc.stateful_web_tenant("plum", &["pf0vf0", "pf0vf1"], "10.237.0.1/32")?;
+    // The server's MAC must be known to the client: one allowed
+    // exchange first (ARP passes).
+    let _server = Reaped(server.spawn_python(SERVER, &["10.237.0.2", "8080"])?);
+    eventually("a conversation through the switch", || {
+        client
+            .python(CHAT, &["10.237.0.2", "8080", "1", "10", "0", "0"])
+            .status
+            .success()
+    })?;
+    let before = svc.dpuctl_json(&["counters", "--tenant", "plum"])?;
+    let dropped_before = num(&before["tenants"][0], "droppedPackets");
+    let o = client.python(DATAGRAMS, &["10.237.0.2", "9", "400"]);
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = status_until(&svc, "the model's drops to be counted", |s| {
+        s["tenants"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|t| t["tenant"] == "tenants/plum" && num(t, "droppedPackets") >= 360)
+        })
+    })?;
+    ensure!(num(&s, "offloaded") >= 1, "{s}");
+    let counters = svc.dpuctl_json(&["counters", "--tenant", "plum"])?;
+    let t = &counters["tenants"][0];
+    let dropped = num(t, "droppedPackets") - dropped_before;
+    ensure!(
+        dropped >= 400,
+        "every datagram counts as dropped, in hardware or not: {counters}"
+    );
+    let (_, body) = svc.http_get("/metrics")?;
+    ensure!(
+        metric(
+            &body,
+            "dpu_offload_tenant_dropped_packets_total{tenant=\"plum\"}"
+        ) >= 360,
+        "{body}"
+    );
+    let text = svc.dpuctl_ok(&["offload", "status"])?;
+    ensure!(text.contains("DROPPED"), "{text}");
     Ok(())
 }

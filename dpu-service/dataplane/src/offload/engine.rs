@@ -137,6 +137,8 @@ pub struct TenantOffload {
     pub flows: u64,
     /// Packets and bytes its offloaded flows carried, in all.
     pub carried: FlowCounts,
+    /// Packets and bytes its drop rules dropped, in all.
+    pub dropped: FlowCounts,
 }
 
 /// What the offloader has done, for status and metrics.
@@ -717,7 +719,7 @@ impl Thread {
                 continue;
             }
             self.forget(id, &h);
-            let counts = self.fold(h.tenant, h.read, now);
+            let counts = self.fold(&h, now);
             removed += 1;
             match why {
                 ReturnReason::Aged => self.status.aged += 1,
@@ -763,14 +765,22 @@ impl Thread {
     }
 
     /// Adds what a flow carried between `then` and `now` to its tenant.
-    fn fold(&mut self, tenant: u32, then: FlowCounts, now: FlowCounts) -> FlowCounts {
+    /// Adds what flow `h` did since its counters were last read (`now`
+    /// is their reading) to its tenant: carried, or dropped for a drop
+    /// rule.
+    fn fold(&mut self, h: &Held, now: FlowCounts) -> FlowCounts {
         let d = FlowCounts {
-            packets: now.packets.saturating_sub(then.packets),
-            bytes: now.bytes.saturating_sub(then.bytes),
+            packets: now.packets.saturating_sub(h.read.packets),
+            bytes: now.bytes.saturating_sub(h.read.bytes),
         };
-        let t = self.tenant(tenant);
-        t.carried.packets += d.packets;
-        t.carried.bytes += d.bytes;
+        let t = self.tenant(h.tenant);
+        let to = if h.ports[1] == usize::MAX {
+            &mut t.dropped
+        } else {
+            &mut t.carried
+        };
+        to.packets += d.packets;
+        to.bytes += d.bytes;
         d
     }
 
@@ -817,7 +827,7 @@ impl Thread {
                 continue;
             }
             self.forget(id, &h);
-            self.fold(h.tenant, h.read, now);
+            self.fold(&h, now);
             self.status.withdrawn += 1;
         }
     }
@@ -957,7 +967,7 @@ impl Thread {
                 continue;
             };
             if let Some(h) = self.flows.get(&id).copied() {
-                self.fold(h.tenant, h.read, now);
+                self.fold(&h, now);
                 if let Some(h) = self.flows.get_mut(&id) {
                     h.read = now;
                 }

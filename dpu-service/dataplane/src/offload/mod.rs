@@ -27,11 +27,13 @@
 //!   carries the traffic of its flows in-process, for tests and for
 //!   machines without an eSwitch.
 //!
-//! TCP flows are matched only for segments without SYN, FIN or RST, as
-//! the hardware rule's flag mask says: the handshake and the close
-//! always reach software, so connection tracking sees them and withdraws
-//! the flow exactly when the connection ends.
+//! TCP flows forwarded in hardware are matched only for segments without
+//! SYN, FIN or RST, as the hardware rule's flag mask says: the handshake
+//! and the close always reach software, so connection tracking sees them
+//! and withdraws the flow exactly when the connection ends. Drop rules
+//! (of flows the tenant's rules deny) drop every segment.
 
+pub mod denied;
 mod engine;
 pub mod model;
 #[cfg(feature = "dpdk")]
@@ -52,8 +54,8 @@ use crate::worker::Egress;
 pub type FlowId = u64;
 
 /// What one worker's switch holds of the offloader: its lane, the model
-/// NIC's lane when the provider is the model, and the age the flows it
-/// offers get.
+/// NIC's lane when the provider is the model, the age the flows it
+/// offers get, and its count of denied flows when drops are offered.
 #[derive(Debug)]
 pub struct OffloadLink {
     /// The worker's lane to the offload thread.
@@ -62,15 +64,20 @@ pub struct OffloadLink {
     pub model: Option<model::ModelLane>,
     /// How long an offered flow may go without a packet in hardware.
     pub idle: Duration,
+    /// Denied flows counted toward a drop rule (`None`: drops stay on
+    /// the cores).
+    pub denied: Option<denied::Denied>,
 }
 
 impl OffloadLink {
     /// Each worker's link, in worker order: its lane, and its lane of the
-    /// model NIC when there is one (`models`, in the same order).
+    /// model NIC when there is one (`models`, in the same order); denied
+    /// flows are offered as drops after `deny_after` packets (0: never).
     pub fn each(
         lanes: Vec<Lane>,
         models: Option<model::ModelLanes>,
         idle: Duration,
+        deny_after: u16,
     ) -> Vec<OffloadLink> {
         let mut models = models.map(Vec::into_iter);
         lanes
@@ -79,6 +86,7 @@ impl OffloadLink {
                 lane,
                 model: models.as_mut().and_then(Iterator::next),
                 idle,
+                denied: (deny_after > 0).then(|| denied::Denied::new(deny_after)),
             })
             .collect()
     }

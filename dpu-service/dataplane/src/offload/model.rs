@@ -388,9 +388,6 @@ impl ModelLane {
         else {
             return None;
         };
-        if key.proto == wire::proto::TCP && tcp_flags & TCP_SOFTWARE_FLAGS != 0 {
-            return None;
-        }
         let m = FlowMatch {
             in_port: u16::try_from(in_port).ok()?,
             vni: None,
@@ -400,6 +397,12 @@ impl ModelLane {
             key,
         };
         let &(slot, action) = self.flows.get(&m)?;
+        // A forwarding rule leaves TCP's handshake and close to software;
+        // a drop rule drops every segment.
+        let forward = matches!(action, FlowAction::Forward(_));
+        if forward && key.proto == wire::proto::TCP && tcp_flags & TCP_SOFTWARE_FLAGS != 0 {
+            return None;
+        }
         let c = &self.shared.cells[slot as usize];
         // Only this lane's worker writes its flows' cells.
         c.packets

@@ -202,7 +202,11 @@ impl RteFlowNic {
             proto: key.proto,
             src_port: key.src_port,
             dst_port: key.dst_port,
-            tcp_flags_clear: if key.proto == proto::TCP {
+            // Forwarding rules leave TCP's handshake and close to
+            // software; drop rules drop every segment.
+            tcp_flags_clear: if key.proto == proto::TCP
+                && matches!(rule.action, FlowAction::Forward(_))
+            {
                 TCP_SOFTWARE_FLAGS
             } else {
                 0

@@ -9,7 +9,7 @@ use crate::fragtrack::FragKey;
 use crate::wire::{hides_network_layer, is_multicast, L3};
 use crate::worker::{DropReason, Egress, Tunnel, Verdict, VlanOp};
 
-use super::compile::CompiledTenant;
+use super::compile::{CompiledTenant, OPENS};
 use super::config::Attach;
 use super::counters::bump;
 use super::filter::{filter_ip, Clock, IpPacket};
@@ -217,6 +217,15 @@ impl SwitchPipeline {
                     bump(&rc.bytes, len);
                     rc.last_hit.store(self.unix_now, Ordering::Relaxed);
                 }
+                if let (Some(tag), Ok(None), Some(link)) =
+                    (rule, &passed, self.offload.as_deref_mut())
+                {
+                    if t.actions[tag as usize] & OPENS != 0 {
+                        // A connection opened: a drop of its 5-tuple
+                        // must not outlive the decision.
+                        super::offload::opened(link, t.uid, &key);
+                    }
+                }
                 let passed = passed.map(|c| tracked = c);
                 match fragment {
                     // A first fragment that passed: its later ones may.
@@ -241,6 +250,35 @@ impl SwitchPipeline {
         };
         if let Err(reason) = passed {
             bump(&cells.dropped, 1);
+            if let (
+                DropReason::AclDeny,
+                L3::Ip {
+                    key,
+                    fragment: None,
+                    ..
+                },
+                Some(link),
+                false,
+                0,
+                0,
+            ) = (
+                reason,
+                *l3,
+                self.offload.as_deref_mut(),
+                t.no_offload,
+                decap,
+                remote,
+            ) {
+                let denied = super::offload::DeniedPacket {
+                    tenant: t.uid,
+                    port,
+                    vlan: t.attachments[ai].vlan,
+                    src_mac,
+                    dst_mac,
+                    key,
+                };
+                super::offload::deny_step(link, self.generation, self.now, &denied);
+            }
             return Verdict::Drop(reason);
         }
         bump(&cells.forwarded, 1);

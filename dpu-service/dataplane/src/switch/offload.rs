@@ -14,13 +14,18 @@
 //! back (aged, or removed by a configuration change) is taken back by its
 //! connection, which may offer it again at its next packet; one that was
 //! refused (no room, past the rate) is not offered again.
+//!
+//! A flow the tenant's rules deny is offered as a drop rule once
+//! `deny_after` of its packets were denied here, if it is not tunnelled
+//! and not a fragment (see [`crate::offload::denied`]); a connection a
+//! stateful rule opens withdraws a drop of its 5-tuple.
 
 use std::time::Duration;
 
 use crate::conntrack::{offload_bit, ConnKey, ConnState, ConnTable, Dir, TcpState, FIN, RST};
 use crate::io::Packet;
 use crate::offload::{FlowAction, FlowMatch, FlowRule, OffloadLink, ReturnReason};
-use crate::wire::{proto, L3};
+use crate::wire::{proto, FlowKey, L3};
 use crate::worker::{Egress, Verdict};
 
 use super::state::SwitchPipeline;
@@ -96,6 +101,61 @@ pub(super) fn offload_step(
     }
 }
 
+/// A packet the tenant's rules denied, as a drop rule needs it.
+pub(super) struct DeniedPacket {
+    /// Its tenant's stable ID.
+    pub(super) tenant: u32,
+    /// The port it came in on.
+    pub(super) port: usize,
+    /// Its attachment's VLAN ID (0: the whole port).
+    pub(super) vlan: u16,
+    pub(super) src_mac: [u8; 6],
+    pub(super) dst_mac: [u8; 6],
+    pub(super) key: FlowKey,
+}
+
+/// Counts `p` toward a drop rule, and offers the rule (decided under
+/// configuration `generation`, at second `now`) when its count is
+/// reached.
+#[inline(never)]
+pub(super) fn deny_step(link: &mut OffloadLink, generation: u64, now: u64, p: &DeniedPacket) {
+    let Some(d) = link.denied.as_mut() else {
+        return;
+    };
+    if !d.deny(p.tenant, &p.key, now) {
+        return;
+    }
+    let Ok(in_port) = u16::try_from(p.port) else {
+        return;
+    };
+    let rule = FlowRule {
+        tenant: p.tenant,
+        matches: FlowMatch {
+            in_port,
+            vni: None,
+            vlan: (p.vlan != 0).then_some(p.vlan),
+            src_mac: p.src_mac,
+            dst_mac: p.dst_mac,
+            key: p.key,
+        },
+        action: FlowAction::Drop,
+        idle: link.idle,
+    };
+    let queued = link.lane.offer(rule, generation).is_some();
+    d.offered(p.tenant, &p.key, queued);
+}
+
+/// A connection of (`tenant`, `key`) was opened: a drop of its 5-tuple
+/// in hardware, in either direction, is withdrawn (one the lane has no
+/// room for stays until it ages).
+pub(super) fn opened(link: &mut OffloadLink, tenant: u32, key: &FlowKey) {
+    if let Some(d) = link.denied.as_mut() {
+        if d.opened(tenant, key) {
+            let _ = link.lane.withdraw(tenant, key);
+        }
+    }
+}
+
 impl SwitchPipeline {
     /// Between bursts: the model NIC takes its changes, and connections
     /// take back (a bounded number of) the flows hardware handed back.
@@ -132,6 +192,12 @@ impl SwitchPipeline {
             let Some(r) = link.lane.returned() else {
                 break;
             };
+            let refused = r.reason == ReturnReason::Refused;
+            if let Some(d) = link.denied.as_mut() {
+                if d.returned(r.tenant, &r.key, refused, self.now) {
+                    continue; // a drop rule's
+                }
+            }
             let Some(ck) = ConnKey::of(r.tenant, &r.key, 0) else {
                 continue;
             };

@@ -89,6 +89,16 @@ fn offloaded(
     cfg: &SwitchConfig,
     offload: OffloadConfig,
 ) -> (SwitchHandle, Offloader, SwitchPipeline) {
+    offloaded_denying(cfg, offload, 0)
+}
+
+/// As [`offloaded`], denied flows offered as drops after `deny_after`
+/// packets.
+fn offloaded_denying(
+    cfg: &SwitchConfig,
+    offload: OffloadConfig,
+    deny_after: u16,
+) -> (SwitchHandle, Offloader, SwitchPipeline) {
     let h = SwitchHandle::new(cfg).unwrap();
     let (nic, models) = ModelNic::new(ModelLimits::default(), 1);
     let (o, lanes) = Offloader::start(nic, offload, 1).unwrap();
@@ -96,6 +106,7 @@ fn offloaded(
         lanes,
         Some(models),
         Duration::from_secs(30),
+        deny_after,
     ));
     let mut p = h.pipeline();
     p.turn();
@@ -282,4 +293,102 @@ fn a_refused_offer_leaves_its_connection_to_software() {
     std::thread::sleep(Duration::from_millis(20));
     p.turn();
     assert_eq!(o.status().over_quota, 1, "offered again: {:?}", o.status());
+}
+
+/// A UDP datagram from station `from` (port `sport`) to the other
+/// station's port 53.
+fn udp(from: u8, sport: u16) -> Vec<u8> {
+    let to = 3 - from;
+    let mut f = build::eth(mac(to), mac(from), None, crate::wire::ETH_IPV4);
+    f.extend(build::ipv4(
+        [10, 0, 0, from],
+        [10, 0, 0, to],
+        proto::UDP,
+        &build::udp(sport, 53, 16),
+    ));
+    f
+}
+
+#[test]
+fn a_denied_flow_is_dropped_in_the_model_after_its_count() {
+    let cfg = OffloadConfig {
+        poll: Duration::from_millis(5),
+        ..OffloadConfig::default()
+    };
+    let (h, o, mut p) = offloaded_denying(&config(true), cfg, 3);
+    let deny = Verdict::Drop(DropReason::AclDeny);
+    // Only TCP to port 80 is allowed: the first three datagrams are
+    // denied here, the third offers the flow as a drop.
+    for _ in 0..3 {
+        assert_eq!(send(&mut p, &h, 0, udp(1, 5000)), (deny, false));
+    }
+    let s = settle(&mut p, &o, |s| s.offloaded == 1);
+    assert_eq!(s.offloaded, 1, "{s:?}");
+    p.turn();
+    // Then the model drops the flow before the switch sees it.
+    for _ in 0..5 {
+        assert_eq!(send(&mut p, &h, 0, udp(1, 5000)), (deny, true));
+    }
+    // Another flow of the same stations is its own.
+    assert_eq!(send(&mut p, &h, 0, udp(1, 5001)), (deny, false));
+    let s = settle(&mut p, &o, |s| {
+        s.tenants.first().is_some_and(|t| t.dropped.packets == 5)
+    });
+    assert_eq!(s.tenants[0].dropped.packets, 5, "{s:?}");
+    assert_eq!(s.tenants[0].carried.packets, 0, "dropped, not carried");
+    // SYNs to a port no rule allows: a drop rule drops every segment,
+    // the SYNs too.
+    let syn = || seg_on(2, 22, 0x02);
+    for _ in 0..3 {
+        assert_eq!(send(&mut p, &h, 1, syn()), (deny, false));
+    }
+    settle(&mut p, &o, |s| s.offloaded == 2);
+    p.turn();
+    assert_eq!(send(&mut p, &h, 1, syn()), (deny, true));
+}
+
+#[test]
+fn a_connection_that_opens_withdraws_a_drop_of_its_5_tuple() {
+    let cfg = OffloadConfig {
+        poll: Duration::from_millis(5),
+        ..OffloadConfig::default()
+    };
+    let (h, o, mut p) = offloaded_denying(&config(true), cfg, 2);
+    let deny = Verdict::Drop(DropReason::AclDeny);
+    // Station 2's segments to station 1's port 40000, before any
+    // connection: denied, then dropped in the model.
+    for _ in 0..2 {
+        assert_eq!(send(&mut p, &h, 1, seg(2, ACK)), (deny, false));
+    }
+    settle(&mut p, &o, |s| s.offloaded == 1);
+    p.turn();
+    assert_eq!(send(&mut p, &h, 1, seg(2, ACK)), (deny, true));
+    // Station 1 opens that very connection: the drop leaves hardware,
+    // and the answer reaches the switch, which lets it by.
+    assert_eq!(
+        send(&mut p, &h, 0, seg(1, 0x02)),
+        (Verdict::Forward(Egress::to(1)), false)
+    );
+    let s = settle(&mut p, &o, |s| s.withdrawn == 1);
+    assert_eq!((s.withdrawn, s.in_use), (1, 0), "{s:?}");
+    p.turn();
+    assert_eq!(
+        send(&mut p, &h, 1, seg(2, 0x12)),
+        (Verdict::Forward(Egress::to(0)), false)
+    );
+}
+
+#[test]
+fn an_opted_out_tenant_keeps_its_denied_flows_on_the_cores() {
+    let mut cfg = config(true);
+    cfg.tenants[0].no_offload = true;
+    let (h, o, mut p) = offloaded_denying(&cfg, OffloadConfig::default(), 1);
+    for _ in 0..10 {
+        assert_eq!(
+            send(&mut p, &h, 0, udp(1, 5000)),
+            (Verdict::Drop(DropReason::AclDeny), false)
+        );
+        p.turn();
+    }
+    assert_eq!(o.status().offloaded, 0);
 }

@@ -501,13 +501,14 @@ pub fn offload(o: &pb::OffloadCounters) -> String {
         f.row(vec![what.into(), n.to_string()]);
     }
     out.push_str(&f.render());
-    let mut t = Table::new(&["TENANT", "FLOWS", "PACKETS", "BYTES"]);
+    let mut t = Table::new(&["TENANT", "FLOWS", "PACKETS", "BYTES", "DROPPED"]);
     for x in &o.tenants {
         t.row(vec![
             id(&x.tenant).into(),
             x.flows.to_string(),
             x.packets.to_string(),
             x.bytes.to_string(),
+            x.dropped_packets.to_string(),
         ]);
     }
     out.push('\n');
