@@ -79,7 +79,7 @@ impl Offload {
                     Offloader::start(nic, cfg, workers).context("starting the offload thread")?;
                 (
                     o,
-                    OffloadLink::each(lanes, Some(models), idle, s.deny_after),
+                    OffloadLink::each(lanes, Some(models), idle, s.stateless_after),
                 )
             }
             OffloadProvider::RteFlow => {
@@ -87,7 +87,7 @@ impl Offload {
                     "dataplane.offload.provider = \"rte_flow\" needs the data plane's ports on the dpdk driver",
                 )?;
                 let (o, lanes) = start_rte_flow(ports, s.table_size, cfg, workers)?;
-                (o, OffloadLink::each(lanes, None, idle, s.deny_after))
+                (o, OffloadLink::each(lanes, None, idle, s.stateless_after))
             }
         };
         switch.attach_offload(links);

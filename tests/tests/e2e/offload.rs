@@ -381,7 +381,7 @@ for i in range(int(sys.argv[3])):
 "#;
 
 /// A flow the tenant's rules deny is dropped in the model after
-/// `deny_after` packets: the switch sees only those, the tenant's
+/// `stateless_after` packets: the switch sees only those, the tenant's
 /// counters still count every datagram as received and dropped, and the
 /// status and `/metrics` say the model dropped the rest.
 #[test]
@@ -391,7 +391,7 @@ fn a_denied_flood_is_dropped_in_the_model_after_a_few_packets() -> Result<()> {
     let svc = Service::start_config(
         &config(
             &[("pf0vf0", &client), ("pf0vf1", &server)],
-            "deny_after = 4\nidle_secs = 60",
+            "stateless_after = 4\nidle_secs = 60",
         ),
         &[],
     )?;

@@ -1053,7 +1053,7 @@ mod tests {
             ("idle_secs = 7441", "dataplane.offload.idle_secs"),
             ("queue = 0", "dataplane.offload.queue"),
             ("queue = 100000", "dataplane.offload.queue"),
-            ("deny_after = 1001", "dataplane.offload.deny_after"),
+            ("stateless_after = 1001", "dataplane.offload.stateless_after"),
             (
                 "provider = \"rte_flow\"\n[[ports]]\nid = \"p0\"\ndriver = \"kernel\"\ndevice = \"eth0\"",
                 "needs the dpdk driver; ports[0] uses \"kernel\"",

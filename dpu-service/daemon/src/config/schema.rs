@@ -133,7 +133,8 @@ pub enum OffloadProvider {
 }
 
 /// `[dataplane.offload]`: established TCP connections handed to flow
-/// hardware after their handshake, and denied flows as drops after a few
+/// hardware after their handshake, and flows of stateless verdicts
+/// (drops, and forwards without connection tracking) after a few
 /// packets, each tenant within its share of the hardware table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -157,10 +158,11 @@ pub struct OffloadSettings {
     pub idle_secs: u64,
     /// Offers one worker may have queued (default 1,024).
     pub queue: usize,
-    /// Denied packets of one flow after which the flow is dropped in
-    /// hardware (default 8; 0: denied flows stay on the cores; at most
-    /// 1,000).
-    pub deny_after: u16,
+    /// Packets of one flow with a stateless verdict (denied, or allowed
+    /// without connection tracking or rate limit) after which the flow
+    /// goes to hardware, dropped or forwarded (default 8; 0: such flows
+    /// stay on the cores; at most 1,000).
+    pub stateless_after: u16,
     /// The model provider's limits (`[dataplane.offload.model]`).
     pub model: ModelOffloadSettings,
 }
@@ -175,7 +177,7 @@ impl Default for OffloadSettings {
             insert_rate: 20_000,
             idle_secs: 300,
             queue: 1_024,
-            deny_after: 8,
+            stateless_after: 8,
             model: ModelOffloadSettings::default(),
         }
     }
@@ -1045,8 +1047,8 @@ impl OffloadSettings {
         if !(1..=65_536).contains(&self.queue) {
             bail!("dataplane.offload.queue must be 1 to 65536");
         }
-        if self.deny_after > 1_000 {
-            bail!("dataplane.offload.deny_after must be 0 to 1000");
+        if self.stateless_after > 1_000 {
+            bail!("dataplane.offload.stateless_after must be 0 to 1000");
         }
         if let Some(r) = self
             .model

@@ -33,11 +33,11 @@
 //! and withdraws the flow exactly when the connection ends. Drop rules
 //! (of flows the tenant's rules deny) drop every segment.
 
-pub mod denied;
 mod engine;
 pub mod model;
 #[cfg(feature = "dpdk")]
 pub mod rte_flow;
+pub mod stateless;
 
 pub use engine::{
     Lane, OffloadConfig, OffloadError, OffloadStatus, Offloader, ReturnReason, Returned,
@@ -55,7 +55,8 @@ pub type FlowId = u64;
 
 /// What one worker's switch holds of the offloader: its lane, the model
 /// NIC's lane when the provider is the model, the age the flows it
-/// offers get, and its count of denied flows when drops are offered.
+/// offers get, and its count of flows of stateless verdicts when those
+/// are offered.
 #[derive(Debug)]
 pub struct OffloadLink {
     /// The worker's lane to the offload thread.
@@ -64,20 +65,21 @@ pub struct OffloadLink {
     pub model: Option<model::ModelLane>,
     /// How long an offered flow may go without a packet in hardware.
     pub idle: Duration,
-    /// Denied flows counted toward a drop rule (`None`: drops stay on
-    /// the cores).
-    pub denied: Option<denied::Denied>,
+    /// Flows of stateless verdicts counted toward a rule (`None`: they
+    /// stay on the cores).
+    pub stateless: Option<stateless::Stateless>,
 }
 
 impl OffloadLink {
     /// Each worker's link, in worker order: its lane, and its lane of the
-    /// model NIC when there is one (`models`, in the same order); denied
-    /// flows are offered as drops after `deny_after` packets (0: never).
+    /// model NIC when there is one (`models`, in the same order); flows
+    /// of stateless verdicts are offered after `stateless_after` packets
+    /// (0: never).
     pub fn each(
         lanes: Vec<Lane>,
         models: Option<model::ModelLanes>,
         idle: Duration,
-        deny_after: u16,
+        stateless_after: u16,
     ) -> Vec<OffloadLink> {
         let mut models = models.map(Vec::into_iter);
         lanes
@@ -86,7 +88,8 @@ impl OffloadLink {
                 lane,
                 model: models.as_mut().and_then(Iterator::next),
                 idle,
-                denied: (deny_after > 0).then(|| denied::Denied::new(deny_after)),
+                stateless: (stateless_after > 0)
+                    .then(|| stateless::Stateless::new(stateless_after)),
             })
             .collect()
     }

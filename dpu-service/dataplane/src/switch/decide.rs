@@ -9,7 +9,7 @@ use crate::fragtrack::FragKey;
 use crate::wire::{hides_network_layer, is_multicast, L3};
 use crate::worker::{DropReason, Egress, Tunnel, Verdict, VlanOp};
 
-use super::compile::{CompiledTenant, OPENS};
+use super::compile::{CompiledTenant, ALLOWS, LIMITED, OPENS};
 use super::config::Attach;
 use super::counters::bump;
 use super::filter::{filter_ip, Clock, IpPacket};
@@ -169,6 +169,8 @@ impl SwitchPipeline {
         }
         // The connection the packet passed as part of, if any.
         let mut tracked = None;
+        // It passed on a stateless verdict: no connection, no rate limit.
+        let mut stateless_pass = false;
         let passed = match *l3 {
             L3::Ip {
                 key,
@@ -221,11 +223,17 @@ impl SwitchPipeline {
                     (rule, &passed, self.offload.as_deref_mut())
                 {
                     if t.actions[tag as usize] & OPENS != 0 {
-                        // A connection opened: a drop of its 5-tuple
-                        // must not outlive the decision.
+                        // A connection opened: a stateless rule of its
+                        // 5-tuple must not outlive the decision.
                         super::offload::opened(link, t.uid, &key);
                     }
                 }
+                stateless_pass = fragment.is_none()
+                    && matches!(passed, Ok(None))
+                    && rule.map_or(t.default_allow, |tag| {
+                        let a = t.actions[tag as usize];
+                        a & ALLOWS != 0 && a & (OPENS | LIMITED) == 0
+                    });
                 let passed = passed.map(|c| tracked = c);
                 match fragment {
                     // A first fragment that passed: its later ones may.
@@ -269,7 +277,7 @@ impl SwitchPipeline {
                 decap,
                 remote,
             ) {
-                let denied = super::offload::DeniedPacket {
+                let denied = super::offload::StatelessPacket {
                     tenant: t.uid,
                     port,
                     vlan: t.attachments[ai].vlan,
@@ -277,7 +285,7 @@ impl SwitchPipeline {
                     dst_mac,
                     key,
                 };
-                super::offload::deny_step(link, self.generation, self.now, &denied);
+                super::offload::stateless_step(link, self.generation, self.now, &denied, None);
             }
             return Verdict::Drop(reason);
         }
@@ -295,11 +303,10 @@ impl SwitchPipeline {
                 .map(|(a, vtep)| (a as usize, vtep))
         };
         let start = flood.len();
-        if let (Some((slot, dir)), Some(link), false) =
-            (tracked, self.offload.as_deref_mut(), t.no_offload)
-        {
-            // A connection's packet, with flow hardware in front: offered
-            // or withdrawn there.
+        let offloads = tracked.is_some() || stateless_pass;
+        if let (true, Some(link), false) = (offloads, self.offload.as_deref_mut(), t.no_offload) {
+            // A connection's packet, or a stateless verdict's, with flow
+            // hardware in front: offered or withdrawn there.
             let out = match to {
                 Some((o, _)) if o != ai && t.attachments[o].vni == 0 => Some(o),
                 None if t.attachments.len() == 2 && t.attachments[1 - ai].vni == 0 => Some(1 - ai),
@@ -308,17 +315,45 @@ impl SwitchPipeline {
             let egress = out
                 .filter(|_| decap == 0 && remote == 0)
                 .map(|o| plain_egress(from, t.attachments[o], 0));
-            let seen = super::offload::Passed {
-                tenant: t.uid,
-                port,
-                vlan: from.vlan,
-                src_mac,
-                dst_mac,
-                l3: *l3,
-                slot,
-                dir,
-            };
-            super::offload::offload_step(link, &mut self.conns, self.generation, &seen, egress);
+            match (tracked, *l3) {
+                (Some((slot, dir)), _) => {
+                    let seen = super::offload::Passed {
+                        tenant: t.uid,
+                        port,
+                        vlan: from.vlan,
+                        src_mac,
+                        dst_mac,
+                        l3: *l3,
+                        slot,
+                        dir,
+                    };
+                    super::offload::offload_step(
+                        link,
+                        &mut self.conns,
+                        self.generation,
+                        &seen,
+                        egress,
+                    );
+                }
+                (None, L3::Ip { key, .. }) => {
+                    let seen = super::offload::StatelessPacket {
+                        tenant: t.uid,
+                        port,
+                        vlan: from.vlan,
+                        src_mac,
+                        dst_mac,
+                        key,
+                    };
+                    super::offload::stateless_step(
+                        link,
+                        self.generation,
+                        self.now,
+                        &seen,
+                        Some(egress),
+                    );
+                }
+                _ => {}
+            }
         }
         match to {
             Some((o, _)) if o == ai => {} // same segment: filtered

@@ -15,15 +15,18 @@
 //! connection, which may offer it again at its next packet; one that was
 //! refused (no room, past the rate) is not offered again.
 //!
-//! A flow the tenant's rules deny is offered as a drop rule once
-//! `deny_after` of its packets were denied here, if it is not tunnelled
-//! and not a fragment (see [`crate::offload::denied`]); a connection a
-//! stateful rule opens withdraws a drop of its 5-tuple.
+//! A flow the tenant's rules deny, or allow without connection tracking
+//! and rate limit, is offered (as a drop, or to its single plain way
+//! out) once `stateless_after` of its packets got that verdict here, if
+//! it is not tunnelled and not a fragment (see
+//! [`crate::offload::stateless`]); a connection a stateful rule opens
+//! withdraws such a rule of its 5-tuple.
 
 use std::time::Duration;
 
 use crate::conntrack::{offload_bit, ConnKey, ConnState, ConnTable, Dir, TcpState, FIN, RST};
 use crate::io::Packet;
+use crate::offload::stateless::Verdict as Stateless;
 use crate::offload::{FlowAction, FlowMatch, FlowRule, OffloadLink, ReturnReason};
 use crate::wire::{proto, FlowKey, L3};
 use crate::worker::{Egress, Verdict};
@@ -101,8 +104,8 @@ pub(super) fn offload_step(
     }
 }
 
-/// A packet the tenant's rules denied, as a drop rule needs it.
-pub(super) struct DeniedPacket {
+/// A packet of a stateless verdict, as a rule for its flow needs it.
+pub(super) struct StatelessPacket {
     /// Its tenant's stable ID.
     pub(super) tenant: u32,
     /// The port it came in on.
@@ -114,15 +117,27 @@ pub(super) struct DeniedPacket {
     pub(super) key: FlowKey,
 }
 
-/// Counts `p` toward a drop rule, and offers the rule (decided under
-/// configuration `generation`, at second `now`) when its count is
-/// reached.
+/// Counts `p` toward a rule for its flow, and offers the rule (decided
+/// under configuration `generation`, at second `now`) when its count is
+/// reached: a drop, or a forward out of `egress` (allowed flows without
+/// a single plain way out are not counted).
 #[inline(never)]
-pub(super) fn deny_step(link: &mut OffloadLink, generation: u64, now: u64, p: &DeniedPacket) {
-    let Some(d) = link.denied.as_mut() else {
+pub(super) fn stateless_step(
+    link: &mut OffloadLink,
+    generation: u64,
+    now: u64,
+    p: &StatelessPacket,
+    egress: Option<Option<Egress>>,
+) {
+    let Some(d) = link.stateless.as_mut() else {
         return;
     };
-    if !d.deny(p.tenant, &p.key, now) {
+    let (verdict, action) = match egress {
+        None => (Stateless::Deny, FlowAction::Drop),
+        Some(Some(e)) => (Stateless::Allow, FlowAction::Forward(e)),
+        Some(None) => return,
+    };
+    if !d.count(p.tenant, &p.key, verdict, now) {
         return;
     }
     let Ok(in_port) = u16::try_from(p.port) else {
@@ -138,18 +153,18 @@ pub(super) fn deny_step(link: &mut OffloadLink, generation: u64, now: u64, p: &D
             dst_mac: p.dst_mac,
             key: p.key,
         },
-        action: FlowAction::Drop,
+        action,
         idle: link.idle,
     };
     let queued = link.lane.offer(rule, generation).is_some();
     d.offered(p.tenant, &p.key, queued);
 }
 
-/// A connection of (`tenant`, `key`) was opened: a drop of its 5-tuple
-/// in hardware, in either direction, is withdrawn (one the lane has no
-/// room for stays until it ages).
+/// A connection of (`tenant`, `key`) was opened: a stateless rule of its
+/// 5-tuple in hardware, in either direction, is withdrawn (one the lane
+/// has no room for stays until it ages).
 pub(super) fn opened(link: &mut OffloadLink, tenant: u32, key: &FlowKey) {
-    if let Some(d) = link.denied.as_mut() {
+    if let Some(d) = link.stateless.as_mut() {
         if d.opened(tenant, key) {
             let _ = link.lane.withdraw(tenant, key);
         }
@@ -193,9 +208,9 @@ impl SwitchPipeline {
                 break;
             };
             let refused = r.reason == ReturnReason::Refused;
-            if let Some(d) = link.denied.as_mut() {
+            if let Some(d) = link.stateless.as_mut() {
                 if d.returned(r.tenant, &r.key, refused, self.now) {
-                    continue; // a drop rule's
+                    continue; // a stateless verdict's
                 }
             }
             let Some(ck) = ConnKey::of(r.tenant, &r.key, 0) else {

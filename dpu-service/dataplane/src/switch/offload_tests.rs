@@ -89,15 +89,15 @@ fn offloaded(
     cfg: &SwitchConfig,
     offload: OffloadConfig,
 ) -> (SwitchHandle, Offloader, SwitchPipeline) {
-    offloaded_denying(cfg, offload, 0)
+    offloaded_with(cfg, offload, 0)
 }
 
-/// As [`offloaded`], denied flows offered as drops after `deny_after`
-/// packets.
-fn offloaded_denying(
+/// As [`offloaded`], flows of stateless verdicts offered after
+/// `stateless_after` packets.
+fn offloaded_with(
     cfg: &SwitchConfig,
     offload: OffloadConfig,
-    deny_after: u16,
+    stateless_after: u16,
 ) -> (SwitchHandle, Offloader, SwitchPipeline) {
     let h = SwitchHandle::new(cfg).unwrap();
     let (nic, models) = ModelNic::new(ModelLimits::default(), 1);
@@ -106,7 +106,7 @@ fn offloaded_denying(
         lanes,
         Some(models),
         Duration::from_secs(30),
-        deny_after,
+        stateless_after,
     ));
     let mut p = h.pipeline();
     p.turn();
@@ -315,7 +315,7 @@ fn a_denied_flow_is_dropped_in_the_model_after_its_count() {
         poll: Duration::from_millis(5),
         ..OffloadConfig::default()
     };
-    let (h, o, mut p) = offloaded_denying(&config(true), cfg, 3);
+    let (h, o, mut p) = offloaded_with(&config(true), cfg, 3);
     let deny = Verdict::Drop(DropReason::AclDeny);
     // Only TCP to port 80 is allowed: the first three datagrams are
     // denied here, the third offers the flow as a drop.
@@ -353,7 +353,7 @@ fn a_connection_that_opens_withdraws_a_drop_of_its_5_tuple() {
         poll: Duration::from_millis(5),
         ..OffloadConfig::default()
     };
-    let (h, o, mut p) = offloaded_denying(&config(true), cfg, 2);
+    let (h, o, mut p) = offloaded_with(&config(true), cfg, 2);
     let deny = Verdict::Drop(DropReason::AclDeny);
     // Station 2's segments to station 1's port 40000, before any
     // connection: denied, then dropped in the model.
@@ -382,7 +382,7 @@ fn a_connection_that_opens_withdraws_a_drop_of_its_5_tuple() {
 fn an_opted_out_tenant_keeps_its_denied_flows_on_the_cores() {
     let mut cfg = config(true);
     cfg.tenants[0].no_offload = true;
-    let (h, o, mut p) = offloaded_denying(&cfg, OffloadConfig::default(), 1);
+    let (h, o, mut p) = offloaded_with(&cfg, OffloadConfig::default(), 1);
     for _ in 0..10 {
         assert_eq!(
             send(&mut p, &h, 0, udp(1, 5000)),
@@ -391,4 +391,83 @@ fn an_opted_out_tenant_keeps_its_denied_flows_on_the_cores() {
         p.turn();
     }
     assert_eq!(o.status().offloaded, 0);
+}
+
+/// The tenant of [`config`], with a stateless rule allowing UDP to port
+/// 53 (rate-limited with `limited`).
+fn config_udp(limited: bool) -> SwitchConfig {
+    let mut cfg = config(true);
+    let mut dns = AclRule::any(20, 0, Family::V4);
+    dns.proto = (proto::UDP, proto::UDP);
+    dns.dst_port = (53, 53);
+    let mut rules = cfg.tenants[0].rules.to_vec();
+    rules.push(SwitchRule {
+        id: "dns".into(),
+        matches: dns,
+        allow: true,
+        stateful: false,
+        rate_limit: limited.then_some(crate::switch::RateLimit {
+            per_second: 1_000_000,
+            bits: false,
+            burst: 1_000,
+        }),
+    });
+    cfg.tenants[0].rules = rules.into();
+    cfg
+}
+
+#[test]
+fn a_flow_a_stateless_rule_allows_goes_to_the_model_after_its_count() {
+    let cfg = OffloadConfig {
+        poll: Duration::from_millis(5),
+        ..OffloadConfig::default()
+    };
+    let (h, o, mut p) = offloaded_with(&config_udp(false), cfg, 3);
+    let fwd = Verdict::Forward(Egress::to(1));
+    for _ in 0..3 {
+        assert_eq!(send(&mut p, &h, 0, udp(1, 5000)), (fwd, false));
+    }
+    settle(&mut p, &o, |s| s.offloaded == 1);
+    p.turn();
+    for _ in 0..4 {
+        assert_eq!(send(&mut p, &h, 0, udp(1, 5000)), (fwd, true));
+    }
+    let s = settle(&mut p, &o, |s| {
+        s.tenants.first().is_some_and(|t| t.carried.packets == 4)
+    });
+    assert_eq!(s.tenants[0].carried.packets, 4, "{s:?}");
+    // Its rule changes to a deny: out of hardware before the change is
+    // acknowledged, and denied on the cores again.
+    let mut deny = config_udp(false);
+    let mut rules = deny.tenants[0].rules.to_vec();
+    rules[1].allow = false;
+    deny.tenants[0].rules = rules.into();
+    let g = h.publish(&deny).unwrap().generation;
+    p.turn();
+    let removed = std::thread::scope(|s| {
+        let j = s.spawn(|| o.invalidate(None, g));
+        while !j.is_finished() {
+            p.turn();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        j.join().unwrap()
+    });
+    assert_eq!(removed, Ok(1));
+    assert_eq!(
+        send(&mut p, &h, 0, udp(1, 5000)),
+        (Verdict::Drop(DropReason::AclDeny), false)
+    );
+}
+
+#[test]
+fn a_rate_limited_allow_stays_on_the_cores() {
+    let (h, o, mut p) = offloaded_with(&config_udp(true), OffloadConfig::default(), 1);
+    for _ in 0..10 {
+        assert_eq!(
+            send(&mut p, &h, 0, udp(1, 5000)),
+            (Verdict::Forward(Egress::to(1)), false)
+        );
+        p.turn();
+    }
+    assert_eq!(o.status().offloaded, 0, "its bucket is on the cores");
 }
