@@ -27,21 +27,17 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::memory::MemPacket;
 use dpu_dataplane::offload::model::{ModelLimits, ModelNic};
 use dpu_dataplane::offload::{
     FlowCounts, FlowId, FlowRule, OffloadConfig, OffloadLink, Offloader, Provider, Refusal,
 };
-use dpu_dataplane::switch::{
-    Attach, SwitchConfig, SwitchHandle, SwitchPipeline, SwitchRule, TenantConfig,
-};
+use dpu_dataplane::switch::{Attach, SwitchHandle, SwitchPipeline};
 use dpu_dataplane::worker::{Pipeline, BURST};
 
-const SYN: u8 = 0x02;
-const SYN_ACK: u8 = 0x12;
-const ACK: u8 = 0x10;
-const PSH_ACK: u8 = 0x18;
+#[path = "common/web.rs"]
+mod web;
+use web::{tcp_frame, web_switch, ACK, PSH_ACK, SYN, SYN_ACK};
 
 /// A 64-byte TCP/IPv4 frame of connection `flow`: from the client
 /// (10.0.0.1, or 10.0.0.3 for the warm-up's, MAC :01, port 0) to the
@@ -51,54 +47,11 @@ fn frame(flow: u32, back: bool, flags: u8) -> Vec<u8> {
 }
 
 fn frame_from(client: u32, flow: u32, back: bool, flags: u8) -> Vec<u8> {
-    let mut f = vec![0u8; 64];
-    let (dst, src) = if back { (1, 2) } else { (2, 1) };
-    f[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst]);
-    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, src]);
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    let ip = &mut f[14..34];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&50u16.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    let (a, b) = (client, 0x0a00_0002u32);
-    let (s, d) = if back { (b, a) } else { (a, b) };
-    ip[12..16].copy_from_slice(&s.to_be_bytes());
-    ip[16..20].copy_from_slice(&d.to_be_bytes());
-    let client = 1024 + (flow % 60_000) as u16;
-    let (sp, dp) = if back { (80, client) } else { (client, 80) };
-    let tcp = &mut f[34..54];
-    tcp[0..2].copy_from_slice(&sp.to_be_bytes());
-    tcp[2..4].copy_from_slice(&dp.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = flags;
-    f
+    tcp_frame(client, flow, back, flags, None)
 }
 
 fn handle(flows: usize) -> SwitchHandle {
-    let mut web = AclRule::any(1, 0, Family::V4);
-    web.proto = (6, 6);
-    web.dst_port = (80, 80);
-    SwitchHandle::new(&SwitchConfig {
-        ports: 2,
-        tenants: vec![TenantConfig {
-            name: "bench".into(),
-            attachments: vec![Attach::port(0, 0), Attach::port(1, 0)],
-            rules: vec![SwitchRule {
-                id: "web".into(),
-                matches: web,
-                allow: true,
-                stateful: true,
-                rate_limit: None,
-            }]
-            .into(),
-            ..TenantConfig::default()
-        }],
-        conntrack_max: (flows * 2).max(1024),
-        conntrack_per_tenant: (flows * 2).max(1024),
-        ..SwitchConfig::default()
-    })
-    .expect("configuration compiles")
+    web_switch(2, vec![Attach::port(0, 0), Attach::port(1, 0)], flows)
 }
 
 /// Runs `frames` (input port, frame) through `p` in bursts of one port's

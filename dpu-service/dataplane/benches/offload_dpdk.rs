@@ -35,18 +35,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use dpu_dataplane::classify::{AclRule, Family};
 use dpu_dataplane::io::dpdk::{DpdkDriver, DpdkTx};
 use dpu_dataplane::io::{Driver, IoError, LinkState, PortStats, RxQueue};
 use dpu_dataplane::offload::model::{ModelLane, ModelLimits, ModelNic};
 use dpu_dataplane::offload::{FlowAction, OffloadConfig, OffloadLink, Offloader};
-use dpu_dataplane::switch::{Attach, SwitchConfig, SwitchHandle, SwitchRule, TenantConfig};
+use dpu_dataplane::switch::{Attach, SwitchHandle};
 use dpu_dataplane::worker::{Idle, VlanOp, WorkerConfig, Workers};
 
-const SYN: u8 = 0x02;
-const SYN_ACK: u8 = 0x12;
-const ACK: u8 = 0x10;
-const PSH_ACK: u8 = 0x18;
+#[path = "common/web.rs"]
+mod web;
+use web::{tcp_frame, web_switch, ACK, PSH_ACK, SYN, SYN_ACK};
+
 /// Connections per block of the setup capture.
 const BLOCK: usize = 64;
 /// Frames the representor ring holds.
@@ -91,30 +90,7 @@ fn args() -> Args {
 /// client (VLAN 10, MAC :01, 10.0.0.1) to the server (VLAN 20, MAC :02,
 /// 10.0.0.2:80), or back.
 fn frame(flow: usize, back: bool, flags: u8) -> Vec<u8> {
-    let mut f = vec![0u8; 68];
-    let (dst, src, vlan) = if back { (1, 2, 20u16) } else { (2, 1, 10) };
-    f[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst]);
-    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, src]);
-    f[12..14].copy_from_slice(&[0x81, 0x00]);
-    f[14..16].copy_from_slice(&vlan.to_be_bytes());
-    f[16..18].copy_from_slice(&[0x08, 0x00]);
-    let ip = &mut f[18..38];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&50u16.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    let (a, b) = ([10, 0, 0, 1], [10, 0, 0, 2]);
-    let (s, d) = if back { (b, a) } else { (a, b) };
-    ip[12..16].copy_from_slice(&s);
-    ip[16..20].copy_from_slice(&d);
-    let client = 1024 + (flow % 60_000) as u16;
-    let (sp, dp) = if back { (80, client) } else { (client, 80) };
-    let tcp = &mut f[38..58];
-    tcp[0..2].copy_from_slice(&sp.to_be_bytes());
-    tcp[2..4].copy_from_slice(&dp.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = flags;
-    f
+    tcp_frame(0x0a00_0001, flow as u32, back, flags, Some((10, 20)))
 }
 
 /// Writes `frames` as a classic pcap capture (Ethernet).
@@ -157,29 +133,7 @@ fn captures(dir: &Path, setup_flows: usize, flows: usize) -> (PathBuf, PathBuf) 
 }
 
 fn handle(flows: usize) -> SwitchHandle {
-    let mut web = AclRule::any(1, 0, Family::V4);
-    web.proto = (6, 6);
-    web.dst_port = (80, 80);
-    SwitchHandle::new(&SwitchConfig {
-        ports: 1,
-        tenants: vec![TenantConfig {
-            name: "bench".into(),
-            attachments: vec![Attach::port(0, 10), Attach::port(0, 20)],
-            rules: vec![SwitchRule {
-                id: "web".into(),
-                matches: web,
-                allow: true,
-                stateful: true,
-                rate_limit: None,
-            }]
-            .into(),
-            ..TenantConfig::default()
-        }],
-        conntrack_max: (flows * 2).max(1024),
-        conntrack_per_tenant: (flows * 2).max(1024),
-        ..SwitchConfig::default()
-    })
-    .expect("configuration compiles")
+    web_switch(1, vec![Attach::port(0, 10), Attach::port(0, 20)], flows)
 }
 
 /// The worker's driver: its one port receives from the representor ring

@@ -62,8 +62,9 @@ struct Caps {
     tcp_flags: bool,
 }
 
+/// What the provider knows of an installed rule besides its handle.
+#[derive(Debug, Clone, Copy)]
 struct Installed {
-    flow: Flow,
     /// The rule's idle age.
     idle: Duration,
     /// Hardware reports its age.
@@ -81,7 +82,7 @@ pub struct RteFlowNic {
     mode: FlowMode,
     caps: Vec<Caps>,
     capacity: usize,
-    flows: HashMap<FlowId, Installed>,
+    flows: HashMap<FlowId, (Flow, Installed)>,
     /// Shapes the driver refused as unsupported, with its reason.
     refused: HashMap<u64, String>,
     aged_scratch: Vec<u64>,
@@ -412,14 +413,16 @@ impl Provider for RteFlowNic {
                 let now = Instant::now();
                 self.flows.insert(
                     id,
-                    Installed {
+                    (
                         flow,
-                        idle: rule.idle,
-                        hw_age: spec.age.is_some(),
-                        counted: spec.count,
-                        last: FlowCounts::default(),
-                        changed: now,
-                    },
+                        Installed {
+                            idle: rule.idle,
+                            hw_age: spec.age.is_some(),
+                            counted: spec.count,
+                            last: FlowCounts::default(),
+                            changed: now,
+                        },
+                    ),
                 );
                 Ok(())
             }
@@ -436,42 +439,22 @@ impl Provider for RteFlowNic {
     }
 
     fn remove(&mut self, id: FlowId) -> Result<(), String> {
-        let Some(f) = self.flows.remove(&id) else {
+        let Some((flow, meta)) = self.flows.remove(&id) else {
             return Ok(());
         };
-        let Installed {
-            flow,
-            idle,
-            hw_age,
-            counted,
-            last,
-            changed,
-        } = f;
-        match flow.destroy() {
-            Ok(()) => Ok(()),
-            Err((flow, e)) => {
-                self.flows.insert(
-                    id,
-                    Installed {
-                        flow,
-                        idle,
-                        hw_age,
-                        counted,
-                        last,
-                        changed,
-                    },
-                );
-                Err(e.to_string())
-            }
-        }
+        flow.destroy().map_err(|(flow, e)| {
+            // Maybe still in hardware: held, to be removed again.
+            self.flows.insert(id, (flow, meta));
+            e.to_string()
+        })
     }
 
     fn counts(&mut self, id: FlowId) -> Option<FlowCounts> {
-        let f = self.flows.get_mut(&id)?;
+        let (flow, f) = self.flows.get_mut(&id)?;
         if !f.counted {
             return None;
         }
-        let (packets, bytes) = f.flow.counts().ok()?;
+        let (packets, bytes) = flow.counts().ok()?;
         let now = FlowCounts { packets, bytes };
         if now != f.last {
             f.last = now;
@@ -502,7 +485,7 @@ impl Provider for RteFlowNic {
         self.aged_scratch = contexts;
         // Software ages where hardware has none: idle counters, or the
         // rule's whole age without counters.
-        for (&id, f) in &self.flows {
+        for (&id, (_, f)) in &self.flows {
             if !f.hw_age && now.saturating_duration_since(f.changed) >= f.idle {
                 out.push(id);
             }

@@ -278,11 +278,13 @@ impl SwitchPipeline {
                 remote,
             ) {
                 let denied = super::offload::StatelessPacket {
-                    tenant: t.uid,
-                    port,
-                    vlan: t.attachments[ai].vlan,
-                    src_mac,
-                    dst_mac,
+                    at: super::offload::Arrival {
+                        tenant: t.uid,
+                        port,
+                        vlan: t.attachments[ai].vlan,
+                        src_mac,
+                        dst_mac,
+                    },
                     key,
                 };
                 super::offload::stateless_step(link, self.generation, self.now, &denied, None);
@@ -315,14 +317,17 @@ impl SwitchPipeline {
             let egress = out
                 .filter(|_| decap == 0 && remote == 0)
                 .map(|o| plain_egress(from, t.attachments[o], 0));
+            let at = super::offload::Arrival {
+                tenant: t.uid,
+                port,
+                vlan: from.vlan,
+                src_mac,
+                dst_mac,
+            };
             match (tracked, *l3) {
                 (Some((slot, dir)), _) => {
                     let seen = super::offload::Passed {
-                        tenant: t.uid,
-                        port,
-                        vlan: from.vlan,
-                        src_mac,
-                        dst_mac,
+                        at,
                         l3: *l3,
                         slot,
                         dir,
@@ -336,14 +341,7 @@ impl SwitchPipeline {
                     );
                 }
                 (None, L3::Ip { key, .. }) => {
-                    let seen = super::offload::StatelessPacket {
-                        tenant: t.uid,
-                        port,
-                        vlan: from.vlan,
-                        src_mac,
-                        dst_mac,
-                        key,
-                    };
+                    let seen = super::offload::StatelessPacket { at, key };
                     super::offload::stateless_step(
                         link,
                         self.generation,

@@ -36,8 +36,9 @@ use super::state::SwitchPipeline;
 /// Flows handed back that one turn takes, at most.
 const RETURNED_PER_TURN: usize = 256;
 
-/// A packet that passed on a connection's state, as offload needs it.
-pub(super) struct Passed {
+/// Where a packet came from, as a rule for its flow matches it.
+#[derive(Clone, Copy)]
+pub(super) struct Arrival {
     /// Its tenant's stable ID.
     pub(super) tenant: u32,
     /// The port it came in on.
@@ -46,6 +47,31 @@ pub(super) struct Passed {
     pub(super) vlan: u16,
     pub(super) src_mac: [u8; 6],
     pub(super) dst_mac: [u8; 6],
+}
+
+impl Arrival {
+    /// The rule for the flow `key` of packets arriving so, doing
+    /// `action`; `None` for a port hardware cannot name.
+    fn rule(&self, key: FlowKey, action: FlowAction, idle: Duration) -> Option<FlowRule> {
+        Some(FlowRule {
+            tenant: self.tenant,
+            matches: FlowMatch {
+                in_port: u16::try_from(self.port).ok()?,
+                vni: None,
+                vlan: (self.vlan != 0).then_some(self.vlan),
+                src_mac: self.src_mac,
+                dst_mac: self.dst_mac,
+                key,
+            },
+            action,
+            idle,
+        })
+    }
+}
+
+/// A packet that passed on a connection's state, as offload needs it.
+pub(super) struct Passed {
+    pub(super) at: Arrival,
     pub(super) l3: L3,
     /// Its connection's slot.
     pub(super) slot: u32,
@@ -72,7 +98,7 @@ pub(super) fn offload_step(
         return;
     }
     if tcp_flags & (FIN | RST) != 0 {
-        if bits != 0 && link.lane.withdraw(p.tenant, &key).is_ok() {
+        if bits != 0 && link.lane.withdraw(p.at.tenant, &key).is_ok() {
             conns.set_offloaded(p.slot, 0);
         }
         return;
@@ -83,21 +109,8 @@ pub(super) fn offload_step(
     let (Some(e), true, 0, false) = (egress, established, bits & bit, refused) else {
         return;
     };
-    let Ok(in_port) = u16::try_from(p.port) else {
+    let Some(rule) = p.at.rule(key, FlowAction::Forward(e), link.idle) else {
         return;
-    };
-    let rule = FlowRule {
-        tenant: p.tenant,
-        matches: FlowMatch {
-            in_port,
-            vni: None,
-            vlan: (p.vlan != 0).then_some(p.vlan),
-            src_mac: p.src_mac,
-            dst_mac: p.dst_mac,
-            key,
-        },
-        action: FlowAction::Forward(e),
-        idle: link.idle,
     };
     if link.lane.offer(rule, generation).is_some() {
         conns.set_offloaded(p.slot, bits | bit);
@@ -106,14 +119,7 @@ pub(super) fn offload_step(
 
 /// A packet of a stateless verdict, as a rule for its flow needs it.
 pub(super) struct StatelessPacket {
-    /// Its tenant's stable ID.
-    pub(super) tenant: u32,
-    /// The port it came in on.
-    pub(super) port: usize,
-    /// Its attachment's VLAN ID (0: the whole port).
-    pub(super) vlan: u16,
-    pub(super) src_mac: [u8; 6],
-    pub(super) dst_mac: [u8; 6],
+    pub(super) at: Arrival,
     pub(super) key: FlowKey,
 }
 
@@ -137,27 +143,15 @@ pub(super) fn stateless_step(
         Some(Some(e)) => (Stateless::Allow, FlowAction::Forward(e)),
         Some(None) => return,
     };
-    if !d.count(p.tenant, &p.key, verdict, now) {
+    let tenant = p.at.tenant;
+    if !d.count(tenant, &p.key, verdict, now) {
         return;
     }
-    let Ok(in_port) = u16::try_from(p.port) else {
+    let Some(rule) = p.at.rule(p.key, action, link.idle) else {
         return;
     };
-    let rule = FlowRule {
-        tenant: p.tenant,
-        matches: FlowMatch {
-            in_port,
-            vni: None,
-            vlan: (p.vlan != 0).then_some(p.vlan),
-            src_mac: p.src_mac,
-            dst_mac: p.dst_mac,
-            key: p.key,
-        },
-        action,
-        idle: link.idle,
-    };
     let queued = link.lane.offer(rule, generation).is_some();
-    d.offered(p.tenant, &p.key, queued);
+    d.offered(tenant, &p.key, queued);
 }
 
 /// A connection of (`tenant`, `key`) was opened: a stateless rule of its

@@ -113,6 +113,24 @@ fn offloaded_with(
     (h, o, p)
 }
 
+/// Every flow out of hardware after configuration `g`, as the daemon asks
+/// before it acknowledges a change, while the worker turns meanwhile, as
+/// a real one does.
+fn invalidate_turning(
+    o: &Offloader,
+    p: &mut SwitchPipeline,
+    g: u64,
+) -> Result<usize, crate::offload::OffloadError> {
+    std::thread::scope(|s| {
+        let j = s.spawn(|| o.invalidate(None, g));
+        while !j.is_finished() {
+            p.turn();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        j.join().unwrap()
+    })
+}
+
 const ACK: u8 = 0x10;
 const PSH_ACK: u8 = 0x18;
 
@@ -178,15 +196,7 @@ fn a_rule_change_takes_the_flows_out_before_it_is_acknowledged() {
     let g = h.publish(&config(false)).unwrap().generation;
     p.turn();
     assert!(h.taken(g));
-    let removed = std::thread::scope(|s| {
-        let j = s.spawn(|| o.invalidate(None, g));
-        // The worker turns meanwhile, as a real one does.
-        while !j.is_finished() {
-            p.turn();
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        j.join().unwrap()
-    });
+    let removed = invalidate_turning(&o, &mut p, g);
     assert_eq!(removed, Ok(1));
     let (v, carried) = send(&mut p, &h, 0, seg(1, PSH_ACK));
     assert!(!carried);
@@ -444,14 +454,7 @@ fn a_flow_a_stateless_rule_allows_goes_to_the_model_after_its_count() {
     deny.tenants[0].rules = rules.into();
     let g = h.publish(&deny).unwrap().generation;
     p.turn();
-    let removed = std::thread::scope(|s| {
-        let j = s.spawn(|| o.invalidate(None, g));
-        while !j.is_finished() {
-            p.turn();
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        j.join().unwrap()
-    });
+    let removed = invalidate_turning(&o, &mut p, g);
     assert_eq!(removed, Ok(1));
     assert_eq!(
         send(&mut p, &h, 0, udp(1, 5000)),
