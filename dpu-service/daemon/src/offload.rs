@@ -144,6 +144,13 @@ impl Offload {
             return Ok(0);
         }
         self.set_tenants(tenants);
+        // Removed rules' counts take no room.
+        if let Err(e) = self
+            .offloader
+            .keep_rules(switch.rule_names().into_keys().collect())
+        {
+            tracing::error!(error = %e, "flow offload: removed rules' counts were not forgotten");
+        }
         let ids: Option<Vec<u32>> = changed.iter().map(|n| switch.tenant_id(n)).collect();
         let removed = match ids {
             Some(ids) if ids.len() <= INVALIDATE_EACH_MAX => {
@@ -219,6 +226,16 @@ impl Offload {
     pub fn collect(&self, switch: &SwitchHandle, out: &mut Counters) {
         let s: OffloadStatus = self.offloader.status();
         let names = switch.tenant_names();
+        // What rules' flows matched in hardware, as the switch counts
+        // their matches on the cores.
+        let rules = switch.rule_names();
+        for r in &s.rules {
+            if let Some(key) = rules.get(&r.rule) {
+                let c = out.rules.entry(key.clone()).or_default();
+                c.packets += r.matched.packets;
+                c.bytes += r.matched.bytes;
+            }
+        }
         let mut tenants = Vec::new();
         for t in &s.tenants {
             let Some(name) = names.get(&t.tenant) else {

@@ -131,6 +131,7 @@ fn rule(
         },
         action,
         idle: Duration::from_secs(10),
+        rule: None,
     }
 }
 

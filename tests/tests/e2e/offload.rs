@@ -169,22 +169,24 @@ fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> 
     svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.234.0.1/32")?;
     let _server = Reaped(server.spawn_python(SERVER, &["10.234.0.2", "8080"])?);
 
-    // A megabyte back over one connection: after the handshake both
-    // directions go by in the model; the server's close (a FIN, which
-    // hardware leaves to software) withdraws them.
+    // A megabyte back over one connection, in 20 answers 10 ms apart (a
+    // busy machine takes a few milliseconds to put a flow in hardware):
+    // after the handshake both directions go by in the model; the
+    // server's close (a FIN, which hardware leaves to software) withdraws
+    // them.
     let mut out = String::new();
     eventually("a megabyte from the server", || {
-        let o = client.python(CHAT, &["10.234.0.2", "8080", "1", "1000000", "0", "0"]);
+        let o = client.python(CHAT, &["10.234.0.2", "8080", "20", "50000", "0.01", "0"]);
         out = String::from_utf8_lossy(&o.stdout).to_string();
         o.status.success()
     })?;
-    ensure!(out.contains("ok 1"), "{out}");
+    ensure!(out.contains("ok 20"), "{out}");
     let s = status_until(&svc, "the stream's packets to be counted", |s| {
         tenant_of(s, "green").1 > 500 && num(s, "withdrawn") >= 2
     })?;
     let (_, carried, bytes) = tenant_of(&s, "green");
     ensure!(num(&s, "offloaded") >= 2, "{s}");
-    ensure!(bytes > 900_000, "the model carried {bytes} bytes: {s}");
+    ensure!(bytes > 800_000, "the model carried {bytes} bytes: {s}");
     // What the switch itself saw of the tenant: the handshakes, the
     // first segment of each direction, the closes.
     let counters = svc.dpuctl_json(&["counters", "--tenant", "green"])?;
@@ -192,7 +194,7 @@ fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> 
     let (rx, offloaded) = (num(t, "rxPackets"), num(t, "offloadedPackets"));
     ensure!(offloaded >= carried, "{counters}");
     ensure!(
-        rx >= offloaded && rx - offloaded < 80,
+        rx >= offloaded && rx - offloaded < 200,
         "the switch saw {} of the stream's {rx} packets: {counters}",
         rx - offloaded
     );
@@ -396,6 +398,21 @@ fn a_denied_flood_is_dropped_in_the_model_after_a_few_packets() -> Result<()> {
         &[],
     )?;
     svc.stateful_web_tenant("plum", &["pf0vf0", "pf0vf1"], "10.237.0.1/32")?;
+    svc.dpuctl_json(&[
+        "rule",
+        "add",
+        "plum",
+        "--id",
+        "sink",
+        "--priority",
+        "20",
+        "--action",
+        "deny",
+        "--proto",
+        "udp",
+        "--dport",
+        "9",
+    ])?;
     // The server's MAC must be known to the client: one allowed
     // exchange first (ARP passes).
     let _server = Reaped(server.spawn_python(SERVER, &["10.237.0.2", "8080"])?);
@@ -423,6 +440,13 @@ fn a_denied_flood_is_dropped_in_the_model_after_a_few_packets() -> Result<()> {
         dropped >= 400,
         "every datagram counts as dropped, in hardware or not: {counters}"
     );
+    // And as a match of the rule that denied it.
+    let sink = counters["rules"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["rule"] == "tenants/plum/rules/sink"))
+        .map(|r| num(r, "packets"))
+        .unwrap_or(0);
+    ensure!(sink >= 400, "rule sink matched {sink}: {counters}");
     let (_, body) = svc.http_get("/metrics")?;
     ensure!(
         metric(

@@ -141,6 +141,15 @@ pub struct TenantOffload {
     pub dropped: FlowCounts,
 }
 
+/// What one rule's flows in hardware matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuleOffload {
+    /// The rule's stable ID.
+    pub rule: u32,
+    /// Packets and bytes its flows carried or dropped, in all.
+    pub matched: FlowCounts,
+}
+
 /// What the offloader has done, for status and metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct OffloadStatus {
@@ -180,6 +189,9 @@ pub struct OffloadStatus {
     pub last_error: Option<String>,
     /// Why the provider last refused an offer as unsupported.
     pub last_unsupported: Option<String>,
+    /// Per rule whose stateless verdicts went to hardware, by ID (rules
+    /// no longer configured are forgotten with [`Offloader::keep_rules`]).
+    pub rules: Vec<RuleOffload>,
     /// Per tenant that has held a flow, by ID.
     pub tenants: Vec<TenantOffload>,
 }
@@ -245,6 +257,11 @@ enum Command {
     },
     Tenants {
         count: usize,
+        reply: SyncSender<()>,
+    },
+    /// Forget the counts of rules not in this sorted list.
+    KeepRules {
+        rules: Vec<u32>,
         reply: SyncSender<()>,
     },
     Port {
@@ -512,6 +529,16 @@ impl Offloader {
         self.call(|reply| Command::Tenants { count, reply })
     }
 
+    /// Forgets the counts of the rules not in `rules` (the rules
+    /// configured now), so that removed rules take no room.
+    ///
+    /// # Errors
+    /// [`OffloadError`] if the thread is gone or late.
+    pub fn keep_rules(&self, mut rules: Vec<u32>) -> Result<(), OffloadError> {
+        rules.sort_unstable();
+        self.call(|reply| Command::KeepRules { rules, reply })
+    }
+
     /// What it has done so far (as of its last round).
     pub fn status(&self) -> OffloadStatus {
         let mut s = self
@@ -561,6 +588,8 @@ struct Held {
     ports: [usize; 2],
     /// Counts as last read.
     read: FlowCounts,
+    /// The rule whose matches it counts, if one.
+    rule: Option<u32>,
 }
 
 struct Thread {
@@ -644,6 +673,12 @@ impl Thread {
             }
             Command::Tenants { count, reply } => {
                 self.shares.set_tenants(count);
+                let _ = reply.send(());
+            }
+            Command::KeepRules { rules, reply } => {
+                self.status
+                    .rules
+                    .retain(|r| rules.binary_search(&r.rule).is_ok());
                 let _ = reply.send(());
             }
             Command::Port { port, reply } => {
@@ -781,6 +816,24 @@ impl Thread {
         };
         to.packets += d.packets;
         to.bytes += d.bytes;
+        if let Some(rule) = h.rule {
+            let rules = &mut self.status.rules;
+            let i = match rules.binary_search_by_key(&rule, |r| r.rule) {
+                Ok(i) => i,
+                Err(i) => {
+                    rules.insert(
+                        i,
+                        RuleOffload {
+                            rule,
+                            matched: FlowCounts::default(),
+                        },
+                    );
+                    i
+                }
+            };
+            rules[i].matched.packets += d.packets;
+            rules[i].matched.bytes += d.bytes;
+        }
         d
     }
 
@@ -923,6 +976,7 @@ impl Thread {
                 self.flows.insert(
                     o.id,
                     Held {
+                        rule: o.rule.rule,
                         tenant,
                         key,
                         macs,
@@ -1039,6 +1093,7 @@ mod tests {
             },
             action: FlowAction::Forward(Egress::to(1)),
             idle: Duration::from_secs(30),
+            rule: None,
         }
     }
 

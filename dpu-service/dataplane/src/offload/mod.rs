@@ -41,7 +41,7 @@ pub mod stateless;
 
 pub use engine::{
     Lane, OffloadConfig, OffloadError, OffloadStatus, Offloader, ReturnReason, Returned,
-    TenantOffload, Withdraw,
+    RuleOffload, TenantOffload, Withdraw,
 };
 
 use std::time::{Duration, Instant};
@@ -155,6 +155,10 @@ pub struct FlowRule {
     pub action: FlowAction,
     /// How long it may go without a packet before it ages out.
     pub idle: Duration,
+    /// The stable ID of the tenant's rule whose stateless verdict this
+    /// is ([`crate::switch::SwitchHandle::rule_names`]), if one: the
+    /// packets it carries or drops count as the rule's matches.
+    pub rule: Option<u32>,
 }
 
 /// A packet and byte count.

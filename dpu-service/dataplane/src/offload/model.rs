@@ -459,6 +459,7 @@ mod tests {
             },
             action: FlowAction::Forward(Egress::to(1)),
             idle: Duration::from_secs(10),
+            rule: None,
         }
     }
 

@@ -61,6 +61,9 @@ pub(super) struct CompiledTenant {
     pub(super) opaque_ip: bool,
     /// Stable across configurations while the name stays (connection keys).
     pub(super) uid: u32,
+    /// Each rule's ID by tag, stable across configurations while the
+    /// rule stays ([`NO_RULE_ID`] for a removed rule's slot).
+    pub(super) rule_ids: Arc<[u32]>,
     /// Has stateful rules: look packets up in the connection table.
     pub(super) tracks: bool,
     /// Enough rules to look classifications up in the flow cache first.
@@ -333,10 +336,75 @@ pub struct Compiled {
     pub(super) endpoint_queues: Option<Arc<EndpointTable>>,
 }
 
-/// Tenant IDs by name: stable for the life of a [`SwitchHandle`].
+/// Tenant IDs by name, and rule IDs by tenant and rule: stable for the
+/// life of a [`SwitchHandle`] (a rule's while it stays configured; a
+/// rule ID is never given twice).
 ///
 /// [`SwitchHandle`]: super::SwitchHandle
-pub(super) type TenantIds = std::collections::HashMap<String, u32>;
+#[derive(Debug, Default)]
+pub(super) struct TenantIds {
+    tenants: std::collections::HashMap<String, u32>,
+    rules: std::collections::HashMap<(u32, Arc<str>), u32>,
+    next_rule: u32,
+}
+
+impl TenantIds {
+    /// The ID of tenant `name`, given now if it has none.
+    fn tenant(&mut self, name: &str) -> u32 {
+        let next = self.tenants.len() as u32;
+        *self.tenants.entry(name.to_string()).or_insert(next)
+    }
+
+    /// The ID of tenant `name`, if it was ever configured.
+    pub(super) fn tenant_id(&self, name: &str) -> Option<u32> {
+        self.tenants.get(name).copied()
+    }
+
+    /// Every tenant ever configured, by ID.
+    pub(super) fn tenant_names(&self) -> std::collections::HashMap<u32, String> {
+        self.tenants
+            .iter()
+            .map(|(n, &id)| (id, n.clone()))
+            .collect()
+    }
+
+    /// The rules configured now, by ID: (tenant ID, rule ID).
+    pub(super) fn rule_names(&self) -> std::collections::HashMap<u32, (u32, Arc<str>)> {
+        self.rules.iter().map(|(k, &id)| (id, k.clone())).collect()
+    }
+
+    /// Gives `c`'s rules their IDs, keeping those of rules configured
+    /// before and forgetting the rules no longer configured.
+    fn number_rules(&mut self, c: &mut Compiled) {
+        let mut live = std::collections::HashMap::new();
+        for t in &mut c.tenants {
+            let uids: Arc<[u32]> = t
+                .slots
+                .iter()
+                .map(|s| match s {
+                    Some(s) => {
+                        let k = (t.uid, s.id.clone());
+                        let id = match self.rules.get(&k) {
+                            Some(&id) => id,
+                            None => {
+                                self.next_rule = self.next_rule.wrapping_add(1);
+                                self.next_rule
+                            }
+                        };
+                        live.insert(k, id);
+                        id
+                    }
+                    None => NO_RULE_ID,
+                })
+                .collect();
+            t.rule_ids = uids;
+        }
+        self.rules = live;
+    }
+}
+
+/// The rule ID of a slot whose rule was removed.
+pub(super) const NO_RULE_ID: u32 = 0;
 
 impl Compiled {
     /// Sizes a worker's connection and fragment tables' per-tenant counts
@@ -355,7 +423,7 @@ impl Compiled {
     /// # Errors
     /// [`ConfigError`] naming the first problem.
     pub fn new(config: &SwitchConfig) -> Result<Compiled, ConfigError> {
-        Compiled::compile(config, &mut TenantIds::new(), None)
+        Compiled::compile(config, &mut TenantIds::default(), None)
     }
 
     /// Compiles `config`; tenants of `prev` (the configuration it
@@ -553,8 +621,7 @@ impl Compiled {
                     build_rules(&t.rules)
                 }
             };
-            let next = ids.len() as u32;
-            let uid = *ids.entry(t.name.clone()).or_insert(next);
+            let uid = ids.tenant(&t.name);
             // What derives from the rules alone is kept too, where the
             // workers (who share the rate limits) are as many.
             let kept = same_list.filter(|_| prev.is_some_and(|c| c.shards.len() == workers));
@@ -604,6 +671,7 @@ impl Compiled {
                 guards,
                 opaque_ip,
                 uid,
+                rule_ids: Arc::from(Vec::new()),
                 tracks,
                 cached: config.flow_cache_entries > 0 && t.rules.len() >= FLOW_CACHE_MIN_RULES,
                 actions,
@@ -641,6 +709,9 @@ impl Compiled {
             *ranges = merged(std::mem::take(ranges));
         }
         c.l2_memo = c.tenants.iter().any(|t| t.opaque_ip);
+        // Last, once nothing can fail: a refused configuration numbers
+        // no rules.
+        ids.number_rules(&mut c);
         c.shards = (0..workers)
             .map(|_| Shard {
                 tenants: c.tenants.iter().map(|_| TenantCells::default()).collect(),

@@ -171,6 +171,8 @@ impl SwitchPipeline {
         let mut tracked = None;
         // It passed on a stateless verdict: no connection, no rate limit.
         let mut stateless_pass = false;
+        // The stable ID of the rule whose verdict it got, if one.
+        let mut rule_id = None;
         let passed = match *l3 {
             L3::Ip {
                 key,
@@ -214,6 +216,7 @@ impl SwitchPipeline {
                     },
                 );
                 if let Some(tag) = rule {
+                    rule_id = t.rule_ids.get(tag as usize).copied();
                     let rc = &shard.rules[ti][tag as usize];
                     bump(&rc.packets, 1);
                     bump(&rc.bytes, len);
@@ -286,6 +289,7 @@ impl SwitchPipeline {
                         dst_mac,
                     },
                     key,
+                    rule: rule_id,
                 };
                 super::offload::stateless_step(link, self.generation, self.now, &denied, None);
             }
@@ -341,7 +345,11 @@ impl SwitchPipeline {
                     );
                 }
                 (None, L3::Ip { key, .. }) => {
-                    let seen = super::offload::StatelessPacket { at, key };
+                    let seen = super::offload::StatelessPacket {
+                        at,
+                        key,
+                        rule: rule_id,
+                    };
                     super::offload::stateless_step(
                         link,
                         self.generation,

@@ -39,7 +39,7 @@ impl SwitchHandle {
     /// # Errors
     /// [`ConfigError`] if `config` does not compile.
     pub fn new(config: &SwitchConfig) -> Result<SwitchHandle, ConfigError> {
-        let mut ids = TenantIds::new();
+        let mut ids = TenantIds::default();
         let first = Compiled::compile(config, &mut ids, None)?;
         Ok(SwitchHandle {
             shared: Arc::new(Shared {
@@ -57,13 +57,24 @@ impl SwitchHandle {
     /// configurations), if it was ever configured.
     pub fn tenant_id(&self, name: &str) -> Option<u32> {
         let ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
-        ids.get(name).copied()
+        ids.tenant_id(name)
     }
 
     /// Every tenant ever configured, by stable ID.
     pub fn tenant_names(&self) -> std::collections::HashMap<u32, String> {
         let ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
-        ids.iter().map(|(n, &id)| (id, n.clone())).collect()
+        ids.tenant_names()
+    }
+
+    /// Every rule configured now, by its stable ID: (tenant name, rule
+    /// ID). Offloaded flows of stateless verdicts name their rule so.
+    pub fn rule_names(&self) -> std::collections::HashMap<u32, (String, String)> {
+        let ids = self.shared.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let tenants = ids.tenant_names();
+        ids.rule_names()
+            .into_iter()
+            .filter_map(|(id, (t, r))| Some((id, (tenants.get(&t)?.clone(), r.to_string()))))
+            .collect()
     }
 
     /// Gives each worker's pipeline, made from now on by

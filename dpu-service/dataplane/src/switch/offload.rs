@@ -51,8 +51,15 @@ pub(super) struct Arrival {
 
 impl Arrival {
     /// The rule for the flow `key` of packets arriving so, doing
-    /// `action`; `None` for a port hardware cannot name.
-    fn rule(&self, key: FlowKey, action: FlowAction, idle: Duration) -> Option<FlowRule> {
+    /// `action` as (stateless) rule `rule` says; `None` for a port
+    /// hardware cannot name.
+    fn rule(
+        &self,
+        key: FlowKey,
+        action: FlowAction,
+        idle: Duration,
+        rule: Option<u32>,
+    ) -> Option<FlowRule> {
         Some(FlowRule {
             tenant: self.tenant,
             matches: FlowMatch {
@@ -65,6 +72,7 @@ impl Arrival {
             },
             action,
             idle,
+            rule,
         })
     }
 }
@@ -109,7 +117,8 @@ pub(super) fn offload_step(
     let (Some(e), true, 0, false) = (egress, established, bits & bit, refused) else {
         return;
     };
-    let Some(rule) = p.at.rule(key, FlowAction::Forward(e), link.idle) else {
+    // Established packets count as no rule's matches.
+    let Some(rule) = p.at.rule(key, FlowAction::Forward(e), link.idle, None) else {
         return;
     };
     if link.lane.offer(rule, generation).is_some() {
@@ -121,6 +130,9 @@ pub(super) fn offload_step(
 pub(super) struct StatelessPacket {
     pub(super) at: Arrival,
     pub(super) key: FlowKey,
+    /// The stable ID of the rule whose verdict it got (none: the
+    /// tenant's default).
+    pub(super) rule: Option<u32>,
 }
 
 /// Counts `p` toward a rule for its flow, and offers the rule (decided
@@ -147,7 +159,7 @@ pub(super) fn stateless_step(
     if !d.count(tenant, &p.key, verdict, now) {
         return;
     }
-    let Some(rule) = p.at.rule(p.key, action, link.idle) else {
+    let Some(rule) = p.at.rule(p.key, action, link.idle, p.rule) else {
         return;
     };
     let queued = link.lane.offer(rule, generation).is_some();

@@ -446,6 +446,18 @@ fn a_flow_a_stateless_rule_allows_goes_to_the_model_after_its_count() {
         s.tenants.first().is_some_and(|t| t.carried.packets == 4)
     });
     assert_eq!(s.tenants[0].carried.packets, 4, "{s:?}");
+    // They count as matches of the rule that allowed them.
+    let names = h.rule_names();
+    let dns = s
+        .rules
+        .iter()
+        .find(|r| {
+            names
+                .get(&r.rule)
+                .is_some_and(|(t, id)| t == "t" && id == "dns")
+        })
+        .unwrap_or_else(|| panic!("no count for rule dns: {s:?}"));
+    assert_eq!(dns.matched.packets, 4);
     // Its rule changes to a deny: out of hardware before the change is
     // acknowledged, and denied on the cores again.
     let mut deny = config_udp(false);
@@ -473,4 +485,25 @@ fn a_rate_limited_allow_stays_on_the_cores() {
         p.turn();
     }
     assert_eq!(o.status().offloaded, 0, "its bucket is on the cores");
+}
+
+#[test]
+fn rule_ids_stay_with_their_rules_and_are_never_given_twice() {
+    let h = SwitchHandle::new(&config_udp(false)).unwrap();
+    let id_of = |h: &SwitchHandle, rule: &str| {
+        h.rule_names()
+            .into_iter()
+            .find(|(_, (t, r))| t == "t" && r == rule)
+            .map(|(id, _)| id)
+    };
+    let (web, dns) = (id_of(&h, "web").unwrap(), id_of(&h, "dns").unwrap());
+    assert_ne!(web, dns);
+    // dns removed: forgotten; web keeps its ID.
+    h.publish(&config(true)).unwrap();
+    assert_eq!(id_of(&h, "dns"), None);
+    assert_eq!(id_of(&h, "web"), Some(web));
+    // dns again: a new ID, so counts of the old one never reach it.
+    h.publish(&config_udp(false)).unwrap();
+    let again = id_of(&h, "dns").unwrap();
+    assert!(again != dns && again != web);
 }
