@@ -71,3 +71,67 @@ fn no_frame_crosses_a_tenant_boundary() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The same property with flow hardware in front of the switch: the model
+/// NIC, every stateless verdict offered at its flow's first packet and
+/// established connections at their first segment after the handshake,
+/// so that many frames are decided by hardware rules the switch made.
+/// `ISOLATION_OFFLOAD_WORLDS` (default 4) configurations.
+#[test]
+fn no_frame_crosses_a_tenant_boundary_with_flow_hardware_in_front() {
+    use dpu_dataplane::offload::model::{ModelLimits, ModelNic};
+    use dpu_dataplane::offload::{OffloadConfig, OffloadLink, Offloader};
+    use std::time::Duration;
+
+    let worlds = env("ISOLATION_OFFLOAD_WORLDS", 4);
+    let frames = env("ISOLATION_FRAMES", 30_000);
+    let seed = env("ISOLATION_SEED", 1);
+    let mut failures = Vec::new();
+    let (mut carried, mut dropped, mut offloaded) = (0, 0, 0);
+    for s in seed..seed + worlds {
+        let mut rng = Rng::new(s);
+        let mut d = Draw::new(&mut rng);
+        let mut w = World::random(&mut d);
+        let handle = SwitchHandle::new(&w.cfg).expect("the generated configuration compiles");
+        let (nic, models) = ModelNic::new(ModelLimits::default(), 1);
+        let cfg = OffloadConfig {
+            insert_rate: u32::MAX,
+            poll: Duration::from_millis(5),
+            ..OffloadConfig::default()
+        };
+        let (o, lanes) = Offloader::start(nic, cfg, 1).expect("offload thread");
+        handle.attach_offload(OffloadLink::each(
+            lanes,
+            Some(models),
+            Duration::from_secs(600),
+            1,
+        ));
+        let mut p = handle.pipeline();
+        w.run_bursts(&mut p, &mut d, frames);
+        // What the model did, once the counters were read.
+        std::thread::sleep(Duration::from_millis(20));
+        let st = o.status();
+        offloaded += st.offloaded;
+        for t in &st.tenants {
+            carried += t.carried.packets;
+            dropped += t.dropped.packets;
+        }
+        o.stop();
+        if !w.violations.is_empty() {
+            failures.push(format!(
+                "seed {s}: {} violations, first: {}",
+                w.stats.violations,
+                w.violations.join("\n  ")
+            ));
+        }
+    }
+    println!(
+        "isolation with offload: {worlds} configurations, {offloaded} flows offloaded, \
+         {carried} frames carried and {dropped} dropped by the model"
+    );
+    assert!(
+        carried + dropped > 0 && offloaded > 0,
+        "the model decided no frame: the test says nothing"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -478,6 +478,36 @@ impl World {
         }
     }
 
+    /// As [`World::run`], each frame a burst of one through
+    /// `process_burst`, where flow hardware (the model NIC) in front of
+    /// the switch decides the frames of the flows it holds.
+    pub fn run_bursts<S: Source>(&mut self, p: &mut SwitchPipeline, d: &mut Draw<S>, frames: u64) {
+        let mut flood = Vec::new();
+        let mut burst = Vec::with_capacity(1);
+        for i in 0..frames {
+            if i % 32 == 0 {
+                p.turn();
+            }
+            let (port, frame, meta) = self.frame(d);
+            if d.done {
+                return;
+            }
+            flood.clear();
+            let original = frame.clone();
+            burst.push(dpu_dataplane::io::memory::MemPacket(frame));
+            let mut out = None;
+            p.process_burst(port, &mut burst, &mut flood, |_, v, f| {
+                out = Some((*v, f.to_vec()));
+            });
+            burst.clear();
+            let Some((v, f)) = out else {
+                self.violation(format!("port {port} {meta:?}: no verdict"));
+                continue;
+            };
+            self.check(port, &original, &meta, v, &f);
+        }
+    }
+
     /// A random frame: its input port, bytes and what it carries.
     fn frame<S: Source>(&mut self, d: &mut Draw<S>) -> (usize, Vec<u8>, Meta) {
         self.stats.frames += 1;
