@@ -119,6 +119,11 @@ impl CompiledTenant {
             .map(|&(_, a)| a as usize)
     }
 
+    /// The stable ID of the rule of tag `tag`, if any.
+    pub(super) fn rule_id(&self, tag: Option<u32>) -> Option<u32> {
+        self.rule_ids.get(tag? as usize).copied()
+    }
+
     /// Whether VXLAN attachment `ai` accepts frames from the remote VTEP
     /// `ip`: one it names, or in one of its underlay ranges.
     pub(super) fn accepts_vtep(&self, ai: usize, ip: u32) -> bool {

@@ -167,12 +167,21 @@ impl SwitchPipeline {
             bump(&cells.dropped, 1);
             return Verdict::Drop(DropReason::MacLimit);
         }
+        // Where it came from, as a flow rule in hardware would match it.
+        let arrival = || super::offload::Arrival {
+            tenant: t.uid,
+            port,
+            vlan: t.attachments[ai].vlan,
+            src_mac,
+            dst_mac,
+        };
         // The connection the packet passed as part of, if any.
         let mut tracked = None;
-        // It passed on a stateless verdict: no connection, no rate limit.
+        // With flow hardware in front: it passed on a stateless verdict
+        // (no connection, no rate limit).
         let mut stateless_pass = false;
-        // The stable ID of the rule whose verdict it got, if one.
-        let mut rule_id = None;
+        // The tag of the rule whose verdict it got, if one.
+        let mut rule_tag = None;
         let passed = match *l3 {
             L3::Ip {
                 key,
@@ -215,8 +224,8 @@ impl SwitchPipeline {
                         len,
                     },
                 );
+                rule_tag = rule;
                 if let Some(tag) = rule {
-                    rule_id = t.rule_ids.get(tag as usize).copied();
                     let rc = &shard.rules[ti][tag as usize];
                     bump(&rc.packets, 1);
                     bump(&rc.bytes, len);
@@ -231,7 +240,8 @@ impl SwitchPipeline {
                         super::offload::opened(link, t.uid, &key);
                     }
                 }
-                stateless_pass = fragment.is_none()
+                stateless_pass = self.offload.is_some()
+                    && fragment.is_none()
                     && matches!(passed, Ok(None))
                     && rule.map_or(t.default_allow, |tag| {
                         let a = t.actions[tag as usize];
@@ -281,15 +291,9 @@ impl SwitchPipeline {
                 remote,
             ) {
                 let denied = super::offload::StatelessPacket {
-                    at: super::offload::Arrival {
-                        tenant: t.uid,
-                        port,
-                        vlan: t.attachments[ai].vlan,
-                        src_mac,
-                        dst_mac,
-                    },
+                    at: arrival(),
                     key,
-                    rule: rule_id,
+                    rule: t.rule_id(rule_tag),
                 };
                 super::offload::stateless_step(link, self.generation, self.now, &denied, None);
             }
@@ -321,13 +325,7 @@ impl SwitchPipeline {
             let egress = out
                 .filter(|_| decap == 0 && remote == 0)
                 .map(|o| plain_egress(from, t.attachments[o], 0));
-            let at = super::offload::Arrival {
-                tenant: t.uid,
-                port,
-                vlan: from.vlan,
-                src_mac,
-                dst_mac,
-            };
+            let at = arrival();
             match (tracked, *l3) {
                 (Some((slot, dir)), _) => {
                     let seen = super::offload::Passed {
@@ -348,7 +346,7 @@ impl SwitchPipeline {
                     let seen = super::offload::StatelessPacket {
                         at,
                         key,
-                        rule: rule_id,
+                        rule: t.rule_id(rule_tag),
                     };
                     super::offload::stateless_step(
                         link,

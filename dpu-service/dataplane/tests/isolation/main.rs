@@ -23,14 +23,16 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[test]
-fn no_frame_crosses_a_tenant_boundary() {
-    let worlds = env("ISOLATION_WORLDS", 32);
-    let frames = env("ISOLATION_FRAMES", 30_000);
+/// Runs `worlds` random worlds from `ISOLATION_SEED` (default 1), each
+/// compiled into a switch that `run` pushes its frames through; returns
+/// the summed statistics and one line per world with violations.
+fn each_world(
+    worlds: u64,
+    mut run: impl FnMut(&mut World, &mut Draw<Rng>, &SwitchHandle),
+) -> (Stats, Vec<String>) {
     let seed = env("ISOLATION_SEED", 1);
     let mut total = Stats::default();
     let mut failures = Vec::new();
-    let mut configs = 0;
     for s in seed..seed + worlds {
         let mut rng = Rng::new(s);
         let mut d = Draw::new(&mut rng);
@@ -39,9 +41,7 @@ fn no_frame_crosses_a_tenant_boundary() {
             Ok(h) => h,
             Err(e) => panic!("seed {s}: the generated configuration does not compile: {e}"),
         };
-        configs += 1;
-        let mut p = handle.pipeline();
-        w.run(&mut p, &mut d, frames);
+        run(&mut w, &mut d, &handle);
         total += w.stats;
         if !w.violations.is_empty() {
             failures.push(format!(
@@ -51,6 +51,16 @@ fn no_frame_crosses_a_tenant_boundary() {
             ));
         }
     }
+    (total, failures)
+}
+
+#[test]
+fn no_frame_crosses_a_tenant_boundary() {
+    let configs = env("ISOLATION_WORLDS", 32);
+    let frames = env("ISOLATION_FRAMES", 30_000);
+    let (total, failures) = each_world(configs, |w, d, handle| {
+        w.run(&mut handle.pipeline(), d, frames);
+    });
     println!(
         "isolation: {configs} configurations, {} frames ({} forwarded, {} flooded, {} dropped; \
          {} in VXLAN, {} with stacked tags or encapsulation, {} fragments, {} station probes), \
@@ -85,14 +95,8 @@ fn no_frame_crosses_a_tenant_boundary_with_flow_hardware_in_front() {
 
     let worlds = env("ISOLATION_OFFLOAD_WORLDS", 4);
     let frames = env("ISOLATION_FRAMES", 30_000);
-    let seed = env("ISOLATION_SEED", 1);
-    let mut failures = Vec::new();
     let (mut carried, mut dropped, mut offloaded) = (0, 0, 0);
-    for s in seed..seed + worlds {
-        let mut rng = Rng::new(s);
-        let mut d = Draw::new(&mut rng);
-        let mut w = World::random(&mut d);
-        let handle = SwitchHandle::new(&w.cfg).expect("the generated configuration compiles");
+    let (_, failures) = each_world(worlds, |w, d, handle| {
         let (nic, models) = ModelNic::new(ModelLimits::default(), 1);
         let cfg = OffloadConfig {
             insert_rate: u32::MAX,
@@ -106,8 +110,7 @@ fn no_frame_crosses_a_tenant_boundary_with_flow_hardware_in_front() {
             Duration::from_secs(600),
             1,
         ));
-        let mut p = handle.pipeline();
-        w.run_bursts(&mut p, &mut d, frames);
+        w.run_bursts(&mut handle.pipeline(), d, frames);
         // What the model did, once the counters were read.
         std::thread::sleep(Duration::from_millis(20));
         let st = o.status();
@@ -117,14 +120,7 @@ fn no_frame_crosses_a_tenant_boundary_with_flow_hardware_in_front() {
             dropped += t.dropped.packets;
         }
         o.stop();
-        if !w.violations.is_empty() {
-            failures.push(format!(
-                "seed {s}: {} violations, first: {}",
-                w.stats.violations,
-                w.violations.join("\n  ")
-            ));
-        }
-    }
+    });
     println!(
         "isolation with offload: {worlds} configurations, {offloaded} flows offloaded, \
          {carried} frames carried and {dropped} dropped by the model"

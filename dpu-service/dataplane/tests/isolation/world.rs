@@ -462,7 +462,26 @@ impl World {
     /// Pushes `frames` random frames through `p`, checking each; stops
     /// early when `d` runs dry.
     pub fn run<S: Source>(&mut self, p: &mut SwitchPipeline, d: &mut Draw<S>, frames: u64) {
+        self.stream(p, d, frames, false);
+    }
+
+    /// As [`World::run`], each frame a burst of one through
+    /// `process_burst`, where flow hardware (the model NIC) in front of
+    /// the switch decides the frames of the flows it holds.
+    pub fn run_bursts<S: Source>(&mut self, p: &mut SwitchPipeline, d: &mut Draw<S>, frames: u64) {
+        self.stream(p, d, frames, true);
+    }
+
+    fn stream<S: Source>(
+        &mut self,
+        p: &mut SwitchPipeline,
+        d: &mut Draw<S>,
+        frames: u64,
+        bursts: bool,
+    ) {
         let mut flood = Vec::new();
+        let mut burst = Vec::with_capacity(1);
+        let mut outs = Vec::new();
         for i in 0..frames {
             if i % 32 == 0 {
                 p.turn();
@@ -473,38 +492,23 @@ impl World {
             }
             flood.clear();
             let original = frame.clone();
-            let v = p.process(port, &mut frame, &mut flood);
-            self.check(port, &original, &meta, v, &flood);
-        }
-    }
-
-    /// As [`World::run`], each frame a burst of one through
-    /// `process_burst`, where flow hardware (the model NIC) in front of
-    /// the switch decides the frames of the flows it holds.
-    pub fn run_bursts<S: Source>(&mut self, p: &mut SwitchPipeline, d: &mut Draw<S>, frames: u64) {
-        let mut flood = Vec::new();
-        let mut burst = Vec::with_capacity(1);
-        for i in 0..frames {
-            if i % 32 == 0 {
-                p.turn();
+            if !bursts {
+                let v = p.process(port, &mut frame, &mut flood);
+                self.check(port, &original, &meta, v, &flood);
+                continue;
             }
-            let (port, frame, meta) = self.frame(d);
-            if d.done {
-                return;
-            }
-            flood.clear();
-            let original = frame.clone();
             burst.push(dpu_dataplane::io::memory::MemPacket(frame));
-            let mut out = None;
+            let mut verdict = None;
             p.process_burst(port, &mut burst, &mut flood, |_, v, f| {
-                out = Some((*v, f.to_vec()));
+                verdict = Some(*v);
+                outs.clear();
+                outs.extend_from_slice(f);
             });
             burst.clear();
-            let Some((v, f)) = out else {
-                self.violation(format!("port {port} {meta:?}: no verdict"));
-                continue;
-            };
-            self.check(port, &original, &meta, v, &f);
+            match verdict {
+                Some(v) => self.check(port, &original, &meta, v, &outs),
+                None => self.violation(format!("port {port} {meta:?}: no verdict")),
+            }
         }
     }
 
