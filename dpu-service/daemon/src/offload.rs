@@ -144,13 +144,6 @@ impl Offload {
             return Ok(0);
         }
         self.set_tenants(tenants);
-        // Removed rules' counts take no room.
-        if let Err(e) = self
-            .offloader
-            .keep_rules(switch.rule_names().into_keys().collect())
-        {
-            tracing::error!(error = %e, "flow offload: removed rules' counts were not forgotten");
-        }
         let ids: Option<Vec<u32>> = changed.iter().map(|n| switch.tenant_id(n)).collect();
         let removed = match ids {
             Some(ids) if ids.len() <= INVALIDATE_EACH_MAX => {
@@ -162,6 +155,14 @@ impl Offload {
             }
             _ => self.offloader.invalidate(None, generation)?,
         };
+        // Removed rules' counts take no room (once their flows, whose
+        // last counts are folded as they leave, are gone).
+        if let Err(e) = self
+            .offloader
+            .keep_rules(switch.rule_names().into_keys().collect())
+        {
+            tracing::error!(error = %e, "flow offload: removed rules' counts were not forgotten");
+        }
         if removed > 0 {
             tracing::info!(
                 generation,

@@ -799,7 +799,6 @@ impl Thread {
         }
     }
 
-    /// Adds what a flow carried between `then` and `now` to its tenant.
     /// Adds what flow `h` did since its counters were last read (`now`
     /// is their reading) to its tenant: carried, or dropped for a drop
     /// rule.
