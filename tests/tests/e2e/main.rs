@@ -32,6 +32,7 @@ mod opi_bridge;
 mod opi_kernel;
 mod opi_remote;
 mod opi_volume;
+mod remote_garbage;
 mod remote_kernel;
 mod spdk_interop;
 mod state_enospc;
