@@ -14,6 +14,10 @@
 //! - [`Connector`]: the host's side, for the traffic generator and tests.
 //! - [`Session`]: an established session on a socket, blocking or not,
 //!   whose writes are gathered into records of up to [`RECORD`] bytes.
+//! - [`Detached`]: sessions and handshakes whose caller moves the
+//!   ciphertext itself, for a TCP/IP stack of its own (a storage endpoint
+//!   on smoltcp): it [feeds](Session::feed) what it received and sends
+//!   what [`Session::output`] holds.
 //!
 //! OpenSSL's TLS 1.3 external-PSK callbacks (`SSL_CTX_set_psk_find_session_callback`
 //! and its client twin) have no safe binding; they live in `ffi`, the one
@@ -112,12 +116,12 @@ impl Acceptor {
         Ok(Self { ctx: b.build() })
     }
 
-    /// Starts the handshake of a host on `stream` (blocking or not);
-    /// [`Handshake::step`] drives it.
+    /// Starts the handshake of a host on `stream` (a socket, blocking or
+    /// not, or [`Detached`]); [`Handshake::step`] drives it.
     ///
     /// # Errors
     /// OpenSSL could not make the session.
-    pub fn start(&self, stream: TcpStream) -> Result<Handshake, ErrorStack> {
+    pub fn start<S: Transport>(&self, stream: S) -> Result<Handshake<S>, ErrorStack> {
         let ssl = Ssl::new(&self.ctx)?;
         Ok(Handshake {
             stream: SslStream::new(ssl, Wire::new(stream))?,
@@ -205,14 +209,53 @@ pub enum Step {
     Write,
 }
 
-/// The socket under OpenSSL. Ciphertext is read from the socket in
+/// What carries a session's ciphertext: a socket the session reads and
+/// writes itself, or [`Detached`].
+pub trait Transport: Read + Write {
+    /// False when the caller moves the ciphertext ([`Session::feed`],
+    /// [`Session::output`]): the session never reads the transport.
+    const SOCKET: bool = true;
+}
+
+impl Transport for TcpStream {}
+
+/// No socket: the caller hands the session the ciphertext it received
+/// ([`Session::feed`], [`Handshake::feed`]) and sends what the session
+/// made ([`Session::output`], [`Session::sent`]). A session writes no
+/// more records while earlier ones wait there, so what it holds is
+/// bounded by what the caller lets through.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Detached;
+
+impl Read for Detached {
+    fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+}
+
+impl Write for Detached {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Transport for Detached {
+    const SOCKET: bool = false;
+}
+
+/// The transport under OpenSSL. Ciphertext is read from a socket in
 /// pieces of up to [`RX_CHUNK`] and handed to OpenSSL as it asks (a
 /// record's header, then its body: two reads of OpenSSL's, one of the
 /// socket's for many records), and what OpenSSL writes is gathered to go
-/// out in one write for several records.
+/// out in one write for several records. [`Detached`], it holds what the
+/// caller fed and what it has yet to send.
 #[derive(Debug)]
-struct Wire {
-    sock: TcpStream,
+struct Wire<S> {
+    sock: S,
     /// Ciphertext read and not yet taken: `rx[rx_at..rx_len]`.
     rx: Vec<u8>,
     rx_at: usize,
@@ -229,8 +272,8 @@ const RX_CHUNK: usize = 256 * 1024;
 /// takes them.
 const TX_BATCH: usize = 32 * RECORD;
 
-impl Wire {
-    fn new(sock: TcpStream) -> Self {
+impl<S: Transport> Wire<S> {
+    fn new(sock: S) -> Self {
         Self {
             sock,
             rx: Vec::new(),
@@ -249,11 +292,42 @@ impl Wire {
         self.tx_at < self.tx.len()
     }
 
+    /// Takes `bytes` of ciphertext received, after what is still unread.
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.rx_at == self.rx_len {
+            (self.rx_at, self.rx_len) = (0, 0);
+        } else if self.rx_len + bytes.len() > self.rx.len() && self.rx_at > 0 {
+            self.rx.copy_within(self.rx_at..self.rx_len, 0);
+            self.rx_len -= self.rx_at;
+            self.rx_at = 0;
+        }
+        let end = self.rx_len + bytes.len();
+        if end > self.rx.len() {
+            self.rx.resize(end, 0);
+        }
+        self.rx[self.rx_len..end].copy_from_slice(bytes);
+        self.rx_len = end;
+    }
+
+    /// Ciphertext not yet sent.
+    fn output(&self) -> &[u8] {
+        &self.tx[self.tx_at..]
+    }
+
+    /// `n` bytes of [`Wire::output`] went out.
+    fn sent(&mut self, n: usize) {
+        self.tx_at = (self.tx_at + n).min(self.tx.len());
+        if self.tx_at == self.tx.len() {
+            self.tx.clear();
+            self.tx_at = 0;
+        }
+    }
+
     /// Sends the ciphertext gathered as far as the socket takes it;
     /// `Ok(true)` when none is left.
     fn send(&mut self) -> io::Result<bool> {
         while self.tx_at < self.tx.len() {
-            match (&self.sock).write(&self.tx[self.tx_at..]) {
+            match self.sock.write(&self.tx[self.tx_at..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.tx_at += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -267,17 +341,17 @@ impl Wire {
     }
 }
 
-impl Read for Wire {
+impl<S: Transport> Read for Wire<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.rx_at == self.rx_len {
             // What OpenSSL wrote goes out before it waits for an answer.
-            if !self.send()? {
+            if !S::SOCKET || !self.send()? {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             if self.rx.is_empty() {
                 self.rx = vec![0; RX_CHUNK];
             }
-            let n = (&self.sock).read(&mut self.rx)?;
+            let n = self.sock.read(&mut self.rx)?;
             self.rx_at = 0;
             self.rx_len = n;
         }
@@ -288,7 +362,7 @@ impl Read for Wire {
     }
 }
 
-impl Write for Wire {
+impl<S: Transport> Write for Wire<S> {
     /// Takes everything: the caller bounds what it writes before sending.
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.tx.extend_from_slice(buf);
@@ -301,12 +375,12 @@ impl Write for Wire {
 }
 
 /// A handshake under way.
-pub struct Handshake {
-    stream: SslStream<Wire>,
+pub struct Handshake<S = TcpStream> {
+    stream: SslStream<Wire<S>>,
     server: bool,
 }
 
-impl std::fmt::Debug for Handshake {
+impl<S> std::fmt::Debug for Handshake<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handshake")
             .field("server", &self.server)
@@ -314,8 +388,10 @@ impl std::fmt::Debug for Handshake {
     }
 }
 
-impl Handshake {
-    /// Goes on as far as the socket allows.
+impl<S: Transport> Handshake<S> {
+    /// Goes on as far as the socket allows ([`Detached`]: as far as what
+    /// was fed allows; [`Step::Read`] and [`Step::Write`] then both mean
+    /// that the caller sends [`Handshake::output`] and feeds what comes).
     ///
     /// # Errors
     /// The handshake failed: no key for the identity offered, wrong key,
@@ -354,13 +430,28 @@ impl Handshake {
     }
 
     /// The socket under the handshake.
-    pub fn get_ref(&self) -> &TcpStream {
+    pub fn get_ref(&self) -> &S {
         &self.stream.get_ref().sock
+    }
+
+    /// [`Detached`]: takes ciphertext received from the peer.
+    pub fn feed(&mut self, ciphertext: &[u8]) {
+        self.stream.get_mut().feed(ciphertext);
+    }
+
+    /// [`Detached`]: ciphertext the handshake made, to send.
+    pub fn output(&self) -> &[u8] {
+        self.stream.get_ref().output()
+    }
+
+    /// [`Detached`]: `n` bytes of [`Handshake::output`] were sent.
+    pub fn sent(&mut self, n: usize) {
+        self.stream.get_mut().sent(n);
     }
 
     /// The established session (once [`Handshake::step`] said
     /// [`Step::Done`]).
-    pub fn finish(self) -> Session {
+    pub fn finish(self) -> Session<S> {
         let identity = ffi::accepted(self.stream.ssl());
         Session {
             stream: self.stream,
@@ -370,16 +461,16 @@ impl Handshake {
     }
 }
 
-/// An established TLS session on a socket.
-pub struct Session {
-    stream: SslStream<Wire>,
+/// An established TLS session on a socket, or [`Detached`].
+pub struct Session<S = TcpStream> {
+    stream: SslStream<Wire<S>>,
     identity: Option<Identity>,
     /// Plaintext taken by a write and not yet taken by OpenSSL: retried,
     /// unchanged, before anything else is written.
     out: Vec<u8>,
 }
 
-impl std::fmt::Debug for Session {
+impl<S: Transport> std::fmt::Debug for Session<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("identity", &self.identity)
@@ -389,7 +480,7 @@ impl std::fmt::Debug for Session {
     }
 }
 
-impl Session {
+impl<S: Transport> Session<S> {
     /// On the subsystem's side, the identity the host was accepted under.
     pub fn identity(&self) -> Option<&Identity> {
         self.identity.as_ref()
@@ -404,8 +495,30 @@ impl Session {
     }
 
     /// The socket under the session.
-    pub fn get_ref(&self) -> &TcpStream {
+    pub fn get_ref(&self) -> &S {
         &self.stream.get_ref().sock
+    }
+
+    /// [`Detached`]: takes ciphertext received from the peer, for
+    /// [`Session::read_available`].
+    pub fn feed(&mut self, ciphertext: &[u8]) {
+        self.stream.get_mut().feed(ciphertext);
+    }
+
+    /// [`Detached`]: ciphertext fed and not yet opened.
+    pub fn unread(&self) -> usize {
+        let w = self.stream.get_ref();
+        w.rx_len - w.rx_at
+    }
+
+    /// [`Detached`]: ciphertext made and not yet sent.
+    pub fn output(&self) -> &[u8] {
+        self.stream.get_ref().output()
+    }
+
+    /// [`Detached`]: `n` bytes of [`Session::output`] were sent.
+    pub fn sent(&mut self, n: usize) {
+        self.stream.get_mut().sent(n);
     }
 
     /// Bytes read from the socket and not yet read from the session: a
@@ -521,7 +634,7 @@ fn tls_io_error(e: openssl::ssl::Error) -> io::Error {
     }
 }
 
-impl Read for Session {
+impl<S: Transport> Read for Session<S> {
     /// Sends what an earlier write left first (a reader that polls need
     /// not flush), then reads as [`Session::read_available`] does.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -530,7 +643,7 @@ impl Read for Session {
     }
 }
 
-impl Write for Session {
+impl<S: Transport> Write for Session<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.write_vectored(&[IoSlice::new(buf)])
     }

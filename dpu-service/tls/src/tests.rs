@@ -67,6 +67,88 @@ fn serve(acc: Acceptor) -> (u16, thread::JoinHandle<Result<Session, HandshakeErr
     (port, t)
 }
 
+/// As [`serve`], with the session [`Detached`]: this thread moves the
+/// ciphertext between the socket and the session, in pieces of at most
+/// `piece` bytes, as a TCP/IP stack of the caller's own would. Returns
+/// the most ciphertext the session held to send at once.
+fn serve_detached(
+    acc: Acceptor,
+    piece: usize,
+) -> (u16, thread::JoinHandle<Result<(Session<Detached>, usize), HandshakeError>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut buf = vec![0; piece];
+        // Reads what the socket has (None: closed).
+        let take = |s: &mut TcpStream, buf: &mut [u8]| match s.read(buf) {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(0),
+            Err(e) => panic!("{e}"),
+        };
+        let send = |s: &mut TcpStream, out: &[u8]| -> usize {
+            match s.write(&out[..out.len().min(piece)]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let mut h = acc.start(Detached).unwrap();
+        loop {
+            let step = h.step()?;
+            while !h.output().is_empty() {
+                let n = send(&mut s, h.output());
+                h.sent(n);
+            }
+            if step == Step::Done {
+                break;
+            }
+            match take(&mut s, &mut buf) {
+                None => return Err(HandshakeError::Tls("closed".into())),
+                Some(0) => thread::sleep(Duration::from_millis(1)),
+                Some(n) => h.feed(&buf[..n]),
+            }
+        }
+        let mut session = h.finish();
+        let mut plain = vec![0; 64 * 1024];
+        let mut echo = Vec::new();
+        let mut most = 0;
+        loop {
+            match take(&mut s, &mut buf) {
+                None => break,
+                Some(n) => session.feed(&buf[..n]),
+            }
+            loop {
+                match session.read_available(&mut plain) {
+                    Ok(0) => break,
+                    Ok(n) => echo.extend_from_slice(&plain[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            while !echo.is_empty() {
+                match session.write_vectored(&[IoSlice::new(&echo)]) {
+                    Ok(n) => {
+                        echo.drain(..n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e.into()),
+                }
+                most = most.max(session.output().len());
+                let n = send(&mut s, session.output());
+                session.sent(n);
+            }
+            let n = send(&mut s, session.output());
+            session.sent(n);
+            thread::sleep(Duration::from_micros(100));
+        }
+        Ok((session, most))
+    });
+    (port, t)
+}
+
 fn dial(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -117,6 +199,58 @@ fn hosts_with_the_key_get_both_cipher_suites_and_identity_versions() {
             assert_eq!(id.hash, key.hash());
         }
     }
+}
+
+/// A detached session (its ciphertext moved by the caller, in pieces as
+/// small as 1 byte) handshakes and echoes as one on a socket does, and
+/// holds at most one batch of records to send.
+#[test]
+fn detached_sessions_handshake_and_carry_data_whatever_the_pieces() {
+    let key = key384();
+    for piece in [1, 1500, 64 * 1024] {
+        let (port, server) = serve_detached(acceptor(key.clone()), piece);
+        let c = Connector::for_key(&key, 1, HOST, SUB).unwrap();
+        let mut s = c.connect(dial(port)).unwrap();
+        let data: Vec<u8> = (0..(if piece == 1 { 3_000 } else { 300_000 }) as u32)
+            .map(|i| (i * 13 % 251) as u8)
+            .collect();
+        let mut got = Vec::new();
+        for chunk in data.chunks(70_000) {
+            s.write_all(chunk).unwrap();
+            s.flush().unwrap();
+            let mut buf = vec![0; chunk.len()];
+            s.read_exact(&mut buf).unwrap();
+            got.extend_from_slice(&buf);
+        }
+        assert!(got == data, "piece {piece}: the echo differs");
+        s.shutdown();
+        drop(s);
+        let (served, most) = server.join().unwrap().unwrap();
+        assert_eq!(served.identity().unwrap().hostnqn, HOST);
+        assert_eq!(served.cipher(), "TLS_AES_256_GCM_SHA384");
+        assert!(most <= TX_BATCH + 32 * 64, "piece {piece}: {most} bytes held");
+    }
+}
+
+/// Fed a wrong key's hello, a detached handshake fails as one on a socket
+/// does, and says nothing to send before it is fed.
+#[test]
+fn detached_handshakes_refuse_what_socket_ones_refuse() {
+    let key = ConfiguredPsk::parse(SPEC_KEY).unwrap();
+    let wrong = ConfiguredPsk::new(&[9; 32], Some(PskHash::Sha256)).unwrap();
+    let (port, server) = serve_detached(acceptor(key), 4096);
+    let c = Connector::for_key(&wrong, 0, HOST, SUB).unwrap();
+    assert!(c.connect(dial(port)).is_err());
+    let e = server.join().unwrap().unwrap_err();
+    assert_eq!(e.reason(), "handshake_failed", "{e}");
+    let (port, server) = serve_detached(acceptor(ConfiguredPsk::parse(SPEC_KEY).unwrap()), 4096);
+    let c = Connector::for_key(&wrong, 1, HOST, SUB).unwrap();
+    assert!(c.connect(dial(port)).is_err());
+    let e = server.join().unwrap().unwrap_err();
+    assert_eq!(e.reason(), "bad_identity", "{e}");
+    let mut h = acceptor(key384()).start(Detached).unwrap();
+    assert_eq!(h.step().unwrap(), Step::Read);
+    assert!(h.output().is_empty());
 }
 
 #[test]
