@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 
 use dpu_nvmeof::auth::dh::DhError;
 use dpu_nvmeof::auth::pool::{DhPool, DhResult};
-use dpu_nvmeof::conn::Completer;
-use dpu_nvmeof::{BlockCompletion, Connection, Target};
+use dpu_nvmeof::conn::{Completer, ICREQ_TIMEOUT};
+use dpu_nvmeof::dpu_tls::{Detached, Handshake, HandshakeError, Step};
+use dpu_nvmeof::{BlockCompletion, Connection, SecureChannel, Target};
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::socket::tcp::{self, CongestionControl, State};
 use smoltcp::time::Instant as SmolInstant;
@@ -35,7 +36,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpListe
 use crate::config::{ConfigError, EndpointConfig, ETHERNET_HEADER};
 use crate::device::{FrameDevice, Pending, Sink};
 use crate::pool::{BufferPool, Share};
-use crate::session::{Fate, Session};
+use crate::session::{Channel, Fate, Session};
 
 /// How often every connection is ticked (handshake, PDU, keep-alive and
 /// idle timers; the write timeout), as the kernel transport's groups do.
@@ -60,6 +61,15 @@ pub const RESERVED_CONNECTIONS: usize = 2;
 /// How often an endpoint with Diffie-Hellman work out on its pool asks
 /// to be polled, to pick up the results.
 pub const DH_POLL: Duration = Duration::from_millis(1);
+
+/// Longest a host on a listener that speaks TLS may take from its
+/// connection to a completed handshake (the clear-text ICReq has as
+/// long, counted once the handshake is done).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = ICREQ_TIMEOUT;
+
+/// How often refusals of the secure channel of one kind are logged at
+/// most.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// How long a closed connection's socket may take to finish its FIN
 /// exchange before it is reset and freed.
@@ -154,14 +164,22 @@ pub struct Endpoint {
     io_rx: std::sync::mpsc::Receiver<(u64, BlockCompletion)>,
     /// The next session's number.
     next_session: u64,
+    /// When each kind of TLS refusal was last logged, and how many since.
+    logged: Vec<(&'static str, Option<Instant>, u64)>,
 }
 
+/// A TLS handshake's step done on the pool: its session, the handshake
+/// and what the step said.
+type Stepped = (u64, Box<Handshake<Detached>>, Result<Step, HandshakeError>);
+
 /// A [`DhPool`] and the way its results come back: (session, command ID,
-/// result), taken at the next poll.
+/// result), taken at the next poll; and the TLS handshakes' steps.
 struct DhLink {
     pool: std::sync::Arc<DhPool>,
     tx: std::sync::mpsc::Sender<(u64, u16, DhResult)>,
     rx: std::sync::mpsc::Receiver<(u64, u16, DhResult)>,
+    tls_tx: std::sync::mpsc::Sender<Stepped>,
+    tls_rx: std::sync::mpsc::Receiver<Stepped>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -221,6 +239,7 @@ impl Endpoint {
             io_tx,
             io_rx,
             next_session: 0,
+            logged: Vec::new(),
         })
     }
 
@@ -229,10 +248,20 @@ impl Endpoint {
     /// authentications over and over (ffdhe8192 costs tens of
     /// milliseconds each) then holds up no other connection, endpoint or
     /// tenant served by that thread. A job the pool's full queue refuses
-    /// fails its authentication at once, counted `busy`.
+    /// fails its authentication at once, counted `busy`. The steps of
+    /// the TLS handshakes (their key exchange) run there too, behind the
+    /// same bound: one the full queue refuses closes its connection,
+    /// counted `busy`.
     pub fn set_dh_pool(&mut self, pool: std::sync::Arc<DhPool>) {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.dh = Some(DhLink { pool, tx, rx });
+        let (tls_tx, tls_rx) = std::sync::mpsc::channel();
+        self.dh = Some(DhLink {
+            pool,
+            tx,
+            rx,
+            tls_tx,
+            tls_rx,
+        });
         for s in &mut self.sessions {
             s.conn.set_dh_offload(true);
         }
@@ -391,9 +420,11 @@ impl Endpoint {
             self.tick(now);
         }
         self.collect_dh(now);
+        self.collect_tls();
         self.collect_io();
         self.serve(now);
         self.hand_out_dh(now);
+        self.hand_out_tls();
         self.egress(now, emit);
         self.reap(now);
         self.arm();
@@ -417,7 +448,7 @@ impl Endpoint {
             || self
                 .sessions
                 .iter()
-                .any(|s| s.conn.has_requests() && !s.conn.held_back())
+                .any(|s| (s.conn.has_requests() || s.has_input()) && !s.conn.held_back())
         {
             return now;
         }
@@ -441,10 +472,10 @@ impl Endpoint {
         if self
             .sessions
             .iter()
-            .any(|s| s.conn.awaits_dh() || s.conn.awaits_io())
+            .any(|s| s.conn.awaits_dh() || s.conn.awaits_io() || s.stepping())
         {
-            // A DH result, or the completion of I/O on a storage cluster,
-            // may come back at any moment.
+            // A DH result, a TLS handshake's step, or the completion of
+            // I/O on a storage cluster, may come back at any moment.
             at = at.min(now + DH_POLL);
         }
         let t = self.smol(now);
@@ -514,6 +545,11 @@ impl Endpoint {
                 }
                 let local = SocketAddr::new(addr, p.port);
                 tracing::debug!(%peer, %local, "NVMe/TCP connection to a storage endpoint");
+                let channel = match p.target.secure_channel(local) {
+                    SecureChannel::None => Channel::Clear,
+                    SecureChannel::Allowed => Channel::Sniff { required: false },
+                    SecureChannel::Required => Channel::Sniff { required: true },
+                };
                 let mut conn = Connection::new(p.target.clone(), local, peer);
                 conn.set_dh_offload(self.dh.is_some());
                 self.next_session += 1;
@@ -529,6 +565,7 @@ impl Endpoint {
                     p.target.clone(),
                     now,
                     self.next_session,
+                    channel,
                 ));
             }
         }
@@ -635,7 +672,12 @@ impl Endpoint {
         while i < self.sessions.len() {
             let s = &mut self.sessions[i];
             let sock = self.sockets.get_mut::<tcp::Socket>(s.handle);
-            match s.pump(sock, now) {
+            let fate = s.pump(sock, now);
+            if let Some((kind, what)) = s.refusal.take() {
+                let peer = s.peer;
+                self.log(kind, peer, &what, now);
+            }
+            match fate {
                 Fate::Open => i += 1,
                 Fate::Close => {
                     let s = self.sessions.swap_remove(i);
@@ -655,7 +697,68 @@ impl Endpoint {
         }
     }
 
-    /// Gives the DH results that came back to their connections.
+    /// Gives the TLS handshakes' steps that came back to their
+    /// connections.
+    fn collect_tls(&mut self) {
+        let Some(dh) = &self.dh else {
+            return;
+        };
+        while let Ok((id, h, r)) = dh.tls_rx.try_recv() {
+            if let Some(s) = self.sessions.iter_mut().find(|s| s.id == id) {
+                s.stepped(h, r);
+            }
+        }
+    }
+
+    /// Runs the steps the handshakes need: on the pool when there is
+    /// one (a full queue closes the connection, counted `busy`), else
+    /// here.
+    fn hand_out_tls(&mut self) {
+        for s in &mut self.sessions {
+            let Some(mut h) = s.take_step() else {
+                continue;
+            };
+            let Some(dh) = &self.dh else {
+                let r = h.step();
+                s.stepped(h, r);
+                self.received = true;
+                continue;
+            };
+            let (tx, id) = (dh.tls_tx.clone(), s.id);
+            let work = move || {
+                let r = h.step();
+                // The endpoint may be gone: nothing to tell then.
+                let _ = tx.send((id, h, r));
+            };
+            if dh
+                .pool
+                .run_for(std::sync::Arc::downgrade(&s.alive), work)
+                .is_err()
+            {
+                s.refuse_busy();
+                self.received = true;
+            }
+        }
+    }
+
+    /// Logs a refusal of the secure channel of `kind`, at most once per
+    /// [`LOG_EVERY`], with the count since the last line.
+    fn log(&mut self, kind: &'static str, peer: SocketAddr, what: &str, now: Instant) {
+        let i = match self.logged.iter().position(|(k, ..)| *k == kind) {
+            Some(i) => i,
+            None => {
+                self.logged.push((kind, None, 0));
+                self.logged.len() - 1
+            }
+        };
+        let (_, last, since) = &mut self.logged[i];
+        *since += 1;
+        if last.is_none_or(|t| now.saturating_duration_since(t) >= LOG_EVERY) {
+            tracing::warn!(%peer, endpoint = %self.config.address, since_last = *since, "{what}");
+            (*last, *since) = (Some(now), 0);
+        }
+    }
+
     /// Hands the completions of block requests on asynchronous backends
     /// to their connections (those still open).
     fn collect_io(&mut self) {
@@ -742,6 +845,16 @@ impl Endpoint {
             self.drop_handshakes(&mut stale);
         }
         for s in &mut self.sessions {
+            if s.securing() {
+                // The connection's own timers start once its bytes flow.
+                if now.saturating_duration_since(s.opened) >= TLS_HANDSHAKE_TIMEOUT
+                    && !s.conn.is_closed()
+                {
+                    s.handshake_timed_out();
+                    self.sockets.get_mut::<tcp::Socket>(s.handle).abort();
+                }
+                continue;
+            }
             s.conn.tick(now);
             if let Some(since) = s.stalled_since {
                 if now.saturating_duration_since(since) >= limit {

@@ -52,3 +52,5 @@ extern crate self as dpu_endpoint;
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_tls;

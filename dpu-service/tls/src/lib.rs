@@ -170,6 +170,18 @@ impl Connector {
         Self::new(identity, psk)
     }
 
+    /// Starts the handshake on `stream` (a non-blocking socket, or
+    /// [`Detached`]); [`Handshake::step`] drives it.
+    ///
+    /// # Errors
+    /// OpenSSL could not make the session.
+    pub fn start<S: Transport>(&self, stream: S) -> Result<Handshake<S>, ErrorStack> {
+        Ok(Handshake {
+            stream: SslStream::new(Ssl::new(&self.ctx)?, Wire::new(stream))?,
+            server: false,
+        })
+    }
+
     /// Makes the handshake on a blocking `stream`, each read and write of
     /// it within [`HANDSHAKE_STEP`] unless the stream has timeouts of its
     /// own (which it keeps).

@@ -67,14 +67,15 @@ fn serve(acc: Acceptor) -> (u16, thread::JoinHandle<Result<Session, HandshakeErr
     (port, t)
 }
 
+/// What [`serve_detached`] ends with: the session and the most
+/// ciphertext it held.
+type Served = Result<(Session<Detached>, usize), HandshakeError>;
+
 /// As [`serve`], with the session [`Detached`]: this thread moves the
 /// ciphertext between the socket and the session, in pieces of at most
 /// `piece` bytes, as a TCP/IP stack of the caller's own would. Returns
 /// the most ciphertext the session held to send at once.
-fn serve_detached(
-    acc: Acceptor,
-    piece: usize,
-) -> (u16, thread::JoinHandle<Result<(Session<Detached>, usize), HandshakeError>>) {
+fn serve_detached(acc: Acceptor, piece: usize) -> (u16, thread::JoinHandle<Served>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let t = thread::spawn(move || {
@@ -228,7 +229,10 @@ fn detached_sessions_handshake_and_carry_data_whatever_the_pieces() {
         let (served, most) = server.join().unwrap().unwrap();
         assert_eq!(served.identity().unwrap().hostnqn, HOST);
         assert_eq!(served.cipher(), "TLS_AES_256_GCM_SHA384");
-        assert!(most <= TX_BATCH + 32 * 64, "piece {piece}: {most} bytes held");
+        assert!(
+            most <= TX_BATCH + 32 * 64,
+            "piece {piece}: {most} bytes held"
+        );
     }
 }
 

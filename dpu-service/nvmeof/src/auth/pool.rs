@@ -93,10 +93,21 @@ impl DhJob {
     }
 }
 
-/// A job and where its result goes.
+/// What a task does.
+enum Work {
+    /// A job and where its result goes.
+    Dh {
+        job: DhJob,
+        done: Box<dyn FnOnce(DhResult) + Send>,
+    },
+    /// Other work of the same kind (a TLS handshake's key exchange), which
+    /// hands its result over itself; dropped unrun when the pool stops.
+    Other(Box<dyn FnOnce() + Send>),
+}
+
+/// Work and whom it is for.
 struct Task {
-    job: DhJob,
-    done: Box<dyn FnOnce(DhResult) + Send>,
+    work: Work,
     /// Run only while this upgrades, when set.
     owner: Option<Weak<()>>,
 }
@@ -215,23 +226,54 @@ impl DhPool {
         self.queue(job, done, Some(owner))
     }
 
+    /// Queues `work` for `owner`, behind the same bound as the DH jobs: a
+    /// TLS handshake's steps (its ECDHE and HKDF work), which hand their
+    /// result over themselves. Dropped unrun if `owner` is gone by its
+    /// turn or the pool stops first.
+    ///
+    /// # Errors
+    /// [`DhError::Busy`] when the queue is full (or the pool is
+    /// stopping); `work` is dropped unrun.
+    pub fn run_for<F: FnOnce() + Send + 'static>(
+        &self,
+        owner: Weak<()>,
+        work: F,
+    ) -> Result<(), DhError> {
+        let task = Task {
+            work: Work::Other(Box::new(work)),
+            owner: Some(owner),
+        };
+        self.send(task).map_err(|_| DhError::Busy)
+    }
+
     fn queue(
         &self,
         job: DhJob,
         done: impl FnOnce(DhResult) + Send + 'static,
         owner: Option<Weak<()>>,
     ) -> Result<(), DhJob> {
-        let Some(tx) = &self.tx else {
-            return Err(job);
-        };
-        match tx.try_send(Task {
-            job,
-            done: Box::new(done),
+        let task = Task {
+            work: Work::Dh {
+                job,
+                done: Box::new(done),
+            },
             owner,
-        }) {
+        };
+        match self.send(task) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(t) | TrySendError::Disconnected(t)) => Err(t.job),
+            Err(Work::Dh { job, .. }) => Err(job),
+            // Not what was sent: nothing to hand back.
+            Err(Work::Other(_)) => Ok(()),
         }
+    }
+
+    fn send(&self, task: Task) -> Result<(), Work> {
+        let Some(tx) = &self.tx else {
+            return Err(task.work);
+        };
+        tx.try_send(task).map_err(|e| match e {
+            TrySendError::Full(t) | TrySendError::Disconnected(t) => t.work,
+        })
     }
 }
 
@@ -254,17 +296,21 @@ fn worker(rx: &Mutex<Receiver<Task>>, stopping: &AtomicBool) {
             Ok(rx) => rx.recv(),
             Err(_) => return,
         };
-        let Ok(Task { job, done, owner }) = task else {
+        let Ok(Task { work, owner }) = task else {
             return;
         };
         if owner.is_some_and(|o| o.strong_count() == 0) {
             continue;
         }
-        if stopping.load(Ordering::Acquire) {
-            drop(job);
-            done(Err(DhError::Busy));
-        } else {
-            done(job.run());
+        let stopping = stopping.load(Ordering::Acquire);
+        match work {
+            Work::Dh { job, done } if stopping => {
+                drop(job);
+                done(Err(DhError::Busy));
+            }
+            Work::Dh { job, done } => done(job.run()),
+            Work::Other(_) if stopping => {}
+            Work::Other(f) => f(),
         }
     }
 }
@@ -437,6 +483,45 @@ mod tests {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
         );
         drop(stays);
+    }
+
+    /// Other work shares the DH jobs' queue and its bound, and is dropped
+    /// unrun when its owner left before its turn.
+    #[test]
+    fn other_work_runs_behind_the_same_bound() {
+        let pool = DhPool::new(1, 1).unwrap();
+        let (tx, rx) = channel();
+        let owner = Arc::new(());
+        let t = tx.clone();
+        pool.run_for(Arc::downgrade(&owner), move || t.send(1).unwrap())
+            .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), 1);
+
+        let release = hold_the_thread(&pool);
+        let gone = Arc::new(());
+        let t = tx.clone();
+        pool.run_for(Arc::downgrade(&gone), move || t.send(2).unwrap())
+            .unwrap();
+        let t = tx.clone();
+        let full = pool.run_for(Arc::downgrade(&owner), move || t.send(3).unwrap());
+        assert!(matches!(full, Err(DhError::Busy)), "the queue holds one");
+        drop(gone);
+        drop(release);
+        let t = tx.clone();
+        // Queued once the held job and the dropped one are out of the way.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while pool
+            .run_for(Arc::downgrade(&owner), {
+                let t = t.clone();
+                move || t.send(4).unwrap()
+            })
+            .is_err()
+        {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), 4);
+        assert!(rx.try_recv().is_err(), "work whose owner left ran");
     }
 
     #[test]
