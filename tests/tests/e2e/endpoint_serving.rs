@@ -20,19 +20,19 @@ use dpu_e2e::{binary, output_text as text, perf_iops, Service};
 const BLUE_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-blue";
 const RED_NQN: &str = "nqn.2024-01.io.dpu-service.test:ep-red";
 /// Every endpoint's address, in both tenants.
-const EP: &str = "10.77.0.250";
+pub(crate) const EP: &str = "10.77.0.250";
 /// Every host's address, in both tenants.
-const HOST: &str = "10.77.0.5/24";
+pub(crate) const HOST: &str = "10.77.0.5/24";
 
 /// A namespace holding one end of a veth pair; the other end, `port_if`,
 /// stays in the root namespace as a port of the service. Removed on drop.
-struct Host {
+pub(crate) struct Host {
     port_if: String,
-    ns: Netns,
+    pub(crate) ns: Netns,
 }
 
 impl Host {
-    fn new(tag: &str, addr: &str) -> Result<Host> {
+    pub(crate) fn new(tag: &str, addr: &str) -> Result<Host> {
         let id = std::process::id();
         let port_if = format!("ep{tag}{id}");
         let peer = format!("{port_if}p");
@@ -78,8 +78,16 @@ impl Host {
         Ok(h)
     }
 
+    /// Adds `addr` (with its prefix) to the host's interface.
+    pub(crate) fn add_address(&self, addr: &str) -> Result<()> {
+        let dev = format!("{}p", self.port_if);
+        let out = self.ns.exec(&["ip", "addr", "add", addr, "dev", &dev])?;
+        ensure!(out.status.success(), "ip addr add {addr}: {}", text(&out));
+        Ok(())
+    }
+
     /// `nvmf-perf args..` in the namespace.
-    fn perf(&self, args: &[&str]) -> Result<Output> {
+    pub(crate) fn perf(&self, args: &[&str]) -> Result<Output> {
         let perf = binary("nvmf-perf")?;
         let perf = perf.to_string_lossy();
         let mut all = vec!["timeout", "20", perf.as_ref()];
@@ -129,7 +137,7 @@ impl Drop for Host {
 }
 
 /// The I/O ran: exit 0 and a positive IOPS figure on both jobs' lines.
-fn did_io(what: &str, out: &Output) -> Result<()> {
+pub(crate) fn did_io(what: &str, out: &Output) -> Result<()> {
     let t = String::from_utf8_lossy(&out.stdout);
     ensure!(
         out.status.success(),
@@ -161,7 +169,7 @@ fn drops(svc: &Service, reason: &str) -> Result<u64> {
 /// The service's configuration: `workers` workers that back off when
 /// idle, `storage` (lines of its `[storage]` table, if any), and each
 /// host's outer veth end as the VF port named beside it.
-fn config(workers: u32, storage: &str, ports: &[(&str, &Host)]) -> String {
+pub(crate) fn config(workers: u32, storage: &str, ports: &[(&str, &Host)]) -> String {
     let mut c = format!("[dataplane]\nworkers = {workers}\nidle = \"backoff\"\nmbufs = 4096\n");
     if !storage.is_empty() {
         c += &format!("\n[storage]\n{storage}");
@@ -189,7 +197,7 @@ fn tenant_with_endpoint(
 }
 
 /// A default-allow tenant attached to the whole of `port`.
-fn allow_tenant(svc: &Service, tenant: &str, port: &str) -> Result<()> {
+pub(crate) fn allow_tenant(svc: &Service, tenant: &str, port: &str) -> Result<()> {
     svc.dpuctl_json(&[
         "tenant",
         "create",

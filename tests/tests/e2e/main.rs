@@ -15,6 +15,7 @@ mod durability_tls;
 mod endpoint_kernel;
 mod endpoint_memif;
 mod endpoint_serving;
+mod endpoint_tls;
 mod library;
 mod nvme_auth;
 mod nvme_auth_flood;

@@ -31,7 +31,6 @@ pub use cluster::ClusterUpdate;
 pub use endpoint::Endpoint;
 pub use network::{PortRegistry, TenantUpdate};
 pub use storage::SubsystemUpdate;
-pub use tls::NOT_ON_ENDPOINTS;
 
 use crate::error::{ControlError, Result};
 use crate::model::State;

@@ -626,11 +626,6 @@ pub fn listener(field: &str, listener_id: &str, l: &pb::Listener) -> Result<List
         Some(l.tenant.clone())
     };
     let secure_channel = secure_channel(&f("secure_channel"), l.secure_channel)?;
-    if tenant.is_some() && secure_channel != SecureChannel::None {
-        return Err(ControlError::FailedPrecondition(
-            crate::state::NOT_ON_ENDPOINTS.to_string(),
-        ));
-    }
     Ok(Listener {
         id: id_str,
         transport,
@@ -1017,8 +1012,8 @@ mod tests {
         );
     }
 
-    /// A listener's secure channel: unspecified is none; a storage
-    /// endpoint offers none yet.
+    /// A listener's secure channel: unspecified is none; storage
+    /// endpoints offer it as the service's own listeners do.
     #[test]
     fn listener_secure_channel() {
         let mut l = pb::Listener {
@@ -1040,12 +1035,10 @@ mod tests {
         );
         l.secure_channel = pb::SecureChannel::Allowed as i32;
         l.tenant = "t".into();
-        assert!(matches!(
-            listener("listener", "", &l),
-            Err(ControlError::FailedPrecondition(m)) if m == crate::state::NOT_ON_ENDPOINTS
-        ));
-        l.secure_channel = pb::SecureChannel::None as i32;
-        assert!(listener("listener", "", &l).is_ok());
+        assert_eq!(
+            listener("listener", "", &l).unwrap().secure_channel,
+            SecureChannel::Allowed
+        );
     }
 
     /// A stored secret shows in no `Debug` output, and reads back from

@@ -1,7 +1,9 @@
 //! The secure channel, applied to the targets: the hosts' TLS PSKs and
 //! the subsystems' TLS requirements on the daemon's target and the
 //! tenants' (as [`Storage::apply_auth`] gives out DH-HMAC-CHAP keys), and
-//! whether each kernel listener address speaks TLS. Never logs a key.
+//! whether each listener address speaks TLS: the kernel listeners' on the
+//! daemon's target, each storage endpoint's on its tenant's. Never logs a
+//! key.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -20,6 +22,8 @@ pub(super) struct TlsApplied {
     required: BTreeSet<String>,
     /// Kernel listener addresses that speak TLS.
     channels: BTreeSet<SocketAddr>,
+    /// Storage endpoint addresses that speak TLS, with their tenant.
+    endpoint_channels: BTreeSet<(String, SocketAddr)>,
 }
 
 /// The secure channel of each kernel listener address of `state` that
@@ -27,13 +31,31 @@ pub(super) struct TlsApplied {
 /// one that does not); of a state file edited to disagree, the strictest
 /// wins.
 pub(super) fn kernel_channels(state: &State) -> BTreeMap<SocketAddr, SecureChannel> {
+    channels(state)
+        .into_iter()
+        .filter_map(|((tenant, addr), c)| tenant.is_none().then_some((addr, c)))
+        .collect()
+}
+
+/// As [`kernel_channels`], for the storage endpoints: by tenant and
+/// address.
+pub(super) fn endpoint_channels(state: &State) -> BTreeMap<(String, SocketAddr), SecureChannel> {
+    channels(state)
+        .into_iter()
+        .filter_map(|((tenant, addr), c)| Some(((tenant?, addr), c)))
+        .collect()
+}
+
+/// The secure channel of every listener address that speaks TLS, by
+/// tenant (`None`: the service's own sockets) and address.
+fn channels(state: &State) -> BTreeMap<(Option<String>, SocketAddr), SecureChannel> {
     let mut out = BTreeMap::new();
     for l in state.subsystems.values().flat_map(|s| s.listeners.values()) {
-        if l.tenant.is_some() || l.transport != Transport::Tcp || l.secure_channel.is_none() {
+        if l.transport != Transport::Tcp || l.secure_channel.is_none() {
             continue;
         }
         let c = out
-            .entry(SocketAddr::new(l.address, l.port))
+            .entry((l.tenant.clone(), SocketAddr::new(l.address, l.port)))
             .or_insert(l.secure_channel);
         if l.secure_channel == SecureChannel::Required {
             *c = SecureChannel::Required;
@@ -46,8 +68,9 @@ impl Storage {
     /// Gives the targets the TLS keys and requirements of `state` and
     /// takes back those it no longer has; each takes effect at the next
     /// handshake or Connect, sessions established stay. Sets the secure
-    /// channel of every kernel listener address, and resets those no
-    /// longer listened on with TLS to none.
+    /// channel of every listener address (a storage endpoint's on its
+    /// tenant's target), and resets those no longer listened on with TLS
+    /// to none.
     ///
     /// Every key of `state` is given again, with how it derives version 0
     /// identities' PSKs: a key set again with only that changed reaches
@@ -95,6 +118,13 @@ impl Storage {
             self.target.set_secure_channel(addr, c.target());
             now.channels.insert(addr);
         }
+        let tenant = |name: &str| tenants.iter().find(|(t, _)| t == name).map(|(_, t)| t);
+        for ((name, addr), c) in endpoint_channels(state) {
+            if let Some(t) = tenant(&name) {
+                t.set_secure_channel(addr, c.target());
+                now.endpoint_channels.insert((name, addr));
+            }
+        }
         let mut last = self.tls_applied.lock().unwrap_or_else(|e| e.into_inner());
         for t in &targets {
             for (sub, host) in last.keys.difference(&now.keys) {
@@ -107,6 +137,11 @@ impl Storage {
         for addr in last.channels.difference(&now.channels) {
             self.target
                 .set_secure_channel(*addr, dpu_nvmeof::SecureChannel::None);
+        }
+        for (name, addr) in last.endpoint_channels.difference(&now.endpoint_channels) {
+            if let Some(t) = tenant(name) {
+                t.set_secure_channel(*addr, dpu_nvmeof::SecureChannel::None);
+            }
         }
         *last = now;
     }
@@ -129,9 +164,10 @@ mod tests {
         }
     }
 
-    /// Kernel listeners that speak TLS, by address; storage endpoints and
-    /// listeners without TLS are left out, and of listeners a state file
-    /// was edited to make disagree, the strictest wins.
+    /// Listeners that speak TLS, by address: the kernel's apart from the
+    /// storage endpoints' (by tenant); listeners without TLS are left
+    /// out, and of listeners a state file was edited to make disagree,
+    /// the strictest wins.
     #[test]
     fn kernel_channels_by_address() {
         let mut state = State::default();
@@ -174,6 +210,13 @@ mod tests {
             kernel_channels(&state).into_iter().collect::<Vec<_>>(),
             [(
                 SocketAddr::from(([10, 0, 0, 1], 4420)),
+                SecureChannel::Required
+            )]
+        );
+        assert_eq!(
+            endpoint_channels(&state).into_iter().collect::<Vec<_>>(),
+            [(
+                ("t".to_string(), SocketAddr::from(([10, 0, 0, 1], 4422))),
                 SecureChannel::Required
             )]
         );
