@@ -1,5 +1,7 @@
 //! The finite-field Diffie-Hellman work of DH-HMAC-CHAP, as jobs, and a
 //! small pool of threads of its own that runs them off the poll groups.
+//! Work of the same kind from elsewhere (a storage endpoint's TLS
+//! handshakes, [`DhPool::run_for`]) shares the threads and the bound.
 //!
 //! One ffdhe8192 exponentiation takes tens of milliseconds (see the cost
 //! table in docs/benchmarks/nvme-auth.md, `cargo bench -p dpu-nvmeof --bench auth`):
