@@ -7,8 +7,11 @@
 //! `fuzz/run.sh frames` from the repository root.
 //!
 //! Input: one byte choosing the family (odd: an IPv6 endpoint and host,
-//! with neighbour discovery; even: IPv4), then a sequence of operations,
-//! one byte each followed by its argument bytes (see `run`).
+//! with neighbour discovery; even: IPv4) and the listener's secure
+//! channel (its next two bits: none, TLS allowed, TLS required; a key is
+//! set for the harness's host, so bytes that start with a TLS record go
+//! through the handshake), then a sequence of operations, one byte each
+//! followed by its argument bytes (see `run`).
 
 use std::time::Duration;
 
@@ -17,7 +20,9 @@ use std::time::Duration;
 mod testing;
 
 use dpu_endpoint::EndpointConfig;
-use testing::{config, config6, target, target_at, Chaos, Pair, EP_IP6};
+use dpu_nvmeof::dpu_tls::ConfiguredPsk;
+use dpu_nvmeof::SecureChannel;
+use testing::{config, config6, target, target_at, Chaos, Pair, EP_IP, EP_IP6, HOSTNQN, NQN, PORT};
 
 const MAX_CONNECTIONS: usize = 4;
 
@@ -38,11 +43,20 @@ pub fn run(data: &[u8]) {
         ..if v6 { config6(1500) } else { config(1500) }
     };
     let budget = cfg.buffer_budget;
-    let target = if v6 {
-        target_at(1 << 20, EP_IP6.into())
+    let (target, ep) = if v6 {
+        (target_at(1 << 20, EP_IP6.into()), EP_IP6.into())
     } else {
-        target(1 << 20)
+        (target(1 << 20), EP_IP.into())
     };
+    let channel = match family >> 1 & 3 {
+        1 => SecureChannel::Allowed,
+        2 => SecureChannel::Required,
+        _ => SecureChannel::None,
+    };
+    target.set_secure_channel(std::net::SocketAddr::new(ep, PORT), channel);
+    if let Ok(key) = ConfiguredPsk::new(&[0x5a; 32], None) {
+        target.set_tls_key(NQN, HOSTNQN, Some(key));
+    }
     let mut p = Pair::new(cfg, target);
     let mut hosts = Vec::new();
     let mut next_port = 40000u16;
