@@ -20,14 +20,15 @@ start_service() {
 
 ctl() { "$bin/dpuctl" "$@" >/dev/null; }
 
-# storage_setup: subsystems "ep" (blue's endpoint 10.79.0.250:4420) and
-# "k" (the kernel's loopback, port kport), 256 MiB of RAM each. Blue
-# must exist.
+# storage_setup: subsystems "ep" (blue's endpoint 10.79.0.250:4420, its
+# secure channel EP_CHANNEL if set) and "k" (the kernel's loopback, port
+# kport), 256 MiB of RAM each. Blue must exist.
 storage_setup() {
   for s in ep k; do
     ctl subsystem create "$s" --nqn "nqn.2024-01.io.dpu-service.bench:$s" --allow-any-host
     ctl namespace create "$s" --ram 256M
   done
-  ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420
+  ctl listener create ep --id ep --tenant blue --address 10.79.0.250 --port 4420 \
+    ${EP_CHANNEL:+--secure-channel "$EP_CHANNEL"}
   ctl listener create k --id k --address 127.0.0.1 --port "$kport"
 }

@@ -5,7 +5,7 @@
 #
 #   dpu-service/endpoint/bench/through-switch.sh [--bin target/release] \
 #       [--time 3] [--idle backoff|busy] [--mtu 1500] [--job PATTERN:BS:QD]...
-#       [--placement thread|worker]
+#       [--placement thread|worker] [--tls]
 #
 # One service (kernel driver, one worker, idle backoff or busy) with one switch
 # port: a veth pair whose other end is in a network namespace, the host
@@ -24,10 +24,15 @@
 #
 # --placement sets storage.endpoint_placement: the endpoints' stacks in a
 # thread of their own (the default) or in the worker.
+#
+# --tls: the endpoint's listener allows TLS, and the second column is the
+# endpoint again over TLS (nvmf-perf --tls-key, a host with a key) instead
+# of the kernel sockets; the first stays clear text (another host, without
+# a key). Red's part is skipped.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
-bin=target/release secs=3 idle=backoff mtu=1500 jobs=() placement=thread
+bin=target/release secs=3 idle=backoff mtu=1500 jobs=() placement=thread tls=0
 while (($#)); do
   case "$1" in
     --bin) shift; bin=$1 ;;
@@ -36,6 +41,7 @@ while (($#)); do
     --mtu) shift; mtu=$1 ;;
     --placement) shift; placement=$1 ;;
     --job) shift; jobs+=("$1") ;;
+    --tls) tls=1 ;;
     *) echo "through-switch: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -119,25 +125,45 @@ EOF
 start_service
 ctl tenant create blue --default-policy allow --port pf0vf0
 ctl tenant create red --default-policy allow --port pf0vf1 --port pf0vf2
+second=k
+if [ "$tls" = 1 ]; then
+  export EP_CHANNEL=allowed
+  second=tls
+fi
 storage_setup
+# nvmf-perf's own host NQN has a key; the clear-text column is another host.
+perf_host=nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000001
+clear_host=nqn.2014-08.org.nvmexpress:uuid:6e766d66-2d70-6572-6600-000000000002
+if [ "$tls" = 1 ]; then
+  head -c 32 /dev/urandom | python3 -c 'import sys,base64,zlib; k=sys.stdin.buffer.read(); print("NVMeTLSkey-1:01:"+base64.b64encode(k+zlib.crc32(k).to_bytes(4,"little")).decode()+":")' >"$work/key"
+  ctl subsystem set-tls-key ep "$perf_host" --psk-file "$work/key"
+fi
 
-perf() { # where: ep or k; then nvmf-perf arguments
+perf() { # where: ep, tls or k; then nvmf-perf arguments
   local where=$1; shift
   if [ "$where" = ep ]; then
-    ip netns exec "$ns" "$bin/nvmf-perf" --addr 10.79.0.250:4420 --nqn nqn.2024-01.io.dpu-service.bench:ep "$@"
+    ip netns exec "$ns" "$bin/nvmf-perf" --addr 10.79.0.250:4420 --nqn nqn.2024-01.io.dpu-service.bench:ep \
+      --hostnqn "$clear_host" "$@"
+  elif [ "$where" = tls ]; then
+    ip netns exec "$ns" "$bin/nvmf-perf" --addr 10.79.0.250:4420 --nqn nqn.2024-01.io.dpu-service.bench:ep \
+      --tls-key "$work/key" "$@"
   else
     "$bin/nvmf-perf" --addr "127.0.0.1:$kport" --nqn nqn.2024-01.io.dpu-service.bench:k "$@"
   fi
 }
 for _ in $(seq 1 50); do ip netns exec "$ns" ping -c 1 -W 1 10.79.0.250 >/dev/null 2>&1 && break; sleep 0.1; done
-for w in ep k; do perf "$w" --job write:128k:16 --time 2 >/dev/null; done
+for w in ep "$second"; do perf "$w" --job write:128k:16 --time 2 >/dev/null; done
 
-echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | kernel sockets IOPS | kernel sockets MB/s | kernel sockets p50 us |"
+if [ "$tls" = 1 ]; then
+  echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | endpoint over TLS IOPS | over TLS MB/s | over TLS p50 us |"
+else
+  echo "| job | endpoint IOPS | endpoint MB/s | endpoint p50 us | kernel sockets IOPS | kernel sockets MB/s | kernel sockets p50 us |"
+fi
 echo "|---|---:|---:|---:|---:|---:|---:|"
 tcp_per_io=()
 for j in "${jobs[@]}"; do
   row="| $j"
-  for w in ep k; do
+  for w in ep "$second"; do
     [ "$w" = ep ] && NSTAT_HISTORY=$work/nstat ip netns exec "$ns" nstat -n
     line=$(perf "$w" --job "$j" --time "$secs" | awk '!/^#/ && !/^job/' | tail -1)
     # job name is three words (pattern, size, QD), then IOPS, MB/s, p50.
@@ -156,6 +182,10 @@ done
 echo
 echo "The host's TCP through the endpoint (nstat in its namespace):"
 printf '  %s\n' "${tcp_per_io[@]}"
+if [ "$tls" = 1 ]; then
+  curl -s "127.0.0.1:$metrics/metrics" | grep -E '^dpu_nvmf_tls_(handshakes|refused)' | grep -v ' 0$' >&2 || true
+  exit 0
+fi
 # Red's TCP rate, alone and beside blue's storage load.
 sink='import socket,sys
 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("",5001)); s.listen(1)

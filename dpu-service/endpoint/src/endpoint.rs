@@ -294,6 +294,13 @@ impl Endpoint {
         self.stats
     }
 
+    /// Bytes the connections' TLS sessions hold in buffers of their own
+    /// (beside the sockets' and OpenSSL's): at most about a send buffer
+    /// and a read's worth each while busy, none once quiet.
+    pub fn tls_buffer_bytes(&self) -> usize {
+        self.sessions.iter().map(Session::tls_buffer_bytes).sum()
+    }
+
     /// Connections open: handshaking, connected or closing.
     pub fn open_connections(&self) -> usize {
         self.sessions.len() + self.closing.len()
@@ -856,6 +863,7 @@ impl Endpoint {
                 continue;
             }
             s.conn.tick(now);
+            s.release_idle_buffers();
             if let Some(since) = s.stalled_since {
                 if now.saturating_duration_since(since) >= limit {
                     tracing::warn!(peer = %s.peer, "the host read nothing for {limit:?}; resetting the connection");

@@ -222,6 +222,29 @@ impl Session {
         }
     }
 
+    /// Over TLS, with nothing waiting either way: gives back the
+    /// session's buffers (the next read or write makes them again), so a
+    /// quiet connection holds no more than OpenSSL's own state beside its
+    /// socket's.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        if let Channel::Tls(t) = &mut self.channel {
+            if t.output().is_empty() && t.unread() == 0 && !t.buffered() {
+                t.release_idle_buffers();
+                if self.rx.is_empty() {
+                    self.plain = Vec::new();
+                }
+            }
+        }
+    }
+
+    /// Bytes the TLS session's own buffers hold allocated.
+    pub(crate) fn tls_buffer_bytes(&self) -> usize {
+        match &self.channel {
+            Channel::Tls(t) => t.buffer_capacity() + self.plain.capacity(),
+            _ => 0,
+        }
+    }
+
     /// Refuses the handshake for want of room to run it: counted `busy`.
     pub(crate) fn refuse_busy(&mut self) {
         count(&self.target.stats().tls.busy);
