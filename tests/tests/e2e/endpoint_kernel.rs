@@ -23,17 +23,19 @@ const EP6: &str = "fd00:78::250";
 
 /// A veth pair: `port` for the service, `bridged` for the guest's bridge.
 /// Removed on drop.
-struct Wire {
-    port: String,
-    bridged: String,
+pub(crate) struct Wire {
+    pub(crate) port: String,
+    pub(crate) bridged: String,
 }
 
 impl Wire {
-    fn new() -> Result<Wire> {
+    /// A pair named after the process and `tag` (tests running at once
+    /// each take their own).
+    pub(crate) fn new(tag: &str) -> Result<Wire> {
         let id = std::process::id();
         let w = Wire {
-            port: format!("ek{id}"),
-            bridged: format!("ek{id}g"),
+            port: format!("ek{tag}{id}"),
+            bridged: format!("ek{tag}{id}g"),
         };
         ip(&[
             "link", "add", &w.port, "type", "veth", "peer", "name", &w.bridged,
@@ -68,7 +70,7 @@ impl Drop for Wire {
 #[test]
 fn the_kernel_initiator_uses_its_tenants_storage_endpoint() -> Result<()> {
     let run = dpu_e2e::tools::kernel_nvme_harness()?;
-    let wire = Wire::new()?;
+    let wire = Wire::new("")?;
     let config = format!(
         "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
         wire.port

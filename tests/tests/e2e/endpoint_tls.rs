@@ -282,3 +282,135 @@ fn a_tenants_host_uses_tls_at_its_storage_endpoint() -> Result<()> {
     )?;
     Ok(())
 }
+
+/// Linux 6.12's initiator over TLS at its tenant's storage endpoint: a
+/// kernel-nvme guest on a bridge with one end of a veth pair, the other a
+/// switch port of the service (kernel driver), carries Debian 13's
+/// `tlshd` and nvme-cli (`tests/kernel-tls-share.sh`), inserts the host's
+/// key, is refused in clear text, connects with `--tls` and runs fio with
+/// verification. The endpoint's listener requires TLS.
+#[test]
+fn the_linux_initiator_uses_tls_at_its_tenants_storage_endpoint() -> Result<()> {
+    const KNQN: &str = "nqn.2024-01.io.dpu-service.test:ep-ktls";
+    const KHOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b746c73-0000-4000-8000-0000000000e1";
+    const KEP: &str = "10.78.1.250";
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let share = target_dir.join("kernel-tls");
+    let prep_script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-tls-share.sh");
+    let prep = Command::new("bash")
+        .arg(&prep_script)
+        .arg(&share)
+        .output()?;
+    ensure!(
+        prep.status.success(),
+        "{}: {}",
+        prep_script.display(),
+        text(&prep)
+    );
+    std::fs::write(share.join("psk"), KEY)?;
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("key");
+    std::fs::write(&key, KEY)?;
+    let key = key.to_str().context("a UTF-8 path")?.to_string();
+
+    let wire = crate::endpoint_kernel::Wire::new("t")?;
+    let config = format!(
+        "[dataplane]\nworkers = 1\nidle = \"backoff\"\nmbufs = 4096\n\n[[ports]]\nid = \"pf0vf0\"\nrole = \"vf\"\ndriver = \"kernel\"\ndevice = \"{}\"\n",
+        wire.port
+    );
+    let svc = Service::start_config(&config, &[])?;
+    allow_tenant(&svc, "blue", "pf0vf0")?;
+    svc.dpuctl_json(&[
+        "subsystem",
+        "create",
+        "ktls",
+        "--nqn",
+        KNQN,
+        "--host",
+        KHOST,
+    ])?;
+    svc.dpuctl_json(&["namespace", "create", "ktls", "--ram", "32M"])?;
+    svc.dpuctl_ok(&[
+        "subsystem",
+        "set-tls-key",
+        "ktls",
+        KHOST,
+        "--psk-file",
+        &key,
+        "--v0-derivation",
+        "compat",
+    ])?;
+    svc.dpuctl_json(&[
+        "listener",
+        "create",
+        "ktls",
+        "--id",
+        "ep",
+        "--tenant",
+        "blue",
+        "--address",
+        KEP,
+        "--port",
+        "4420",
+        "--secure-channel",
+        "required",
+    ])?;
+    let guest = format!(
+        "set -e\n\
+         /mnt/host/setup\n\
+         out=$(/mnt/host/run /mnt/host/root/usr/sbin/nvme check-tls-key --keydata=\"$(cat /mnt/host/psk)\" \
+             --hostnqn={KHOST} --subsysnqn={KNQN} --identity=1 --insert)\n\
+         echo \"$out\"\n\
+         serial=$(echo \"$out\" | awk '{{print $NF}}')\n\
+         if nvme connect -t tcp -a {KEP} -s 4420 -n {KNQN} --hostnqn {KHOST}; then \
+             echo 'UNEXPECTED: clear text connected'; exit 1; fi\n\
+         echo 'REFUSED: clear text'\n\
+         /mnt/host/run /mnt/host/root/usr/sbin/nvme connect -t tcp -a {KEP} -s 4420 -n {KNQN} \
+             --hostnqn {KHOST} --tls --tls_key=$((0x$serial))\n\
+         ns=$(nvme-wait-ns {KNQN} 1 30)\n\
+         fio --name=v --filename=$ns --direct=1 --ioengine=libaio --rw=randwrite --bs=16k --iodepth=8 \
+             --size=16M --verify=crc32c --verify_fatal=1 --eta=never\n\
+         echo 'CONNECTED: tls'\n\
+         /mnt/host/run /mnt/host/root/usr/sbin/nvme disconnect -n {KNQN}\n"
+    );
+    let script_path = dir.path().join("guest.sh");
+    std::fs::write(&script_path, guest)?;
+    let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
+        .args([
+            "--kernel-suite",
+            "trixie",
+            "--cpus",
+            "1",
+            "--timeout",
+            "300",
+        ])
+        .args(["--hostnqn", KHOST])
+        .args(["--bridge", &wire.bridged, "--guest-ip", "10.78.1.5/24"])
+        .arg("--share")
+        .arg(&share)
+        .arg("--script")
+        .arg(&script_path)
+        .stdin(Stdio::null())
+        .output()
+        .context("starting kernel-nvme")?;
+    let console = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && console.contains("CONNECTED: tls")
+            && console.contains("REFUSED: clear text"),
+        "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        svc.log_text()
+    );
+    ensure!(console.contains("err= 0"), "fio: {console}");
+    let handshakes = metric(
+        &svc.http_get("/metrics")?.1,
+        "dpu_nvmf_tls_handshakes_total",
+    );
+    ensure!(handshakes >= 2, "{handshakes} handshakes");
+    ensure!(tls_metric(&svc, "clear_text")? >= 1);
+    Ok(())
+}
