@@ -32,6 +32,9 @@ pub struct HugeMem {
     mapped: usize,
     /// Whether the kernel took the huge page advice.
     advised: bool,
+    /// Whether it was given (once: a kernel without transparent huge
+    /// pages refuses it every time).
+    asked: bool,
 }
 
 // SAFETY: a HugeMem owns its mapping alone, as a Box<[u8]> owns its
@@ -47,6 +50,22 @@ impl HugeMem {
     /// If `len` is zero, or the kernel refuses the mapping (out of address
     /// space or over a memory limit).
     pub fn zeroed(len: usize) -> io::Result<HugeMem> {
+        let mut m = Self::zeroed_small(len)?;
+        m.advise_huge();
+        Ok(m)
+    }
+
+    /// As [`HugeMem::zeroed`], without the huge page advice for now: the
+    /// first write to each base page faults in that page alone (a few
+    /// microseconds), where a huge page's first touch makes the kernel
+    /// find and zero 2 MiB at once, compacting memory to find it if need
+    /// be (milliseconds). [`HugeMem::advise_huge`] later lets the
+    /// kernel's background thread (khugepaged) gather the pages into huge
+    /// ones.
+    ///
+    /// # Errors
+    /// As [`HugeMem::zeroed`].
+    pub fn zeroed_small(len: usize) -> io::Result<HugeMem> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -88,17 +107,29 @@ impl HugeMem {
             // made above and nothing refers to it.
             unsafe { libc::munmap((aligned + mapped) as *mut c_void, tail) };
         }
-        // SAFETY: `aligned..aligned + mapped` is still mapped and ours; the
-        // advice changes how it is backed, not what it holds.
-        let advised =
-            unsafe { libc::madvise(aligned as *mut c_void, mapped, libc::MADV_HUGEPAGE) } == 0;
         let ptr = NonNull::new(aligned as *mut u8).ok_or_else(io::Error::last_os_error)?;
         Ok(HugeMem {
             ptr,
             len,
             mapped,
-            advised,
+            advised: false,
+            asked: false,
         })
+    }
+
+    /// Asks the kernel to back the memory with huge pages: at the first
+    /// touch of a huge page's range where none of it is mapped yet, and
+    /// in the background for ranges mapped in small pages already.
+    pub fn advise_huge(&mut self) {
+        if self.asked {
+            return;
+        }
+        self.asked = true;
+        // SAFETY: `ptr..ptr + mapped` is mapped and ours; the advice
+        // changes how it is backed, not what it holds.
+        self.advised =
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.mapped, libc::MADV_HUGEPAGE) }
+                == 0;
     }
 
     /// Whether the kernel accepted the advice to back this memory with
@@ -174,6 +205,23 @@ mod tests {
         if thp.is_ok_and(|s| !s.contains("[never]")) {
             assert!(m.advised());
         }
+    }
+
+    /// Mapped without the advice, memory reads and writes alike, and
+    /// takes the advice afterwards, contents kept.
+    #[test]
+    fn small_pages_first_advice_after() {
+        let mut m = HugeMem::zeroed_small(HUGE_PAGE).expect("map");
+        assert!(!m.advised());
+        assert_eq!(m.as_ptr() as usize % HUGE_PAGE, 0);
+        m[4096..8192].fill(7);
+        m.advise_huge();
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if thp.is_ok_and(|s| !s.contains("[never]")) {
+            assert!(m.advised());
+        }
+        assert!(m[4096..8192].iter().all(|&b| b == 7));
+        assert!(m[..4096].iter().chain(&m[8192..]).all(|&b| b == 0));
     }
 
     #[test]

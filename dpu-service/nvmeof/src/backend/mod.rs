@@ -29,6 +29,7 @@ mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 mod remote;
+pub mod spares;
 #[cfg(test)]
 mod suite;
 pub(crate) mod watch;

@@ -1,5 +1,6 @@
 //! [`RamBackend`]: a namespace in memory, allocated lazily a segment (one
-//! huge page) at a time.
+//! huge page) at a time, from segments faulted in ahead ([`super::spares`])
+//! where one is ready.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +13,9 @@ use super::{check, read, write, Backend, OutOfRange};
 
 /// Bytes per RAM segment: one huge page.
 const SEGMENT: u64 = HUGE_PAGE as u64;
+
+/// [`SEGMENT`] as a length.
+pub(super) const SEGMENT_BYTES: usize = HUGE_PAGE;
 
 /// Most bytes [`RamBackend`]'s prefetch asks for (one 4 KiB page: the
 /// hardware prefetcher does not cross pages, and within one it follows a
@@ -39,6 +43,9 @@ pub struct RamBackend {
     /// One entry per started segment of `len`. Invariant: the bytes of the
     /// last segment past `len` are zeros, so that growing exposes zeros.
     segments: RwLock<Vec<Segment>>,
+    /// Where fresh segments come from first: faulted in already, so that
+    /// a first write does not wait for the kernel's page faults.
+    spares: super::spares::User,
 }
 
 impl RamBackend {
@@ -51,6 +58,7 @@ impl RamBackend {
             len: AtomicU64::new(len),
             allocated: AtomicU64::new(0),
             segments: RwLock::new(segments),
+            spares: super::spares::global().user(),
         }
     }
 
@@ -155,7 +163,15 @@ impl Backend for RamBackend {
         self.each(offset, data.len() as u64, |seg, at, r, _| {
             let mut s = write(seg);
             if s.is_none() {
-                match HugeMem::zeroed(SEGMENT as usize) {
+                // A spare faulted in already; else one in small pages,
+                // whose first touches cost microseconds each rather than a
+                // huge page's milliseconds at once on this thread, advised
+                // to become huge pages in the background once written.
+                let fresh = self
+                    .spares
+                    .take()
+                    .map_or_else(|| HugeMem::zeroed_small(SEGMENT_BYTES), Ok);
+                match fresh {
                     Ok(m) => {
                         self.allocated.fetch_add(1, Ordering::Relaxed);
                         *s = Some(m);
@@ -168,6 +184,7 @@ impl Backend for RamBackend {
             }
             if let Some(d) = s.as_mut() {
                 d[at..at + r.len()].copy_from_slice(&data[r]);
+                d.advise_huge();
             }
         })?;
         failed.map_or(Ok(()), Err)
