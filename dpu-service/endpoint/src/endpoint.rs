@@ -250,8 +250,8 @@ impl Endpoint {
     /// tenant served by that thread. A job the pool's full queue refuses
     /// fails its authentication at once, counted `busy`. The steps of
     /// the TLS handshakes (their key exchange) run there too, behind the
-    /// same bound: one the full queue refuses closes its connection,
-    /// counted `busy`.
+    /// same bound: one the full queue does not take waits for the next
+    /// poll, within the handshake timeout.
     pub fn set_dh_pool(&mut self, pool: std::sync::Arc<DhPool>) {
         let (tx, rx) = std::sync::mpsc::channel();
         let (tls_tx, tls_rx) = std::sync::mpsc::channel();
@@ -479,7 +479,7 @@ impl Endpoint {
         if self
             .sessions
             .iter()
-            .any(|s| s.conn.awaits_dh() || s.conn.awaits_io() || s.stepping())
+            .any(|s| s.conn.awaits_dh() || s.conn.awaits_io() || s.stepping() || s.wants_step())
         {
             // A DH result, a TLS handshake's step, or the completion of
             // I/O on a storage cluster, may come back at any moment.
@@ -718,8 +718,9 @@ impl Endpoint {
     }
 
     /// Runs the steps the handshakes need: on the pool when there is
-    /// one (a full queue closes the connection, counted `busy`), else
-    /// here.
+    /// one, else here. A step the pool's full queue does not take waits
+    /// for the next poll (within [`DH_POLL`]); the handshake timeout
+    /// bounds how long.
     fn hand_out_tls(&mut self) {
         for s in &mut self.sessions {
             let Some(mut h) = s.take_step() else {
@@ -732,7 +733,13 @@ impl Endpoint {
                 continue;
             };
             let (tx, id) = (dh.tls_tx.clone(), s.id);
+            // Kept here too, so that a refused step's handshake comes back.
+            let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(h)));
+            let theirs = slot.clone();
             let work = move || {
+                let Some(mut h) = theirs.lock().ok().and_then(|mut h| h.take()) else {
+                    return;
+                };
                 let r = h.step();
                 // The endpoint may be gone: nothing to tell then.
                 let _ = tx.send((id, h, r));
@@ -742,8 +749,9 @@ impl Endpoint {
                 .run_for(std::sync::Arc::downgrade(&s.alive), work)
                 .is_err()
             {
-                s.refuse_busy();
-                self.received = true;
+                if let Some(h) = slot.lock().ok().and_then(|mut h| h.take()) {
+                    s.step_later(h);
+                }
             }
         }
     }

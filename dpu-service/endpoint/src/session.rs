@@ -245,14 +245,16 @@ impl Session {
         }
     }
 
-    /// Refuses the handshake for want of room to run it: counted `busy`.
-    pub(crate) fn refuse_busy(&mut self) {
-        count(&self.target.stats().tls.busy);
-        self.refusal = Some((
-            "busy",
-            "too many TLS handshakes under way; closing the connection".into(),
-        ));
-        self.conn.close("too many TLS handshakes under way");
+    /// The handshake's step found no room where steps run: it is taken
+    /// again at the next poll.
+    pub(crate) fn step_later(&mut self, h: Box<Handshake<Detached>>) {
+        self.channel = Channel::Shake(Some(h));
+        self.fed = true;
+    }
+
+    /// True when the handshake waits for a step to be taken.
+    pub(crate) fn wants_step(&self) -> bool {
+        self.fed && matches!(self.channel, Channel::Shake(Some(_)))
     }
 
     /// Ends a handshake past its time: counted.

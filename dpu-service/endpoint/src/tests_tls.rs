@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dpu_nvmeof::auth::pool::DhPool;
 use dpu_nvmeof::dpu_tls::{
-    ConfiguredPsk, Connector, Detached, PskHash, Session as TlsSession, Step,
+    ConfiguredPsk, Connector, Detached, Handshake, PskHash, Session as TlsSession, Step,
 };
 use dpu_nvmeof::pdu::{self, ControllerPdu, Digests, Limits};
 use dpu_nvmeof::spec::Cqe;
@@ -59,7 +59,15 @@ fn send(p: &mut Pair, h: SocketHandle, out: &[u8]) -> usize {
 
 /// The host's TLS session on `h`, made by `c` (None: refused).
 fn handshake(p: &mut Pair, h: SocketHandle, c: &Connector) -> Option<TlsSession<Detached>> {
-    let mut shake = c.start(Detached).unwrap();
+    drive(p, h, c.start(Detached).unwrap())
+}
+
+/// Drives the host's handshake `shake` on `h` to its end.
+fn drive(
+    p: &mut Pair,
+    h: SocketHandle,
+    mut shake: Handshake<Detached>,
+) -> Option<TlsSession<Detached>> {
     let mut buf = vec![0; 64 << 10];
     for _ in 0..STEPS {
         let step = shake.step();
@@ -198,6 +206,46 @@ fn a_host_with_its_key_connects_over_tls() {
         tls(&t).connects_identity_mismatch.load(Ordering::Relaxed),
         1
     );
+}
+
+/// A step the pool's full queue does not take waits for room, and the
+/// handshake completes once the pool has some: a burst of hosts is
+/// served in turn, not refused.
+#[test]
+fn a_handshake_waits_for_room_on_a_full_pool() {
+    let t = tls_target(SecureChannel::Required);
+    let mut p = Pair::new(config(1500), t.clone());
+    let pool = Arc::new(DhPool::new(1, 1).unwrap());
+    p.ep.set_dh_pool(pool.clone());
+    // The pool's thread held, and its queue of one taken.
+    let owner = Arc::new(());
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
+    pool.run_for(Arc::downgrade(&owner), move || {
+        let _ = started_tx.send(());
+        let _ = held.recv_timeout(Duration::from_secs(30));
+    })
+    .unwrap();
+    started.recv_timeout(Duration::from_secs(30)).unwrap();
+    pool.run_for(Arc::downgrade(&owner), || {}).unwrap();
+
+    let h = connected(&mut p, 40000);
+    let c = Connector::for_key(&key(), 1, HOSTNQN, NQN).unwrap();
+    let mut shake = c.start(Detached).unwrap();
+    // The ClientHello, made and sent.
+    assert_ne!(shake.step().unwrap(), Step::Done);
+    let n = send(&mut p, h, shake.output());
+    shake.sent(n);
+    for _ in 0..200 {
+        p.step();
+    }
+    assert!(!p.socket(h).can_recv(), "no answer while the pool is full");
+    assert_eq!(p.ep.open_connections(), 1, "the connection waits");
+    drop(release);
+    let mut s = drive(&mut p, h, shake).expect("the handshake completes");
+    let cqe = connect_over_tls(&mut p, h, &mut s, HOSTNQN).expect("a CapsuleResp");
+    assert_eq!(cqe.status, 0, "{cqe:?}");
+    assert_eq!(tls(&t).busy.load(Ordering::Relaxed), 0);
 }
 
 /// A wrong key and an unknown host are refused at the handshake, each

@@ -1,8 +1,10 @@
 //! The NVMe/TCP secure channel at a storage endpoint, through the real
 //! binary: a tenant's host in a network namespace, behind a switch port
 //! (kernel driver), reaches its endpoint over TLS 1.3 with its key
-//! (`nvmf-perf --tls-key`, and `openssl s_client` with the derived PSK);
-//! clear text and a wrong key are refused and counted; 100 connections
+//! (`nvmf-perf --tls-key`, and `openssl s_client` with the derived PSK,
+//! 40 of them at once against a DH pool with room for one step queued:
+//! each waits its turn, none is refused); clear text and a wrong key are
+//! refused and counted; 100 connections
 //! from a second address of the host that send the first bytes of a
 //! hello and stall hold at most the address's share of the endpoint
 //! until the handshake timeout, while the host's TLS I/O goes on; on a
@@ -33,6 +35,8 @@ const FLOOD_SRC: &str = "10.77.0.6";
 const FLOOD: usize = 100;
 /// The endpoint's connections per address.
 const PER_ADDRESS: usize = 64;
+/// `openssl s_client`s that handshake at once.
+const BURST: usize = 40;
 
 /// Opens `n` connections from `src` to `dst:4420`, sends each the first
 /// three bytes of a TLS record and holds them for `hold` seconds.
@@ -100,37 +104,55 @@ fn clear_io(host: &Host, hostnqn: &str) -> Result<std::process::Output> {
     ])
 }
 
-/// `openssl s_client` in the host's namespace, with the TLS PSK derived
-/// as the specification says (identity version 0), sends an ICReq and
-/// gets the ICResp.
-fn openssl_icreq(host: &Host) -> Result<()> {
+/// `n` clients of `openssl s_client` at once in the host's namespace,
+/// with the TLS PSK derived as the specification says (identity version
+/// 0): each sends an ICReq and must get the ICResp.
+fn openssl_icreqs(host: &Host, n: usize) -> Result<()> {
     let k = dpu_nvmeof::dpu_tls::ConfiguredPsk::parse(KEY)?;
     let (identity, psk) = k.tls_psk(0, PERF_HOST, NQN);
     let hex: String = psk.key.iter().map(|b| format!("{b:02x}")).collect();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &host.ns.name, "timeout", "20"])
-        .args(["openssl", "s_client", "-connect", &format!("{EP}:4420")])
-        .args(["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"])
-        .args(["-psk", &hex, "-psk_identity", &identity, "-quiet"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("openssl, from Debian's openssl package")?;
     let mut icreq = [0u8; 128];
     icreq[..8].copy_from_slice(&[0, 0, 128, 0, 128, 0, 0, 0]);
-    let mut stdin = child.stdin.take().context("stdin")?;
-    stdin.write_all(&icreq)?;
-    let mut resp = [0u8; 128];
-    let got = child.stdout.take().context("stdout")?.read_exact(&mut resp);
-    drop(stdin);
-    let _ = child.kill();
-    let out = child.wait_with_output()?;
-    got.with_context(|| format!("openssl: {}", text(&out)))?;
+    let mut children = Vec::new();
+    for _ in 0..n {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &host.ns.name, "timeout", "20"])
+            .args(["openssl", "s_client", "-connect", &format!("{EP}:4420")])
+            .args(["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"])
+            // -quiet would keep it running past its input's end.
+            .args([
+                "-psk",
+                &hex,
+                "-psk_identity",
+                &identity,
+                "-quiet",
+                "-no_ign_eof",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("openssl, from Debian's openssl package")?;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        stdin.write_all(&icreq)?;
+        children.push((child, stdin));
+    }
+    let mut failed = Vec::new();
+    for (i, (mut child, stdin)) in children.into_iter().enumerate() {
+        let mut resp = [0u8; 128];
+        let got = child.stdout.take().context("stdout")?.read_exact(&mut resp);
+        // Its input's end ends it.
+        drop(stdin);
+        let out = child.wait_with_output()?;
+        if got.is_err() || resp[0] != 1 || resp[2] != 128 {
+            failed.push(format!("client {i}: {:?} {}", &resp[..8], text(&out)));
+        }
+    }
     ensure!(
-        resp[0] == 1 && resp[2] == 128,
-        "an ICResp over openssl's TLS: {:?}",
-        &resp[..8]
+        failed.is_empty(),
+        "{} of {n} openssl clients got no ICResp: {}",
+        failed.len(),
+        failed.join("; ")
     );
     Ok(())
 }
@@ -147,7 +169,8 @@ fn a_tenants_host_uses_tls_at_its_storage_endpoint() -> Result<()> {
 
     let blue = Host::new("t", HOST)?;
     blue.add_address(&format!("{FLOOD_SRC}/24"))?;
-    let storage = format!("max_connections_per_address = {PER_ADDRESS}\n");
+    let storage =
+        format!("max_connections_per_address = {PER_ADDRESS}\nauth_threads = 1\nauth_queue = 1\n");
     let svc = Service::start_config(&config(1, &storage, &[("pf0vf0", &blue)]), &[])?;
     allow_tenant(&svc, "blue", "pf0vf0")?;
     svc.dpuctl_json(&[
@@ -194,7 +217,11 @@ fn a_tenants_host_uses_tls_at_its_storage_endpoint() -> Result<()> {
             &tls_io(&blue, &key, version)?,
         )?;
     }
-    openssl_icreq(&blue)?;
+    // A burst of clients at once, with room for one handshake step
+    // queued on the pool: each waits its turn, none is refused.
+    openssl_icreqs(&blue, 1)?;
+    openssl_icreqs(&blue, BURST)?;
+    ensure!(tls_metric(&svc, "busy")? == 0, "handshakes refused busy");
 
     // Clear text, and a wrong key: refused, counted, logged once a kind.
     let out = clear_io(&blue, OTHER_HOST)?;
