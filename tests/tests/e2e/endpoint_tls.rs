@@ -4,7 +4,8 @@
 //! (`nvmf-perf --tls-key`, and `openssl s_client` with the derived PSK,
 //! 40 of them at once against a DH pool with room for one step queued:
 //! each waits its turn, none is refused); clear text and a wrong key are
-//! refused and counted; 100 connections
+//! refused and counted; 48 queues of one host over TLS do I/O at once;
+//! 100 connections
 //! from a second address of the host that send the first bytes of a
 //! hello and stall hold at most the address's share of the endpoint
 //! until the handshake timeout, while the host's TLS I/O goes on; on a
@@ -37,6 +38,8 @@ const FLOOD: usize = 100;
 const PER_ADDRESS: usize = 64;
 /// `openssl s_client`s that handshake at once.
 const BURST: usize = 40;
+/// I/O queues of one host over TLS at once.
+const QUEUES: usize = 48;
 
 /// Opens `n` connections from `src` to `dst:4420`, sends each the first
 /// three bytes of a TLS record and holds them for `hold` seconds.
@@ -222,6 +225,27 @@ fn a_tenants_host_uses_tls_at_its_storage_endpoint() -> Result<()> {
     openssl_icreqs(&blue, 1)?;
     openssl_icreqs(&blue, BURST)?;
     ensure!(tls_metric(&svc, "busy")? == 0, "handshakes refused busy");
+    // Many queues of one host, each its own TLS session.
+    let out = blue.perf(&[
+        "--addr",
+        &format!("{EP}:4420"),
+        "--nqn",
+        NQN,
+        "--tls-key",
+        &key,
+        "--conns",
+        &QUEUES.to_string(),
+        "--time",
+        "1",
+        "--job",
+        "randread:4k:1",
+    ])?;
+    let perf_out = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && perf_out.contains(&format!("{QUEUES} I/O queue(s)")),
+        "{QUEUES} queues over TLS: {}",
+        text(&out)
+    );
 
     // Clear text, and a wrong key: refused, counted, logged once a kind.
     let out = clear_io(&blue, OTHER_HOST)?;
