@@ -345,22 +345,7 @@ fn the_linux_initiator_uses_tls_at_its_tenants_storage_endpoint() -> Result<()> 
     const KNQN: &str = "nqn.2024-01.io.dpu-service.test:ep-ktls";
     const KHOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b746c73-0000-4000-8000-0000000000e1";
     const KEP: &str = "10.78.1.250";
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let share = target_dir.join("kernel-tls");
-    let prep_script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-tls-share.sh");
-    let prep = Command::new("bash")
-        .arg(&prep_script)
-        .arg(&share)
-        .output()?;
-    ensure!(
-        prep.status.success(),
-        "{}: {}",
-        prep_script.display(),
-        text(&prep)
-    );
-    std::fs::write(share.join("psk"), KEY)?;
+    let share = crate::nvme_tls::tls_guest_share(KEY)?;
     let dir = tempfile::tempdir()?;
     let key = dir.path().join("key");
     std::fs::write(&key, KEY)?;
@@ -426,37 +411,19 @@ fn the_linux_initiator_uses_tls_at_its_tenants_storage_endpoint() -> Result<()> 
          echo 'CONNECTED: tls'\n\
          /mnt/host/run /mnt/host/root/usr/sbin/nvme disconnect -n {KNQN}\n"
     );
-    let script_path = dir.path().join("guest.sh");
-    std::fs::write(&script_path, guest)?;
-    let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
-        .args([
-            "--kernel-suite",
-            "trixie",
-            "--cpus",
-            "1",
-            "--timeout",
-            "300",
-        ])
-        .args(["--hostnqn", KHOST])
-        .args(["--bridge", &wire.bridged, "--guest-ip", "10.78.1.5/24"])
-        .arg("--share")
-        .arg(&share)
-        .arg("--script")
-        .arg(&script_path)
-        .stdin(Stdio::null())
-        .output()
-        .context("starting kernel-nvme")?;
-    let console = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success()
-            && console.contains("CONNECTED: tls")
-            && console.contains("REFUSED: clear text"),
-        "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        svc.log_text()
-    );
-    ensure!(console.contains("err= 0"), "fio: {console}");
+    crate::nvme_tls::run_tls_guest(
+        &svc,
+        &share,
+        &guest,
+        &[
+            "--hostnqn",
+            KHOST,
+            "--bridge",
+            &wire.bridged,
+            "--guest-ip",
+            "10.78.1.5/24",
+        ],
+    )?;
     let handshakes = metric(
         &svc.http_get("/metrics")?.1,
         "dpu_nvmf_tls_handshakes_total",

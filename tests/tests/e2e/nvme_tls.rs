@@ -278,6 +278,69 @@ fn keys_set_with_dpuctl_on_an_allowing_listener_and_the_discovery_log() -> Resul
     Ok(())
 }
 
+/// What a Linux 6.12 guest needs to connect over TLS
+/// (`tests/kernel-tls-share.sh`), with the host's key `key` as `psk`:
+/// the folder to give the harness as `--share`.
+pub(crate) fn tls_guest_share(key: &str) -> Result<std::path::PathBuf> {
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let share = target_dir.join("kernel-tls");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-tls-share.sh");
+    let prep = Command::new("bash").arg(&script).arg(&share).output()?;
+    ensure!(
+        prep.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&prep.stderr)
+    );
+    std::fs::write(share.join("psk"), key)?;
+    Ok(share)
+}
+
+/// Runs `guest` (a script) in a Linux 6.12 kernel-nvme guest with `share`
+/// and the harness's `args`, one CPU; fails unless it succeeds, says
+/// `CONNECTED: tls` and `REFUSED: clear text`, and fio found no error.
+pub(crate) fn run_tls_guest(
+    svc: &Service,
+    share: &std::path::Path,
+    guest: &str,
+    args: &[&str],
+) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let script_path = dir.path().join("guest.sh");
+    std::fs::write(&script_path, guest)?;
+    let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
+        .args([
+            "--kernel-suite",
+            "trixie",
+            "--cpus",
+            "1",
+            "--timeout",
+            "300",
+        ])
+        .args(args)
+        .arg("--share")
+        .arg(share)
+        .arg("--script")
+        .arg(&script_path)
+        .stdin(Stdio::null())
+        .output()
+        .context("starting kernel-nvme")?;
+    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success()
+            && console.contains("CONNECTED: tls")
+            && console.contains("REFUSED: clear text"),
+        "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        svc.log_text()
+    );
+    ensure!(console.contains("err= 0"), "fio: {console}");
+    Ok(console)
+}
+
 /// Linux 6.12's initiator over TLS through the daemon: the guest carries
 /// Debian 13's `tlshd` (which makes the kernel's handshakes) and
 /// nvme-cli 2.13 (`tests/kernel-tls-share.sh`), inserts the host's key
@@ -291,19 +354,7 @@ fn keys_set_with_dpuctl_on_an_allowing_listener_and_the_discovery_log() -> Resul
 fn the_linux_initiator_connects_over_tls_through_the_daemon() -> Result<()> {
     const KNQN: &str = "nqn.2024-01.io.dpu-service.test:ktls";
     const KHOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b746c73-0000-4000-8000-000000000001";
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let share = target_dir.join("kernel-tls");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-tls-share.sh");
-    let prep = Command::new("bash").arg(&script).arg(&share).output()?;
-    ensure!(
-        prep.status.success(),
-        "{}: {}",
-        script.display(),
-        String::from_utf8_lossy(&prep.stderr)
-    );
-    std::fs::write(share.join("psk"), KEY)?;
+    let share = tls_guest_share(KEY)?;
 
     let dir = tempfile::tempdir()?;
     let key = write_key(dir.path(), "key", KEY)?;
@@ -361,36 +412,12 @@ secure_channel = "required"
          echo 'CONNECTED: tls identity 0'\n\
          /mnt/host/run /mnt/host/root/usr/sbin/nvme disconnect -n {KNQN}\n"
     );
-    let script_path = dir.path().join("guest.sh");
-    std::fs::write(&script_path, guest)?;
-    let out = Command::new(dpu_e2e::tools::kernel_nvme_harness()?)
-        .args([
-            "--kernel-suite",
-            "trixie",
-            "--cpus",
-            "1",
-            "--timeout",
-            "300",
-        ])
-        .args(["--hostnqn", KHOST, "--target", &format!("127.0.0.1:{port}")])
-        .arg("--share")
-        .arg(&share)
-        .arg("--script")
-        .arg(&script_path)
-        .stdin(Stdio::null())
-        .output()
-        .context("starting kernel-nvme")?;
-    let console = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success()
-            && console.contains("CONNECTED: tls")
-            && console.contains("REFUSED: clear text"),
-        "guest failed ({}):\n{console}\n{}\n--- service log ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        svc.log_text()
-    );
-    ensure!(console.contains("err= 0"), "fio: {console}");
+    run_tls_guest(
+        &svc,
+        &share,
+        &guest,
+        &["--hostnqn", KHOST, "--target", &format!("127.0.0.1:{port}")],
+    )?;
     // Twice the admin queue and its I/O queue (one per guest CPU), each
     // its own handshake.
     let n = tls_metric(&svc, "dpu_nvmf_tls_handshakes_total")?;
