@@ -113,18 +113,22 @@ impl Host {
 
     /// Writes then reads 4 KiB blocks of `nqn` at `addr`.
     fn io_at(&self, addr: &str, nqn: &str) -> Result<Output> {
-        self.perf(&[
-            "--addr",
-            addr,
-            "--nqn",
-            nqn,
+        self.io_with(addr, nqn, &[])
+    }
+
+    /// [`Host::io_at`] with more `nvmf-perf` arguments (a key, a host NQN).
+    pub(crate) fn io_with(&self, addr: &str, nqn: &str, more: &[&str]) -> Result<Output> {
+        let mut args = vec!["--addr", addr, "--nqn", nqn];
+        args.extend_from_slice(more);
+        args.extend_from_slice(&[
             "--time",
             "0.5",
             "--job",
             "randwrite:4k:8",
             "--job",
             "randread:4k:8",
-        ])
+        ]);
+        self.perf(&args)
     }
 }
 

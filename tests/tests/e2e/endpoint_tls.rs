@@ -71,40 +71,13 @@ fn tls_metric(svc: &Service, reason: &str) -> Result<u64> {
 /// Writes then reads 4 KiB blocks at the endpoint over TLS with the key
 /// in `key`, in identity `version`.
 fn tls_io(host: &Host, key: &str, version: &str) -> Result<std::process::Output> {
-    host.perf(&[
-        "--addr",
-        &format!("{EP}:4420"),
-        "--nqn",
-        NQN,
-        "--tls-key",
-        key,
-        "--tls-identity",
-        version,
-        "--time",
-        "0.5",
-        "--job",
-        "randwrite:4k:8",
-        "--job",
-        "randread:4k:8",
-    ])
+    let at = format!("{EP}:4420");
+    host.io_with(&at, NQN, &["--tls-key", key, "--tls-identity", version])
 }
 
 /// [`tls_io`] without a key (clear text), as `hostnqn`.
 fn clear_io(host: &Host, hostnqn: &str) -> Result<std::process::Output> {
-    host.perf(&[
-        "--addr",
-        &format!("{EP}:4420"),
-        "--nqn",
-        NQN,
-        "--hostnqn",
-        hostnqn,
-        "--time",
-        "0.5",
-        "--job",
-        "randwrite:4k:8",
-        "--job",
-        "randread:4k:8",
-    ])
+    host.io_with(&format!("{EP}:4420"), NQN, &["--hostnqn", hostnqn])
 }
 
 /// `n` clients of `openssl s_client` at once in the host's namespace,

@@ -14,8 +14,8 @@ use super::{check, read, write, Backend, OutOfRange};
 /// Bytes per RAM segment: one huge page.
 const SEGMENT: u64 = HUGE_PAGE as u64;
 
-/// [`SEGMENT`] as a length.
-pub(super) const SEGMENT_BYTES: usize = HUGE_PAGE;
+/// [`SEGMENT`] as a length (the size of [`super::spares::global`]'s).
+const SEGMENT_BYTES: usize = HUGE_PAGE;
 
 /// Most bytes [`RamBackend`]'s prefetch asks for (one 4 KiB page: the
 /// hardware prefetcher does not cross pages, and within one it follows a

@@ -476,16 +476,7 @@ mod tests {
     use dpu_rbd::testing::TestCluster;
 
     use super::*;
-    use crate::backend::suite::{self, MIB};
-
-    /// Waits up to 30 s for `f`.
-    fn eventually(what: &str, f: impl Fn() -> bool) {
-        let t = Instant::now();
-        while !f() {
-            assert!(t.elapsed() < Duration::from_secs(30), "{what}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    use crate::backend::suite::{self, eventually, MIB};
 
     #[test]
     fn a_timeout_of_an_operation_sent_before_the_cluster_answered_is_stale() {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use dpu_os::hugemem::HugeMem;
+use dpu_os::hugemem::{HugeMem, HUGE_PAGE};
 
 /// Segments the process-wide pool keeps ready.
 pub const SPARES: usize = 8;
@@ -60,10 +60,11 @@ impl User {
     }
 }
 
-/// The process's pool of 2 MiB segments.
+/// The process's pool of segments of one huge page (2 MiB), a RAM
+/// namespace's.
 pub fn global() -> &'static Arc<Spares> {
     static POOL: OnceLock<Arc<Spares>> = OnceLock::new();
-    POOL.get_or_init(|| Spares::start(super::ram::SEGMENT_BYTES, SPARES))
+    POOL.get_or_init(|| Spares::start(HUGE_PAGE, SPARES))
 }
 
 impl Spares {
@@ -158,15 +159,7 @@ fn refill(pool: &Weak<Spares>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
-
-    fn eventually(what: &str, f: impl Fn() -> bool) {
-        let t = Instant::now();
-        while !f() {
-            assert!(t.elapsed() < Duration::from_secs(30), "{what}");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
+    use crate::backend::suite::eventually;
 
     /// The pool fills to its capacity while a user exists, hands out zero
     /// segments without waiting, refills, and empties once no user is

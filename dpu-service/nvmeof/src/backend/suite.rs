@@ -7,6 +7,16 @@ use super::{is_out_of_range, Backend, OutOfRange};
 
 pub(super) const MIB: u64 = 1 << 20;
 
+/// Waits up to 30 s for `f`, looking every few milliseconds; fails
+/// naming `what`.
+pub(super) fn eventually(what: &str, f: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Bytes that differ at every position and between seeds.
 pub(super) fn pattern(seed: u8, n: usize) -> Vec<u8> {
     (0..n)

@@ -10,6 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::backend::suite::eventually;
 use crate::backend::watch;
 use crate::backend::{is_out_of_range, is_unavailable};
 use crate::target::{BackendSpec, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
@@ -200,14 +201,6 @@ fn run(b: &RemoteBackend, io: Io) -> io::Result<Vec<u8>> {
     let (tx, rx) = mpsc::channel();
     b.start(io, Box::new(move |r| tx.send(r).unwrap()));
     rx.recv_timeout(Duration::from_secs(20)).expect("an answer")
-}
-
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
