@@ -251,35 +251,83 @@ fn an_established_stream_goes_by_in_the_model_until_a_rule_change_stops_it() -> 
     Ok(())
 }
 
+/// Two stateful web tenants on one service: green (hosts `g1` and `g2`
+/// on `10.NET.0.0/24`) and red (`r1`, `r2` on `10.NET.1.0/24`), each with
+/// a server on its second host answering; the host namespaces are
+/// tagged `tags`, the offload table set as `offload` says.
+struct TwoTenants {
+    svc: Service,
+    g1: Host,
+    g2: Host,
+    r1: Host,
+    r2: Host,
+    /// The two servers, stopped when dropped.
+    servers: [Reaped; 2],
+}
+
+impl TwoTenants {
+    fn start(tags: [&str; 4], net: u8, offload: &str) -> Result<Self> {
+        let addr = |side: u8, host: u8| format!("10.{net}.{side}.{host}");
+        let g1 = Host::new(tags[0], &format!("{}/24", addr(0, 1)))?;
+        let g2 = Host::new(tags[1], &format!("{}/24", addr(0, 2)))?;
+        let r1 = Host::new(tags[2], &format!("{}/24", addr(1, 1)))?;
+        let r2 = Host::new(tags[3], &format!("{}/24", addr(1, 2)))?;
+        let svc = Service::start_config(
+            &config(
+                &[
+                    ("pf0vf0", &g1),
+                    ("pf0vf1", &g2),
+                    ("pf0vf2", &r1),
+                    ("pf0vf3", &r2),
+                ],
+                offload,
+            ),
+            &[],
+        )?;
+        svc.stateful_web_tenant(
+            "green",
+            &["pf0vf0", "pf0vf1"],
+            &format!("{}/32", addr(0, 1)),
+        )?;
+        svc.stateful_web_tenant("red", &["pf0vf2", "pf0vf3"], &format!("{}/32", addr(1, 1)))?;
+        let servers = [
+            Reaped(g2.spawn_python(SERVER, &[&addr(0, 2), "8080"])?),
+            Reaped(r2.spawn_python(SERVER, &[&addr(1, 2), "8080"])?),
+        ];
+        for (h, to) in [(&g1, addr(0, 2)), (&r1, addr(1, 2))] {
+            eventually("the server to answer", || {
+                h.python(CHAT, &[&to, "8080", "1", "10", "0", "0"])
+                    .status
+                    .success()
+            })?;
+        }
+        Ok(Self {
+            svc,
+            g1,
+            g2,
+            r1,
+            r2,
+            servers,
+        })
+    }
+}
+
 #[test]
 fn a_tenants_flood_keeps_to_its_share_and_idle_flows_age() -> Result<()> {
-    let g1 = Host::new("oc", "10.235.0.1/24")?;
-    let g2 = Host::new("od", "10.235.0.2/24")?;
-    let r1 = Host::new("oe", "10.235.1.1/24")?;
-    let r2 = Host::new("of", "10.235.1.2/24")?;
     // 64 flows: 16 kept for each of the two tenants, the 32 others
     // shared, at most 40 for one tenant; flows age after 2 s idle.
-    let svc = Service::start_config(
-        &config(
-            &[
-                ("pf0vf0", &g1),
-                ("pf0vf1", &g2),
-                ("pf0vf2", &r1),
-                ("pf0vf3", &r2),
-            ],
-            "table_size = 64\nper_tenant = 40\nreserved_per_tenant = 16\nidle_secs = 2",
-        ),
-        &[],
+    let TwoTenants {
+        svc,
+        g1,
+        g2,
+        r1,
+        r2: _r2,
+        servers: _servers,
+    } = TwoTenants::start(
+        ["oc", "od", "oe", "of"],
+        235,
+        "table_size = 64\nper_tenant = 40\nreserved_per_tenant = 16\nidle_secs = 2",
     )?;
-    svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.235.0.1/32")?;
-    svc.stateful_web_tenant("red", &["pf0vf2", "pf0vf3"], "10.235.1.1/32")?;
-    let _gs = Reaped(g2.spawn_python(SERVER, &["10.235.0.2", "8080"])?);
-    let _rs = Reaped(r2.spawn_python(SERVER, &["10.235.1.2", "8080"])?);
-    eventually("green's server to answer", || {
-        g1.python(CHAT, &["10.235.0.2", "8080", "1", "10", "0", "0"])
-            .status
-            .success()
-    })?;
 
     // Green talks for about 30 s with a 5 s silence half way.
     let chat = g1.spawn_python_out(CHAT, &["10.235.0.2", "8080", "300", "100", "0.05", "5"])?;
@@ -480,34 +528,19 @@ for p in range(n):
 /// hardware or not.
 #[test]
 fn a_flood_of_denied_flows_keeps_to_its_share() -> Result<()> {
-    let g1 = Host::new("oi", "10.239.0.1/24")?;
-    let g2 = Host::new("oj", "10.239.0.2/24")?;
-    let r1 = Host::new("ok", "10.239.1.1/24")?;
-    let r2 = Host::new("ol", "10.239.1.2/24")?;
-    let svc = Service::start_config(
-        &config(
-            &[
-                ("pf0vf0", &g1),
-                ("pf0vf1", &g2),
-                ("pf0vf2", &r1),
-                ("pf0vf3", &r2),
-            ],
-            "table_size = 64\nper_tenant = 40\nreserved_per_tenant = 16\nidle_secs = 60\n\
-             stateless_after = 2",
-        ),
-        &[],
+    let TwoTenants {
+        svc,
+        g1,
+        g2: _g2,
+        r1,
+        r2: _r2,
+        servers: _servers,
+    } = TwoTenants::start(
+        ["oi", "oj", "ok", "ol"],
+        239,
+        "table_size = 64\nper_tenant = 40\nreserved_per_tenant = 16\nidle_secs = 60\n\
+         stateless_after = 2",
     )?;
-    svc.stateful_web_tenant("green", &["pf0vf0", "pf0vf1"], "10.239.0.1/32")?;
-    svc.stateful_web_tenant("red", &["pf0vf2", "pf0vf3"], "10.239.1.1/32")?;
-    let _gs = Reaped(g2.spawn_python(SERVER, &["10.239.0.2", "8080"])?);
-    let _rs = Reaped(r2.spawn_python(SERVER, &["10.239.1.2", "8080"])?);
-    for (h, addr) in [(&g1, "10.239.0.2"), (&r1, "10.239.1.2")] {
-        eventually("the server to answer", || {
-            h.python(CHAT, &[addr, "8080", "1", "10", "0", "0"])
-                .status
-                .success()
-        })?;
-    }
     // Green's conversation goes to hardware.
     let chat = g1.spawn_python_out(CHAT, &["10.239.0.2", "8080", "200", "100", "0.05", "0"])?;
     status_until(&svc, "green's conversation in hardware", |s| {
