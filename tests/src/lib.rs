@@ -339,9 +339,9 @@ impl Service {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Creates subsystem `id` (`nqn`) allowing `hosts`, with a RAM
-    /// namespace of `ram` (a `dpuctl` size such as `16M`), listening on
-    /// the kernel's 127.0.0.1:`port`.
+    /// Creates subsystem `id` (`nqn`) allowing `hosts` (any host when
+    /// none is named), with a RAM namespace of `ram` (a `dpuctl` size such
+    /// as `16M`), listening on the kernel's 127.0.0.1:`port`.
     pub fn local_subsystem(
         &self,
         id: &str,
@@ -350,7 +350,11 @@ impl Service {
         ram: &str,
         port: u16,
     ) -> Result<()> {
-        self.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
+        if hosts.is_empty() {
+            self.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn, "--allow-any-host"])?;
+        } else {
+            self.dpuctl_ok(&["subsystem", "create", id, "--nqn", nqn])?;
+        }
         for h in hosts {
             self.dpuctl_ok(&["subsystem", "add-host", id, h])?;
         }

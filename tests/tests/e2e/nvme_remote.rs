@@ -199,29 +199,7 @@ fn hundreds_of_hosts_share_a_remote_namespace_and_hostile_remotes_are_refused() 
     const BACK: &str = "nqn.2024-01.io.dpu-service.test:remote-back";
     let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
     let (back, front) = (free_port(), free_port());
-    let back_port = back.to_string();
-    for args in [
-        &[
-            "subsystem",
-            "create",
-            "back",
-            "--nqn",
-            BACK,
-            "--allow-any-host",
-        ][..],
-        &["namespace", "create", "back", "--ram", "64M"],
-        &[
-            "listener",
-            "create",
-            "back",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &back_port,
-        ],
-    ] {
-        svc.dpuctl_ok(args)?;
-    }
+    svc.local_subsystem("back", BACK, &[], "64M", back)?;
     svc.dpuctl_ok(&[
         "subsystem",
         "create",

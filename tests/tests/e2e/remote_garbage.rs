@@ -349,26 +349,8 @@ fn verify(q: &mut Queue<TcpStream>, block: u64, written: &[u32], what: &str) -> 
 fn a_remote_speaking_garbage_mid_stream_is_a_fault_the_host_survives() -> Result<()> {
     let svc = Service::start_config("[log]\nlevel = \"info\"\n", &[])?;
     let (back, front) = (free_port(), free_port());
-    let back_port = back.to_string();
     let front_port = front.to_string();
-    svc.dpuctl_ok(&[
-        "subsystem",
-        "create",
-        "back",
-        "--nqn",
-        BACK_NQN,
-        "--allow-any-host",
-    ])?;
-    svc.dpuctl_ok(&["namespace", "create", "back", "--ram", "16M"])?;
-    svc.dpuctl_ok(&[
-        "listener",
-        "create",
-        "back",
-        "--address",
-        "127.0.0.1",
-        "--port",
-        &back_port,
-    ])?;
+    svc.local_subsystem("back", BACK_NQN, &[], "16M", back)?;
     let faults = Arc::new(Faults::default());
     let via = format!("127.0.0.1:{}", proxy(back, faults.clone())?);
     svc.dpuctl_ok(&[
